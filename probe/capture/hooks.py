@@ -1,0 +1,335 @@
+"""Read (and, for interventions, write) attention per layer and head, whatever the implementation.
+
+How: transformers 5 attention modules fetch their attention function from the shared registry
+``ALL_ATTENTION_FUNCTIONS`` on every call, by the name of the implementation the model was loaded
+with. While a capture is open, probe puts a thin wrapper under that name in the registry's local
+mapping. The wrapper calls the model's own function unchanged, with the same arguments and the
+same mask, so outputs with capture equal outputs without it. The weights come from the function
+itself when it returns them (eager), or are recomputed from the query and key it was handed
+(sdpa, flash): only the query rows asked for, so a row capture never holds T x T per layer.
+Modules of other models pass straight through. Everything is undone in ``finally``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from probe.capture import math as amath
+from probe.errors import CaptureError
+
+_MISSING = object()
+_LOCK = threading.RLock()
+_SESSIONS: list["_Session"] = []
+_SAVED: dict[str, object] = {}  # implementation name -> what the local mapping held before us
+
+QuerySpec = None | str | Sequence[int] | torch.Tensor
+
+
+def _registry():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    scores = amath.attention_scores(query, key, scaling=scaling, position_bias=kwargs.get("position_bias"))
+    if attention_mask is not None:
+        scores = scores + attention_mask.float() if attention_mask.dtype != torch.bool else scores.masked_fill(
+            ~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).to(query.dtype)
+    return amath.attention_output(weights, value), weights
+
+
+def _original_function(name: str, module) -> Callable:
+    """The function the module would have used had no capture been open."""
+    saved = _SAVED.get(name, _MISSING)
+    if saved is not _MISSING:
+        return saved
+    if name == "eager":
+        # Every transformers 5 modeling file defines its own eager function; use that one.
+        return getattr(sys.modules[type(module).__module__], "eager_attention_forward", _generic_eager)
+    return type(_registry())._global_mapping[name]
+
+
+def _make_wrapper(name: str) -> Callable:
+    def probe_attention(module, query, key, value, attention_mask, *args, **kwargs):
+        original = _original_function(name, module)
+        for session in reversed(_SESSIONS):
+            place = session.where.get(id(module))
+            if place is not None:
+                return session.call(place, original, module, query, key, value, attention_mask, *args, **kwargs)
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    probe_attention.__probe_wrapper__ = True
+    return probe_attention
+
+
+def _install(name: str) -> None:
+    registry = _registry()
+    current = registry._local_mapping.get(name, _MISSING)
+    if getattr(current, "__probe_wrapper__", False):
+        return
+    _SAVED[name] = current
+    registry._local_mapping[name] = _make_wrapper(name)
+
+
+def _uninstall_all() -> None:
+    registry = _registry()
+    for name, previous in list(_SAVED.items()):
+        if previous is _MISSING:
+            registry._local_mapping.pop(name, None)
+        else:
+            registry._local_mapping[name] = previous
+        del _SAVED[name]
+
+
+def installed_wrappers() -> list[str]:
+    """Names under which a probe wrapper sits in the registry now (empty when no capture is open)."""
+    return [k for k, v in _registry()._local_mapping.items() if getattr(v, "__probe_wrapper__", False)]
+
+
+@dataclass
+class AttentionMaps:
+    """Captured attention of one stack.
+
+    weights      [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
+    query_index  [batch, query] long               position of each kept query row (all rows: arange)
+    row_has_keys [batch, layer, query] bool        False where every key was masked (weights are 0 there)
+    """
+
+    stack: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    weights: torch.Tensor
+    query_index: torch.Tensor
+    row_has_keys: torch.Tensor
+
+    @property
+    def shape(self) -> dict[str, int]:
+        b, l, h, q, k = self.weights.shape
+        return {"batch": b, "layer": l, "head": h, "query": q, "key": k}
+
+
+@dataclass(frozen=True)
+class EditContext:
+    """What an attention editor is told about the call it edits."""
+
+    stack: str
+    layer: int
+    module: object
+    query_index: torch.Tensor  # [batch, rows] the rows the session targets
+    allowed: torch.Tensor | None  # bool [B|1, 1|H, Q, K] keys each query may attend to, None = all
+
+
+# An editor takes full weights [batch, head, query, key] (fp32) and returns edited ones.
+Editor = Callable[[torch.Tensor, EditContext], torch.Tensor]
+
+
+class _Session:
+    def __init__(self, model, contract, queries, layers, heads, stacks, masks, editors, keep_grad):
+        self.contract = contract
+        modules = dict(model.named_modules())
+        self.where: dict[int, tuple[str, int]] = {}
+        for (stack, layer), path in contract.module_paths.items():
+            self.where[id(modules[path])] = (stack, layer)
+        self.stacks = tuple(stacks)
+        self.layers = layers
+        self.heads = heads
+        self.queries = queries
+        self.masks = masks
+        self.editors = dict(editors or {})
+        self.keep_grad = keep_grad
+        self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.calls: dict[tuple[str, int], int] = {}
+
+    def _wants(self, stack: str, layer: int) -> bool:
+        if stack not in self.stacks:
+            return False
+        chosen = self.layers.get(stack) if isinstance(self.layers, Mapping) else self.layers
+        return chosen is None or layer in chosen
+
+    def _rows(self, stack: str, batch: int, q_len: int, device) -> torch.Tensor | None:
+        spec = self.queries.get(stack) if isinstance(self.queries, Mapping) else self.queries
+        if spec is None or (isinstance(spec, str) and spec == "all"):
+            return None
+        if isinstance(spec, str):
+            if spec == "first":
+                return torch.zeros(batch, 1, dtype=torch.long, device=device)
+            if spec == "last":
+                mask = self.masks.get(stack)
+                if mask is None or mask.shape[1] != q_len:
+                    return torch.full((batch, 1), q_len - 1, dtype=torch.long, device=device)
+                return (mask.sum(dim=1).long() - 1).clamp(min=0).view(batch, 1).to(device)
+            raise CaptureError(f"unknown query selection {spec!r}: use all, first, last, a list of positions or a tensor")
+        rows = torch.as_tensor(spec, dtype=torch.long, device=device)
+        if rows.dim() == 1:
+            rows = rows.view(1, -1).expand(batch, -1)
+        if rows.shape[0] != batch:
+            raise CaptureError(f"query positions are given for {rows.shape[0]} examples but the batch has {batch}")
+        if bool((rows >= q_len).any()) or bool((rows < 0).any()):
+            raise CaptureError(f"query position out of range: the sequence has {q_len} positions")
+        return rows
+
+    def call(self, place, original, module, query, key, value, attention_mask, *args, **kwargs):
+        stack, layer = place
+        self.calls[place] = self.calls.get(place, 0) + 1
+        editor = self.editors.get(place)
+        wants = self._wants(stack, layer)
+        if editor is None and not wants:
+            return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+        batch, _, q_len, _ = query.shape
+        k_len = key.shape[2]
+        is_causal = kwargs.get("is_causal")
+        if is_causal is None:
+            is_causal = bool(getattr(module, "is_causal", False))
+        scaling = kwargs.get("scaling")
+        rows = self._rows(stack, batch, q_len, query.device)
+        position_bias = kwargs.get("position_bias")
+        softcap = kwargs.get("softcap")
+
+        if editor is not None:
+            if module.training:
+                raise CaptureError("attention interventions run in eval mode: call model.eval() first")
+            allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
+                                         is_causal=is_causal, rows=None, device=query.device)
+            scores = amath.attention_scores(query, key, scaling=scaling, position_bias=position_bias, softcap=softcap)
+            weights, has_keys = amath.masked_softmax(scores, allowed)
+            context = EditContext(stack=stack, layer=layer, module=module,
+                                  query_index=rows if rows is not None else torch.arange(q_len, device=query.device).expand(batch, q_len),
+                                  allowed=allowed)
+            weights = editor(weights, context)
+            output = amath.attention_output(weights, value)
+            if wants:
+                self._store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
+            return output, None
+
+        output, returned = original(module, query, key, value, attention_mask, *args, **kwargs)
+        allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
+                                     is_causal=is_causal, rows=rows, device=query.device)
+        if returned is not None and returned.dim() == 4 and returned.shape[-1] == k_len:
+            picked = amath.gather_rows(returned, rows).float()
+            has_keys = allowed.any(dim=-1) if allowed is not None else torch.ones(picked.shape[:-1], dtype=torch.bool, device=picked.device)
+            picked = torch.where(has_keys[..., None], picked, torch.zeros((), device=picked.device))
+        else:
+            scores = amath.attention_scores(query, key, scaling=scaling, rows=rows, position_bias=position_bias, softcap=softcap)
+            picked, has_keys = amath.masked_softmax(scores, allowed)
+        self._store(place, picked, has_keys, rows, q_len)
+        return output, returned
+
+    def _store(self, place, picked, has_keys, rows, q_len):
+        # picked [batch, head, rows, key]; has_keys [batch|1, head|1, rows]
+        heads = self.heads.get(place[0]) if isinstance(self.heads, Mapping) else self.heads
+        if heads is not None:
+            picked = picked[:, list(heads)]
+        if not self.keep_grad:
+            picked = picked.detach()
+        batch = picked.shape[0]
+        has_keys = has_keys.expand(batch, *has_keys.shape[1:]).any(dim=1)  # [batch, rows]
+        if rows is None:
+            rows = torch.arange(q_len, device=picked.device).expand(batch, q_len)
+        self.records[place] = (picked, rows, has_keys)
+
+
+class Capture:
+    """Handle returned by :func:`capture_attention`; read it after the forward pass."""
+
+    def __init__(self, session: _Session):
+        self._session = session
+
+    @property
+    def calls(self) -> dict[tuple[str, int], int]:
+        """How many times each (stack, layer) attention ran while the capture was open."""
+        return dict(self._session.calls)
+
+    def clear(self) -> None:
+        self._session.records.clear()
+        self._session.calls.clear()
+
+    def maps(self, stack: str | None = None) -> AttentionMaps:
+        session = self._session
+        stack = stack or session.contract.primary_stack
+        layers = sorted(layer for (s, layer) in session.records if s == stack)
+        if not layers:
+            seen = sorted({s for s, _ in session.calls})
+            raise CaptureError(
+                f"no attention was captured for stack {stack!r} (stacks that ran: {seen or 'none'}); "
+                "run the model's forward inside the capture and ask for a stack it has"
+            )
+        weights = torch.stack([session.records[(stack, layer)][0] for layer in layers], dim=1)
+        has_keys = torch.stack([session.records[(stack, layer)][2] for layer in layers], dim=1)
+        rows = session.records[(stack, layers[0])][1]
+        heads = session.heads.get(stack) if isinstance(session.heads, Mapping) else session.heads
+        n_heads = session.contract.stacks[stack].n_heads
+        return AttentionMaps(
+            stack=stack, layers=tuple(layers), heads=tuple(heads) if heads is not None else tuple(range(n_heads)),
+            weights=weights, query_index=rows, row_has_keys=has_keys,
+        )
+
+
+def _validate(contract, stacks, layers, heads):
+    for stack in stacks:
+        if stack not in contract.stacks:
+            raise CaptureError(f"model has no {stack!r} attention: its stacks are {', '.join(contract.stacks)}")
+    for stack in stacks:
+        info = contract.stacks[stack]
+        chosen_layers = layers.get(stack) if isinstance(layers, Mapping) else layers
+        for layer in chosen_layers or ():
+            if not 0 <= layer < info.n_layers:
+                raise CaptureError(f"layer {layer} does not exist in the {stack}: it has layers 0..{info.n_layers - 1}")
+        chosen_heads = heads.get(stack) if isinstance(heads, Mapping) else heads
+        for head in chosen_heads or ():
+            if not 0 <= head < info.n_heads:
+                raise CaptureError(f"head {head} does not exist in the {stack}: it has heads 0..{info.n_heads - 1}")
+
+
+@contextmanager
+def capture_attention(
+    probe_model,
+    *,
+    queries: QuerySpec | Mapping[str, QuerySpec] = None,
+    layers: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
+    heads: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
+    stacks: Sequence[str] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    decoder_attention_mask: torch.Tensor | None = None,
+    editors: Mapping[tuple[str, int], Editor] | None = None,
+    keep_grad: bool = False,
+):
+    """Record attention of ``probe_model`` during the forward passes run inside the block.
+
+    queries: ``None``/"all" every row, "first" ([CLS]), "last" (last real token, needs the padding
+    mask), a list of positions, or a long tensor ``[batch, rows]``; or a dict per stack.
+    editors: ``{(stack, layer): fn}`` replaces that layer's attention weights (all rows) by
+    ``fn(weights, context)`` before they mix the values: the hook interventions use.
+    """
+    contract = probe_model.contract
+    model = probe_model.model
+    stacks = tuple(stacks) if stacks is not None else tuple(contract.stacks)
+    _validate(contract, stacks, layers, heads)
+    for stack, layer in (editors or {}):
+        if (stack, layer) not in contract.module_paths:
+            raise CaptureError(f"cannot edit {stack} layer {layer}: the model has no such attention module")
+    # The 2-D padding mask that tells where each stack's query rows end ("last").
+    if contract.task == "seq2seq":
+        masks = {"encoder": attention_mask, "decoder": decoder_attention_mask, "cross": decoder_attention_mask}
+    else:
+        masks = {stack: attention_mask for stack in contract.stacks}
+    session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad)
+    implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
+    with _LOCK:
+        _install(implementation)
+        _SESSIONS.append(session)
+    try:
+        yield Capture(session)
+    finally:
+        with _LOCK:
+            _SESSIONS.remove(session)
+            if not _SESSIONS:
+                _uninstall_all()

@@ -1,0 +1,267 @@
+"""Invariance checks of a model's attention and of probe's capture (the seeds' Minimal Acceptance).
+
+Each check returns a :class:`CheckResult`; ``probe contract`` prints them as a table. Model-level
+checks run the real model on a small padded batch; function-level checks call the model's own
+attention function (the one its layers use) on seeded random query/key/value tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from probe.capture import capture_attention
+from probe.capture import math as amath
+from probe.capture.hooks import _original_function
+from probe.models.text import encode_texts, forward_inputs
+
+DEFAULT_TEXTS = (
+    "the film is a quiet , moving portrait of grief and it works",
+    "not funny",
+    "an utterly predictable mess , yet the actors try hard",
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+def _tolerance(pm) -> float:
+    return 1e-5 if pm.contract.dtype == "float32" else 2e-2
+
+
+def _outputs(out):
+    return out.logits.float()
+
+
+def _real_outputs(pm, logits: torch.Tensor, inputs: dict, index: int) -> torch.Tensor:
+    """Logits of example ``index`` at its real positions only."""
+    if pm.task == "classification":
+        return logits[index]
+    mask = inputs["decoder_attention_mask"] if pm.task == "seq2seq" else inputs["attention_mask"]
+    return logits[index, : int(mask[index].sum())]
+
+
+def _capture_all(pm, inputs):
+    decoder_mask = inputs.get("decoder_attention_mask")
+    with torch.no_grad(), capture_attention(
+        pm, attention_mask=inputs["attention_mask"], decoder_attention_mask=decoder_mask
+    ) as cap:
+        out = pm.model(**inputs)
+    return _outputs(out), {stack: cap.maps(stack) for stack in pm.contract.stacks}, cap.calls
+
+
+def _lengths(pm, inputs, stack):
+    if pm.task == "seq2seq" and stack in ("decoder", "cross"):
+        return inputs["decoder_attention_mask"].sum(1)
+    return inputs["attention_mask"].sum(1)
+
+
+def _key_lengths(pm, inputs, stack):
+    if pm.task == "seq2seq" and stack == "decoder":
+        return inputs["decoder_attention_mask"].sum(1)
+    return inputs["attention_mask"].sum(1)
+
+
+def _real_block(pm, inputs, maps, stack, index):
+    """[layer, head, real query, real key] of one example."""
+    q = int(_lengths(pm, inputs, stack)[index])
+    k = int(_key_lengths(pm, inputs, stack)[index])
+    return maps[stack].weights[index, :, :, :q, :k]
+
+
+def _eager_attentions(pm, inputs):
+    """HF's own eager ``output_attentions``, the model switched to eager and back."""
+    model = pm.model
+    before = model.config._attn_implementation
+    try:
+        if before != "eager":
+            model.set_attn_implementation("eager")
+        with torch.no_grad():
+            out = model(**inputs, output_attentions=True)
+    finally:
+        if before != "eager":
+            model.set_attn_implementation(before)
+    if pm.task == "seq2seq":
+        return {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
+    return {pm.contract.primary_stack: out.attentions}
+
+
+def _model_checks(pm, texts) -> list[CheckResult]:
+    tol = _tolerance(pm)
+    results = []
+    batch = encode_texts(pm, list(texts))
+    inputs = forward_inputs(pm, batch)
+    with torch.no_grad():
+        plain = _outputs(pm.model(**inputs))
+    logits, maps, calls = _capture_all(pm, inputs)
+    n = batch["input_ids"].shape[0]
+
+    expected = sum(s.n_layers for s in pm.contract.stacks.values())
+    seen = sum(1 for count in calls.values() if count >= 1)
+    results.append(CheckResult("every_layer_captured", seen == expected and all(c == 1 for c in calls.values()),
+                               f"{seen} of {expected} attention layers ran once each through the capture"))
+
+    diff = (logits - plain).abs().max().item()
+    results.append(CheckResult("capture_leaves_output_unchanged", diff <= 1e-6, f"max |logit change| {diff:.2e}"))
+
+    worst = 0.0
+    for stack, m in maps.items():
+        sums = m.weights.sum(-1)
+        valid = m.row_has_keys[:, :, None, :].expand_as(sums)
+        worst = max(worst, (sums[valid] - 1).abs().max().item())
+    results.append(CheckResult("rows_sum_to_one", worst <= tol, f"max |row sum - 1| over the key axis {worst:.2e}"))
+
+    leak = 0.0
+    for stack, m in maps.items():
+        key_len = _key_lengths(pm, inputs, stack)
+        keys = torch.arange(m.weights.shape[-1], device=key_len.device)
+        padded = keys[None, :] >= key_len[:, None]  # [batch, key]
+        if padded.any():
+            leak = max(leak, m.weights.masked_select(padded[:, None, None, None, :].expand_as(m.weights)).abs().max().item())
+    results.append(CheckResult("padded_keys_get_zero", leak == 0.0, f"max weight on a padded key {leak:.2e}"))
+
+    try:
+        eager = _eager_attentions(pm, inputs)
+        gap = 0.0
+        for stack, layers in eager.items():
+            full = torch.stack([a.float() for a in layers], dim=1)
+            for i in range(n):
+                q = int(_lengths(pm, inputs, stack)[i])
+                k = int(_key_lengths(pm, inputs, stack)[i])
+                gap = max(gap, (full[i, :, :, :q, :k] - maps[stack].weights[i, :, :, :q, :k]).abs().max().item())
+        results.append(CheckResult("capture_equals_eager_output_attentions", gap <= tol,
+                                   f"max |captured - HF eager output_attentions| {gap:.2e} (implementation {pm.contract.implementation})"))
+    except (ValueError, RuntimeError, TypeError) as exc:
+        results.append(CheckResult("capture_equals_eager_output_attentions", False, f"eager comparison failed: {exc}"[:200]))
+
+    # Changing what sits in padded positions must change nothing real.
+    swapped = {k: v.clone() for k, v in inputs.items()}
+    pad_positions = swapped["attention_mask"] == 0
+    if pad_positions.any():
+        other = (swapped["input_ids"].max() + 1) % pm.model.config.vocab_size
+        swapped["input_ids"][pad_positions] = other
+        logits_b, maps_b, _ = _capture_all(pm, swapped)
+        out_gap = max((_real_outputs(pm, logits, inputs, i) - _real_outputs(pm, logits_b, inputs, i)).abs().max().item() for i in range(n))
+        att_gap = max((_real_block(pm, inputs, maps, s, i) - _real_block(pm, inputs, maps_b, s, i)).abs().max().item()
+                      for s in maps for i in range(n))
+        results.append(CheckResult("padding_tokens_change_nothing", max(out_gap, att_gap) <= tol,
+                                   f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by {att_gap:.2e}"))
+
+    causal = [s for s, c in pm.contract.stacks.items() if c.mask_kind.startswith(("causal", "sliding"))]
+    if causal and pm.task == "causal_lm":
+        i = int(inputs["attention_mask"].sum(1).argmax())
+        last = int(inputs["attention_mask"][i].sum()) - 1
+        changed = {k: v.clone() for k, v in inputs.items()}
+        changed["input_ids"][i, last] = (changed["input_ids"][i, last] + 1) % pm.model.config.vocab_size
+        logits_c, maps_c, _ = _capture_all(pm, changed)
+        out_gap = (logits[i, :last] - logits_c[i, :last]).abs().max().item()
+        att_gap = max((maps[s].weights[i, :, :, :last] - maps_c[s].weights[i, :, :, :last]).abs().max().item() for s in causal)
+        moved = (logits[i, last] - logits_c[i, last]).abs().max().item()
+        results.append(CheckResult("causal_future_changes_nothing_earlier", max(out_gap, att_gap) <= tol and moved > 0,
+                                   f"changing the last token moved earlier outputs by {out_gap:.2e}, earlier attention by "
+                                   f"{att_gap:.2e} (its own output by {moved:.2e})"))
+
+    out_gap = att_gap = 0.0
+    for i, text in enumerate(texts):
+        single = forward_inputs(pm, encode_texts(pm, [text]))
+        logits_1, maps_1, _ = _capture_all(pm, single)
+        out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, logits, inputs, i)).abs().max().item())
+        for s in maps:
+            att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, inputs, maps, s, i)).abs().max().item())
+    results.append(CheckResult("batch_of_one_equals_batch_of_n", max(out_gap, att_gap) <= tol,
+                               f"max gap, batch of 1 vs batch of {n}: outputs {out_gap:.2e}, attention {att_gap:.2e}"))
+    return results
+
+
+def _mask_for(implementation: str, allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """The mask format each implementation's mask builder produces: bool for sdpa, additive otherwise."""
+    if implementation == "sdpa":
+        return allowed
+    zeros = torch.zeros(allowed.shape, dtype=dtype)
+    return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _function_checks(pm) -> list[CheckResult]:
+    contract = pm.contract
+    stack = contract.primary_stack
+    path = contract.module_paths[(stack, 0)]
+    module = dict(pm.model.named_modules())[path]
+    implementation = contract.implementation
+    original = _original_function(implementation, module)
+    info = contract.stacks[stack]
+    device, dtype = pm.device, pm.model.dtype
+    gen = torch.Generator().manual_seed(0)
+    q_len, k_len = 4, 6
+    query = torch.randn(1, info.n_heads, q_len, info.head_dim, generator=gen).to(device, dtype) * 2
+    key = torch.randn(1, info.n_kv_heads, k_len, info.head_dim, generator=gen).to(device, dtype) * 2
+    value = torch.randn(1, info.n_kv_heads, k_len, info.head_dim, generator=gen).to(device, dtype)
+    scaling = getattr(module, "scaling", None) or info.head_dim ** -0.5
+    tol = _tolerance(pm)
+    results = []
+
+    def run(q, k, v, allowed, bias=None):
+        mask = _mask_for(implementation, allowed, dtype).to(device)
+        if bias is not None:
+            mask = _mask_for("eager", allowed, dtype).to(device) + bias.to(device, dtype)
+        with torch.no_grad():
+            out, _ = original(module, q, k, v, mask, scaling=scaling, dropout=0.0, is_causal=False)
+        return out.float()
+
+    everything = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
+
+    # All-masked row: what the implementation does, and what probe does.
+    blocked = everything.clone()
+    blocked[..., 0, :] = False
+    out = run(query, key, value, blocked)
+    row = out[0, 0]
+    if torch.isnan(row).any():
+        native = "NaN"
+    elif row.abs().max() == 0:
+        native = "zeros"
+    else:
+        uniform = value.float().mean(dim=2)  # [1, kv, dim]: uniform weights give the mean value
+        native = "uniform" if torch.allclose(row, amath.repeat_kv(uniform[:, :, None], info.n_heads // info.n_kv_heads)[0, :, 0], atol=1e-4) else "other"
+    scores = amath.attention_scores(query, key, scaling=scaling)
+    weights, has_keys = amath.masked_softmax(scores, blocked)
+    probe_ok = bool(torch.isfinite(weights).all()) and weights[0, :, 0].abs().max().item() == 0 and not bool(has_keys[0, 0, 0])
+    results.append(CheckResult("all_masked_row_is_defined", probe_ok,
+                               f"{implementation} returns {native} for a row with every key masked; probe records zeros "
+                               "and flags the row (row_has_keys=False), never NaN"))
+
+    # Permuting keys with their values permutes the weights and leaves the output unchanged.
+    perm = torch.randperm(k_len, generator=gen).to(device)
+    out_a = run(query, key, value, everything)
+    out_b = run(query, key[:, :, perm], value[:, :, perm], everything)
+    weights_b, _ = amath.masked_softmax(amath.attention_scores(query, key[:, :, perm], scaling=scaling), None)
+    weights_a, _ = amath.masked_softmax(scores, None)
+    gap = max((out_a - out_b).abs().max().item(), (weights_a[..., perm] - weights_b).abs().max().item())
+    results.append(CheckResult("key_permutation_equivariance", gap <= tol,
+                               f"permuting keys+values: output moved {gap:.2e}, weights follow the permutation"))
+
+    # A duplicated key/value pair acts like one key with its logit raised by ln 2.
+    j = 2
+    key_dup = torch.cat([key, key[:, :, j:j + 1]], dim=2)
+    value_dup = torch.cat([value, value[:, :, j:j + 1]], dim=2)
+    out_dup = run(query, key_dup, value_dup, torch.ones(1, 1, q_len, k_len + 1, dtype=torch.bool, device=device))
+    bias = torch.zeros(1, 1, q_len, k_len)
+    bias[..., j] = math.log(2.0)
+    out_bias = run(query, key, value, everything, bias=bias)
+    gap = (out_dup - out_bias).abs().max().item()
+    results.append(CheckResult("duplicate_key_equals_ln2_bias", gap <= tol,
+                               f"duplicating key {j} matches adding ln 2 to its logit within {gap:.2e}"))
+    return results
+
+
+def run_checks(pm, texts=DEFAULT_TEXTS) -> list[CheckResult]:
+    """Every check on ``pm``; model-level first, then function-level."""
+    pm.model.eval()
+    return _model_checks(pm, texts) + _function_checks(pm)

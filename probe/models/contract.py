@@ -1,0 +1,152 @@
+"""The attention contract: what a loaded model's attention is, read from the model itself."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from probe.models.architectures import STACK_ORDER, find_attention_modules
+
+
+@dataclass(frozen=True)
+class StackContract:
+    stack: str  # encoder | decoder | cross
+    n_layers: int
+    n_heads: int  # query heads
+    n_kv_heads: int
+    kv_head_of_query: tuple[int, ...]  # query head h reads key/value head kv_head_of_query[h]
+    head_dim: int
+    mask_kind: str  # bidirectional | causal | sliding_window(W) | cross (all encoder keys)
+    module_class: str
+
+
+@dataclass(frozen=True)
+class AttentionContract:
+    model_type: str
+    task: str
+    stacks: dict[str, StackContract]
+    implementation: str  # the attention implementation the model was loaded with
+    dtype: str
+    device: str
+    max_positions: int
+    padding_side: str
+    special_tokens: tuple[str, ...]
+    module_paths: dict[tuple[str, int], str] = field(repr=False, default_factory=dict)
+
+    @property
+    def primary_stack(self) -> str:
+        """The stack whose attention explains the prediction's inputs (encoder if there is one)."""
+        return "encoder" if "encoder" in self.stacks else "decoder"
+
+    @property
+    def n_layers(self) -> int:
+        return self.stacks[self.primary_stack].n_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.stacks[self.primary_stack].n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.stacks[self.primary_stack].n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.stacks[self.primary_stack].head_dim
+
+    def to_dict(self) -> dict:
+        primary = self.stacks[self.primary_stack]
+        return {
+            "model_type": self.model_type,
+            "task": self.task,
+            "n_layers": primary.n_layers,
+            "n_heads": primary.n_heads,
+            "n_kv_heads": primary.n_kv_heads,
+            "kv_head_of_query": list(primary.kv_head_of_query),
+            "head_dim": primary.head_dim,
+            "mask_kind": primary.mask_kind,
+            "implementation": self.implementation,
+            "dtype": self.dtype,
+            "device": self.device,
+            "max_positions": self.max_positions,
+            "padding_side": self.padding_side,
+            "special_tokens": list(self.special_tokens),
+            "stacks": {name: {**asdict(s), "kv_head_of_query": list(s.kv_head_of_query)} for name, s in self.stacks.items()},
+        }
+
+
+def _max_positions(config, tokenizer) -> int:
+    candidates = []
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            candidates.append(value)
+    model_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(model_max, int) and 0 < model_max < 1_000_000:
+        candidates.append(model_max)
+    # T5 has relative positions and no hard window; 512 is what it was trained on.
+    return min(candidates) if candidates else 512
+
+
+def _stack_contract(stack: str, layers: dict[int, object], config, task: str) -> StackContract:
+    module = layers[min(layers)]
+    sub = getattr(module, "config", config)
+    n_heads = (
+        getattr(module, "num_heads", None)
+        or getattr(module, "num_attention_heads", None)
+        or getattr(module, "n_heads", None)
+        or getattr(sub, "num_attention_heads", None)
+        or getattr(sub, "n_head", None)
+    )
+    groups = getattr(module, "num_key_value_groups", 1) or 1
+    n_kv_heads = getattr(sub, "num_key_value_heads", None) if groups > 1 else n_heads
+    n_kv_heads = n_kv_heads or n_heads // groups
+    head_dim = (
+        getattr(module, "head_dim", None)
+        or getattr(module, "attention_head_size", None)
+        or getattr(module, "key_value_proj_dim", None)
+        or getattr(sub, "head_dim", None)
+        or config.hidden_size // n_heads
+    )
+    group = n_heads // n_kv_heads
+    kv_map = tuple(h // group for h in range(n_heads))
+    if stack == "cross":
+        mask_kind = "cross"
+    elif stack == "encoder" and task != "causal_lm":
+        mask_kind = "bidirectional"
+    else:
+        window = getattr(sub, "sliding_window", None)
+        mask_kind = f"sliding_window({window})" if isinstance(window, int) and window > 0 else "causal"
+    return StackContract(
+        stack=stack, n_layers=len(layers), n_heads=int(n_heads), n_kv_heads=int(n_kv_heads),
+        kv_head_of_query=kv_map, head_dim=int(head_dim), mask_kind=mask_kind, module_class=type(module).__name__,
+    )
+
+
+def build_contract(model, tokenizer, task: str | None = None) -> AttentionContract:
+    from probe.models.loading import _infer_task
+
+    config = model.config
+    task = task or _infer_task(config)
+    paths = find_attention_modules(model)
+    modules = dict(model.named_modules())
+    by_stack: dict[str, dict[int, object]] = {}
+    for (stack, layer), path in paths.items():
+        by_stack.setdefault(stack, {})[layer] = modules[path]
+    stacks = {}
+    for stack in STACK_ORDER:
+        if stack in by_stack:
+            stacks[stack] = _stack_contract(stack, by_stack[stack], config, task)
+    parameter = next(model.parameters())
+    special = tuple(sorted(set(getattr(tokenizer, "all_special_tokens", []) or [])))
+    return AttentionContract(
+        model_type=config.model_type,
+        task=task,
+        stacks=stacks,
+        implementation=str(getattr(config, "_attn_implementation", None) or "eager"),
+        dtype=str(parameter.dtype).replace("torch.", ""),
+        device=str(parameter.device),
+        max_positions=_max_positions(config, tokenizer),
+        padding_side=getattr(tokenizer, "padding_side", "right"),
+        special_tokens=special,
+        module_paths=dict(paths),
+    )

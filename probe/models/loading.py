@@ -1,0 +1,224 @@
+"""Load a model by HF id, local folder or ``builtin:NAME`` into a :class:`ProbeModel`."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probe.errors import InputError, ModelLoadError
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "fp16": "float16", "float16": "float16"}
+TASKS = ("classification", "causal_lm", "seq2seq")
+
+
+def resolve_device(device: str | None):
+    """Turn a user's device string into a ``torch.device``, or explain why it cannot be used."""
+    import torch
+
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"unknown device {device!r}: use cpu, cuda, cuda:N or auto") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r} asked for but CUDA is not available on this machine: use --device cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif parsed.type not in ("cpu", "mps"):
+        raise InputError(f"unsupported device {device!r}: use cpu, cuda, cuda:N or auto")
+    return parsed
+
+
+def resolve_dtype(dtype: str | None):
+    import torch
+
+    if dtype in (None, "", "auto"):
+        return torch.float32
+    name = DTYPES.get(str(dtype).lower())
+    if name is None:
+        raise InputError(f"unknown dtype {dtype!r}: use one of fp32, bf16, fp16")
+    return getattr(torch, name)
+
+
+@dataclass
+class ProbeModel:
+    """A loaded model with its tokenizer and attention contract. Made only by :func:`load_model`."""
+
+    name: str  # what the user asked for
+    path: str  # a folder (or hub id) that ``from_pretrained`` loads
+    model: object
+    tokenizer: object
+    task: str  # one of TASKS
+    contract: object  # AttentionContract
+    load_seconds: float
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def max_length(self) -> int:
+        return self.contract.max_positions
+
+    def encode(self, texts: list[str], *, strict_length: bool = False, max_length: int | None = None):
+        """Tokenise a batch, right-padded. Returns a BatchEncoding on the model's device.
+
+        Right padding keeps real tokens at positions 0..n-1 in every model, so batch of one and
+        batch of N agree (left padding shifts positions of models that derive them from the cache).
+        Too-long texts are truncated with a warning, or refused when ``strict_length``.
+        """
+        from probe.models.text import encode_texts
+
+        return encode_texts(self, texts, strict_length=strict_length, max_length=max_length)
+
+
+def _hub_unreachable() -> bool:
+    """True when the hub cannot be used: offline mode set, or its name does not resolve.
+
+    Checked up front so that an unknown id fails at once instead of after minutes of retries.
+    """
+    import os
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return True
+    try:
+        socket.getaddrinfo("huggingface.co", 443)
+    except OSError:
+        return True
+    return False
+
+
+def _infer_task(config) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    architectures = getattr(config, "architectures", None) or []
+    joined = " ".join(architectures)
+    if "SequenceClassification" in joined:
+        return "classification"
+    if "CausalLM" in joined or "LMHeadModel" in joined:
+        return "causal_lm"
+    if getattr(config, "is_decoder", False) or config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"):
+        return "causal_lm"
+    return "classification"
+
+
+def _auto_class(task: str):
+    import transformers
+
+    return {
+        "classification": transformers.AutoModelForSequenceClassification,
+        "causal_lm": transformers.AutoModelForCausalLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+    }[task]
+
+
+def load_model(
+    name: str,
+    *,
+    device: str | None = "cpu",
+    dtype: str | None = "fp32",
+    attn_implementation: str | None = None,
+    task: str | None = None,
+    cache_dir: str | Path | None = None,
+    device_map: str | None = None,
+) -> ProbeModel:
+    """Load ``name`` (``builtin:NAME``, a local folder, or a hub id) in eval mode.
+
+    ``attn_implementation`` is passed through to transformers (default: its own default, ``sdpa``);
+    capture works on either ``sdpa`` or ``eager`` without reloading.
+    """
+    started = time.perf_counter()
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    if task is not None and task not in TASKS:
+        raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    metadata: dict = {}
+    if not isinstance(name, str) or not name.strip():
+        raise InputError("empty model name: give builtin:NAME, a local folder or a hub id")
+    if name.startswith("builtin:"):
+        from probe.models.builtins import BUILTIN_MODELS, materialize_builtin
+
+        builtin = name.split(":", 1)[1]
+        if builtin not in BUILTIN_MODELS:
+            raise ModelLoadError(
+                f"unknown built-in model {builtin!r}: valid are {', '.join('builtin:' + n for n in BUILTIN_MODELS)}"
+            )
+        folder = materialize_builtin(builtin, cache_dir=cache_dir)
+        path = str(folder)
+        meta_file = Path(folder) / "probe_builtin.json"
+        if meta_file.exists():
+            import json
+
+            metadata = json.loads(meta_file.read_text())
+    else:
+        expanded = Path(name).expanduser()
+        if expanded.exists():
+            if not expanded.is_dir():
+                raise ModelLoadError(f"model path {name!r} is a file, not a folder: give the folder holding config.json")
+            if not (expanded / "config.json").exists():
+                raise ModelLoadError(
+                    f"folder {name!r} has no config.json: give a folder saved with save_pretrained, or builtin:minilm-rt"
+                )
+            path = str(expanded)
+        elif name.startswith((".", "/", "~")):
+            raise ModelLoadError(f"model folder {name!r} does not exist: check the path, or use builtin:minilm-rt")
+        else:
+            path = name  # a hub id
+
+    import transformers
+
+    local_only = path != name or _hub_unreachable()
+    # transformers logs loading reports (unused/missing weights); probe reports its own way.
+    transformers.logging.set_verbosity_error()
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=local_only)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"cannot load model {name!r}: it is not a built-in or a local folder, and the hub "
+            f"{'is unreachable (offline) and it is not in the local cache' if local_only else 'did not provide it (' + first[:120] + ')'}; "
+            "use builtin:minilm-rt, builtin:smollm2-135m or a local folder"
+        ) from None
+    task = task or _infer_task(config)
+    kwargs = {"dtype": torch_dtype, "local_files_only": local_only}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = _auto_class(task).from_pretrained(path, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load model {name!r} as {task}: {first[:200]}") from None
+    if not device_map:
+        model.to(torch_device)
+    model.eval()
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        # Causal LMs often ship without a pad token; padded positions are masked out anyway.
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+
+    from probe.models.contract import build_contract
+
+    contract = build_contract(model, tokenizer)
+    if not contract.stacks:
+        raise ModelLoadError(
+            f"model {name!r} (type {config.model_type!r}) has no attention modules probe can read: "
+            "use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families)"
+        )
+    logging.getLogger("probe").debug("loaded %s in %.2fs", name, time.perf_counter() - started)
+    return ProbeModel(
+        name=name, path=path, model=model, tokenizer=tokenizer, task=task, contract=contract,
+        load_seconds=time.perf_counter() - started, metadata=metadata,
+    )

@@ -1,0 +1,40 @@
+"""Shared pytest configuration.
+
+At import time (before any test module imports transformers / huggingface_hub,
+which read these variables once) it makes the test session fully offline and
+keeps matplotlib from writing to the home directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), f"probe-tests-mpl-{os.getuid()}"))
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# make `import tiny_models` work from any test module and from this file
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+import pytest  # noqa: E402
+
+from tiny_models import TINY_KINDS, build_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``{kind: folder}`` for every kind in ``TINY_KINDS``; built once per session (seed 0).
+
+    Each folder loads offline with ``AutoTokenizer.from_pretrained(folder)`` and the
+    Auto class in ``tiny_models.TINY_AUTO_CLASS[kind]``.  Treat the folders as read-only.
+    """
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {kind: build_tiny(kind, root / kind, seed=0) for kind in TINY_KINDS}
