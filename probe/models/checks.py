@@ -177,8 +177,12 @@ def _model_checks(pm, texts) -> list[CheckResult]:
         out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, logits, inputs, i)).abs().max().item())
         for s in maps:
             att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, inputs, maps, s, i)).abs().max().item())
-    results.append(CheckResult("batch_of_one_equals_batch_of_n", max(out_gap, att_gap) <= tol,
-                               f"max gap, batch of 1 vs batch of {n}: outputs {out_gap:.2e}, attention {att_gap:.2e}"))
+    # Logits are compared relative to their size: a 30-layer LM's logits reach tens, and fp32 sums
+    # in a padded batch run through other kernels than a single sequence.
+    scale = max(1.0, logits.abs().max().item())
+    results.append(CheckResult("batch_of_one_equals_batch_of_n", out_gap <= tol * scale and att_gap <= tol,
+                               f"max gap, batch of 1 vs batch of {n}: outputs {out_gap:.2e} (logits up to {scale:.1f}), "
+                               f"attention {att_gap:.2e}"))
     return results
 
 
