@@ -1,0 +1,632 @@
+"""Attention explainers: token scores read from a model's attention at the target query.
+
+The *target query* is the attention row that reads the position whose output becomes the target:
+
+    classification  the pooled position: 0 ([CLS]) for an encoder; the last real token for a
+                    decoder-only classifier (GPT-2 style pooling)
+    causal_lm       position len(input_ids) - 1, the last explained token, whose logits predict the
+                    first continuation token
+    seq2seq         the decoder positions whose logits predict the output tokens, read through
+                    *cross*-attention (keys = encoder tokens = the explained tokens); every score is
+                    the mean over those positions (padding positions of shorter outputs excluded)
+
+Every explainer returns :class:`TokenScores` over the explained tokens of each example (padding is
+cut off, never scored; special tokens are scored and flagged by ``PreparedExample.special``):
+
+    attention        [layer, head, tokens]  raw weights of the target row
+    attention_mean   [layer, tokens]        head mean of the above
+    rollout          [layer, tokens]        Abnar & Zuidema rollout, target row of the product up to l
+    flow             [layer, tokens]        Abnar & Zuidema attention flow (max-flow), normalised
+    attn_norm        [layer, head, tokens]  Kobayashi et al. ||alpha_ij f_h(x_j)|| (or [layer, tokens]
+                                            ||sum_h alpha_ij f_h(x_j)|| with ``per_head=False``)
+    attn_grad        [layer, head, tokens]  alpha * d target / d alpha at the target row
+
+Query heads are reported one by one; under GQA/MQA a query head reads the values of key/value head
+``contract.kv_head_of_query[h]`` (the capture repeats keys; ``attn_norm`` maps values explicitly).
+Every forward runs the rows :func:`~probe.explain.target.build_rows` builds, so all methods explain
+the model on the same inputs as the target.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from probe.capture import EditContext, capture_attention
+from probe.errors import CaptureError, InputError
+from probe.explain.scores import TokenScores
+from probe.explain.target import PreparedExample, RowBatch, build_rows, target_values
+
+#: Attention flow solves (layers x tokens) max-flow problems per example on a graph of
+#: layers x tokens^2 edges; beyond this many explained tokens an example is skipped (NaN scores).
+FLOW_MAX_TOKENS = 64
+#: Max-flow needs integer capacities (scipy): weights are scaled by this and rounded (~6e-8).
+FLOW_CAPACITY_SCALE = 2**24
+
+TARGET_QUERY_NOTE = {
+    "classification": "classifier: attention row of the pooled position (0 = [CLS] for encoders, "
+                      "last token for decoders)",
+    "causal_lm": "causal LM: attention row of the last explained token (position len(input_ids)-1), "
+                 "which predicts the first continuation token",
+    "seq2seq": "seq2seq: cross-attention rows of the decoder positions that predict the output tokens, "
+               "averaged over those positions; keys are the encoder (explained) tokens",
+}
+
+
+# ---------------------------------------------------------------------------
+# where the target query is, and running the explained rows
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetQueries:
+    """The attention rows that explain the target, for one batch of rows."""
+
+    stack: str  # the stack whose attention is read: encoder | decoder | cross
+    rows: torch.Tensor  # [batch, rows] long query positions in that stack
+    valid: torch.Tensor  # [batch, rows] bool; False only for seq2seq outputs shorter than the longest
+    lengths: torch.Tensor  # [batch] number of explained tokens (= keys that are scored)
+
+    def mean_over_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Average ``values`` [batch, ..., rows, key] over the valid target rows -> [batch, ..., key]."""
+        weight = self.valid.to(values.dtype)
+        weight = weight / weight.sum(dim=1, keepdim=True).clamp(min=1)
+        shape = (weight.shape[0],) + (1,) * (values.dim() - 3) + (weight.shape[1], 1)
+        return (values * weight.view(shape)).sum(dim=-2)
+
+
+def target_queries(pm, batch: RowBatch) -> TargetQueries:
+    """Where the target query row(s) of every row of ``batch`` are (see the module docstring)."""
+    lengths = batch.input_lengths
+    n_rows = lengths.shape[0]
+    if pm.task == "seq2seq":
+        valid = batch.target_valid  # [batch, n_target]
+        positions = torch.arange(valid.shape[1], device=valid.device).expand(n_rows, -1)
+        # Padded output positions point at 0 (always a real decoder position) and are masked by `valid`.
+        rows = torch.where(valid, positions, torch.zeros_like(positions))
+        return TargetQueries("cross", rows, valid, lengths)
+    stack = pm.contract.primary_stack
+    bidirectional = pm.contract.stacks[stack].mask_kind == "bidirectional"
+    if pm.task == "classification" and bidirectional:
+        rows = torch.zeros((n_rows, 1), dtype=torch.long, device=lengths.device)
+    else:
+        rows = (lengths - 1).view(n_rows, 1)
+    return TargetQueries(stack, rows, torch.ones_like(rows, dtype=torch.bool), lengths)
+
+
+def capture_masks(batch: RowBatch) -> dict:
+    """The padding masks capture_attention wants, from a row batch."""
+    return {"attention_mask": batch.inputs["attention_mask"],
+            "decoder_attention_mask": batch.inputs.get("decoder_attention_mask")}
+
+
+@contextmanager
+def eval_mode(model) -> Iterator[None]:
+    """Eval mode for the duration (dropout off; edits are refused in training mode); restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def example_seed(seed: int, example: PreparedExample) -> int:
+    """A seed that depends on ``seed`` and the example's content only, never on its place in a batch."""
+    key = repr((int(seed), list(example.input_ids), list(example.target_ids), example.label)).encode()
+    return zlib.crc32(key)
+
+
+def row_batches(pm, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
+    """Unperturbed rows of ``examples`` in chunks of ``batch_size``, with their target queries."""
+    if not examples:
+        raise InputError("no examples to explain: give at least one prepared example")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start: start + batch_size]
+        batch = build_rows(pm, [(e.input_ids, e) for e in chunk])
+        yield batch, target_queries(pm, batch)
+
+
+def _crop(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    """[batch, ..., key] -> one [..., tokens] tensor per row, padding keys cut off."""
+    return [values[i, ..., : int(n)] for i, n in enumerate(lengths.tolist())]
+
+
+def _params(pm, stack: str, **extra) -> dict:
+    info = pm.contract.stacks[stack]
+    return {
+        "stack": stack,
+        "target_query": TARGET_QUERY_NOTE[pm.task],
+        "n_layers": info.n_layers,
+        "n_heads": info.n_heads,
+        "kv_head_of_query": list(info.kv_head_of_query),
+        "implementation": pm.contract.implementation,
+        "padding": "never scored (cut off)",
+        **extra,
+    }
+
+
+def target_rows(pm, batch: RowBatch, tq: TargetQueries, *, layers: Sequence[int] | None = None) -> torch.Tensor:
+    """Attention at the target rows: [batch, layer, head, rows, key] fp32 (keys padded to the batch width)."""
+    with torch.no_grad(), capture_attention(pm, queries={tq.stack: tq.rows}, stacks=[tq.stack],
+                                            layers={tq.stack: layers} if layers is not None else None,
+                                            **capture_masks(batch)) as capture:
+        pm.model(**batch.inputs)
+    return capture.maps(tq.stack).weights
+
+
+# ---------------------------------------------------------------------------
+# raw attention
+# ---------------------------------------------------------------------------
+
+
+def attention(pm, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
+    """Raw attention weights of the target row, every layer and query head: [layer, head, tokens]."""
+    scores: list[torch.Tensor] = []
+    stack = None
+    with eval_mode(pm.model):
+        for batch, tq in row_batches(pm, examples, batch_size):
+            stack = tq.stack
+            weights = tq.mean_over_rows(target_rows(pm, batch, tq))  # [batch, layer, head, key]
+            scores += _crop(weights, tq.lengths)
+    return TokenScores("attention", scores, params=_params(pm, stack), per_head=True)
+
+
+def attention_mean(pm, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
+    """Head-averaged attention of the target row per layer: [layer, tokens]."""
+    raw = attention(pm, examples, batch_size=batch_size)
+    return TokenScores("attention_mean", [s.mean(dim=1) for s in raw.scores],
+                       params={**raw.params, "heads": "mean over query heads"}, per_layer=True)
+
+
+# ---------------------------------------------------------------------------
+# rollout and flow (Abnar & Zuidema 2020)
+# ---------------------------------------------------------------------------
+
+
+def residual_attention(weights: torch.Tensor) -> torch.Tensor:
+    """Head-averaged attention with the residual added: [..., head, T, T] -> [..., T, T] fp32.
+
+    A = 0.5 W + 0.5 I with rows renormalised (Abnar & Zuidema). Renormalising matters where W's row
+    is not a distribution: a row with no allowed key becomes the identity row (the residual alone).
+    """
+    mean = weights.float().mean(dim=-3)  # [..., T, T]
+    eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
+    augmented = 0.5 * mean + 0.5 * eye
+    return augmented / augmented.sum(dim=-1, keepdim=True)
+
+
+def rollout_matrices(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Rollout of per-layer attention [head, T, T] (layer 0 first): [layer, T, T], entry l = A_l ... A_0.
+
+    The reference implementation; :func:`rollout` computes the same product streaming over layers.
+    """
+    product = None
+    out = []
+    for layer_weights in weights:
+        augmented = residual_attention(layer_weights)  # [T, T]
+        product = augmented if product is None else augmented @ product
+        out.append(product)
+    return torch.stack(out)
+
+
+class _ResidualStream:
+    """Identity editor that folds each layer's residual attention into a running product.
+
+    The editor is the one per-layer callback that sees full attention maps during a forward pass;
+    it returns the weights unchanged (an identity edit reproduces the model's output), so the
+    rollout needs one pass and holds one [batch, T, T] product instead of every layer's maps.
+    ``keep_layers`` also keeps each layer's (cropped) residual attention, which flow needs.
+    """
+
+    def __init__(self, n_layers: int, target: torch.Tensor | None, keep_width: int | None = None):
+        self.n_layers = n_layers
+        self.target = target  # [batch, 1] query position whose rollout row is kept, or None
+        self.keep_width = keep_width
+        self.product: torch.Tensor | None = None  # [batch, T, T]
+        self.rows: list[torch.Tensor] = []  # per layer [batch, T]
+        self.kept: list[torch.Tensor] = []  # per layer [batch, W, W] residual attention
+        self.next_layer = 0
+
+    def __call__(self, weights: torch.Tensor, context: EditContext) -> torch.Tensor:
+        if context.layer != self.next_layer:
+            raise CaptureError(f"rollout expected layer {self.next_layer} next, got {context.layer}: "
+                               "the model ran its layers out of order or twice")
+        self.next_layer += 1
+        with torch.no_grad():
+            augmented = residual_attention(weights)  # [batch, T, T]
+            self.product = augmented if self.product is None else augmented @ self.product
+            if self.target is not None:
+                index = self.target[:, :, None].expand(-1, 1, self.product.shape[-1])
+                self.rows.append(torch.gather(self.product, 1, index)[:, 0])  # [batch, T]
+            if self.keep_width is not None:
+                self.kept.append(augmented[:, : self.keep_width, : self.keep_width].clone())
+        return weights
+
+
+def _encoder_stream(pm, batch: RowBatch, tq: TargetQueries, *, keep_width: int | None = None):
+    """One pass with a residual stream on the attention that carries the explained tokens.
+
+    Returns (stream, cross) where cross is the head-mean cross-attention at the target rows
+    [batch, layer, key] for seq2seq (None otherwise).
+    """
+    if pm.task == "seq2seq":
+        stack, target = "encoder", None
+    else:
+        stack, target = tq.stack, tq.rows
+    n_layers = pm.contract.stacks[stack].n_layers
+    stream = _ResidualStream(n_layers, target, keep_width)
+    editors = {(stack, layer): stream for layer in range(n_layers)}
+    record = {stack: ()}
+    queries = None
+    if pm.task == "seq2seq":
+        record, queries = {"cross": None}, {"cross": tq.rows}
+    with torch.no_grad(), capture_attention(pm, editors=editors, layers=record, queries=queries,
+                                            stacks=list(record), **capture_masks(batch)) as capture:
+        pm.model(**batch.inputs)
+    if stream.next_layer != n_layers:
+        raise CaptureError(f"rollout saw {stream.next_layer} of {n_layers} {stack} layers")
+    cross = None
+    if pm.task == "seq2seq":
+        cross = tq.mean_over_rows(capture.maps("cross").weights.mean(dim=2))  # [batch, layer, key]
+    return stream, cross
+
+
+def rollout(pm, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
+    """Attention rollout (Abnar & Zuidema): [layer, tokens], row of the target in A_l ... A_0.
+
+    Computed in fp32, streaming: one running [batch, T, T] product, never all layers' maps. For
+    seq2seq the target row at decoder layer l is that layer's head-mean cross-attention (averaged
+    over the predicting positions, no residual: the decoder stream holds no encoder token) times
+    the full encoder rollout.
+    """
+    scores: list[torch.Tensor] = []
+    stack = None
+    with eval_mode(pm.model):
+        for batch, tq in row_batches(pm, examples, batch_size):
+            stack = tq.stack
+            stream, cross = _encoder_stream(pm, batch, tq)
+            if cross is None:
+                rows = torch.stack(stream.rows, dim=1)  # [batch, layer, T]
+            else:
+                encoder = stream.product  # [batch, K, K] full encoder rollout
+                rows = cross @ encoder  # [batch, layer, K]
+            scores += _crop(rows, tq.lengths)
+    return TokenScores("rollout", scores, per_layer=True, params=_params(
+        pm, stack, residual="A = 0.5 W + 0.5 I, rows renormalised, head mean", dtype="float32",
+        product_stack="encoder" if pm.task == "seq2seq" else stack))
+
+
+def flow_to_sinks(residual: np.ndarray, sinks: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+    """Max-flow from every input token to each sink through the layer graph: [sink, T] (raw values).
+
+    residual [L, T, T]: residual attention per layer (row i = query node i of level l+1, column k =
+    key node k of level l). Nodes are levels 0..L of T positions each; edge (l, k) -> (l+1, i) has
+    capacity residual[l, i, k]. A sink is (level, capacities[T]): a node fed from that level's
+    nodes. The target row of attention layer l is the sink (l, residual[l, t]); a seq2seq output is
+    (L, cross-attention row). Capacities are scaled by FLOW_CAPACITY_SCALE and rounded because
+    scipy's max-flow takes integers.
+    """
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import maximum_flow
+
+    n_layers, width, _ = residual.shape
+    n_nodes = (n_layers + 1) * width + len(sinks)
+    src, dst, cap = [], [], []
+    for level in range(n_layers):
+        query, key = np.nonzero(residual[level])
+        src.append(level * width + key)
+        dst.append((level + 1) * width + query)
+        cap.append(residual[level][query, key])
+    for s, (level, capacities) in enumerate(sinks):
+        key = np.nonzero(capacities)[0]
+        src.append(level * width + key)
+        dst.append(np.full(key.shape, (n_layers + 1) * width + s))
+        cap.append(capacities[key])
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    cap = np.rint(np.concatenate(cap).astype(np.float64) * FLOW_CAPACITY_SCALE).astype(np.int32)
+    keep = cap > 0
+    graph = csr_array((cap[keep], (src[keep], dst[keep])), shape=(n_nodes, n_nodes))
+    out = np.zeros((len(sinks), width), dtype=np.float64)
+    for s in range(len(sinks)):
+        sink = (n_layers + 1) * width + s
+        for token in range(width):
+            out[s, token] = maximum_flow(graph, token, sink).flow_value / FLOW_CAPACITY_SCALE
+    return out
+
+
+def flow(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
+         max_tokens: int = FLOW_MAX_TOKENS) -> TokenScores:
+    """Attention flow (Abnar & Zuidema): [layer, tokens] max-flow from each token to the target.
+
+    The graph's capacities are the residual attention (see :func:`residual_attention`); the flow
+    into the target row of layer l is normalised to sum to 1 over tokens, as in the authors' code.
+    Costs layers x tokens max-flow solves per example, so examples longer than ``max_tokens``
+    are skipped: their scores are NaN and ``params['skipped']`` lists them. seq2seq: sinks are the
+    decoder layers' cross-attention rows on top of the encoder graph.
+    """
+    scores: list[torch.Tensor] = []
+    short = [i for i, e in enumerate(examples) if len(e.input_ids) <= max_tokens]
+    skipped = [i for i, e in enumerate(examples) if len(e.input_ids) > max_tokens]
+    by_index: dict[int, torch.Tensor] = {}
+    stack = None
+    with eval_mode(pm.model):
+        done = 0
+        for batch, tq in (row_batches(pm, [examples[i] for i in short], batch_size) if short else ()):
+            stack = tq.stack
+            stream, cross = _encoder_stream(pm, batch, tq, keep_width=int(tq.lengths.max()))
+            kept = torch.stack(stream.kept, dim=1).double().cpu().numpy()  # [batch, layer, W, W]
+            for r, n in enumerate(tq.lengths.tolist()):
+                residual = kept[r, :, :n, :n]
+                if cross is None:
+                    t = int(tq.rows[r, 0])
+                    sinks = [(layer, residual[layer, t]) for layer in range(residual.shape[0])]
+                else:
+                    rows = cross[r, :, :n].double().cpu().numpy()  # [decoder layer, n]
+                    sinks = [(residual.shape[0], rows[layer]) for layer in range(rows.shape[0])]
+                raw = flow_to_sinks(residual, sinks)  # [layer, n]
+                total = raw.sum(axis=1, keepdims=True)
+                by_index[short[done + r]] = torch.from_numpy(raw / np.where(total > 0, total, 1.0))
+            done += len(tq.lengths)
+    stack = stack or ("cross" if pm.task == "seq2seq" else pm.contract.primary_stack)
+    n_layers = pm.contract.stacks[stack].n_layers
+    for i, example in enumerate(examples):
+        scores.append(by_index.get(i, torch.full((n_layers, len(example.input_ids)), float("nan"))))
+    note = (f"flow is limited to {max_tokens} explained tokens (layers x tokens max-flow solves per example); "
+            f"{len(skipped)} longer example(s) skipped with NaN scores" if skipped else
+            f"flow is limited to {max_tokens} explained tokens; none skipped")
+    return TokenScores("flow", scores, per_layer=True, params=_params(
+        pm, stack, residual="A = 0.5 W + 0.5 I, rows renormalised, head mean",
+        normalisation="flow into the target divided by its sum over tokens", max_tokens=max_tokens,
+        capacity_resolution=1.0 / FLOW_CAPACITY_SCALE, skipped=skipped, limit_note=note))
+
+
+# ---------------------------------------------------------------------------
+# attention norms (Kobayashi et al. 2020)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValueOutputLayout:
+    """Where an architecture keeps W_V and W_O, relative to the attention module of the contract.
+
+    Paths are dotted, ``^`` steps up to the parent. ``value_chunk`` = (index, chunks) picks the
+    value part of a fused projection (GPT-2's c_attn holds q, k, v). Whether a module is a Linear
+    ([out, in] weight) or a transformers Conv1D ([in, out]) is read from the module itself.
+    """
+
+    value: str
+    output: str
+    value_chunk: tuple[int, int] = (0, 1)
+
+
+_BERT_LIKE = ValueOutputLayout(value="value", output="^.output.dense")
+_LLAMA_LIKE = ValueOutputLayout(value="v_proj", output="o_proj")
+_BART_LIKE = ValueOutputLayout(value="v_proj", output="out_proj")
+
+#: House rule 4: per-architecture knowledge is data. Same layout for every stack of a model type.
+VALUE_OUTPUT_LAYOUTS: dict[str, ValueOutputLayout] = {
+    "bert": _BERT_LIKE,
+    "roberta": _BERT_LIKE,
+    "xlm-roberta": _BERT_LIKE,
+    "electra": _BERT_LIKE,
+    "distilbert": ValueOutputLayout(value="v_lin", output="out_lin"),
+    "gpt2": ValueOutputLayout(value="c_attn", output="c_proj", value_chunk=(2, 3)),
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "gemma": _LLAMA_LIKE,
+    "bart": _BART_LIKE,
+    "mbart": _BART_LIKE,
+    "marian": _BART_LIKE,
+    "t5": ValueOutputLayout(value="v", output="o"),
+}
+
+
+def _relative(path: str, relative: str) -> str:
+    parts = path.split(".")
+    for step in relative.split("."):
+        if step == "^":
+            parts.pop()
+        else:
+            parts.append(step)
+    return ".".join(parts)
+
+
+def value_output_modules(pm, stack: str, layer: int):
+    """(layout, value projection module, output projection module) of one attention layer."""
+    model_type = pm.contract.model_type
+    layout = VALUE_OUTPUT_LAYOUTS.get(model_type)
+    if layout is None:
+        raise InputError(f"attn_norm does not know where model type {model_type!r} keeps W_V and W_O: "
+                         f"supported are {', '.join(sorted(VALUE_OUTPUT_LAYOUTS))}")
+    path = pm.contract.module_paths[(stack, layer)]
+    modules = dict(pm.model.named_modules())
+    try:
+        return layout, modules[_relative(path, layout.value)], modules[_relative(path, layout.output)]
+    except KeyError as missing:
+        raise InputError(f"model type {model_type!r}: no module {missing} next to {path}; "
+                         "the value/output layout table does not match this model") from None
+
+
+def _in_out_weight(module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight [in, out], bias [out] or None) of a Linear or a transformers Conv1D, fp32."""
+    from transformers.pytorch_utils import Conv1D
+
+    weight = module.weight if isinstance(module, Conv1D) else module.weight.t()
+    bias = getattr(module, "bias", None)
+    return weight.float(), (bias.float() if bias is not None else None)
+
+
+def value_vectors(layout: ValueOutputLayout, value_module, inputs: torch.Tensor) -> torch.Tensor:
+    """x W_V + b_V from the value projection's input: [batch, key, in] -> [batch, key, kv_head * dim] fp32."""
+    weight, bias = _in_out_weight(value_module)
+    index, chunks = layout.value_chunk
+    size = weight.shape[1] // chunks
+    weight = weight[:, index * size: (index + 1) * size]
+    values = inputs.float() @ weight
+    if bias is not None:
+        values = values + bias[index * size: (index + 1) * size]
+    return values
+
+
+@contextmanager
+def record_value_inputs(pm, stack: str) -> Iterator[dict[int, torch.Tensor]]:
+    """Keep the input of every layer's value projection (x_j as W_V sees it, after any pre-norm).
+
+    Yields ``{layer: [batch, key, in]}`` filled by the forward passes run inside; forward pre-hooks
+    are removed in ``finally``, also when the forward raises.
+    """
+    seen: dict[int, torch.Tensor] = {}
+    handles = []
+    try:
+        for (s, layer), _ in sorted(pm.contract.module_paths.items()):
+            if s != stack:
+                continue
+            _, value_module, _ = value_output_modules(pm, stack, layer)
+
+            def keep(module, args, kwargs, layer=layer):
+                seen[layer] = (args[0] if args else kwargs["input"]).detach()
+
+            handles.append(value_module.register_forward_pre_hook(keep, with_kwargs=True))
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def head_value_norms(pm, stack: str, layer: int, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query head, the transformed vectors f_h(x_j) = (x_j W_V + b_V)_kv(h) W_O^h, as factors.
+
+    Returns (values [batch, key, head, dim] of each query head's kv head, W_O per head
+    [head, dim, out], norms ||f_h(x_j)|| [batch, key, head]). Norms come from the Gram matrix
+    W_O^h W_O^h^T so that no [batch, key, head, out] tensor is formed.
+    """
+    info = pm.contract.stacks[stack]
+    layout, value_module, output_module = value_output_modules(pm, stack, layer)
+    values = value_vectors(layout, value_module, inputs)  # [batch, key, kv_head * dim]
+    batch, keys, _ = values.shape
+    values = values.view(batch, keys, info.n_kv_heads, info.head_dim)
+    kv_index = torch.tensor(info.kv_head_of_query, device=values.device)
+    per_query = values.index_select(2, kv_index)  # [batch, key, head, dim]
+    out_weight, _ = _in_out_weight(output_module)  # [head * dim, out]
+    out_weight = out_weight.view(info.n_heads, info.head_dim, -1)  # [head, dim, out]
+    gram = out_weight @ out_weight.transpose(1, 2)  # [head, dim, dim]
+    norms = torch.einsum("bkhd,hde,bkhe->bkh", per_query, gram, per_query).clamp(min=0).sqrt()
+    return per_query, out_weight, norms
+
+
+def attn_norm(pm, examples: Sequence[PreparedExample], *, per_head: bool = True, batch_size: int = 16) -> TokenScores:
+    """Norm-weighted attention (Kobayashi et al.): ||alpha_ij f_h(x_j)||, f(x) = (x W_V + b_V) W_O.
+
+    ``per_head=True``: [layer, head, tokens] = alpha_h,j ||f_h(x_j)||. ``per_head=False``:
+    [layer, tokens] = ||sum_h alpha_h,j f_h(x_j)||, the norm of the summed vector, which is what the
+    layer adds to the residual stream from token j (W_O's bias, the same for every j, is left out).
+    For seq2seq alpha is the cross-attention row averaged over the predicting positions.
+    """
+    scores: list[torch.Tensor] = []
+    stack = None
+    with eval_mode(pm.model):
+        for batch, tq in row_batches(pm, examples, batch_size):
+            stack = tq.stack
+            with record_value_inputs(pm, stack) as inputs, torch.no_grad(), capture_attention(
+                    pm, queries={stack: tq.rows}, stacks=[stack], **capture_masks(batch)) as capture:
+                pm.model(**batch.inputs)
+            alpha = tq.mean_over_rows(capture.maps(stack).weights)  # [batch, layer, head, key]
+            per_layer = []
+            for layer in range(alpha.shape[1]):
+                per_query, out_weight, norms = head_value_norms(pm, stack, layer, inputs[layer])
+                a = alpha[:, layer, :, : norms.shape[1]]  # [batch, head, key]
+                if per_head:
+                    per_layer.append(a * norms.transpose(1, 2))  # [batch, head, key]
+                else:
+                    mixed = (a.transpose(1, 2)[..., None] * per_query)  # [batch, key, head, dim]
+                    summed = torch.einsum("bkhd,hdo->bko", mixed, out_weight)  # [batch, key, out]
+                    per_layer.append(summed.norm(dim=-1))  # [batch, key]
+            scores += _crop(torch.stack(per_layer, dim=1), tq.lengths)
+    return TokenScores("attn_norm" if per_head else "attn_norm_sum", scores, per_head=per_head,
+                       per_layer=not per_head, params=_params(
+                           pm, stack, formula="||alpha_ij (x_j W_V + b_V) W_O^h||" if per_head
+                           else "||sum_h alpha_h,ij (x_j W_V + b_V)_h W_O^h||",
+                           value_output=asdict(VALUE_OUTPUT_LAYOUTS[pm.contract.model_type])))
+
+
+# ---------------------------------------------------------------------------
+# attention x gradient
+# ---------------------------------------------------------------------------
+
+
+def attn_grad(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
+    """Attention times gradient: alpha_j * d target / d alpha_j at the target row, [layer, head, tokens].
+
+    An identity editor on every layer hands back the weights themselves, so each layer's weights
+    stay a node of the autograd graph; the gradient is the total derivative (through all later
+    layers, including their attention). seq2seq: the per-position products are averaged over the
+    predicting positions.
+    """
+    scores: list[torch.Tensor] = []
+    stack = None
+    with eval_mode(pm.model):
+        for batch, tq in row_batches(pm, examples, batch_size):
+            stack = tq.stack
+            n_layers = pm.contract.stacks[stack].n_layers
+            held: dict[int, torch.Tensor] = {}
+
+            def keep(weights: torch.Tensor, context: EditContext, held=held) -> torch.Tensor:
+                if not weights.requires_grad:  # frozen parameters: make this layer a leaf instead
+                    weights = weights.detach().requires_grad_(True)
+                held[context.layer] = weights  # [batch, head, query, key]
+                return weights
+
+            editors = {(stack, layer): keep for layer in range(n_layers)}
+            # Nothing is recorded (layers=()): the editor holds the weights the forward really used.
+            with torch.enable_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
+                                                        **capture_masks(batch)):
+                logits = pm.model(**batch.inputs).logits
+                values = target_values(pm, batch, logits)  # [batch]
+            weights = [held[layer] for layer in range(n_layers)]
+            grads = torch.autograd.grad(values.sum(), weights, allow_unused=True)
+            per_layer = []
+            for w, g in zip(weights, grads, strict=True):
+                product = w.detach() * (g if g is not None else torch.zeros_like(w))  # [batch, head, query, key]
+                index = tq.rows[:, None, :, None].expand(-1, product.shape[1], -1, product.shape[-1])
+                per_layer.append(tq.mean_over_rows(torch.gather(product, 2, index)))  # [batch, head, key]
+            scores += _crop(torch.stack(per_layer, dim=1), tq.lengths)
+    return TokenScores("attn_grad", scores, per_head=True, params=_params(
+        pm, stack, target_kind=examples[0].kind, gradient="total derivative of the target w.r.t. the layer's weights"))
+
+
+ATTENTION_EXPLAINERS = {
+    "attention": attention,
+    "attention_mean": attention_mean,
+    "rollout": rollout,
+    "flow": flow,
+    "attn_norm": attn_norm,
+    "attn_grad": attn_grad,
+}
+
+
+def attention_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
+    """Run one attention explainer by name (``attn_norm_sum`` = attn_norm with per_head=False)."""
+    if method == "attn_norm_sum":
+        return attn_norm(pm, examples, per_head=False, **params)
+    if method not in ATTENTION_EXPLAINERS:
+        raise InputError(f"unknown attention method {method!r}: use one of "
+                         f"{', '.join(list(ATTENTION_EXPLAINERS) + ['attn_norm_sum'])}")
+    return ATTENTION_EXPLAINERS[method](pm, examples, **params)
+
+
+__all__ = [
+    "ATTENTION_EXPLAINERS", "FLOW_MAX_TOKENS", "TargetQueries", "VALUE_OUTPUT_LAYOUTS", "ValueOutputLayout",
+    "attention", "attention_mean", "attention_scores", "attn_grad", "attn_norm", "example_seed", "flow",
+    "flow_to_sinks", "record_value_inputs", "residual_attention", "rollout", "rollout_matrices",
+    "row_batches", "target_queries", "target_rows", "value_output_modules",
+]
