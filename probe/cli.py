@@ -135,6 +135,110 @@ def inspect(
     console.print(table)
 
 
+def _nan_to_none(values):
+    import math
+
+    if isinstance(values, list):
+        return [_nan_to_none(v) for v in values]
+    return None if values is None or (isinstance(values, float) and math.isnan(values)) else values
+
+
+def _summary_column(scores, layer: int | None):
+    """One number per token for the terminal table: per-head scores are averaged over heads."""
+    values = scores.scores[0]
+    if scores.per_head:
+        values = values[layer if layer is not None else -1].nanmean(dim=0)
+    elif scores.per_layer:
+        values = values[layer if layer is not None else -1]
+    return values
+
+
+@app.command()
+def explain(
+    model: str = ModelArg,
+    text: str = typer.Argument(..., help="the text to explain"),
+    methods: str | None = typer.Option(None, "--methods", help="comma-separated method names, or all (default: every method that applies)"),
+    label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
+    continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
+    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs)"),
+    layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
+    steps: int = typer.Option(50, "--steps", min=1, help="integrated gradients steps"),
+    seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window instead of truncating"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    attn_implementation: str | None = AttnOpt,
+) -> None:
+    """Explain one prediction with every method side by side (token x method)."""
+    from probe.explain.methods import applicable_methods, parse_methods
+
+    chosen = parse_methods(methods) if methods else None  # validate before the slow load
+    pm = _load(model, device, dtype, attn_implementation)
+    from probe.explain.methods import run_methods
+    from probe.explain.target import TargetSpec, prepare
+
+    examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation),
+                       strict_length=strict_length)
+    skipped = {}
+    if chosen is None:
+        chosen, skipped = applicable_methods(pm, examples)
+    if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
+        from probe.errors import InputError
+
+        raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
+    params = {"integrated_gradients": {"steps": steps}, "loo_random": {"seed": seed}, "loo_lm": {"seed": seed},
+              "gradient_shap": {"seed": seed}}
+    results = run_methods(pm, examples, chosen, params={m: p for m, p in params.items() if m in chosen})
+    example = examples[0]
+    special = example.special
+    if as_json:
+        scores = {}
+        for name, result in results.items():
+            values = result.scores[0].tolist()
+            if result.per_head or result.per_layer:
+                scores[name] = _nan_to_none(values)
+            else:
+                scores[name] = [None if special[i] else v for i, v in enumerate(_nan_to_none(values))]
+        print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
+                          "target": example.describe(), "scores": scores,
+                          "params": {name: r.params for name, r in results.items()},
+                          "skipped": skipped}, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    target = example.describe()
+    console.print(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
+                  f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})")
+    for name, reason in skipped.items():
+        console.print(f"[dim]skipped {name}: {reason}[/]")
+    shown_layer = layer if layer is not None else pm.contract.n_layers - 1
+    columns = {name: _summary_column(result, layer) for name, result in results.items()}
+    titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",
+              "gradient": "gradient methods", "intervention": "leave-one-out: f(x) - f(x perturbed)"}
+    from probe.explain.methods import family
+
+    # One table per family keeps each within an ordinary terminal's width.
+    for kind, title in titles.items():
+        names = [name for name in results if family(name) == kind]
+        if not names:
+            continue
+        table = Table(title=title)
+        table.add_column("token")
+        for name in names:
+            table.add_column(name.replace("_", " "), justify="right", overflow="fold")
+        for i, token in enumerate(example.tokens):
+            cells = []
+            for name in names:
+                value = float(columns[name][i])
+                cells.append("" if value != value else f"{value:.3f}")
+            table.add_row(token + (" *" if special[i] else ""), *cells)
+        console.print(table)
+    console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
+
+
 def main() -> None:
     """Entry point: user errors print one line and exit 2, without a traceback."""
     from probe.errors import ProbeError

@@ -18,6 +18,10 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Built-in models are built once per checkout (git-ignored) unless PROBE_CACHE points elsewhere;
+# set here so that subprocesses running the CLI use the same cache.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PROBE_CACHE", str(REPO_ROOT / ".probe-cache"))
 
 # make `import tiny_models` work from any test module and from this file
 _TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -38,3 +42,9 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """
     root = tmp_path_factory.mktemp("tiny_models")
     return {kind: build_tiny(kind, root / kind, seed=0) for kind in TINY_KINDS}
+
+
+@pytest.fixture(scope="session")
+def builtin_cache() -> Path:
+    """The folder built-in models are built into and reused from (``$PROBE_CACHE``)."""
+    return Path(os.environ["PROBE_CACHE"])

@@ -497,11 +497,8 @@ def test_minilm_methods_agree_with_their_checks(minilm):
 
 
 @pytest.mark.slow
-def test_trained_minilm_counterfactuals():
-    cache = Path("/work/main/.probe-cache")
-    if not (cache / "minilm-rt").exists():
-        pytest.skip("builtin:minilm-rt has not been built in /work/main/.probe-cache")
-    pm = load_model("builtin:minilm-rt", cache_dir=str(cache))
+def test_trained_minilm_counterfactuals(builtin_cache):
+    pm = load_model("builtin:minilm-rt", cache_dir=str(builtin_cache))
     examples = prepare(pm, MINILM_TEXTS)
     uniform = C.uniform_attention(pm, examples, layer=5)
     assert torch.isfinite(uniform.output_tvd).all()

