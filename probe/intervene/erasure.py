@@ -92,7 +92,7 @@ def _as_rankings(rankings) -> dict[str, list[torch.Tensor]]:
     return out
 
 
-def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings, *,
+def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranking | Mapping[str, Ranking], *,
             bins: Sequence[float] = ERASURE_BINS, seed: int = 0, flips: bool = True) -> pd.DataFrame:
     """Erasure curves of each ranking, and of a seeded random ranking, on ``examples``.
 
