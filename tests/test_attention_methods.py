@@ -29,18 +29,6 @@ MINILM_TEXTS = ["the film is a charming , funny and touching story of friendship
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_dirs):
-    cache = {}
-
-    def get(kind, implementation="sdpa"):
-        if (kind, implementation) not in cache:
-            cache[(kind, implementation)] = load_model(str(tiny_dirs[kind]), attn_implementation=implementation)
-        return cache[(kind, implementation)]
-
-    return get
-
-
-@pytest.fixture(scope="module")
 def prepared(loaded):
     cache = {}
 

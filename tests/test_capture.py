@@ -7,25 +7,12 @@ import torch
 
 from probe.capture import capture_attention, installed_wrappers
 from probe.errors import CaptureError
-from probe.models import load_model
 from probe.models.checks import run_checks
 from probe.models.text import encode_texts, forward_inputs
 from tiny_models import TINY_KINDS
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 IMPLEMENTATIONS = ("eager", "sdpa")
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_dirs):
-    cache = {}
-
-    def get(kind, implementation="sdpa"):
-        if (kind, implementation) not in cache:
-            cache[(kind, implementation)] = load_model(str(tiny_dirs[kind]), attn_implementation=implementation)
-        return cache[(kind, implementation)]
-
-    return get
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

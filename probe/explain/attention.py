@@ -29,7 +29,6 @@ the model on the same inputs as the target.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -40,7 +39,7 @@ import torch
 from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
 from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, RowBatch, build_rows, target_values
+from probe.explain.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
 
 #: Attention flow solves (layers x tokens) max-flow problems per example on a graph of
 #: layers x tokens^2 edges; beyond this many explained tokens an example is skipped (NaN scores).
@@ -114,12 +113,6 @@ def eval_mode(model) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-def example_seed(seed: int, example: PreparedExample) -> int:
-    """A seed that depends on ``seed`` and the example's content only, never on its place in a batch."""
-    key = repr((int(seed), list(example.input_ids), list(example.target_ids), example.label)).encode()
-    return zlib.crc32(key)
 
 
 def row_batches(pm, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:

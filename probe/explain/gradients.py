@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 
 from probe.errors import InputError
 from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, RowBatch, build_rows, target_values
+from probe.explain.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
 
 GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
 BASELINES = ("pad", "zero", "mask", "unk")
@@ -322,12 +321,6 @@ def _check_internal_batch_size(value) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _example_seed(seed: int, example: PreparedExample) -> int:
-    """A seed that depends only on ``seed`` and the example, never on its place in a batch."""
-    key = repr((int(seed), list(example.input_ids), list(example.target_ids), example.label)).encode()
-    return zlib.crc32(key)
-
-
 def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Sequence[str] = "pad",
                   n_samples: int = 20, noise: float = 0.1, seed: int = 0,
                   internal_batch_size: int | None = 256, keep_special: bool = False) -> TokenScores:
@@ -370,7 +363,7 @@ def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Se
     alpha = torch.zeros(rows, n_samples)
     eps = torch.zeros(rows, n_samples, width, dim)
     for r, example in enumerate(problem.batch.examples):
-        generator = torch.Generator().manual_seed(_example_seed(seed, example))
+        generator = torch.Generator().manual_seed(example_seed(seed, example))
         n = len(example.input_ids)
         which[r] = torch.randint(len(kinds), (n_samples,), generator=generator)
         alpha[r] = torch.rand(n_samples, generator=generator)

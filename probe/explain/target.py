@@ -76,6 +76,15 @@ def _label_index(pm, label) -> int:
     return index
 
 
+def example_seed(seed: int, example: PreparedExample) -> int:
+    """A seed that depends on ``seed`` and the example's content only, never on its place in a batch,
+    so that a seeded method gives the same result for an example alone and in any batch."""
+    import zlib
+
+    key = repr((int(seed), list(example.input_ids), list(example.target_ids), example.label)).encode()
+    return zlib.crc32(key)
+
+
 def special_mask(pm, ids: list[int]) -> list[bool]:
     special_ids = set(getattr(pm.tokenizer, "all_special_ids", []) or [])
     return [i in special_ids for i in ids]
