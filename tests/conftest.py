@@ -69,15 +69,16 @@ def minilm(pretrained_minilm_folder):
 
 @pytest.fixture(scope="session")
 def loaded(tiny_dirs):
-    """``loaded(kind, implementation="sdpa")``: a tiny model loaded once per session and shared;
+    """``loaded(kind, implementation="sdpa", dtype="fp32")``: a tiny model loaded once per session and shared;
     a test that changes its mode (train/eval) restores it."""
     from probe.models import load_model
 
     cache = {}
 
-    def get(kind, implementation="sdpa"):
-        if (kind, implementation) not in cache:
-            cache[(kind, implementation)] = load_model(str(tiny_dirs[kind]), attn_implementation=implementation)
-        return cache[(kind, implementation)]
+    def get(kind, implementation="sdpa", dtype="fp32"):
+        if (kind, implementation, dtype) not in cache:
+            cache[(kind, implementation, dtype)] = load_model(str(tiny_dirs[kind]), attn_implementation=implementation,
+                                                              dtype=dtype)
+        return cache[(kind, implementation, dtype)]
 
     return get

@@ -149,45 +149,27 @@ def test_user_file_without_label_column_has_no_labels(tmp_path):
         load_dataset(str(path), label_column="stars")
 
 
-def test_user_file_errors(tmp_path):
+def test_missing_user_file(tmp_path):
     missing = tmp_path / "nope.csv"
     with pytest.raises(InputError, match=str(missing)):
         load_dataset(str(missing))
 
-    wrong_column = tmp_path / "wrong.csv"
-    wrong_column.write_text("sentence,label\nhi,1\n", encoding="utf-8")
-    with pytest.raises(InputError, match=r"no text column 'text'.*\['label', 'sentence'\]"):
-        load_dataset(str(wrong_column))
 
-    empty_text = tmp_path / "empty.jsonl"
-    empty_text.write_text('{"text": "fine", "label": 1}\n{"text": "  ", "label": 0}\n', encoding="utf-8")
-    with pytest.raises(InputError, match=r"row 1 \(line 2\).*empty"):
-        load_dataset(str(empty_text))
-
-    bad_label = tmp_path / "bad_label.csv"
-    bad_label.write_text('text,label\n"two\nlines",1\nhi,positive\n', encoding="utf-8")
-    with pytest.raises(InputError, match=r"row 1 \(line 4\).*label='positive'"):
-        load_dataset(str(bad_label))
-
-    empty_csv_text = tmp_path / "empty_text.csv"
-    empty_csv_text.write_text("\ufefftext,label\nfine,1\n,0\n", encoding="utf-8")  # with a byte-order mark
-    with pytest.raises(InputError, match=r"row 1 \(line 3\) has an empty 'text'"):
-        load_dataset(str(empty_csv_text))
-
-    bad_json = tmp_path / "bad.jsonl"
-    bad_json.write_text('{"text": "ok"}\n{not json}\n', encoding="utf-8")
-    with pytest.raises(InputError, match="line 2 is not valid JSON"):
-        load_dataset(str(bad_json))
-
-    other_suffix = tmp_path / "data.txt"
-    other_suffix.write_text("hello\n", encoding="utf-8")
-    with pytest.raises(InputError, match=r"\.csv, \.jsonl, \.json"):
-        load_dataset(str(other_suffix))
-
-    no_rows = tmp_path / "header_only.csv"
-    no_rows.write_text("text,label\n", encoding="utf-8")
-    with pytest.raises(InputError, match="no examples"):
-        load_dataset(str(no_rows))
+@pytest.mark.parametrize("name, content, message", [
+    ("wrong.csv", "sentence,label\nhi,1\n", r"no text column 'text'.*\['label', 'sentence'\]"),
+    ("empty.jsonl", '{"text": "fine", "label": 1}\n{"text": "  ", "label": 0}\n', r"row 1 \(line 2\).*empty"),
+    ("bad_label.csv", 'text,label\n"two\nlines",1\nhi,positive\n', r"row 1 \(line 4\).*label='positive'"),
+    # with a byte-order mark
+    ("empty_text.csv", "\ufefftext,label\nfine,1\n,0\n", r"row 1 \(line 3\) has an empty 'text'"),
+    ("bad.jsonl", '{"text": "ok"}\n{not json}\n', "line 2 is not valid JSON"),
+    ("data.txt", "hello\n", r"\.csv, \.jsonl, \.json"),
+    ("header_only.csv", "text,label\n", "no examples"),
+])
+def test_user_file_errors(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match=message):
+        load_dataset(str(path))
 
 
 def test_errors_are_one_line_probe_errors(tmp_path):

@@ -25,16 +25,6 @@ MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
 FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_dirs):
-    cache = {}
-
-    def get(kind, dtype="fp32"):
-        if (kind, dtype) not in cache:
-            cache[(kind, dtype)] = load_model(str(tiny_dirs[kind]), dtype=dtype)
-        return cache[(kind, dtype)]
-
-    return get
 
 
 def _by_hand(pm, examples):
@@ -67,8 +57,8 @@ def _assert_matches_autograd(pm, examples):
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_forward_over_embeddings_equals_evaluate(tiny, kind):
-    pm = tiny(kind)
+def test_forward_over_embeddings_equals_evaluate(loaded, kind):
+    pm = loaded(kind)
     examples = prepare(pm, TEXTS)
     problem = G._embedding_forward(pm, examples)
     assert problem.embeds.shape == (3, max(len(e.input_ids) for e in examples), pm.model.get_input_embeddings().weight.shape[1])
@@ -77,10 +67,10 @@ def test_forward_over_embeddings_equals_evaluate(tiny, kind):
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_padding_and_continuation_positions_are_inert(tiny, kind):
+def test_padding_and_continuation_positions_are_inert(loaded, kind):
     """Whatever sits in the attributed tensor beyond a row's explained tokens (padding, and for a
     causal LM the continuation) never reaches the model, so its gradient and attribution are 0."""
-    pm = tiny(kind)
+    pm = loaded(kind)
     examples = prepare(pm, TEXTS)
     problem = G._embedding_forward(pm, examples)
     outside = ~problem.mask  # [rows, width]
@@ -94,10 +84,10 @@ def test_padding_and_continuation_positions_are_inert(tiny, kind):
     assert all(torch.isfinite(s).all() for s in ig.scores)
 
 
-def test_causal_continuation_is_held_fixed(tiny):
+def test_causal_continuation_is_held_fixed(loaded):
     """The continuation is in the model input but not attributed: IG from a baseline that replaces
     only the prompt is complete (sum of prompt attributions = f(x) - f(baseline prompt + continuation))."""
-    pm = tiny("gpt2")
+    pm = loaded("gpt2")
     examples = prepare(pm, ["the cat sat on the", "hello"], TargetSpec(continuation="mat . the dog"))
     assert len(examples[0].target_ids) == 4
     problem = G._embedding_forward(pm, examples)
@@ -116,8 +106,8 @@ def test_causal_continuation_is_held_fixed(tiny):
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_saliency_and_input_x_gradient_equal_autograd(tiny, kind):
-    pm = tiny(kind)
+def test_saliency_and_input_x_gradient_equal_autograd(loaded, kind):
+    pm = loaded(kind)
     _assert_matches_autograd(pm, prepare(pm, TEXTS))
 
 
@@ -125,8 +115,8 @@ def test_saliency_and_input_x_gradient_equal_autograd_on_minilm(minilm):
     _assert_matches_autograd(minilm, prepare(minilm, MINILM_TEXTS))
 
 
-def test_params_record_the_choices(tiny):
-    pm = tiny("bert")
+def test_params_record_the_choices(loaded):
+    pm = loaded("bert")
     examples = prepare(pm, TEXTS)
     sal = G.saliency(pm, examples)
     assert sal.method == "saliency" and sal.params["reduction"].startswith("l2 norm")
@@ -154,8 +144,8 @@ def _assert_batch_invariant(pm, examples, method, **params):
 
 @pytest.mark.parametrize("method", G.GRADIENT_METHODS)
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_batch_of_one_equals_batch_of_n(tiny, kind, method):
-    pm = tiny(kind)
+def test_batch_of_one_equals_batch_of_n(loaded, kind, method):
+    pm = loaded(kind)
     _assert_batch_invariant(pm, prepare(pm, TEXTS), method, **FAST.get(method, {}))
 
 
@@ -165,8 +155,8 @@ def test_batch_of_one_equals_batch_of_n_on_minilm(minilm):
         _assert_batch_invariant(minilm, examples, method, **FAST.get(method, {}))
 
 
-def test_ig_internal_batching_does_not_change_results(tiny):
-    pm = tiny("llama_gqa")
+def test_ig_internal_batching_does_not_change_results(loaded):
+    pm = loaded("llama_gqa")
     examples = prepare(pm, TEXTS)
     whole = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=None)
     chunked = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=7)  # 1 step per chunk
@@ -180,9 +170,9 @@ def test_ig_internal_batching_does_not_change_results(tiny):
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_ig_completeness_on_tiny_models(tiny, kind):
+def test_ig_completeness_on_tiny_models(loaded, kind):
     """From the unk embedding (non-zero in every tiny model; see the next test for zero)."""
-    pm = tiny(kind)
+    pm = loaded(kind)
     examples = prepare(pm, TEXTS)
     ig = G.integrated_gradients(pm, examples, steps=100, baseline="unk")
     for i, example in enumerate(examples):
@@ -192,10 +182,10 @@ def test_ig_completeness_on_tiny_models(tiny, kind):
         assert abs(ig.extras["convergence_delta"][i]) <= 0.02 * max(1.0, abs(fx - fb)), (kind, i)
 
 
-def test_ig_from_a_zero_pad_row_on_rmsnorm_model_needs_many_steps(tiny):
+def test_ig_from_a_zero_pad_row_on_rmsnorm_model_needs_many_steps(loaded):
     """Llama's pad row is zero (padding_idx) and RMSNorm is scale-invariant, so f jumps close to the
     baseline: 50 steps leave a large delta that 400 steps remove. The delta is what tells."""
-    pm = tiny("llama_gqa")
+    pm = loaded("llama_gqa")
     examples = prepare(pm, ["bad film"])
     few = G.integrated_gradients(pm, examples, steps=50)
     many = G.integrated_gradients(pm, examples, steps=400)
@@ -217,8 +207,8 @@ def test_ig_completeness_converges_on_minilm(minilm):
 
 
 @pytest.mark.parametrize("baseline", G.BASELINES)
-def test_ig_baselines(tiny, baseline):
-    pm = tiny("bert")
+def test_ig_baselines(loaded, baseline):
+    pm = loaded("bert")
     examples = prepare(pm, TEXTS)
     ig = G.integrated_gradients(pm, examples, steps=32, baseline=baseline)
     assert ig.params["baseline"] == baseline
@@ -226,8 +216,8 @@ def test_ig_baselines(tiny, baseline):
         assert abs(delta) <= 0.02 * max(1.0, abs(ig.extras["target_value"][i] - ig.extras["baseline_value"][i]))
 
 
-def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(tiny):
-    pm = tiny("gpt2")  # no [MASK]
+def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(loaded):
+    pm = loaded("gpt2")  # no [MASK]
     with pytest.raises(InputError, match="mask.*zero"):
         G.integrated_gradients(pm, prepare(pm, TEXTS), baseline="mask", steps=2)
     with pytest.raises(InputError, match="pad, zero, mask, unk"):
@@ -236,8 +226,8 @@ def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(tiny):
         G.gradient_scores(pm, prepare(pm, TEXTS), "deeplift")
 
 
-def test_ig_baseline_keeping_special_tokens_gives_them_zero(tiny):
-    pm = tiny("bert")
+def test_ig_baseline_keeping_special_tokens_gives_them_zero(loaded):
+    pm = loaded("bert")
     examples = prepare(pm, TEXTS)
     ig = G.integrated_gradients(pm, examples, steps=16, keep_special=True)
     for example, scores in zip(examples, ig.scores):
@@ -251,8 +241,8 @@ def test_ig_baseline_keeping_special_tokens_gives_them_zero(tiny):
 # ---------------------------------------------------------------------------
 
 
-def test_gradient_shap_is_seeded(tiny):
-    pm = tiny("bert")
+def test_gradient_shap_is_seeded(loaded):
+    pm = loaded("bert")
     examples = prepare(pm, TEXTS)
     a = G.gradient_shap(pm, examples, n_samples=4, seed=1)
     b = G.gradient_shap(pm, examples, n_samples=4, seed=1)
@@ -262,9 +252,9 @@ def test_gradient_shap_is_seeded(tiny):
     assert a.params["seed"] == 1 and a.params["n_samples"] == 4
 
 
-def test_gradient_shap_without_noise_approaches_ig(tiny):
+def test_gradient_shap_without_noise_approaches_ig(loaded):
     """With one baseline and no noise GradientSHAP is IG with random alphas: many samples agree."""
-    pm = tiny("bert")
+    pm = loaded("bert")
     examples = prepare(pm, TEXTS[:1])
     shap = G.gradient_shap(pm, examples, n_samples=400, noise=0.0, internal_batch_size=None)
     ig = G.integrated_gradients(pm, examples, steps=50)
@@ -272,8 +262,8 @@ def test_gradient_shap_without_noise_approaches_ig(tiny):
     assert float((shap.scores[0] - ig.scores[0]).abs().max()) <= 0.15 * scale
 
 
-def test_bf16_model_gives_fp32_scores(tiny):
-    pm = tiny("bert", dtype="bf16")
+def test_bf16_model_gives_fp32_scores(loaded):
+    pm = loaded("bert", dtype="bf16")
     examples = prepare(pm, TEXTS)
     for method in G.GRADIENT_METHODS:
         scores = G.gradient_scores(pm, examples, method, **FAST.get(method, {}))
@@ -306,8 +296,8 @@ def _assert_partition(groups, n):
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_word_groups_cover_every_token_once_on_tiny_models(tiny, kind):
-    pm = tiny(kind)
+def test_word_groups_cover_every_token_once_on_tiny_models(loaded, kind):
+    pm = loaded(kind)
     for example in prepare(pm, TEXTS):
         groups = word_groups(pm, example)
         _assert_partition(groups, len(example.input_ids))
