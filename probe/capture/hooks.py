@@ -46,7 +46,7 @@ def _generic_eager(module, query, key, value, attention_mask, scaling=None, drop
     return amath.attention_output(weights, value), weights
 
 
-def _original_function(name: str, module) -> Callable:
+def original_attention_function(name: str, module) -> Callable:
     """The function the module would have used had no capture been open."""
     saved = _SAVED.get(name, _MISSING)
     if saved is not _MISSING:
@@ -59,7 +59,7 @@ def _original_function(name: str, module) -> Callable:
 
 def _make_wrapper(name: str) -> Callable:
     def probe_attention(module, query, key, value, attention_mask, *args, **kwargs):
-        original = _original_function(name, module)
+        original = original_attention_function(name, module)
         for session in reversed(_SESSIONS):
             place = session.where.get(id(module))
             if place is not None:

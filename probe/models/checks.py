@@ -14,7 +14,7 @@ import torch
 
 from probe.capture import capture_attention
 from probe.capture import math as amath
-from probe.capture.hooks import _original_function
+from probe.capture.hooks import original_attention_function
 from probe.models.text import encode_texts, forward_inputs
 
 DEFAULT_TEXTS = (
@@ -200,7 +200,7 @@ def _function_checks(pm) -> list[CheckResult]:
     path = contract.module_paths[(stack, 0)]
     module = dict(pm.model.named_modules())[path]
     implementation = contract.implementation
-    original = _original_function(implementation, module)
+    original = original_attention_function(implementation, module)
     info = contract.stacks[stack]
     device, dtype = pm.device, pm.model.dtype
     gen = torch.Generator().manual_seed(0)
