@@ -35,6 +35,12 @@ def test_folder_without_config(tmp_path):
         load_model(str(tmp_path))
 
 
+def test_folder_with_a_broken_config(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="cannot read the config"):
+        load_model(str(tmp_path))
+
+
 def test_file_instead_of_folder(tmp_path):
     path = tmp_path / "model.bin"
     path.write_text("x")

@@ -141,6 +141,7 @@ def load_model(
     if task is not None and task not in TASKS:
         raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     metadata: dict = {}
+    from_hub = False
     if not isinstance(name, str) or not name.strip():
         raise InputError("empty model name: give builtin:NAME, a local folder or a hub id")
     if name.startswith("builtin:"):
@@ -172,16 +173,20 @@ def load_model(
             raise ModelLoadError(f"model folder {name!r} does not exist: check the path, or use builtin:minilm-rt")
         else:
             path = name  # a hub id
+            from_hub = True
 
     import transformers
 
-    local_only = path != name or _hub_unreachable()
+    # Only a hub id needs the network; check it up front so an offline run fails at once.
+    local_only = not from_hub or _hub_unreachable()
     # transformers logs loading reports (unused/missing weights); probe reports its own way.
     transformers.logging.set_verbosity_error()
     try:
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not from_hub:
+            raise ModelLoadError(f"cannot read the config of model {name!r}: {first[:200]}") from None
         raise ModelLoadError(
             f"cannot load model {name!r}: it is not a built-in or a local folder, and the hub "
             f"{'is unreachable (offline) and it is not in the local cache' if local_only else 'did not provide it (' + first[:120] + ')'}; "
