@@ -239,6 +239,36 @@ def explain(
     console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
 
 
+@app.command()
+def run(
+    study: str = typer.Argument(..., help="a study file (YAML), e.g. studies/quickstart.yaml"),
+    n: int = typer.Option(None, "--n", help="cut the study to its first N examples"),
+    dataset: str = typer.Option(None, "--dataset", help="run on this CSV/JSONL file (text and label columns) instead"),
+    device: str = typer.Option(None, "--device", help="override the study's device: cpu, cuda, cuda:N"),
+    dtype: str = typer.Option(None, "--dtype", help="override the study's dtype: fp32, bf16, fp16"),
+    out: str = typer.Option(None, "--out", help="result folder (default: the study's output, else results/NAME)"),
+    shard: str = typer.Option(None, "--shard", help="I/N: compute only every N-th batch starting at I"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default)"),
+):
+    """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
+    _quiet_libraries()
+    import torch
+
+    from probe.study.runner import parse_shard, run_study
+    from probe.study.spec import load_study
+
+    if threads:
+        torch.set_num_threads(threads)
+    spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_one_line
+        result = run_study(spec, shard=parse_shard(shard), progress=progress)
+    if result.verdict is not None:
+        print(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}")
+        print(f"results: {result.out}")
+
+
 def main() -> None:
     """Entry point: user errors print one line and exit 2, without a traceback."""
     from probe.errors import ProbeError

@@ -1,0 +1,262 @@
+"""Statistics over a finished study, the verdict and the provenance.
+
+The verdict rule (stored with every result in ``verdict.json``):
+
+    An attention explanation unit U (a head, a layer, or a token-level attention method such as
+    rollout at a layer) *tracks causal importance* with respect to the study's verdict reference R
+    (an intervention, leave-one-out by default) when both hold, on the study's measure
+    (Kendall tau-b by default), over the examples:
+
+    1. better than chance: the lower bound of the bootstrap CI of U's mean agreement with R is
+       above the upper bound of the CI of the random ranking's mean agreement with R;
+    2. not worse than gradients: U's agreement is not significantly below that of the best
+       gradient explainer G* (the gradient method with the highest mean agreement with R): a
+       paired two-sided Wilcoxon signed-rank test over the same examples with p <= alpha and a
+       negative mean difference counts as "significantly below". Without a gradient explainer in
+       the study, only rule 1 applies.
+
+    The study's answer is "yes" when at least one layer-level unit tracks, "heads only" when only
+    single heads do, "no" when none does.
+
+Why this rule: rule 1 asks that attention carry real information about which tokens matter (CIs
+that do not overlap is the conservative way to say so); rule 2 asks that it do so about as well as
+the cheap, standard alternative, since an explanation clearly worse than plain gradients is not one
+an auditor should rely on. The paired test is uncorrected across units, which makes "significantly
+below" easier to reach, i.e. errs towards *not* tracking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probe.explain.methods import family
+from probe.metrics.statistics import paired_test, summarize_groups
+from probe.study.store import ResultStore, write_json, write_table
+
+RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
+RULE = " ".join(RULE.split())
+GROUP = ["role", "explainer", "reference", "layer", "head"]
+
+
+def measures(agreement: pd.DataFrame) -> list[tuple[str, str | None]]:
+    out = []
+    for col in agreement.columns:
+        if col in ("kendall_tau", "spearman") or (col.startswith("top") and col[3:].isdigit()):
+            p = {"kendall_tau": "kendall_p", "spearman": "spearman_p"}.get(col)
+            out.append((col, p if p in agreement.columns else None))
+    return out
+
+
+def summary_table(agreement: pd.DataFrame, study) -> pd.DataFrame:
+    """One row per (role, explainer, reference, layer, head, measure): n, mean, std, CI, Sig. Frac."""
+    st = study.statistics
+    frames = []
+    for measure, p_col in measures(agreement):
+        frame = summarize_groups(agreement, GROUP, measure, p_col, alpha=st.alpha, n_boot=st.bootstrap,
+                                 level=st.level, seed=st.seed)
+        frame.insert(len(GROUP), "measure", measure)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _unit_name(row) -> str:
+    if row["head"] >= 0:
+        return f"{row['explainer']} L{row['layer']}.H{row['head']}"
+    if row["layer"] >= 0:
+        return f"{row['explainer']} L{row['layer']}"
+    return str(row["explainer"])
+
+
+def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer: int, head: int, measure: str) -> pd.Series:
+    sel = agreement[(agreement.explainer == explainer) & (agreement.reference == reference)
+                    & (agreement.layer == layer) & (agreement.head == head)]
+    return sel.set_index("example")[measure]
+
+
+def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: str) -> tuple[dict, pd.DataFrame]:
+    """Apply the rule (module docstring); returns the verdict and the per-unit paired tests."""
+    st = study.statistics
+    ref, measure = study.verdict_reference, st.measure
+    s = summary[(summary.reference == ref) & (summary.measure == measure)]
+    explainers = s[s.role == "explainer"]
+    random = s[(s.role == "baseline") & (s.explainer == "random")]
+    random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
+    grads = explainers[[family(e) == "gradient" for e in explainers.explainer]]
+    best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
+    attn = explainers[[family(e) == "attention" for e in explainers.explainer]].copy()
+
+    wide = agreement[(agreement.reference == ref)]
+    grad_values = (_per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
+                   if best_grad is not None else None)
+    tests = []
+    for _, row in attn.iterrows():
+        unit = _per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
+        test = {"explainer": row.explainer, "layer": int(row.layer), "head": int(row["head"]), "unit": _unit_name(row),
+                "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),
+                "n": int(row.n), "above_random": bool(row.ci_low > random_high)}
+        if grad_values is not None:
+            a, b = unit.align(grad_values, join="inner")
+            pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
+            test.update({"vs_gradient": best_grad.explainer, "diff_vs_gradient": pt["mean_diff"],
+                         "diff_ci_low": pt["ci_low"], "diff_ci_high": pt["ci_high"], "wilcoxon_p": pt["wilcoxon_p"]})
+            below = pt["mean_diff"] < 0 and pt["wilcoxon_p"] <= st.alpha
+        else:
+            below = False
+        test["below_gradient"] = bool(below)
+        test["tracks"] = bool(test["above_random"] and not below)
+        tests.append(test)
+    paired = pd.DataFrame(tests)
+    layer_units = paired[paired["head"] < 0] if len(paired) else paired
+    head_units = paired[paired["head"] >= 0] if len(paired) else paired
+    n_layer_tracks = int(layer_units.tracks.sum()) if len(layer_units) else 0
+    n_head_tracks = int(head_units.tracks.sum()) if len(head_units) else 0
+    answer = "yes" if n_layer_tracks else ("heads only" if n_head_tracks else "no")
+
+    def describe(rows: pd.DataFrame) -> list[dict]:
+        return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks)}
+                for _, r in rows.iterrows()]
+
+    ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
+    all_ceilings = summary[(summary.role == "ceiling") & (summary.measure == measure)]
+    involving = all_ceilings[(all_ceilings.explainer == ref) | (all_ceilings.reference == ref)]
+    ceilings = (involving if len(involving) else all_ceilings).sort_values("mean", ascending=False)
+    ceiling = ceilings.iloc[0] if len(ceilings) else None
+    numbers = {
+        "random": _stat(random.iloc[0]) if len(random) else None,
+        "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
+        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling)} if ceiling is not None else None),
+        "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
+    }
+    best = describe(ordered.head(3)) if len(ordered) else []
+    worst = describe(ordered.tail(3).iloc[::-1]) if len(ordered) else []
+    best_layer = describe(layer_units.sort_values("mean", ascending=False).head(3)) if len(layer_units) else []
+    worst_layer = describe(layer_units.sort_values("mean").head(3)) if len(layer_units) else []
+    best_head = describe(head_units.sort_values("mean", ascending=False).head(3)) if len(head_units) else []
+    worst_head = describe(head_units.sort_values("mean").head(3)) if len(head_units) else []
+    headline = _headline(model_name, answer, ref, measure, n_layer_tracks, len(layer_units), n_head_tracks,
+                         len(head_units), best_layer, best_head, numbers)
+    result = {
+        "answer": answer, "headline": headline, "rule": RULE, "reference": ref, "measure": measure,
+        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
+        "layer_units": {"tracking": n_layer_tracks, "total": int(len(layer_units))},
+        "head_units": {"tracking": n_head_tracks, "total": int(len(head_units))},
+        "best": best, "worst": worst, "best_layers": best_layer, "worst_layers": worst_layer,
+        "best_heads": best_head, "worst_heads": worst_head, **numbers,
+    }
+    return result, paired
+
+
+def _stat(row) -> dict:
+    return {"mean": float(row["mean"]), "ci": [float(row.ci_low), float(row.ci_high)], "n": int(row.n),
+            "sig_frac": float(row["sig_frac"]) if "sig_frac" in row and pd.notna(row["sig_frac"]) else None}
+
+
+def _fmt(d: dict) -> str:
+    return f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+
+
+def _headline(model, answer, ref, measure, k_layers, n_layers, k_heads, n_heads, best_layer, best_head, numbers) -> str:
+    words = {"yes": "tracks", "heads only": "tracks in single heads only", "no": "does not track"}[answer]
+    parts = [f"On {model}, attention {words} causal importance ({measure} with {ref}): "
+             f"{k_layers}/{n_layers} layer-level units and {k_heads}/{n_heads} heads pass the rule."]
+    if best_layer:
+        parts.append(f"Best layer-level unit: {best_layer[0]['unit']} {_fmt(best_layer[0])}.")
+    if best_head:
+        parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}.")
+    if numbers["random"]:
+        parts.append(f"Random ranking: {_fmt(numbers['random'])}.")
+    if numbers["best_gradient"]:
+        parts.append(f"Best gradient ({numbers['best_gradient']['explainer']}): {_fmt(numbers['best_gradient'])}.")
+    if numbers["ceiling"]:
+        a, b = numbers["ceiling"]["pair"]
+        parts.append(f"Ceiling ({a} vs {b}): {_fmt(numbers['ceiling'])}.")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def _versions() -> dict:
+    import captum
+    import torch
+    import transformers
+
+    import probe
+
+    return {"probe": probe.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "captum": captum.__version__, "numpy": np.__version__, "pandas": pd.__version__,
+            "python": platform.python_version()}
+
+
+def weights_digest(path) -> str | None:
+    """sha256 over the model folder's weight files (name and content), or None without a folder."""
+    folder = Path(path) if path else None
+    if folder is None or not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for file in files:
+        h.update(file.name.encode())
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def provenance(store: ResultStore, study, pm, n_batches: int, tables: dict, dropped: dict, load_seconds: float) -> dict:
+    import torch
+
+    infos = [store.batch_info(b) for b in range(n_batches)]
+    examples = tables["examples"]
+    n = len(examples)
+    steps: dict[str, float] = {}
+    for info in infos:
+        for step, seconds in info.get("timings", {}).items():
+            steps[step] = steps.get(step, 0.0) + seconds
+    lengths = examples["n_tokens"]
+    return {
+        "versions": _versions(),
+        "model": {"id": study.model.id, "path": str(pm.path), "revision": pm.metadata.get("revision"),
+                  "weights_sha256": weights_digest(pm.path), "builtin": pm.metadata or None,
+                  "contract": pm.contract.to_dict()},
+        "device": str(pm.device), "dtype": pm.contract.dtype, "attn_implementation": pm.contract.implementation,
+        "seed": study.statistics.seed, "dataset_seed": study.dataset.seed, "fingerprint": study.fingerprint(),
+        "examples": n, "batches": n_batches, "left_out": dropped, "accuracy": _accuracy(examples),
+        "sequence_length": {"mean": float(lengths.mean()), "median": float(lengths.median()),
+                            "min": int(lengths.min()), "max": int(lengths.max())},
+        "wall_seconds": float(sum(i["wall_s"] for i in infos)), "model_load_seconds": load_seconds,
+        "step_seconds": {k: float(v) for k, v in steps.items()},
+        "peak_memory_bytes": int(max(i.get("peak_memory_bytes", -1) for i in infos)),
+        "forward_passes_per_example": float(sum(i["forward_calls"] for i in infos) / max(n, 1)),
+        "forward_rows_per_example": float(sum(i["forward_rows"] for i in infos) / max(n, 1)),
+        "devices_used": sorted({str(i.get("device")) for i in infos}),
+        "torch_threads": torch.get_num_threads(), "host": platform.platform(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _accuracy(examples: pd.DataFrame) -> float | None:
+    """How often the explained label (the prediction, or the LM's preferred choice) equals the
+    dataset's label; None when either is missing."""
+    known = examples[(examples.label >= 0) & (examples.target_label >= 0)]
+    return float((known.label == known.target_label).mean()) if len(known) else None
+
+
+def finalize(store: ResultStore, study, pm, *, n_batches: int, dropped: dict, load_seconds: float) -> dict:
+    """Merge the parts, compute the statistics and the verdict, write them; returns the verdict."""
+    tables = store.merge(n_batches)
+    summary = summary_table(tables["agreement"], study)
+    write_table(store.root / "summary.parquet", summary)
+    result, paired = verdict(tables["agreement"], summary, study, study.model.id)
+    write_table(store.root / "paired.parquet", paired)
+    write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
+    write_json(store.root / "verdict.json", result)
+    return result

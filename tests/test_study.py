@@ -1,0 +1,256 @@
+"""Studies: the runner, the result store (resume, refusal, shards, torchrun) and the statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+
+from probe.errors import InputError, ProbeError
+from probe.study.runner import run_study
+from probe.study.spec import study_from_dict
+from probe.study.store import TABLES
+
+WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting",
+         "not", "very", "really", "awful", "excellent", "slow", "funny", "ending"]
+
+
+def write_dataset(path: Path, n: int = 24, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(4, 9))]
+        rows.append({"text": " ".join(words), "label": i % 2})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def tiny_study(model: Path, data: Path, out: Path, **overrides) -> dict:
+    study = {
+        "name": "tiny",
+        "model": {"id": str(model)},
+        "dataset": {"name": str(data), "n": 12, "seed": 1},
+        "explainers": ["attention", "attention_mean", "rollout", "saliency", "input_x_gradient"],
+        "references": ["loo_delete", "loo_mask"],
+        "params": {},
+        "metrics": {"top_k": [1, 3], "erasure": {"rankings": ["attention_mean@last", "saliency"], "bins": [10, 50]},
+                    "counterfactual": {"layers": ["last"], "permutations": 3, "adversarial": True,
+                                       "adversarial_steps": 20, "adversarial_candidates": 2},
+                    "heads": {"ablation": True, "importance": True}},
+        "statistics": {"bootstrap": 200, "reference": "loo_delete"},
+        "engine": {"batch_size": 5},
+        "output": str(out),
+    }
+    for key, value in overrides.items():
+        study[key] = value
+    return study
+
+
+def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES if (folder / f"{name}.parquet").exists()}
+
+
+def assert_same_tables(a: Path, b: Path, exact: bool = True) -> None:
+    ta, tb = read_tables(a), read_tables(b)
+    assert set(ta) == set(tb) and {"examples", "agreement", "scores", "erasure", "counterfactual", "heads"} <= set(ta)
+    for name in ta:
+        if exact:
+            pd.testing.assert_frame_equal(ta[name], tb[name], check_exact=True)
+        else:
+            pd.testing.assert_frame_equal(ta[name], tb[name], check_exact=False, rtol=1e-5, atol=1e-6)
+    sa, sb = pd.read_parquet(a / "summary.parquet"), pd.read_parquet(b / "summary.parquet")
+    pd.testing.assert_frame_equal(sa, sb, check_exact=exact, **({} if exact else {"rtol": 1e-5, "atol": 1e-6}))
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "reviews.csv")
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_dirs, tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "full"
+    study = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out))
+    result = run_study(study, progress=False, log=lambda _: None)
+    return study, result, out
+
+
+def test_run_writes_every_table_and_a_verdict(full_run):
+    study, result, out = full_run
+    assert result.complete and result.n_examples == 12 and result.n_batches == 3 and result.computed == [0, 1, 2]
+    tables = read_tables(out)
+    assert len(tables["examples"]) == 12 and tables["examples"]["example"].tolist() == list(range(12))
+    agreement = tables["agreement"]
+    # per-head attention: every layer x head of the tiny BERT, for every example and reference
+    heads = agreement[(agreement.explainer == "attention") & (agreement.reference == "loo_delete")]
+    assert heads.groupby("example").size().eq(2 * 4).all()  # tiny BERT: 2 layers x 4 heads
+    assert set(agreement.role) == {"explainer", "baseline", "ceiling"}
+    assert {"random", "uniform", "position"} <= set(agreement.explainer)
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["answer"] in ("yes", "heads only", "no") and verdict["rule"].startswith("An attention")
+    assert verdict["reference"] == "loo_delete" and verdict["best_gradient"]["explainer"] in ("saliency", "input_x_gradient")
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["examples"] == 12 and prov["forward_passes_per_example"] > 1 and prov["peak_memory_bytes"] > 0
+    assert prov["attn_implementation"] and prov["dtype"] == "float32" and prov["model"]["weights_sha256"]
+    assert set(prov["versions"]) >= {"probe", "torch", "transformers", "captum"}
+
+
+def test_agreement_rows_equal_scipy_on_the_stored_scores(full_run):
+    """The independent oracle: recompute tau/rho from the stored score table with scipy."""
+    _, _, out = full_run
+    tables = read_tables(out)
+    scores, tokens, agreement = tables["scores"], tables["tokens"], tables["agreement"]
+    checked = 0
+    for example in (0, 7):
+        scored = tokens[(tokens.example == example) & tokens.scored].position.to_numpy()
+        ref = scores[(scores.example == example) & (scores.method == "loo_mask")].set_index("position").score
+        for layer, head in ((0, 1), (1, 3)):
+            att = scores[(scores.example == example) & (scores.method == "attention") & (scores.layer == layer)
+                         & (scores["head"] == head)].set_index("position").score
+            row = agreement[(agreement.example == example) & (agreement.explainer == "attention")
+                            & (agreement.reference == "loo_mask") & (agreement.layer == layer) & (agreement["head"] == head)]
+            tau, p = scipy.stats.kendalltau(att[scored].to_numpy(np.float64), ref[scored].to_numpy(np.float64))
+            rho, _ = scipy.stats.spearmanr(att[scored].to_numpy(np.float64), ref[scored].to_numpy(np.float64))
+            assert row.kendall_tau.item() == pytest.approx(tau, abs=1e-9)
+            assert row.kendall_p.item() == pytest.approx(p, abs=1e-9)
+            assert row.spearman.item() == pytest.approx(rho, abs=1e-9)
+            assert row.n_tokens.item() == len(scored)
+            checked += 1
+    assert checked == 4
+    # special tokens and padding never enter: [CLS]/[SEP] positions are not scored
+    assert not tokens[tokens.special].scored.any()
+
+
+def test_summary_matches_the_agreement_table(full_run):
+    _, _, out = full_run
+    agreement = pd.read_parquet(out / "agreement.parquet")
+    summary = pd.read_parquet(out / "summary.parquet")
+    row = summary[(summary.explainer == "saliency") & (summary.reference == "loo_delete")
+                  & (summary.measure == "kendall_tau")]
+    values = agreement[(agreement.explainer == "saliency") & (agreement.reference == "loo_delete")].kendall_tau
+    assert row["mean"].item() == pytest.approx(values.mean())
+    assert row["n"].item() == values.notna().sum()
+    assert row.ci_low.item() <= values.mean() <= row.ci_high.item()
+    p = agreement[(agreement.explainer == "saliency") & (agreement.reference == "loo_delete")].kendall_p
+    assert row.sig_frac.item() == pytest.approx((p <= 0.05).mean())
+
+
+def test_interrupted_run_resumes_to_identical_tables(full_run, tiny_dirs, tiny_data, tmp_path):
+    _, _, reference = full_run
+    out = tmp_path / "resumed"
+    study = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out))
+    first = run_study(study, progress=False, log=lambda _: None, stop_after=1)
+    assert first.computed == [0] and not first.complete and not (out / "agreement.parquet").exists()
+    # a half-written batch (parts without its done marker) is recomputed, never trusted
+    (out / "parts" / "agreement").mkdir(parents=True, exist_ok=True)
+    (out / "parts" / "agreement" / "b00001.parquet").write_bytes(b"garbage from a killed run")
+    second = run_study(study, progress=False, log=lambda _: None)
+    assert second.computed == [1, 2] and second.skipped == [0] and second.complete
+    third = run_study(study, progress=False, log=lambda _: None)
+    assert third.computed == [] and third.complete
+    assert_same_tables(reference, out)
+
+
+def test_kill_9_then_rerun_gives_identical_tables(full_run, tiny_dirs, tiny_data, tmp_path):
+    import yaml
+
+    _, _, reference = full_run
+    out = tmp_path / "killed"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_study(tiny_dirs["bert"], tiny_data, out)))
+    cmd = [sys.executable, "-m", "probe", "run", str(path), "--no-progress", "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "done").is_dir() and any((out / "done").glob("b*.json")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(p.name for p in (out / "done").glob("b*.json"))
+    assert 1 <= len(done) < 3 and not (out / "verdict.json").exists()
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "already done" in rerun.stderr
+    assert_same_tables(reference, out, exact=False)  # another process: same numbers up to thread rounding
+
+
+def test_another_studys_folder_is_refused_and_left_intact(full_run, tiny_dirs, tiny_data):
+    _, _, out = full_run
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    other = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out, references=["loo_delete", "loo_pad"]))
+    with pytest.raises(InputError, match="another study"):
+        run_study(other, progress=False, log=lambda _: None)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_folder_that_is_not_a_result_is_refused(tiny_dirs, tiny_data, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(InputError, match="not empty"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out)), progress=False, log=lambda _: None)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_bad_inputs_are_one_line_errors(tiny_dirs, tiny_data, tmp_path):
+    with pytest.raises(InputError, match="n=500 is larger"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "a",
+                                             dataset={"name": str(tiny_data), "n": 500})),
+                  progress=False, log=lambda _: None)
+    missing = tmp_path / "nolabel.csv"
+    pd.DataFrame({"text": ["good film", "bad film"]}).to_csv(missing, index=False)
+    with pytest.raises(InputError, match="label"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["bert"], missing, tmp_path / "b")), progress=False,
+                  log=lambda _: None)
+    with pytest.raises(ProbeError, match="does not exist"):
+        run_study(study_from_dict(tiny_study(tmp_path / "no-such-model", tiny_data, tmp_path / "c")),
+                  progress=False, log=lambda _: None)
+    assert not (tmp_path / "c").exists()  # nothing written for a study that cannot start
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(InputError, match="writable"):
+            run_study(study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, locked / "out")), progress=False,
+                      log=lambda _: None)
+
+
+def test_shards_merge_into_the_single_process_result(full_run, tiny_dirs, tiny_data, tmp_path):
+    _, _, reference = full_run
+    out = tmp_path / "sharded"
+    study = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out))
+    a = run_study(study, shard=(1, 2), progress=False, log=lambda _: None)
+    assert a.computed == [1] and not a.complete
+    b = run_study(study, shard=(0, 2), progress=False, log=lambda _: None)
+    assert b.computed == [0, 2] and b.complete
+    assert_same_tables(reference, out)
+
+
+def test_torchrun_with_two_gloo_processes_matches_one_process(full_run, tiny_dirs, tiny_data, tmp_path):
+    import yaml
+
+    _, _, reference = full_run
+    out = tmp_path / "torchrun"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_study(tiny_dirs["bert"], tiny_data, out)))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PROBE_DIST_BACKEND": "gloo",
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "probe", "run", str(path), "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    infos = [json.loads(p.read_text()) for p in sorted((out / "done").glob("b*.json"))]
+    assert sorted(tuple(i["shard"]) for i in infos) == [(0, 2), (0, 2), (1, 2)]
+    assert_same_tables(reference, out, exact=False)
