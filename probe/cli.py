@@ -260,13 +260,79 @@ def run(
 
     if threads:
         torch.set_num_threads(threads)
+    shard_of = parse_shard(shard)
     spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
-        result = run_study(spec, shard=parse_shard(shard), progress=progress)
+        result = run_study(spec, shard=shard_of, progress=progress)
     if result.verdict is not None:
         print(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}")
         print(f"results: {result.out}")
+
+
+@app.command()
+def audit(
+    claims: str = typer.Argument(..., help="a claim file (YAML), e.g. data/claims/minilm_rt.yaml"),
+    out: str = typer.Option(None, "--out", help="report folder (default: the file's output, else results/audit_NAME)"),
+    as_json: bool = typer.Option(False, "--json", help="print the audit as JSON instead of a verdict per line"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="say what runs, on stderr"),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default)"),
+):
+    """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
+    from pathlib import Path
+
+    from probe.audit import load_claims
+
+    spec = load_claims(claims)  # validate before the slow imports and the model load
+    _quiet_libraries()
+    import torch
+
+    from probe.audit import run_audit
+
+    if threads:
+        torch.set_num_threads(threads)
+    folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_one_line
+        result = run_audit(spec, out_dir=folder, progress=progress and not as_json)
+    if as_json:
+        print(json.dumps(result.to_dict()))
+        return
+    for c in result.claims:
+        low, high = c.ci
+        ci = "n/a" if low != low or high != high else f"[{low:.3g}, {high:.3g}]"
+        needed = f", n_needed {c.evidence.get('n_needed')}" if c.verdict == "inconclusive" else ""
+        print(f"{c.verdict.upper():13s} {c.claim}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
+              f"n {c.n}{needed})")
+    print(f"report: {Path(folder) / 'audit.html'}")
+
+
+@app.command()
+def report(
+    result_dir: str = typer.Argument(..., help="a study's result folder (written by probe run)"),
+    out: str = typer.Option(None, "--out", help="report folder (default: RESULT_DIR/report)"),
+):
+    """Render a study's stored results: one self-contained HTML file, Markdown with figures, CSV tables."""
+    from probe.report import build_report
+
+    files = build_report(result_dir, out)
+    if files.partial:
+        print("PARTIAL: the run has not finished; the report covers its finished batches", file=sys.stderr)
+    print(f"report: {files.html}")
+    print(f"markdown: {files.markdown}")
+
+
+@app.command()
+def compare(
+    result_dirs: list[str] = typer.Argument(..., help="two or more study result folders"),
+    out: str = typer.Option(None, "--out", help="report folder (default: ./comparison)"),
+):
+    """Several studies side by side: verdicts, headline numbers and per-layer agreement."""
+    from probe.report import build_comparison
+
+    files = build_comparison(result_dirs, out)
+    print(f"report: {files.html}")
+    print(f"markdown: {files.markdown}")
 
 
 def main() -> None:

@@ -254,3 +254,77 @@ def test_torchrun_with_two_gloo_processes_matches_one_process(full_run, tiny_dir
     infos = [json.loads(p.read_text()) for p in sorted((out / "done").glob("b*.json"))]
     assert sorted(tuple(i["shard"]) for i in infos) == [(0, 2), (0, 2), (1, 2)]
     assert_same_tables(reference, out, exact=False)
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "probe", *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_cli_overrides_n_and_dataset_and_reports_a_verdict(tiny_dirs, tiny_data, tmp_path):
+    import yaml
+
+    other = write_dataset(tmp_path / "other.csv", n=30, seed=5)
+    path = tmp_path / "tiny.yaml"
+    study = tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "unused")
+    study["metrics"]["counterfactual"] = None
+    study["metrics"]["heads"] = None
+    path.write_text(yaml.safe_dump(study))
+    out = tmp_path / "cli"
+    proc = _cli("run", str(path), "--n", "7", "--dataset", str(other), "--out", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(":")[0] in ("YES", "NO", "HEADS ONLY") and str(out) in proc.stdout
+    examples = pd.read_parquet(out / "examples.parquet")
+    texts = set(pd.read_csv(other).text)
+    assert len(examples) == 7 and set(examples.text) <= texts
+    recorded = json.loads((out / "study.json").read_text())["study"]
+    assert recorded["dataset"]["n"] == 7 and recorded["dataset"]["name"] == str(other)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel:\n  id: builtin:minilm-rt\n  dtpye: fp32\n")
+    proc = _cli("run", str(bad))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "line 4" in proc.stderr and "dtpye" in proc.stderr
+    proc = _cli("run", str(tmp_path / "missing.yaml"))
+    assert proc.returncode == 2 and "study file not found" in proc.stderr
+    proc = _cli("run", str(bad), "--shard", "3/2")
+    assert proc.returncode == 2 and "--shard" in proc.stderr
+
+
+def test_causal_lm_choices_mark_the_prompt_and_pick_the_preferred_answer(tiny_dirs, tiny_data, tmp_path):
+    from probe.explain.target import TargetSpec, prepare
+    from probe.models import load_model
+    from probe.study.runner import prepare_study_examples
+
+    pm = load_model(str(tiny_dirs["llama_gqa"]))
+    study = study_from_dict({**tiny_study(tiny_dirs["llama_gqa"], tiny_data, tmp_path / "x"),
+                             "target": {"kind": "logprob", "prompt": "i saw this film , {text} . it was",
+                                        "choices": [" bad", " good"]}})
+    texts = ["the plot was fun", "boring and slow acting"]
+    examples = prepare_study_examples(pm, study, texts)
+    for text, example in zip(texts, examples):
+        words = [t for t, s in zip(example.tokens, example.special) if not s]
+        assert words == text.split()  # the template's tokens are kept in the input but never scored
+        values = [prepare(pm, [f"i saw this film , {text} . it was"], TargetSpec(kind="logprob", continuation=c))[0]
+                  .original_value for c in (" bad", " good")]
+        assert example.label == int(np.argmax(values))
+        assert example.original_value == pytest.approx(max(values), abs=1e-5)
+
+
+def test_real_model_study_ceiling_beats_random(tmp_path):
+    """builtin:minilm-rt on 16 held-out sentences: the two LOO references agree far above chance."""
+    study = study_from_dict({
+        "name": "real", "model": {"id": "builtin:minilm-rt"},
+        "dataset": {"name": "builtin:rotten_tomatoes", "n": 16, "seed": 3},
+        "explainers": ["attention_mean", "rollout", "saliency"], "references": ["loo_delete", "loo_mask"],
+        "metrics": {"erasure": None, "counterfactual": None, "heads": None},
+        "statistics": {"bootstrap": 500}, "engine": {"batch_size": 8}, "output": str(tmp_path / "real")})
+    result = run_study(study, progress=False, log=lambda _: None)
+    verdict = result.verdict
+    assert verdict["ceiling"]["pair"] == ["loo_delete", "loo_mask"]
+    assert verdict["ceiling"]["ci"][0] > verdict["random"]["ci"][1]
+    assert verdict["layer_units"]["total"] == 12  # attention_mean and rollout at each of 6 layers
+    prov = json.loads((tmp_path / "real" / "provenance.json").read_text())
+    assert prov["accuracy"] >= 0.6 and prov["model"]["builtin"]

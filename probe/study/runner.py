@@ -25,7 +25,7 @@ import torch
 from probe.errors import InputError
 from probe.explain.methods import family
 from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, TargetSpec, prepare
+from probe.explain.target import PreparedExample, TargetSpec, evaluate, prepare
 from probe.metrics.agreement import agreement
 from probe.study.store import ResultStore
 
@@ -102,12 +102,13 @@ def _template_positions(pm, study, text: str, ids: list[int]) -> list[bool]:
     return [not (b > span[0] and a < span[1]) for a, b in enc["offset_mapping"]]
 
 
-def prepare_study_examples(pm, study, texts: Sequence[str]) -> list[PreparedExample]:
+def prepare_study_examples(pm, study, texts: Sequence[str], gold: Sequence[int | None] | None = None) -> list[PreparedExample]:
     """Tokenise and resolve each example's target as the study says.
 
     ``target.choices`` (causal LMs): the explained continuation is the choice with the highest
     log-prob; ``example.label`` then holds its index, so choices are listed in label order.
-    ``target.prompt``: the template's own tokens are marked special (kept in the input, never
+    ``target.label: gold`` (classifiers): each example's dataset label (``gold``), as Abnar &
+    Zuidema's "correct class". ``target.prompt``: the template's own tokens are marked special (kept in the input, never
     scored or perturbed).
     """
     t = study.target
@@ -119,6 +120,17 @@ def prepare_study_examples(pm, study, texts: Sequence[str]) -> list[PreparedExam
         examples = [per_choice[c][i] for i, c in enumerate(best)]
         for example, c in zip(examples, best):
             example.label = c
+    elif t.label == "gold":
+        examples = prepare(pm, inputs, TargetSpec(kind=t.kind), strict_length=True)
+        if gold is None or any(g is None for g in gold):
+            raise InputError("target.label: gold explains each example's dataset label, and some examples have none; "
+                             "give a label column or leave target.label out (the predicted class)")
+        names = pm.model.config.id2label or {}
+        for example, g in zip(examples, gold):
+            example.label, example.label_name = int(g), str(names.get(int(g), g))
+        values = evaluate(pm, [(e.input_ids, e) for e in examples])
+        for example, value in zip(examples, values.tolist()):
+            example.original_value = value
     else:
         examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation),
                            strict_length=True)
@@ -159,6 +171,7 @@ def agreement_rows(study, examples, first_index: int, scores: dict[str, TokenSco
     wanted = set(study.metrics.agreement)
     include_special = study.statistics.include_special
     references = list(study.references)
+    absolute = set(study.metrics.absolute)
     pairs: list[tuple[str, str, str]] = []  # (explainer, reference, role)
     for ref in references:
         for name in study.explainers:
@@ -173,6 +186,8 @@ def agreement_rows(study, examples, first_index: int, scores: dict[str, TokenSco
         scorable = np.array([include_special or not s for s in example.special])
         for explainer, reference, role in pairs:
             y = scores[reference].scores[i].double().numpy()
+            if reference in absolute:
+                y = np.abs(y)
             if y.ndim != 1:  # a per-layer/head reference: its last layer, head mean
                 y = y.reshape(-1, y.shape[-1])[-1] if y.ndim == 2 else y[-1].mean(axis=0)
             if explainer == "uniform":
@@ -180,6 +195,8 @@ def agreement_rows(study, examples, first_index: int, scores: dict[str, TokenSco
             else:
                 source = baselines[explainer] if role == "baseline" else scores[explainer]
                 x, layer, head = units(source, i)
+                if explainer in absolute:
+                    x = np.abs(x)
             keep = scorable & np.isfinite(y) & np.isfinite(x).all(axis=0)
             n = int(keep.sum())
             if n < 2:
@@ -397,7 +414,8 @@ def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.
         return result
 
     try:
-        examples = timed("prepare", lambda: prepare_study_examples(pm, study, [e.text for e in data_examples]))
+        examples = timed("prepare", lambda: prepare_study_examples(pm, study, [e.text for e in data_examples],
+                                                                         [e.label for e in data_examples]))
         engine = Engine(pm, token_budget=study.engine.token_budget)
         scores = {}
         for method in methods_needed(study):
@@ -569,6 +587,8 @@ def _check_methods(pm, study) -> None:
         raise InputError("loo_unk needs an unknown token and this tokenizer has none: use loo_pad or loo_random instead")
     if pm.task != "causal_lm" and "loo_lm" in methods_needed(study):
         raise InputError("loo_lm draws replacements from the model itself and needs a causal LM: use loo_random instead")
+    if study.target.label == "gold" and pm.task != "classification":
+        raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
     if study.target.choices and pm.task != "causal_lm":
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
 

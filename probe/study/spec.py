@@ -37,7 +37,6 @@ Int = Annotated[int, Strict()]          # no bools, no floats, no numeric string
 Float = Annotated[float, Strict()]      # ints are accepted (1 -> 1.0), strings are not
 Bool = Annotated[bool, Strict()]
 
-ERASURE_MODES = ("delete", "mask", "unk", "pad")
 LAYER_WORDS = ("first", "last")
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RANKING = re.compile(r"([A-Za-z0-9_]+)(?:@(.*))?")
@@ -283,7 +282,8 @@ class TargetConfig(_Spec):
 class ErasureSpec(_Spec):
     rankings: list[str] = Field(default_factory=list)
     bins: list[Annotated[Float, Field(gt=0, le=100)]] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0])
-    mode: Literal["delete", "mask", "unk", "pad"] = "delete"
+    #: tokens are removed (ids deleted), as ERASER does; no other mode is offered
+    mode: Literal["delete"] = "delete"
 
     @field_validator("rankings", mode="before")
     @classmethod
@@ -357,6 +357,18 @@ class MetricsSpec(_Spec):
     erasure: ErasureSpec | None = Field(default_factory=ErasureSpec)
     counterfactual: CounterfactualSpec | None = Field(default_factory=CounterfactualSpec)
     heads: HeadsSpec | None = Field(default_factory=HeadsSpec)
+    #: methods compared by magnitude (|score|), as Jain & Wallace compare |delta y| and |grad x input|
+    absolute: list[str] = Field(default_factory=list)
+
+    @field_validator("absolute", mode="before")
+    @classmethod
+    def _absolute(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        for i, name in enumerate(value):
+            if name not in ALL_METHODS:
+                _fail(_unknown_method(name), item=[i])
+        return value
 
     @field_validator("ceilings", mode="before")
     @classmethod

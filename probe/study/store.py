@@ -6,7 +6,10 @@ Layout of ``OUT/``::
     parts/TABLE/bNNNNN.parquet   one part per table and batch, written atomically
     done/bNNNNN.json      written after every part of batch NNNNN: the batch is complete
     TABLE.parquet         the merged tables (every batch, in batch order), written at the end
-    summary.parquet, paired.parquet, verdict.json, provenance.json
+    summary.parquet       mean, std, bootstrap CI, Sig. Frac. per explainer x reference x layer x head x measure
+    paired.parquet        each attention unit against the best gradient explainer (the verdict's rule 2)
+    comparisons.parquet   paired tests between every two explainers (token- and layer-level), Holm-adjusted
+    verdict.json, provenance.json
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run
 killed at any moment leaves either the old file or the new one, never half of one. A batch without

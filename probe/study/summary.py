@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from probe.explain.methods import family
-from probe.metrics.statistics import paired_test, summarize_groups
+from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.study.store import ResultStore, write_json, write_table
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
@@ -152,6 +152,28 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
     return result, paired
 
 
+def comparisons(agreement: pd.DataFrame, study) -> pd.DataFrame:
+    """Paired tests between every two explainers, on the study's measure against its verdict
+    reference: token-level methods, and per-layer methods at each layer (single heads are
+    compared with the best gradient in ``paired.parquet`` only). Holm-adjusted over the table."""
+    st = study.statistics
+    ref, measure = study.verdict_reference, st.measure
+    rows = agreement[(agreement.reference == ref) & (agreement.role == "explainer") & (agreement["head"] < 0)]
+    units = {key: frame.set_index("example")[measure] for key, frame in rows.groupby(["explainer", "layer"], sort=True)}
+    keys = list(units)
+    records = []
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            x, y = units[a].align(units[b], join="inner")
+            test = paired_test(x.to_numpy(), y.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
+            records.append({"a": a[0], "a_layer": int(a[1]), "b": b[0], "b_layer": int(b[1]), "reference": ref,
+                            "measure": measure, **test})
+    frame = pd.DataFrame.from_records(records)
+    if len(frame):
+        frame["wilcoxon_p_holm"] = holm(frame["wilcoxon_p"].to_numpy())
+    return frame
+
+
 def _stat(row) -> dict:
     return {"mean": float(row["mean"]), "ci": [float(row.ci_low), float(row.ci_high)], "n": int(row.n),
             "sig_frac": float(row["sig_frac"]) if "sig_frac" in row and pd.notna(row["sig_frac"]) else None}
@@ -257,6 +279,7 @@ def finalize(store: ResultStore, study, pm, *, n_batches: int, dropped: dict, lo
     write_table(store.root / "summary.parquet", summary)
     result, paired = verdict(tables["agreement"], summary, study, study.model.id)
     write_table(store.root / "paired.parquet", paired)
+    write_table(store.root / "comparisons.parquet", comparisons(tables["agreement"], study))
     write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
     write_json(store.root / "verdict.json", result)
     return result

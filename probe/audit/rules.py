@@ -1,0 +1,140 @@
+"""How a claim is decided: one number per example, a bootstrap CI of their mean, a threshold.
+
+Every claim kind reduces to a per-example *effect* (higher = more in favour of the claim) and a
+*threshold* T. With ``[lo, hi]`` the seeded percentile-bootstrap CI of the mean effect (level 0.95
+by default, :func:`probe.metrics.statistics.bootstrap_ci`; non-finite effects are dropped first):
+
+==================  =========================================  =============  ============  ============
+kind                per-example effect                         T              supported     refuted
+==================  =========================================  =============  ============  ============
+token_importance    1 if the most-attended token is the most   0.5            lo > 0.5      hi < 0.5
+                    important one (largest signed drop of the
+                    reference), else 0
+specific_tokens     |f(x) - f(x without the matched tokens)|   0              lo > 0        hi <= 0
+                    - mean over random draws of |f(x) -
+                    f(x without as many other tokens)|
+head_role           |change| when the head is ablated - mean   0              lo > 0        hi <= 0
+                    |change| of the other heads of its layer
+faithfulness        rank correlation (Kendall tau-b or         threshold      lo >= T       hi < T
+                    Spearman) of attention and the reference
+counterfactual      median output TVD over permutations of     bound          lo > bound    hi < bound
+                    the target row's attention
+==================  =========================================  =============  ============  ============
+
+Anything else is ``inconclusive``: the CI straddles the threshold (or fewer than 2 examples had an
+effect). Then ``n_needed = ceil((z * std / |mean - T|)^2)`` estimates how many examples would make
+a CI of that width clear the threshold (z = the normal quantile of the level to two decimals, 1.96
+at 0.95; std with ddof=1); ``None`` when mean == T or std is undefined. It is an estimate for
+planning, not a promise: the bootstrap CI is not exactly the normal one.
+
+A ``head_role`` claim with ``attends_to`` is a conjunction: its second measure (the head's share of
+attention on the matching tokens minus their uniform share, per example, supported if lo > 0,
+refuted if hi <= 0) is judged the same way; the claim is supported when both parts are, refuted
+when either is, inconclusive otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from probe.metrics.statistics import summarize
+
+VERDICTS = ("supported", "refuted", "inconclusive")
+#: Half the largest Jensen-Shannon divergence (natural log): an adversarial attention this far from
+#: the original is "very different" in the counterfactual evidence.
+LN2_HALF = 0.5 * math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Supported when the CI's lower bound is above ``threshold`` (or equal, ``support_inclusive``);
+    refuted when its upper bound is below it (or equal, ``refute_inclusive``)."""
+
+    threshold: float
+    support_inclusive: bool = False
+    refute_inclusive: bool = False
+
+    def describe(self, name: str = "mean effect") -> str:
+        t = f"{self.threshold:g}"
+        return (f"supported if the CI of the {name} lies {'at or ' if self.support_inclusive else ''}above {t} "
+                f"(lower bound {'>=' if self.support_inclusive else '>'} {t}); refuted if it lies "
+                f"{'at or ' if self.refute_inclusive else ''}below {t} (upper bound "
+                f"{'<=' if self.refute_inclusive else '<'} {t}); inconclusive otherwise")
+
+
+RULES = {
+    "token_importance": Rule(0.5),
+    "specific_tokens": Rule(0.0, refute_inclusive=True),
+    "head_role": Rule(0.0, refute_inclusive=True),
+}
+
+
+def faithfulness_rule(threshold: float) -> Rule:
+    return Rule(float(threshold), support_inclusive=True)
+
+
+def counterfactual_rule(bound: float) -> Rule:
+    return Rule(float(bound))
+
+
+def verdict(ci_low: float, ci_high: float, rule: Rule) -> str:
+    """``supported``, ``refuted`` or ``inconclusive`` from a CI (NaN bounds: inconclusive)."""
+    t = rule.threshold
+    if math.isfinite(ci_low) and (ci_low >= t if rule.support_inclusive else ci_low > t):
+        return "supported"
+    if math.isfinite(ci_high) and (ci_high <= t if rule.refute_inclusive else ci_high < t):
+        return "refuted"
+    return "inconclusive"
+
+
+def z_value(level: float) -> float:
+    """The two-sided normal quantile of ``level`` to two decimals (1.96 at 0.95)."""
+    from scipy.stats import norm
+
+    return round(float(norm.ppf((1.0 + level) / 2.0)), 2)
+
+
+def n_needed(mean: float, std: float, threshold: float, level: float = 0.95) -> int | None:
+    """``ceil((z * std / |mean - threshold|)^2)``; None when mean == threshold or std is not finite."""
+    if not (math.isfinite(mean) and math.isfinite(std)) or mean == threshold:
+        return None
+    return int(math.ceil((z_value(level) * std / abs(mean - threshold)) ** 2))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: str
+    mean: float
+    std: float
+    ci: tuple[float, float]
+    n: int
+    threshold: float
+    n_needed: int | None  # only when inconclusive
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "effect": self.mean, "std": self.std, "ci": list(self.ci), "n": self.n,
+                "threshold": self.threshold, "n_needed": self.n_needed}
+
+
+def judge(values, rule: Rule, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> Judgement:
+    """Decide a claim from its per-example effects (non-finite ones are dropped)."""
+    s = summarize(np.asarray(values, dtype=np.float64), n_boot=n_boot, level=level, seed=seed)
+    decided = verdict(s["ci_low"], s["ci_high"], rule)
+    needed = n_needed(s["mean"], s["std"], rule.threshold, level) if decided == "inconclusive" else None
+    return Judgement(decided, s["mean"], s["std"], (s["ci_low"], s["ci_high"]), s["n"], rule.threshold, needed)
+
+
+def conjunction(*verdicts: str) -> str:
+    """Supported when every part is, refuted when any part is, inconclusive otherwise."""
+    if any(v == "refuted" for v in verdicts):
+        return "refuted"
+    if all(v == "supported" for v in verdicts):
+        return "supported"
+    return "inconclusive"
+
+
+__all__ = ["Judgement", "LN2_HALF", "RULES", "Rule", "VERDICTS", "conjunction", "counterfactual_rule", "faithfulness_rule",
+           "judge", "n_needed", "verdict", "z_value"]

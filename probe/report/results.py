@@ -1,0 +1,266 @@
+"""Read a study's result folder as it is on disk: finished, or half-way through its batches.
+
+Nothing here imports torch or transformers, or loads a model: a report is rendered from the
+stored tables alone (``probe.explain.methods`` pulls in torch, hence the family table below).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probe.errors import InputError
+from probe.study.store import FORMAT_VERSION, TABLES
+
+# The method families of probe.explain.methods, kept here so that a report never imports torch
+# (tests/test_report.py checks that both lists agree).
+ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
+GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
+INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
+
+
+def family(method: str) -> str | None:
+    """attention, gradient, intervention, or None (a baseline such as ``random``)."""
+    if method in ATTENTION_METHODS:
+        return "attention"
+    if method in GRADIENT_METHODS:
+        return "gradient"
+    if method in INTERVENTION_METHODS:
+        return "intervention"
+    return None
+
+
+def measure_columns(agreement: pd.DataFrame) -> list[tuple[str, str | None]]:
+    """The agreement measures a table holds, each with its p-value column (or None)."""
+    out = []
+    for col in agreement.columns:
+        if col in ("kendall_tau", "spearman") or (col.startswith("top") and col[3:].isdigit()):
+            p = {"kendall_tau": "kendall_p", "spearman": "spearman_p"}.get(col)
+            out.append((col, p if p in agreement.columns else None))
+    return out
+
+
+@dataclass
+class StudyResult:
+    """One result folder, read. ``complete`` is False for a run whose batches are not all done:
+    its tables then hold the finished batches only, and it has no verdict, paired tests or
+    provenance (``summary`` is computed from the parts)."""
+
+    root: Path
+    study: dict
+    fingerprint: str | None
+    tables: dict[str, pd.DataFrame]
+    summary: pd.DataFrame | None
+    paired: pd.DataFrame | None
+    verdict: dict | None
+    provenance: dict | None
+    complete: bool
+    batches_done: int
+    batches_total: int | None
+    batch_infos: list[dict] = field(default_factory=list)
+
+    # ---------------------------------------------------------------- the study's settings
+
+    @property
+    def name(self) -> str:
+        return str(self.study.get("name", self.root.name))
+
+    @property
+    def statistics(self) -> dict:
+        return self.study.get("statistics") or {}
+
+    @property
+    def metrics(self) -> dict:
+        return self.study.get("metrics") or {}
+
+    @property
+    def explainers(self) -> list[str]:
+        return list(self.study.get("explainers") or [])
+
+    @property
+    def references(self) -> list[str]:
+        return list(self.study.get("references") or [])
+
+    @property
+    def reference(self) -> str:
+        """The verdict reference: ``statistics.reference`` or the first reference."""
+        if self.verdict and self.verdict.get("reference"):
+            return str(self.verdict["reference"])
+        refs = self.references
+        return str(self.statistics.get("reference") or (refs[0] if refs else ""))
+
+    @property
+    def measure(self) -> str:
+        if self.verdict and self.verdict.get("measure"):
+            return str(self.verdict["measure"])
+        return str(self.statistics.get("measure") or "kendall_tau")
+
+    @property
+    def absolute(self) -> set[str]:
+        return set(self.metrics.get("absolute") or [])
+
+    @property
+    def model_id(self) -> str:
+        return str((self.study.get("model") or {}).get("id", "?"))
+
+    @property
+    def n_examples(self) -> int:
+        examples = self.tables.get("examples")
+        return 0 if examples is None else int(len(examples))
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        frame = self.tables.get(name)
+        return frame if frame is not None and len(frame) else None
+
+    @property
+    def contract(self) -> dict | None:
+        return ((self.provenance or {}).get("model") or {}).get("contract")
+
+
+def _read_json(path: Path, folder: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path} is unreadable ({err}); the result folder {folder} is damaged: rerun the study") from err
+
+
+def _read_parquet(path: Path, folder: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several kinds for a damaged file
+        raise InputError(f"{path} is unreadable ({type(err).__name__}); the result folder {folder} is damaged: "
+                         "rerun the study") from err
+
+
+def _done_batches(root: Path) -> list[int]:
+    folder = root / "done"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.stem[1:]) for p in folder.glob("b*.json") if p.stem[1:].isdigit())
+
+
+def _tidy(frame: pd.DataFrame) -> pd.DataFrame:
+    """Plain int64 layer/head/example columns (parts and merged tables store some as int16)."""
+    for col in ("example", "layer", "head", "position"):
+        if col in frame.columns and frame[col].dtype != np.int64:
+            frame[col] = frame[col].astype(np.int64)
+    return frame
+
+
+def load_result(path: str | Path) -> StudyResult:
+    """Read a result folder written by ``probe run``; a one-line :class:`InputError` when it is not one."""
+    root = Path(path)
+    if not root.exists():
+        raise InputError(f"{root} does not exist: expected a study result folder written by `probe run` "
+                         "(one holding study.json)")
+    if not root.is_dir():
+        raise InputError(f"{root} is a file: expected a study result folder written by `probe run` "
+                         "(one holding study.json)")
+    if not (root / "study.json").is_file():
+        raise InputError(f"{root} is not a study result: expected study.json in it (a folder written by `probe run`)")
+    record = _read_json(root / "study.json", root)
+    version = record.get("format_version") if isinstance(record, dict) else None
+    if version != FORMAT_VERSION:
+        raise InputError(f"{root} was made by another probe version (result format {version!r}, this probe reads "
+                         f"{FORMAT_VERSION}); rerun the study with this probe")
+    study = record.get("study")
+    if not isinstance(study, dict):
+        raise InputError(f"{root / 'study.json'} holds no study; rerun the study")
+    done = _done_batches(root)
+    infos = []
+    for b in done:
+        info = _read_json(root / "done" / f"b{b:05d}.json", root)
+        infos.append({"batch": b, **info})
+    merged = {name: root / f"{name}.parquet" for name in TABLES}
+    complete = ((root / "verdict.json").is_file() and (root / "summary.parquet").is_file()
+                and merged["examples"].is_file() and merged["agreement"].is_file())
+    total = _batches_total(study, done)
+    if complete:
+        tables = {name: _tidy(_read_parquet(p, root)) for name, p in merged.items() if p.is_file()}
+        summary = _tidy(_read_parquet(root / "summary.parquet", root))
+        paired_path = root / "paired.parquet"
+        paired = _tidy(_read_parquet(paired_path, root)) if paired_path.is_file() else None
+        verdict = _read_json(root / "verdict.json", root)
+        prov_path = root / "provenance.json"
+        provenance = _read_json(prov_path, root) if prov_path.is_file() else None
+        n_batches = int((provenance or {}).get("batches") or len(done) or 1)
+        return StudyResult(root=root, study=study, fingerprint=record.get("fingerprint"), tables=tables,
+                           summary=summary, paired=paired, verdict=verdict, provenance=provenance, complete=True,
+                           batches_done=n_batches, batches_total=n_batches, batch_infos=infos)
+    if not done:
+        raise InputError(f"{root} holds the study {study.get('name', '?')!r} but no finished batch yet: "
+                         "run it with `probe run` and report once a batch is done")
+    tables = {}
+    for name in TABLES:
+        frames = [_read_parquet(p, root) for p in (root / "parts" / name / f"b{b:05d}.parquet" for b in done)
+                  if p.is_file()]
+        frames = [f for f in frames if len(f)]
+        if frames:
+            tables[name] = _tidy(pd.concat(frames, ignore_index=True))
+    if "examples" not in tables or "agreement" not in tables:
+        raise InputError(f"{root} has done markers but no examples/agreement parts under parts/; "
+                         "the folder is damaged: rerun the study")
+    summary = partial_summary(tables["agreement"], study.get("statistics") or {})
+    return StudyResult(root=root, study=study, fingerprint=record.get("fingerprint"), tables=tables, summary=summary,
+                       paired=None, verdict=None, provenance=None, complete=False, batches_done=len(done),
+                       batches_total=total, batch_infos=infos)
+
+
+def _batches_total(study: dict, done: list[int]) -> int | None:
+    """The number of batches of the study, when its size is known before it runs (``dataset.n``)."""
+    n = (study.get("dataset") or {}).get("n")
+    size = (study.get("engine") or {}).get("batch_size")
+    total = math.ceil(n / size) if isinstance(n, int) and isinstance(size, int) and size > 0 else None
+    if total is not None and done:
+        total = max(total, done[-1] + 1)
+    return total
+
+
+GROUP = ["role", "explainer", "reference", "layer", "head"]
+
+
+def partial_summary(agreement: pd.DataFrame, statistics: dict) -> pd.DataFrame:
+    """The summary table of a run that has not finished (same columns as ``summary.parquet``).
+
+    Token- and layer-level units get bootstrap CIs as the finished run computes them; single heads
+    (hundreds of them in a large model) get the mean, std and n only, which is what the heatmaps need.
+    """
+    from probe.metrics.statistics import summarize_groups
+
+    alpha = float(statistics.get("alpha", 0.05))
+    kw = {"alpha": alpha, "n_boot": int(statistics.get("bootstrap", 2000)),
+          "level": float(statistics.get("level", 0.95)), "seed": int(statistics.get("seed", 0))}
+    frames = []
+    units = agreement[agreement["head"] < 0]
+    heads = agreement[agreement["head"] >= 0]
+    for measure, p_col in measure_columns(agreement):
+        if len(units):
+            frame = summarize_groups(units, GROUP, measure, p_col, **kw)
+            frame.insert(len(GROUP), "measure", measure)
+            frames.append(frame)
+        if len(heads):
+            values = heads[GROUP + [measure]].copy()
+            values[measure] = values[measure].where(np.isfinite(values[measure]))
+            g = values.groupby(GROUP, sort=True)[measure]
+            frame = pd.DataFrame({"n": g.count(), "mean": g.mean(), "std": g.std(ddof=1)}).reset_index()
+            frame.insert(len(GROUP), "measure", measure)
+            frame["ci_low"] = np.nan
+            frame["ci_high"] = np.nan
+            if p_col is not None:
+                sig = heads[p_col] <= alpha
+                ok = np.isfinite(heads[measure]) & np.isfinite(heads[p_col])
+                flags = pd.DataFrame({**{c: heads[c] for c in GROUP}, "ok": ok, "sig": sig & ok,
+                                      "pos": sig & ok & (heads[measure] > 0)})
+                agg = flags.groupby(GROUP, sort=True)[["ok", "sig", "pos"]].sum().reset_index()
+                frame["sig_frac"] = (agg["sig"] / agg["ok"].where(agg["ok"] > 0)).to_numpy()
+                frame["sig_pos_frac"] = (agg["pos"] / agg["ok"].where(agg["ok"] > 0)).to_numpy()
+            frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=GROUP + ["measure", "n", "mean", "std", "ci_low", "ci_high"])
+    out = pd.concat(frames, ignore_index=True)
+    return _tidy(out)

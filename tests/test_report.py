@@ -1,0 +1,439 @@
+"""Reports: ``probe report`` / ``probe compare`` render stored results (HTML, Markdown, CSV) without a model."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probe.errors import InputError
+from probe.report import build_comparison, build_report
+from probe.study.store import FORMAT_VERSION
+
+ALL_SECTIONS = ["verdict", "setup", "agreement", "erasure", "counterfactual", "heads", "tokens", "limitations"]
+INJECTED = "<script>alert(1)</script>"
+WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting",
+         "not", "very", "really", "awful", "excellent", "slow", "funny", "ending"]
+
+
+def _dataset(path: Path, n: int = 12) -> Path:
+    rng = np.random.default_rng(3)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 9)))) for _ in range(n)]
+    pd.DataFrame({"text": texts, "label": [i % 2 for i in range(n)]}).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def result(tiny_dirs, tmp_path_factory) -> Path:
+    """A finished tiny study with every table: 12 examples in 3 batches of 4."""
+    from probe.study.runner import run_study
+    from probe.study.spec import study_from_dict
+
+    root = tmp_path_factory.mktemp("report")
+    study = study_from_dict({
+        "name": "tiny-report",
+        "model": {"id": str(tiny_dirs["bert"])},
+        "dataset": {"name": str(_dataset(root / "reviews.csv")), "n": 12, "seed": 1},
+        "explainers": ["attention", "attention_mean", "rollout", "saliency", "input_x_gradient"],
+        "references": ["loo_delete", "loo_mask"],
+        "metrics": {"top_k": [1, 3], "erasure": {"rankings": ["attention_mean@last", "saliency"], "bins": [10, 50]},
+                    "counterfactual": {"layers": ["last"], "permutations": 3, "adversarial": True,
+                                       "adversarial_steps": 10, "adversarial_candidates": 2},
+                    "heads": {"ablation": True, "importance": True}},
+        "statistics": {"bootstrap": 200, "reference": "loo_delete"},
+        "engine": {"batch_size": 4},
+        "output": str(root / "result"),
+    })
+    run_study(study, progress=False, log=lambda _: None)
+    return root / "result"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("report"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def report(result, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report_out") / "report"
+    return build_report(result, out)
+
+
+def _section_ids(html: str) -> list[str]:
+    return re.findall(r'<section id="([^"]+)">', html)
+
+
+# --------------------------------------------------------------------------- a finished study
+
+
+def test_finished_study_has_every_section_in_order(report, result):
+    html = report.html.read_text(encoding="utf-8")
+    assert report.sections == ALL_SECTIONS and _section_ids(html) == ALL_SECTIONS and not report.partial
+    verdict = json.loads((result / "verdict.json").read_text())
+    assert f'answer-{verdict["answer"].replace(" ", "-")}' in html
+    assert verdict["headline"].split(":")[0] in html  # the headline, in plain words
+    assert "The rule" in html and verdict["rule"][:60] in html
+    assert "PARTIAL" not in html
+    for text in ("attention contract", "query heads", "head dim", "mask kind", "weights sha256", "forward passes per example",
+                 "peak memory", "sequence length", "time per step", "versions"):
+        assert text in html, text
+    # one heatmap figure per per-head explainer, the layer lines, the distribution, erasure, both
+    # counterfactual figures, the head maps
+    names = {p.stem for p in report.figures}
+    assert names == {"heads_attention", "layers", "distribution", "erasure", "permutation", "adversarial", "heads"}
+    for phrase in ("not part of this study",):
+        assert phrase not in html
+
+
+def test_html_is_one_self_contained_file(report):
+    html = report.html.read_text(encoding="utf-8")
+    images = re.findall(r"<img [^>]*src=\"([^\"]+)\"", html)
+    assert len(images) == len(report.figures) and all(src.startswith("data:image/png;base64,") for src in images)
+    for src in images:
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<script" not in html.lower() and "<style>" in html
+    assert not re.search(r"(src|href)=\"(https?:|//|file:)", html)
+    assert "@import" not in html and "url(" not in html
+    assert 'href="#verdict"' in html  # the table of contents
+
+
+def test_markdown_and_figures_next_to_it(report):
+    md = report.markdown.read_text(encoding="utf-8")
+    refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert sorted(refs) == sorted(f"figures/{p.name}" for p in report.figures)
+    for ref in refs:
+        path = report.markdown.parent / ref
+        assert path.read_bytes()[:4] == b"\x89PNG"
+    headings = [line[3:] for line in md.splitlines() if line.startswith("## ")]
+    assert headings[1:] == ["Verdict", "Model, set-up and provenance", "Agreement with the references",
+                            "Erasure curves", "Counterfactual attention", "Heads", "Example token views",
+                            "Limitations"]
+    assert "**Answer:" in md and "| vs loo\\_delete (verdict) |" in md
+
+
+def test_csv_tables_are_readable_with_the_right_columns(report, result):
+    tables = {p.stem: pd.read_csv(p) for p in report.tables}
+    assert set(tables) == {"agreement_by_layer", "baselines_and_ceiling", "erasure_aopc", "erasure_curves",
+                           "counterfactual", "heads"}
+    by_layer = tables["agreement_by_layer"]
+    assert {"explainer", "layer", "reference", "measure", "n", "mean", "ci_low", "ci_high", "sig_frac"} <= set(by_layer)
+    assert set(by_layer.reference) == {"loo_delete", "loo_mask"} and "attention" not in set(by_layer.explainer)
+    summary = pd.read_parquet(result / "summary.parquet")
+    row = by_layer[(by_layer.explainer == "rollout") & (by_layer.layer == 1) & (by_layer.reference == "loo_mask")
+                   & (by_layer.measure == "spearman")].iloc[0]
+    want = summary[(summary.explainer == "rollout") & (summary.layer == 1) & (summary.reference == "loo_mask")
+                   & (summary.measure == "spearman") & (summary.role == "explainer")].iloc[0]
+    assert row["mean"] == pytest.approx(want["mean"], rel=1e-5) and row["ci_high"] == pytest.approx(want["ci_high"], rel=1e-5)
+    base = tables["baselines_and_ceiling"]
+    assert set(base.role) == {"baseline", "ceiling"} and {"random", "uniform", "position"} <= set(base.explainer)
+    aopc = tables["erasure_aopc"]
+    assert list(aopc.ranking) == ["attention_mean@last", "saliency", "random"]
+    assert {"aopc", "aopc_ci_low", "aopc_ci_high", "aopc_sufficiency", "flipped_frac"} <= set(aopc)
+    erasure = pd.read_parquet(result / "erasure.parquet")
+    per_example = erasure.drop_duplicates(["example", "ranking"])
+    assert aopc.set_index("ranking").loc["saliency", "aopc"] == pytest.approx(
+        per_example[per_example.ranking == "saliency"].aopc.mean(), rel=1e-5)
+    curves = tables["erasure_curves"]
+    assert {"ranking", "percent", "comprehensiveness", "sufficiency"} <= set(curves) and set(curves.percent) == {10, 50}
+    cf = tables["counterfactual"]
+    assert list(cf.site) == ["L1"] and {"max_attention_mean", "perm_median_output_tvd_median",
+                                        "adv_max_attention_jsd_mean"} <= set(cf)
+    heads = tables["heads"]
+    assert len(heads) == 2 * 4 and {"layer", "head", "mean_abs_ablation_change", "mean_importance",
+                                    "top3_attention"} <= set(heads)
+
+
+def test_top3_attention_equals_a_direct_computation(report, result):
+    """The head table's attention on the reference's top-3 tokens, recomputed example by example."""
+    heads = pd.read_csv(report.out_dir / "tables" / "heads.csv").set_index(["layer", "head"])
+    scores = pd.read_parquet(result / "scores.parquet")
+    tokens = pd.read_parquet(result / "tokens.parquet")
+    for layer, head in ((0, 2), (1, 3)):
+        masses = []
+        for example in sorted(tokens.example.unique()):
+            scored = set(tokens[(tokens.example == example) & tokens.scored].position)
+            ref = scores[(scores.example == example) & (scores.method == "loo_delete")]
+            ranked = sorted(((float(s), -int(p)) for p, s in zip(ref.position, ref.score)
+                             if int(p) in scored and np.isfinite(s)), reverse=True)
+            top = [-p for _, p in ranked[:3]]
+            att = scores[(scores.example == example) & (scores.method == "attention") & (scores.layer == layer)
+                         & (scores["head"] == head)].set_index("position").score
+            masses.append(sum(float(att[p]) for p in top))
+        assert heads.loc[(layer, head), "top3_attention"] == pytest.approx(np.mean(masses), rel=1e-5)
+
+
+def test_token_views_show_the_highest_and_lowest_examples(report, result):
+    html = report.html.read_text(encoding="utf-8")
+    paired = pd.read_parquet(result / "paired.parquet")
+    best = paired[paired["head"] < 0].sort_values("mean", ascending=False).iloc[0]
+    agreement = pd.read_parquet(result / "agreement.parquet")
+    per = agreement[(agreement.explainer == best.explainer) & (agreement.layer == best.layer)
+                    & (agreement["head"] == -1) & (agreement.reference == "loo_delete")].set_index("example").kendall_tau
+    per = per.dropna().sort_values(ascending=False, kind="stable")
+    tokens_part = html.split('<section id="tokens">')[1].split("</section>")[0]
+    shown = [int(x) for x in re.findall(r"example (\d+) \u00b7", tokens_part)]
+    assert shown[:3] == list(per.index[:3]) and set(shown[3:]) == set(per.index[::-1][:3])
+    assert f"{best.unit} (best attention unit)" in tokens_part and "(verdict reference)" in tokens_part
+    assert "(gradient)" in tokens_part and "background: rgba(" in tokens_part
+
+
+# --------------------------------------------------------------------------- escaping
+
+
+@pytest.fixture(scope="module")
+def injected(result, tmp_path_factory):
+    """A copy whose texts, tokens and study description carry markup."""
+    folder = _copy(result, tmp_path_factory.mktemp("injected") / "result")
+    examples = pd.read_parquet(folder / "examples.parquet")
+    examples["text"] = examples["text"] + f" {INJECTED} a|b `tick` & co"
+    examples.to_parquet(folder / "examples.parquet", index=False)
+    tokens = pd.read_parquet(folder / "tokens.parquet")
+    tokens.loc[tokens.scored, "token"] = "<b>x|y</b>"
+    tokens.to_parquet(folder / "tokens.parquet", index=False)
+    record = json.loads((folder / "study.json").read_text())
+    record["study"]["description"] = '<img src=x onerror="alert(2)"> & `code` | pipe'
+    (folder / "study.json").write_text(json.dumps(record))
+    return build_report(folder)
+
+
+def test_text_from_data_is_escaped_in_html(injected):
+    html = injected.html.read_text(encoding="utf-8")
+    assert INJECTED not in html and "<script" not in html.lower() and "<img src=x" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in html
+    assert "&lt;b&gt;x|y&lt;/b&gt;" in html and "<b>x" not in html
+
+
+def test_text_from_data_is_escaped_in_markdown(injected):
+    md = injected.markdown.read_text(encoding="utf-8")
+    assert "<script" not in md and "<img" not in md and "<b>" not in md
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md and "a\\|b \\`tick\\` &amp; co" in md
+    assert "&lt;b&gt;x\\|y&lt;/b&gt;" in md
+    # every table row keeps its column count: an unescaped | in a cell would add one
+    for block in re.split(r"\n\n", md):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        if rows:
+            counts = {len(re.findall(r"(?<!\\)\|", row)) for row in rows}
+            assert len(counts) == 1, block
+
+
+# --------------------------------------------------------------------------- parts turned off, partial runs
+
+
+def test_sections_without_their_tables_say_so(result, tmp_path):
+    folder = _copy(result, tmp_path / "result")
+    for name in ("erasure", "counterfactual", "heads"):
+        (folder / f"{name}.parquet").unlink()
+    files = build_report(folder)
+    html = files.html.read_text(encoding="utf-8")
+    assert files.sections == ALL_SECTIONS and files.out_dir == folder / "report"
+    for section, what in (("erasure", "Erasure curves are"), ("counterfactual", "Counterfactual attention is")):
+        body = html.split(f'<section id="{section}">')[1].split("</section>")[0]
+        assert f"{what} not part of this study." in body and "<img" not in body
+    heads = html.split('<section id="heads">')[1].split("</section>")[0]
+    assert "Head ablation is not part of this study." in heads
+    assert {p.stem for p in files.tables} == {"agreement_by_layer", "baselines_and_ceiling", "heads"}
+    assert "mean_abs_ablation_change" not in pd.read_csv(folder / "report" / "tables" / "heads.csv").columns
+    assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "heads"}
+
+
+def test_a_half_finished_run_gets_a_partial_report(result, tmp_path):
+    folder = _copy(result, tmp_path / "result")
+    for path in folder.iterdir():
+        if path.suffix in (".parquet", ".json") and path.name != "study.json":
+            path.unlink()
+    (folder / "done" / "b00001.json").unlink()  # batches 0 and 2 done, 1 not
+    files = build_report(folder, tmp_path / "out")
+    html = files.html.read_text(encoding="utf-8")
+    md = files.markdown.read_text(encoding="utf-8")
+    assert files.partial and "verdict" not in files.sections and files.sections == ALL_SECTIONS[1:]
+    assert "PARTIAL: 2 of 3 batches done (8 examples)" in html and "PARTIAL: 2 of 3 batches done" in md
+    assert "the verdict comes when the run completes" in html.lower()
+    assert "Answer:" not in html and "The rule" not in html
+    shown = {int(x) for x in re.findall(r"example (\d+) \u00b7", html)}
+    assert shown and shown <= {0, 1, 2, 3, 8, 9, 10, 11}  # examples of the done batches only
+    by_layer = pd.read_csv(tmp_path / "out" / "tables" / "agreement_by_layer.csv")
+    parts = pd.concat([pd.read_parquet(folder / "parts" / "agreement" / f"b{b:05d}.parquet") for b in (0, 2)])
+    sel = parts[(parts.explainer == "saliency") & (parts.reference == "loo_delete")]
+    row = by_layer[(by_layer.explainer == "saliency") & (by_layer.reference == "loo_delete")
+                   & (by_layer.measure == "kendall_tau")].iloc[0]
+    assert row["n"] == sel.kendall_tau.notna().sum() and row["mean"] == pytest.approx(sel.kendall_tau.mean())
+    assert "recorded in provenance.json when the run completes" in html
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _cli(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "probe", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def test_bad_folders_are_one_line_errors(result, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match=r"is not a study result: expected study.json"):
+        build_report(empty)
+    with pytest.raises(InputError, match="does not exist"):
+        build_report(tmp_path / "missing")
+    old = _copy(result, tmp_path / "old")
+    record = json.loads((old / "study.json").read_text())
+    record["format_version"] = FORMAT_VERSION + 1
+    (old / "study.json").write_text(json.dumps(record))
+    with pytest.raises(InputError, match="made by another probe version.*rerun the study"):
+        build_report(old)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "study.json").write_text((result / "study.json").read_text())
+    with pytest.raises(InputError, match="no finished batch yet"):
+        build_report(fresh)
+    for folder, needle in ((empty, "study.json"), (old, "another probe version"), (tmp_path / "missing", "does not exist")):
+        proc = _cli("report", str(folder))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+        assert str(folder) in proc.stderr and "Traceback" not in proc.stderr
+    proc = _cli("compare", str(result), str(empty))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and str(empty) in proc.stderr
+
+
+# --------------------------------------------------------------------------- no model, no torch
+
+BLOCKER = textwrap.dedent("""
+    import sys
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers", "captum", "accelerate"):
+                raise ImportError(f"report tried to import {name}")
+    sys.meta_path.insert(0, Refuse())
+    sys.argv = ["probe", *sys.argv[1:]]
+    from probe.cli import main
+    try:
+        main()
+    finally:
+        assert not {"torch", "transformers"} & set(sys.modules), "torch was imported"
+""")
+
+
+def test_report_and_compare_need_no_model_nor_torch(result, tmp_path):
+    folder = _copy(result, tmp_path / "result")
+    (tmp_path / "cache").mkdir()
+    env = {"PROBE_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run = lambda *args: subprocess.run([sys.executable, "-c", BLOCKER, *args], capture_output=True, text=True,  # noqa: E731
+                                       timeout=300, cwd=tmp_path, env={**os.environ, **env})
+    proc = run("report", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert (folder / "report" / "report.html").is_file() and str(folder / "report" / "report.html") in proc.stdout
+    proc = run("compare", str(folder), str(result))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "comparison" / "report.html").is_file()
+    assert not any((tmp_path / "cache").iterdir())
+
+
+# --------------------------------------------------------------------------- the model contract
+
+
+def test_grouped_query_heads_show_their_kv_map(result, tmp_path):
+    folder = _copy(result, tmp_path / "result")
+    prov = json.loads((folder / "provenance.json").read_text())
+    contract = prov["model"]["contract"]
+    contract.update({"n_kv_heads": 2, "kv_head_of_query": [0, 0, 1, 1]})
+    for stack in contract["stacks"].values():
+        stack.update({"n_kv_heads": 2, "kv_head_of_query": [0, 0, 1, 1]})
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    html = build_report(folder).html.read_text(encoding="utf-8")
+    assert "q0-&gt;kv0, q1-&gt;kv0, q2-&gt;kv1, q3-&gt;kv1" in html and "GQA" in html
+    assert "black lines separate query heads sharing a key/value head" in html
+    plain = build_report(result, tmp_path / "plain").html.read_text(encoding="utf-8")
+    assert "MHA" in plain and "-&gt;kv" not in plain
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_puts_studies_side_by_side(result, tmp_path):
+    other = _copy(result, tmp_path / "other")
+    record = json.loads((other / "study.json").read_text())
+    record["study"]["name"] = "second"
+    (other / "study.json").write_text(json.dumps(record))
+    for path in other.iterdir():
+        if path.suffix in (".parquet", ".json") and path.name != "study.json":
+            path.unlink()
+    files = build_comparison([result, other], tmp_path / "cmp")
+    studies = pd.read_csv(tmp_path / "cmp" / "tables" / "studies.csv")
+    verdict = json.loads((result / "verdict.json").read_text())
+    assert list(studies.study) == ["tiny-report", "second"]
+    assert list(studies.answer) == [verdict["answer"], "(pending)"] and studies.status.iloc[1] == "partial 3/3"
+    per_layer = pd.read_csv(tmp_path / "cmp" / "tables" / "per_layer.csv")
+    assert set(per_layer.explainer) == {"attention", "attention_mean", "rollout"}
+    assert set(per_layer.study) == {"tiny-report", "second"} and set(per_layer.layer) == {0, 1}
+    html = files.html.read_text(encoding="utf-8")
+    assert _section_ids(html) == ["studies", "layers"] and html.count("<img ") == 1
+    assert verdict["headline"].split(":")[0] in html
+    proc = _cli("compare", str(result), str(other), cwd=tmp_path)  # default out: ./comparison
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "comparison" / "report.md").is_file() and (tmp_path / "comparison" / "figures" / "per_layer.png").is_file()
+
+
+def test_report_method_families_match_the_method_registry():
+    from probe.explain import methods
+    from probe.report import results
+
+    assert results.ATTENTION_METHODS == methods.ATTENTION_METHODS
+    assert results.GRADIENT_METHODS == methods.GRADIENT_METHODS
+    assert results.INTERVENTION_METHODS == methods.INTERVENTION_METHODS
+
+
+# --------------------------------------------------------------------------- a real browser
+
+
+def _browser():
+    if os.environ.get("PROBE_SKIP_BROWSER") == "1":
+        pytest.skip("PROBE_SKIP_BROWSER=1")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.fail("the browser test needs Debian's chromium and chromedriver: "
+                    "apt-get install -y chromium chromium-driver (or set PROBE_SKIP_BROWSER=1)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("the browser test needs selenium: pip install -e '.[test]' (or set PROBE_SKIP_BROWSER=1)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000",
+                "--hide-scrollbars"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def test_report_renders_in_a_headless_browser(injected):
+    browser = _browser()
+    try:
+        browser.get(injected.html.resolve().as_uri())
+        state = browser.execute_script(
+            "return {ready: document.readyState, scripts: document.scripts.length,"
+            " images: Array.from(document.images).map(i => [i.complete, i.naturalWidth]),"
+            " sections: Array.from(document.querySelectorAll('section')).map(s => s.id),"
+            " text: document.body.innerText}")
+        severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1280, min(int(height), 12000))
+        browser.save_screenshot(str(injected.out_dir / "report.png"))
+    finally:
+        browser.quit()
+    assert state["ready"] == "complete" and not severe, severe
+    assert state["scripts"] == 0  # the injected <script> is text, not an element
+    assert len(state["images"]) == len(injected.figures) and all(ok and w > 0 for ok, w in state["images"])
+    assert state["sections"] == ALL_SECTIONS and INJECTED in state["text"]
+    assert (injected.out_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
