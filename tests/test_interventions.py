@@ -467,3 +467,55 @@ def test_erasure_rejects_bad_bins_and_per_head_rankings(models):
         erasure(Engine(pm), examples, {"random": random_ranking(examples)})
     with pytest.raises(InputError, match="token_budget"):
         Engine(pm, token_budget=0)
+
+
+@pytest.mark.parametrize("kind,reuse", [("bert", False), ("llama_gqa", False), ("llama_gqa", True)])
+def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse):
+    """A batch that runs out of memory is halved and retried: same values, each row stored once."""
+    from probe.intervene.engine import Engine
+
+    pm = loaded(kind)
+    examples = prepare(pm, ["the movie was good and fun", "bad film , not fun at all", "i loved the acting"])
+    rows = [(e.input_ids[:t] + e.input_ids[t + 1:], e) for e in examples for t in range(1, len(e.input_ids) - 1)]
+    rows += [(list(e.input_ids), e) for e in examples]
+    expected = Engine(pm).values(rows, reuse_prefix=reuse)
+
+    model = pm.model
+    original_forward = model.forward
+    calls = {"failed": 0}
+
+    def forward(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[0] > 3:
+            calls["failed"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original_forward(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        engine = Engine(pm)
+        got = engine.values(rows, reuse_prefix=reuse)
+    finally:
+        del model.forward
+    assert calls["failed"] > 0 and engine.stats.oom_splits > 0
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert engine.stats.rows_evaluated == len({(tuple(ids), id(e)) for ids, e in rows})
+
+
+def test_a_single_row_that_does_not_fit_is_a_clear_error(loaded):
+    from probe.errors import ProbeError
+    from probe.intervene.engine import Engine
+
+    pm = loaded("bert")
+    examples = prepare(pm, ["the movie was good"])
+    model = pm.model
+
+    def forward(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    model.forward = forward
+    try:
+        with pytest.raises(ProbeError, match="out of memory on a single batch item"):
+            Engine(pm).values([(examples[0].input_ids, examples[0])])
+    finally:
+        del model.forward

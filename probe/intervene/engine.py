@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.errors import InputError
+from probe.errors import InputError, ProbeError
 from probe.explain.target import PreparedExample, RowBatch, build_rows, target_values
 
 Row = tuple[tuple[int, ...], PreparedExample]
@@ -78,9 +78,48 @@ class EngineStats:
     prefix_passes: int = 0  # calls over original inputs that produced prefix caches
     prefix_rows: int = 0  # rows evaluated as a suffix on top of a cached prefix
     seconds: float = 0.0  # wall time spent in model calls
+    oom_splits: int = 0  # batches that ran out of memory and were halved and retried
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's / a backend's "out of memory" RuntimeError."""
+    if isinstance(error, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def free_memory(device) -> None:
+    import gc
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def halving(items: list, run, stats: EngineStats | None = None, device="cpu", what: str = "rows") -> None:
+    """``run(items)``; when it runs out of memory, free what can be freed and run each half in turn
+    (recursively). ``run`` must store its results only once it has them all, so a failed attempt
+    leaves nothing behind and a retried item is computed exactly once. One item that does not fit
+    is an error."""
+    try:
+        run(items)
+        return
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
+        if not is_out_of_memory(error):
+            raise
+        if len(items) <= 1:
+            raise ProbeError(f"out of memory on a single batch item ({what}) on {device}: use a smaller dtype "
+                             "(--dtype bf16), a shorter text, or a device with more memory") from None
+    free_memory(device)
+    if stats is not None:
+        stats.oom_splits += 1
+    half = len(items) // 2
+    halving(items[:half], run, stats, device, what)
+    halving(items[half:], run, stats, device, what)
 
 
 def target_key(example: PreparedExample) -> tuple:
@@ -327,9 +366,12 @@ class Engine:
         for items in by_kind.values():
             for batch in self._pack([self._padded_length(row) for _, row in items]):
                 plans.append([items[i] for i in batch])
-        for keyed in self._iterate(plans, "rows"):
+        def run(keyed):
             values, labels = self._forward([row for _, row in keyed])
             self._store(keyed, values, labels)
+
+        for keyed in self._iterate(plans, "rows"):
+            halving(keyed, run, self.stats, self.pm.device)
 
     def _iterate(self, plans, unit: str):
         if not self.progress:
@@ -435,10 +477,15 @@ class Engine:
         # as few prefix passes as the budget allows: the suffix rows of the examples of one
         # prefix pass are batched together, so fewer, larger prefix batches mean fuller suffix batches
         prefix_batches = self._pack(lengths, call_overhead_tokens=1e9)
-        for chunk in self._iterate([[needed[i] for i in b] for b in prefix_batches], "prefix batches"):
+        def run(chunk):
             kv, slot_of = self._prefix_pass(chunk, [examples[e] for e in chunk], originals, wanted)
-            self._suffix_passes([item for item in suffix_items if id(item[1][1]) in slot_of], kv, slot_of)
+            # a retried half skips the rows an earlier, interrupted attempt already stored
+            self._suffix_passes([item for item in suffix_items if id(item[1][1]) in slot_of and item[0] not in self._cache],
+                                kv, slot_of)
             del kv
+
+        for chunk in self._iterate([[needed[i] for i in b] for b in prefix_batches], "prefix batches"):
+            halving(chunk, run, self.stats, self.pm.device, "examples")
 
     def _prefix_pass(self, chunk: list[int], chunk_examples: list[PreparedExample],
                      originals: dict[int, tuple[int, ...]], wanted: set) -> tuple[list, dict[int, int]]:
@@ -502,34 +549,39 @@ class Engine:
         return best_plan or []
 
     def _suffix_passes(self, items: list[tuple[tuple, Row, int]], kv: list, slot_of: dict[int, int]) -> None:
+        device = self.pm.device
+        for members in self._plan_suffixes(items):
+            halving([items[r] for r in members], lambda chosen: self._suffix_batch(chosen, kv, slot_of),
+                    self.stats, device)
+
+    def _suffix_batch(self, chosen: list[tuple[tuple, Row, int]], kv: list, slot_of: dict[int, int]) -> None:
+        """One batch of suffix rows over their examples' cached prefixes (see :meth:`_evaluate_prefix_reuse`)."""
         from transformers import DynamicCache
 
         device = self.pm.device
-        for members in self._plan_suffixes(items):
-            chosen = [items[r] for r in members]
-            shared = torch.tensor([c for _, _, c in chosen], device=device)  # [rows]
-            depth = int(shared.max())  # P: cache slots every row of the batch gets
-            slots = torch.tensor([slot_of[id(example)] for _, (_, example), _ in chosen], device=device)
-            # per layer [rows, kv_heads, P, head_dim]; a row's slots >= its c hold later tokens of
-            # its original and are masked out below
-            layers = [(k[:, :, :depth].index_select(0, slots), v[:, :, :depth].index_select(0, slots)) for k, v in kv]
-            cache = DynamicCache(ddp_cache_data=layers, config=self.pm.model.config) if depth else None
-            batch = build_rows(self.pm, [(list(ids[c:]), example) for _, (ids, example), c in chosen])
-            m, width = batch.inputs["input_ids"].shape  # [rows, suffix width]
-            steps = torch.arange(width, device=device)
-            prefix_mask = (torch.arange(depth, device=device)[None, :] < shared[:, None])  # [rows, P]
-            attention_mask = torch.cat([prefix_mask.to(batch.inputs["attention_mask"].dtype),
-                                        batch.inputs["attention_mask"]], dim=1)  # [rows, P + width]
-            # real suffix tokens sit at c + i; padding slots get position c (any valid position: masked)
-            position_ids = torch.where(batch.inputs["attention_mask"].bool(), shared[:, None] + steps[None, :],
-                                       shared[:, None])  # [rows, width]
-            kwargs = {"input_ids": batch.inputs["input_ids"], "attention_mask": attention_mask,
-                      "position_ids": position_ids, "cache": cache, "use_cache": cache is not None}
-            batch = self._trim(batch, kwargs)
-            started = time.perf_counter()
-            with eval_no_grad(self.pm.model):
-                logits = self.pm.model(**kwargs).logits
-            self._count(started, m * width)
-            self.stats.prefix_rows += m
-            values = target_values(self.pm, batch, logits).float().cpu()  # [rows]
-            self._store([(key, row) for key, row, _ in chosen], values, None)
+        shared = torch.tensor([c for _, _, c in chosen], device=device)  # [rows]
+        depth = int(shared.max())  # P: cache slots every row of the batch gets
+        slots = torch.tensor([slot_of[id(example)] for _, (_, example), _ in chosen], device=device)
+        # per layer [rows, kv_heads, P, head_dim]; a row's slots >= its c hold later tokens of
+        # its original and are masked out below
+        layers = [(k[:, :, :depth].index_select(0, slots), v[:, :, :depth].index_select(0, slots)) for k, v in kv]
+        cache = DynamicCache(ddp_cache_data=layers, config=self.pm.model.config) if depth else None
+        batch = build_rows(self.pm, [(list(ids[c:]), example) for _, (ids, example), c in chosen])
+        m, width = batch.inputs["input_ids"].shape  # [rows, suffix width]
+        steps = torch.arange(width, device=device)
+        prefix_mask = (torch.arange(depth, device=device)[None, :] < shared[:, None])  # [rows, P]
+        attention_mask = torch.cat([prefix_mask.to(batch.inputs["attention_mask"].dtype),
+                                    batch.inputs["attention_mask"]], dim=1)  # [rows, P + width]
+        # real suffix tokens sit at c + i; padding slots get position c (any valid position: masked)
+        position_ids = torch.where(batch.inputs["attention_mask"].bool(), shared[:, None] + steps[None, :],
+                                   shared[:, None])  # [rows, width]
+        kwargs = {"input_ids": batch.inputs["input_ids"], "attention_mask": attention_mask,
+                  "position_ids": position_ids, "cache": cache, "use_cache": cache is not None}
+        batch = self._trim(batch, kwargs)
+        started = time.perf_counter()
+        with eval_no_grad(self.pm.model):
+            logits = self.pm.model(**kwargs).logits
+        self._count(started, m * width)
+        self.stats.prefix_rows += m
+        values = target_values(self.pm, batch, logits).float().cpu()  # [rows]
+        self._store([(key, row) for key, row, _ in chosen], values, None)
