@@ -519,3 +519,31 @@ def test_a_single_row_that_does_not_fit_is_a_clear_error(loaded):
             Engine(pm).values([(examples[0].input_ids, examples[0])])
     finally:
         del model.forward
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama_gqa"])
+def test_device_map_auto_gives_the_same_results(tiny_dirs, loaded, kind):
+    """Loaded with accelerate's device_map="auto" (all on the CPU here), capture, gradients and
+    interventions give what the plain load gives. Spreading over several GPUs is left to the GPU check."""
+    from probe.explain.methods import run_methods
+    from probe.intervene.counterfactual import permuted_attention
+    from probe.intervene.heads import head_ablation_effects
+    from probe.models import load_model
+
+    plain = loaded(kind)
+    mapped = load_model(str(tiny_dirs[kind]), device_map="auto")
+    texts = ["the movie was good and fun", "bad film , not fun"]
+    methods = ["attention", "rollout", "attn_norm", "saliency", "integrated_gradients", "loo_delete"]
+    results = []
+    for pm in (plain, mapped):
+        examples = prepare(pm, texts)
+        scores = run_methods(pm, examples, methods, params={"integrated_gradients": {"steps": 8}})
+        heads = head_ablation_effects(pm, examples).change
+        perm = permuted_attention(pm, examples, layer=0, n=3).output_tvd
+        results.append((scores, heads, perm))
+    (s0, h0, p0), (s1, h1, p1) = results
+    for method in methods:
+        for a, b in zip(s0[method].scores, s1[method].scores):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(h0, h1, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(p0, p1, rtol=1e-5, atol=1e-6)

@@ -147,6 +147,10 @@ class _Session:
         self.keep_grad = keep_grad
         self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.calls: dict[tuple[str, int], int] = {}
+        # where the model's inputs live (its first parameter): records and editors work there, so a
+        # model spread over devices (device_map="auto") gives maps on one device and editors whose
+        # own tensors (gates, replacement rows) meet the weights on the device they were made on
+        self.home = next(model.parameters()).device
 
     def _wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
@@ -201,10 +205,11 @@ class _Session:
                                          is_causal=is_causal, rows=None, device=query.device)
             scores = amath.attention_scores(query, key, scaling=scaling, position_bias=position_bias, softcap=softcap)
             weights, has_keys = amath.masked_softmax(scores, allowed)
+            home = self.home
             context = EditContext(stack=stack, layer=layer, module=module,
-                                  query_index=rows if rows is not None else torch.arange(q_len, device=query.device).expand(batch, q_len),
-                                  allowed=allowed)
-            weights = editor(weights, context)
+                                  query_index=(rows if rows is not None else torch.arange(q_len, device=query.device).expand(batch, q_len)).to(home),
+                                  allowed=allowed.to(home) if allowed is not None else None)
+            weights = editor(weights.to(home), context).to(query.device)
             output = amath.attention_output(weights, value)
             if wants:
                 self._store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
@@ -234,7 +239,7 @@ class _Session:
         has_keys = has_keys.expand(batch, *has_keys.shape[1:]).any(dim=1)  # [batch, rows]
         if rows is None:
             rows = torch.arange(q_len, device=picked.device).expand(batch, q_len)
-        self.records[place] = (picked, rows, has_keys)
+        self.records[place] = (picked.to(self.home), rows.to(self.home), has_keys.to(self.home))
 
 
 class Capture:
