@@ -35,6 +35,14 @@ def resolve_device(device: str | None):
     return parsed
 
 
+def check_dtype_on_device(dtype, device) -> None:
+    """Refuse a dtype the device cannot run (bf16 on a GPU without bf16 support)."""
+    import torch
+
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise InputError(f"{torch.cuda.get_device_name(device)} cannot run bf16: use --dtype fp16 or fp32")
+
+
 def resolve_dtype(dtype: str | None):
     import torch
 
@@ -138,6 +146,7 @@ def load_model(
     started = time.perf_counter()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
+    check_dtype_on_device(torch_dtype, torch_device)
     if task is not None and task not in TASKS:
         raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     metadata: dict = {}
