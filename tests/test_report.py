@@ -105,6 +105,9 @@ def test_html_is_one_self_contained_file(report):
     assert not re.search(r"(src|href)=\"(https?:|//|file:)", html)
     assert "@import" not in html and "url(" not in html
     assert 'href="#verdict"' in html  # the table of contents
+    mask = os.umask(0)
+    os.umask(mask)
+    assert report.html.stat().st_mode & 0o777 == 0o666 & ~mask  # as an ordinary file, not mkstemp's 0600
 
 
 def test_markdown_and_figures_next_to_it(report):
@@ -381,6 +384,16 @@ def test_compare_puts_studies_side_by_side(result, tmp_path):
     proc = _cli("compare", str(result), str(other), cwd=tmp_path)  # default out: ./comparison
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "comparison" / "report.md").is_file() and (tmp_path / "comparison" / "figures" / "per_layer.png").is_file()
+
+
+def test_report_bootstrap_equals_the_metrics_bootstrap():
+    from probe.metrics.statistics import bootstrap_ci
+    from probe.report.analysis import bootstrap_ci as report_ci
+
+    values = np.random.default_rng(2).normal(size=41)
+    values[[3, 9]] = np.nan
+    assert report_ci(values, n_boot=300, seed=5) == bootstrap_ci(values, n_boot=300, seed=5)
+    assert np.isnan(report_ci([1.0], n_boot=300)).all()
 
 
 def test_report_method_families_match_the_method_registry():

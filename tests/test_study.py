@@ -328,3 +328,20 @@ def test_real_model_study_ceiling_beats_random(tmp_path):
     assert verdict["layer_units"]["total"] == 12  # attention_mean and rollout at each of 6 layers
     prov = json.loads((tmp_path / "real" / "provenance.json").read_text())
     assert prov["accuracy"] >= 0.6 and prov["model"]["builtin"]
+
+
+def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
+    _, _, out = full_run
+    paired = pd.read_parquet(out / "paired.parquet")
+    agreement = pd.read_parquet(out / "agreement.parquet")
+    best = json.loads((out / "verdict.json").read_text())["best_gradient"]["explainer"]
+    assert paired.diff_vs_gradient.notna().all() and (paired.vs_gradient == best).all()
+    ref = agreement[agreement.reference == "loo_delete"]
+    unit = ref[(ref.explainer == "attention_mean") & (ref.layer == 1)].set_index("example").kendall_tau
+    grad = ref[(ref.explainer == best)].set_index("example").kendall_tau
+    x, y = unit.align(grad, join="inner")
+    diff = (x - y).dropna()
+    row = paired[(paired.explainer == "attention_mean") & (paired.layer == 1)]
+    assert row.diff_vs_gradient.item() == pytest.approx(diff.mean())
+    assert row.wilcoxon_p.item() == pytest.approx(scipy.stats.wilcoxon(diff.to_numpy()).pvalue)
+    assert row.tracks.item() == (row.above_random.item() and not (diff.mean() < 0 and row.wilcoxon_p.item() <= 0.05))

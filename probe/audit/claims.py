@@ -522,7 +522,7 @@ def _validate(data: Any, *, source: str, root: yaml.Node | None, base_dir: Path 
             node, _, found = _walk(root, ("claims", i))
             if found:
                 lines[(i, None)] = node.start_mark.line + 1
-            for key in claim.model_fields:
+            for key in type(claim).model_fields:
                 node, key_node, found = _walk(root, ("claims", i, key))
                 if found and key_node is not None:
                     lines[(i, key)] = key_node.start_mark.line + 1

@@ -94,8 +94,10 @@ def _model_line(data: dict) -> str:
 # ------------------------------------------------------------------------------------------ markdown
 
 
-def _md(text) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+def _md(text, table: bool = False) -> str:
+    """One line of Markdown text; in a table cell ``|`` is escaped too."""
+    text = " ".join(str(text).split())
+    return text.replace("\\", "\\\\").replace("|", "\\|") if table else text
 
 
 def render_markdown(data: dict) -> str:
@@ -103,7 +105,7 @@ def render_markdown(data: dict) -> str:
              "| # | verdict | claim | kind | effect | 95% CI | threshold | n |",
              "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(data["claims"], 1):
-        lines.append(f"| {i} | **{c['verdict']}** | {_md(c['claim'])} | {c['kind']} | {_num(c['effect'])} | "
+        lines.append(f"| {i} | **{c['verdict']}** | {_md(c['claim'], True)} | {c['kind']} | {_num(c['effect'])} | "
                      f"{_ci(c['ci'])} | {_num(c['threshold'])} | {c['n']} |")
     for i, c in enumerate(data["claims"], 1):
         lines += ["", f"## {i}. {c['verdict'].upper()}: {_md(c['claim'])}", "",
@@ -120,7 +122,8 @@ def render_markdown(data: dict) -> str:
                 continue
             lines += ["", f"Most {side}:", "", "| id | effect | text | details |", "|---|---|---|---|"]
             for e in entries:
-                lines.append(f"| {_md(e['id'])} | {_num(e['effect'])} | {_md(_short(e['text']))} | {_md(_detail(e))} |")
+                lines.append(f"| {_md(e['id'], True)} | {_num(e['effect'])} | {_md(_short(e['text']), True)} | "
+                             f"{_md(_detail(e), True)} |")
     return "\n".join(lines) + "\n"
 
 

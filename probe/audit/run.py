@@ -203,6 +203,7 @@ class _Context:
         info = pm.contract.stacks[self.stack]
         self.n_layers, self.n_heads = info.n_layers, info.n_heads
         self._scores: dict = {}
+        self._ablations: dict[int, np.ndarray] = {}
         self._texts: dict[int, list[str]] = {}
 
     def judge(self, values, rule) -> Judgement:
@@ -258,6 +259,15 @@ class _Context:
             out.append(v.double().numpy())
         return out
 
+    def layer_ablation(self, layer: int) -> np.ndarray:
+        """[example, 1 + heads]: the target unablated, then with each head of ``layer`` ablated alone."""
+        if layer not in self._ablations:
+            from probe.intervene.heads import ablate_heads
+
+            ablations = [[]] + [[(layer, h)] for h in range(self.n_heads)]
+            self._ablations[layer] = ablate_heads(self.pm, self.examples, ablations, stack=self.stack).double().numpy()
+        return self._ablations[layer]
+
     def reference(self, method: str) -> list[np.ndarray]:
         return [s.double().numpy() for s in self.scores(method).scores]
 
@@ -287,7 +297,7 @@ def _summary(ctx: _Context, values) -> dict:
 
 
 def _result(claim, judgement: Judgement, *, measure: str, rule, intervention: str, evidence: dict,
-            verdict: str | None = None, n_needed=None) -> ClaimResult:
+            verdict: str | None = None, n_needed=None, rule_text: str | None = None) -> ClaimResult:
     verdict = verdict or judgement.verdict
     evidence = dict(evidence)
     evidence["std"] = judgement.std
@@ -295,7 +305,7 @@ def _result(claim, judgement: Judgement, *, measure: str, rule, intervention: st
         evidence["n_needed"] = judgement.n_needed if n_needed is None else n_needed
     settings = claim.model_dump(mode="json", exclude={"claim", "kind"})
     return ClaimResult(claim=claim.claim, kind=claim.kind, verdict=verdict, effect=judgement.mean, ci=judgement.ci,
-                       n=judgement.n, threshold=judgement.threshold, measure=measure, rule=rule.describe(),
+                       n=judgement.n, threshold=judgement.threshold, measure=measure, rule=rule_text or rule.describe(),
                        intervention=intervention, evidence=evidence, settings=settings)
 
 
@@ -456,8 +466,6 @@ def specific_tokens(ctx: _Context, claim: SpecificTokensClaim, index: int) -> Cl
 
 
 def head_role(ctx: _Context, claim: HeadRoleClaim, index: int) -> ClaimResult:
-    from probe.intervene.heads import ablate_heads
-
     layer_value, head = claim.site
     layer = ctx.layer(layer_value, index, "head")
     ctx.head(head, index, "head")
@@ -470,8 +478,7 @@ def head_role(ctx: _Context, claim: HeadRoleClaim, index: int) -> ClaimResult:
         if not any(m.any() for m in found):
             raise InputError(f"{ctx.file.where(index, 'attends_to')}: attends_to {claim.attends_to!r} matches no "
                              f"token in any of the {len(ctx.examples)} examples searched; check the pattern")
-    ablations = [[]] + [[(layer, h)] for h in range(ctx.n_heads)]
-    values = ablate_heads(ctx.pm, ctx.examples, ablations, stack=ctx.stack).double().numpy()  # [example, 1 + heads]
+    values = ctx.layer_ablation(layer)  # [example, 1 + heads]
     change = np.abs(values[:, :1] - values[:, 1:])  # [example, heads]
     others = np.delete(change, head, axis=1).mean(axis=1)
     effects = change[:, head] - others
@@ -502,15 +509,24 @@ def head_role(ctx: _Context, claim: HeadRoleClaim, index: int) -> ClaimResult:
                 excess[i] = share - uniform
                 details[i].update({"attention_share_matched": share, "uniform_share_matched": uniform})
         second = ctx.judge(excess, RULES["head_role"])
+        shares = [d["attention_share_matched"] for d in details if "attention_share_matched" in d]
+        uniforms = [d["uniform_share_matched"] for d in details if "uniform_share_matched" in d]
+        evidence["ablation_verdict"] = j.verdict
         evidence["attends_to"] = {"pattern": claim.attends_to, "measure": "the head's attention share on matching "
-                                  "tokens minus their uniform share", **second.to_dict()}
+                                  "tokens minus their uniform share", **second.to_dict(),
+                                  "attention_share": float(np.mean(shares)) if shares else None,
+                                  "uniform_share": float(np.mean(uniforms)) if uniforms else None}
         verdict = conjunction(j.verdict, second.verdict)
         if verdict == "inconclusive":
             parts = [p.n_needed for p in (j, second) if p.verdict == "inconclusive" and p.n_needed is not None]
             needed = max(parts) if parts else None
         measure += f"; and it attends to {claim.attends_to!r} more than uniformly (both must hold)"
     evidence.update(_evidence_examples(ctx, effects, details))
-    return _result(claim, j, measure=measure, rule=RULES["head_role"],
+    rule_text = RULES["head_role"].describe()
+    if matcher is not None:
+        rule_text = (f"both parts judged alike ({rule_text}); supported if both are supported, refuted if either "
+                     "is refuted, inconclusive otherwise")
+    return _result(claim, j, measure=measure, rule=RULES["head_role"], rule_text=rule_text,
                    intervention=f"ablate head {layer}.{head} (attention weights zeroed) vs each other head of layer "
                                 f"{layer} alone", evidence=evidence, verdict=verdict, n_needed=needed)
 

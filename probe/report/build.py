@@ -91,12 +91,22 @@ class _Writer:
         return f"tables/{name}.csv"
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def _atomic_text(path: Path, text: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8") if isinstance(text, str) else text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a report is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -429,9 +439,9 @@ def _heads_section(r: StudyResult, w: _Writer) -> Section:
                 maps[title] = grid
         if maps:
             blocks.append(w.figure("heads", fg.head_maps(maps, _kv_map(r)),
-                                   "Per layer x head: the effect of ablating the head on the target, beside the "
-                                   "attention weight the head puts on the verdict reference's three most important "
-                                   "tokens (summed per example, averaged)."))
+                                   "Per layer x head: " + "; ".join(maps) + ". Attention on the top-3 tokens is the "
+                                   "weight the head puts on the verdict reference's three most important tokens, "
+                                   "summed per example and averaged."))
         if "top3_attention" not in table.columns:
             blocks.append(Para("Attention on the reference's top-3 tokens needs the per-head `attention` explainer, "
                                "which is not part of this study.", "note"))

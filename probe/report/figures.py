@@ -246,8 +246,8 @@ def head_maps(maps: dict[str, np.ndarray], kv_of_query=None) -> bytes:
     """Side-by-side layer x head maps (ablation effect, importance, attention on top-3 tokens)."""
     names = list(maps)
     n_layers, n_heads = next(iter(maps.values())).shape
-    cell_w = max(3.4, min(6.0, 0.45 * n_heads + 1.6))
-    cell_h = max(2.6, min(7.5, 0.28 * n_layers + 1.2))
+    cell_w = max(3.4, min(5.0, 0.32 * n_heads + 1.6))
+    cell_h = max(3.2, min(7.5, 0.28 * n_layers + 1.2))
     fig = _figure(cell_w * len(names) + 0.5, cell_h + 0.4)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     annotate = n_layers * n_heads * len(names) <= ANNOTATE_MAX

@@ -75,7 +75,7 @@ def _unit_name(row) -> str:
 
 def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer: int, head: int, measure: str) -> pd.Series:
     sel = agreement[(agreement.explainer == explainer) & (agreement.reference == reference)
-                    & (agreement.layer == layer) & (agreement.head == head)]
+                    & (agreement.layer == layer) & (agreement["head"] == head)]
     return sel.set_index("example")[measure]
 
 
