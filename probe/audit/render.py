@@ -101,7 +101,10 @@ def _md(text, table: bool = False) -> str:
 
 
 def render_markdown(data: dict) -> str:
-    lines = [f"# Attention audit: {_md(data['source'])}", "", _md(_model_line(data)), "",
+    lines = [f"# Attention audit: {_md(data['source'])}", ""]
+    if data.get("description"):
+        lines += [_md(data["description"]), ""]
+    lines += [_md(_model_line(data)), "",
              "| # | verdict | claim | kind | effect | 95% CI | threshold | n |",
              "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(data["claims"], 1):
@@ -181,7 +184,9 @@ def _bar(c: dict) -> str:
 def render_html(data: dict) -> str:
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>Attention audit: {_e(data['source'])}</title>", f"<style>{_CSS}</style></head><body>",
-           f"<h1>Attention audit: {_e(data['source'])}</h1>", f'<p class="meta">{_e(_model_line(data))}</p>',
+           f"<h1>Attention audit: {_e(data['source'])}</h1>",
+           f"<p>{_e(data['description'])}</p>" if data.get("description") else "",
+           f'<p class="meta">{_e(_model_line(data))}</p>',
            "<table><tr><th>#</th><th>verdict</th><th>claim</th><th>kind</th><th>effect</th><th>95% CI</th>"
            "<th>threshold</th><th>n</th><th>CI vs threshold</th></tr>"]
     for i, c in enumerate(data["claims"], 1):

@@ -110,12 +110,13 @@ class AuditResult:
     data: dict
     statistics: dict
     source: str
+    description: str = ""
     seconds: float = 0.0
     out_dir: Path | None = None
     files: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return _clean({"source": self.source, "model": self.model, "data": self.data, "statistics": self.statistics,
+        return _clean({"source": self.source, "description": self.description, "model": self.model, "data": self.data, "statistics": self.statistics,
                        "claims": [c.to_dict() for c in self.claims], "seconds": round(self.seconds, 3)})
 
     def write(self, out_dir: str | Path) -> list[Path]:
@@ -643,7 +644,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
         data={**claim_file.data.model_dump(mode="json", exclude={"texts"}), "n_examples": len(items),
               "ids": [e.id for e in items], "target": claim_file.target.model_dump(mode="json")},
         statistics=claim_file.statistics.model_dump(mode="json"),
-        source=claim_file.source, seconds=time.perf_counter() - started)
+        source=claim_file.source, description=claim_file.description, seconds=time.perf_counter() - started)
     if out_dir is not None:
         audit.write(out_dir)
     return audit
