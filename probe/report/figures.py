@@ -171,7 +171,8 @@ def distribution(units: list[dict], bands: dict[str, Band], reference: str, meas
     ax.set_xlim(-0.7, n - 0.3)
     ax.set_ylabel(f"{measure_label(measure)} with {reference} (per example)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mean [CI]", title_fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mean [CI]", title_fontsize=7)
     return _png(fig)
 
 

@@ -506,10 +506,12 @@ def output_folder(study) -> Path:
 
 
 def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = True,
-              log: Callable[[str], None] | None = None, stop_after: int | None = None) -> RunResult:
+              log: Callable[[str], None] | None = None, stop_after: int | None = None,
+              report: bool = True) -> RunResult:
     """Run (or continue) ``study``; returns what was computed and, once complete, the verdict.
 
     ``stop_after``: stop after computing that many batches (for tests of resumption).
+    ``report``: write the HTML/Markdown report (:mod:`probe.report`) once the study is complete.
     """
     from probe.models.loading import load_model
     from probe.study.summary import finalize
@@ -567,6 +569,11 @@ def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = T
     verdict = None
     if all_done and (dist_info is None or dist_info[0] == 0):
         verdict = finalize(store, study, pm, n_batches=len(batches), dropped=dropped, load_seconds=load_seconds)
+        if report:
+            from probe.report import build_report
+
+            files = build_report(out)
+            log(f"report: {files.html}")
     if dist_info is not None:
         import torch.distributed as dist
 
