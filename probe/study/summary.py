@@ -251,7 +251,8 @@ def provenance(store: ResultStore, study, pm, n_batches: int, tables: dict, drop
                   "contract": pm.contract.to_dict()},
         "device": str(pm.device), "dtype": pm.contract.dtype, "attn_implementation": pm.contract.implementation,
         "seed": study.statistics.seed, "dataset_seed": study.dataset.seed, "fingerprint": study.fingerprint(),
-        "examples": n, "batches": n_batches, "left_out": dropped, "accuracy": _accuracy(examples),
+        "examples": n, "batches": n_batches, "left_out": dropped,
+        "accuracy": None if study.target.label is not None else _accuracy(examples),
         "sequence_length": {"mean": float(lengths.mean()), "median": float(lengths.median()),
                             "min": int(lengths.min()), "max": int(lengths.max())},
         "wall_seconds": float(sum(i["wall_s"] for i in infos)), "model_load_seconds": load_seconds,
@@ -267,7 +268,7 @@ def provenance(store: ResultStore, study, pm, n_batches: int, tables: dict, drop
 
 def _accuracy(examples: pd.DataFrame) -> float | None:
     """How often the explained label (the prediction, or the LM's preferred choice) equals the
-    dataset's label; None when either is missing."""
+    dataset's label; None when either is missing (and, by the caller, when the study fixes the label)."""
     known = examples[(examples.label >= 0) & (examples.target_label >= 0)]
     return float((known.label == known.target_label).mean()) if len(known) else None
 
