@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from probe.errors import InputError
 from probe.explain.scores import TokenScores
 from probe.explain.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
+from probe.intervene.engine import _accepts
 
 GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
 BASELINES = ("pad", "zero", "mask", "unk")
@@ -81,8 +82,15 @@ class _EmbeddingForward:
         full = torch.where(self.explained[row][..., None], padded, self.fixed[row])  # [n, seq, dim]
         inputs = {key: value[row] for key, value in self.batch.inputs.items() if key != "input_ids"}
         inputs["inputs_embeds"] = full.to(_model_dtype(self.pm))
+        selected = _select_rows(self.batch, row)
+        if self.pm.task == "causal_lm" and _accepts(self.pm.model, "logits_to_keep"):
+            # project only the target positions onto the vocabulary (same values, far less memory)
+            inputs["logits_to_keep"] = selected.target_positions  # [n, n_target]
+            n, n_target = selected.target_positions.shape
+            kept = torch.arange(n_target, device=selected.target_positions.device).expand(n, n_target)
+            selected = dataclasses.replace(selected, target_positions=kept)
         logits = self.pm.model(**inputs).logits
-        return target_values(self.pm, _select_rows(self.batch, row), logits)  # [n] fp32
+        return target_values(self.pm, selected, logits)  # [n] fp32
 
 
 def _select_rows(batch: RowBatch, row: torch.Tensor) -> RowBatch:
@@ -259,7 +267,7 @@ def _values(problem: _EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
 
 
 def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: str = "pad", steps: int = 50,
-                         rule: str = "gausslegendre", internal_batch_size: int | None = 256,
+                         rule: str = "gausslegendre", internal_batch_size: int | str | None = "auto",
                          keep_special: bool = False) -> TokenScores:
     """captum ``IntegratedGradients`` from ``baseline`` to the word embeddings; scores sum over dim.
 
@@ -267,7 +275,8 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
     an experimental factor (PROTOCOLS.md: it moves tau by > 0.1), so it is in ``params``.
     ``steps`` points of the ``rule`` quadrature (captum's default Gauss-Legendre converges far
     faster than Riemann sums). ``internal_batch_size``: at most this many (row, step) inputs per
-    forward/backward; all rows go together, so a chunk holds ``max(1, internal_batch_size // rows)``
+    forward/backward ("auto": as many as fit :data:`GRADIENT_TOKEN_BUDGET` tokens, since the
+    activations kept for the backward pass grow with tokens); all rows go together, so a chunk holds ``max(1, internal_batch_size // rows)``
     steps of every row (None: all steps in one pass).
 
     ``extras``: ``convergence_delta`` per example = sum of attributions - (f(x) - f(baseline)),
@@ -294,7 +303,7 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
             problem.embeds.clone().requires_grad_(), baselines=base, additional_forward_args=(problem.rows,), n_steps=steps,
             method=rule,
             # captum splits steps, never rows, and refuses a chunk smaller than the rows
-            internal_batch_size=None if internal_batch_size is None else max(internal_batch_size, rows),
+            internal_batch_size=None if internal_batch_size is None else max(_chunk(problem, internal_batch_size), rows),
         ).detach().float()  # [rows, width, dim]
     attributions = attributions * problem.mask[..., None]
     scores = attributions.sum(dim=-1)  # [rows, width]
@@ -311,9 +320,23 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
                        extras=extras)
 
 
+#: Tokens (rows x model input width) one gradient forward/backward may hold when the chunk size is
+#: "auto": the activations kept for the backward pass grow with tokens x layers x hidden size
+#: (about 0.2 MB a token for MiniLM, 1.4 MB for SmolLM2-135M in fp32).
+GRADIENT_TOKEN_BUDGET = 4096
+
+
+def _chunk(problem: "_EmbeddingForward", internal_batch_size: int | str) -> int:
+    if internal_batch_size == "auto":
+        return max(1, GRADIENT_TOKEN_BUDGET // max(1, problem.fixed.shape[1]))
+    return int(internal_batch_size)
+
+
 def _check_internal_batch_size(value) -> None:
+    if value == "auto":
+        return
     if value is not None and (not isinstance(value, int) or value < 1):
-        raise InputError(f"internal_batch_size must be a positive integer or None, got {value!r}")
+        raise InputError(f"internal_batch_size must be a positive integer, auto or None, got {value!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -323,7 +346,7 @@ def _check_internal_batch_size(value) -> None:
 
 def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Sequence[str] = "pad",
                   n_samples: int = 20, noise: float = 0.1, seed: int = 0,
-                  internal_batch_size: int | None = 256, keep_special: bool = False) -> TokenScores:
+                  internal_batch_size: int | str | None = "auto", keep_special: bool = False) -> TokenScores:
     """GradientSHAP (Lundberg & Lee 2017, captum's estimator) on the word embeddings.
 
     For each example, ``n_samples`` draws of: a baseline kind from ``baseline`` (uniform), Gaussian
@@ -375,7 +398,7 @@ def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Se
     noisy = (problem.embeds[:, None] + eps * problem.mask[:, None, :, None]).reshape(-1, width, dim)
     points = drawn_base + alpha.reshape(-1, 1, 1) * (noisy - drawn_base)  # [rows * samples, width, dim]
 
-    chunk = len(points) if internal_batch_size is None else internal_batch_size
+    chunk = len(points) if internal_batch_size is None else _chunk(problem, internal_batch_size)
     grads = []
     with _gradient_mode(pm.model):
         saliency_method = Saliency(problem)
