@@ -396,15 +396,6 @@ def test_report_bootstrap_equals_the_metrics_bootstrap():
     assert np.isnan(report_ci([1.0], n_boot=300)).all()
 
 
-def test_report_method_families_match_the_method_registry():
-    from probe.explain import methods
-    from probe.report import results
-
-    assert results.ATTENTION_METHODS == methods.ATTENTION_METHODS
-    assert results.GRADIENT_METHODS == methods.GRADIENT_METHODS
-    assert results.INTERVENTION_METHODS == methods.INTERVENTION_METHODS
-
-
 # --------------------------------------------------------------------------- a real browser
 
 

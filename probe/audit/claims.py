@@ -40,6 +40,7 @@ from probe.study.spec import (
     Float,
     Int,
     ModelSpec,
+    read_yaml_mapping,
     TargetConfig,
     _ctx,
     _dotted,
@@ -432,51 +433,8 @@ def claims_from_dict(data: dict, *, source: str = "<dict>") -> ClaimFile:
 
 
 def _read_yaml(path: Path) -> tuple[Any, yaml.Node]:
-    if not path.exists():
-        raise InputError(f"claim file not found: {path}")
-    if path.is_dir():
-        raise InputError(f"{path} is a directory, not a claim file; give the path of a .yaml claim file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not UTF-8 text; save the claim file as UTF-8 YAML") from None
-    except OSError as exc:
-        raise InputError(f"cannot read claim file {path}: {exc.strerror or exc}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = " ".join(str(exc.problem or exc.context or "unreadable").split())
-        raise InputError(f"{path}{where}: not valid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    finally:
-        loader.dispose()
-    if root is None or data is None:
-        raise InputError(f"{path} is empty; write a claim file with model:, data: and claims:")
-    if not isinstance(data, dict):
-        raise InputError(f"{path} line {root.start_mark.line + 1}: the claim file is {_show(data)}, not a mapping; "
-                         "write it as key: value lines (model:, data:, claims:)")
-    _no_duplicate_keys(root, str(path))
-    return data, root
-
-
-def _no_duplicate_keys(node: yaml.Node, source: str, trail: tuple = ()) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key, value in node.value:
-            name = key.value if isinstance(key, yaml.ScalarNode) else None
-            if name is not None and name in seen:
-                raise InputError(f"{source} line {key.start_mark.line + 1}: duplicate key {name!r} in "
-                                 f"{_dotted(trail) or 'the claim file'}; keep only one of them")
-            seen.add(name)
-            _no_duplicate_keys(value, source, trail + (name if name is not None else "?",))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _no_duplicate_keys(item, source, trail + (i,))
+    return read_yaml_mapping(path, "claim file", "claim file", "write a claim file with model:, data: and claims:",
+                             "model:, data:, claims:")
 
 
 def _raw_heads(data: dict, root: yaml.Node) -> None:

@@ -6,20 +6,16 @@ from collections.abc import Mapping, Sequence
 
 from probe.errors import InputError
 from probe.explain.scores import TokenScores
+from probe.names import ALL_METHODS, ATTENTION_METHODS, GRADIENT_METHODS, INTERVENTION_METHODS, method_family
 
-ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
-GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
-INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
-ALL_METHODS = ATTENTION_METHODS + GRADIENT_METHODS + INTERVENTION_METHODS
+__all__ = ["ALL_METHODS", "ATTENTION_METHODS", "GRADIENT_METHODS", "INTERVENTION_METHODS", "family", "parse_methods",
+           "applicable_methods", "run_method", "run_methods"]
 
 
 def family(method: str) -> str:
-    if method in ATTENTION_METHODS:
-        return "attention"
-    if method in GRADIENT_METHODS:
-        return "gradient"
-    if method in INTERVENTION_METHODS:
-        return "intervention"
+    kind = method_family(method)
+    if kind is not None:
+        return kind
     raise InputError(f"unknown method {method!r}: valid methods are {', '.join(ALL_METHODS)}")
 
 

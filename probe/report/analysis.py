@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from probe.report.results import StudyResult, family
+from probe.names import method_family as family
+from probe.report.results import StudyResult
 
 FAMILY_ORDER = {"attention": 0, "gradient": 1, "intervention": 2, None: 3}
 

@@ -1,7 +1,7 @@
 """Read a study's result folder as it is on disk: finished, or half-way through its batches.
 
 Nothing here imports torch or transformers, or loads a model: a report is rendered from the
-stored tables alone (``probe.explain.methods`` pulls in torch, hence the family table below).
+stored tables alone (method names come from the torch-free :mod:`probe.names`).
 """
 
 from __future__ import annotations
@@ -15,34 +15,9 @@ import numpy as np
 import pandas as pd
 
 from probe.errors import InputError
+from probe.names import measure_columns
 from probe.study.store import FORMAT_VERSION, TABLES
 
-# The method families of probe.explain.methods, kept here so that a report never imports torch
-# (tests/test_report.py checks that both lists agree).
-ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
-GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
-INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
-
-
-def family(method: str) -> str | None:
-    """attention, gradient, intervention, or None (a baseline such as ``random``)."""
-    if method in ATTENTION_METHODS:
-        return "attention"
-    if method in GRADIENT_METHODS:
-        return "gradient"
-    if method in INTERVENTION_METHODS:
-        return "intervention"
-    return None
-
-
-def measure_columns(agreement: pd.DataFrame) -> list[tuple[str, str | None]]:
-    """The agreement measures a table holds, each with its p-value column (or None)."""
-    out = []
-    for col in agreement.columns:
-        if col in ("kendall_tau", "spearman") or (col.startswith("top") and col[3:].isdigit()):
-            p = {"kendall_tau": "kendall_p", "spearman": "spearman_p"}.get(col)
-            out.append((col, p if p in agreement.columns else None))
-    return out
 
 
 @dataclass

@@ -552,16 +552,27 @@ def _dataset_override(dataset: str) -> str:
 
 
 def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    return read_yaml_mapping(path, "study file", "study",
+                             "write a study with at least name, model, dataset, explainers and references",
+                             "name:, model:, dataset:, explainers:, references:, ...")
+
+
+def read_yaml_mapping(path: Path, what: str, top: str, empty_hint: str, keys_hint: str) -> tuple[dict, yaml.Node]:
+    """Read a YAML file whose top level is a mapping, with one-line errors naming the file and line:
+    a missing file, a folder, bad encoding, bad YAML, an empty file, a top level that is not a
+    mapping, a duplicate key. ``what``: e.g. "study file"; ``top``: what the document is called
+    ("study"); ``empty_hint`` / ``keys_hint``: what to write instead.
+    """
     if not path.exists():
-        raise InputError(f"study file not found: {path}")
+        raise InputError(f"{what} not found: {path}")
     if path.is_dir():
-        raise InputError(f"{path} is a directory, not a study file; give the path of a .yaml study file")
+        raise InputError(f"{path} is a directory, not a {what}; give the path of a .yaml {what}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise InputError(f"{path} is not UTF-8 text; save the study file as UTF-8 YAML") from None
+        raise InputError(f"{path} is not UTF-8 text; save the {what} as UTF-8 YAML") from None
     except OSError as exc:
-        raise InputError(f"cannot read study file {path}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -579,31 +590,30 @@ def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     finally:
         loader.dispose()
     if root is None or data is None:
-        raise InputError(f"{path} is empty; write a study with at least name, model, dataset, explainers "
-                         "and references")
+        raise InputError(f"{path} is empty; {empty_hint}")
     if not isinstance(data, dict):
         kind = "a list" if isinstance(data, list) else f"the value {_show(data)}"
-        raise InputError(f"{path} line {root.start_mark.line + 1}: the study is {kind}, not a mapping; "
-                         "write it as key: value lines (name:, model:, dataset:, explainers:, references:, ...)")
-    _check_duplicate_keys(root, str(path))
+        raise InputError(f"{path} line {root.start_mark.line + 1}: the {top} is {kind}, not a mapping; "
+                         f"write it as key: value lines ({keys_hint})")
+    _check_duplicate_keys(root, str(path), top=top)
     return data, root
 
 
-def _check_duplicate_keys(node: yaml.Node, source: str, trail: tuple[str | int, ...] = ()) -> None:
-    """YAML keeps the last of two equal keys silently; a study file must not have any."""
+def _check_duplicate_keys(node: yaml.Node, source: str, trail: tuple[str | int, ...] = (), top: str = "study") -> None:
+    """YAML keeps the last of two equal keys silently; a study (or claim) file must not have any."""
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key, value in node.value:
             name = key.value if isinstance(key, yaml.ScalarNode) else None
             if name is not None and name in seen:
                 raise InputError(f"{source} line {key.start_mark.line + 1}: duplicate key {name!r} in "
-                                 f"{_dotted(trail) or 'study'}; keep only one of them")
+                                 f"{_dotted(trail) or top}; keep only one of them")
             if name is not None:
                 seen.add(name)
-            _check_duplicate_keys(value, source, trail + (name if name is not None else "?",))
+            _check_duplicate_keys(value, source, trail + (name if name is not None else "?",), top)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _check_duplicate_keys(item, source, trail + (i,))
+            _check_duplicate_keys(item, source, trail + (i,), top)
 
 
 def _validate(data: Any, *, source: str, root: yaml.Node | None, base_dir: Path | None) -> Study:

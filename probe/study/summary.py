@@ -37,20 +37,12 @@ import pandas as pd
 
 from probe.explain.methods import family
 from probe.metrics.statistics import holm, paired_test, summarize_groups
+from probe.names import measure_columns as measures
 from probe.study.store import ResultStore, write_json, write_table
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
 RULE = " ".join(RULE.split())
 GROUP = ["role", "explainer", "reference", "layer", "head"]
-
-
-def measures(agreement: pd.DataFrame) -> list[tuple[str, str | None]]:
-    out = []
-    for col in agreement.columns:
-        if col in ("kendall_tau", "spearman") or (col.startswith("top") and col[3:].isdigit()):
-            p = {"kendall_tau": "kendall_p", "spearman": "spearman_p"}.get(col)
-            out.append((col, p if p in agreement.columns else None))
-    return out
 
 
 def summary_table(agreement: pd.DataFrame, study) -> pd.DataFrame:

@@ -1,0 +1,29 @@
+"""Names shared by the computing side and the reading side (reports), without importing torch."""
+
+from __future__ import annotations
+
+ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
+GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
+INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
+ALL_METHODS = ATTENTION_METHODS + GRADIENT_METHODS + INTERVENTION_METHODS
+
+
+def method_family(method: str) -> str | None:
+    """attention, gradient, intervention, or None (a baseline such as ``random``)."""
+    if method in ATTENTION_METHODS:
+        return "attention"
+    if method in GRADIENT_METHODS:
+        return "gradient"
+    if method in INTERVENTION_METHODS:
+        return "intervention"
+    return None
+
+
+def measure_columns(agreement) -> list[tuple[str, str | None]]:
+    """The agreement measures a table holds (kendall_tau, spearman, topK), each with its p-value column or None."""
+    out = []
+    for col in agreement.columns:
+        if col in ("kendall_tau", "spearman") or (col.startswith("top") and col[3:].isdigit()):
+            p = {"kendall_tau": "kendall_p", "spearman": "spearman_p"}.get(col)
+            out.append((col, p if p in agreement.columns else None))
+    return out
