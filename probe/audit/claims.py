@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from probe.data import BUILTIN_PREFIX, SPLITS, USER_FILE_SUFFIXES, builtin_dataset_names
+from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.errors import InputError
 from probe.explain.methods import ALL_METHODS, ATTENTION_METHODS, family
 from probe.study.spec import (
@@ -40,6 +40,7 @@ from probe.study.spec import (
     Float,
     Int,
     ModelSpec,
+    check_dataset_name,
     read_yaml_mapping,
     TargetConfig,
     _ctx,
@@ -324,23 +325,7 @@ class DataSpec(_Spec):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return value
-        value = value.strip()
-        names = [BUILTIN_PREFIX + n for n in builtin_dataset_names()]
-        if value.startswith(BUILTIN_PREFIX):
-            if value not in names:
-                _fail(f"unknown built-in dataset {value!r} (valid: {', '.join(names)}){_suggest(value, names)}")
-            return value
-        if Path(value).suffix.lower() not in USER_FILE_SUFFIXES:
-            _fail(f"{value!r} is neither builtin:NAME ({', '.join(names)}) nor a file ending in "
-                  f"{', '.join(USER_FILE_SUFFIXES)}")
-        base = (info.context or {}).get("base_dir")
-        if base is not None and not Path(value).is_absolute() and not value.startswith("~"):
-            candidate = Path(base) / value
-            if candidate.exists():
-                return str(candidate)
-        return value
+        return None if value is None else check_dataset_name(value, info)
 
     @field_validator("texts")
     @classmethod

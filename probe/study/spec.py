@@ -138,6 +138,29 @@ class _Spec(BaseModel):
 # ------------------------------------------------------------------------------------------- the schema
 
 
+def check_dataset_name(value: str, info: ValidationInfo) -> str:
+    """A validator body: ``builtin:NAME`` or a CSV/JSONL path (relative paths resolved against the
+    file's folder, ``info.context["base_dir"]``, when they exist there)."""
+    value = value.strip()
+    valid_builtins = ", ".join(BUILTIN_PREFIX + n for n in builtin_dataset_names())
+    if not value:
+        _fail(f"is empty; give builtin:NAME ({valid_builtins}) or a .csv/.jsonl file")
+    if value.startswith(BUILTIN_PREFIX):
+        if value[len(BUILTIN_PREFIX):] not in builtin_dataset_names():
+            _fail(f"unknown built-in dataset {value!r} (valid: {valid_builtins})"
+                  f"{_suggest(value, [BUILTIN_PREFIX + n for n in builtin_dataset_names()])}")
+        return value
+    if Path(value).suffix.lower() not in USER_FILE_SUFFIXES:
+        _fail(f"{value!r} is neither builtin:NAME ({valid_builtins}) nor a file ending in "
+              f"{', '.join(USER_FILE_SUFFIXES)}")
+    base = (info.context or {}).get("base_dir")
+    if base is not None and not Path(value).is_absolute() and not value.startswith("~"):
+        candidate = Path(base) / value
+        if candidate.exists():
+            return str(candidate)
+    return value
+
+
 class ModelSpec(_Spec):
     id: str
     device: str = "cpu"
@@ -198,24 +221,7 @@ class DatasetSpec(_Spec):
     @field_validator("name")
     @classmethod
     def _dataset_name(cls, value: str, info: ValidationInfo) -> str:
-        value = value.strip()
-        valid_builtins = ", ".join(BUILTIN_PREFIX + n for n in builtin_dataset_names())
-        if not value:
-            _fail(f"is empty; give builtin:NAME ({valid_builtins}) or a .csv/.jsonl file")
-        if value.startswith(BUILTIN_PREFIX):
-            if value[len(BUILTIN_PREFIX):] not in builtin_dataset_names():
-                _fail(f"unknown built-in dataset {value!r} (valid: {valid_builtins})"
-                      f"{_suggest(value, [BUILTIN_PREFIX + n for n in builtin_dataset_names()])}")
-            return value
-        if Path(value).suffix.lower() not in USER_FILE_SUFFIXES:
-            _fail(f"{value!r} is neither builtin:NAME ({valid_builtins}) nor a file ending in "
-                  f"{', '.join(USER_FILE_SUFFIXES)}")
-        base = (info.context or {}).get("base_dir")
-        if base is not None and not Path(value).is_absolute() and not value.startswith("~"):
-            candidate = Path(base) / value
-            if candidate.exists():
-                return str(candidate)
-        return value
+        return check_dataset_name(value, info)
 
     @field_validator("text_column", "label_column", "split")
     @classmethod
