@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from probe.metrics.statistics import bootstrap_ci
 from probe.names import method_family as family
 from probe.report.results import StudyResult
 
@@ -229,20 +230,6 @@ def erasure_curves(r: StudyResult) -> pd.DataFrame:
                         "sufficiency_sem": g["sufficiency"].sem()}).reset_index()
     out.insert(2, "percent", out["bin"] * 100)
     return out
-
-
-def bootstrap_ci(values, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of the finite values (the resampling of
-    :func:`probe.metrics.statistics.bootstrap_ci`, without importing scipy for it)."""
-    v = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))
-    v = v[np.isfinite(v)]
-    if v.size < 2:
-        return (float("nan"), float("nan"))
-    idx = np.random.default_rng(seed).integers(0, v.size, size=(n_boot, v.size))
-    means = np.take(v, idx).mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return (float(low), float(high))
 
 
 def erasure_aopc(r: StudyResult) -> pd.DataFrame:
