@@ -28,7 +28,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from probe.explain.target import evaluate, prepare  # noqa: E402
-from probe.intervene.engine import Engine  # noqa: E402
+from probe.intervene.engine import Engine, common_prefix  # noqa: E402
 from probe.intervene.tokens import loo, scorable_positions  # noqa: E402
 from probe.models.loading import load_model  # noqa: E402
 
@@ -120,7 +120,11 @@ def bench_prefix_reuse(args) -> None:
         ids = list(example.input_ids)
         rows.append((ids, example))
         rows.extend((ids[:t] + [replacement] + ids[t + 1:], example) for t in scorable_positions(example))
-    lengths = [len(ids) + len(e.target_ids) for ids, e in rows]
+    lengths = [len(ids) + len(e.target_ids) - 1 for ids, e in rows]  # fed tokens (not the last target token)
+    # what reuse must feed at least: each original once, each other row from its first change on
+    suffix_floor = sum(len(e.input_ids) + len(e.target_ids) - 1 for e in examples) + sum(
+        len(ids) - min(common_prefix(ids, e.input_ids), len(ids) - 1) + len(e.target_ids) - 1
+        for ids, e in rows if list(ids) != list(e.input_ids))
     print(f"== LOO by replacement (UNK) on builtin:smollm2-135m: {len(examples)} sentences, {len(rows)} rows, "
           f"mean row length {sum(lengths) / len(lengths):.1f} tokens", flush=True)
     Engine(pm).values(rows[:8], reuse_prefix=True)  # warm-up
@@ -137,6 +141,8 @@ def bench_prefix_reuse(args) -> None:
           f"padded tokens {full_engine.stats.padded_tokens}")
     print(f"prefix reuse       {min(t_reuse):8.2f} s  forward passes {reuse_engine.stats.forward_passes} "
           f"(prefix passes {reuse_engine.stats.prefix_passes})  padded tokens {reuse_engine.stats.padded_tokens}")
+    print(f"unpadded tokens: full {sum(lengths)}, reuse {suffix_floor} "
+          f"({suffix_floor / sum(lengths):.2f}x: the floor of the token ratio)")
     print(f"prefix reuse / full: {min(t_reuse) / min(t_full):.2f}x time, "
           f"{reuse_engine.stats.padded_tokens / full_engine.stats.padded_tokens:.2f}x tokens;  "
           f"max|diff| {float((reused - full).abs().max()):.2e}  (best of {args.repeat} interleaved run(s))",

@@ -131,6 +131,40 @@ def test_identity_editor_reproduces_the_output(loaded):
         assert len(cap.calls) == len(pm.contract.module_paths)
 
 
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_observers_see_the_head_mean_of_eager_attention_and_change_nothing(loaded, kind):
+    """Observers (what rollout streams through) get each layer's head-mean map, equal to the mean
+    of HF's own eager ``output_attentions`` on allowed positions, while the sdpa model's output is
+    untouched."""
+    eager, sdpa = loaded(kind, "eager"), loaded(kind, "sdpa")
+    batch = encode_texts(eager, TEXTS)
+    with torch.no_grad():
+        reference = eager.model(**forward_inputs(eager, batch), output_attentions=True)
+    seen = {}
+
+    def observe(mean, context):
+        seen[(context.stack, context.layer)] = mean.clone()
+
+    observers = {key: observe for key in sdpa.contract.module_paths}
+    inputs = forward_inputs(sdpa, batch)
+    with torch.no_grad():
+        plain = sdpa.model(**inputs).logits
+        with capture_attention(sdpa, observers=observers, attention_mask=batch["attention_mask"]):
+            observed = sdpa.model(**inputs).logits
+    assert torch.equal(plain, observed)
+    assert set(seen) == set(sdpa.contract.module_paths)
+    stack = sdpa.contract.primary_stack
+    names = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+    maps = getattr(reference, "attentions", None) or getattr(reference, names[stack])
+    mask = batch["attention_mask"].bool()
+    for layer, weights in enumerate(maps):
+        expected = weights.float().mean(dim=1)  # [batch, query, key]
+        got = seen[(stack, layer)]
+        assert got.shape == expected.shape
+        valid = mask[:, :, None] & mask[:, None, :] if got.shape[1] == mask.shape[1] else mask[:, None, :]
+        assert torch.allclose(got[valid.expand_as(got)], expected[valid.expand_as(expected)], atol=1e-5), (kind, layer)
+
+
 def test_uniform_editor_changes_the_output(loaded):
     pm = loaded("bert")
     batch = encode_texts(pm, TEXTS)

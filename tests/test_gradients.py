@@ -92,7 +92,8 @@ def test_causal_continuation_is_held_fixed(loaded):
     assert len(examples[0].target_ids) == 4
     problem = G._embedding_forward(pm, examples)
     seq = problem.fixed.shape[1]
-    assert seq == len(examples[0].input_ids) + 4 and problem.embeds.shape[1] == len(examples[0].input_ids)
+    # the continuation but its last token is fed: no target reads the logits after it
+    assert seq == len(examples[0].input_ids) + 3 and problem.embeds.shape[1] == len(examples[0].input_ids)
     assert not problem.explained[0, len(examples[0].input_ids):].any()
     ig = G.integrated_gradients(pm, examples, steps=64)
     assert [len(s) for s in ig.scores] == [5, 1]

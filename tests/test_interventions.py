@@ -11,7 +11,7 @@ import torch
 
 from probe.errors import InputError
 from probe.explain.target import TargetSpec, evaluate, prepare
-from probe.intervene.engine import Engine
+from probe.intervene.engine import Engine, common_prefix
 from probe.intervene.erasure import ERASURE_BINS, bin_size, erasure, random_ranking, ranked_positions
 from probe.intervene.tokens import LOO_MODES, loo
 from probe.models.loading import load_model
@@ -247,9 +247,9 @@ def test_prefix_reuse_equals_full_recomputation(models, kind):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
-def test_prefix_reuse_with_padded_groups(models, kind):
-    """Rows of several examples, of different lengths and first-change positions, in one suffix batch:
-    padded suffixes and a padded, partly masked prefix cache."""
+def test_prefix_reuse_with_packed_segments(models, kind):
+    """Rows of several examples, of different lengths and first-change positions, packed side by
+    side into bins over a gathered prefix cache, under a 4-D mask."""
     pm = models[kind]
     examples = _examples(pm)
     rows = [(r, e) for e in examples for r in _perturbations(e, replacement=9, min_position=1)]
@@ -258,22 +258,26 @@ def test_prefix_reuse_with_padded_groups(models, kind):
 
     def spy(*args, **kwargs):
         calls.append((kwargs.get("cache") is not None, tuple(kwargs["input_ids"].shape),
-                      int(kwargs["attention_mask"].eq(0).sum())))
+                      tuple(kwargs["attention_mask"].shape)))
         return original_forward(*args, **kwargs)
 
     pm.model.forward = spy
     try:
-        # a huge per-call cost: the planner puts every row in one batch whatever the padding
+        # a huge per-call cost: the planner puts every bin in one batch
         engine = Engine(pm, token_budget=100_000, call_overhead_tokens=100_000)
         reused = engine.values(rows, reuse_prefix=True)
     finally:
         del pm.model.forward
-    # one prefix pass over the originals, one suffix pass over every row of every example
+    # one prefix pass over the originals, one packed pass over every other row of every example
     assert engine.stats.prefix_passes == 1 and engine.stats.forward_passes == 2
-    suffix_pass = calls[-1]
+    has_cache, (bins, width), mask_shape = calls[-1]
     perturbed = {(tuple(r), id(e)) for r, e in rows if list(r) != list(e.input_ids)}  # unique rows
-    assert suffix_pass[0] and suffix_pass[1][0] == len(perturbed)
-    assert suffix_pass[2] > 0  # padding and masked cache slots were present
+    assert engine.stats.prefix_rows == len(perturbed)
+    assert has_cache and bins < len(perturbed)  # several rows share a bin
+    unique = {(tuple(r), id(e)): (r, e) for r, e in rows if list(r) != list(e.input_ids)}.values()
+    fed = sum(len(r) - min(common_prefix(r, e.input_ids), len(r) - 1) + len(e.target_ids) - 1 for r, e in unique)
+    assert bins * width < 1.5 * fed + width  # little padding: bins are filled
+    assert len(mask_shape) == 4 and mask_shape[0] == bins and mask_shape[2] == width and mask_shape[3] > width
     full = evaluate(pm, rows)
     assert torch.allclose(reused, full, atol=1e-4, rtol=0)
 
@@ -470,10 +474,13 @@ def test_erasure_rejects_bad_bins_and_per_head_rankings(models):
 
 
 @pytest.mark.parametrize("kind,reuse", [("bert", False), ("llama_gqa", False), ("llama_gqa", True)])
-def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse):
+def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse, monkeypatch):
     """A batch that runs out of memory is halved and retried: same values, each row stored once."""
+    from probe.intervene import engine as engine_module
     from probe.intervene.engine import Engine
 
+    # narrow bins, so that prefix reuse packs its segments into several bins per batch
+    monkeypatch.setattr(engine_module, "PACK_WIDTHS", (16,))
     pm = loaded(kind)
     examples = prepare(pm, ["the movie was good and fun", "bad film , not fun at all", "i loved the acting"])
     rows = [(e.input_ids[:t] + e.input_ids[t + 1:], e) for e in examples for t in range(1, len(e.input_ids) - 1)]
@@ -486,7 +493,7 @@ def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse):
 
     def forward(*args, **kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[0] > 3:
+        if ids is not None and ids.shape[0] > 1 and ids.numel() > 20:  # any batch of more than 20 tokens
             calls["failed"] += 1
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return original_forward(*args, **kwargs)

@@ -129,10 +129,13 @@ class EditContext:
 
 # An editor takes full weights [batch, head, query, key] (fp32) and returns edited ones.
 Editor = Callable[[torch.Tensor, EditContext], torch.Tensor]
+# An observer is shown the head mean of the full weights [batch, query, key] (fp32); the model's
+# own attention kernel computes the output, and only one head's map exists at a time.
+Observer = Callable[[torch.Tensor, EditContext], None]
 
 
 class _Session:
-    def __init__(self, model, contract, queries, layers, heads, stacks, masks, editors, keep_grad):
+    def __init__(self, model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers=None):
         self.contract = contract
         modules = dict(model.named_modules())
         self.where: dict[int, tuple[str, int]] = {}
@@ -144,6 +147,7 @@ class _Session:
         self.queries = queries
         self.masks = masks
         self.editors = dict(editors or {})
+        self.observers = dict(observers or {})
         self.keep_grad = keep_grad
         self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.calls: dict[tuple[str, int], int] = {}
@@ -184,8 +188,9 @@ class _Session:
         stack, layer = place
         self.calls[place] = self.calls.get(place, 0) + 1
         editor = self.editors.get(place)
+        observer = self.observers.get(place) if editor is None else None
         wants = self._wants(stack, layer)
-        if editor is None and not wants:
+        if editor is None and observer is None and not wants:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
 
         batch, _, q_len, _ = query.shape
@@ -216,6 +221,20 @@ class _Session:
             return output, None
 
         output, returned = original(module, query, key, value, attention_mask, *args, **kwargs)
+        if observer is not None:
+            with torch.no_grad():
+                allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
+                                             is_causal=is_causal, rows=None, device=query.device)
+                mean = amath.head_mean_weights(query, key, allowed, scaling=scaling, position_bias=position_bias,
+                                               softcap=softcap)
+                home = self.home
+                observer(mean.to(home), EditContext(
+                    stack=stack, layer=layer, module=module,
+                    query_index=(rows if rows is not None else torch.arange(q_len, device=query.device).expand(batch, q_len)).to(home),
+                    allowed=allowed.to(home) if allowed is not None else None))
+                del mean, allowed
+        if not wants:
+            return output, returned
         allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
                                      is_causal=is_causal, rows=rows, device=query.device)
         if returned is not None and returned.dim() == 4 and returned.shape[-1] == k_len:
@@ -306,6 +325,7 @@ def capture_attention(
     decoder_attention_mask: torch.Tensor | None = None,
     editors: Mapping[tuple[str, int], Editor] | None = None,
     keep_grad: bool = False,
+    observers: Mapping[tuple[str, int], Observer] | None = None,
 ):
     """Record attention of ``probe_model`` during the forward passes run inside the block.
 
@@ -313,6 +333,9 @@ def capture_attention(
     mask), a list of positions, or a long tensor ``[batch, rows]``; or a dict per stack.
     editors: ``{(stack, layer): fn}`` replaces that layer's attention weights (all rows) by
     ``fn(weights, context)`` before they mix the values: the hook interventions use.
+    observers: ``{(stack, layer): fn}`` calls ``fn(head_mean, context)`` with the head mean of that
+    layer's full attention [batch, query, key] (fp32), computed one head at a time, while
+    the model's own kernel computes the output (a layer with an editor shows the editor instead).
     """
     contract = probe_model.contract
     model = probe_model.model
@@ -321,12 +344,15 @@ def capture_attention(
     for stack, layer in (editors or {}):
         if (stack, layer) not in contract.module_paths:
             raise CaptureError(f"cannot edit {stack} layer {layer}: the model has no such attention module")
+    for stack, layer in (observers or {}):
+        if (stack, layer) not in contract.module_paths:
+            raise CaptureError(f"cannot observe {stack} layer {layer}: the model has no such attention module")
     # The 2-D padding mask that tells where each stack's query rows end ("last").
     if contract.task == "seq2seq":
         masks = {"encoder": attention_mask, "decoder": decoder_attention_mask, "cross": decoder_attention_mask}
     else:
         masks = {stack: attention_mask for stack in contract.stacks}
-    session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad)
+    session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers)
     implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
     with _LOCK:
         _install(implementation)

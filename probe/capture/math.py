@@ -105,6 +105,39 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> tuple[
     return weights, row_has_keys
 
 
+def head_mean_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    allowed: torch.Tensor | None,
+    *,
+    scaling: float | None,
+    position_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Mean over query heads of the full attention weights: [batch, query, key] fp32.
+
+    Equal to ``masked_softmax(attention_scores(...), allowed)[0].mean(dim=1)``, but computed one
+    query head at a time (reading its key/value head under GQA), so one head's map exists at
+    once instead of every head's.
+    """
+    n_heads, n_kv = query.shape[1], key.shape[1]
+    group = n_heads // n_kv
+    total = None
+    for h in range(n_heads):
+        bias = position_bias[:, h:h + 1] if position_bias is not None and position_bias.shape[1] > 1 else position_bias
+        mask = allowed[:, h:h + 1] if allowed is not None and allowed.shape[1] > 1 else allowed
+        scores = attention_scores(query[:, h:h + 1], key[:, h // group:h // group + 1], scaling=scaling,
+                                  position_bias=bias, softcap=softcap)  # [batch, 1, query, key]
+        if mask is not None:  # masked_softmax's arithmetic, in place: one head's map at a time
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        part = torch.softmax(scores, dim=-1)[:, 0]  # [batch, query, key]
+        del scores
+        if mask is not None:
+            part.masked_fill_(~mask.any(dim=-1)[:, 0, :, None], 0.0)  # rows without an allowed key
+        total = part if total is None else total.add_(part)
+    return total / n_heads
+
+
 def attention_output(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Mix values with (possibly edited) full weights: [B, H, Q, K] x [B, KV, K, D] -> [B, Q, H, D] (HF's layout)."""
     values = repeat_kv(value, weights.shape[1] // value.shape[1])

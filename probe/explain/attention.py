@@ -211,12 +211,13 @@ def rollout_matrices(weights: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 class _ResidualStream:
-    """Identity editor that folds each layer's residual attention into a running product.
+    """Attention observer that folds each layer's residual attention into a running product.
 
-    The editor is the one per-layer callback that sees full attention maps during a forward pass;
-    it returns the weights unchanged (an identity edit reproduces the model's output), so the
-    rollout needs one pass and holds one [batch, T, T] product instead of every layer's maps.
-    ``keep_layers`` also keeps each layer's (cropped) residual attention, which flow needs.
+    The capture shows it each layer's head-mean attention [batch, T, T] during the forward pass
+    (computed one head at a time, while the model's own kernel computes the output), so
+    the rollout needs one pass and holds one [batch, T, T] product: never every layer's maps, nor
+    one layer's every head. ``keep_width`` also keeps each layer's (cropped) residual attention,
+    which flow needs.
     """
 
     def __init__(self, n_layers: int, target: torch.Tensor | None, keep_width: int | None = None):
@@ -228,20 +229,22 @@ class _ResidualStream:
         self.kept: list[torch.Tensor] = []  # per layer [batch, W, W] residual attention
         self.next_layer = 0
 
-    def __call__(self, weights: torch.Tensor, context: EditContext) -> torch.Tensor:
+    def __call__(self, mean: torch.Tensor, context: EditContext) -> None:
         if context.layer != self.next_layer:
             raise CaptureError(f"rollout expected layer {self.next_layer} next, got {context.layer}: "
                                "the model ran its layers out of order or twice")
         self.next_layer += 1
         with torch.no_grad():
-            augmented = residual_attention(weights)  # [batch, T, T]
+            # residual_attention(mean[:, None]), in place on the observer's own copy: fewer [T, T] temporaries
+            augmented = mean.float().mul_(0.5)
+            augmented.diagonal(dim1=-2, dim2=-1).add_(0.5)
+            augmented.div_(augmented.sum(dim=-1, keepdim=True))  # [batch, T, T]
             self.product = augmented if self.product is None else augmented @ self.product
             if self.target is not None:
                 index = self.target[:, :, None].expand(-1, 1, self.product.shape[-1])
                 self.rows.append(torch.gather(self.product, 1, index)[:, 0])  # [batch, T]
             if self.keep_width is not None:
                 self.kept.append(augmented[:, : self.keep_width, : self.keep_width].clone())
-        return weights
 
 
 def _encoder_stream(pm, batch: RowBatch, tq: TargetQueries, *, keep_width: int | None = None):
@@ -256,12 +259,12 @@ def _encoder_stream(pm, batch: RowBatch, tq: TargetQueries, *, keep_width: int |
         stack, target = tq.stack, tq.rows
     n_layers = pm.contract.stacks[stack].n_layers
     stream = _ResidualStream(n_layers, target, keep_width)
-    editors = {(stack, layer): stream for layer in range(n_layers)}
+    observers = {(stack, layer): stream for layer in range(n_layers)}
     record = {stack: ()}
     queries = None
     if pm.task == "seq2seq":
         record, queries = {"cross": None}, {"cross": tq.rows}
-    with torch.no_grad(), capture_attention(pm, editors=editors, layers=record, queries=queries,
+    with torch.no_grad(), capture_attention(pm, observers=observers, layers=record, queries=queries,
                                             stacks=list(record), **capture_masks(batch)) as capture:
         pm.model(**batch.inputs)
     if stream.next_layer != n_layers:

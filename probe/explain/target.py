@@ -153,7 +153,8 @@ def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None
     examples = [example for _, example in rows]
     input_lengths = torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long)
     if pm.task == "causal_lm":
-        sequences = [list(ids) + list(example.target_ids) for ids, example in rows]
+        # the last continuation token is never fed: no target reads the logits after it
+        sequences = [list(ids) + list(example.target_ids[:-1]) for ids, example in rows]
     else:
         sequences = [list(ids) for ids, _ in rows]
     width = max(len(s) for s in sequences)

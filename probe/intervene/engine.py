@@ -18,15 +18,14 @@ What it does, and why:
   comprehensiveness row equal to a flip row) are run once. The key is content, never ``id()``:
   a freed example's id can be reused by a new one.
 * **Prefix reuse (causal LMs).** A perturbed row of a causal LM leaves the tokens before its first
-  change untouched, and a causal model's keys/values there do not depend on anything later. One
-  batched pass over the examples' original inputs (``use_cache=True``, which also gives the
-  originals' values) therefore holds the prefix cache of *every* length; each perturbed row then
-  feeds only its suffix (from its first change on, plus the continuation) against its own exact
-  prefix cut from that cache. Rows of many examples and different first-change positions share a
-  batch through a padded cache whose unused slots are masked (see
-  :meth:`Engine._evaluate_prefix_reuse`). Grouping is thus per row, at the exact position of its
-  first change: every unchanged token is reused, in a handful of large passes rather than many
-  small ones (which would drown the saving in per-call overhead on both CPU and GPU).
+  change untouched, and a causal model's keys/values there do not depend on anything later. A
+  pass over the examples' original inputs (``use_cache=True``, which also gives the originals'
+  values) therefore holds the prefix cache of *every* length; each perturbed row then feeds only
+  its *segment* (from its first change on, plus the continuation) against its own exact prefix
+  cut from that cache. Segments of many rows are packed side by side into bins under a 4-D mask,
+  so rows of every width and first-change position share a handful of large, nearly unpadded
+  passes (see :meth:`Engine._evaluate_prefix_reuse`): every unchanged token is reused, and the
+  saving is not drowned in per-call overhead or padding.
 * **Provenance.** :attr:`Engine.stats` counts rows asked for, rows run, cache hits, forward passes
   and padded tokens.
 
@@ -60,11 +59,29 @@ Row = tuple[tuple[int, ...], PreparedExample]
 #: a call cost ~0.4 s beyond ~2 ms per token (small batches stream every weight from memory once per
 #: call), i.e. ~200 tokens; GPUs are launch bound (a call is worth about a thousand tokens).
 CALL_OVERHEAD_TOKENS = {"cpu": 256, "cuda": 1024, "mps": 256}
-#: Cost of one cached prefix slot carried by one row of a prefix-reuse batch, in token-equivalents:
-#: a planning heuristic. Copying and attending to a slot measured ~0.1 token on CPU with
-#: SmolLM2-135M (masked slots included: they are copied and scored before being masked); 0.25 also
-#: prices the memory they hold, and makes the planner group examples of similar length.
+#: Planning heuristics for packed prefix-reuse passes, in token-equivalents (they change the
+#: batching only, never the values): one cached prefix slot carried by one bin (gathered, copied
+#: into the layer caches, scored), and one query-key pair of attention (a bin scores every query
+#: against every key before masking). The FLOP ratio of one pair to one token is ~2 x hidden /
+#: parameters per layer (3e-4 for SmolLM2-135M); CPU attention kernels are less efficient than
+#: its matmuls, hence the margin.
 CACHE_SLOT_COST = 0.25
+ATTENTION_PAIR_COST = 1e-3
+#: Bin widths (tokens of packed segments per batch row) the prefix-reuse planner tries.
+PACK_WIDTHS = (64, 128, 256, 512)
+
+
+@dataclass
+class _Segment:
+    """A perturbed causal-LM row as prefix reuse feeds it: its tokens from its first change on."""
+
+    key: tuple  # the row's cache key
+    row: Row
+    shared: int  # c: tokens before the first change (read from the prefix cache)
+    ids: list[int]  # row[c:] + the continuation but its last token
+    slot: int  # the example's index in its prefix pass
+    length: int  # the example's input length (for grouping similar examples)
+
 
 @dataclass
 class EngineStats:
@@ -286,46 +303,41 @@ class Engine:
         ids, example = row
         if self.pm.task == "classification":
             return len(ids)
-        return len(ids) + len(example.target_ids)  # continuation (causal) or decoder (seq2seq)
+        if self.pm.task == "causal_lm":
+            return len(ids) + len(example.target_ids) - 1  # the last continuation token is not fed
+        return len(ids) + len(example.target_ids)  # encoder + decoder (seq2seq)
 
-    def _pack(self, widths: Sequence[int], depths: Sequence[int] | None = None, *,
-              call_overhead_tokens: float | None = None) -> list[list[int]]:
+    def _pack(self, widths: Sequence[int]) -> list[list[int]]:
         """Cut rows into batches: indices into ``widths``, each batch sorted by width.
 
-        A batch computes ``rows x max width`` tokens (padding included) and must keep
-        ``rows x (max width + max depth)`` under the budget (``depth``: cached prefix slots a row
-        brings, 0 without a cache). Rows are sorted by width and batches are runs of consecutive
-        widths; a dynamic programme over the distinct widths picks the runs that minimise
-        :meth:`_plan_cost` (so rows of very different widths are not padded to the widest, and
-        near-equal widths are not split into many small calls).
+        A batch computes ``rows x max width`` tokens (padding included), kept under the budget.
+        Rows are sorted by width and batches are runs of consecutive widths; a dynamic programme
+        over the distinct widths picks the runs that minimise padded tokens plus
+        ``call_overhead_tokens`` per call (so rows of very different widths are not padded to the
+        widest, and near-equal widths are not split into many small calls).
         """
         if not widths:
             return []
-        overhead = self.call_overhead_tokens if call_overhead_tokens is None else call_overhead_tokens
-        depths = list(depths) if depths is not None else [0] * len(widths)
-        order = sorted(range(len(widths)), key=lambda i: (widths[i], depths[i]))
-        # buckets of equal width: (width, rows, deepest)
+        order = sorted(range(len(widths)), key=lambda i: widths[i])
+        # buckets of equal width: (width, rows)
         buckets: list[list[int]] = []
         for i in order:
             if buckets and buckets[-1][0] == widths[i]:
                 buckets[-1][1] += 1
-                buckets[-1][2] = max(buckets[-1][2], depths[i])
             else:
-                buckets.append([widths[i], 1, depths[i]])
+                buckets.append([widths[i], 1])
         k = len(buckets)
 
-        def capacity(width: int, deepest: int) -> int:
-            return max(1, self.token_budget // max(1, width + deepest))
+        def capacity(width: int) -> int:
+            return max(1, self.token_budget // max(1, width))
 
         best = [0.0] + [math.inf] * k
         cut = [0] * (k + 1)
         for b in range(1, k + 1):
-            width, rows, deepest = buckets[b - 1][0], 0, 0
+            width, rows = buckets[b - 1][0], 0
             for a in range(b - 1, -1, -1):  # the run of buckets a..b-1, padded to the widest (b-1)
                 rows += buckets[a][1]
-                deepest = max(deepest, buckets[a][2])
-                cost = (best[a] + rows * width + CACHE_SLOT_COST * rows * deepest
-                        + math.ceil(rows / capacity(width, deepest)) * overhead)
+                cost = best[a] + rows * width + math.ceil(rows / capacity(width)) * self.call_overhead_tokens
                 if cost < best[b]:
                     best[b], cut[b] = cost, a
                 if rows * width > 4 * self.token_budget:  # longer runs only add padding
@@ -339,20 +351,11 @@ class Engine:
         start = 0
         for a, b in reversed(runs):
             rows = sum(bucket[1] for bucket in buckets[a:b])
-            size = capacity(buckets[b - 1][0], max(bucket[2] for bucket in buckets[a:b]))
+            size = capacity(buckets[b - 1][0])
             members = order[start:start + rows]
             start += rows
             batches.extend(members[j:j + size] for j in range(0, rows, size))
         return batches
-
-    def _plan_cost(self, batches: list[list[int]], widths: Sequence[int], depths: Sequence[int]) -> float:
-        """Estimated cost of a batching in token-equivalents: padded tokens, plus
-        :data:`CACHE_SLOT_COST` per cached prefix slot each row carries, plus the per-call overhead."""
-        total = 0.0
-        for batch in batches:
-            total += len(batch) * (max(widths[i] for i in batch) + CACHE_SLOT_COST * max(depths[i] for i in batch))
-            total += self.call_overhead_tokens
-        return total
 
     def _evaluate_missing(self, rows: Sequence[Row], count_hits: bool = True) -> None:
         missing = self._missing(rows, count_hits)
@@ -418,10 +421,12 @@ class Engine:
     # ------------------------------------------------------------------ prefix reuse (causal LMs)
 
     def _cache_supports_reuse(self) -> bool:
-        """Prefix reuse is implemented for plain full-attention ``DynamicLayer`` caches only.
+        """Prefix reuse is implemented for plain full-attention ``DynamicLayer`` caches, with the
+        eager or sdpa attention (which take a custom 4-D additive mask) only.
 
-        Sliding-window, chunked, linear-attention or shared-KV layers keep a different state; for
-        them the engine falls back to full recomputation rather than risk a wrong number.
+        Sliding-window, chunked, linear-attention or shared-KV layers keep a different state, and
+        other attention kernels may ignore a 4-D mask; for them the engine falls back to full
+        recomputation rather than risk a wrong number.
         """
         if self._prefix_reuse_ok is None:
             from transformers import DynamicCache
@@ -433,25 +438,33 @@ class Engine:
                 self._prefix_reuse_ok = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
             except Exception:  # an unusual config: do not reuse
                 self._prefix_reuse_ok = False
-            self._prefix_reuse_ok = self._prefix_reuse_ok and _accepts(self.pm.model, "cache")
+            implementation = getattr(self.pm.model.config, "_attn_implementation", None) or "eager"
+            self._prefix_reuse_ok = (self._prefix_reuse_ok and _accepts(self.pm.model, "cache")
+                                     and implementation in ("eager", "sdpa"))
         return self._prefix_reuse_ok
 
     def _evaluate_prefix_reuse(self, rows: Sequence[Row]) -> None:
         """Evaluate causal-LM rows (of any number of examples) reusing each row's unchanged prefix.
 
-        1. *Prefix pass*: the examples' original rows (input + continuation) run in as few
-           budgeted, right-padded batches as possible with ``use_cache=True``. In a causal model
-           the keys/values at position j depend on tokens <= j only, so this pass holds the prefix
-           cache of every length for every row of the example; it also yields the originals' values.
-        2. *Suffix passes*: a row whose first change is at position c feeds only
-           ``row[c:] + continuation`` on top of its example's cache cut to c. Rows of different
-           examples and different c share a batch: the caches are laid out in slots ``0..P-1``
-           (P = the largest c in the batch), slots ``c..P-1`` of a row are masked out by the
-           attention mask, and its position ids start at c. (transformers builds the causal mask
-           from cache *slots*, so slot P+i attends to slots <= P+i minus the masked ones, and
-           RoPE / position embeddings use the given position ids.) A row changed at its first
-           token (c = 0) is simply a row whose cache slots are all masked. Rows are sorted by
-           suffix width and batched so that ``rows x (P + width)`` stays under the token budget.
+        Every pass here is *packed*: a row is fed as a *segment*, the tokens it needs computed,
+        and segments sit side by side in bins of W tokens (:meth:`_pack_segments`, W chosen by
+        :meth:`_plan_bins`), so there is almost no padding however different the rows' widths.
+        A custom 4-D additive mask lets a segment token read its own segment's earlier tokens
+        (and, below, its own example's cached prefix) and nothing else; position ids restart where
+        each segment starts (RoPE and learned position embeddings alike read them). A padding
+        token reads only itself, and nothing reads it.
+
+        1. *Prefix passes*: the examples' originals (input + continuation but its last token) run
+           as segments with ``use_cache=True``. In a causal model the keys/values at position j
+           depend on tokens <= j only, so this holds the prefix cache of every length for every row
+           of the example; it also yields the originals' values.
+        2. *Suffix passes*: a row whose first change is at position c is fed as the segment
+           ``row[c:] + continuation[:-1]``, reading its example's cached keys and values at
+           positions < c. A bin's cache holds the prefixes of the (one or few) examples its
+           segments come from, gathered once per bin rather than once per row.
+
+        Examples are processed in chunks of about ``token_budget`` original tokens, so the
+        prefix cache held at once stays bounded.
         """
         if not self._cache_supports_reuse():
             self._evaluate_missing(rows)
@@ -459,129 +472,253 @@ class Engine:
         missing = self._missing(rows)
         if not missing:
             return
-        originals: dict[int, tuple[int, ...]] = {}
         examples: dict[int, PreparedExample] = {}
-        suffix_items: list[tuple[tuple, Row, int]] = []  # (key, row, shared prefix length c)
+        perturbed: dict[int, list[tuple[tuple, Row, int]]] = {}  # example -> (key, row, shared prefix c)
+        wanted = {key for key, _ in missing}
         for key, (ids, example) in missing:
-            original = originals.setdefault(id(example), tuple(int(i) for i in example.input_ids))
             examples[id(example)] = example
+            original = tuple(int(i) for i in example.input_ids)
             if ids == original:
                 continue  # computed by the prefix pass
             # at most len(row) - 1: the logit predicting the first continuation token (at the row's
             # last input position) must be recomputed
-            suffix_items.append((key, (ids, example), min(common_prefix(ids, original), len(ids) - 1)))
-        wanted = {key for key, _ in missing}
+            c = min(common_prefix(ids, original), len(ids) - 1)
+            perturbed.setdefault(id(example), []).append((key, (ids, example), c))
+        order = sorted(examples, key=lambda e: len(examples[e].input_ids))
+        chunks: list[list[int]] = [[]]
+        used = 0
+        for e in order:
+            size = len(examples[e].input_ids) + len(examples[e].target_ids) - 1
+            if chunks[-1] and used + size > self.token_budget:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(e)
+            used += size
 
-        needed = list(examples)
-        lengths = [len(originals[e]) + len(examples[e].target_ids) for e in needed]
-        # as few prefix passes as the budget allows: the suffix rows of the examples of one
-        # prefix pass are batched together, so fewer, larger prefix batches mean fuller suffix batches
-        prefix_batches = self._pack(lengths, call_overhead_tokens=1e9)
         def run(chunk):
-            kv, slot_of = self._prefix_pass(chunk, [examples[e] for e in chunk], originals, wanted)
+            slot_of = {e: slot for slot, e in enumerate(chunk)}
+            kv, origin = self._prefix_passes([examples[e] for e in chunk], wanted)
             # a retried half skips the rows an earlier, interrupted attempt already stored
-            self._suffix_passes([item for item in suffix_items if id(item[1][1]) in slot_of and item[0] not in self._cache],
-                                kv, slot_of)
+            segments = [_Segment(key, row, c, list(row[0][c:]) + list(row[1].target_ids[:-1]), slot_of[e],
+                                 len(row[1].input_ids))
+                        for e in chunk for key, row, c in perturbed.get(e, []) if key not in self._cache]
+            if segments:
+                self._suffix_passes(segments, kv, origin)
             del kv
 
-        for chunk in self._iterate([[needed[i] for i in b] for b in prefix_batches], "prefix batches"):
+        for chunk in self._iterate(chunks, "example chunks"):
             halving(chunk, run, self.stats, self.pm.device, "examples")
 
-    def _prefix_pass(self, chunk: list[int], chunk_examples: list[PreparedExample],
-                     originals: dict[int, tuple[int, ...]], wanted: set) -> tuple[list, dict[int, int]]:
-        """Run the originals of ``chunk`` with a cache; returns per-layer ``(keys, values)``
-        ``[examples, kv_heads, width, head_dim]`` and each example's batch slot."""
-        from transformers import DynamicCache
+    def _prefix_passes(self, chunk: list[PreparedExample], wanted: set) -> tuple[list, dict[int, int]]:
+        """Run the originals of ``chunk`` packed, with a cache. Returns per-layer ``(keys, values)``
+        flattened to ``[slots, kv_heads, head_dim]``, and where each example's token 0 is in them
+        (token j of example ``chunk[s]`` is slot ``origin[s] + j``)."""
+        segments = []
+        for slot, example in enumerate(chunk):
+            original = tuple(int(i) for i in example.input_ids)
+            key = row_key(original, example)
+            segments.append(_Segment(key if key in wanted and key not in self._cache else None, (original, example),
+                                     0, list(original) + list(example.target_ids[:-1]), slot, len(original)))
+        pieces: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        origin: dict[int, int] = {}
+        size = 0
 
-        rows = [(list(originals[e]), example) for e, example in zip(chunk, chunk_examples)]
-        batch = build_rows(self.pm, rows)
-        cache = DynamicCache(config=self.pm.model.config)
-        kwargs = dict(batch.inputs, cache=cache, use_cache=True)
-        batch = self._trim(batch, kwargs)
-        started = time.perf_counter()
-        with eval_no_grad(self.pm.model):
-            logits = self.pm.model(**kwargs).logits
-        self._count(started, batch.inputs["input_ids"].numel())
-        self.stats.prefix_passes += 1
-        values = target_values(self.pm, batch, logits).float().cpu()  # [examples]
-        keyed = [(row_key(ids, ex), (tuple(ids), ex)) for ids, ex in rows]
-        fresh = [j for j, (key, _) in enumerate(keyed) if key in wanted and key not in self._cache]
-        if fresh:
-            self._store([keyed[j] for j in fresh], values[fresh], None)
-        kv = [(layer.keys, layer.values) for layer in cache.layers]  # each [examples, kv_heads, width, head_dim]
-        return kv, {e: slot for slot, e in enumerate(chunk)}
+        def run(bins):
+            nonlocal size
+            kv, starts = self._packed_batch(bins, None, {}, keep_cache=True)
+            pieces.append(kv)
+            origin.update({slot: size + start for slot, start in starts.items()})
+            size += kv[0][0].shape[0]
 
-    def _plan_suffixes(self, items: list[tuple[tuple, Row, int]]) -> list[list[int]]:
-        """Batches of suffix rows (indices into ``items``).
+        for batch in self._plan_bins(segments):
+            halving([[segments[i] for i in b] for b in batch], run, self.stats, self.pm.device, "bins")
+        kv = [(torch.cat([piece[layer][0] for piece in pieces]), torch.cat([piece[layer][1] for piece in pieces]))
+              for layer in range(len(pieces[0]))] if len(pieces) > 1 else pieces[0]
+        return kv, origin
 
-        Rows are batched by suffix width; but rows of equal width from a short and a long example
-        have very different prefixes, and every row carries the batch's deepest prefix (its own
-        slots beyond its c masked). So the examples are first split into G groups of similar
-        length (G = 1, 2, 3, 4, 6 or 8, whichever plans cheapest by :meth:`_plan_cost`) and each
-        group is batched by width on its own.
+    def _pack_segments(self, segments: list[_Segment], width: int) -> list[list[int]]:
+        """Bins of at most ``width`` segment tokens (indices into ``segments``), first fit.
+
+        Segments are taken example by example (examples by length, each example's segments longest
+        first) and placed in the first of the last few open bins they fit in, so a bin holds the
+        segments of one or a few neighbouring examples and every bin but the last few is nearly full.
         """
-        widths = [len(ids) - c + len(example.target_ids) for _, (ids, example), c in items]
-        depths = [c for _, _, c in items]
-        by_example: dict[int, list[int]] = {}
-        for r, (_, (_, example), _) in enumerate(items):
-            by_example.setdefault(id(example), []).append(r)
-        ordered = sorted(by_example.values(), key=lambda members: len(items[members[0]][1][1].input_ids))
+        order = sorted(range(len(segments)), key=lambda i: (segments[i].length, segments[i].slot,
+                                                            -len(segments[i].ids)))
+        bins: list[list[int]] = []
+        fill: list[int] = []
+        open_bins: list[int] = []
+        for i in order:
+            size = len(segments[i].ids)
+            home = next((b for b in open_bins if fill[b] + size <= width), None)
+            if home is None:
+                bins.append([])
+                fill.append(0)
+                home = len(bins) - 1
+                open_bins.append(home)
+                if len(open_bins) > 8:
+                    open_bins.pop(0)
+            bins[home].append(i)
+            fill[home] += size
+        return bins
+
+    @staticmethod
+    def _bin_depth(members: Sequence[_Segment]) -> int:
+        """Cached prefix slots a bin needs: for each of its examples, the deepest first change."""
+        deepest: dict[int, int] = {}
+        for seg in members:
+            deepest[seg.slot] = max(deepest.get(seg.slot, 0), seg.shared)
+        return sum(deepest.values())
+
+    def _plan_bins(self, segments: list[_Segment]) -> list[list[list[int]]]:
+        """Batches of bins of segments (indices into ``segments``): the bin width (from
+        :data:`PACK_WIDTHS`, at least the longest segment) that plans cheapest, with bins sorted by
+        cache depth and batched so that ``bins x (depth + width)`` stays under the token budget.
+
+        A bin of width W over P cached slots costs about ``W`` tokens, plus
+        :data:`ATTENTION_PAIR_COST` per query-key pair (W x (P + W): every query of a bin is scored
+        against every key, masked or not), plus :data:`CACHE_SLOT_COST` per cached slot; a model
+        call costs ``call_overhead_tokens``.
+        """
+        longest = max(len(segment.ids) for segment in segments)
+        candidates = sorted({max(width, longest) for width in PACK_WIDTHS})
         best_plan, best_cost = None, math.inf
-        for groups in (1, 2, 3, 4, 6, 8):
-            if groups > len(ordered):
-                break
-            plan: list[list[int]] = []
-            # contiguous groups of examples (by length) with about equal numbers of rows
-            target = len(items) / groups
-            group: list[int] = []
-            for members in ordered:
-                group.extend(members)
-                if len(group) >= target:
-                    plan.extend([[group[i] for i in batch] for batch in
-                                 self._pack([widths[r] for r in group], [depths[r] for r in group])])
-                    group = []
-            if group:
-                plan.extend([[group[i] for i in batch] for batch in
-                             self._pack([widths[r] for r in group], [depths[r] for r in group])])
-            cost = self._plan_cost(plan, widths, depths)
+        for width in candidates:
+            bins = self._pack_segments(segments, width)
+            sized = sorted(((self._bin_depth([segments[i] for i in b]), sum(len(segments[i].ids) for i in b), b)
+                            for b in bins), key=lambda item: (item[0], item[1]))
+            plan, cost = [], 0.0
+            batch: list = []
+            for item in sized + [None]:
+                if batch and (item is None or (len(batch) + 1) * (max(item[0], batch[-1][0])
+                                                                  + max(item[1], max(x[1] for x in batch)))
+                              > self.token_budget):
+                    depth = max(x[0] for x in batch)
+                    fill = max(x[1] for x in batch)
+                    cost += len(batch) * (fill + ATTENTION_PAIR_COST * fill * (depth + fill)
+                                          + CACHE_SLOT_COST * depth) + self.call_overhead_tokens
+                    plan.append([x[2] for x in batch])
+                    batch = []
+                if item is not None:
+                    batch.append(item)
             if cost < best_cost:
                 best_plan, best_cost = plan, cost
         return best_plan or []
 
-    def _suffix_passes(self, items: list[tuple[tuple, Row, int]], kv: list, slot_of: dict[int, int]) -> None:
-        device = self.pm.device
-        for members in self._plan_suffixes(items):
-            halving([items[r] for r in members], lambda chosen: self._suffix_batch(chosen, kv, slot_of),
-                    self.stats, device)
+    def _suffix_passes(self, segments: list[_Segment], kv: list, origin: dict[int, int]) -> None:
+        for batch in self._plan_bins(segments):
+            halving([[segments[i] for i in b] for b in batch], lambda bins: self._packed_batch(bins, kv, origin),
+                    self.stats, self.pm.device, "bins")
+            self.stats.prefix_rows += sum(len(b) for b in batch)
 
-    def _suffix_batch(self, chosen: list[tuple[tuple, Row, int]], kv: list, slot_of: dict[int, int]) -> None:
-        """One batch of suffix rows over their examples' cached prefixes (see :meth:`_evaluate_prefix_reuse`)."""
+    def _packed_batch(self, bins: list[list[_Segment]], kv: list | None, origin: dict[int, int], *,
+                      keep_cache: bool = False):
+        """One model call over bins of segments (see :meth:`_evaluate_prefix_reuse`); stores each
+        segment's value under its key (none when the key is None).
+
+        ``kv``: per layer ``(keys, values)`` flattened to ``[slots, kv_heads, head_dim]``, where
+        token j of the example in slot s is ``origin[s] + j`` (None: no segment reads a cache).
+        ``keep_cache``: return this call's own keys/values, flattened the same way, and where each
+        segment's token 0 is in them (the prefix passes).
+        """
         from transformers import DynamicCache
 
         device = self.pm.device
-        shared = torch.tensor([c for _, _, c in chosen], device=device)  # [rows]
-        depth = int(shared.max())  # P: cache slots every row of the batch gets
-        slots = torch.tensor([slot_of[id(example)] for _, (_, example), _ in chosen], device=device)
-        # per layer [rows, kv_heads, P, head_dim]; a row's slots >= its c hold later tokens of
-        # its original and are masked out below
-        layers = [(k[:, :, :depth].index_select(0, slots), v[:, :, :depth].index_select(0, slots)) for k, v in kv]
-        cache = DynamicCache(ddp_cache_data=layers, config=self.pm.model.config) if depth else None
-        batch = build_rows(self.pm, [(list(ids[c:]), example) for _, (ids, example), c in chosen])
-        m, width = batch.inputs["input_ids"].shape  # [rows, suffix width]
-        steps = torch.arange(width, device=device)
-        prefix_mask = (torch.arange(depth, device=device)[None, :] < shared[:, None])  # [rows, P]
-        attention_mask = torch.cat([prefix_mask.to(batch.inputs["attention_mask"].dtype),
-                                    batch.inputs["attention_mask"]], dim=1)  # [rows, P + width]
-        # real suffix tokens sit at c + i; padding slots get position c (any valid position: masked)
-        position_ids = torch.where(batch.inputs["attention_mask"].bool(), shared[:, None] + steps[None, :],
-                                   shared[:, None])  # [rows, width]
-        kwargs = {"input_ids": batch.inputs["input_ids"], "attention_mask": attention_mask,
-                  "position_ids": position_ids, "cache": cache, "use_cache": cache is not None}
-        batch = self._trim(batch, kwargs)
+        pad = self.pm.tokenizer.pad_token_id if self.pm.tokenizer.pad_token_id is not None else 0
+        n_bins = len(bins)
+        depth = max(self._bin_depth(b) for b in bins)
+        fill = max(sum(len(seg.ids) for seg in b) for b in bins)
+        ids = torch.full((n_bins, fill), pad, dtype=torch.long)
+        positions = torch.zeros((n_bins, fill), dtype=torch.long)
+        start = torch.arange(fill).repeat(n_bins, 1)  # first own-segment slot each query may read
+        low = torch.zeros((n_bins, fill), dtype=torch.long)  # cached slots [low, high) each query may read
+        high = torch.zeros((n_bins, fill), dtype=torch.long)
+        gather = torch.zeros((n_bins, depth), dtype=torch.long)  # flat cache slot behind each cache slot
+        n_keep = max(sum(len(seg.row[1].target_ids) for seg in b) for b in bins)
+        keep = torch.zeros((n_bins, n_keep), dtype=torch.long)  # positions whose logits are read
+        owners: list[tuple[int, int, _Segment]] = []  # (bin, first kept index, segment)
+        starts: dict[int, int] = {}  # segment slot -> flat position of its token 0 in this call
+        for b, members in enumerate(bins):
+            offset: dict[int, int] = {}  # example slot -> its first cache slot in this bin
+            used = 0
+            for seg in members:
+                if seg.slot not in offset and seg.shared:
+                    offset[seg.slot] = used
+                    deepest = max(other.shared for other in members if other.slot == seg.slot)
+                    gather[b, used:used + deepest] = origin[seg.slot] + torch.arange(deepest)
+                    used += deepest
+            at, kept = 0, 0
+            for seg in members:
+                n, n_target = len(seg.ids), len(seg.row[1].target_ids)
+                ids[b, at:at + n] = torch.tensor(seg.ids)
+                positions[b, at:at + n] = seg.shared + torch.arange(n)
+                start[b, at:at + n] = at
+                if seg.shared:
+                    low[b, at:at + n] = offset[seg.slot]
+                    high[b, at:at + n] = offset[seg.slot] + seg.shared
+                # the logits at the row's last input token and at the continuation tokens fed
+                keep[b, kept:kept + n_target] = at + n - n_target + torch.arange(n_target)
+                owners.append((b, kept, seg))
+                starts[seg.slot] = b * fill + at
+                at += n
+                kept += n_target
+        slots = torch.arange(depth)
+        keys = torch.arange(fill)
+        queries = torch.arange(fill)[None, :, None]
+        allowed = torch.cat([(slots[None, None, :] >= low[:, :, None]) & (slots[None, None, :] < high[:, :, None]),
+                             (keys[None, None, :] >= start[:, :, None]) & (keys[None, None, :] <= queries)],
+                            dim=2)  # [bins, fill, depth + fill]; a padding query reads itself only
+        dtype = self.pm.model.dtype if self.pm.model.dtype.is_floating_point else torch.float32
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        cache = None
+        if depth:
+            index = gather.reshape(-1).to(device)
+            layers = []
+            for keys_flat, values_flat in kv:  # each [slots, kv_heads, head_dim]
+                shape = (n_bins, depth) + tuple(keys_flat.shape[1:])
+                layers.append((keys_flat.index_select(0, index).view(shape).transpose(1, 2),
+                               values_flat.index_select(0, index).view(shape).transpose(1, 2)))
+            cache = DynamicCache(ddp_cache_data=layers, config=self.pm.model.config)
+        elif keep_cache:
+            cache = DynamicCache(config=self.pm.model.config)
+        kwargs = {"input_ids": ids.to(device), "attention_mask": mask[:, None].to(device),
+                  "position_ids": positions.to(device), "cache": cache, "use_cache": cache is not None}
+        if self._trim_logits:
+            kwargs["logits_to_keep"] = keep.to(device)
         started = time.perf_counter()
         with eval_no_grad(self.pm.model):
-            logits = self.pm.model(**kwargs).logits
-        self._count(started, m * width)
-        self.stats.prefix_rows += m
-        values = target_values(self.pm, batch, logits).float().cpu()  # [rows]
-        self._store([(key, row) for key, row, _ in chosen], values, None)
+            logits = self.pm.model(**kwargs).logits  # [bins, n_keep or fill, vocab]
+        self._count(started, n_bins * fill)
+        if keep_cache:
+            self.stats.prefix_passes += 1
+        if not self._trim_logits:
+            logits = logits.gather(1, keep.to(device)[:, :, None].expand(-1, -1, logits.shape[-1]))
+        # one row per segment: its kept logits, then the shared target arithmetic
+        n_target = max(len(seg.row[1].target_ids) for _, _, seg in owners)
+        pick_bin = torch.tensor([b for b, _, _ in owners], device=device)
+        pick_at = torch.tensor([[min(k + j, n_keep - 1) for j in range(n_target)] for _, k, _ in owners], device=device)
+        per_row = logits[pick_bin[:, None], pick_at]  # [segments, n_target, vocab]
+        values = torch.empty(len(owners), dtype=torch.float32)
+        by_kind: dict[str, list[int]] = {}
+        for r, (_, _, seg) in enumerate(owners):
+            by_kind.setdefault(seg.row[1].kind, []).append(r)
+        for members in by_kind.values():
+            examples = [owners[r][2].row[1] for r in members]
+            tokens = torch.zeros((len(members), n_target), dtype=torch.long)
+            valid = torch.zeros((len(members), n_target), dtype=torch.bool)
+            for j, example in enumerate(examples):
+                tokens[j, :len(example.target_ids)] = torch.tensor(example.target_ids)
+                valid[j, :len(example.target_ids)] = True
+            rows = RowBatch(inputs={}, examples=examples, input_lengths=None,
+                            target_positions=torch.arange(n_target, device=device).expand(len(members), -1),
+                            target_tokens=tokens.to(device), target_valid=valid.to(device))
+            values[members] = target_values(self.pm, rows, per_row[torch.tensor(members, device=device)]).float().cpu()
+        stored = [r for r, (_, _, seg) in enumerate(owners) if seg.key is not None]
+        self._store([(owners[r][2].key, owners[r][2].row) for r in stored], values[stored], None)
+        if not keep_cache:
+            return None
+
+        def flat(states: torch.Tensor) -> torch.Tensor:  # [bins, kv_heads, fill, head_dim] -> [slots, kv_heads, head_dim]
+            return states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])
+
+        return [(flat(layer.keys), flat(layer.values)) for layer in cache.layers], starts
