@@ -58,16 +58,42 @@ def run_method(pm, examples, method: str, *, engine=None, params: Mapping | None
     if kind == "attention":
         from probe.explain.attention import attention_scores
 
-        return attention_scores(pm, examples, method, **params)
+        return _halving_examples(pm, examples, lambda part: attention_scores(pm, part, method, **params))
     if kind == "gradient":
         from probe.explain.gradients import gradient_scores
 
-        return gradient_scores(pm, examples, method, **params)
+        return _halving_examples(pm, examples, lambda part: gradient_scores(pm, part, method, **params))
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo
 
     engine = engine or Engine(pm)
     return loo(engine, examples, method.removeprefix("loo_"), **params)
+
+
+def _halving_examples(pm, examples, compute) -> TokenScores:
+    """``compute(examples)``; when it runs out of memory, on each half of the examples in turn
+    (recursively, see :func:`probe.intervene.engine.halving`), the parts joined in order.
+
+    A part's scores are kept only once the part has completed, so an example is never lost or
+    scored twice; per-example ``extras`` lists are joined, other extras and params are the first
+    part's (they do not depend on the examples).
+    """
+    from probe.intervene.engine import halving
+
+    parts: list[tuple[int, TokenScores]] = []
+    halving(list(range(len(examples))),
+            lambda chosen: parts.append((chosen[0] if chosen else 0, compute([examples[i] for i in chosen]))),
+            device=pm.device, what="examples")
+    if len(parts) == 1:
+        return parts[0][1]
+    parts.sort(key=lambda part: part[0])
+    first = parts[0][1]
+    extras = {}
+    for key, value in first.extras.items():
+        values = [part.extras.get(key) for _, part in parts]
+        extras[key] = [v for each in values for v in each] if all(isinstance(v, list) for v in values) else value
+    return TokenScores(method=first.method, scores=[s for _, part in parts for s in part.scores], params=first.params,
+                       per_head=first.per_head, per_layer=first.per_layer, extras=extras)
 
 
 def run_methods(pm, examples, methods: Sequence[str], *, engine=None,
