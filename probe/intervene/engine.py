@@ -672,12 +672,13 @@ class Engine:
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
         cache = None
         if depth:
-            index = gather.reshape(-1).to(device)
+            index = gather.reshape(-1)
             layers = []
-            for keys_flat, values_flat in kv:  # each [slots, kv_heads, head_dim]
+            for keys_flat, values_flat in kv:  # each [slots, kv_heads, head_dim], on its layer's device
                 shape = (n_bins, depth) + tuple(keys_flat.shape[1:])
-                layers.append((keys_flat.index_select(0, index).view(shape).transpose(1, 2),
-                               values_flat.index_select(0, index).view(shape).transpose(1, 2)))
+                at = index.to(keys_flat.device)
+                layers.append((keys_flat.index_select(0, at).view(shape).transpose(1, 2),
+                               values_flat.index_select(0, at).view(shape).transpose(1, 2)))
             cache = DynamicCache(ddp_cache_data=layers, config=self.pm.model.config)
         elif keep_cache:
             cache = DynamicCache(config=self.pm.model.config)
