@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 import pytest
 import scipy.stats
 
@@ -345,3 +346,35 @@ def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
     assert row.diff_vs_gradient.item() == pytest.approx(diff.mean())
     assert row.wilcoxon_p.item() == pytest.approx(scipy.stats.wilcoxon(diff.to_numpy()).pvalue)
     assert row.tracks.item() == (row.above_random.item() and not (diff.mean() < 0 and row.wilcoxon_p.item() <= 0.05))
+
+
+@pytest.mark.parametrize("table", ["counterfactual", "heads"])
+def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_data, tmp_path, table):
+    """A counterfactual or head step that runs out of memory reruns on each half of the batch's
+    examples: the same rows, in the same order, as an uninterrupted step."""
+    from probe.explain.target import prepare
+    from probe.study.runner import counterfactual_rows, head_rows
+
+    pm = loaded("bert")
+    study = study_from_dict(tiny_study(Path("unused"), tiny_data, tmp_path / "out"))
+    examples = prepare(pm, ["the movie was good and fun", "bad film , not fun at all", "i loved the acting",
+                            "slow plot"])
+    step = counterfactual_rows if table == "counterfactual" else head_rows
+    expected = step(pm, study, examples, 10)
+    original_forward = pm.model.forward
+    calls = {"n": 0}
+
+    def forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original_forward(*args, **kwargs)
+
+    pm.model.forward = forward
+    try:
+        got = step(pm, study, examples, 10)
+    finally:
+        del pm.model.forward
+    assert calls["n"] > 2
+    assert list(got["example"]) == list(expected["example"])
+    pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-4, atol=1e-5)

@@ -380,11 +380,15 @@ def adversarial_attention(pm, examples: Sequence[PreparedExample], *, layer: int
             reference_value = original.value.repeat_interleave(candidates, dim=0)
             allowed = _key_mask(big_tq, reference_attention.shape[-1])  # [rows, 1, 1, n_keys]
             start = torch.log(reference_attention.clamp(min=1e-12))
-            noise = []
-            for example in chunk:
+            # each example's own draws over its own target rows and keys, so its start does not
+            # depend on how wide the batch it shares is padded
+            noise = torch.zeros((len(chunk) * candidates,) + tuple(start.shape[1:]))  # [rows, head, R, n_keys]
+            for i, example in enumerate(chunk):
                 generator = torch.Generator().manual_seed(example_seed(seed, example))
-                noise.append(torch.randn((candidates,) + tuple(start.shape[1:]), generator=generator) * init_scale)
-            logits_param = (start + torch.cat(noise).to(start.device)).masked_fill(~allowed, 0.0).requires_grad_(True)
+                n_rows, n_keys = int(tq.valid[i].sum()), int(tq.lengths[i])
+                noise[i * candidates:(i + 1) * candidates, :, :n_rows, :n_keys] = torch.randn(
+                    (candidates, start.shape[1], n_rows, n_keys), generator=generator) * init_scale
+            logits_param = (start + noise.to(start.device)).masked_fill(~allowed, 0.0).requires_grad_(True)
             optimiser = torch.optim.Adam([logits_param], lr=lr)
             n_rows = logits_param.shape[0]
             best = {"ajsd": torch.full((n_rows,), -1.0), "value": torch.full((n_rows,), float("nan")),

@@ -299,34 +299,57 @@ def _sites(pm, study) -> list[tuple[int, int | None]]:
     return sites
 
 
-def counterfactual_rows(pm, study, examples, first_index: int) -> pd.DataFrame:
-    from probe.intervene.counterfactual import adversarial_attention, permuted_attention
+def _by_halves(pm, examples, first_index: int, make) -> pd.DataFrame:
+    """``make(examples, first_index)``: a frame of those examples' rows. When it runs out of memory,
+    it runs on each half of the examples in turn (recursively, see
+    :func:`probe.intervene.engine.halving`) and the parts are joined in example order. A part is
+    kept only once complete, so no example is lost or run twice; every intervention seeds per
+    example, so the halves give what one call gives."""
+    from probe.intervene.engine import halving
 
-    spec = study.metrics.counterfactual
-    frames = []
-    for layer, head in _sites(pm, study):
-        base = {"example": np.arange(first_index, first_index + len(examples)), "layer": layer,
-                "head": -1 if head is None else head}
-        perm = permuted_attention(pm, examples, layer=layer, head=head, n=spec.permutations,
-                                  seed=study.statistics.seed)
-        summary = perm.summary()
-        frame = pd.DataFrame({**base, "max_attention": summary["max_attention"].double().numpy(),
-                              "perm_median_output_tvd": summary["median_output_tvd"].double().numpy(),
-                              "perm_median_abs_target_change": summary["median_abs_target_change"].double().numpy(),
-                              "perm_max_output_tvd": perm.output_tvd.double().nan_to_num(-1).max(dim=1).values.numpy(),
-                              "perm_median_attention_jsd": perm.attention_jsd.double().nanmedian(dim=1).values.numpy()})
-        if spec.adversarial:
-            adv = adversarial_attention(pm, examples, layer=layer, head=head, bound=spec.max_output_tvd,
-                                        candidates=spec.adversarial_candidates, steps=spec.adversarial_steps,
-                                        seed=study.statistics.seed)
-            frame["adv_max_attention_jsd"] = adv.summary()["max_attention_jsd"].double().numpy()
-            frame["adv_feasible_frac"] = adv.feasible.double().mean(dim=1).numpy()
-            frame["adv_bound"] = spec.max_output_tvd
-        frames.append(frame)
+    parts: list[pd.DataFrame] = []
+    halving(list(range(len(examples))),
+            lambda chosen: parts.append(make([examples[i] for i in chosen], first_index + (chosen[0] if chosen else 0))),
+            device=pm.device, what="examples")
+    return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+
+
+def counterfactual_rows(pm, study, examples, first_index: int) -> pd.DataFrame:
+    frames = [_by_halves(pm, examples, first_index,
+                         lambda part, start, layer=layer, head=head: _counterfactual_site(pm, study, part, start, layer, head))
+              for layer, head in _sites(pm, study)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _counterfactual_site(pm, study, examples, first_index: int, layer: int, head: int | None) -> pd.DataFrame:
+    from probe.intervene.counterfactual import adversarial_attention, permuted_attention
+
+    spec = study.metrics.counterfactual
+    base = {"example": np.arange(first_index, first_index + len(examples)), "layer": layer,
+            "head": -1 if head is None else head}
+    perm = permuted_attention(pm, examples, layer=layer, head=head, n=spec.permutations,
+                              seed=study.statistics.seed)
+    summary = perm.summary()
+    frame = pd.DataFrame({**base, "max_attention": summary["max_attention"].double().numpy(),
+                          "perm_median_output_tvd": summary["median_output_tvd"].double().numpy(),
+                          "perm_median_abs_target_change": summary["median_abs_target_change"].double().numpy(),
+                          "perm_max_output_tvd": perm.output_tvd.double().nan_to_num(-1).max(dim=1).values.numpy(),
+                          "perm_median_attention_jsd": perm.attention_jsd.double().nanmedian(dim=1).values.numpy()})
+    if spec.adversarial:
+        adv = adversarial_attention(pm, examples, layer=layer, head=head, bound=spec.max_output_tvd,
+                                    candidates=spec.adversarial_candidates, steps=spec.adversarial_steps,
+                                    seed=study.statistics.seed)
+        frame["adv_max_attention_jsd"] = adv.summary()["max_attention_jsd"].double().numpy()
+        frame["adv_feasible_frac"] = adv.feasible.double().mean(dim=1).numpy()
+        frame["adv_bound"] = spec.max_output_tvd
+    return frame
+
+
 def head_rows(pm, study, examples, first_index: int) -> pd.DataFrame:
+    return _by_halves(pm, examples, first_index, lambda part, start: _head_frame(pm, study, part, start))
+
+
+def _head_frame(pm, study, examples, first_index: int) -> pd.DataFrame:
     from probe.intervene.heads import head_ablation_effects, head_importance
 
     spec = study.metrics.heads
