@@ -7,6 +7,7 @@ keeps matplotlib from writing to the home directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -82,3 +83,34 @@ def loaded(tiny_dirs):
         return cache[(kind, implementation, dtype)]
 
     return get
+
+
+@contextlib.contextmanager
+def _simulated_oom(pm, fails):
+    """Within the block, a call of ``pm.model`` for which ``fails(call_number, input_ids)`` is true
+    raises CUDA's out-of-memory error instead of running (``input_ids`` is None for embeddings).
+    Yields counts: ``{"calls": ..., "failed": ...}``."""
+    import torch
+
+    model = pm.model
+    original = model.forward
+    counts = {"calls": 0, "failed": 0}
+
+    def forward(*args, **kwargs):
+        counts["calls"] += 1
+        if fails(counts["calls"], kwargs.get("input_ids", args[0] if args else None)):
+            counts["failed"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        yield counts
+    finally:
+        del model.forward
+
+
+@pytest.fixture
+def simulated_oom():
+    """``with simulated_oom(pm, fails) as counts:``: see :func:`_simulated_oom`."""
+    return _simulated_oom

@@ -391,7 +391,7 @@ def test_ig_on_the_fine_tuned_builtin(builtin_cache):
 
 
 @pytest.mark.parametrize("method", ["rollout", "integrated_gradients"])
-def test_out_of_memory_in_an_explainer_halves_the_examples(loaded, method):
+def test_out_of_memory_in_an_explainer_halves_the_examples(loaded, method, simulated_oom):
     """An explainer that runs out of memory is rerun on each half of its examples: the scores and
     per-example extras equal an uninterrupted run, in order, each example once."""
     from probe.explain.methods import run_method
@@ -400,21 +400,9 @@ def test_out_of_memory_in_an_explainer_halves_the_examples(loaded, method):
     examples = prepare(pm, ["the movie was good and fun", "bad film , not fun at all", "i loved the acting"])
     params = {"steps": 8} if method == "integrated_gradients" else {}
     expected = run_method(pm, examples, method, params=params)
-    original_forward = pm.model.forward
-    calls = {"n": 0}
-
-    def forward(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return original_forward(*args, **kwargs)
-
-    pm.model.forward = forward
-    try:
+    with simulated_oom(pm, lambda call, _: call == 1) as calls:  # the first model call fails
         got = run_method(pm, examples, method, params=params)
-    finally:
-        del pm.model.forward
-    assert calls["n"] > 2
+    assert calls["failed"] == 1 and calls["calls"] > 2
     assert len(got.scores) == len(examples)
     for a, b in zip(got.scores, expected.scores):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

@@ -474,7 +474,7 @@ def test_erasure_rejects_bad_bins_and_per_head_rankings(models):
 
 
 @pytest.mark.parametrize("kind,reuse", [("bert", False), ("llama_gqa", False), ("llama_gqa", True)])
-def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse, monkeypatch):
+def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse, monkeypatch, simulated_oom):
     """A batch that runs out of memory is halved and retried: same values, each row stored once."""
     from probe.intervene import engine as engine_module
     from probe.intervene.engine import Engine
@@ -487,23 +487,10 @@ def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse, m
     rows += [(list(e.input_ids), e) for e in examples]
     expected = Engine(pm).values(rows, reuse_prefix=reuse)
 
-    model = pm.model
-    original_forward = model.forward
-    calls = {"failed": 0}
-
-    def forward(*args, **kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[0] > 1 and ids.numel() > 20:  # any batch of more than 20 tokens
-            calls["failed"] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return original_forward(*args, **kwargs)
-
-    model.forward = forward
-    try:
+    # any batch of more than 20 tokens runs out of memory
+    with simulated_oom(pm, lambda _, ids: ids is not None and ids.shape[0] > 1 and ids.numel() > 20) as calls:
         engine = Engine(pm)
         got = engine.values(rows, reuse_prefix=reuse)
-    finally:
-        del model.forward
     assert calls["failed"] > 0 and engine.stats.oom_splits > 0
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert engine.stats.rows_evaluated == len({(tuple(ids), id(e)) for ids, e in rows})

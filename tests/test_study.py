@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 import pytest
 import scipy.stats
 
@@ -349,7 +348,7 @@ def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
 
 
 @pytest.mark.parametrize("table", ["counterfactual", "heads"])
-def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_data, tmp_path, table):
+def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_data, tmp_path, table, simulated_oom):
     """A counterfactual or head step that runs out of memory reruns on each half of the batch's
     examples: the same rows, in the same order, as an uninterrupted step."""
     from probe.explain.target import prepare
@@ -361,20 +360,8 @@ def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_
                             "slow plot"])
     step = counterfactual_rows if table == "counterfactual" else head_rows
     expected = step(pm, study, examples, 10)
-    original_forward = pm.model.forward
-    calls = {"n": 0}
-
-    def forward(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return original_forward(*args, **kwargs)
-
-    pm.model.forward = forward
-    try:
+    with simulated_oom(pm, lambda call, _: call == 1) as calls:  # the first model call fails
         got = step(pm, study, examples, 10)
-    finally:
-        del pm.model.forward
-    assert calls["n"] > 2
+    assert calls["failed"] == 1 and calls["calls"] > 2
     assert list(got["example"]) == list(expected["example"])
     pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-4, atol=1e-5)

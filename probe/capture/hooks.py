@@ -210,11 +210,8 @@ class _Session:
                                          is_causal=is_causal, rows=None, device=query.device)
             scores = amath.attention_scores(query, key, scaling=scaling, position_bias=position_bias, softcap=softcap)
             weights, has_keys = amath.masked_softmax(scores, allowed)
-            home = self.home
-            context = EditContext(stack=stack, layer=layer, module=module,
-                                  query_index=(rows if rows is not None else torch.arange(q_len, device=query.device).expand(batch, q_len)).to(home),
-                                  allowed=allowed.to(home) if allowed is not None else None)
-            weights = editor(weights.to(home), context).to(query.device)
+            context = self._context(place, module, rows, allowed, batch, q_len, query.device)
+            weights = editor(weights.to(self.home), context).to(query.device)
             output = amath.attention_output(weights, value)
             if wants:
                 self._store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
@@ -227,11 +224,7 @@ class _Session:
                                              is_causal=is_causal, rows=None, device=query.device)
                 mean = amath.head_mean_weights(query, key, allowed, scaling=scaling, position_bias=position_bias,
                                                softcap=softcap)
-                home = self.home
-                observer(mean.to(home), EditContext(
-                    stack=stack, layer=layer, module=module,
-                    query_index=(rows if rows is not None else torch.arange(q_len, device=query.device).expand(batch, q_len)).to(home),
-                    allowed=allowed.to(home) if allowed is not None else None))
+                observer(mean.to(self.home), self._context(place, module, rows, allowed, batch, q_len, query.device))
                 del mean, allowed
         if not wants:
             return output, returned
@@ -246,6 +239,12 @@ class _Session:
             picked, has_keys = amath.masked_softmax(scores, allowed)
         self._store(place, picked, has_keys, rows, q_len)
         return output, returned
+
+    def _context(self, place, module, rows, allowed, batch: int, q_len: int, device) -> EditContext:
+        """What an editor or observer is told, on the model's input device."""
+        query_index = rows if rows is not None else torch.arange(q_len, device=device).expand(batch, q_len)
+        return EditContext(stack=place[0], layer=place[1], module=module, query_index=query_index.to(self.home),
+                           allowed=allowed.to(self.home) if allowed is not None else None)
 
     def _store(self, place, picked, has_keys, rows, q_len):
         # picked [batch, head, rows, key]; has_keys [batch|1, head|1, rows]

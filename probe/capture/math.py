@@ -88,19 +88,26 @@ def attention_scores(
     return scores
 
 
-def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *,
+                   inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the key axis with blocked keys at exactly 0.
 
     Returns (weights [B, H, R, K] fp32, row_has_keys [B, H|1, R] bool). A row with no allowed key
     gets all-zero weights (never NaN); ``row_has_keys`` says which rows those were.
+    ``inplace``: ``scores`` may be overwritten and the weights are zeroed in place (fewer [R, K]
+    temporaries; not for tensors autograd needs).
     """
     if allowed is None:
         weights = torch.softmax(scores, dim=-1)
         return weights, torch.ones(scores.shape[:-1], dtype=torch.bool, device=scores.device)
     # The dtype's minimum rather than -inf: a fully blocked row stays finite (then zeroed), so
     # gradients through it are zero rather than NaN.
-    weights = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min), dim=-1)
+    blocked = torch.finfo(scores.dtype).min
+    masked = scores.masked_fill_(~allowed, blocked) if inplace else scores.masked_fill(~allowed, blocked)
+    weights = torch.softmax(masked, dim=-1)
     row_has_keys = allowed.any(dim=-1)
+    if inplace:
+        return weights.masked_fill_(~row_has_keys[..., None], 0.0), row_has_keys
     weights = torch.where(row_has_keys[..., None], weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
     return weights, row_has_keys
 
@@ -128,12 +135,8 @@ def head_mean_weights(
         mask = allowed[:, h:h + 1] if allowed is not None and allowed.shape[1] > 1 else allowed
         scores = attention_scores(query[:, h:h + 1], key[:, h // group:h // group + 1], scaling=scaling,
                                   position_bias=bias, softcap=softcap)  # [batch, 1, query, key]
-        if mask is not None:  # masked_softmax's arithmetic, in place: one head's map at a time
-            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
-        part = torch.softmax(scores, dim=-1)[:, 0]  # [batch, query, key]
+        part = masked_softmax(scores, mask, inplace=True)[0][:, 0]  # [batch, query, key]
         del scores
-        if mask is not None:
-            part.masked_fill_(~mask.any(dim=-1)[:, 0, :, None], 0.0)  # rows without an allowed key
         total = part if total is None else total.add_(part)
     return total / n_heads
 

@@ -190,10 +190,13 @@ def residual_attention(weights: torch.Tensor) -> torch.Tensor:
     A = 0.5 W + 0.5 I with rows renormalised (Abnar & Zuidema). Renormalising matters where W's row
     is not a distribution: a row with no allowed key becomes the identity row (the residual alone).
     """
-    mean = weights.float().mean(dim=-3)  # [..., T, T]
-    eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
-    augmented = 0.5 * mean + 0.5 * eye
-    return augmented / augmented.sum(dim=-1, keepdim=True)
+    return _add_residual_(weights.float().mean(dim=-3))  # [..., T, T]
+
+
+def _add_residual_(mean: torch.Tensor) -> torch.Tensor:
+    """0.5 W + 0.5 I with rows renormalised, in place on the head-mean ``mean`` [..., T, T] (fp32)."""
+    mean.mul_(0.5).diagonal(dim1=-2, dim2=-1).add_(0.5)
+    return mean.div_(mean.sum(dim=-1, keepdim=True))
 
 
 def rollout_matrices(weights: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -235,10 +238,8 @@ class _ResidualStream:
                                "the model ran its layers out of order or twice")
         self.next_layer += 1
         with torch.no_grad():
-            # residual_attention(mean[:, None]), in place on the observer's own copy: fewer [T, T] temporaries
-            augmented = mean.float().mul_(0.5)
-            augmented.diagonal(dim1=-2, dim2=-1).add_(0.5)
-            augmented.div_(augmented.sum(dim=-1, keepdim=True))  # [batch, T, T]
+            # in place on the observer's own copy: no [T, T] temporaries beyond the product
+            augmented = _add_residual_(mean.float())  # [batch, T, T]
             self.product = augmented if self.product is None else augmented @ self.product
             if self.target is not None:
                 index = self.target[:, :, None].expand(-1, 1, self.product.shape[-1])

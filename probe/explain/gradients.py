@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from probe.errors import InputError
 from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
-from probe.intervene.engine import _accepts
+from probe.explain.target import (PreparedExample, RowBatch, build_rows, example_seed, keep_target_logits,
+                                  target_values)
 
 GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
 BASELINES = ("pad", "zero", "mask", "unk")
@@ -82,13 +82,7 @@ class _EmbeddingForward:
         full = torch.where(self.explained[row][..., None], padded, self.fixed[row])  # [n, seq, dim]
         inputs = {key: value[row] for key, value in self.batch.inputs.items() if key != "input_ids"}
         inputs["inputs_embeds"] = full.to(_model_dtype(self.pm))
-        selected = _select_rows(self.batch, row)
-        if self.pm.task == "causal_lm" and _accepts(self.pm.model, "logits_to_keep"):
-            # project only the target positions onto the vocabulary (same values, far less memory)
-            inputs["logits_to_keep"] = selected.target_positions  # [n, n_target]
-            n, n_target = selected.target_positions.shape
-            kept = torch.arange(n_target, device=selected.target_positions.device).expand(n, n_target)
-            selected = dataclasses.replace(selected, target_positions=kept)
+        selected = keep_target_logits(self.pm, _select_rows(self.batch, row), inputs)
         logits = self.pm.model(**inputs).logits
         return target_values(self.pm, selected, logits)  # [n] fp32
 

@@ -72,27 +72,20 @@ def run_method(pm, examples, method: str, *, engine=None, params: Mapping | None
 
 def _halving_examples(pm, examples, compute) -> TokenScores:
     """``compute(examples)``; when it runs out of memory, on each half of the examples in turn
-    (recursively, see :func:`probe.intervene.engine.halving`), the parts joined in order.
+    (:func:`probe.intervene.engine.in_halves`), the parts joined in order: per-example ``extras``
+    lists are joined, other extras and params are the first part's (they do not depend on the
+    examples)."""
+    from probe.intervene.engine import in_halves
 
-    A part's scores are kept only once the part has completed, so an example is never lost or
-    scored twice; per-example ``extras`` lists are joined, other extras and params are the first
-    part's (they do not depend on the examples).
-    """
-    from probe.intervene.engine import halving
-
-    parts: list[tuple[int, TokenScores]] = []
-    halving(list(range(len(examples))),
-            lambda chosen: parts.append((chosen[0] if chosen else 0, compute([examples[i] for i in chosen]))),
-            device=pm.device, what="examples")
+    parts = in_halves(examples, lambda part, _: compute(part), device=pm.device)
     if len(parts) == 1:
-        return parts[0][1]
-    parts.sort(key=lambda part: part[0])
-    first = parts[0][1]
+        return parts[0]
+    first = parts[0]
     extras = {}
     for key, value in first.extras.items():
-        values = [part.extras.get(key) for _, part in parts]
+        values = [part.extras.get(key) for part in parts]
         extras[key] = [v for each in values for v in each] if all(isinstance(v, list) for v in values) else value
-    return TokenScores(method=first.method, scores=[s for _, part in parts for s in part.scores], params=first.params,
+    return TokenScores(method=first.method, scores=[s for part in parts for s in part.scores], params=first.params,
                        per_head=first.per_head, per_layer=first.per_layer, extras=extras)
 
 

@@ -13,6 +13,9 @@ Layouts (right padding everywhere):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -190,6 +193,37 @@ def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None
         positions, tokens, valid = positions.to(device), tokens.to(device), valid.to(device)
     return RowBatch(inputs=inputs, examples=examples, input_lengths=input_lengths.to(device),
                     target_positions=positions, target_tokens=tokens, target_valid=valid)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_accepts(model_class: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(model_class.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def forward_accepts(model, name: str) -> bool:
+    """Whether the model class's forward takes ``name`` (the class, not the instance: a wrapped
+    instance method would hide the signature)."""
+    return _class_accepts(type(model), name)
+
+
+def keep_target_logits(pm, batch: RowBatch, kwargs: dict) -> RowBatch:
+    """Causal LMs whose forward takes ``logits_to_keep``: project only the positions the target
+    reads onto the vocabulary (far less memory; the values are those of the full projection, the
+    same rows of the same matmul).
+
+    Sets ``kwargs["logits_to_keep"]`` to the ``[rows, n_target]`` target positions; the logits then
+    come back as ``[rows, n_target, vocab]``, so the returned batch's target positions are
+    ``0..n_target-1``. Any other model: the batch unchanged.
+    """
+    if pm.task != "causal_lm" or not forward_accepts(pm.model, "logits_to_keep"):
+        return batch
+    kwargs["logits_to_keep"] = batch.target_positions  # [rows, n_target]
+    n_rows, n_target = batch.target_positions.shape
+    kept = torch.arange(n_target, device=batch.target_positions.device).expand(n_rows, n_target)
+    return dataclasses.replace(batch, target_positions=kept)
 
 
 def target_values(pm, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -50,7 +49,8 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import InputError, ProbeError
-from probe.explain.target import PreparedExample, RowBatch, build_rows, target_values
+from probe.explain.target import (PreparedExample, RowBatch, build_rows, forward_accepts, keep_target_logits,
+                                  target_values)
 
 Row = tuple[tuple[int, ...], PreparedExample]
 
@@ -139,6 +139,18 @@ def halving(items: list, run, stats: EngineStats | None = None, device="cpu", wh
     halving(items[half:], run, stats, device, what)
 
 
+def in_halves(items: Sequence, run, device="cpu", what: str = "examples") -> list:
+    """``[run(items, 0)]``; when that runs out of memory, the results of ``run(part, start)`` on
+    consecutive parts of ``items`` (halves, recursively: :func:`halving`), in item order, ``start``
+    being the index of the part's first item. A part's result is kept only once it is complete,
+    so no item is lost or run twice."""
+    parts: list = []
+    halving(list(range(len(items))),
+            lambda chosen: parts.append(run([items[i] for i in chosen], chosen[0] if chosen else 0)),
+            device=device, what=what)
+    return parts
+
+
 def target_key(example: PreparedExample) -> tuple:
     """What makes two examples' targets the same number (for de-duplication)."""
     return (example.kind, example.label, tuple(example.target_ids))
@@ -172,15 +184,6 @@ def eval_no_grad(model):
             model.train()
 
 
-def _accepts(model, name: str) -> bool:
-    """Whether the model class's forward takes ``name`` (the class, not the instance: a wrapped
-    instance method would hide the signature)."""
-    try:
-        return name in inspect.signature(type(model).forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class Engine:
     """Evaluate targets on many token rows in budgeted, sorted, de-duplicated batches.
 
@@ -206,7 +209,7 @@ class Engine:
         self.stats = EngineStats()
         # row key -> (target value, predicted class or -1)
         self._cache: dict[tuple, tuple[float, int]] = {}
-        self._trim_logits = pm.task == "causal_lm" and _accepts(pm.model, "logits_to_keep")
+        self._trim_logits = pm.task == "causal_lm" and forward_accepts(pm.model, "logits_to_keep")
         self._prefix_reuse_ok: bool | None = None
 
     # ------------------------------------------------------------------ public API
@@ -389,7 +392,7 @@ class Engine:
         kwargs = dict(batch.inputs)
         if self.pm.task != "classification":
             kwargs["use_cache"] = False
-        batch = self._trim(batch, kwargs)
+        batch = keep_target_logits(self.pm, batch, kwargs)
         started = time.perf_counter()
         with eval_no_grad(self.pm.model):
             logits = self.pm.model(**kwargs).logits
@@ -398,20 +401,6 @@ class Engine:
         values = target_values(self.pm, batch, logits).float().cpu()
         labels = logits.argmax(-1).cpu() if self.pm.task == "classification" else None
         return values, labels
-
-    def _trim(self, batch: RowBatch, kwargs: dict) -> RowBatch:
-        """Causal LMs: project only the positions the target reads onto the vocabulary.
-
-        ``logits_to_keep`` takes ``[rows, n_target]`` positions; the logits come back as
-        ``[rows, n_target, vocab]``, so the batch's target positions become ``0..n_target-1``.
-        The values are those of the full projection (same rows of the same matmul).
-        """
-        if not self._trim_logits:
-            return batch
-        kwargs["logits_to_keep"] = batch.target_positions  # [rows, n_target]
-        n_rows, n_target = batch.target_positions.shape
-        kept = torch.arange(n_target, device=batch.target_positions.device).expand(n_rows, n_target)
-        return dataclasses.replace(batch, target_positions=kept)
 
     def _count(self, started: float, padded_tokens: int) -> None:
         self.stats.seconds += time.perf_counter() - started
@@ -439,7 +428,7 @@ class Engine:
             except Exception:  # an unusual config: do not reuse
                 self._prefix_reuse_ok = False
             implementation = getattr(self.pm.model.config, "_attn_implementation", None) or "eager"
-            self._prefix_reuse_ok = (self._prefix_reuse_ok and _accepts(self.pm.model, "cache")
+            self._prefix_reuse_ok = (self._prefix_reuse_ok and forward_accepts(self.pm.model, "cache")
                                      and implementation in ("eager", "sdpa"))
         return self._prefix_reuse_ok
 
@@ -587,23 +576,29 @@ class Engine:
             bins = self._pack_segments(segments, width)
             sized = sorted(((self._bin_depth([segments[i] for i in b]), sum(len(segments[i].ids) for i in b), b)
                             for b in bins), key=lambda item: (item[0], item[1]))
-            plan, cost = [], 0.0
-            batch: list = []
-            for item in sized + [None]:
-                if batch and (item is None or (len(batch) + 1) * (max(item[0], batch[-1][0])
-                                                                  + max(item[1], max(x[1] for x in batch)))
-                              > self.token_budget):
-                    depth = max(x[0] for x in batch)
-                    fill = max(x[1] for x in batch)
-                    cost += len(batch) * (fill + ATTENTION_PAIR_COST * fill * (depth + fill)
-                                          + CACHE_SLOT_COST * depth) + self.call_overhead_tokens
-                    plan.append([x[2] for x in batch])
-                    batch = []
-                if item is not None:
-                    batch.append(item)
+            plan, cost = self._batch_bins(sized)
             if cost < best_cost:
                 best_plan, best_cost = plan, cost
         return best_plan or []
+
+    def _batch_bins(self, sized: list[tuple[int, int, list[int]]]) -> tuple[list[list[list[int]]], float]:
+        """Cut bins ``(cache depth, fill, members)``, sorted by depth, into consecutive batches with
+        ``bins x (depth + widest fill)`` under the token budget; returns the batches' members and
+        their estimated cost (see :meth:`_plan_bins`)."""
+        groups: list[list[tuple[int, int, list[int]]]] = [[]]
+        fill = 0  # widest bin of the open batch; its deepest cache is the last bin's
+        for item in sized:
+            if groups[-1] and (len(groups[-1]) + 1) * (item[0] + max(fill, item[1])) > self.token_budget:
+                groups.append([])
+                fill = 0
+            groups[-1].append(item)
+            fill = max(fill, item[1])
+        cost = 0.0
+        for group in groups:
+            depth, fill = group[-1][0], max(item[1] for item in group)
+            cost += (len(group) * (fill + ATTENTION_PAIR_COST * fill * (depth + fill) + CACHE_SLOT_COST * depth)
+                     + self.call_overhead_tokens)
+        return [[members for _, _, members in group] for group in groups], cost
 
     def _suffix_passes(self, segments: list[_Segment], kv: list, origin: dict[int, int]) -> None:
         for batch in self._plan_bins(segments):

@@ -301,16 +301,12 @@ def _sites(pm, study) -> list[tuple[int, int | None]]:
 
 def _by_halves(pm, examples, first_index: int, make) -> pd.DataFrame:
     """``make(examples, first_index)``: a frame of those examples' rows. When it runs out of memory,
-    it runs on each half of the examples in turn (recursively, see
-    :func:`probe.intervene.engine.halving`) and the parts are joined in example order. A part is
-    kept only once complete, so no example is lost or run twice; every intervention seeds per
-    example, so the halves give what one call gives."""
-    from probe.intervene.engine import halving
+    it runs on each half of the examples in turn (:func:`probe.intervene.engine.in_halves`) and
+    the parts are joined in example order; every intervention seeds per example, so the halves
+    give what one call gives."""
+    from probe.intervene.engine import in_halves
 
-    parts: list[pd.DataFrame] = []
-    halving(list(range(len(examples))),
-            lambda chosen: parts.append(make([examples[i] for i in chosen], first_index + (chosen[0] if chosen else 0))),
-            device=pm.device, what="examples")
+    parts = in_halves(examples, lambda part, start: make(part, first_index + start), device=pm.device)
     return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
 
