@@ -246,14 +246,16 @@ def test_prefix_reuse_equals_full_recomputation(models, kind):
             assert abs(float(reused[r]) - float(evaluate(pm, [(rows[r], example)])[0])) < 1e-4
 
 
+@pytest.mark.parametrize("logits", ["kept", "all"])
 @pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
-def test_prefix_reuse_with_packed_segments(models, kind):
+def test_prefix_reuse_with_packed_segments(models, kind, logits):
     """Rows of several examples, of different lengths and first-change positions, packed side by
-    side into bins over a gathered prefix cache, under a 4-D mask."""
+    side into bins over a gathered prefix cache, under a 4-D mask. The vocabulary projection runs
+    on the kept positions only ("kept") or, for a model that slices its logits its own way, on all."""
     pm = models[kind]
     examples = _examples(pm)
     rows = [(r, e) for e in examples for r in _perturbations(e, replacement=9, min_position=1)]
-    calls = []
+    calls, projected = [], []
     original_forward = pm.model.forward
 
     def spy(*args, **kwargs):
@@ -262,12 +264,17 @@ def test_prefix_reuse_with_packed_segments(models, kind):
         return original_forward(*args, **kwargs)
 
     pm.model.forward = spy
+    head = pm.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, output: projected.append(args[0].shape[:-1].numel()))
     try:
         # a huge per-call cost: the planner puts every bin in one batch
         engine = Engine(pm, token_budget=100_000, call_overhead_tokens=100_000)
+        assert engine._packed_logits
+        engine._packed_logits = logits == "kept"
         reused = engine.values(rows, reuse_prefix=True)
     finally:
         del pm.model.forward
+        head.remove()
     # one prefix pass over the originals, one packed pass over every other row of every example
     assert engine.stats.prefix_passes == 1 and engine.stats.forward_passes == 2
     has_cache, (bins, width), mask_shape = calls[-1]
@@ -278,6 +285,11 @@ def test_prefix_reuse_with_packed_segments(models, kind):
     fed = sum(len(r) - min(common_prefix(r, e.input_ids), len(r) - 1) + len(e.target_ids) - 1 for r, e in unique)
     assert bins * width < 1.5 * fed + width  # little padding: bins are filled
     assert len(mask_shape) == 4 and mask_shape[0] == bins and mask_shape[2] == width and mask_shape[3] > width
+    if logits == "kept":  # each row's target positions, no padding
+        assert projected[-1] == sum(len(e.target_ids) for _, e in unique)
+    else:
+        assert projected[-1] == bins * width
+    assert max(len(e.target_ids) for e in examples) > 1  # short continuations are padded in the arithmetic
     full = evaluate(pm, rows)
     assert torch.allclose(reused, full, atol=1e-4, rtol=0)
 

@@ -160,6 +160,17 @@ def row_key(ids: Sequence[int], example: PreparedExample) -> tuple:
     return (tuple(int(i) for i in ids), target_key(example))
 
 
+def _slices_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward slices ``logits_to_keep`` with transformers' helper (which takes a
+    boolean ``[batch, positions]`` mask and returns the kept positions flattened)."""
+    import inspect
+
+    try:
+        return "slice_logits_to_keep(" in inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return False
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two id sequences."""
     n = min(len(a), len(b))
@@ -210,6 +221,9 @@ class Engine:
         # row key -> (target value, predicted class or -1)
         self._cache: dict[tuple, tuple[float, int]] = {}
         self._trim_logits = pm.task == "causal_lm" and forward_accepts(pm.model, "logits_to_keep")
+        # packed passes keep ragged positions per bin: a boolean logits_to_keep, which transformers'
+        # slice_logits_to_keep flattens to the kept positions (a model slicing its own way projects all)
+        self._packed_logits = self._trim_logits and _slices_logits_to_keep(pm.model)
         self._prefix_reuse_ok: bool | None = None
 
     # ------------------------------------------------------------------ public API
@@ -629,9 +643,8 @@ class Engine:
         low = torch.zeros((n_bins, fill), dtype=torch.long)  # cached slots [low, high) each query may read
         high = torch.zeros((n_bins, fill), dtype=torch.long)
         gather = torch.zeros((n_bins, depth), dtype=torch.long)  # flat cache slot behind each cache slot
-        n_keep = max(sum(len(seg.row[1].target_ids) for seg in b) for b in bins)
-        keep = torch.zeros((n_bins, n_keep), dtype=torch.long)  # positions whose logits are read
-        owners: list[tuple[int, int, _Segment]] = []  # (bin, first kept index, segment)
+        keep = torch.zeros((n_bins, fill), dtype=torch.bool)  # positions whose logits are read
+        owners: list[tuple[int, int, _Segment]] = []  # (bin, position of its first kept logit, segment)
         starts: dict[int, int] = {}  # segment slot -> flat position of its token 0 in this call
         for b, members in enumerate(bins):
             offset: dict[int, int] = {}  # example slot -> its first cache slot in this bin
@@ -642,7 +655,7 @@ class Engine:
                     deepest = max(other.shared for other in members if other.slot == seg.slot)
                     gather[b, used:used + deepest] = origin[seg.slot] + torch.arange(deepest)
                     used += deepest
-            at, kept = 0, 0
+            at = 0
             for seg in members:
                 n, n_target = len(seg.ids), len(seg.row[1].target_ids)
                 ids[b, at:at + n] = torch.tensor(seg.ids)
@@ -652,11 +665,10 @@ class Engine:
                     low[b, at:at + n] = offset[seg.slot]
                     high[b, at:at + n] = offset[seg.slot] + seg.shared
                 # the logits at the row's last input token and at the continuation tokens fed
-                keep[b, kept:kept + n_target] = at + n - n_target + torch.arange(n_target)
-                owners.append((b, kept, seg))
+                keep[b, at + n - n_target:at + n] = True
+                owners.append((b, at + n - n_target, seg))
                 starts[seg.slot] = b * fill + at
                 at += n
-                kept += n_target
         slots = torch.arange(depth)
         keys = torch.arange(fill)
         queries = torch.arange(fill)[None, :, None]
@@ -679,21 +691,24 @@ class Engine:
             cache = DynamicCache(config=self.pm.model.config)
         kwargs = {"input_ids": ids.to(device), "attention_mask": mask[:, None].to(device),
                   "position_ids": positions.to(device), "cache": cache, "use_cache": cache is not None}
-        if self._trim_logits:
-            kwargs["logits_to_keep"] = keep.to(device)
+        if self._packed_logits:
+            kwargs["logits_to_keep"] = keep.to(device)  # the kept positions only, flattened
         started = time.perf_counter()
         with eval_no_grad(self.pm.model):
-            logits = self.pm.model(**kwargs).logits  # [bins, n_keep or fill, vocab]
+            logits = self.pm.model(**kwargs).logits  # [kept positions, vocab], or [bins, fill, vocab]
         self._count(started, n_bins * fill)
         if keep_cache:
             self.stats.prefix_passes += 1
-        if not self._trim_logits:
-            logits = logits.gather(1, keep.to(device)[:, :, None].expand(-1, -1, logits.shape[-1]))
-        # one row per segment: its kept logits, then the shared target arithmetic
+        # one row per segment: its kept logits (a short continuation repeats its last one, which the
+        # target arithmetic then ignores), then the shared target arithmetic
         n_target = max(len(seg.row[1].target_ids) for _, _, seg in owners)
-        pick_bin = torch.tensor([b for b, _, _ in owners], device=device)
-        pick_at = torch.tensor([[min(k + j, n_keep - 1) for j in range(n_target)] for _, k, _ in owners], device=device)
-        per_row = logits[pick_bin[:, None], pick_at]  # [segments, n_target, vocab]
+        at = torch.tensor([[b * fill + k + min(j, len(seg.row[1].target_ids) - 1) for j in range(n_target)]
+                           for b, k, seg in owners])  # [segments, n_target] flat positions
+        if self._packed_logits:
+            at = (keep.reshape(-1).cumsum(0) - 1)[at]  # the rank of each kept position
+        else:
+            logits = logits.reshape(-1, logits.shape[-1])
+        per_row = logits[at.to(device)]  # [segments, n_target, vocab]
         values = torch.empty(len(owners), dtype=torch.float32)
         by_kind: dict[str, list[int]] = {}
         for r, (_, _, seg) in enumerate(owners):
