@@ -295,6 +295,38 @@ def test_prefix_reuse_with_packed_segments(models, kind, logits):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_prefix_reuse_with_one_example_per_bin(models, kind, monkeypatch):
+    """The per-example packing (no fixed bin width offered): every bin holds one example's
+    segments, as wide as its longest, and the values still equal full recomputation."""
+    import probe.intervene.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PACK_WIDTHS", ())
+    pm = models[kind]
+    examples = _examples(pm)
+    rows = [(r, e) for e in examples for r in _perturbations(e, replacement=9, min_position=1)]
+    seen = []
+    pack = Engine._pack_by_example
+
+    def spy(segments):
+        bins = pack(segments)
+        seen.append((segments, bins))
+        return bins
+
+    monkeypatch.setattr(Engine, "_pack_by_example", staticmethod(spy))
+    engine = Engine(pm, token_budget=256)
+    reused = engine.values(rows, reuse_prefix=True)
+    segments, bins = seen[-1]  # the suffix pass
+    assert sorted(i for b in bins for i in b) == list(range(len(segments)))
+    for b in bins:
+        assert len({segments[i].slot for i in b}) == 1
+        example_longest = max(len(s.ids) for s in segments if s.slot == segments[b[0]].slot)
+        assert sum(len(segments[i].ids) for i in b) <= example_longest
+    assert len(bins) < len(segments)  # segments share bins
+    assert engine.stats.forward_passes > 2  # the budget splits the bins over several calls
+    assert torch.allclose(reused, evaluate(pm, rows), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
 def test_loo_on_causal_lm_matches_full_recomputation(models, kind):
     pm = models[kind]
     examples = _examples(pm)

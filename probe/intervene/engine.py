@@ -60,12 +60,14 @@ Row = tuple[tuple[int, ...], PreparedExample]
 #: call), i.e. ~200 tokens; GPUs are launch bound (a call is worth about a thousand tokens).
 CALL_OVERHEAD_TOKENS = {"cpu": 256, "cuda": 1024, "mps": 256}
 #: Planning heuristics for packed prefix-reuse passes, in token-equivalents (they change the
-#: batching only, never the values): one cached prefix slot carried by one bin (gathered, copied
-#: into the layer caches, scored), and one query-key pair of attention (a bin scores every query
-#: against every key before masking). The FLOP ratio of one pair to one token is ~2 x hidden /
-#: parameters per layer (3e-4 for SmolLM2-135M); CPU attention kernels are less efficient than
-#: its matmuls, hence the margin.
-CACHE_SLOT_COST = 0.25
+#: batching only, never the values): one cached prefix slot carried by one bin (gathered and
+#: copied into each layer's cache and its key/value heads: ~0.3 MB of memory traffic on
+#: SmolLM2-135M, against ~1 ms of compute per token; its attention is counted per pair), and one
+#: query-key pair of attention (a bin scores every query against every key before masking). The
+#: FLOP ratio of one pair to one token is ~2 x hidden / parameters per layer (3e-4 for
+#: SmolLM2-135M); CPU attention kernels are less efficient than its matmuls (~6e-4 measured),
+#: hence the margin.
+CACHE_SLOT_COST = 0.05
 ATTENTION_PAIR_COST = 1e-3
 #: Bin widths (tokens of packed segments per batch row) the prefix-reuse planner tries.
 PACK_WIDTHS = (64, 128, 256, 512)
@@ -450,8 +452,9 @@ class Engine:
         """Evaluate causal-LM rows (of any number of examples) reusing each row's unchanged prefix.
 
         Every pass here is *packed*: a row is fed as a *segment*, the tokens it needs computed,
-        and segments sit side by side in bins of W tokens (:meth:`_pack_segments`, W chosen by
-        :meth:`_plan_bins`), so there is almost no padding however different the rows' widths.
+        and segments sit side by side in bins (of W tokens, :meth:`_pack_segments`, or of one
+        example each, :meth:`_pack_by_example`; :meth:`_plan_bins` picks the cheaper), so there is
+        almost no padding however different the rows' widths.
         A custom 4-D additive mask lets a segment token read its own segment's earlier tokens
         (and, below, its own example's cached prefix) and nothing else; position ids restart where
         each segment starts (RoPE and learned position embeddings alike read them). A padding
@@ -573,10 +576,35 @@ class Engine:
             deepest[seg.slot] = max(deepest.get(seg.slot, 0), seg.shared)
         return sum(deepest.values())
 
+    @staticmethod
+    def _pack_by_example(segments: list[_Segment]) -> list[list[int]]:
+        """Bins of one example's segments each, as wide as its longest segment (first fit
+        decreasing). A bin then carries one example's prefix only, so each query scores about
+        twice the example's length in keys rather than P + W; leave-one-out's segments pair off
+        exactly (lengths L - c and c fill a bin of L)."""
+        by_example: dict[int, list[int]] = {}
+        for i, seg in enumerate(segments):
+            by_example.setdefault(seg.slot, []).append(i)
+        bins: list[list[int]] = []
+        for members in by_example.values():
+            members.sort(key=lambda i: -len(segments[i].ids))
+            width = len(segments[members[0]].ids)
+            first, room = len(bins), []
+            for i in members:
+                size = len(segments[i].ids)
+                home = next((b for b, free in enumerate(room) if free >= size), None)
+                if home is None:
+                    home = len(room)
+                    room.append(width)
+                    bins.append([])
+                bins[first + home].append(i)
+                room[home] -= size
+        return bins
+
     def _plan_bins(self, segments: list[_Segment]) -> list[list[list[int]]]:
-        """Batches of bins of segments (indices into ``segments``): the bin width (from
-        :data:`PACK_WIDTHS`, at least the longest segment) that plans cheapest, with bins sorted by
-        cache depth and batched so that ``bins x (depth + width)`` stays under the token budget.
+        """Batches of bins of segments (indices into ``segments``): the packing that plans
+        cheapest, among bins of one width W (from :data:`PACK_WIDTHS`, at least the longest
+        segment) and bins of one example each (:meth:`_pack_by_example`).
 
         A bin of width W over P cached slots costs about ``W`` tokens, plus
         :data:`ATTENTION_PAIR_COST` per query-key pair (W x (P + W): every query of a bin is scored
@@ -584,35 +612,42 @@ class Engine:
         call costs ``call_overhead_tokens``.
         """
         longest = max(len(segment.ids) for segment in segments)
-        candidates = sorted({max(width, longest) for width in PACK_WIDTHS})
+        packings = [self._pack_segments(segments, width) for width in sorted({max(w, longest) for w in PACK_WIDTHS})]
+        packings.append(self._pack_by_example(segments))
         best_plan, best_cost = None, math.inf
-        for width in candidates:
-            bins = self._pack_segments(segments, width)
+        for bins in packings:
             sized = sorted(((self._bin_depth([segments[i] for i in b]), sum(len(segments[i].ids) for i in b), b)
-                            for b in bins), key=lambda item: (item[0], item[1]))
+                            for b in bins), key=lambda item: (item[1], item[0]))
             plan, cost = self._batch_bins(sized)
             if cost < best_cost:
                 best_plan, best_cost = plan, cost
         return best_plan or []
 
     def _batch_bins(self, sized: list[tuple[int, int, list[int]]]) -> tuple[list[list[list[int]]], float]:
-        """Cut bins ``(cache depth, fill, members)``, sorted by depth, into consecutive batches with
-        ``bins x (depth + widest fill)`` under the token budget; returns the batches' members and
-        their estimated cost (see :meth:`_plan_bins`)."""
-        groups: list[list[tuple[int, int, list[int]]]] = [[]]
-        fill = 0  # widest bin of the open batch; its deepest cache is the last bin's
-        for item in sized:
-            if groups[-1] and (len(groups[-1]) + 1) * (item[0] + max(fill, item[1])) > self.token_budget:
-                groups.append([])
-                fill = 0
-            groups[-1].append(item)
-            fill = max(fill, item[1])
-        cost = 0.0
-        for group in groups:
-            depth, fill = group[-1][0], max(item[1] for item in group)
-            cost += (len(group) * (fill + ATTENTION_PAIR_COST * fill * (depth + fill) + CACHE_SLOT_COST * depth)
-                     + self.call_overhead_tokens)
-        return [[members for _, _, members in group] for group in groups], cost
+        """Cut bins ``(cache depth, fill, members)``, sorted by fill, into runs of consecutive bins
+        (one model call each, padded to the run's widest fill and deepest cache, with
+        ``bins x (depth + fill)`` under the token budget) by a dynamic programme that minimises the
+        estimated cost (see :meth:`_plan_bins`); returns the batches' members and that cost."""
+        n = len(sized)
+        best = [0.0] + [math.inf] * n
+        cut = [0] * (n + 1)
+        for b in range(1, n + 1):
+            depth = fill = 0
+            for a in range(b - 1, -1, -1):  # the run a..b-1
+                depth, fill = max(depth, sized[a][0]), max(fill, sized[a][1])
+                bins = b - a
+                if bins > 1 and bins * (depth + fill) > self.token_budget:
+                    break
+                cost = best[a] + (bins * (fill + ATTENTION_PAIR_COST * fill * (depth + fill) + CACHE_SLOT_COST * depth)
+                                  + self.call_overhead_tokens)
+                if cost < best[b]:
+                    best[b], cut[b] = cost, a
+        batches: list[list[list[int]]] = []
+        b = n
+        while b > 0:
+            batches.append([members for _, _, members in sized[cut[b]:b]])
+            b = cut[b]
+        return batches[::-1], best[n]
 
     def _suffix_passes(self, segments: list[_Segment], kv: list, origin: dict[int, int]) -> None:
         for batch in self._plan_bins(segments):
