@@ -209,6 +209,20 @@ def forward_accepts(model, name: str) -> bool:
     return _class_accepts(type(model), name)
 
 
+@functools.lru_cache(maxsize=None)
+def _class_slices_logits_to_keep(model_class: type) -> bool:
+    try:
+        return "slice_logits_to_keep(" in inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def slices_logits_to_keep(model) -> bool:
+    """Whether the model class's forward slices ``logits_to_keep`` with transformers' helper, which
+    also takes a boolean ``[batch, positions]`` mask and returns the kept positions flattened."""
+    return _class_slices_logits_to_keep(type(model))
+
+
 def keep_target_logits(pm, batch: RowBatch, kwargs: dict) -> RowBatch:
     """Causal LMs whose forward takes ``logits_to_keep``: project only the positions the target
     reads onto the vocabulary (far less memory; the values are those of the full projection, the

@@ -50,7 +50,7 @@ import torch
 
 from probe.errors import InputError, ProbeError
 from probe.explain.target import (PreparedExample, RowBatch, build_rows, forward_accepts, keep_target_logits,
-                                  target_values)
+                                  slices_logits_to_keep, target_values)
 
 Row = tuple[tuple[int, ...], PreparedExample]
 
@@ -162,17 +162,6 @@ def row_key(ids: Sequence[int], example: PreparedExample) -> tuple:
     return (tuple(int(i) for i in ids), target_key(example))
 
 
-def _slices_logits_to_keep(model) -> bool:
-    """Whether ``model``'s forward slices ``logits_to_keep`` with transformers' helper (which takes a
-    boolean ``[batch, positions]`` mask and returns the kept positions flattened)."""
-    import inspect
-
-    try:
-        return "slice_logits_to_keep(" in inspect.getsource(type(model).forward)
-    except (OSError, TypeError):
-        return False
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two id sequences."""
     n = min(len(a), len(b))
@@ -225,7 +214,7 @@ class Engine:
         self._trim_logits = pm.task == "causal_lm" and forward_accepts(pm.model, "logits_to_keep")
         # packed passes keep ragged positions per bin: a boolean logits_to_keep, which transformers'
         # slice_logits_to_keep flattens to the kept positions (a model slicing its own way projects all)
-        self._packed_logits = self._trim_logits and _slices_logits_to_keep(pm.model)
+        self._packed_logits = self._trim_logits and slices_logits_to_keep(pm.model)
         self._prefix_reuse_ok: bool | None = None
 
     # ------------------------------------------------------------------ public API
@@ -737,13 +726,13 @@ class Engine:
         # one row per segment: its kept logits (a short continuation repeats its last one, which the
         # target arithmetic then ignores), then the shared target arithmetic
         n_target = max(len(seg.row[1].target_ids) for _, _, seg in owners)
-        at = torch.tensor([[b * fill + k + min(j, len(seg.row[1].target_ids) - 1) for j in range(n_target)]
-                           for b, k, seg in owners])  # [segments, n_target] flat positions
+        picked = torch.tensor([[b * fill + k + min(j, len(seg.row[1].target_ids) - 1) for j in range(n_target)]
+                               for b, k, seg in owners])  # [segments, n_target] flat positions
         if self._packed_logits:
-            at = (keep.reshape(-1).cumsum(0) - 1)[at]  # the rank of each kept position
+            picked = (keep.reshape(-1).cumsum(0) - 1)[picked]  # the rank of each kept position
         else:
             logits = logits.reshape(-1, logits.shape[-1])
-        per_row = logits[at.to(device)]  # [segments, n_target, vocab]
+        per_row = logits[picked.to(device)]  # [segments, n_target, vocab]
         values = torch.empty(len(owners), dtype=torch.float32)
         by_kind: dict[str, list[int]] = {}
         for r, (_, _, seg) in enumerate(owners):
