@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import warnings
@@ -249,7 +250,8 @@ def run(
     out: str = typer.Option(None, "--out", help="result folder (default: the study's output, else results/NAME)"),
     shard: str = typer.Option(None, "--shard", help="I/N: compute only every N-th batch starting at I"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default)"),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
+    wait: bool = typer.Option(False, "--wait", help="if another run holds the result folder, wait for it instead of exiting"),
 ):
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
     _quiet_libraries()
@@ -264,7 +266,7 @@ def run(
     spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
-        result = run_study(spec, shard=shard_of, progress=progress)
+        result = run_study(spec, shard=shard_of, progress=progress, wait=wait)
     if result.verdict is not None:
         print(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}")
         print(f"results: {result.out}")
@@ -276,7 +278,8 @@ def audit(
     out: str = typer.Option(None, "--out", help="report folder (default: the file's output, else results/audit_NAME)"),
     as_json: bool = typer.Option(False, "--json", help="print the audit as JSON instead of a verdict per line"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="say what runs, on stderr"),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default)"),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
+    wait: bool = typer.Option(False, "--wait", help="if another audit holds the report folder, wait for it instead of exiting"),
 ):
     """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
     from pathlib import Path
@@ -292,7 +295,7 @@ def audit(
     if threads:
         torch.set_num_threads(threads)
     folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")
-    with warnings.catch_warnings():
+    with _audit_folder(Path(folder), wait), warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
         result = run_audit(spec, out_dir=folder, progress=progress and not as_json)
     if as_json:
@@ -305,6 +308,39 @@ def audit(
         print(f"{c.verdict.upper():13s} {c.claim}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
               f"n {c.n}{needed})")
     print(f"report: {Path(folder) / 'audit.html'}")
+
+
+AUDIT_FILES = {"audit.json", "audit.md", "audit.html"}
+
+
+@contextlib.contextmanager
+def _audit_folder(folder, wait: bool):
+    """The audit's report folder, locked for the audit (:mod:`probe.study.lock`): new, empty, or
+    holding an earlier audit only; a folder this call made is removed again if the audit fails
+    before writing into it."""
+    from probe.errors import InputError
+    from probe.study.lock import folder_lock
+
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"the audit folder {folder} is a file; give a folder as --out")
+    made = not folder.exists()
+    if not made:
+        others = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in AUDIT_FILES)
+        if others:
+            raise InputError(f"the audit folder {folder} holds other files ({', '.join(others[:3])}"
+                             f"{', ...' if len(others) > 3 else ''}); give an empty or new --out, or an earlier audit's folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"cannot create the audit folder {folder}: {err.strerror}; give a writable --out") from err
+    try:
+        with folder_lock(folder, wait=wait):
+            yield
+    finally:
+        if made and not any(p.name in AUDIT_FILES for p in folder.iterdir()):
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @app.command()
@@ -335,8 +371,30 @@ def compare(
     print(f"markdown: {files.markdown}")
 
 
+def _usage_error_classes() -> tuple[type, ...]:
+    """The usage-error roots of the click that typer uses: typer >= 0.25 ships its own copy
+    (``typer._click``); older typers use the ``click`` package. Both are caught, whichever is present."""
+    import importlib
+
+    roots = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            roots.append(importlib.import_module(module).ClickException)
+        except ImportError:
+            continue
+    return tuple(roots)
+
+
+def _usage_line(exc) -> str:
+    """A click usage error as one line that names the command's --help."""
+    message = " ".join(str(exc.format_message()).split())
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"error: {message}{where}"
+
+
 def main() -> None:
-    """Entry point: user errors print one line and exit 2, without a traceback."""
+    """Entry point: user errors (usage errors included) print one line and exit 2, without a traceback."""
     from probe.errors import ProbeError
 
     warnings.showwarning = _warn_one_line
@@ -350,13 +408,14 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # usage errors arrive here in standalone_mode=False
+        if not isinstance(exc, _usage_error_classes()):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command: its help, as click shows it
             exc.show()
             sys.exit(exc.exit_code)
-        raise
+        print(_usage_line(exc), file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

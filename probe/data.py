@@ -250,6 +250,11 @@ def _load_user_file(path: Path, text_column: str, label_column: str) -> list[Exa
         raise InputError(f"dataset file {path} has suffix {suffix or '(none)'!r}; supported: {', '.join(USER_FILE_SUFFIXES)}")
 
     records, columns, where = _read_csv(path) if suffix == ".csv" else _read_json_records(path)
+    if not records and not columns:
+        layout = ("a header row (e.g. text,label) and one row per example" if suffix == ".csv"
+                  else "one JSON object per line" if suffix == ".jsonl"
+                  else 'a list of objects like [{"text": "...", "label": 1}] (or one object per line)')
+        raise InputError(f"{path} is empty: no examples and no columns; give {layout}")
     if text_column not in columns:
         raise InputError(
             f"{path} has no text column {text_column!r}; its columns are {sorted(columns)}; "
@@ -271,7 +276,29 @@ def _load_user_file(path: Path, text_column: str, label_column: str) -> list[Exa
         examples.append(Example(id=f"{stem}-{row}", text=text, label=label))
     if not examples:
         raise InputError(f"{path} has no examples; give a file with at least one row")
+    _warn_about_duplicates(path, examples, where)
     return examples
+
+
+def _warn_about_duplicates(path: Path, examples: list[Example], where) -> None:
+    """Rows whose text repeats an earlier row's are kept (each is an example) but said: they inflate n."""
+    import warnings
+
+    first: dict[str, int] = {}
+    repeats = []
+    for row, example in enumerate(examples):
+        if example.text in first:
+            repeats.append((row, first[example.text]))
+        else:
+            first[example.text] = row
+    if not repeats:
+        return
+    row, earlier = repeats[0]
+    conflicting = sum(1 for r, e in repeats if examples[r].label != examples[e].label)
+    detail = f"; {conflicting} of them with another label" if conflicting else ""
+    warnings.warn(f"{path}: {len(repeats)} rows repeat the text of an earlier row (first: row {row} ({where(row)}) = "
+                  f"row {earlier} ({where(earlier)})){detail}; each counts as an example, so n counts them twice: "
+                  "drop the duplicates to avoid that", stacklevel=3)
 
 
 def _read_csv(path: Path):
@@ -299,6 +326,15 @@ def _read_json_records(path: Path):
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not UTF-8 ({exc}); save it as UTF-8") from None
 
+    if path.suffix.lower() == ".json" and content.lstrip().startswith("{"):
+        try:
+            whole = json.loads(content)
+        except json.JSONDecodeError:
+            whole = None  # perhaps one object per line: read below
+        if isinstance(whole, dict) and any(isinstance(v, (list, dict)) for v in whole.values()):  # a wrapper
+            keys = ", ".join(sorted(map(str, whole))[:5]) or "no keys"
+            raise InputError(f"{path} holds one JSON object ({keys}), not a list of examples; give a list like "
+                             '[{"text": "...", "label": 1}, ...] or one object per line')
     if path.suffix.lower() == ".json" and content.lstrip().startswith("["):
         try:
             records = json.loads(content)

@@ -240,7 +240,8 @@ def test_report_files_are_self_contained_and_escaped(tiny_dirs, loaded, tmp_path
     for external in ("http://", "https://", "<link", "src=", "@import"):
         assert external not in page
     markdown = (tmp_path / "audit.md").read_text()
-    assert nasty in markdown and "| 1 | **" in markdown
+    assert nasty not in markdown and "<script" not in markdown and "<b>" not in markdown and "| 1 | **" in markdown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; the film" in markdown
 
 
 def test_specific_tokens_effect_equals_a_hand_computation(tiny_dirs, loaded):
@@ -367,7 +368,7 @@ def test_cli_writes_the_report_and_errors_are_one_line(tiny_dirs, tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["claims"][0]["kind"] == "specific_tokens" and data["claims"][0]["n"] == 2  # texts with "not"
-    assert {p.name for p in out.iterdir()} == {"audit.json", "audit.md", "audit.html"}
+    assert {p.name for p in out.iterdir() if not p.name.startswith(".")} == {"audit.json", "audit.md", "audit.html"}
     bad = subprocess.run([sys.executable, "-m", "probe", "audit", str(tmp_path / "missing.yaml")],
                          capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == f"error: claim file not found: {tmp_path / 'missing.yaml'}"

@@ -94,10 +94,13 @@ def _model_line(data: dict) -> str:
 # ------------------------------------------------------------------------------------------ markdown
 
 
-def _md(text, table: bool = False) -> str:
-    """One line of Markdown text; in a table cell ``|`` is escaped too."""
-    text = " ".join(str(text).split())
-    return text.replace("\\", "\\\\").replace("|", "\\|") if table else text
+def _md(text) -> str:
+    """One line of Markdown that shows ``text`` as written: no HTML, image, link or emphasis from the
+    data or the claim file gets through (:func:`probe.report.document.md_escape`); ``|`` is escaped
+    too, so it may stand in a table cell."""
+    from probe.report.document import md_escape
+
+    return md_escape(" ".join(str(text).split()))
 
 
 def render_markdown(data: dict) -> str:
@@ -108,7 +111,7 @@ def render_markdown(data: dict) -> str:
              "| # | verdict | claim | kind | effect | 95% CI | threshold | n |",
              "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(data["claims"], 1):
-        lines.append(f"| {i} | **{c['verdict']}** | {_md(c['claim'], True)} | {c['kind']} | {_num(c['effect'])} | "
+        lines.append(f"| {i} | **{c['verdict']}** | {_md(c['claim'])} | {c['kind']} | {_num(c['effect'])} | "
                      f"{_ci(c['ci'])} | {_num(c['threshold'])} | {c['n']} |")
     for i, c in enumerate(data["claims"], 1):
         lines += ["", f"## {i}. {c['verdict'].upper()}: {_md(c['claim'])}", "",
@@ -125,8 +128,8 @@ def render_markdown(data: dict) -> str:
                 continue
             lines += ["", f"Most {side}:", "", "| id | effect | text | details |", "|---|---|---|---|"]
             for e in entries:
-                lines.append(f"| {_md(e['id'], True)} | {_num(e['effect'])} | {_md(_short(e['text']), True)} | "
-                             f"{_md(_detail(e), True)} |")
+                lines.append(f"| {_md(e['id'])} | {_num(e['effect'])} | {_md(_short(e['text']))} | "
+                             f"{_md(_detail(e))} |")
     return "\n".join(lines) + "\n"
 
 

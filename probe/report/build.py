@@ -17,7 +17,7 @@ import pandas as pd
 from probe.errors import InputError
 from probe.report import analysis as an
 from probe.report import figures as fg
-from probe.report.document import (Bullets, Document, Figure, KeyValues, Para, Section, Table, TokenView, fmt,
+from probe.report.document import (Bullets, Document, Figure, KeyValues, Para, Section, Table, TokenView, fmt, md_escape,
                                    render_html, render_markdown)
 from probe.report.results import StudyResult, load_result
 
@@ -114,7 +114,27 @@ def _atomic_text(path: Path, text: str | bytes) -> None:
         raise
 
 
-def _prepare_out(out: Path) -> None:
+_REPORT_ENTRIES = {"report.html", "report.md", "figures", "tables"}
+
+
+def _prepare_out(out: Path, title: str) -> None:
+    """Create ``out``, or accept it when it is empty or holds a report with this ``title`` (this
+    study's report, written before); anything else is refused, so no other report or file is
+    overwritten."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"the report folder {out} is a file; give a folder as --out")
+    if out.is_dir():
+        entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+        if entries:
+            first = ""
+            if (out / "report.md").is_file():
+                with open(out / "report.md", encoding="utf-8", errors="replace") as f:
+                    first = f.readline().rstrip("\n")
+            if not set(entries) <= _REPORT_ENTRIES or first != f"# {md_escape(title)}":
+                what = (f"the report {first[2:]!r}" if first.startswith("# ") and set(entries) <= _REPORT_ENTRIES
+                        else f"other files ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''})")
+                raise InputError(f"the report folder {out} holds {what}; give an empty or new --out (or this "
+                                 "study's own report folder)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -517,7 +537,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     ``tables/*.csv``. A run that has not finished gets a PARTIAL banner and no verdict."""
     r = load_result(result_dir)
     out = Path(out_dir) if out_dir is not None else r.root / "report"
-    _prepare_out(out)
+    _prepare_out(out, f"probe study report: {r.name}")
     w = _Writer(out)
     banner = None
     if not r.complete:
@@ -562,11 +582,14 @@ def build_comparison(dirs, out_dir: str | Path | None = None) -> ReportFiles:
     """Several studies side by side: each one's verdict and headline numbers, and the per-layer
     agreement of the explainers they share. Default ``out_dir``: ``./comparison``."""
     dirs = list(dirs)
-    if not dirs:
-        raise InputError("give at least one result folder to compare")
+    if len(dirs) < 2:
+        raise InputError(f"compare needs two or more result folders; got {len(dirs)} ({', '.join(map(str, dirs)) or 'none'})")
     results = [load_result(d) for d in dirs]
+    roots = [r.root.resolve() for r in results]
+    if len(set(roots)) < 2:
+        raise InputError(f"compare needs two or more different result folders; got {', '.join(map(str, dirs))}")
     out = Path(out_dir) if out_dir is not None else Path("comparison")
-    _prepare_out(out)
+    _prepare_out(out, "probe study comparison")
     w = _Writer(out)
     labels = _unique_labels(results)
     table = pd.DataFrame([_study_row(r) for r in results])

@@ -101,16 +101,22 @@ def fmt(value) -> str:
     return str(value)
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
+_MD_BLOCK_START = re.compile(r"^(\s*\d{0,9})([-+.)])(?=\s|$)")  # "- x", "+ x", "1. x", "1) x": a list item
+_AUTOLINK = re.compile(r"(?i)(?<=[a-z])://|(?<![a-z0-9])(?=www\.)w")  # what GFM turns into links by itself
 
 
 def md_escape(text) -> str:
     """Text that Markdown shows as written: HTML-significant characters as entities, Markdown
-    punctuation (backslash, backtick, *, _, [, ], |, #) backslash-escaped, newlines as spaces."""
+    punctuation (backslash, backtick, *, _, [, ], |, #, ~) backslash-escaped, a leading list or
+    heading marker escaped, bare URLs broken with an entity so GFM does not link them, newlines as
+    spaces. No HTML, image, link or emphasis in ``text`` survives."""
     s = str(text)
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     s = _MD_SPECIAL.sub(r"\\\1", s)
-    return " ".join(s.splitlines()) if "\n" in s or "\r" in s else s
+    s = " ".join(s.splitlines()) if "\n" in s or "\r" in s else s
+    s = _AUTOLINK.sub(lambda m: "&#58;//" if m.group().startswith(":") else "&#119;", s)
+    return _MD_BLOCK_START.sub(r"\1\\\2", s, count=1)
 
 
 def _anchor(text: str) -> str:

@@ -10,6 +10,7 @@ statistics (:mod:`probe.study.summary`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -526,13 +527,22 @@ def output_folder(study) -> Path:
 
 def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = True,
               log: Callable[[str], None] | None = None, stop_after: int | None = None,
-              report: bool = True) -> RunResult:
+              report: bool = True, wait: bool = False) -> RunResult:
     """Run (or continue) ``study``; returns what was computed and, once complete, the verdict.
 
     ``stop_after``: stop after computing that many batches (for tests of resumption).
     ``report``: write the HTML/Markdown report (:mod:`probe.report`) once the study is complete.
+    ``wait``: when another process holds the result folder (:mod:`probe.study.lock`), wait for it
+    instead of refusing.
     """
+    with contextlib.ExitStack() as locks:
+        return _run_study(study, shard=shard, progress=progress, log=log, stop_after=stop_after, report=report,
+                          wait=wait, locks=locks)
+
+
+def _run_study(study, *, shard, progress, log, stop_after, report, wait, locks: contextlib.ExitStack) -> RunResult:
     from probe.models.loading import load_model
+    from probe.study.lock import folder_lock
     from probe.study.summary import finalize
 
     log = log or (lambda text: print(text, file=sys.stderr))
@@ -546,13 +556,20 @@ def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = T
     store = ResultStore(out)
     record = {"fingerprint": study.fingerprint(), "study": study.to_dict()}
     store.check(record)  # refuses another study's folder before the model loads, writing nothing
+    locked = out.is_dir()
+    if locked:  # a run to continue: whoever holds the folder is found before the model loads
+        locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
+        store.check(record)  # the holder may have started the folder meanwhile
     t_load = time.perf_counter()
     pm = load_model(study.model.id, device=device, dtype=study.model.dtype,
                     attn_implementation=study.model.attn_implementation, task=study.model.task)
     load_seconds = time.perf_counter() - t_load
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study)
+    _check_labels(pm, study, data)
     store.open(record)
+    if not locked:
+        locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
     size = study.engine.batch_size
     batches = [data[s: s + size] for s in range(0, len(data), size)]
     mine = [b for b in range(len(batches)) if shard is None or b % shard[1] == shard[0]]
@@ -598,10 +615,79 @@ def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = T
 
         dist.barrier()
     elif not all_done:
-        left = len(batches) - len(store.done_batches())
-        log(f"{left} batch(es) not done yet{' (other shards)' if shard else ''}: run the same command again to continue")
+        log(_not_done_hint(set(range(len(batches))) - store.done_batches(), shard))
+    if all_done and (dist_info is None or dist_info[0] == 0):
+        _warn_about_ties(out, study)
     return RunResult(out=out, n_examples=len(data), n_batches=len(batches), computed=computed,
                      skipped=[b for b in mine if b in done], complete=all_done, verdict=verdict)
+
+
+def _not_done_hint(left: set[int], shard: tuple[int, int] | None) -> str:
+    """What to run to finish: the same command, or with a sharded run the shards still missing."""
+    if shard is None:
+        return f"{len(left)} batch(es) not done yet: run the same command again to continue"
+    n = shard[1]
+    missing = sorted({b % n for b in left})
+    commands = " and ".join(f"--shard {i}/{n}" for i in missing)
+    return (f"{len(left)} batch(es) not done yet, of shard(s) {', '.join(f'{i}/{n}' for i in missing)}: run the same "
+            f"command with {commands} to continue (or without --shard for all of them)")
+
+
+def _warn_about_ties(out: Path, study) -> None:
+    """Warn when a reference scores many tokens exactly 0: in bf16/fp16 small target changes round
+    to zero, and those ties make the rank correlations with it less informative."""
+    import warnings
+
+    path = out / "scores.parquet"
+    if not path.is_file():
+        return
+    refs = [r for r in study.references if family(r) == "intervention"]
+    if not refs:
+        return
+    scores = pd.read_parquet(path, columns=["method", "score"], filters=[("method", "in", refs)])
+    scores = scores[np.isfinite(scores["score"])]
+    for method, values in scores.groupby("method", sort=False)["score"]:
+        zeros = int((values == 0).sum())
+        if len(values) and zeros / len(values) >= 0.1:
+            why = (f"in {study.model.dtype} small changes of the target round to zero; fp32 resolves them"
+                   if study.model.dtype != "fp32" else "the target did not change when those tokens were perturbed")
+            warnings.warn(f"{method}: {zeros} of {len(values)} token scores are exactly 0 ({why}); rank agreement with "
+                          f"{method} is computed over these ties", stacklevel=2)
+
+
+def _check_labels(pm, study, data) -> None:
+    """Refuse, before anything is written, labels the model has no class for: ``target.label`` (index
+    or name), the labels of ``dataset.filters``, and with ``target.label: gold`` every example's
+    label. Without ``gold`` a dataset label outside the classes is only stored: a warning says so."""
+    import warnings
+
+    from probe.explain.target import _label_index
+
+    if pm.task != "classification":
+        return
+    n_labels = int(getattr(pm.model.config, "num_labels", 0) or 0)
+    classes = f"this model has labels 0..{n_labels - 1}"
+    names = pm.model.config.id2label or {}
+    if names:
+        classes += " (" + ", ".join(f"{int(k)} = {v}" for k, v in sorted(names.items(), key=lambda kv: int(kv[0]))) + ")"
+    if study.target.label is not None and study.target.label != "gold":
+        try:
+            _label_index(pm, study.target.label)
+        except InputError as err:
+            raise InputError(f"target.label: {err}") from None
+    wrong = [label for label in (study.dataset.filters.labels or []) if not 0 <= label < n_labels]
+    if wrong:
+        raise InputError(f"dataset.filters.labels {wrong} are not classes of the model: {classes}")
+    outside = [e for e in data if e.label is not None and not 0 <= e.label < n_labels]
+    if not outside:
+        return
+    first = outside[0]
+    message = (f"{len(outside)} of {len(data)} examples of {study.dataset.name} have labels outside the model's "
+               f"classes (e.g. {first.id}: label {first.label}); {classes}")
+    if study.target.label == "gold":
+        raise InputError(f"target.label: gold explains each example's label, and {message}; fix the labels or the "
+                         "label column, or leave target.label out (the predicted class)")
+    warnings.warn(f"{message}; they are stored as they are", stacklevel=2)
 
 
 def _check_methods(pm, study) -> None:
