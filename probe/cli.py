@@ -287,17 +287,18 @@ def audit(
     from probe.audit import load_claims
 
     spec = load_claims(claims)  # validate before the slow imports and the model load
-    _quiet_libraries()
-    import torch
-
-    from probe.audit import run_audit
-
-    if threads:
-        torch.set_num_threads(threads)
     folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")
-    with _audit_folder(Path(folder), wait), warnings.catch_warnings():
-        warnings.showwarning = _warn_one_line
-        result = run_audit(spec, out_dir=folder, progress=progress and not as_json)
+    with _audit_folder(Path(folder), wait):  # refused or locked before the slow imports too
+        _quiet_libraries()
+        import torch
+
+        from probe.audit import run_audit
+
+        if threads:
+            torch.set_num_threads(threads)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warn_one_line
+            result = run_audit(spec, out_dir=folder, progress=progress and not as_json)
     if as_json:
         print(json.dumps(result.to_dict()))
         return

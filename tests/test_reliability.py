@@ -51,7 +51,8 @@ def _dataset(path: Path, labels=None, n: int = 8) -> Path:
 
 def _study(model, data, out, **overrides) -> dict:
     study = {"name": "rel", "model": {"id": str(model)}, "dataset": {"name": str(data), "n": 4, "seed": 0},
-             "explainers": ["attention_mean"], "references": ["loo_delete"], "metrics": {"top_k": [1]},
+             "explainers": ["attention_mean"], "references": ["loo_delete"],
+             "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None},
              "statistics": {"bootstrap": 100}, "engine": {"batch_size": 2}, "output": str(out)}
     study.update(overrides)
     return study
@@ -219,7 +220,7 @@ def test_report_out_refuses_another_reports_folder_and_other_files(finished, tmp
     (notes / "todo.txt").write_text("keep")
     proc = _cli("report", finished, "--out", notes)
     _one_line_error(proc, str(notes), "todo.txt")
-    _one_line_error(_cli("report", finished, "--out", finished), "study.json")  # the result folder itself
+    _one_line_error(_cli("report", finished, "--out", finished), "agreement.parquet")  # the result folder itself
     mine = build_report(finished, tmp_path / "mine")  # a new folder, then the same report again
     assert build_report(finished, tmp_path / "mine").html == mine.html
     assert build_report(finished).html.is_file()  # the default RESULT/report, written by run
@@ -331,7 +332,7 @@ def test_cli_audit_into_a_held_or_foreign_folder_exits_2(tiny_dirs, tmp_path):
     _one_line_error(_cli("audit", claims, "--out", foreign), "other files", "report.html")
     missing_model = tmp_path / "bad.yaml"
     missing_model.write_text(claims.read_text().replace(str(tiny_dirs["bert"]), str(tmp_path / "nomodel")))
-    _one_line_error(_cli("audit", missing_model, "--out", tmp_path / "new"), "does not exist")
+    _one_line_error(_cli("audit", missing_model, "--out", tmp_path / "new", "--no-progress"), "does not exist")
     assert not (tmp_path / "new").exists()  # nothing left behind by an audit that could not start
 
 
@@ -375,7 +376,9 @@ def test_many_exact_zero_references_get_a_note_about_ties(tmp_path):
     from probe.study.runner import _warn_about_ties
     from probe.study.spec import study_from_dict
 
-    study = study_from_dict(_study("m", tmp_path / "d.csv", tmp_path, model={"id": "m", "dtype": "bf16"}))
+    spec = _study("m", tmp_path / "d.csv", tmp_path)
+    spec["model"]["dtype"] = "bf16"
+    study = study_from_dict(spec)
     scores = [0.0] * 11 + [0.1 * i for i in range(1, 9)] + [float("nan")] * 3
     pd.DataFrame({"method": "loo_delete", "score": scores}).to_parquet(tmp_path / "scores.parquet")
     with pytest.warns(UserWarning, match=r"loo_delete: 11 of 19 token scores are exactly 0 \(in bf16"):
