@@ -40,19 +40,27 @@ def _load(model: str, device: str, dtype: str, attn: str | None):
     return load_model(model, device=device, dtype=dtype, attn_implementation=attn)
 
 
+def _plain(value) -> str:
+    """Text from the model or the user, shown by rich as written: ``[bold]`` or ``[/]`` in a token,
+    label or continuation is not markup."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
 def _contract_table(contract) -> "object":
     from rich.table import Table
 
     table = Table(title="attention contract", show_header=False)
     info = contract.to_dict()
     for key in ("model_type", "task", "implementation", "dtype", "device", "max_positions", "padding_side"):
-        table.add_row(key, str(info[key]))
+        table.add_row(key, _plain(info[key]))
     for name, stack in contract.stacks.items():
         kv = stack.kv_head_of_query
         kv_text = "one per query head (MHA)" if stack.n_kv_heads == stack.n_heads else \
             ", ".join(f"q{h}->kv{g}" for h, g in enumerate(kv))
-        table.add_row(f"{name} stack", f"{stack.n_layers} layers x {stack.n_heads} query heads, {stack.n_kv_heads} kv heads, "
-                                       f"head dim {stack.head_dim}, mask {stack.mask_kind}, {stack.module_class}")
+        table.add_row(f"{name} stack", _plain(f"{stack.n_layers} layers x {stack.n_heads} query heads, {stack.n_kv_heads} kv heads, "
+                                       f"head dim {stack.head_dim}, mask {stack.mask_kind}, {stack.module_class}"))
         table.add_row(f"{name} kv map", kv_text)
     return table
 
@@ -84,7 +92,7 @@ def contract(
         table.add_column("result")
         table.add_column("detail")
         for r in results:
-            table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", r.detail)
+            table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", _plain(r.detail))
         console.print(table)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
@@ -119,10 +127,10 @@ def inspect(
 
     console = Console()
     console.print(_contract_table(pm.contract))
-    console.print(f"prediction: {json.dumps(result['prediction'])}")
+    console.print(_plain(f"prediction: {json.dumps(result['prediction'])}"))
     tokens = result["tokens"]
     query = tokens[result["query_position"]] if result["stack"] != "cross" else "last decoder position"
-    table = Table(title=f"where the target query ({query}) attends, {result['stack']} stack")
+    table = Table(title=_plain(f"where the target query ({query}) attends, {result['stack']} stack"))
     table.add_column("layer", justify="right")
     table.add_column(f"mean over heads: top {top}")
     table.add_column("per head: most-attended key")
@@ -132,7 +140,7 @@ def inspect(
         mean_text = "  ".join(f"{tokens[int(i)]} {float(w):.2f}" for w, i in zip(best.values, best.indices))
         heads = "  ".join(f"h{h}:{tokens[int(attention[layer, h].argmax())]} {float(attention[layer, h].max()):.2f}"
                           for h in range(attention.shape[1]))
-        table.add_row(str(layer), mean_text, heads)
+        table.add_row(str(layer), _plain(mean_text), _plain(heads))
     console.print(table)
 
 
@@ -175,7 +183,16 @@ def explain(
     from probe.explain.methods import applicable_methods, parse_methods
 
     chosen = parse_methods(methods) if methods else None  # validate before the slow load
+    if seed < 0:
+        from probe.errors import InputError
+
+        raise InputError(f"--seed {seed} is negative; give a seed >= 0")
     pm = _load(model, device, dtype, attn_implementation)
+    if continuation is not None and pm.task == "classification":
+        from probe.errors import InputError
+
+        raise InputError("--continuation applies to language models; this model is a classifier: give --label "
+                         "(index or name) instead")
     from probe.explain.methods import run_methods
     from probe.explain.target import TargetSpec, prepare
 
@@ -211,10 +228,10 @@ def explain(
 
     console = Console()
     target = example.describe()
-    console.print(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
-                  f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})")
+    console.print(_plain(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
+                         f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
     for name, reason in skipped.items():
-        console.print(f"[dim]skipped {name}: {reason}[/]")
+        console.print(f"[dim]skipped {name}: {_plain(reason)}[/]")
     shown_layer = layer if layer is not None else pm.contract.n_layers - 1
     columns = {name: _summary_column(result, layer) for name, result in results.items()}
     titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",
@@ -235,9 +252,25 @@ def explain(
             for name in names:
                 value = float(columns[name][i])
                 cells.append("" if value != value else f"{value:.3f}")
-            table.add_row(token + (" *" if special[i] else ""), *cells)
+            table.add_row(_plain(token + (" *" if special[i] else "")), *cells)
         console.print(table)
     console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
+
+
+def _set_threads(torch, threads: int) -> None:
+    """``--threads``: 0 keeps torch's default; more threads than CPUs is refused (OpenMP runs out of
+    memory making them)."""
+    import os
+
+    if not threads:
+        return
+    cpus = os.cpu_count() or 1
+    if threads > cpus:
+        from probe.errors import InputError
+
+        raise InputError(f"--threads {threads} is more than the {cpus} CPUs of this machine; give 1..{cpus} "
+                         "(0: torch's default)")
+    torch.set_num_threads(threads)
 
 
 @app.command()
@@ -260,8 +293,7 @@ def run(
     from probe.study.runner import parse_shard, run_study
     from probe.study.spec import load_study
 
-    if threads:
-        torch.set_num_threads(threads)
+    _set_threads(torch, threads)
     shard_of = parse_shard(shard)
     spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
     with warnings.catch_warnings():
@@ -294,8 +326,7 @@ def audit(
 
         from probe.audit import run_audit
 
-        if threads:
-            torch.set_num_threads(threads)
+        _set_threads(torch, threads)
         with warnings.catch_warnings():
             warnings.showwarning = _warn_one_line
             result = run_audit(spec, out_dir=folder, progress=progress and not as_json)
@@ -409,6 +440,10 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
+    except MemoryError as exc:  # e.g. --steps 100000000: say so in one line, not 200 lines of traceback
+        print(f"error: out of memory ({' '.join(str(exc).split()) or 'MemoryError'}); lower --steps, --n or the "
+              "study's engine.batch_size", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:  # usage errors arrive here in standalone_mode=False
         if not isinstance(exc, _usage_error_classes()):
             raise

@@ -383,3 +383,26 @@ def test_many_exact_zero_references_get_a_note_about_ties(tmp_path):
     pd.DataFrame({"method": "loo_delete", "score": scores}).to_parquet(tmp_path / "scores.parquet")
     with pytest.warns(UserWarning, match=r"loo_delete: 11 of 19 token scores are exactly 0 \(in bf16"):
         _warn_about_ties(tmp_path, study)
+
+
+# --------------------------------------------------------------------------- found by the adversarial pass
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["explain", "{bert}", "good", "--seed", "-5", "--methods", "loo_random"], ["--seed -5", ">= 0"]),
+    (["explain", "{bert}", "good", "--continuation", " x"], ["--continuation", "classifier", "--label"]),
+    (["explain", "{bert}", "good", "--steps", "100000000", "--methods", "integrated_gradients"], ["out of memory"]),
+    (["run", "{study}", "--threads", "100000"], ["--threads 100000", "CPUs"]),
+])
+def test_adversarial_values_are_one_line_errors(tiny_dirs, tmp_path, args, needles):
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_study(tiny_dirs["bert"], _dataset(tmp_path / "d.csv"), tmp_path / "out")))
+    args = [a.replace("{bert}", str(tiny_dirs["bert"])).replace("{study}", str(study)) for a in args]
+    _one_line_error(_cli(*args), *needles)
+
+
+def test_markup_in_a_continuation_or_text_is_shown_as_written(tiny_dirs):
+    proc = _cli("explain", tiny_dirs["llama_gqa"], "good [/] film [bold]", "--continuation", " [/]",
+                "--methods", "attention_mean")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "logprob of ' [/]'" in proc.stdout

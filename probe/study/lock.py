@@ -26,8 +26,10 @@ LOCK_NAME = ".lock"
 
 
 def _holder() -> dict:
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    program = "probe" if program in ("probe", "__main__.py") else program
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([program, *sys.argv[1:]])}
 
 
 def _describe(path: Path) -> str:
