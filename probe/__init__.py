@@ -21,7 +21,7 @@ _EXPORTS = {
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
     "Explanation": "probe.api", "StudyRun": "probe.api",
-    "explain": "probe.explain", "capture": "probe.capture", "audit": "probe.audit",
+    "explain": "probe.explain", "capture": "probe.capture", "audit": "probe.audit", "api": "probe.api",
     "ProbeModel": "probe.models.loading", "TokenScores": "probe.explain.scores",
     "PreparedExample": "probe.explain.target", "TargetSpec": "probe.explain.target",
     "AttentionContract": "probe.models.contract", "Verdict": "probe.study.verdict",

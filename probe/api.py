@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from probe.report.results import StudyResult
     from probe.study.spec import Study
 
-Texts = Union[str, Sequence[str], Sequence[PreparedExample]]
+# a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
+Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation"]
 COUNTERFACTUALS = ("uniform", "permuted", "adversarial")
 
 # --------------------------------------------------------------------------------------- models

@@ -3,6 +3,7 @@ capture, studies, audits; checked against HF's own outputs, hand recomputation a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -130,7 +131,7 @@ def test_explanation_table_is_the_study_scores_table(loaded):
     lengths = [len(e.input_ids) for e in ex.examples]
     per_head = frame[frame.method == "attention"]
     assert len(per_head) == info.n_layers * info.n_heads * sum(lengths)
-    assert set(per_head.head) == set(range(info.n_heads))
+    assert set(per_head["head"]) == set(range(info.n_heads))
     assert (frame[frame.method == "loo_delete"].layer == -1).all()
     first = frame[(frame.example == 1) & (frame.method == "loo_delete")]
     assert first.token.tolist() == ex.examples[1].tokens
@@ -166,6 +167,8 @@ def test_explain_defaults_and_one_line_errors(loaded):
         probe.explain(pm, [1, 2], methods=["attention"])
     examples = probe.prepare(pm, TEXTS[:1], label=1)
     assert examples[0].label == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        examples[0].label = 0  # a prepared target never changes under a cache keyed by content
     with pytest.raises(InputError, match="these examples are prepared already"):
         probe.loo(pm, examples, label=0)
 
