@@ -295,3 +295,28 @@ def test_audit_from_a_dict_with_a_loaded_model(tiny_dirs, loaded):
     assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 3
     with pytest.raises(InputError, match="claims must be a claim file's path, a ClaimFile or a dict, got int"):
         probe.audit(3)
+
+
+def test_wrap_and_capture_on_the_real_pretrained_minilm(pretrained_minilm_folder):
+    """The real MiniLM (6 layers x 12 heads; its classifier head is newly initialised, seeded here):
+    wrapped in memory it has load_model's contract and scores, and probe.capture reads what HF's
+    eager attention returns."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    loaded_pm = probe.load_model(pretrained_minilm_folder, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(pretrained_minilm_folder, attn_implementation="eager")
+    pm = probe.wrap(model, AutoTokenizer.from_pretrained(pretrained_minilm_folder))
+    assert pm.contract.to_dict() == loaded_pm.contract.to_dict()
+    assert (pm.contract.n_layers, pm.contract.n_heads) == (6, 12)
+    methods = ["attention", "attn_norm", "input_x_gradient", "loo_delete"]
+    a, b = probe.explain(pm, TEXTS[:2], methods=methods), probe.explain(loaded_pm, TEXTS[:2], methods=methods)
+    pd.testing.assert_frame_equal(a.to_pandas(), b.to_pandas(), check_exact=False, rtol=1e-5, atol=1e-7)
+    batch = pm.encode(TEXTS)
+    with probe.capture(pm, queries="first", layers=[1, 5], heads=[0, 11], attention_mask=batch["attention_mask"]) as cap:
+        with torch.no_grad():
+            out = pm.model(**batch, output_attentions=True)
+    maps = cap.maps()
+    expected = torch.stack([out.attentions[layer][:, [0, 11], :1, :] for layer in (1, 5)], dim=1)
+    torch.testing.assert_close(maps.weights, expected, rtol=1e-5, atol=1e-6)  # [batch, layer, head, query, key]
