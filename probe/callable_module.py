@@ -23,6 +23,15 @@ class CallableModule(types.ModuleType):
 
         return getattr(api, self.__api_function__)(*args, **kwargs)
 
+    @property
+    def __signature__(self):
+        """The function's signature, for ``inspect.signature`` and notebook help (imports probe.api)."""
+        import inspect
+
+        from probe import api
+
+        return inspect.signature(getattr(api, self.__api_function__))
+
 
 def make_callable(module_name: str, function: str) -> None:
     """Make the module ``module_name`` (already in ``sys.modules``) call ``probe.api.<function>``."""

@@ -37,6 +37,10 @@ def test_import_probe_stays_light_and_subpackages_stay_modules():
     assert light == "[]"
     assert callables == "True True True probe.explain.methods"
     assert names == "probe.study.verdict probe.api True"
+    import inspect
+
+    assert list(inspect.signature(probe.explain).parameters)[:3] == ["pm", "texts", "methods"]
+    assert "queries" in inspect.signature(probe.capture).parameters
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         probe.nonexistent  # noqa: B018
 
