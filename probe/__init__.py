@@ -1,3 +1,47 @@
-"""probe: audit whether a transformer's attention weights explain its predictions."""
+"""probe: audit whether a transformer's attention weights explain its predictions.
+
+From Python (every name loads on first use, so ``import probe`` does not import torch)::
+
+    import probe
+    pm = probe.load_model("builtin:minilm-rt")          # or probe.wrap(model, tokenizer)
+    ex = probe.explain(pm, ["a gripping film"], methods="attention_mean,loo_delete")
+    ex.to_pandas()
+
+The functions live in :mod:`probe.api`. ``probe.explain``, ``probe.capture`` and ``probe.audit``
+are the subpackages of those names, made callable (:mod:`probe.callable_module`), so both
+``probe.explain(pm, texts)`` and ``probe.explain.methods`` work.
+"""
 
 __version__ = "0.1.0"
+
+# name -> module that defines it; the subpackages that are also functions map to themselves
+_EXPORTS = {
+    "load_model": "probe.api", "wrap": "probe.api", "prepare": "probe.api", "loo": "probe.api",
+    "erasure": "probe.api", "head_ablation": "probe.api", "head_importance": "probe.api",
+    "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
+    "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
+    "Explanation": "probe.api", "StudyRun": "probe.api",
+    "explain": "probe.explain", "capture": "probe.capture", "audit": "probe.audit", "api": "probe.api",
+    "ProbeModel": "probe.models.loading", "TokenScores": "probe.explain.scores",
+    "PreparedExample": "probe.explain.target", "TargetSpec": "probe.explain.target",
+    "AttentionContract": "probe.models.contract", "Verdict": "probe.study.verdict",
+    "ProbeError": "probe.errors", "InputError": "probe.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"probe.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

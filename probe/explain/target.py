@@ -36,9 +36,10 @@ class TargetSpec:
     continuation: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PreparedExample:
-    """One text tokenised with its target resolved."""
+    """One text tokenised with its target resolved. Frozen: a changed target is a new example
+    (``dataclasses.replace``), so nothing cached by an example's content goes stale."""
 
     text: str
     input_ids: list[int]  # the explained tokens, special tokens included
@@ -114,23 +115,20 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
         fixed = _label_index(pm, target.label) if target.label is not None else None
         with torch.no_grad():
             predicted = pm.model(**batch).logits.argmax(-1).tolist()
-        for example, guess in zip(examples, predicted):
-            example.label = fixed if fixed is not None else guess
-            names = pm.model.config.id2label or {}
-            example.label_name = str(names.get(example.label, example.label))
+        names = pm.model.config.id2label or {}
+        chosen = [fixed if fixed is not None else guess for guess in predicted]
+        examples = [dataclasses.replace(e, label=c, label_name=str(names.get(c, c))) for e, c in zip(examples, chosen)]
     elif target.continuation is not None:
         cont = pm.tokenizer(target.continuation, add_special_tokens=pm.task == "seq2seq")["input_ids"]
         if not cont:
             raise InputError(f"target continuation {target.continuation!r} tokenises to nothing: give a non-empty text")
-        for example in examples:
-            example.target_ids = list(cont)
-            example.label_name = target.continuation
+        examples = [dataclasses.replace(e, target_ids=list(cont), label_name=target.continuation) for e in examples]
     elif pm.task == "causal_lm":
         with torch.no_grad():
             logits = pm.model(**batch).logits
-        for i, example in enumerate(examples):
-            example.target_ids = [int(logits[i, lengths[i] - 1].argmax())]
-            example.label_name = pm.tokenizer.decode(example.target_ids)
+        next_ids = [[int(logits[i, lengths[i] - 1].argmax())] for i in range(len(examples))]
+        examples = [dataclasses.replace(e, target_ids=ids, label_name=pm.tokenizer.decode(ids))
+                    for e, ids in zip(examples, next_ids)]
     else:
         with torch.no_grad():
             generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
@@ -141,12 +139,10 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
             if out and out[0] == start:
                 out = out[1:]
             out = [t for t in out if t != pad] or [pm.tokenizer.eos_token_id]
-            example.target_ids = out
-            example.label_name = pm.tokenizer.decode(out, skip_special_tokens=True)
+            examples[i] = dataclasses.replace(example, target_ids=out,
+                                              label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
-    for example, value in zip(examples, values.tolist()):
-        example.original_value = value
-    return examples
+    return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
 
 
 def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:

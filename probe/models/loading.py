@@ -7,8 +7,15 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from probe.errors import InputError, ModelLoadError
+
+if TYPE_CHECKING:  # imported for annotations only: loading this module must not import torch
+    import torch
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+
+    from probe.models.contract import AttentionContract
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
@@ -56,26 +63,27 @@ def resolve_dtype(dtype: str | None):
 
 @dataclass
 class ProbeModel:
-    """A loaded model with its tokenizer and attention contract. Made only by :func:`load_model`."""
+    """A loaded model with its tokenizer and attention contract. Made only by :func:`load_model`
+    (a model by name or folder) or :func:`wrap_model` (a model and tokenizer already in memory)."""
 
     name: str  # what the user asked for
-    path: str  # a folder (or hub id) that ``from_pretrained`` loads
-    model: object
-    tokenizer: object
+    path: str  # a folder (or hub id) that ``from_pretrained`` loads; for a wrapped model, its config's name_or_path
+    model: torch.nn.Module  # a transformers PreTrainedModel in eval mode
+    tokenizer: PreTrainedTokenizerBase  # right padding, with a pad token
     task: str  # one of TASKS
-    contract: object  # AttentionContract
+    contract: AttentionContract
     load_seconds: float
     metadata: dict = field(default_factory=dict)
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @property
     def max_length(self) -> int:
         return self.contract.max_positions
 
-    def encode(self, texts: list[str], *, strict_length: bool = False, max_length: int | None = None):
+    def encode(self, texts: list[str], *, strict_length: bool = False, max_length: int | None = None) -> BatchEncoding:
         """Tokenise a batch, right-padded. Returns a BatchEncoding on the model's device.
 
         Right padding keeps real tokens at positions 0..n-1 in every model, so batch of one and
@@ -235,4 +243,80 @@ def load_model(
     return ProbeModel(
         name=name, path=path, model=model, tokenizer=tokenizer, task=task, contract=contract,
         load_seconds=time.perf_counter() - started, metadata=metadata,
+    )
+
+
+# Which head a model class carries, read from its class name (transformers' naming convention);
+# the first match wins, so "ForConditionalGeneration" (encoder-decoder) is tried before the others.
+_HEAD_TASKS = (
+    ("ForConditionalGeneration", "seq2seq"), ("ForSeq2SeqLM", "seq2seq"),
+    ("ForSequenceClassification", "classification"),
+    ("ForCausalLM", "causal_lm"), ("LMHeadModel", "causal_lm"),
+)
+
+
+def _task_of_class(model) -> str | None:
+    name = type(model).__name__
+    for marker, task in _HEAD_TASKS:
+        if marker in name:
+            if task == "seq2seq" and not getattr(model.config, "is_encoder_decoder", False):
+                return None  # e.g. a vision-language "...ForConditionalGeneration" that is not text-to-text
+            return task
+    return None
+
+
+def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = None) -> ProbeModel:
+    """A :class:`ProbeModel` for a Hugging Face model and tokenizer already in memory.
+
+    Builds the same contract :func:`load_model` does. The model is put in eval mode (in place, as
+    probe needs); the tokenizer is copied, then given right padding and a pad token (the eos or unk
+    token) when it has none, so the caller's tokenizer is left as it was. ``task`` (one of
+    ``TASKS``) is read from the model's class (``...ForSequenceClassification``,
+    ``...ForCausalLM``, ``...ForConditionalGeneration``) when not given. Refused, in one line: a
+    model that is not a transformers model, a model without an output head, a tokenizer with more
+    tokens than the model's input embedding has rows, or a model without attention modules probe
+    can read.
+    """
+    import copy
+
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    started = time.perf_counter()
+    if not isinstance(model, PreTrainedModel):
+        raise InputError(f"wrap needs a transformers PreTrainedModel, got {type(model).__name__}: load one with "
+                         "AutoModelForSequenceClassification, AutoModelForCausalLM or AutoModelForSeq2SeqLM")
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise InputError(f"wrap needs a transformers tokenizer, got {type(tokenizer).__name__}: load one with "
+                         "AutoTokenizer.from_pretrained")
+    if task is not None and task not in TASKS:
+        raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    task = task or _task_of_class(model)
+    if task is None:
+        raise InputError(f"{type(model).__name__} has no output head probe can explain: wrap a model loaded with "
+                         "AutoModelForSequenceClassification, AutoModelForCausalLM or AutoModelForSeq2SeqLM, or give task=")
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        raise InputError(f"the tokenizer has {len(tokenizer)} tokens but {type(model).__name__}'s input embedding has "
+                         f"{rows} rows: give the tokenizer the model was trained with")
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        # As load_model: padded positions are masked out, so any existing token serves as pad.
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if tokenizer.pad_token is None:
+        raise InputError(f"the tokenizer {type(tokenizer).__name__} has no pad, eos or unk token to pad a batch with: "
+                         "set tokenizer.pad_token first")
+    model.eval()
+
+    from probe.models.contract import build_contract
+
+    contract = build_contract(model, tokenizer, task)
+    label = name or str(getattr(model.config, "_name_or_path", "") or f"in-memory {type(model).__name__}")
+    if not contract.stacks:
+        raise InputError(f"model {label!r} (type {model.config.model_type!r}) has no attention modules probe can "
+                         "read: use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families)")
+    return ProbeModel(
+        name=label, path=str(getattr(model.config, "_name_or_path", "") or ""), model=model, tokenizer=tokenizer,
+        task=task, contract=contract, load_seconds=time.perf_counter() - started, metadata={"wrapped": True},
     )

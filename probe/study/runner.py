@@ -11,6 +11,7 @@ statistics (:mod:`probe.study.summary`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -118,27 +119,25 @@ def prepare_study_examples(pm, study, texts: Sequence[str], gold: Sequence[int |
         per_choice = [prepare(pm, inputs, TargetSpec(kind=t.kind, continuation=c), strict_length=True) for c in t.choices]
         values = torch.tensor([[e.original_value for e in group] for group in per_choice])  # [choice, example]
         best = values.argmax(dim=0).tolist()
-        examples = [per_choice[c][i] for i, c in enumerate(best)]
-        for example, c in zip(examples, best):
-            example.label = c
+        examples = [dataclasses.replace(per_choice[c][i], label=c) for i, c in enumerate(best)]
     elif t.label == "gold":
         examples = prepare(pm, inputs, TargetSpec(kind=t.kind), strict_length=True)
         if gold is None or any(g is None for g in gold):
             raise InputError("target.label: gold explains each example's dataset label, and some examples have none; "
                              "give a label column or leave target.label out (the predicted class)")
         names = pm.model.config.id2label or {}
-        for example, g in zip(examples, gold):
-            example.label, example.label_name = int(g), str(names.get(int(g), g))
+        examples = [dataclasses.replace(e, label=int(g), label_name=str(names.get(int(g), g)))
+                    for e, g in zip(examples, gold)]
         values = evaluate(pm, [(e.input_ids, e) for e in examples])
-        for example, value in zip(examples, values.tolist()):
-            example.original_value = value
+        examples = [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
     else:
         examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation),
                            strict_length=True)
+    marked = []
     for text, example in zip(texts, examples):
         template = _template_positions(pm, study, text, example.input_ids)
-        example.special = [s or m for s, m in zip(example.special, template)]
-    return examples
+        marked.append(dataclasses.replace(example, special=[s or m for s, m in zip(example.special, template)]))
+    return marked
 
 
 # --------------------------------------------------------------------------- agreement

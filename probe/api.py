@@ -1,0 +1,430 @@
+"""probe from Python: the functions and types ``import probe`` exports.
+
+Thin, typed wrappers over the modules that do the work, so a notebook needs one import::
+
+    pm = probe.load_model("builtin:minilm-rt")          # or probe.wrap(model, tokenizer)
+    ex = probe.explain(pm, ["a gripping film"], methods=["attention_mean", "loo_delete"])
+    ex.to_pandas()                                       # example, position, token, method, layer, head, score
+
+Every function takes texts (a string or a list of strings, prepared here with the target options)
+or examples already prepared by :func:`prepare`, so several calls can explain the same targets.
+Shapes: a :class:`TokenScores` holds per example ``[tokens]`` (token-level methods),
+``[layer, head, tokens]`` (per-head methods) or ``[layer, tokens]`` (per-layer methods).
+
+This module imports torch; ``import probe`` does not (its names load on first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.errors import InputError
+from probe.explain.scores import TokenScores
+from probe.explain.target import PreparedExample, TargetSpec
+from probe.models.loading import ProbeModel
+from probe.study.verdict import Verdict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from probe.audit.claims import ClaimFile
+    from probe.audit.run import AuditResult
+    from probe.capture.hooks import Capture, Editor
+    from probe.intervene.counterfactual import CounterfactualResult
+    from probe.intervene.heads import HeadEffects, HeadImportance
+    from probe.report.results import StudyResult
+    from probe.study.spec import Study
+
+# a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
+Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation"]
+COUNTERFACTUALS = ("uniform", "permuted", "adversarial")
+
+# --------------------------------------------------------------------------------------- models
+
+
+def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp32",
+               attn_implementation: str | None = None, task: str | None = None,
+               cache_dir: str | Path | None = None, **options: Any) -> ProbeModel:
+    """Load ``builtin:NAME``, a local folder saved with ``save_pretrained``, or a hub id, in eval mode.
+
+    ``device``: cpu, cuda, cuda:N or auto; ``dtype``: fp32, bf16 or fp16; ``task``: classification,
+    causal_lm or seq2seq (default: read from the config). Other keyword ``options`` go to
+    :func:`probe.models.loading.load_model`.
+    """
+    from probe.models.loading import load_model as _load
+
+    return _load(name, device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
+                 cache_dir=cache_dir, **options)
+
+
+def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
+         task: str | None = None) -> ProbeModel:
+    """A :class:`ProbeModel` for a Hugging Face model and tokenizer already in memory, with the
+    same contract :func:`load_model` builds. The model is switched to eval mode; the tokenizer is
+    copied (right padding, a pad token). A pair that does not fit (a tokenizer larger than the
+    model's embedding, a model without a head or without attention) is refused in one line."""
+    from probe.models.loading import wrap_model
+
+    return wrap_model(model, tokenizer, name=name, task=task)
+
+
+# --------------------------------------------------------------------------------------- targets
+
+
+def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: int | str | None = None,
+            continuation: str | None = None, kind: str | None = None,
+            strict_length: bool = False) -> list[PreparedExample]:
+    """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
+    classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
+    seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
+    language models). ``example.original_value`` is the target on the unperturbed text."""
+    from probe.explain.target import prepare as _prepare
+
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not texts:
+        raise InputError("no text given: give a string or a non-empty list of strings")
+    return _prepare(pm, texts, TargetSpec(kind=kind, label=label, continuation=continuation),
+                    strict_length=strict_length)
+
+
+def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
+              kind: str | None = None, strict_length: bool = False) -> list[PreparedExample]:
+    """Texts prepared with the target options, or prepared examples as they are (then no options)."""
+    if isinstance(texts, Explanation):
+        texts = texts.examples
+    if isinstance(texts, str):
+        texts = [texts]
+    items = list(texts)
+    if not items:
+        raise InputError("no text given: give a string or a non-empty list of strings")
+    if all(isinstance(e, PreparedExample) for e in items):
+        if label is not None or continuation is not None or kind is not None:
+            raise InputError("label, continuation and kind apply to texts; these examples are prepared already "
+                             "(their targets are fixed): pass the texts instead")
+        return items
+    if not all(isinstance(e, str) for e in items):
+        kinds = sorted({type(e).__name__ for e in items})
+        raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}")
+    return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length)
+
+
+# --------------------------------------------------------------------------------------- explain
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Token scores of several methods on the same prepared examples.
+
+    ``scores[method]`` is that method's :class:`TokenScores` (per example ``[tokens]``,
+    ``[layer, head, tokens]`` or ``[layer, tokens]``); ``skipped`` says why default methods were
+    left out (only when the methods were not chosen).
+    """
+
+    model: str
+    examples: tuple[PreparedExample, ...]
+    scores: Mapping[str, TokenScores]
+    skipped: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.scores)
+
+    def __getitem__(self, method: str) -> TokenScores:
+        if method not in self.scores:
+            raise InputError(f"method {method!r} was not run: this explanation has {', '.join(self.scores)}")
+        return self.scores[method]
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (example, method, layer, head, token): columns ``example`` (index into
+        ``examples``), ``position``, ``token``, ``special``, ``method``, ``layer``, ``head``
+        (-1 where the method has none), ``score`` (float64; NaN where a method does not score the
+        token, e.g. special tokens under leave-one-out). The ``scores`` table a study stores, with
+        the token text beside each position."""
+        frames = []
+        for method, result in self.scores.items():
+            for i, example in enumerate(self.examples):
+                values = result.scores[i].double().numpy()
+                n_tokens = values.shape[-1]
+                if values.ndim == 3:  # [layer, head, tokens]
+                    n_layers, n_heads, _ = values.shape
+                    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+                elif values.ndim == 2:  # [layer, tokens]
+                    layer, head = np.arange(values.shape[0]), np.full(values.shape[0], -1)
+                else:  # [tokens]
+                    layer, head = np.array([-1]), np.array([-1])
+                n_units = len(layer)
+                frames.append(pd.DataFrame({
+                    "example": i,
+                    "position": np.tile(np.arange(n_tokens), n_units),
+                    "token": np.tile(np.array(example.tokens, dtype=object), n_units),
+                    "special": np.tile(np.array(example.special, dtype=bool), n_units),
+                    "method": method,
+                    "layer": np.repeat(layer, n_tokens),
+                    "head": np.repeat(head, n_tokens),
+                    "score": values.reshape(n_units, n_tokens).ravel(),
+                }))
+        columns = ["example", "position", "token", "special", "method", "layer", "head", "score"]
+        if not frames:
+            return pd.DataFrame(columns=columns)
+        frame = pd.concat(frames, ignore_index=True)
+        return frame.astype({"example": "int64", "position": "int64", "layer": "int64", "head": "int64"})[columns]
+
+
+def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
+            label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
+            params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False) -> Explanation:
+    """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
+    method that applies to this model and these texts), side by side on the same examples.
+
+    ``params`` maps a method to its keyword parameters, e.g. ``{"integrated_gradients": {"steps":
+    32}, "loo_random": {"k": 3, "seed": 1}}``. Interventions share one engine, so identical rows run once.
+    """
+    from probe.explain.methods import applicable_methods, parse_methods, run_methods
+
+    chosen = parse_methods(methods) if methods is not None else None  # validate before tokenising
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length)
+    skipped: dict[str, str] = {}
+    if chosen is None:
+        chosen, skipped = applicable_methods(pm, examples)
+    params = dict(params or {})
+    unused = [m for m in params if m not in chosen]
+    if unused:
+        raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
+    results = run_methods(pm, examples, chosen, params=params)
+    return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)),
+                       skipped=MappingProxyType(skipped))
+
+
+# --------------------------------------------------------------------------------------- interventions
+
+
+def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
+        label: int | str | None = None, continuation: str | None = None, kind: str | None = None) -> TokenScores:
+    """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
+    ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
+    Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example."""
+    from probe.intervene.engine import Engine
+    from probe.intervene.tokens import loo as _loo
+
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    return _loo(Engine(pm), examples, mode, k=k, seed=seed)
+
+
+def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | Sequence[torch.Tensor]] | None = None,
+            *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True) -> pd.DataFrame:
+    """Erasure curves (comprehensiveness, sufficiency, AOPC, decision flips) of each ranking, always
+    beside a seeded random ranking (``ranking == "random"``).
+
+    ``texts`` is usually an :class:`Explanation`: its examples are used and, when ``rankings`` is
+    None, its token-level methods (``[tokens]`` per example) are the rankings. A ranking is a
+    :class:`TokenScores` or one ``[tokens]`` tensor per example, higher = more important. Returns
+    one row per (example, ranking, bin); see :func:`probe.intervene.erasure.erasure`. ``bins``:
+    fractions of the scorable tokens (default ``ERASURE_BINS``, 1% to 50%).
+    """
+    from probe.intervene.engine import Engine
+    from probe.intervene.erasure import ERASURE_BINS
+    from probe.intervene.erasure import erasure as _erasure
+
+    if rankings is None:
+        if not isinstance(texts, Explanation):
+            raise InputError("give rankings (method -> TokenScores), or pass an Explanation whose methods rank the tokens")
+        rankings = {m: s for m, s in texts.scores.items() if not (s.per_head or s.per_layer)}
+        if not rankings:
+            raise InputError(f"the explanation's methods ({', '.join(texts.scores)}) all score per layer or head: "
+                             "give rankings, e.g. {'attention_mean': [s[-1] for s in ex['attention_mean'].scores]}")
+    examples = _examples(pm, texts)
+    return _erasure(Engine(pm), examples, dict(rankings), bins=ERASURE_BINS if bins is None else bins, seed=seed,
+                    flips=flips)
+
+
+def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, batch_size: int = 32,
+                  label: int | str | None = None, continuation: str | None = None,
+                  kind: str | None = None) -> HeadEffects:
+    """Each head of ``stack`` (default: the one that reads the target) ablated alone.
+    ``result.change`` is ``[example, layer, head]`` original - ablated target; ``result.mean_abs_change``
+    ``[layer, head]``."""
+    from probe.intervene.heads import head_ablation_effects
+
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    return head_ablation_effects(pm, examples, stack=stack, batch_size=batch_size)
+
+
+def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, loss: str = "nll",
+                    ablation: bool = True, label: int | str | None = None, continuation: str | None = None,
+                    kind: str | None = None) -> HeadImportance:
+    """Michel et al. head importance ``[layer, head]`` (E_x |dL/dxi_h|, L2-normalised per layer),
+    with the single-head ablation effect beside it when ``ablation``."""
+    from probe.intervene.heads import head_importance as _importance
+
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    return _importance(pm, examples, stack=stack, loss=loss, ablation=ablation)
+
+
+def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform", *, layer: int = -1,
+                             head: int | None = None, label: int | str | None = None,
+                             continuation: str | None = None, kind: str | None = None,
+                             **options: Any) -> CounterfactualResult:
+    """Inject ``how`` = uniform, permuted or adversarial attention at the target query's row of
+    ``layer`` (negative counts from the last) and ``head`` (None: every head of the layer), and
+    measure the output change: ``output_tvd``, ``output_jsd``, ``target_change`` ``[example,
+    sample]``, and ``summary()`` per example. ``options`` go to the function of that name in
+    :mod:`probe.intervene.counterfactual` (permuted: ``n``, ``seed``; adversarial: ``candidates``,
+    ``steps``, ``bound``, ``seed``, ...)."""
+    from probe.intervene import counterfactual as cf
+
+    functions = {"uniform": cf.uniform_attention, "permuted": cf.permuted_attention,
+                 "adversarial": cf.adversarial_attention}
+    if how not in functions:
+        raise InputError(f"unknown counterfactual attention {how!r}: use one of {', '.join(COUNTERFACTUALS)}")
+    stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+    n_layers = pm.contract.stacks[stack].n_layers
+    if isinstance(layer, int) and -n_layers <= layer < 0:
+        layer += n_layers
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    return functions[how](pm, examples, layer=layer, head=head, **options)
+
+
+# --------------------------------------------------------------------------------------- capture
+
+
+def capture(pm: ProbeModel, *, queries: Any = None, layers: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
+            heads: Sequence[int] | Mapping[str, Sequence[int]] | None = None, stacks: Sequence[str] | None = None,
+            attention_mask: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+            editors: Mapping[tuple[str, int], Editor] | None = None,
+            keep_grad: bool = False) -> AbstractContextManager[Capture]:
+    """``with probe.capture(pm, ...) as cap:`` records the attention of every forward pass of
+    ``pm.model`` run inside the block; ``cap.maps(stack)`` then gives
+    :class:`~probe.capture.hooks.AttentionMaps` with ``weights [batch, layer, head, query, key]``.
+    Hooks are removed when the block ends, also on an exception.
+
+    ``queries``: None/"all", "first", "last" (needs ``attention_mask`` [batch, seq]), a list of
+    positions or a long tensor ``[batch, rows]``. ``editors`` ``{(stack, layer): fn(weights,
+    context)}`` replace attention weights ``[batch, head, query, key]`` before they mix the values.
+    """
+    from probe.capture.hooks import capture_attention
+
+    return capture_attention(pm, queries=queries, layers=layers, heads=heads, stacks=stacks,
+                             attention_mask=attention_mask, decoder_attention_mask=decoder_attention_mask,
+                             editors=editors, keep_grad=keep_grad)
+
+
+# --------------------------------------------------------------------------------------- studies
+
+
+def load_study(path: str | Path, *, n: int | None = None, dataset: str | None = None, device: str | None = None,
+               dtype: str | None = None, out: str | Path | None = None) -> Study:
+    """Read and validate a study file (YAML), with the command line's overrides (``n``,
+    ``dataset``, ``device``, ``dtype``, ``out``)."""
+    from probe.study.spec import load_study as _load
+
+    return _load(path, n=n, dataset=dataset, device=device, dtype=dtype, out=None if out is None else str(out))
+
+
+def study_from_dict(data: Mapping[str, Any]) -> Study:
+    """Validate a study given as a dict (the YAML's structure)."""
+    from probe.study.spec import study_from_dict as _from_dict
+
+    return _from_dict(dict(data))
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """A study's result folder after :func:`run_study` (or read by :func:`load_results`).
+
+    ``tables``: the stored tables by name (examples, tokens, scores, agreement, erasure,
+    counterfactual, heads: those the study computes) plus ``summary`` and, once complete,
+    ``paired``; ``verdict``: None until every batch is done.
+    """
+
+    out: Path
+    complete: bool
+    result: StudyResult = field(repr=False)
+    verdict: Verdict | None
+    computed: tuple[int, ...] = ()  # batches this call computed (empty when read from disk)
+
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        tables = dict(self.result.tables)
+        if self.result.summary is not None:
+            tables["summary"] = self.result.summary
+        if self.result.paired is not None:
+            tables["paired"] = self.result.paired
+        return tables
+
+    @property
+    def provenance(self) -> dict | None:
+        return self.result.provenance
+
+
+def load_results(folder: str | Path) -> StudyRun:
+    """Read a study's result folder (finished, or part-way through its batches) without a model."""
+    from probe.report.results import load_result
+
+    result = load_result(folder)
+    verdict = Verdict.from_dict(result.verdict, source=str(Path(folder) / "verdict.json")) if result.verdict else None
+    return StudyRun(out=Path(folder), complete=result.complete, result=result, verdict=verdict)
+
+
+def run_study(study: Study | str | Path, *, out: str | Path | None = None, progress: bool = False,
+              report: bool = True) -> StudyRun:
+    """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
+    (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
+    report is written there once complete. Returns the folder's tables and verdict."""
+    from probe.study.runner import run_study as _run
+
+    if isinstance(study, (str, Path)):
+        study = load_study(study, out=out)
+    elif out is not None:
+        study = study.model_copy(update={"output": str(out)})
+    run = _run(study, progress=progress, report=report, log=(lambda _: None) if not progress else None)
+    loaded = load_results(run.out)
+    return StudyRun(out=Path(run.out), complete=run.complete, result=loaded.result, verdict=loaded.verdict,
+                    computed=tuple(run.computed))
+
+
+# --------------------------------------------------------------------------------------- audits
+
+
+def load_claims(path: str | Path) -> ClaimFile:
+    """Read and validate a claim file (YAML)."""
+    from probe.audit.claims import load_claims as _load
+
+    return _load(path)
+
+
+def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path | None = None,
+          model: ProbeModel | None = None, progress: bool = False) -> AuditResult:
+    """Test the claims of a claim file (its path, a validated :class:`ClaimFile`, or a dict with the
+    YAML's structure) by intervention: ``result.claims[i].verdict`` is supported, refuted or
+    inconclusive, with effect, CI and evidence. ``model``: an already loaded :class:`ProbeModel`
+    to audit instead of the file's. With ``out``, audit.json/.md/.html are written there."""
+    from probe.audit.claims import ClaimFile, claims_from_dict
+    from probe.audit.run import run_audit
+
+    if isinstance(claims, (str, Path)):
+        claim_file = load_claims(claims)
+    elif isinstance(claims, ClaimFile):
+        claim_file = claims
+    elif isinstance(claims, Mapping):
+        claim_file = claims_from_dict(dict(claims))
+    else:
+        raise InputError(f"claims must be a claim file's path, a ClaimFile or a dict, got {type(claims).__name__}")
+    return run_audit(claim_file, out_dir=out, progress=progress, model=model)
+
+
+__all__ = [
+    "COUNTERFACTUALS", "Explanation", "StudyRun", "Texts", "Verdict", "audit", "capture", "counterfactual_attention",
+    "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_model", "load_results",
+    "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
+]

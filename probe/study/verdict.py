@@ -1,0 +1,105 @@
+"""The study's verdict as a typed, frozen object, read from ``verdict.json`` (written by
+:func:`probe.study.summary.verdict`). Torch-free: a report or a notebook reads it without a model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from probe.errors import InputError
+
+ANSWERS = ("yes", "heads only", "no")
+
+
+@dataclass(frozen=True)
+class UnitCount:
+    """How many attention units (layers, or heads) track the reference, of how many."""
+
+    tracking: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Does attention track the reference? ``answer`` is yes (some layer-level unit tracks it),
+    heads only (only single heads do) or no; ``headline`` says it in a sentence.
+
+    ``best`` / ``worst`` (and ``best_layers``, ``best_heads``, ...) are the verdict's unit rows as
+    written: ``{"unit", "mean", "ci": [low, high], "tracks"}``. ``random``, ``best_gradient`` and
+    ``ceiling`` are ``{"mean", "ci", ...}`` or None. ``data`` keeps the whole verdict.json, keys
+    this type does not name included.
+    """
+
+    answer: str
+    headline: str
+    reference: str
+    measure: str
+    rule: str
+    alpha: float
+    level: float
+    bootstrap: int
+    layer_units: UnitCount
+    head_units: UnitCount
+    best: tuple[Mapping[str, Any], ...] = ()
+    worst: tuple[Mapping[str, Any], ...] = ()
+    best_layers: tuple[Mapping[str, Any], ...] = ()
+    best_heads: tuple[Mapping[str, Any], ...] = ()
+    random: Mapping[str, Any] | None = None
+    best_gradient: Mapping[str, Any] | None = None
+    ceiling: Mapping[str, Any] | None = None
+    data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def tracks(self) -> bool:
+        """True when the answer is yes or heads only."""
+        return self.answer != "no"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "verdict") -> "Verdict":
+        """A :class:`Verdict` from the dict ``verdict.json`` holds; one-line :class:`InputError` if it is not one."""
+        if not isinstance(data, Mapping):
+            raise InputError(f"{source} is not a verdict: expected a mapping with answer, headline, reference, measure")
+        missing = [k for k in ("answer", "headline", "reference", "measure", "layer_units", "head_units") if k not in data]
+        if missing:
+            raise InputError(f"{source} is not a verdict: it lacks {', '.join(missing)}")
+        if data["answer"] not in ANSWERS:
+            raise InputError(f"{source}: unknown answer {data['answer']!r}: expected one of {', '.join(ANSWERS)}")
+
+        def units(key: str) -> UnitCount:
+            value = data[key] or {}
+            return UnitCount(tracking=int(value.get("tracking", 0)), total=int(value.get("total", 0)))
+
+        def rows(key: str) -> tuple[Mapping[str, Any], ...]:
+            return tuple(MappingProxyType(dict(r)) for r in data.get(key) or ())
+
+        def entry(key: str) -> Mapping[str, Any] | None:
+            value = data.get(key)
+            return MappingProxyType(dict(value)) if isinstance(value, Mapping) else None
+
+        return cls(
+            answer=str(data["answer"]), headline=str(data["headline"]), reference=str(data["reference"]),
+            measure=str(data["measure"]), rule=str(data.get("rule", "")), alpha=float(data.get("alpha", float("nan"))),
+            level=float(data.get("level", float("nan"))), bootstrap=int(data.get("bootstrap", 0)),
+            layer_units=units("layer_units"), head_units=units("head_units"),
+            best=rows("best"), worst=rows("worst"), best_layers=rows("best_layers"), best_heads=rows("best_heads"),
+            random=entry("random"), best_gradient=entry("best_gradient"), ceiling=entry("ceiling"),
+            data=MappingProxyType(dict(data)),
+        )
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Verdict":
+        """Read ``verdict.json``, or the one in a result folder."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "verdict.json"
+        if not path.is_file():
+            raise InputError(f"{path} does not exist: a finished study's result folder holds verdict.json")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise InputError(f"{path} is unreadable ({err}); rerun the study") from None
+        return cls.from_dict(data, source=str(path))

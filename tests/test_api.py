@@ -1,0 +1,326 @@
+"""The public Python API exported from ``probe`` (probe/api.py): laziness, wrap, explain, interventions,
+capture, studies, audits; checked against HF's own outputs, hand recomputation and the study's tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import probe
+from probe.errors import InputError
+
+TEXTS = ["the movie was not good", "a great fun story", "boring plot and very slow acting"]
+
+
+def _fresh(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+
+
+def test_import_probe_stays_light_and_subpackages_stay_modules():
+    out = _fresh(
+        "import sys, probe\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'captum') if m in sys.modules))\n"
+        "import probe.explain.methods, probe.capture.hooks, probe.audit.run\n"
+        "print(callable(probe.explain), callable(probe.capture), callable(probe.audit), probe.explain.methods.__name__)\n"
+        "print(probe.Verdict.__module__, probe.wrap.__module__, 'explain' in dir(probe))\n"
+    )
+    light, callables, names = out.splitlines()
+    assert light == "[]"
+    assert callables == "True True True probe.explain.methods"
+    assert names == "probe.study.verdict probe.api True"
+    import inspect
+
+    assert list(inspect.signature(probe.explain).parameters)[:3] == ["pm", "texts", "methods"]
+    assert "queries" in inspect.signature(probe.capture).parameters
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        probe.nonexistent  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------- wrap
+
+
+def _hf_pair(folder):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    return AutoModelForSequenceClassification.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_wrap_builds_the_contract_load_model_builds(tiny_dirs, loaded):
+    model, tokenizer = _hf_pair(tiny_dirs["bert"])
+    tokenizer.padding_side = "left"
+    pm = probe.wrap(model, tokenizer)
+    reference = loaded("bert")
+    assert pm.task == "classification" and pm.metadata == {"wrapped": True}
+    assert pm.contract.to_dict() == reference.contract.to_dict()
+    assert pm.contract.module_paths == reference.contract.module_paths
+    assert not model.training and pm.model is model
+    assert tokenizer.padding_side == "left" and pm.tokenizer.padding_side == "right"  # the caller's is left alone
+    a = probe.explain(pm, TEXTS[:2], methods=["attention_mean", "saliency", "loo_delete"])
+    b = probe.explain(reference, TEXTS[:2], methods=["attention_mean", "saliency", "loo_delete"])
+    pd.testing.assert_frame_equal(a.to_pandas(), b.to_pandas(), check_exact=False, rtol=1e-5, atol=1e-6)
+
+
+def test_wrap_infers_the_task_of_a_causal_lm(tiny_dirs, loaded):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = str(tiny_dirs["llama_gqa"])
+    pm = probe.wrap(AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), name="llama")
+    assert pm.task == "causal_lm" and pm.name == "llama"
+    assert pm.contract.to_dict() == loaded("llama_gqa").contract.to_dict()
+    assert pm.contract.n_kv_heads < pm.contract.n_heads  # GQA read from the model
+
+
+def test_wrap_refuses_pairs_that_do_not_fit(tiny_dirs):
+    from transformers import AutoModel, AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    model, tokenizer = _hf_pair(tiny_dirs["bert"])
+    with pytest.raises(InputError, match=r"^wrap needs a transformers PreTrainedModel, got Linear"):
+        probe.wrap(torch.nn.Linear(2, 2), tokenizer)
+    with pytest.raises(InputError, match=r"^wrap needs a transformers tokenizer, got dict"):
+        probe.wrap(model, {"vocab": 1})
+    headless = AutoModel.from_pretrained(str(tiny_dirs["bert"]))
+    with pytest.raises(InputError, match=r"BertModel has no output head .*AutoModelForSequenceClassification"):
+        probe.wrap(headless, tokenizer)
+    small = BertForSequenceClassification(BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=8))
+    with pytest.raises(InputError, match=rf"tokenizer has {len(tokenizer)} tokens but .* embedding has 8 rows"):
+        probe.wrap(small, tokenizer)
+    with pytest.raises(InputError, match=r"unknown task 'vision': use one of classification, causal_lm, seq2seq"):
+        probe.wrap(model, tokenizer, task="vision")
+    gpt2_tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["gpt2"]))
+    if len(gpt2_tokenizer) > model.get_input_embeddings().num_embeddings:
+        with pytest.raises(InputError, match="give the tokenizer the model was trained with"):
+            probe.wrap(model, gpt2_tokenizer)
+
+
+def test_wrap_refuses_a_model_without_attention(tiny_dirs):
+    """Mamba (a state-space model: a head, no attention) is refused in one line."""
+    from transformers import AutoTokenizer, MambaConfig, MambaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["gpt2"]))
+    torch.manual_seed(0)
+    model = MambaForCausalLM(MambaConfig(vocab_size=len(tokenizer), hidden_size=16, state_size=4,
+                                         num_hidden_layers=2, expand=2))
+    with pytest.raises(InputError, match=r"\(type 'mamba'\) has no attention modules probe can read"):
+        probe.wrap(model, tokenizer)
+
+
+# --------------------------------------------------------------------------------------- explain
+
+
+def test_explanation_table_is_the_study_scores_table(loaded):
+    from probe.study.runner import score_rows
+
+    pm = loaded("bert")
+    ex = probe.explain(pm, TEXTS, methods="attention,rollout,integrated_gradients,loo_delete",
+                       params={"integrated_gradients": {"steps": 8}})
+    frame = ex.to_pandas()
+    assert list(frame.columns) == ["example", "position", "token", "special", "method", "layer", "head", "score"]
+    stored = score_rows(list(ex.examples), 0, dict(ex.scores))
+    pd.testing.assert_frame_equal(
+        frame[["example", "method", "layer", "head", "position"]].reset_index(drop=True),
+        stored[["example", "method", "layer", "head", "position"]].astype("int64", errors="ignore")
+        .astype({"method": object}).reset_index(drop=True), check_dtype=False)
+    np.testing.assert_allclose(frame.score.to_numpy(), stored.score.to_numpy(), rtol=1e-6, equal_nan=True)
+    info = pm.contract
+    lengths = [len(e.input_ids) for e in ex.examples]
+    per_head = frame[frame.method == "attention"]
+    assert len(per_head) == info.n_layers * info.n_heads * sum(lengths)
+    assert set(per_head["head"]) == set(range(info.n_heads))
+    assert (frame[frame.method == "loo_delete"].layer == -1).all()
+    first = frame[(frame.example == 1) & (frame.method == "loo_delete")]
+    assert first.token.tolist() == ex.examples[1].tokens
+    assert first.score[first.special].isna().all() and first.score[~first.special].notna().all()
+    assert ex["rollout"].per_layer and ex.methods == ["attention", "rollout", "integrated_gradients", "loo_delete"]
+    with pytest.raises(InputError, match="method 'saliency' was not run: this explanation has attention, rollout"):
+        ex["saliency"]
+
+
+def test_explain_batch_of_one_equals_batch_of_n(loaded):
+    pm = loaded("gpt2")
+    methods = ["attention_mean", "input_x_gradient", "loo_delete"]
+    together = probe.explain(pm, TEXTS, methods=methods).to_pandas()
+    alone = pd.concat([probe.explain(pm, [t], methods=methods).to_pandas().assign(example=i)
+                       for i, t in enumerate(TEXTS)])
+    key = ["example", "method", "layer", "head", "position"]
+    a = together.sort_values(key).reset_index(drop=True)
+    b = alone.sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4, atol=1e-5)
+
+
+def test_explain_defaults_and_one_line_errors(loaded):
+    pm = loaded("bert")
+    ex = probe.explain(pm, "a great fun story")
+    assert "loo_lm" in ex.skipped and "loo_lm" not in ex.scores and "attention" in ex.scores
+    with pytest.raises(InputError, match=r"unknown method 'atention': valid methods are attention"):
+        probe.explain(pm, TEXTS, methods=["atention"])
+    with pytest.raises(InputError, match=r"params given for 'saliency', which is not among the methods run"):
+        probe.explain(pm, TEXTS, methods=["attention"], params={"saliency": {}})
+    with pytest.raises(InputError, match="no text given"):
+        probe.explain(pm, [], methods=["attention"])
+    with pytest.raises(InputError, match="texts must be strings or examples from probe.prepare, got int"):
+        probe.explain(pm, [1, 2], methods=["attention"])
+    examples = probe.prepare(pm, TEXTS[:1], label=1)
+    assert examples[0].label == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        examples[0].label = 0  # a prepared target never changes under a cache keyed by content
+    with pytest.raises(InputError, match="these examples are prepared already"):
+        probe.loo(pm, examples, label=0)
+
+
+# --------------------------------------------------------------------------------------- interventions
+
+
+def test_loo_is_the_hand_computed_change(loaded):
+    pm = loaded("bert")
+    scores = probe.loo(pm, TEXTS[0], "delete")
+    example = probe.prepare(pm, TEXTS[0])[0]
+    ids = example.input_ids
+    with torch.no_grad():
+        base = torch.softmax(pm.model(input_ids=torch.tensor([ids])).logits, -1)[0, example.label]
+        for t, special in enumerate(example.special):
+            if special:
+                assert torch.isnan(scores.scores[0][t])
+                continue
+            cut = torch.tensor([ids[:t] + ids[t + 1:]])
+            value = torch.softmax(pm.model(input_ids=cut).logits, -1)[0, example.label]
+            assert float(scores.scores[0][t]) == pytest.approx(float(base - value), abs=1e-5)
+
+
+def test_erasure_from_an_explanation_and_head_ablation(loaded):
+    pm = loaded("bert")
+    ex = probe.explain(pm, TEXTS, methods=["attention", "saliency", "loo_delete"])
+    curves = probe.erasure(pm, ex, bins=[0.5])
+    assert set(curves.ranking) == {"saliency", "loo_delete", "random"}  # per-head attention is not a ranking
+    assert len(curves) == len(TEXTS) * 3
+    with pytest.raises(InputError, match="give rankings"):
+        probe.erasure(pm, TEXTS)
+    effects = probe.head_ablation(pm, ex)
+    info = pm.contract
+    assert effects.change.shape == (len(TEXTS), info.n_layers, info.n_heads)
+    values = [e.original_value for e in ex.examples]
+    np.testing.assert_allclose(effects.original.numpy(), values, rtol=1e-5)
+
+
+def test_counterfactual_attention_counts_layers_from_the_end(loaded):
+    pm = loaded("bert")
+    examples = probe.prepare(pm, TEXTS)
+    last = pm.contract.n_layers - 1
+    a = probe.counterfactual_attention(pm, examples, "uniform", layer=-1)
+    b = probe.counterfactual_attention(pm, examples, "uniform", layer=last)
+    assert a.site.layer == last and torch.equal(a.output_tvd, b.output_tvd)
+    permuted = probe.counterfactual_attention(pm, examples, "permuted", layer=0, head=1, n=3, seed=2)
+    assert permuted.output_tvd.shape == (len(TEXTS), 3)
+    with pytest.raises(InputError, match=r"unknown counterfactual attention 'random': use one of uniform, permuted"):
+        probe.counterfactual_attention(pm, examples, "random")
+
+
+# --------------------------------------------------------------------------------------- capture
+
+
+def test_capture_matches_hf_eager_attentions(loaded):
+    pm = loaded("bert", "eager")
+    batch = pm.encode(TEXTS)
+    with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:
+        with torch.no_grad():
+            out = pm.model(**batch, output_attentions=True)
+    maps = cap.maps()
+    assert maps.weights.shape == (len(TEXTS), pm.contract.n_layers, pm.contract.n_heads, batch["input_ids"].shape[1],
+                                  batch["input_ids"].shape[1])
+    expected = torch.stack(out.attentions, dim=1)  # [batch, layer, head, query, key]
+    real = batch["attention_mask"].bool()
+    for i in range(len(TEXTS)):
+        n = int(real[i].sum())
+        torch.testing.assert_close(maps.weights[i, :, :, :n, :n], expected[i, :, :, :n, :n], rtol=1e-5, atol=1e-6)
+    from probe.capture import installed_wrappers
+
+    assert installed_wrappers() == []  # the block removed its hooks
+
+
+# --------------------------------------------------------------------------------------- studies and audits
+
+
+def test_run_study_returns_tables_and_a_typed_verdict(tiny_dirs, tmp_path):
+    from test_study import tiny_study, write_dataset
+
+    data = write_dataset(tmp_path / "reviews.csv")
+    study = probe.study_from_dict(tiny_study(
+        tiny_dirs["bert"], data, tmp_path / "ignored", explainers=["attention_mean", "saliency"],
+        references=["loo_delete", "loo_mask"], metrics={"erasure": None, "counterfactual": None, "heads": None},
+        dataset={"name": str(data), "n": 6, "seed": 1}))
+    run = probe.run_study(study, out=tmp_path / "run", report=False)
+    assert run.complete and run.out == tmp_path / "run" and run.computed == (0, 1)
+    on_disk = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert run.verdict.answer == on_disk["answer"] and run.verdict.headline == on_disk["headline"]
+    assert run.verdict.layer_units.total == on_disk["layer_units"]["total"] == pm_layers(tiny_dirs)
+    assert {"examples", "agreement", "scores", "summary", "paired"} <= set(run.tables)
+    assert len(run.tables["examples"]) == 6 and run.provenance is not None
+    again = probe.load_results(tmp_path / "run")
+    assert again.verdict == run.verdict and again.computed == ()
+    with pytest.raises(AttributeError):
+        run.verdict.answer = "yes"  # frozen
+
+
+def pm_layers(tiny_dirs) -> int:
+    config = json.loads((Path(tiny_dirs["bert"]) / "config.json").read_text())
+    return int(config["num_hidden_layers"])
+
+
+def test_verdict_refuses_what_is_not_a_verdict(tmp_path):
+    from probe.study.verdict import Verdict
+
+    with pytest.raises(InputError, match="not a verdict: it lacks answer, headline"):
+        Verdict.from_dict({"reference": "loo_delete"})
+    with pytest.raises(InputError, match="unknown answer 'maybe': expected one of yes, heads only, no"):
+        Verdict.from_dict({"answer": "maybe", "headline": "", "reference": "r", "measure": "m",
+                           "layer_units": {}, "head_units": {}})
+    with pytest.raises(InputError, match="verdict.json does not exist"):
+        Verdict.read(tmp_path)
+
+
+def test_audit_from_a_dict_with_a_loaded_model(tiny_dirs, loaded):
+    pm = loaded("bert")
+    result = probe.audit({
+        "model": {"id": str(tiny_dirs["bert"])},
+        "data": {"texts": TEXTS * 3},
+        "statistics": {"bootstrap": 100},
+        "claims": [{"claim": "head 0.1 matters", "kind": "head_role", "head": "0.1"}],
+    }, model=pm)
+    (claim,) = result.claims
+    assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 3
+    with pytest.raises(InputError, match="claims must be a claim file's path, a ClaimFile or a dict, got int"):
+        probe.audit(3)
+
+
+def test_wrap_and_capture_on_the_real_pretrained_minilm(pretrained_minilm_folder):
+    """The real MiniLM (6 layers x 12 heads; its classifier head is newly initialised, seeded here):
+    wrapped in memory it has load_model's contract and scores, and probe.capture reads what HF's
+    eager attention returns."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    loaded_pm = probe.load_model(pretrained_minilm_folder, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(pretrained_minilm_folder, attn_implementation="eager")
+    pm = probe.wrap(model, AutoTokenizer.from_pretrained(pretrained_minilm_folder))
+    assert pm.contract.to_dict() == loaded_pm.contract.to_dict()
+    assert (pm.contract.n_layers, pm.contract.n_heads) == (6, 12)
+    methods = ["attention", "attn_norm", "input_x_gradient", "loo_delete"]
+    a, b = probe.explain(pm, TEXTS[:2], methods=methods), probe.explain(loaded_pm, TEXTS[:2], methods=methods)
+    pd.testing.assert_frame_equal(a.to_pandas(), b.to_pandas(), check_exact=False, rtol=1e-5, atol=1e-7)
+    batch = pm.encode(TEXTS)
+    with probe.capture(pm, queries="first", layers=[1, 5], heads=[0, 11], attention_mask=batch["attention_mask"]) as cap:
+        with torch.no_grad():
+            out = pm.model(**batch, output_attentions=True)
+    maps = cap.maps()
+    expected = torch.stack([out.attentions[layer][:, [0, 11], :1, :] for layer in (1, 5)], dim=1)
+    torch.testing.assert_close(maps.weights, expected, rtol=1e-5, atol=1e-6)  # [batch, layer, head, query, key]
