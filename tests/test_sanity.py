@@ -3,6 +3,8 @@ redundancy; each can fail, and each says why when it cannot run."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -99,3 +101,35 @@ def test_redundancy_finds_a_constructed_duplicate():
     assert S.describe_group(groups[0]) == "attention_mean L0 = flow L1-L2"
     assert S.describe_group(["flow L1", "flow L2", "flow L3", "flow L5", "attention_mean L0"]) == \
         "flow L1-L3,L5 = attention_mean L0"
+
+
+def _cli(*args, timeout=600):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_probe_explain_sums_up_checks_and_takes_a_site(tiny_dirs):
+    proc = _cli("explain", str(tiny_dirs["bert"]), "the movie was good", "--methods",
+                "saliency_sum,input_x_gradient,integrated_gradients", "--site", "word", "--steps", "16")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("sanity ")]
+    assert len(lines) == 3
+    assert any(line.startswith("sanity saliency_sum: FAILED degeneracy") for line in lines)
+    assert any(line.startswith("sanity input_x_gradient: FAILED degeneracy") for line in lines)
+    proc = _cli("explain", str(tiny_dirs["bert"]), "the movie was good", "--methods", "input_x_gradient", "--json")
+    data = json.loads(proc.stdout)
+    assert data["params"]["input_x_gradient"]["site"] == "embeddings"
+    assert [c["status"] for c in data["sanity"] if c["check"] == "degeneracy"] == ["pass"]
+
+
+def test_probe_explain_bad_sites_are_one_line(tiny_dirs):
+    proc = _cli("explain", str(tiny_dirs["bert"]), "good", "--site", "layer3")
+    assert proc.returncode != 0 and "unknown gradient site 'layer3'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = _cli("explain", str(tiny_dirs["gpt2"]), "good", "--site", "embeddings")
+    assert proc.returncode != 0 and "transformer.wte" in proc.stderr and "Traceback" not in proc.stderr

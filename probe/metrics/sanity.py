@@ -348,3 +348,41 @@ def describe_group(group: Sequence[str]) -> str:
                 start = cur
         parts.append(f"{method} {','.join(runs)}")
     return " = ".join(parts)
+
+
+# --------------------------------------------------------------------------- for one explained input
+
+
+def explain_checks(pm, examples, results: Mapping, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+    """The checks that fit one ``probe explain`` call (no randomisation: it would rerun every
+    method several times): degeneracy of the gradient methods, constant scores, IG completeness."""
+    from probe.names import method_family
+
+    params = params or {}
+    scored = [[not s for s in e.special] for e in examples]
+    checks = [constant_scores(name, [output_unit(v) for v in r.scores], scored)
+              for name, r in results.items() if method_family(name) != "intervention"]
+    gradients = [m for m in results if method_family(m) == "gradient"]
+    checks += degeneracy(pm, examples, gradients, params={m: {"site": results[m].params.get("site")} for m in gradients})
+    if "integrated_gradients" in results:
+        checks.append(completeness(pm, examples, results["integrated_gradients"],
+                                   params={k: v for k, v in (params.get("integrated_gradients") or {}).items()
+                                           if k != "steps"}))
+    return checks
+
+
+def summary_lines(checks: Sequence[Check]) -> list[str]:
+    """One line per method: ``sanity input_x_gradient: ok (degeneracy 3.1e-01, constant 0.0e+00)``
+    or ``sanity saliency_sum: FAILED degeneracy: ...``."""
+    by_method: dict[str, list[Check]] = {}
+    for c in checks:
+        by_method.setdefault(c.method, []).append(c)
+    lines = []
+    for method, items in by_method.items():
+        failed = [c for c in items if c.status == "fail"]
+        if failed:
+            lines.append(f"sanity {method}: FAILED " + "; ".join(f"{c.check}: {c.detail}" for c in failed))
+        else:
+            ran = [f"{c.check} {c.status}" for c in items]
+            lines.append(f"sanity {method}: ok ({', '.join(ran)})")
+    return lines
