@@ -60,3 +60,15 @@ def test_left_out_examples_are_counted_with_the_reason(checked_run):
                   & (summary.measure == "kendall_tau")].iloc[0]
     assert row.left_out >= 2 and "fewer than 2 scored tokens: 2" in row.left_out_reasons
     assert row.n + 2 <= 10
+
+
+def test_report_shows_checks_left_out_and_flags(checked_run, tmp_path):
+    from probe.report import build_report
+
+    files = build_report(checked_run, tmp_path / "report")
+    text = files.markdown.read_text().replace("\\_", "_")
+    assert "Sanity checks" in text and "randomisation" in text
+    assert "examples left out of n" in text and "fewer than 2 scored tokens: 2" in text
+    assert "input_x_gradient failed its sanity checks (degeneracy" in text
+    assert "identical rankings on this model: attention_mean L0 = rollout L0" in text
+    assert any(p.name.startswith("randomisation") for p in files.figures)
