@@ -378,6 +378,23 @@ def _agreement_section(r: StudyResult, w: _Writer) -> Section:
     if len(base):
         shown = base[base["measure"] == measure].drop(columns=["measure"])
         blocks.append(Table(shown, caption=f"baselines and ceiling ({mlabel})", csv=csv_base))
+    published = r.metrics.get("published") or []
+    if published and r.summary is not None:
+        rows = []
+        for item in published:
+            layer = -1 if item.get("layer") is None else int(item["layer"])
+            ours = r.summary[(r.summary.explainer == item["explainer"]) & (r.summary.reference == item["reference"])
+                             & (r.summary.layer == layer) & (r.summary["head"] == -1)
+                             & (r.summary.measure == item.get("measure", "spearman")) & (r.summary.role == "explainer")]
+            rows.append({"explainer": item["explainer"], "reference": item["reference"],
+                         "layer": "" if layer < 0 else layer, "measure": item.get("measure", "spearman"),
+                         "paper": item["value"],
+                         "ours (mean [CI])": (f"{ours['mean'].iloc[0]:+.3f} [{ours.ci_low.iloc[0]:+.3f}, "
+                                              f"{ours.ci_high.iloc[0]:+.3f}]") if len(ours) else "not computed",
+                         "n": int(ours.n.iloc[0]) if len(ours) else 0, "source": item.get("source", "")})
+        frame = pd.DataFrame(rows)
+        blocks.append(Table(frame, caption="the paper's numbers beside ours (their model and data differ: context, "
+                                           "not a target)", csv=w.csv("published", frame)))
     s = r.summary
     if s is not None and "left_out" in s.columns:
         left = s[(s.left_out > 0) & (s.measure == measure)]

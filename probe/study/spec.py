@@ -362,6 +362,17 @@ class SanitySpec(_Spec):
     fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5, 1.0])
 
 
+class PublishedNumber(_Spec):
+    """A number from the paper a study follows, set beside ours in the report (context, not a target)."""
+
+    explainer: str
+    reference: str
+    layer: Int | None = None  # 0-based, ours; None for a token-level method
+    measure: Literal["kendall_tau", "spearman"] = "spearman"
+    value: Float
+    source: str = ""
+
+
 class MetricsSpec(_Spec):
     agreement: list[Literal["kendall", "spearman", "top_k"]] = Field(
         default_factory=lambda: ["kendall", "spearman", "top_k"])
@@ -375,6 +386,7 @@ class MetricsSpec(_Spec):
     #: methods compared by magnitude (|score|), as Jain & Wallace compare |delta y| and |grad x input|
     absolute: list[str] = Field(default_factory=list)
     sanity: SanitySpec = Field(default_factory=SanitySpec)
+    published: list[PublishedNumber] = Field(default_factory=list)
 
     @field_validator("absolute", mode="before")
     @classmethod

@@ -163,7 +163,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
         "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
     }
     if unreliable:
-        result["headline"] += (" Left out of the best gradient and the ceilings as unreliable (failed sanity checks): "
+        result["headline"] += (" Failed sanity checks (unreliable here: never the best gradient nor in a ceiling): "
                                + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
     if above:
         result["headline"] += " Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + "."
