@@ -88,9 +88,10 @@ def test_finished_study_has_every_section_in_order(report, result):
                  "peak memory", "sequence length", "time per step", "versions"):
         assert text in html, text
     # one heatmap figure per per-head explainer, the layer lines, the distribution, erasure, both
-    # counterfactual figures, the head maps
+    # counterfactual figures, the head maps, the sanity checks' randomisation curves
     names = {p.stem for p in report.figures}
-    assert names == {"heads_attention", "layers", "distribution", "erasure", "permutation", "adversarial", "heads"}
+    assert names == {"heads_attention", "layers", "distribution", "erasure", "permutation", "adversarial", "heads",
+                     "randomisation"}
     for phrase in ("not part of this study",):
         assert phrase not in html
 

@@ -133,3 +133,20 @@ def test_probe_explain_bad_sites_are_one_line(tiny_dirs):
     assert len(proc.stderr.strip().splitlines()) == 1
     proc = _cli("explain", str(tiny_dirs["gpt2"]), "good", "--site", "embeddings")
     assert proc.returncode != 0 and "transformer.wte" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_randomisation_on_the_builtin_llama(builtin_cache):
+    """Real model (SmolLM2, 30 layers): input x gradient's curve falls, a position ranking stays at 1;
+    no norm inside an embeddings module, so the default site is word and nothing is degenerate."""
+    from probe.models import load_model
+
+    pm = load_model("builtin:smollm2-135m")
+    assert G.default_site(pm) == "word"
+    examples = prepare(pm, ["The movie was wonderful. Sentiment:", "A dull and tedious film. Sentiment:"],
+                       TargetSpec(continuation=" positive"))
+    assert [c.status for c in S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"])] == ["pass", "pass"]
+    scorers = {"input_x_gradient": lambda pm, ex: G.input_x_gradient(pm, ex).scores,
+               "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
+    checks = {c.method: c for c in S.randomisation(pm, examples, scorers, fractions=(0.5,))}
+    assert checks["input_x_gradient"].status == "pass" and checks["input_x_gradient"].value < 0.5
+    assert checks["position"].status == "fail"
