@@ -131,3 +131,20 @@ def test_builtin_default_site_matches_oracle(builtin_cache):
         oracle = (e[i, :n] * grad[i, :n]).sum(-1)
         torch.testing.assert_close(ixg.scores[i], oracle, atol=1e-6, rtol=1e-4)
         assert oracle.abs().median() > 1e3 * word_sum.scores[i].abs().max()
+
+
+def test_pretrained_minilm_default_site_matches_oracle(minilm):
+    """The pretrained MiniLM weights (random head: fine for an equality with the oracle): LayerNorm in
+    bert.embeddings makes embeddings the default, input x gradient there equals e . d target / d e, and
+    the word site's signed gradient sum vanishes while the embeddings site's does not."""
+    pm = minilm
+    assert G.resolve_site(pm).module_name == "bert.embeddings" and G.normalising_module(pm.model) == "LayerNorm"
+    examples = prepare(pm, ["an unbelievably wonderful film", "a dull mess"], TargetSpec())
+    e, grad = _oracle_at_embeddings_output(pm, examples)
+    ixg = G.input_x_gradient(pm, examples)
+    word_sum = G.saliency_sum(pm, examples, site="word")
+    word_norm = G.saliency(pm, examples, site="word")
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        torch.testing.assert_close(ixg.scores[i], (e[i, :n] * grad[i, :n]).sum(-1), atol=1e-6, rtol=1e-4)
+        assert word_sum.scores[i].abs().max() < 1e-4 * word_norm.scores[i].median()
