@@ -172,6 +172,7 @@ def explain(
     target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs)"),
     layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
     steps: int = typer.Option(50, "--steps", min=1, help="integrated gradients steps"),
+    site: str | None = typer.Option(None, "--site", help="where gradient methods are taken: word or embeddings (default: decided from the model)"),
     seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window instead of truncating"),
@@ -207,7 +208,24 @@ def explain(
         raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
     params = {"integrated_gradients": {"steps": steps}, "loo_random": {"seed": seed}, "loo_lm": {"seed": seed},
               "gradient_shap": {"seed": seed}}
+    from probe.explain.methods import family as _family
+
+    if site is not None:
+        from probe.explain.gradients import resolve_site
+
+        resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
+        for name in chosen:
+            if _family(name) == "gradient":
+                params.setdefault(name, {})["site"] = site
     results = run_methods(pm, examples, chosen, params={m: p for m, p in params.items() if m in chosen})
+    from probe.metrics.sanity import explain_checks
+
+    checks = explain_checks(pm, examples, results, params)
+    for name, result in results.items():  # a method that gave no score for this input is listed, with why
+        values = result.scores[0]
+        if name not in skipped and values.numel() and not bool(values.isfinite().any()):
+            skipped[name] = "no score for this input" + (
+                f" (limited to {result.params['max_tokens']} tokens)" if "max_tokens" in result.params else "")
     example = examples[0]
     special = example.special
     if as_json:
@@ -221,7 +239,7 @@ def explain(
         print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
                           "target": example.describe(), "scores": scores,
                           "params": {name: r.params for name, r in results.items()},
-                          "skipped": skipped}, default=str))
+                          "skipped": skipped, "sanity": [c.to_dict() for c in checks]}, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -232,6 +250,10 @@ def explain(
                          f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
     for name, reason in skipped.items():
         console.print(f"[dim]skipped {name}: {_plain(reason)}[/]")
+    from probe.metrics.sanity import summary_lines
+
+    for line in summary_lines(checks):
+        console.print(line, markup=False, highlight=False)
     shown_layer = layer if layer is not None else pm.contract.n_layers - 1
     columns = {name: _summary_column(result, layer) for name, result in results.items()}
     titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",

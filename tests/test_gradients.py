@@ -40,9 +40,9 @@ def _by_hand(pm, examples):
 
 def _assert_matches_autograd(pm, examples):
     embeds, grad = _by_hand(pm, examples)
-    sal = G.saliency(pm, examples)
-    signed = G.saliency_sum(pm, examples)
-    ixg = G.input_x_gradient(pm, examples)
+    sal = G.saliency(pm, examples, site="word")  # the oracle differentiates the word embeddings
+    signed = G.saliency_sum(pm, examples, site="word")
+    ixg = G.input_x_gradient(pm, examples, site="word")
     for i, example in enumerate(examples):
         n = len(example.input_ids)
         g, x = grad[i, :n], embeds[i, :n]  # [tokens, dim]
@@ -119,9 +119,10 @@ def test_saliency_and_input_x_gradient_equal_autograd_on_minilm(minilm):
 def test_params_record_the_choices(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS)
-    sal = G.saliency(pm, examples)
+    sal = G.saliency(pm, examples, site="word")
     assert sal.method == "saliency" and sal.params["reduction"].startswith("l2 norm")
     assert sal.params["space"] == "word_embeddings" and "position" in sal.params["space_note"]
+    assert sal.params["site"] == "word" and G.saliency(pm, examples).params["site"] == "embeddings"
     assert "Jain" in G.input_x_gradient(pm, examples).params["note"]
     ig = G.integrated_gradients(pm, examples, steps=4, baseline="unk")
     assert ig.params["baseline"] == "unk" and ig.params["steps"] == 4 and ig.params["rule"] == "gausslegendre"
@@ -211,7 +212,7 @@ def test_ig_completeness_converges_on_minilm(minilm):
 def test_ig_baselines(loaded, baseline):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS)
-    ig = G.integrated_gradients(pm, examples, steps=32, baseline=baseline)
+    ig = G.integrated_gradients(pm, examples, steps=32, baseline=baseline, site="word")  # from zero at the embeddings output IG needs more steps (the completeness check says how many)
     assert ig.params["baseline"] == baseline
     for i, delta in enumerate(ig.extras["convergence_delta"]):
         assert abs(delta) <= 0.02 * max(1.0, abs(ig.extras["target_value"][i] - ig.extras["baseline_value"][i]))

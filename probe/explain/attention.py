@@ -611,8 +611,73 @@ ATTENTION_EXPLAINERS = {
 }
 
 
+# ---------------------------------------------------------------------------
+# Abnar & Zuidema's importance: the maximum over every query row
+# ---------------------------------------------------------------------------
+
+QUERIES = ("target", "max")
+QUERY_MAX_METHODS = ("attention_mean", "rollout")
+
+
+class _RowMax:
+    """Attention observer: per layer, the maximum over the real query rows of the head-mean map
+    (``rollout``: of the running rollout product) -> ``rows`` [batch, T] per layer."""
+
+    def __init__(self, lengths: torch.Tensor, rollout: bool):
+        self.lengths = lengths  # [batch]
+        self.rollout = rollout
+        self.product: torch.Tensor | None = None  # [batch, T, T]
+        self.rows: list[torch.Tensor] = []
+        self.next_layer = 0
+
+    def __call__(self, mean: torch.Tensor, context: EditContext) -> None:
+        if context.layer != self.next_layer:
+            raise CaptureError(f"expected layer {self.next_layer} next, got {context.layer}")
+        self.next_layer += 1
+        with torch.no_grad():
+            values = mean.float().clone()  # [batch, T, T]
+            if self.rollout:
+                augmented = _add_residual_(values)
+                self.product = augmented if self.product is None else augmented @ self.product
+                values = self.product
+            real = torch.arange(values.shape[1], device=values.device)[None, :] < self.lengths[:, None]  # [batch, T]
+            self.rows.append(values.masked_fill(~real[:, :, None], float("-inf")).amax(dim=1))  # [batch, T]
+
+
+def max_over_queries(pm, examples: Sequence[PreparedExample], method: str, *, batch_size: int = 16) -> TokenScores:
+    """``attention_mean`` or ``rollout`` scored as Abnar & Zuidema's code does: for each key token
+    and layer, the maximum over every real query row ([CLS] and [SEP] included) of the head-mean
+    attention or of the rollout, ``.max(axis=0)``, instead of the target query's row: [layer, tokens]."""
+    if method not in QUERY_MAX_METHODS:
+        raise InputError(f"query: max applies to {', '.join(QUERY_MAX_METHODS)}, not {method!r}")
+    if pm.task == "seq2seq":
+        raise InputError("query: max reads one self-attention stack; for a seq2seq model use query: target")
+    scores: list[torch.Tensor] = []
+    stack = pm.contract.primary_stack
+    n_layers = pm.contract.stacks[stack].n_layers
+    with eval_mode(pm.model):
+        for batch, tq in row_batches(pm, examples, batch_size):
+            observer = _RowMax(tq.lengths, rollout=method == "rollout")
+            with torch.no_grad(), capture_attention(pm, observers={(stack, layer): observer for layer in range(n_layers)},
+                                                    layers={stack: ()}, stacks=[stack], **capture_masks(batch)):
+                pm.model(**batch.inputs)
+            if observer.next_layer != n_layers:
+                raise CaptureError(f"saw {observer.next_layer} of {n_layers} {stack} layers")
+            scores += _crop(torch.stack(observer.rows, dim=1), tq.lengths)  # [batch, layer, T]
+    extra = {"residual": "A = 0.5 W + 0.5 I, rows renormalised, head mean"} if method == "rollout" else {}
+    return TokenScores(method, scores, per_layer=True, params={
+        **_params(pm, stack, **extra), "heads": "mean over query heads", "query": "max",
+        "target_query": "maximum over every real query row (Abnar & Zuidema 2020, .max(axis=0))"})
+
+
 def attention_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
-    """Run one attention explainer by name (``attn_norm_sum`` = attn_norm with per_head=False)."""
+    """Run one attention explainer by name (``attn_norm_sum`` = attn_norm with per_head=False).
+    ``query``: ``target`` (default: the target query's row) or ``max`` (:func:`max_over_queries`)."""
+    query = params.pop("query", "target")
+    if query not in QUERIES:
+        raise InputError(f"unknown query {query!r}: use one of {', '.join(QUERIES)}")
+    if query == "max":
+        return max_over_queries(pm, examples, method, **params)
     if method == "attn_norm_sum":
         return attn_norm(pm, examples, per_head=False, **params)
     if method not in ATTENTION_EXPLAINERS:

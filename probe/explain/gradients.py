@@ -1,11 +1,22 @@
-"""Gradient attributions of the target with respect to the word embeddings of the explained tokens.
+"""Gradient attributions of the target with respect to the input embeddings of the explained tokens.
 
-Where the gradient is taken (recorded as ``params["space"]`` in every result):
-    the output of the model's input-embedding matrix (``pm.model.get_input_embeddings()``), i.e.
-    word-embedding space *before* position / token-type embeddings, LayerNorm and any embedding
-    scale the model applies afterwards. Integrated gradients and GradientSHAP interpolate there.
-    PROTOCOLS.md ("Lessons") measured that interpolating after BERT's ``embeddings`` module instead
-    changes rankings (Spearman 0.73 at worst), so the choice is fixed here and written down.
+Where the gradient is taken, the *site* (``params["site"]``, with ``params["space"]`` and the module's
+dotted name in ``params["site_module"]``; every method takes ``site=``):
+    word        the output of the model's input-embedding matrix (``pm.model.get_input_embeddings()``),
+                i.e. word-embedding space *before* position / token-type embeddings, LayerNorm and
+                any embedding scale the model applies afterwards.
+    embeddings  the output of the model's embeddings module (:func:`embeddings_module`: the module
+                that holds the word-embedding matrix and no layer stack, BERT's ``embeddings``),
+                i.e. exactly what enters the first layer: after position / token-type embeddings
+                and the embedding LayerNorm.
+Integrated gradients and GradientSHAP interpolate at the site. The default (``site=None``) is
+:func:`default_site`: ``embeddings`` where that module normalises its sum (a norm module inside
+it), because the model is then invariant to scaling each token's word + position + type sum, so
+input x gradient taken on the word embedding is minus (position + type) . gradient, a ranking set by
+position, and the signed gradient sum is zero (PROTOCOLS.md, the LayerNorm lesson); ``word``
+elsewhere (GPT-2, Llama, BART, T5: no embeddings module, or one that does not normalise).
+PROTOCOLS.md also measured that interpolating after BERT's ``embeddings`` module instead of before
+changes IG rankings (Spearman 0.73 at worst), so the site is a recorded experimental factor.
 
 What is attributed:
     classification  the text's tokens (special tokens included: they are scored; the caller uses
@@ -34,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from probe.errors import InputError
+from probe.errors import InputError, ProbeError
 from probe.explain.scores import TokenScores
 from probe.explain.target import (PreparedExample, RowBatch, build_rows, example_seed, keep_target_logits,
                                   target_values)
@@ -43,9 +54,122 @@ GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_
 BASELINES = ("pad", "zero", "mask", "unk")
 IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
 
-SPACE = "word_embeddings"  # where gradients are taken and IG / GradientSHAP interpolate
+SITES = ("word", "embeddings")
+SPACE = "word_embeddings"  # params["space"] of the word site (the only site before sites were named)
 SPACE_NOTE = ("output of get_input_embeddings(): before position/token-type embeddings, LayerNorm "
               "and embedding scaling")
+SITE_SPACES = {"word": (SPACE, SPACE_NOTE),
+               "embeddings": ("embeddings_output", "output of the model's embeddings module: word + position "
+                              "(+ token type) embeddings after its normalisation, what enters the first layer")}
+
+
+# ---------------------------------------------------------------------------
+# the attributed site
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """Where gradients are taken: ``name`` in :data:`SITES`, the module whose output is attributed
+    (``None`` for ``word``: the model is then fed ``inputs_embeds``) and its dotted name."""
+
+    name: str
+    module_name: str
+    module: object = dataclasses.field(compare=False, repr=False, default=None)
+    normalising: str | None = None  # class name of the norm inside the embeddings module, if any
+
+
+def _is_norm(module) -> bool:
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) or "norm" in type(module).__name__.lower()
+
+
+def embeddings_module(model) -> tuple[str, torch.nn.Module] | None:
+    """(dotted name, module) of the model's embeddings module, or None when it has none.
+
+    Found from the structure: the parent of ``get_input_embeddings()`` when that parent holds no
+    ``ModuleList`` (no layer stack). BERT's ``bert.embeddings`` qualifies; GPT-2's and Llama's word
+    embeddings sit directly in the model beside the layers, so they have none.
+    """
+    word = model.get_input_embeddings()
+    word_name = next((name for name, module in model.named_modules() if module is word), None)
+    if not word_name or "." not in word_name:
+        return None
+    parent_name = word_name.rsplit(".", 1)[0]
+    parent = model.get_submodule(parent_name)
+    if any(isinstance(module, torch.nn.ModuleList) for module in parent.modules()):
+        return None
+    return parent_name, parent
+
+
+def _word_name(model) -> str:
+    word = model.get_input_embeddings()
+    return next((name for name, module in model.named_modules() if module is word), "get_input_embeddings()")
+
+
+def normalising_module(model) -> str | None:
+    """Class name of the norm applied inside the embeddings module (None: no module, or no norm)."""
+    found = embeddings_module(model)
+    if found is None:
+        return None
+    return next((type(m).__name__ for m in found[1].modules() if _is_norm(m)), None)
+
+
+def default_site(pm) -> str:
+    """``embeddings`` where the embeddings module normalises (input x gradient and the signed
+    gradient sum are degenerate on the word embedding there), else ``word``."""
+    return "embeddings" if normalising_module(pm.model) is not None else "word"
+
+
+def resolve_site(pm, site: str | None = None) -> Site:
+    """The :class:`Site` called ``site`` (None or ``auto``: :func:`default_site`) on this model."""
+    if site is None or site == "auto":
+        site = default_site(pm)
+    if site not in SITES:
+        raise InputError(f"unknown gradient site {site!r}: use one of {', '.join(SITES)} (or auto)")
+    if site == "word":
+        return Site("word", _word_name(pm.model), None, normalising_module(pm.model))
+    found = embeddings_module(pm.model)
+    if found is None:
+        raise InputError(f"gradient site 'embeddings' needs an embeddings module: looked for the parent module of "
+                         f"the word embeddings ({_word_name(pm.model)}) holding no layer stack, and this model has "
+                         f"none: use site word")
+    name, module = found
+    return Site("embeddings", name, module, normalising_module(pm.model))
+
+
+class _StopForward(Exception):
+    """Raised by a capture hook once the site's output is read, so the rest of the forward is skipped."""
+
+
+@contextlib.contextmanager
+def _hooked(module, hook) -> Iterator[None]:
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def site_values(pm, site: Site, inputs: dict) -> torch.Tensor:
+    """[rows, seq, dim] fp32 output of ``site`` for the model inputs ``inputs`` (no gradient)."""
+    if site.module is None:
+        with torch.no_grad():
+            return pm.model.get_input_embeddings()(inputs["input_ids"]).float()
+    held = {}
+
+    def keep(module, args, output):
+        if not isinstance(output, torch.Tensor):
+            raise ProbeError(f"the embeddings module {site.module_name} returned {type(output).__name__}, not a "
+                             f"tensor: use gradient site word")
+        held["output"] = output
+        raise _StopForward
+
+    with torch.no_grad(), _hooked(site.module, keep):
+        try:
+            pm.model(**inputs)
+        except _StopForward:
+            pass
+    return held["output"].float()
 
 
 # ---------------------------------------------------------------------------
@@ -70,6 +194,7 @@ class _EmbeddingForward:
     fixed: torch.Tensor  # [rows, seq, dim] fp32: embeddings of the whole model input
     explained: torch.Tensor  # [rows, seq] bool: positions taken from ``embeds``
     rows: torch.Tensor  # [rows] long: 0..rows-1, the ``row`` argument for the unexpanded inputs
+    site: Site = Site("word", "get_input_embeddings()")
 
     @property
     def mask(self) -> torch.Tensor:
@@ -81,9 +206,17 @@ class _EmbeddingForward:
         padded = F.pad(embeds, (0, 0, 0, seq - embeds.shape[1]))  # [n, seq, dim]
         full = torch.where(self.explained[row][..., None], padded, self.fixed[row])  # [n, seq, dim]
         inputs = {key: value[row] for key, value in self.batch.inputs.items() if key != "input_ids"}
-        inputs["inputs_embeds"] = full.to(_model_dtype(self.pm))
+        if self.site.module is None:
+            inputs["inputs_embeds"] = full.to(_model_dtype(self.pm))
+        else:  # the model embeds the ids as usual; its embeddings module's output is replaced by ``full``
+            inputs["input_ids"] = self.batch.inputs["input_ids"][row]
         selected = keep_target_logits(self.pm, _select_rows(self.batch, row), inputs)
-        logits = self.pm.model(**inputs).logits
+        if self.site.module is None:
+            logits = self.pm.model(**inputs).logits
+        else:
+            replaced = full.to(_model_dtype(self.pm))
+            with _hooked(self.site.module, lambda module, args, output: replaced):
+                logits = self.pm.model(**inputs).logits
         return target_values(self.pm, selected, logits)  # [n] fp32
 
 
@@ -108,20 +241,22 @@ def _model_dtype(pm) -> torch.dtype:
     return next(pm.model.parameters()).dtype
 
 
-def _embedding_forward(pm, examples: Sequence[PreparedExample]) -> _EmbeddingForward:
+def _embedding_forward(pm, examples: Sequence[PreparedExample], site: str | None = None) -> _EmbeddingForward:
+    where = resolve_site(pm, site)
     if not examples:
         raise InputError("no examples to explain: give at least one prepared example")
     batch = build_rows(pm, [(example.input_ids, example) for example in examples])
     input_ids = batch.inputs["input_ids"]  # [rows, seq]
-    with torch.no_grad():
-        fixed = pm.model.get_input_embeddings()(input_ids).float()  # [rows, seq, dim]
+    with _gradient_mode(pm.model):
+        fixed = site_values(pm, where, batch.inputs)  # [rows, seq, dim]
     seq = input_ids.shape[1]
     lengths = batch.input_lengths  # [rows]
     explained = torch.arange(seq, device=input_ids.device)[None, :] < lengths[:, None]  # [rows, seq]
     width = int(lengths.max())
     embeds = fixed[:, :width] * explained[:, :width, None]  # [rows, width, dim]
     rows = torch.arange(len(examples), device=input_ids.device)  # [rows]
-    return _EmbeddingForward(pm=pm, batch=batch, embeds=embeds, fixed=fixed, explained=explained, rows=rows)
+    return _EmbeddingForward(pm=pm, batch=batch, embeds=embeds, fixed=fixed, explained=explained, rows=rows,
+                             site=where)
 
 
 @contextlib.contextmanager
@@ -149,9 +284,14 @@ def _per_example(values: torch.Tensor, problem: _EmbeddingForward) -> list[torch
 
 def _common_params(pm, problem: _EmbeddingForward) -> dict:
     examples = problem.batch.examples
+    space, note = SITE_SPACES[problem.site.name]
     return {
-        "space": SPACE,
-        "space_note": SPACE_NOTE,
+        "site": problem.site.name,
+        "site_module": problem.site.module_name,
+        "site_default": default_site(pm),
+        "embedding_norm": problem.site.normalising,
+        "space": space,
+        "space_note": note,
         "target_kind": examples[0].kind,
         "attributed": {"classification": "input tokens", "causal_lm": "prompt tokens (continuation held fixed)",
                        "seq2seq": "encoder input tokens (decoder inputs held fixed)"}[pm.task],
@@ -160,12 +300,13 @@ def _common_params(pm, problem: _EmbeddingForward) -> dict:
     }
 
 
-def _gradients(pm, examples: Sequence[PreparedExample], *, times_input: bool) -> tuple[torch.Tensor, _EmbeddingForward]:
+def _gradients(pm, examples: Sequence[PreparedExample], *, times_input: bool,
+               site: str | None = None) -> tuple[torch.Tensor, _EmbeddingForward]:
     """Gradient (captum ``Saliency``, signed) or embedding x gradient (``InputXGradient``) of every
     example in one forward/backward. Returns ``[rows, width, dim]`` fp32 and the forward used."""
     from captum.attr import InputXGradient, Saliency
 
-    problem = _embedding_forward(pm, examples)
+    problem = _embedding_forward(pm, examples, site)
     with _gradient_mode(pm.model):
         if times_input:
             attributions = InputXGradient(problem).attribute(problem.embeds.clone().requires_grad_(),
@@ -176,33 +317,33 @@ def _gradients(pm, examples: Sequence[PreparedExample], *, times_input: bool) ->
     return attributions.detach().float(), problem
 
 
-def saliency(pm, examples: Sequence[PreparedExample]) -> TokenScores:
+def saliency(pm, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
     """L2 norm over the embedding dim of d target / d word embedding (unsigned, >= 0).
 
     The norm is the common "saliency" of NLP work (Li et al. 2016 style); see
     :func:`saliency_sum` for the signed variant.
     """
-    grads, problem = _gradients(pm, examples, times_input=False)
+    grads, problem = _gradients(pm, examples, times_input=False, site=site)
     scores = grads.norm(dim=-1)  # [rows, width]
     params = {**_common_params(pm, problem), "reduction": "l2 norm over embedding dim", "signed": False}
     return TokenScores(method="saliency", scores=_per_example(scores, problem), params=params)
 
 
-def saliency_sum(pm, examples: Sequence[PreparedExample]) -> TokenScores:
+def saliency_sum(pm, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
     """Signed sum over the embedding dim of d target / d word embedding."""
-    grads, problem = _gradients(pm, examples, times_input=False)
+    grads, problem = _gradients(pm, examples, times_input=False, site=site)
     scores = grads.sum(dim=-1)  # [rows, width]
     params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True}
     return TokenScores(method="saliency_sum", scores=_per_example(scores, problem), params=params)
 
 
-def input_x_gradient(pm, examples: Sequence[PreparedExample]) -> TokenScores:
+def input_x_gradient(pm, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
     """Signed sum over the embedding dim of embedding * gradient.
 
     Jain & Wallace 2019 use the absolute value of this sum as their gradient reference: take
     ``abs()`` of these scores to reproduce them (kept signed here so no information is lost).
     """
-    products, problem = _gradients(pm, examples, times_input=True)
+    products, problem = _gradients(pm, examples, times_input=True, site=site)
     scores = products.sum(dim=-1)  # [rows, width]
     params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True,
               "note": "Jain & Wallace 2019 take |score|"}
@@ -239,14 +380,40 @@ def _baseline(pm, problem: _EmbeddingForward, kind: str, keep_special: bool) -> 
     ``keep_special`` leaves special tokens at their own embedding (captum's BERT tutorial keeps
     [CLS]/[SEP]); they then get exactly zero IG attribution.
     """
-    vector = _baseline_vector(pm, kind)
-    baseline = vector.expand_as(problem.embeds) * problem.mask[..., None]  # [rows, width, dim]
+    if problem.site.module is None:
+        vector = _baseline_vector(pm, kind)
+        baseline = vector.expand_as(problem.embeds) * problem.mask[..., None]  # [rows, width, dim]
+    else:
+        baseline = _site_baseline(pm, problem, kind)  # [rows, width, dim]
     if keep_special:
         special = torch.zeros_like(problem.mask)  # [rows, width]
         for r, example in enumerate(problem.batch.examples):
             special[r, : len(example.special)] = torch.tensor(example.special, device=special.device)
         baseline = torch.where(special[..., None], problem.embeds, baseline)
     return baseline.clone()
+
+
+def _site_baseline(pm, problem: _EmbeddingForward, kind: str) -> torch.Tensor:
+    """[rows, width, dim] at a module site: the module's output when every explained token is
+    ``kind``'s token (each keeps its position and type embedding), zero for ``zero``; zero at padding."""
+    vector = _baseline_vector(pm, kind)  # validates kind against the tokenizer
+    if kind == "zero":
+        return torch.zeros_like(problem.embeds)
+    token_id = {"pad": pm.tokenizer.pad_token_id, "mask": getattr(pm.tokenizer, "mask_token_id", None),
+                "unk": getattr(pm.tokenizer, "unk_token_id", None)}[kind]
+    del vector
+    ids = problem.batch.inputs["input_ids"]  # [rows, seq]
+    replaced = torch.where(problem.explained, torch.full_like(ids, token_id), ids)  # [rows, seq]
+    with _gradient_mode(pm.model):
+        values = site_values(pm, problem.site, {**problem.batch.inputs, "input_ids": replaced})  # [rows, seq, dim]
+    return values[:, : problem.embeds.shape[1]] * problem.mask[..., None]
+
+
+def _baseline_norm(pm, problem: _EmbeddingForward, baseline: str, base: torch.Tensor) -> float:
+    """Norm of the baseline embedding (word site), or its mean over explained tokens (module site)."""
+    if problem.site.module is None:
+        return float(_baseline_vector(pm, baseline).norm())
+    return float(base.norm(dim=-1)[problem.mask].mean())
 
 
 def _values(problem: _EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
@@ -262,8 +429,8 @@ def _values(problem: _EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
 
 def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: str = "pad", steps: int = 50,
                          rule: str = "gausslegendre", internal_batch_size: int | str | None = "auto",
-                         keep_special: bool = False) -> TokenScores:
-    """captum ``IntegratedGradients`` from ``baseline`` to the word embeddings; scores sum over dim.
+                         keep_special: bool = False, site: str | None = None) -> TokenScores:
+    """captum ``IntegratedGradients`` from ``baseline`` to the site's embeddings; scores sum over dim.
 
     ``baseline``: pad (embedding of the pad id), zero, mask or unk (where the tokenizer has them),
     an experimental factor (PROTOCOLS.md: it moves tau by > 0.1), so it is in ``params``.
@@ -288,7 +455,7 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
     if rule not in IG_RULES:
         raise InputError(f"unknown integration rule {rule!r}: use one of {', '.join(IG_RULES)}")
     _check_internal_batch_size(internal_batch_size)
-    problem = _embedding_forward(pm, examples)
+    problem = _embedding_forward(pm, examples, site)
     base = _baseline(pm, problem, baseline, keep_special)  # [rows, width, dim]
     rows = len(examples)
     with _gradient_mode(pm.model):
@@ -305,7 +472,7 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
     target, at_baseline = both[:rows], both[rows:]
     delta = scores.sum(dim=1) - (target - at_baseline)  # [rows]
     params = {**_common_params(pm, problem), "baseline": baseline,
-              "baseline_norm": float(_baseline_vector(pm, baseline).norm()), "steps": steps, "rule": rule,
+              "baseline_norm": _baseline_norm(pm, problem, baseline, base), "steps": steps, "rule": rule,
               "internal_batch_size": internal_batch_size, "baseline_keeps_special": keep_special,
               "reduction": "signed sum over embedding dim", "signed": True}
     extras = {"convergence_delta": delta.tolist(), "target_value": target.tolist(),
@@ -340,7 +507,8 @@ def _check_internal_batch_size(value) -> None:
 
 def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Sequence[str] = "pad",
                   n_samples: int = 20, noise: float = 0.1, seed: int = 0,
-                  internal_batch_size: int | str | None = "auto", keep_special: bool = False) -> TokenScores:
+                  internal_batch_size: int | str | None = "auto", keep_special: bool = False,
+                  site: str | None = None) -> TokenScores:
     """GradientSHAP (Lundberg & Lee 2017, captum's estimator) on the word embeddings.
 
     For each example, ``n_samples`` draws of: a baseline kind from ``baseline`` (uniform), Gaussian
@@ -369,11 +537,13 @@ def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Se
     if not noise >= 0:
         raise InputError(f"noise must be >= 0 (a fraction of the embedding std), got {noise!r}")
     _check_internal_batch_size(internal_batch_size)
-    problem = _embedding_forward(pm, examples)
+    problem = _embedding_forward(pm, examples, site)
     rows, width, dim = problem.embeds.shape
     device = problem.embeds.device
     bases = torch.stack([_baseline(pm, problem, kind, keep_special) for kind in kinds])  # [kinds, rows, width, dim]
     stdev = noise * float(pm.model.get_input_embeddings().weight.detach().float().std())
+    if problem.site.module is not None:  # the site's own scale: the std of each example's values there
+        stdev = [noise * float(problem.embeds[r][problem.mask[r]].std()) for r in range(rows)]
 
     # per-example draws: [rows, samples] baseline kinds and alphas, [rows, samples, width, dim] noise
     which = torch.zeros(rows, n_samples, dtype=torch.long)
@@ -384,7 +554,7 @@ def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Se
         n = len(example.input_ids)
         which[r] = torch.randint(len(kinds), (n_samples,), generator=generator)
         alpha[r] = torch.rand(n_samples, generator=generator)
-        eps[r, :, :n] = torch.randn(n_samples, n, dim, generator=generator) * stdev
+        eps[r, :, :n] = torch.randn(n_samples, n, dim, generator=generator) * (stdev[r] if isinstance(stdev, list) else stdev)
     which, alpha, eps = which.to(device), alpha.to(device), eps.to(device)
 
     row_of = problem.rows.repeat_interleave(n_samples)  # [rows * samples]

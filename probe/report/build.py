@@ -176,8 +176,45 @@ def _verdict_section(r: StudyResult) -> Section:
                          "ci_high": ci[1], "tracks": bool(unit.get("tracks"))})
     if rows:
         blocks.append(Table(pd.DataFrame(rows), caption="best and worst units against the verdict reference"))
+    notes = []
+    for method, checks in (v.get("unreliable") or {}).items():
+        notes.append(f"{method} failed its sanity checks ({', '.join(checks)}): it is neither the best gradient "
+                     "nor part of a ceiling.")
+    for unit in v.get("above_ceiling") or []:
+        notes.append(f"{unit['unit']} ({unit['mean']:+.3f}) is above the ceiling: the references agree with each "
+                     "other less than this explainer agrees with the verdict reference.")
+    for group in v.get("redundant") or []:
+        notes.append(f"identical rankings on this model: {group['description']}.")
+    for key in ("best_layers", "best_heads"):
+        for unit in v.get(key) or []:
+            if unit.get("fewer_examples"):
+                notes.append(f"{unit['unit']} is computed on fewer examples than the others ({unit['fewer_examples']}).")
+    if notes:
+        blocks.append(Bullets(notes))
     blocks += [Para("The rule", "h3"), Para(str(v.get("rule", "")), "quote")]
     return Section("verdict", "Verdict", blocks)
+
+
+def _sanity_blocks(r: StudyResult, w: _Writer) -> list:
+    """The sanity checks (verdict.json's ``sanity``): a table, and the randomisation curves."""
+    checks = (r.verdict or {}).get("sanity")
+    if checks is None:
+        return [Para("Sanity checks", "h3"), Para("This result has no sanity checks (run before they existed, or "
+                                                  "not complete).", "note")]
+    blocks = [Para("Sanity checks", "h3")]
+    if not checks:
+        return blocks + [Para("No explainer in this study has a check that applies.", "note")]
+    frame = pd.DataFrame([{k: c.get(k) for k in ("method", "check", "status", "value", "detail")} for c in checks])
+    blocks.append(Table(frame, caption="sanity checks of each method (fail: unreliable for this study; not run: why)",
+                        csv=w.csv("sanity", frame)))
+    curves = {c["method"]: c["curve"] for c in checks if c.get("check") == "randomisation" and c.get("curve")}
+    if curves:
+        blocks.append(w.figure("randomisation", fg.randomisation_curves(curves),
+                               "Cascading model-parameter randomisation (Adebayo et al. 2018): each explainer's mean "
+                               "Spearman with its trained-model scores as layers are re-initialised from the top. "
+                               "One still at or above 0.5 (dashed) once the top half is random does not depend on "
+                               "the model."))
+    return blocks
 
 
 def _contract_rows(contract: dict) -> list[tuple[str, str]]:
@@ -205,7 +242,7 @@ def _contract_rows(contract: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _setup_section(r: StudyResult) -> Section:
+def _setup_section(r: StudyResult, w: _Writer) -> Section:
     s = r.study
     blocks = []
     if s.get("description"):
@@ -300,6 +337,7 @@ def _setup_section(r: StudyResult) -> Section:
         frame["share"] = frame["seconds"] / total
         frame["seconds_per_example"] = frame["seconds"] / max(r.n_examples, 1)
         blocks.append(Table(frame, caption="time per step, over all batches"))
+    blocks += _sanity_blocks(r, w)
     return Section("setup", "Model, set-up and provenance", blocks)
 
 
@@ -360,6 +398,32 @@ def _agreement_section(r: StudyResult, w: _Writer) -> Section:
     if len(base):
         shown = base[base["measure"] == measure].drop(columns=["measure"])
         blocks.append(Table(shown, caption=f"baselines and ceiling ({mlabel})", csv=csv_base))
+    published = r.metrics.get("published") or []
+    if published and r.summary is not None:
+        rows = []
+        for item in published:
+            layer = -1 if item.get("layer") is None else int(item["layer"])
+            ours = r.summary[(r.summary.explainer == item["explainer"]) & (r.summary.reference == item["reference"])
+                             & (r.summary.layer == layer) & (r.summary["head"] == -1)
+                             & (r.summary.measure == item.get("measure", "spearman")) & (r.summary.role == "explainer")]
+            rows.append({"explainer": item["explainer"], "reference": item["reference"],
+                         "layer": "" if layer < 0 else layer, "measure": item.get("measure", "spearman"),
+                         "paper": item["value"],
+                         "ours (mean [CI])": (f"{ours['mean'].iloc[0]:+.3f} [{ours.ci_low.iloc[0]:+.3f}, "
+                                              f"{ours.ci_high.iloc[0]:+.3f}]") if len(ours) else "not computed",
+                         "n": int(ours.n.iloc[0]) if len(ours) else 0, "source": item.get("source", "")})
+        frame = pd.DataFrame(rows)
+        blocks.append(Table(frame, caption="the paper's numbers beside ours (their model and data differ: context, "
+                                           "not a target)", csv=w.csv("published", frame)))
+    s = r.summary
+    if s is not None and "left_out" in s.columns:
+        left = s[(s.left_out > 0) & (s.measure == measure)]
+        if len(left):
+            left = left[["role", "explainer", "reference", "layer", "head", "n", "left_out", "left_out_reasons"]]
+            blocks.append(Table(left.reset_index(drop=True), caption="examples left out of n, per unit, and why",
+                                csv=w.csv("left_out", left), max_rows=200))
+        else:
+            blocks.append(Para(f"No example was left out: every unit's n is the {r.n_examples} examples.", "note"))
     return Section("agreement", "Agreement with the references", blocks)
 
 
@@ -547,7 +611,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     sections = []
     if r.complete:
         sections.append(_verdict_section(r))
-    sections += [_setup_section(r), _agreement_section(r, w), _erasure_section(r, w), _counterfactual_section(r, w),
+    sections += [_setup_section(r, w), _agreement_section(r, w), _erasure_section(r, w), _counterfactual_section(r, w),
                  _heads_section(r, w), _tokens_section(r), _limitations_section(r)]
     subtitle = f"{r.model_id} \u00b7 {r.n_examples} examples \u00b7 result folder {r.root}"
     doc = Document(title=f"probe study report: {r.name}", subtitle=subtitle, banner=banner, sections=sections)

@@ -165,8 +165,11 @@ def _rows(example_index: int, explainer: str, reference: str, role: str, layer, 
 
 
 def agreement_rows(study, examples, first_index: int, scores: dict[str, TokenScores],
-                   baselines: dict[str, TokenScores]) -> pd.DataFrame:
-    """One row per example x explainer x reference x layer x head (see :mod:`probe.study` docs)."""
+                   baselines: dict[str, TokenScores], left_out: list | None = None) -> pd.DataFrame:
+    """One row per example x explainer x reference x layer x head (see :mod:`probe.study` docs).
+
+    A pair scored on fewer than 2 tokens of an example is left out of the table; when ``left_out``
+    is a list, each such (example, explainer, reference, role, reason) is appended to it."""
     top_k = list(study.metrics.top_k)
     wanted = set(study.metrics.agreement)
     include_special = study.statistics.include_special
@@ -200,6 +203,9 @@ def agreement_rows(study, examples, first_index: int, scores: dict[str, TokenSco
             keep = scorable & np.isfinite(y) & np.isfinite(x).all(axis=0)
             n = int(keep.sum())
             if n < 2:
+                if left_out is not None:
+                    left_out.append({"example": first_index + i, "explainer": explainer, "reference": reference,
+                                     "role": role, "reason": _left_out_reason(scorable, x, y)})
                 continue
             if explainer == "uniform":
                 values = {"kendall_tau": [0.0], "kendall_p": [1.0], "spearman": [0.0], "spearman_p": [1.0]}
@@ -209,6 +215,14 @@ def agreement_rows(study, examples, first_index: int, scores: dict[str, TokenSco
             values = {k: v for k, v in values.items() if _measure_wanted(k, wanted)}
             frames.append(_rows(first_index + i, explainer, reference, role, layer, head, values, n))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _left_out_reason(scorable: np.ndarray, x: np.ndarray, y: np.ndarray) -> str:
+    if scorable.sum() < 2:
+        return "fewer than 2 scored tokens"
+    if not np.isfinite(x[:, scorable]).all(axis=0).any() or not np.isfinite(y[scorable]).any():
+        return "not computed (over the method's length limit)"
+    return "fewer than 2 tokens with a score"
 
 
 def _measure_wanted(key: str, wanted: set) -> bool:
@@ -461,7 +475,10 @@ def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.
             "tokens": token_rows(examples, first_index, study.statistics.include_special),
             "scores": score_rows(examples, first_index, scores),
         }
-        tables["agreement"] = timed("agreement", lambda: agreement_rows(study, examples, first_index, scores, baselines))
+        left_out: list[dict] = []
+        tables["agreement"] = timed("agreement", lambda: agreement_rows(study, examples, first_index, scores, baselines,
+                                                                        left_out))
+        tables["left_out"] = pd.DataFrame(left_out, columns=["example", "explainer", "reference", "role", "reason"])
         if study.metrics.erasure is not None:
             spec = study.metrics.erasure
             rankings = {name: ranking_vectors(scores[name.split("@")[0]], name) for name in erasure_rankings(study)}
@@ -603,7 +620,13 @@ def _run_study(study, *, shard, progress, log, stop_after, report, wait, locks: 
     all_done = store.done_batches() >= set(range(len(batches)))
     verdict = None
     if all_done and (dist_info is None or dist_info[0] == 0):
-        verdict = finalize(store, study, pm, n_batches=len(batches), dropped=dropped, load_seconds=load_seconds)
+        from probe.study.checks import study_sanity
+
+        sample = data[: study.metrics.sanity.examples]
+        checks = study_sanity(pm, study, prepare_study_examples(pm, study, [e.text for e in sample],
+                                                                [e.label for e in sample]))
+        verdict = finalize(store, study, pm, n_batches=len(batches), dropped=dropped, load_seconds=load_seconds,
+                           sanity=checks)
         if report:
             from probe.report import build_report
 

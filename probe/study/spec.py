@@ -353,6 +353,26 @@ class HeadsSpec(_Spec):
     importance: Bool = True
 
 
+class SanitySpec(_Spec):
+    """Sanity checks (probe.metrics.sanity), always run: how many examples they use, and the
+    cascading randomisation (fractions of the layers re-initialised from the top)."""
+
+    examples: Annotated[Int, Field(ge=1, le=64)] = 4
+    randomisation: Bool = True
+    fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5, 1.0])
+
+
+class PublishedNumber(_Spec):
+    """A number from the paper a study follows, set beside ours in the report (context, not a target)."""
+
+    explainer: str
+    reference: str
+    layer: Int | None = None  # 0-based, ours; None for a token-level method
+    measure: Literal["kendall_tau", "spearman"] = "spearman"
+    value: Float
+    source: str = ""
+
+
 class MetricsSpec(_Spec):
     agreement: list[Literal["kendall", "spearman", "top_k"]] = Field(
         default_factory=lambda: ["kendall", "spearman", "top_k"])
@@ -365,6 +385,8 @@ class MetricsSpec(_Spec):
     heads: HeadsSpec | None = Field(default_factory=HeadsSpec)
     #: methods compared by magnitude (|score|), as Jain & Wallace compare |delta y| and |grad x input|
     absolute: list[str] = Field(default_factory=list)
+    sanity: SanitySpec = Field(default_factory=SanitySpec)
+    published: list[PublishedNumber] = Field(default_factory=list)
 
     @field_validator("absolute", mode="before")
     @classmethod

@@ -71,15 +71,21 @@ def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer:
     return sel.set_index("example")[measure]
 
 
-def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: str) -> tuple[dict, pd.DataFrame]:
-    """Apply the rule (module docstring); returns the verdict and the per-unit paired tests."""
+def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: str,
+            unreliable: dict | None = None) -> tuple[dict, pd.DataFrame]:
+    """Apply the rule (module docstring); returns the verdict and the per-unit paired tests.
+
+    ``unreliable``: methods that failed a sanity check (method -> checks); they are used neither as
+    the best gradient nor in a ceiling. A ceiling is an agreement between references: two
+    interventions, or a reliable gradient method and an intervention."""
+    unreliable = unreliable or {}
     st = study.statistics
     ref, measure = study.verdict_reference, st.measure
     s = summary[(summary.reference == ref) & (summary.measure == measure)]
     explainers = s[s.role == "explainer"]
     random = s[(s.role == "baseline") & (s.explainer == "random")]
     random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
-    grads = explainers[[family(e) == "gradient" for e in explainers.explainer]]
+    grads = explainers[[family(e) == "gradient" and e not in unreliable for e in explainers.explainer]]
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
     attn = explainers[[family(e) == "attention" for e in explainers.explainer]].copy()
 
@@ -110,12 +116,17 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
     n_head_tracks = int(head_units.tracks.sum()) if len(head_units) else 0
     answer = "yes" if n_layer_tracks else ("heads only" if n_head_tracks else "no")
 
+    n_most = int(paired.n.max()) if len(paired) else 0
+
     def describe(rows: pd.DataFrame) -> list[dict]:
-        return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks)}
+        return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
+                 "n": int(r.n), **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
                 for _, r in rows.iterrows()]
 
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     all_ceilings = summary[(summary.role == "ceiling") & (summary.measure == measure)]
+    all_ceilings = all_ceilings[[_is_reference_agreement(a, b, unreliable)
+                                 for a, b in zip(all_ceilings.explainer, all_ceilings.reference)]]
     involving = all_ceilings[(all_ceilings.explainer == ref) | (all_ceilings.reference == ref)]
     ceilings = (involving if len(involving) else all_ceilings).sort_values("mean", ascending=False)
     ceiling = ceilings.iloc[0] if len(ceilings) else None
@@ -125,6 +136,14 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
         "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling)} if ceiling is not None else None),
         "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
     }
+    above = []
+    if ceiling is not None:
+        for _, r in ordered.iterrows():
+            if r["mean"] > float(ceiling["mean"]):
+                above.append({"unit": r.unit, "mean": float(r["mean"])})
+        for _, r in grads.iterrows():
+            if r["mean"] > float(ceiling["mean"]):
+                above.append({"unit": _unit_name(r), "mean": float(r["mean"])})
     best = describe(ordered.head(3)) if len(ordered) else []
     worst = describe(ordered.tail(3).iloc[::-1]) if len(ordered) else []
     best_layer = describe(layer_units.sort_values("mean", ascending=False).head(3)) if len(layer_units) else []
@@ -140,7 +159,14 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
         "head_units": {"tracking": n_head_tracks, "total": int(len(head_units))},
         "best": best, "worst": worst, "best_layers": best_layer, "worst_layers": worst_layer,
         "best_heads": best_head, "worst_heads": worst_head, **numbers,
+        "above_ceiling": above,
+        "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
     }
+    if unreliable:
+        result["headline"] += (" Failed sanity checks (unreliable here: never the best gradient nor in a ceiling): "
+                               + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
+    if above:
+        result["headline"] += " Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + "."
     return result, paired
 
 
@@ -166,9 +192,23 @@ def comparisons(agreement: pd.DataFrame, study) -> pd.DataFrame:
     return frame
 
 
+def _is_reference_agreement(a: str, b: str, unreliable: dict) -> bool:
+    """Two interventions, or a gradient method that passed its checks against an intervention."""
+    kinds = sorted([family(a), family(b)])
+    if kinds == ["intervention", "intervention"]:
+        return True
+    if kinds == ["gradient", "intervention"]:
+        return (a if family(a) == "gradient" else b) not in unreliable
+    return False
+
+
 def _stat(row) -> dict:
     return {"mean": float(row["mean"]), "ci": [float(row.ci_low), float(row.ci_high)], "n": int(row.n),
             "sig_frac": float(row["sig_frac"]) if "sig_frac" in row and pd.notna(row["sig_frac"]) else None}
+
+
+def _fewer(d: dict) -> str:
+    return f" (on fewer examples: {d['fewer_examples']})" if d.get("fewer_examples") else ""
 
 
 def _fmt(d: dict) -> str:
@@ -180,9 +220,9 @@ def _headline(model, answer, ref, measure, k_layers, n_layers, k_heads, n_heads,
     parts = [f"On {model}, attention {words} causal importance ({measure} with {ref}): "
              f"{k_layers}/{n_layers} layer-level units and {k_heads}/{n_heads} heads pass the rule."]
     if best_layer:
-        parts.append(f"Best layer-level unit: {best_layer[0]['unit']} {_fmt(best_layer[0])}.")
+        parts.append(f"Best layer-level unit: {best_layer[0]['unit']} {_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
     if best_head:
-        parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}.")
+        parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}{_fewer(best_head[0])}.")
     if numbers["random"]:
         parts.append(f"Random ranking: {_fmt(numbers['random'])}.")
     if numbers["best_gradient"]:
@@ -265,12 +305,28 @@ def _accuracy(examples: pd.DataFrame) -> float | None:
     return float((known.label == known.target_label).mean()) if len(known) else None
 
 
-def finalize(store: ResultStore, study, pm, *, n_batches: int, dropped: dict, load_seconds: float) -> dict:
-    """Merge the parts, compute the statistics and the verdict, write them; returns the verdict."""
+def finalize(store: ResultStore, study, pm, *, n_batches: int, dropped: dict, load_seconds: float,
+             sanity=None) -> dict:
+    """Merge the parts, compute the statistics and the verdict, write them; returns the verdict.
+    ``sanity``: the study's :class:`probe.metrics.sanity.Check` list (``sanity.parquet``, and the
+    verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
+    from probe.metrics.sanity import failed_methods
+    from probe.study.checks import redundancy, sanity_table, with_left_out
+
     tables = store.merge(n_batches)
     summary = summary_table(tables["agreement"], study)
+    summary = with_left_out(summary, tables["agreement"], tables.get("left_out"), len(tables["examples"]))
     write_table(store.root / "summary.parquet", summary)
-    result, paired = verdict(tables["agreement"], summary, study, study.model.id)
+    checks = list(sanity or [])
+    write_table(store.root / "sanity.parquet", sanity_table(checks))
+    unreliable = failed_methods(checks)
+    groups = redundancy(tables, study)
+    result, paired = verdict(tables["agreement"], summary, study, study.model.id, unreliable=unreliable)
+    result["sanity"] = [c.to_dict() for c in checks]
+    result["unreliable"] = unreliable
+    result["redundant"] = groups
+    if groups:
+        result["headline"] += " Identical rankings: " + "; ".join(g["description"] for g in groups) + "."
     write_table(store.root / "paired.parquet", paired)
     write_table(store.root / "comparisons.parquet", comparisons(tables["agreement"], study))
     write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))

@@ -1,0 +1,388 @@
+"""Sanity checks that guard each explainer's assumption (house rule 13), run by every study and by
+``probe explain``; results are data (:class:`Check` rows, a table in the result folder and a list in
+``verdict.json``).
+
+    degeneracy     gradient methods: is the target invariant along the direction the method
+                   measures? ``input_x_gradient`` scores x_t . g_t, the derivative along scaling
+                   token t's site vector; where the site's vector is one part of a sum that a norm
+                   then normalises (BERT's word embedding inside word + position + type ->
+                   LayerNorm), the derivative along scaling the *whole* sum w_t is zero, so
+                   x_t . g_t = -(w_t - x_t) . g_t, a ranking set by the rest of the sum. Measured
+                   as sum_t |w_t . g_t| / sum_t ||w_t|| ||g_t|| (0: scale invariant). The signed
+                   gradient sum (``saliency_sum``) is zero when the model is invariant to adding a
+                   constant to every coordinate (LayerNorm's mean subtraction): measured as
+                   sum_t |sum_d g_td| / sum_t sum_d |g_td|. Every method: score vectors constant
+                   or zero to float precision on every sampled example.
+    completeness   integrated gradients: |sum of attributions - (f(x) - f(baseline))| relative to
+                   |f(x) - f(baseline)| (the completeness axiom), and the steps that bring it under
+                   :data:`COMPLETENESS_TOLERANCE` when the study's do not (doubling, up to 1024).
+    randomisation  Adebayo et al. 2018: layers re-initialised from the top down (cascading); each
+                   explainer's Spearman correlation with its trained-model scores, mean over a
+                   small sample. One whose correlation stays >= 0.5 once the top half of the layers
+                   is random does not depend on the model (flagged).
+    redundancy     explainer units whose rankings are identical (tau-b = 1) on >= 95% of the
+                   examples form one group (``flow L1-L5 = attention_mean L0``).
+
+A check that cannot run is a row with status ``not run`` and the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from probe.errors import ProbeError
+
+DEGENERACY_TOLERANCE = 1e-4  # relative: below this the invariance holds to float precision
+COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the sample
+RANDOMISATION_LIMIT = 0.5  # Spearman with the trained scores once the top half of layers is random
+REDUNDANT_SHARE = 0.95  # share of examples with identical rankings that makes two units one
+MAX_STEPS = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One check of one method: ``status`` pass, fail or not run; ``value`` the measured number."""
+
+    method: str
+    check: str
+    status: str
+    value: float | None
+    detail: str
+    curve: tuple = ()  # randomisation: ((fraction of layers randomised, mean Spearman), ...)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["curve"] = [list(point) for point in self.curve]
+        return out
+
+
+def failed_methods(checks: Sequence[Check]) -> dict[str, list[str]]:
+    """Method -> the checks it failed (a method failing any check is unreliable for the study)."""
+    out: dict[str, list[str]] = {}
+    for c in checks:
+        if c.status == "fail":
+            out.setdefault(c.method, []).append(c.check)
+    return out
+
+
+# --------------------------------------------------------------------------- degeneracy
+
+
+def _site_gradients(pm, examples, site_name: str | None):
+    """(site, x [rows, seq, dim] at the site, g = d target / d x, w = the vector a scale invariance
+    would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
+    g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
+    from probe.explain.gradients import _gradient_mode, _hooked, _is_norm, embeddings_module, resolve_site
+    from probe.explain.target import build_rows, target_values
+
+    site = resolve_site(pm, site_name)
+    batch = build_rows(pm, [(e.input_ids, e) for e in examples])
+    held: dict[str, torch.Tensor] = {}
+    module = site.module if site.module is not None else pm.model.get_input_embeddings()
+
+    def keep_site(mod, args, output):
+        output.retain_grad()
+        held["x"] = output
+
+    norm = None
+    if site.name == "word" and site.normalising is not None:
+        found = embeddings_module(pm.model)
+        norm = next((m for m in found[1].modules() if _is_norm(m)), None) if found else None
+
+    def keep_norm_input(mod, args):
+        args[0].retain_grad()
+        held["w"] = args[0]
+
+    with _gradient_mode(pm.model), contextlib.ExitStack() as stack:
+        stack.enter_context(_hooked(module, keep_site))
+        if norm is not None:
+            handle = norm.register_forward_pre_hook(keep_norm_input)
+            stack.callback(handle.remove)
+        values = target_values(pm, batch, pm.model(**batch.inputs).logits)  # [rows]
+        values.sum().backward()
+    pm.model.zero_grad(set_to_none=True)
+    x, g = held["x"].detach().float(), held["x"].grad.detach().float()  # [rows, seq, dim]
+    if "w" in held:
+        w, gw = held["w"].detach().float(), held["w"].grad.detach().float()
+    else:
+        w, gw = x, g
+    seq = batch.inputs["input_ids"].shape[1]
+    mask = torch.arange(seq)[None, :].to(batch.input_lengths.device) < batch.input_lengths[:, None]  # [rows, seq]
+    return site, x, g, w, gw, mask
+
+
+def degeneracy(pm, examples, methods: Sequence[str], *, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+    """The degeneracy checks of the gradient ``methods`` at each one's site (module docstring)."""
+    params = params or {}
+    checks = []
+    probes: dict[str | None, tuple] = {}
+    for method in methods:
+        site_name = (params.get(method) or {}).get("site")
+        try:
+            if site_name not in probes:
+                probes[site_name] = _site_gradients(pm, examples, site_name)
+        except ProbeError as error:
+            checks.append(Check(method, "degeneracy", "not run", None, str(error)))
+            continue
+        site, x, g, w, gw, mask = probes[site_name]
+        m = mask[..., None]
+        if method == "input_x_gradient":
+            scale = float(((w * gw).sum(-1).abs() * mask).sum() / ((w.norm(dim=-1) * gw.norm(dim=-1)) * mask).sum()
+                          .clamp_min(1e-30))
+            bad = scale <= DEGENERACY_TOLERANCE
+            whole = "the embedding sum entering the norm" if w is not x else "the site's vector"
+            detail = (f"site {site.name}: sum|w.g| / sum|w||g| = {scale:.1e} with w = {whole}"
+                      + (f"; the model is invariant to scaling it, so x . grad = -(rest of the sum) . grad: "
+                         f"use site embeddings" if bad else ""))
+            checks.append(Check(method, "degeneracy", "fail" if bad else "pass", scale, detail))
+        elif method == "saliency_sum":
+            cancel = float(((g * m).sum(-1).abs()).sum() / (g.abs() * m).sum().clamp_min(1e-30))
+            bad = cancel <= DEGENERACY_TOLERANCE
+            detail = (f"site {site.name}: sum|sum_d g| / sum|g| = {cancel:.1e}"
+                      + ("; the gradient sums to zero over the hidden axis (a mean-subtracting norm follows): "
+                         "use site embeddings" if bad else ""))
+            checks.append(Check(method, "degeneracy", "fail" if bad else "pass", cancel, detail))
+    return checks
+
+
+def constant_scores(method: str, scores: Sequence[torch.Tensor], scored: Sequence[Sequence[bool]]) -> Check:
+    """Fails when every example's scored token vector is constant (zero included) to float precision."""
+    flat = 0
+    total = 0
+    for values, keep in zip(scores, scored):
+        values = values.detach().double().reshape(-1, values.shape[-1])[:, torch.tensor(list(keep), dtype=torch.bool)]
+        if values.shape[-1] < 2:
+            continue
+        total += values.shape[0]
+        spread = values.max(-1).values - values.min(-1).values
+        size = values.abs().max(-1).values
+        flat += int(((spread <= 1e-6 * size) | (size <= 1e-12)).sum())
+    if not total:
+        return Check(method, "constant", "not run", None, "no example has 2 scored tokens")
+    share = flat / total
+    bad = share == 1.0
+    return Check(method, "constant", "fail" if bad else "pass", share,
+                 f"{flat}/{total} score vectors constant or zero to float precision")
+
+
+# --------------------------------------------------------------------------- completeness
+
+
+def completeness(pm, examples, result, *, params: Mapping | None = None) -> Check:
+    """IG's completeness on ``result`` (its extras); when too far off, the steps that would do."""
+    from probe.explain.gradients import integrated_gradients
+
+    relative = _relative_delta(result)
+    if relative is None:
+        return Check("integrated_gradients", "completeness", "not run", None,
+                     "f(x) = f(baseline) on every example: the relative delta is undefined")
+    steps = int(result.params.get("steps", 50)) if isinstance(result.params.get("steps"), int) else 50
+    if relative <= COMPLETENESS_TOLERANCE:
+        return Check("integrated_gradients", "completeness", "pass", relative,
+                     f"median |delta| / |f(x) - f(baseline)| = {relative:.3f} at {steps} steps")
+    needed = None
+    kwargs = {k: v for k, v in dict(params or {}).items() if k != "steps"}
+    trial = steps
+    while trial < MAX_STEPS:
+        trial *= 2
+        again = _relative_delta(integrated_gradients(pm, examples, steps=trial, **kwargs))
+        if again is not None and again <= COMPLETENESS_TOLERANCE:
+            needed = trial
+            break
+    more = f"; {needed} steps bring it under {COMPLETENESS_TOLERANCE}" if needed else \
+        f"; still above {COMPLETENESS_TOLERANCE} at {MAX_STEPS} steps"
+    return Check("integrated_gradients", "completeness", "fail", relative,
+                 f"median |delta| / |f(x) - f(baseline)| = {relative:.3f} at {steps} steps{more}")
+
+
+def _relative_delta(result) -> float | None:
+    extras = result.extras
+    delta = np.abs(np.asarray(extras["convergence_delta"], dtype=float))
+    gap = np.abs(np.asarray(extras["target_value"], dtype=float) - np.asarray(extras["baseline_value"], dtype=float))
+    ok = gap > 1e-9
+    return float(np.median(delta[ok] / gap[ok])) if ok.any() else None
+
+
+# --------------------------------------------------------------------------- randomisation
+
+
+def layer_stack(model, n_layers: int) -> torch.nn.ModuleList | None:
+    """The model's list of ``n_layers`` transformer layers (the first ``ModuleList`` of that length)."""
+    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers), None)
+
+
+@contextlib.contextmanager
+def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int, std: float) -> Iterator[None]:
+    """Within the block the top ``count`` layers have fresh random weights (matrices ~ N(0, std),
+    biases 0, norm scales 1), drawn with ``seed``; the trained weights come back in ``finally``."""
+    saved = {}
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        with torch.no_grad():
+            for index in range(len(layers) - count, len(layers)):
+                for name, param in layers[index].named_parameters():
+                    saved[(index, name)] = param.detach().clone()
+                    if param.ndim >= 2:
+                        fresh = torch.randn(param.shape, generator=generator) * std
+                    elif name.endswith("bias"):
+                        fresh = torch.zeros(param.shape)
+                    else:
+                        fresh = torch.ones(param.shape)
+                    param.copy_(fresh.to(param.dtype))
+        yield
+    finally:
+        with torch.no_grad():
+            for (index, name), value in saved.items():
+                layers[index].get_parameter(name).copy_(value)
+
+
+def output_unit(values: torch.Tensor) -> torch.Tensor:
+    """An explainer's output-level score vector: the last layer (head mean) of a per-layer/head method."""
+    if values.ndim == 3:
+        return values[-1].float().nanmean(dim=0)
+    if values.ndim == 2:
+        return values[-1]
+    return values
+
+
+def randomisation(pm, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
+                  seed: int = 0) -> list[Check]:
+    """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
+    list of per-example score tensors``; each one's output unit is compared by Spearman."""
+    from probe.metrics.agreement import agreement
+
+    layers = layer_stack(pm.model, pm.contract.n_layers)
+    if layers is None:
+        reason = f"no list of {pm.contract.n_layers} layers found in the model to re-initialise"
+        return [Check(name, "randomisation", "not run", None, reason) for name in scorers]
+    std = float(getattr(pm.model.config, "initializer_range", 0.02) or 0.02)
+    trained = {}
+    checks = {}
+    for name, scorer in scorers.items():
+        try:
+            trained[name] = [output_unit(v).double().numpy() for v in scorer(pm, examples)]
+        except ProbeError as error:
+            checks[name] = Check(name, "randomisation", "not run", None, str(error))
+    curves: dict[str, list[tuple[float, float]]] = {name: [(0.0, 1.0)] for name in trained}
+    counts = sorted({max(1, min(len(layers), round(fraction * len(layers)))) for fraction in fractions})
+    for count in counts:
+        with randomised_top(pm.model, layers, count, seed=seed, std=std):
+            for name in trained:
+                values = [output_unit(v).double().numpy() for v in scorers[name](pm, examples)]
+                rhos = []
+                for a, b in zip(trained[name], values):
+                    ok = np.isfinite(a) & np.isfinite(b)
+                    if ok.sum() >= 2:
+                        rhos.append(float(agreement(b[ok], a[ok], k=1)["spearman"][0]))
+                rhos = [r for r in rhos if np.isfinite(r)]
+                curves[name].append((count / len(layers), float(np.mean(rhos)) if rhos else float("nan")))
+    for name, curve in curves.items():
+        half = [rho for frac, rho in curve if frac >= 0.5 - 1e-9]
+        at_half = half[0] if half else float("nan")
+        bad = bool(at_half >= RANDOMISATION_LIMIT)
+        detail = (f"Spearman with the trained scores {at_half:+.2f} once the top half of the layers is random"
+                  + (f" (>= {RANDOMISATION_LIMIT}: the scores do not depend on the model's upper layers)" if bad else ""))
+        checks[name] = Check(name, "randomisation", "fail" if bad else "pass", at_half, detail, tuple(curve))
+    return [checks[name] for name in scorers]
+
+
+# --------------------------------------------------------------------------- redundancy
+
+
+def redundancy_groups(rankings: Mapping[str, Sequence[np.ndarray]], *, share: float = REDUNDANT_SHARE) -> list[list[str]]:
+    """Groups (2+ units, in the given order) whose score vectors rank tokens identically (tau-b = 1,
+    i.e. the same order and the same ties) on at least ``share`` of the examples they share.
+    ``rankings`` maps a unit name to one score vector per example (NaN-free, same length per example)."""
+    names = list(rankings)
+    parent = {n: n for n in names}
+    # tau-b = 1 exactly when both vectors have the same dense ranks (same order, same ties) and are
+    # not constant; comparing ranks is exact and far cheaper than a tau per pair.
+    dense = {n: [np.unique(np.asarray(x, dtype=float), return_inverse=True)[1] if len(x) else np.array([], int)
+                 for x in rankings[n]] for n in names}
+
+    def root(n):
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if root(a) == root(b):
+                continue
+            same = total = 0
+            for x, y in zip(dense[a], dense[b]):
+                if len(x) < 2 or len(x) != len(y):
+                    continue
+                total += 1
+                same += bool(x.max() > 0 and np.array_equal(x, y))
+            if total and same / total >= share:
+                parent[root(b)] = root(a)
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(root(n), []).append(n)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def describe_group(group: Sequence[str]) -> str:
+    """``flow L1-L5 = attention_mean L0``: layers of one method joined into a range where consecutive."""
+    by_method: dict[str, list[int | None]] = {}
+    for unit in group:
+        method, _, layer = unit.partition(" L")
+        by_method.setdefault(method, []).append(int(layer) if layer.isdigit() else None)
+    parts = []
+    for method, layers in by_method.items():
+        numbers = sorted(x for x in layers if x is not None)
+        if not numbers:
+            parts.append(method)
+            continue
+        runs, start = [], numbers[0]
+        for prev, cur in zip(numbers, numbers[1:] + [None]):
+            if cur != prev + 1 if cur is not None else True:
+                runs.append(f"L{start}" if start == prev else f"L{start}-L{prev}")
+                start = cur
+        parts.append(f"{method} {','.join(runs)}")
+    return " = ".join(parts)
+
+
+# --------------------------------------------------------------------------- for one explained input
+
+
+def explain_checks(pm, examples, results: Mapping, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+    """The checks that fit one ``probe explain`` call (no randomisation: it would rerun every
+    method several times): degeneracy of the gradient methods, constant scores, IG completeness."""
+    from probe.names import method_family
+
+    params = params or {}
+    scored = [[not s for s in e.special] for e in examples]
+    checks = [constant_scores(name, [output_unit(v) for v in r.scores], scored)
+              for name, r in results.items() if method_family(name) != "intervention"]
+    gradients = [m for m in results if method_family(m) == "gradient"]
+    checks += degeneracy(pm, examples, gradients, params={m: {"site": results[m].params.get("site")} for m in gradients})
+    if "integrated_gradients" in results:
+        checks.append(completeness(pm, examples, results["integrated_gradients"],
+                                   params={k: v for k, v in (params.get("integrated_gradients") or {}).items()
+                                           if k != "steps"}))
+    return checks
+
+
+def summary_lines(checks: Sequence[Check]) -> list[str]:
+    """One line per method: ``sanity input_x_gradient: ok (degeneracy 3.1e-01, constant 0.0e+00)``
+    or ``sanity saliency_sum: FAILED degeneracy: ...``."""
+    by_method: dict[str, list[Check]] = {}
+    for c in checks:
+        by_method.setdefault(c.method, []).append(c)
+    lines = []
+    for method, items in by_method.items():
+        failed = [c for c in items if c.status == "fail"]
+        if failed:
+            lines.append(f"sanity {method}: FAILED " + "; ".join(f"{c.check}: {c.detail}" for c in failed))
+        else:
+            ran = [f"{c.check} {c.status}" for c in items]
+            lines.append(f"sanity {method}: ok ({', '.join(ran)})")
+    return lines

@@ -1,0 +1,113 @@
+"""A study's sanity checks (:mod:`probe.metrics.sanity`) and its accounting of left-out examples.
+
+Run once per study, on a small sample of its examples (``metrics.sanity.examples``), after every
+batch is done; the results are ``sanity.parquet`` and ``verdict.json["sanity"]``. A method that
+fails a check is *unreliable* for the study: the verdict uses it neither as the best gradient nor
+in a ceiling, and says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from probe.errors import ProbeError
+from probe.explain.methods import family
+from probe.metrics import sanity as S
+
+LEFT_OUT_KEY = ["role", "explainer", "reference"]
+
+
+def study_sanity(pm, study, examples) -> list[S.Check]:
+    """Every check that applies to the study's explainers and gradient references, on ``examples``."""
+    from probe.explain.methods import run_method
+    from probe.study.runner import methods_needed
+
+    spec = study.metrics.sanity
+    params = study.params
+    methods = methods_needed(study)
+    scored = [[study.statistics.include_special or not s for s in e.special] for e in examples]
+    checks: list[S.Check] = []
+    results = {}
+    for method in methods:
+        if family(method) == "intervention":
+            continue
+        try:
+            results[method] = run_method(pm, examples, method, params=params.get(method))
+        except ProbeError as error:
+            checks.append(S.Check(method, "constant", "not run", None, str(error)))
+            continue
+        checks.append(S.constant_scores(method, [S.output_unit(v) for v in results[method].scores], scored))
+    gradients = [m for m in results if family(m) == "gradient"]
+    checks += S.degeneracy(pm, examples, gradients, params=params)
+    if "integrated_gradients" in results:
+        checks.append(S.completeness(pm, examples, results["integrated_gradients"],
+                                     params=params.get("integrated_gradients")))
+    if spec.randomisation:
+        scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
+        try:
+            checks += S.randomisation(pm, examples, scorers, fractions=tuple(spec.fractions), seed=study.statistics.seed)
+        except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
+            checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
+    return checks
+
+
+def sanity_table(checks) -> pd.DataFrame:
+    return pd.DataFrame([{**c.to_dict(), "curve": repr([list(p) for p in c.curve])} for c in checks],
+                        columns=["method", "check", "status", "value", "detail", "curve"])
+
+
+# --------------------------------------------------------------------------- left out
+
+
+def with_left_out(summary: pd.DataFrame, agreement: pd.DataFrame, left_out: pd.DataFrame | None,
+                  n_examples: int) -> pd.DataFrame:
+    """``summary`` plus ``left_out`` (examples not in n) and ``left_out_reasons`` per row: pairs
+    scored on fewer than 2 tokens (``left_out`` table), and undefined measures (constant scores)."""
+    counts: dict[tuple, dict[str, int]] = {}
+    if left_out is not None and len(left_out):
+        for key, frame in left_out.groupby(LEFT_OUT_KEY):
+            counts[tuple(key)] = frame.reason.value_counts().to_dict()
+    out = summary.copy()
+    totals, reasons = [], []
+    measure_nan = {}
+    for measure in out.measure.unique():
+        if measure in agreement.columns:
+            nan = agreement[agreement[measure].isna()]
+            measure_nan[measure] = nan.groupby(["role", "explainer", "reference", "layer", "head"]).size().to_dict()
+    for _, row in out.iterrows():
+        found = dict(counts.get((row.role, row.explainer, row.reference), {}))
+        undefined = measure_nan.get(row.measure, {}).get((row.role, row.explainer, row.reference, row.layer, row["head"]), 0)
+        if undefined:
+            found["constant scores (measure undefined)"] = int(undefined)
+        totals.append(int(sum(found.values())))
+        reasons.append("; ".join(f"{k}: {v}" for k, v in sorted(found.items())))
+    out["left_out"] = totals
+    out["left_out_reasons"] = reasons
+    return out
+
+
+# --------------------------------------------------------------------------- redundancy
+
+
+def unit_rankings(scores: pd.DataFrame, tokens: pd.DataFrame, methods) -> dict[str, list[np.ndarray]]:
+    """Layer-level and token-level units of ``methods`` -> one score vector per example (scored tokens)."""
+    scored = tokens[tokens.scored][["example", "position"]]
+    frame = scores[scores.method.isin(list(methods)) & (scores["head"] < 0)].merge(scored, on=["example", "position"])
+    out: dict[str, list[np.ndarray]] = {}
+    examples = sorted(frame.example.unique())
+    for (method, layer), unit in frame.groupby(["method", "layer"], sort=False):
+        name = f"{method} L{layer}" if layer >= 0 else str(method)
+        by_example = {e: g.sort_values("position").score.to_numpy(dtype=float) for e, g in unit.groupby("example")}
+        out[name] = [by_example.get(e, np.array([])) for e in examples]
+    return out
+
+
+def redundancy(tables: dict, study) -> list[dict]:
+    """Groups of the study's explainer units that rank tokens identically (:func:`S.redundancy_groups`)."""
+    if "scores" not in tables or "tokens" not in tables:
+        return []
+    explainers = [m for m in study.explainers if family(m) in ("attention", "gradient")]
+    rankings = unit_rankings(tables["scores"], tables["tokens"], explainers)
+    groups = S.redundancy_groups(rankings)
+    return [{"units": group, "description": S.describe_group(group)} for group in groups]

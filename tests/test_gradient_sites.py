@@ -1,0 +1,150 @@
+"""Gradient attribution sites: ``word`` (the word-embedding output) and ``embeddings`` (the output of
+the model's embeddings module), the default decided from the model's structure, and the oracle
+(plain autograd through a forward hook, no captum, no probe forward) at the embeddings site."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from probe.errors import InputError
+from probe.explain import gradients as G
+from probe.explain.target import TargetSpec, build_rows, prepare, target_values
+
+TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
+FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
+
+
+def _oracle_at_embeddings_output(pm, examples):
+    """(e, d target / d e) with e the output of the embeddings module, by plain autograd: [rows, seq, dim]."""
+    name, module = G.embeddings_module(pm.model)
+    batch = build_rows(pm, [(e.input_ids, e) for e in examples])
+    held = {}
+
+    def keep(mod, args, output):
+        output.retain_grad()
+        held["e"] = output
+
+    handle = module.register_forward_hook(keep)
+    try:
+        with torch.enable_grad():
+            values = target_values(pm, batch, pm.model(**batch.inputs).logits)
+            values.sum().backward()
+    finally:
+        handle.remove()
+    pm.model.zero_grad(set_to_none=True)
+    return held["e"].detach(), held["e"].grad.detach()
+
+
+def test_default_site_is_detected_from_structure(loaded):
+    bert = loaded("bert")
+    assert G.embeddings_module(bert.model)[0].endswith("embeddings")
+    assert G.normalising_module(bert.model) is not None
+    assert G.default_site(bert) == "embeddings"
+    for kind in ("gpt2", "llama_gqa", "bart", "t5"):
+        pm = loaded(kind)
+        assert G.embeddings_module(pm.model) is None, kind
+        assert G.default_site(pm) == "word", kind
+
+
+@pytest.mark.parametrize("site", ["word", "embeddings"])
+def test_site_recorded_in_params(loaded, site):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS[:2], TargetSpec())
+    for method in G.GRADIENT_METHODS:
+        result = G.gradient_scores(pm, examples, method, site=site, **FAST.get(method, {}))
+        assert result.params["site"] == site
+        assert result.params["site_default"] == "embeddings"
+        assert result.params["space"] == G.SITE_SPACES[site][0]
+
+
+def test_embeddings_site_equals_oracle_tiny_bert(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    e, grad = _oracle_at_embeddings_output(pm, examples)
+    ixg = G.input_x_gradient(pm, examples)  # default site: embeddings
+    sal_sum = G.saliency_sum(pm, examples)
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        torch.testing.assert_close(ixg.scores[i], (e[i, :n] * grad[i, :n]).sum(-1), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(sal_sum.scores[i], grad[i, :n].sum(-1), atol=1e-5, rtol=1e-4)
+
+
+def test_word_site_is_degenerate_on_bert_and_embeddings_is_not(loaded):
+    """LayerNorm after the embedding sum: saliency_sum is zero at the word site, not at the embeddings site."""
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    word = G.saliency_sum(pm, examples, site="word")
+    module = G.saliency_sum(pm, examples, site="embeddings")
+    norms = G.saliency(pm, examples, site="word")
+    module_norms = G.saliency(pm, examples, site="embeddings")
+    for w, m, s, ms in zip(word.scores, module.scores, norms.scores, module_norms.scores):
+        assert w.abs().max() < 1e-5 * s.max()
+        assert m.abs().median() > 1e-3 * ms.median()
+
+
+@pytest.mark.parametrize("site", ["word", "embeddings"])
+def test_sites_batch_of_one_equals_batch_of_n(loaded, site):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    for method in ("input_x_gradient", "integrated_gradients", "gradient_shap"):
+        params = {**FAST.get(method, {}), "site": site}
+        together = G.gradient_scores(pm, examples, method, **params)
+        for i, example in enumerate(examples):
+            alone = G.gradient_scores(pm, [example], method, **params)
+            torch.testing.assert_close(alone.scores[0], together.scores[i], atol=2e-5, rtol=1e-3)
+
+
+def test_ig_completeness_at_embeddings_site(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    result = G.integrated_gradients(pm, examples, steps=64)
+    gap = [abs(t - b) for t, b in zip(result.extras["target_value"], result.extras["baseline_value"])]
+    for delta, size in zip(result.extras["convergence_delta"], gap):
+        assert abs(delta) <= 0.05 * size + 1e-6
+
+
+def test_unknown_site_and_missing_module(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS[:1], TargetSpec())
+    with pytest.raises(InputError, match="unknown gradient site 'layer0'.*word, embeddings"):
+        G.saliency(pm, examples, site="layer0")
+    gpt2 = loaded("gpt2")
+    examples = prepare(gpt2, TEXTS[:1], TargetSpec())
+    with pytest.raises(InputError, match=r"looked for the parent module of the word embeddings \(transformer.wte\)"):
+        G.saliency(gpt2, examples, site="embeddings")
+
+
+def test_builtin_default_site_matches_oracle(builtin_cache):
+    """On the real fine-tuned MiniLM: input x gradient at the default site is e . d target / d e with e
+    the embeddings module's output, and is far from zero (the word site gives -(position + type) . grad)."""
+    from probe.models import load_model
+
+    pm = load_model("builtin:minilm-rt")
+    examples = prepare(pm, ["an unbelievably wonderful film", "a dull mess , and far too long"], TargetSpec())
+    ixg = G.input_x_gradient(pm, examples)
+    assert ixg.params["site"] == "embeddings" and ixg.params["site_module"] == "bert.embeddings"
+    e, grad = _oracle_at_embeddings_output(pm, examples)
+    word_sum = G.saliency_sum(pm, examples, site="word")
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        oracle = (e[i, :n] * grad[i, :n]).sum(-1)
+        torch.testing.assert_close(ixg.scores[i], oracle, atol=1e-6, rtol=1e-4)
+        assert oracle.abs().median() > 1e3 * word_sum.scores[i].abs().max()
+
+
+def test_pretrained_minilm_default_site_matches_oracle(minilm):
+    """The pretrained MiniLM weights (random head: fine for an equality with the oracle): LayerNorm in
+    bert.embeddings makes embeddings the default, input x gradient there equals e . d target / d e, and
+    the word site's signed gradient sum vanishes while the embeddings site's does not."""
+    pm = minilm
+    assert G.resolve_site(pm).module_name == "bert.embeddings" and G.normalising_module(pm.model) == "LayerNorm"
+    examples = prepare(pm, ["an unbelievably wonderful film", "a dull mess"], TargetSpec())
+    e, grad = _oracle_at_embeddings_output(pm, examples)
+    ixg = G.input_x_gradient(pm, examples)
+    word_sum = G.saliency_sum(pm, examples, site="word")
+    word_norm = G.saliency(pm, examples, site="word")
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        torch.testing.assert_close(ixg.scores[i], (e[i, :n] * grad[i, :n]).sum(-1), atol=1e-6, rtol=1e-4)
+        assert word_sum.scores[i].abs().max() < 1e-4 * word_norm.scores[i].median()

@@ -1,0 +1,152 @@
+"""Sanity checks (probe.metrics.sanity): degeneracy, IG completeness, cascading randomisation,
+redundancy; each can fail, and each says why when it cannot run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from probe.explain import gradients as G
+from probe.explain.target import TargetSpec, prepare
+from probe.metrics import sanity as S
+
+TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
+
+
+def test_degeneracy_fires_at_word_site_on_bert_only(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    word = {c.method: c for c in S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"],
+                                               params={"input_x_gradient": {"site": "word"},
+                                                       "saliency_sum": {"site": "word"}})}
+    assert word["input_x_gradient"].status == "fail" and word["input_x_gradient"].value < 1e-5
+    assert word["saliency_sum"].status == "fail"
+    module = {c.method: c for c in S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"])}
+    assert module["input_x_gradient"].status == "pass" and module["input_x_gradient"].value > 1e-3
+    assert module["saliency_sum"].status == "pass"
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_degeneracy_silent_without_norm_before_first_layer(loaded, kind):
+    """No norm before the first layer: input x gradient is not scale-degenerate. The signed gradient
+    sum still is on GPT-2: every path from its input meets a LayerNorm (ln_1 of each layer, ln_f at
+    the end of the residual stream), whose mean subtraction makes the model invariant to adding a
+    constant to every coordinate; Llama's RMSNorm subtracts no mean."""
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS[:2], TargetSpec())
+    checks = S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"])
+    assert [c.status for c in checks] == ["pass", "fail" if kind == "gpt2" else "pass"]
+
+
+def test_degeneracy_on_missing_site_is_not_run(loaded):
+    pm = loaded("gpt2")
+    examples = prepare(pm, TEXTS[:1], TargetSpec())
+    (check,) = S.degeneracy(pm, examples, ["input_x_gradient"], params={"input_x_gradient": {"site": "embeddings"}})
+    assert check.status == "not run" and "transformer.wte" in check.detail
+
+
+def test_constant_scores():
+    flat = S.constant_scores("m", [torch.zeros(4), torch.full((3,), 2.0)], [[True] * 4, [True] * 3])
+    assert flat.status == "fail"
+    varied = S.constant_scores("m", [torch.zeros(4), torch.arange(3.0)], [[True] * 4, [True] * 3])
+    assert varied.status == "pass" and varied.value == 0.5
+
+
+def test_completeness_reports_steps_needed(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS[:2], TargetSpec())
+    coarse = G.integrated_gradients(pm, examples, steps=2, rule="riemann_left")
+    check = S.completeness(pm, examples, coarse, params={"rule": "riemann_left"})
+    assert check.status == "fail" and "steps bring it under" in check.detail
+    fine = G.integrated_gradients(pm, examples, steps=64)
+    assert S.completeness(pm, examples, fine).status == "pass"
+
+
+def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
+    scorers = {"input_x_gradient": lambda pm, ex: G.input_x_gradient(pm, ex).scores,
+               "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
+    checks = {c.method: c for c in S.randomisation(pm, examples, scorers, seed=0)}
+    assert checks["position"].status == "fail" and checks["position"].value == pytest.approx(1.0)
+    assert all(rho == pytest.approx(1.0) for _, rho in checks["position"].curve)
+    curve = checks["input_x_gradient"].curve  # 2 layers: (0, 1), (0.5, .), (1, .)
+    assert [frac for frac, _ in curve] == [0.0, 0.5, 1.0]
+    assert curve[-1][1] < 0.5
+    for name, value in pm.model.named_parameters():  # trained weights restored
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def test_randomisation_without_layers_is_not_run(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS[:1], TargetSpec())
+    contract = pm.contract
+    fake = type("P", (), {"model": pm.model, "contract": type("C", (), {"n_layers": 99})()})()
+    (check,) = S.randomisation(fake, examples, {"x": lambda pm, ex: [torch.zeros(3)]})
+    assert check.status == "not run" and "99 layers" in check.detail
+    assert contract.n_layers != 99
+
+
+def test_redundancy_finds_a_constructed_duplicate():
+    rng = np.random.default_rng(0)
+    base = [rng.normal(size=n) for n in (5, 7, 4, 9)]
+    rankings = {"attention_mean L0": base, "flow L1": [2 * b + 1 for b in base], "flow L2": [b ** 3 for b in base],
+                "rollout L1": [rng.normal(size=len(b)) for b in base]}
+    groups = S.redundancy_groups(rankings)
+    assert groups == [["attention_mean L0", "flow L1", "flow L2"]]
+    assert S.describe_group(groups[0]) == "attention_mean L0 = flow L1-L2"
+    assert S.describe_group(["flow L1", "flow L2", "flow L3", "flow L5", "attention_mean L0"]) == \
+        "flow L1-L3,L5 = attention_mean L0"
+
+
+def _cli(*args, timeout=600):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_probe_explain_sums_up_checks_and_takes_a_site(tiny_dirs):
+    proc = _cli("explain", str(tiny_dirs["bert"]), "the movie was good", "--methods",
+                "saliency_sum,input_x_gradient,integrated_gradients", "--site", "word", "--steps", "16")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("sanity ")]
+    assert len(lines) == 3
+    assert any(line.startswith("sanity saliency_sum: FAILED degeneracy") for line in lines)
+    assert any(line.startswith("sanity input_x_gradient: FAILED degeneracy") for line in lines)
+    proc = _cli("explain", str(tiny_dirs["bert"]), "the movie was good", "--methods", "input_x_gradient", "--json")
+    data = json.loads(proc.stdout)
+    assert data["params"]["input_x_gradient"]["site"] == "embeddings"
+    assert [c["status"] for c in data["sanity"] if c["check"] == "degeneracy"] == ["pass"]
+
+
+def test_probe_explain_bad_sites_are_one_line(tiny_dirs):
+    proc = _cli("explain", str(tiny_dirs["bert"]), "good", "--site", "layer3")
+    assert proc.returncode != 0 and "unknown gradient site 'layer3'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = _cli("explain", str(tiny_dirs["gpt2"]), "good", "--site", "embeddings")
+    assert proc.returncode != 0 and "transformer.wte" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_randomisation_on_the_builtin_llama(builtin_cache):
+    """Real model (SmolLM2, 30 layers): input x gradient's curve falls, a position ranking stays at 1;
+    no norm inside an embeddings module, so the default site is word and nothing is degenerate."""
+    from probe.models import load_model
+
+    pm = load_model("builtin:smollm2-135m")
+    assert G.default_site(pm) == "word"
+    examples = prepare(pm, ["The movie was wonderful. Sentiment:", "A dull and tedious film. Sentiment:"],
+                       TargetSpec(continuation=" positive"))
+    assert [c.status for c in S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"])] == ["pass", "pass"]
+    scorers = {"input_x_gradient": lambda pm, ex: G.input_x_gradient(pm, ex).scores,
+               "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
+    checks = {c.method: c for c in S.randomisation(pm, examples, scorers, fractions=(0.5,))}
+    assert checks["input_x_gradient"].status == "pass" and checks["input_x_gradient"].value < 0.5
+    assert checks["position"].status == "fail"

@@ -1,0 +1,74 @@
+"""Studies run the sanity checks, exclude unreliable methods from the verdict's gradient bar and
+ceilings, report redundant units, and count the examples they leave out, with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from probe.study.runner import run_study
+from probe.study.spec import study_from_dict
+from test_study import tiny_study, write_dataset
+
+
+@pytest.fixture(scope="module")
+def checked_run(tiny_dirs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("checked")
+    data = write_dataset(folder / "reviews.csv", n=10)
+    frame = pd.read_csv(data)
+    frame.loc[0, "text"] = "good"  # one scored token: left out, with the reason
+    frame.loc[3, "text"] = "bad"
+    frame.to_csv(data, index=False)
+    spec = tiny_study(tiny_dirs["bert"], data, folder / "out",
+                      explainers=["attention_mean", "rollout", "input_x_gradient", "saliency"],
+                      references=["loo_delete", "loo_mask", "input_x_gradient"],
+                      params={"input_x_gradient": {"site": "word"}},
+                      metrics={"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
+                               "ceilings": [["input_x_gradient", "loo_delete"], ["loo_mask", "loo_delete"]],
+                               "sanity": {"examples": 3, "fractions": [0.5, 1.0]}})
+    spec["dataset"]["n"] = 10
+    study = study_from_dict(spec)
+    run_study(study, progress=False, log=lambda _: None)
+    return folder / "out"
+
+
+def test_sanity_in_verdict_and_table(checked_run):
+    verdict = json.loads((checked_run / "verdict.json").read_text())
+    table = pd.read_parquet(checked_run / "sanity.parquet")
+    assert {"degeneracy", "constant", "randomisation"} <= set(table.check)
+    ixg = [c for c in verdict["sanity"] if c["method"] == "input_x_gradient" and c["check"] == "degeneracy"]
+    assert ixg[0]["status"] == "fail"
+    assert "degeneracy" in verdict["unreliable"]["input_x_gradient"]
+    # the word-site input x gradient is neither the gradient bar nor a ceiling
+    assert verdict["best_gradient"]["explainer"] == "saliency"
+    assert verdict["ceiling"]["pair"] == ["loo_mask", "loo_delete"]
+    assert "Failed sanity checks (unreliable here" in verdict["headline"] and "input_x_gradient (degeneracy" in verdict["headline"]
+    assert "attention_mean L0 = rollout L0" in verdict["headline"]  # rollout L0 = 0.5 A + 0.5 I: same order off [CLS]
+    curves = [c["curve"] for c in verdict["sanity"] if c["check"] == "randomisation" and c["status"] != "not run"]
+    assert curves and all(curve[0] == [0.0, 1.0] for curve in curves)
+
+
+def test_left_out_examples_are_counted_with_the_reason(checked_run):
+    summary = pd.read_parquet(checked_run / "summary.parquet")
+    left = pd.read_parquet(checked_run / "left_out.parquet")
+    examples = pd.read_parquet(checked_run / "examples.parquet")
+    short = set(examples[examples.n_scored < 2].example)
+    assert len(short) == 2 and set(left.example) == short and set(left.reason) == {"fewer than 2 scored tokens"}
+    row = summary[(summary.explainer == "attention_mean") & (summary.reference == "loo_delete")
+                  & (summary.measure == "kendall_tau")].iloc[0]
+    assert row.left_out >= 2 and "fewer than 2 scored tokens: 2" in row.left_out_reasons
+    assert row.n + 2 <= 10
+
+
+def test_report_shows_checks_left_out_and_flags(checked_run, tmp_path):
+    from probe.report import build_report
+
+    files = build_report(checked_run, tmp_path / "report")
+    text = files.markdown.read_text().replace("\\_", "_")
+    assert "Sanity checks" in text and "randomisation" in text
+    assert "examples left out of n" in text and "fewer than 2 scored tokens: 2" in text
+    assert "input_x_gradient failed its sanity checks (degeneracy" in text
+    assert "identical rankings on this model: attention_mean L0 = rollout L0" in text
+    assert any(p.name.startswith("randomisation") for p in files.figures)
