@@ -98,22 +98,31 @@ def test_alti_and_globenc_matrices_by_hand():
 
 
 def _zeroed_forward_distances(pm, ids: torch.Tensor, kind: str, layer: int, token: int) -> torch.Tensor:
-    """Cosine distance of every token's layer output when a hook zeroes value row ``token`` of ``layer``: [T]."""
-    with torch.no_grad():
-        base = pm.model(input_ids=ids, output_hidden_states=True).hidden_states[layer + 1][0]
-    module = _layers(pm.model)[layer].get_submodule(VALUE_MODULE[kind])
+    """Cosine distance of every token's layer output when a hook zeroes value row ``token`` of ``layer``: [T].
 
-    def zero(m, args, out):
-        out = out.clone()
-        out[:, token] = 0
-        return out
-
-    handle = module.register_forward_hook(zero)
+    The layer output is read at the block (HF's last hidden state is after the final norm)."""
+    block = _layers(pm.model)[layer]
+    seen = []
+    keep = block.register_forward_hook(lambda m, a, out: seen.append((out[0] if isinstance(out, tuple) else out)[0]))
     try:
         with torch.no_grad():
-            moved = pm.model(input_ids=ids, output_hidden_states=True).hidden_states[layer + 1][0]
+            pm.model(input_ids=ids)
+        module = block.get_submodule(VALUE_MODULE[kind])
+
+        def zero(m, args, out):
+            out = out.clone()
+            out[:, token] = 0
+            return out
+
+        handle = module.register_forward_hook(zero)
+        try:
+            with torch.no_grad():
+                pm.model(input_ids=ids)
+        finally:
+            handle.remove()
     finally:
-        handle.remove()
+        keep.remove()
+    base, moved = seen
     return 1 - torch.nn.functional.cosine_similarity(moved.double(), base.double(), dim=-1)
 
 
@@ -127,7 +136,7 @@ def _check_value_zeroing(pm, examples, kind, cases):
         assert torch.allclose(got, expected.clamp(min=0), atol=5e-6), (kind, layer, token, got, expected)
         assert got.abs().sum() > 1e-6  # the zeroing moved something
         if pm.task == "causal_lm":  # zeroing a value moves only the tokens that read it
-            assert torch.all(got[:token] == 0)
+            assert torch.all(got[:token] <= 1e-12)
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama_gqa"])
