@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from probe.errors import InputError
+from probe.explain import attention as A
 from probe.explain import context_mixing as M
 from probe.explain.attention import row_batches
 from probe.explain.methods import applicable_methods, parse_methods, run_method
@@ -238,7 +239,12 @@ def test_registered_like_every_method_and_refused_where_undefined(loaded, monkey
     with pytest.raises(InputError, match=r"GPT2LMHeadModel \(model type 'gpt2'\).*supported model types are") as error:
         M.alti(gpt2, prepare(gpt2, TEXTS[:1]))
     assert "\n" not in str(error.value)
-    assert M.context_mixing_support(gpt2, "value_zeroing") is None  # needs no norm layout
+    # value zeroing needs neither the norm layout nor the value/output table
+    monkeypatch.delitem(A.VALUE_OUTPUT_LAYOUTS, "gpt2")
+    assert M.context_mixing_support(gpt2, "value_zeroing") is None
+    assert "GPT2LMHeadModel" in M.context_mixing_support(gpt2, "globenc")
+    zeroed = M.value_zeroing(gpt2, prepare(gpt2, TEXTS[:1]))
+    assert torch.allclose(zeroed.scores[0].sum(-1), torch.ones(gpt2.contract.n_layers), atol=1e-5)
 
 
 # ---------------------------------------------------------------------------

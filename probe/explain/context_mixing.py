@@ -37,7 +37,7 @@ refused (the target reads cross-attention, which these measures do not decompose
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -148,8 +148,8 @@ def block_modules(pm, stack: str) -> dict[int, torch.nn.Module]:
 class LayerRecords:
     """What one forward shows of every layer of a stack (batch width W, hidden D)."""
 
-    weights: torch.Tensor  # [batch, layer, head, W, W] fp32 full attention
-    value_inputs: dict[int, torch.Tensor]  # layer -> [batch, W, in] what W_V reads
+    weights: torch.Tensor | None  # [batch, layer, head, W, W] fp32 full attention (None: not asked for)
+    value_inputs: dict[int, torch.Tensor]  # layer -> [batch, W, in] what W_V reads (ALTI/GlobEnc only)
     block_inputs: dict[int, tuple[tuple, dict]]  # layer -> (args, kwargs) of the block call
     block_outputs: dict[int, torch.Tensor]  # layer -> [batch, W, D] block output
     ln_inputs: dict[tuple[int, str], torch.Tensor]  # (layer, ln1|ln2) -> [batch, W, D]
@@ -177,8 +177,9 @@ def _module_hooks(targets: dict, ins: dict, outs: dict, *, with_kwargs: bool = F
             handle.remove()
 
 
-def record_layers(pm, batch: RowBatch, stack: str, *, norms: MixingLayout | None) -> LayerRecords:
-    """One forward of ``batch`` keeping full attention, value inputs, block inputs/outputs and the LayerNorms."""
+def record_layers(pm, batch: RowBatch, stack: str, *, norms: MixingLayout | None, weights: bool = True) -> LayerRecords:
+    """One forward of ``batch`` keeping full attention (unless ``weights=False``), value inputs, block
+    inputs/outputs and the LayerNorms."""
     blocks = block_modules(pm, stack)
     named = dict(pm.model.named_modules())
     norm_modules = {}
@@ -191,14 +192,16 @@ def record_layers(pm, batch: RowBatch, stack: str, *, norms: MixingLayout | None
     block_outs: dict = {}
     ln_ins: dict = {}
     ln_outs: dict = {}
-    with torch.no_grad(), record_value_inputs(pm, stack) as value_inputs, \
+    values = record_value_inputs(pm, stack) if norms is not None else nullcontext({})
+    with torch.no_grad(), values as value_inputs, \
             _module_hooks(blocks, block_ins, block_outs, with_kwargs=True), \
             _module_hooks(norm_modules, ln_ins, ln_outs), \
-            capture_attention(pm, stacks=[stack], **capture_masks(batch)) as capture:
+            capture_attention(pm, stacks=[stack], layers=None if weights else {stack: ()},
+                              **capture_masks(batch)) as capture:
         pm.model(**batch.inputs)
     if len(block_outs) != len(blocks):
         raise CaptureError(f"context mixing saw {len(block_outs)} of {len(blocks)} {stack} layer blocks run")
-    return LayerRecords(weights=capture.maps(stack).weights, value_inputs=dict(value_inputs),
+    return LayerRecords(weights=capture.maps(stack).weights if weights else None, value_inputs=dict(value_inputs),
                         block_inputs=block_ins, block_outputs=block_outs,
                         ln_inputs={k: v.detach() for k, v in ln_ins.items()}, ln_outputs=ln_outs)
 
@@ -366,7 +369,7 @@ def value_zeroing_distances(pm, batch: RowBatch, lengths: Sequence[int], stack: 
     through the same editor so that the comparison sees no kernel difference) are stacked in a batch
     and run through that layer's block alone, from the block's recorded inputs.
     """
-    records = record_layers(pm, batch, stack, norms=None)
+    records = record_layers(pm, batch, stack, norms=None, weights=False)
     blocks = block_modules(pm, stack)
     n_rows = len(lengths)
     width = batch.inputs["input_ids"].shape[1]
