@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
+#: attention measures that also account for values, residual and norms (probe.explain.context_mixing)
+CONTEXT_MIXING_METHODS = ("value_zeroing", "alti", "globenc")
+ATTENTION_METHODS += CONTEXT_MIXING_METHODS
 GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
 INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
 ALL_METHODS = ATTENTION_METHODS + GRADIENT_METHODS + INTERVENTION_METHODS

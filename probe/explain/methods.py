@@ -48,6 +48,9 @@ def applicable_methods(pm, examples) -> tuple[list[str], dict[str, str]]:
     if longest > FLOW_MAX_TOKENS:
         skipped["flow"] = f"attention flow is limited to {FLOW_MAX_TOKENS} tokens (longest input has {longest})"
     skipped.setdefault("saliency_sum", "a variant of saliency; ask for it by name")
+    from probe.explain.context_mixing import CONTEXT_MIXING_METHODS, context_mixing_support
+
+    skipped.update({m: why for m in CONTEXT_MIXING_METHODS if (why := context_mixing_support(pm, m)) is not None})
     return [m for m in ALL_METHODS if m not in skipped], skipped
 
 
@@ -55,6 +58,12 @@ def run_method(pm, examples, method: str, *, engine=None, params: Mapping | None
     """One method on every example; interventions share ``engine`` (and so its cache)."""
     params = dict(params or {})
     kind = family(method)
+    from probe.names import CONTEXT_MIXING_METHODS
+
+    if method in CONTEXT_MIXING_METHODS:
+        from probe.explain.context_mixing import context_mixing_scores
+
+        return _halving_examples(pm, examples, lambda part: context_mixing_scores(pm, part, method, **params))
     if kind == "attention":
         from probe.explain.attention import attention_scores
 
