@@ -418,7 +418,8 @@ class ForwardCounter:
 
 def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.DataFrame], dict]:
     """Every table for one batch of dataset examples, and the batch's timings."""
-    from probe.explain.methods import run_method
+    from probe.explain.gradients import SHARED_GRADIENT_METHODS
+    from probe.explain.methods import run_method, run_shared_gradients
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import erasure, random_ranking
 
@@ -437,7 +438,11 @@ def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.
                                                                          [e.label for e in data_examples]))
         engine = Engine(pm, token_budget=study.engine.token_budget)
         scores = {}
-        for method in methods_needed(study):
+        needed = methods_needed(study)
+        shared = [m for m in needed if m in SHARED_GRADIENT_METHODS and not study.params.get(m)]
+        if len(shared) > 1:  # one gradient pass serves them all
+            scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared)))
+        for method in (m for m in needed if m not in scores):
             scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,
                                                                        params=study.params.get(m)))
         baselines = {}

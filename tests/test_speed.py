@@ -1,0 +1,155 @@
+"""Issue 18's speed work: width buckets for gradient passes, one gradient shared by saliency and
+input x gradient, integrated gradients with ``steps: auto``, and rollout in memory linear in T.
+
+Every speed-up is checked against the plain computation it replaces (oracles: the explainer run on
+all examples in one call, each example alone, captum at a fixed number of steps).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from probe.errors import InputError
+from probe.explain import gradients as G
+from probe.explain.target import prepare
+from tiny_models import TINY_KINDS
+
+# widths from 4 to ~40 tokens: buckets are cut between the short and the long ones
+TEXTS = ["bad film", "the movie was good and the cast was great , the music too , and the story moved me "
+         "from the first scene to the very last one", "not a good movie , but fun", "awful",
+         "i loved every minute of it , the acting , the score , the photography , all of it"]
+
+
+# --------------------------------------------------------------------------- width buckets
+
+
+def test_width_buckets_partition_the_examples_by_width(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS)
+    widths = [len(e.input_ids) for e in examples]
+    buckets = G.width_buckets(pm, examples, points=52)
+    assert sorted(i for b in buckets for i in b) == list(range(len(examples)))
+    assert all(b == sorted(b) for b in buckets)
+    assert len(buckets) > 1  # 50 points of a 4-token example are not padded to 40 tokens
+    # groups follow width: every example of a group is no wider than any of the next group
+    for a, b in zip(buckets, buckets[1:]):
+        assert max(widths[i] for i in a) <= min(widths[i] for i in b)
+    # one point per example and tiny widths: one call beats several
+    assert len(G.width_buckets(pm, examples[:1] * 3, points=1)) == 1
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_bucketed_integrated_gradients_equal_one_call(loaded, kind):
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    assert len(G.width_buckets(pm, examples, points=10)) > 1 or kind == "t5"
+    bucketed = G.gradient_scores(pm, examples, "integrated_gradients", steps=8)
+    whole = G.integrated_gradients(pm, examples, steps=8)
+    for i in range(len(examples)):
+        torch.testing.assert_close(bucketed.scores[i], whole.scores[i], atol=2e-5, rtol=0)
+        for key in ("convergence_delta", "target_value", "baseline_value"):
+            assert math.isclose(bucketed.extras[key][i], whole.extras[key][i], abs_tol=2e-5)
+
+
+# --------------------------------------------------------------------------- one shared gradient
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_shared_gradient_equals_each_method_alone(loaded, kind):
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    shared = G.shared_gradient_scores(pm, examples, G.SHARED_GRADIENT_METHODS)
+    for method in G.SHARED_GRADIENT_METHODS:
+        alone = G.GRADIENT_EXPLAINERS[method](pm, examples)
+        assert shared[method].params == alone.params
+        for a, b in zip(shared[method].scores, alone.scores):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+
+
+def test_shared_gradient_on_minilm_and_batch_of_one(minilm):
+    examples = prepare(minilm, ["an unbelievably wonderful film", "a dull mess",
+                                "the acting is superb but the plot drags on and on"])
+    shared = G.shared_gradient_scores(minilm, examples, ["saliency", "input_x_gradient"])
+    for i, example in enumerate(examples):
+        alone = G.shared_gradient_scores(minilm, [example], ["saliency", "input_x_gradient"])
+        for method in ("saliency", "input_x_gradient"):
+            torch.testing.assert_close(alone[method].scores[0], shared[method].scores[i], atol=1e-5, rtol=0)
+            reference = G.GRADIENT_EXPLAINERS[method](minilm, [example]).scores[0]
+            torch.testing.assert_close(shared[method].scores[i], reference, atol=1e-5, rtol=0)
+
+
+def test_shared_gradient_refuses_other_methods(loaded):
+    pm = loaded("bert")
+    with pytest.raises(InputError, match="integrated_gradients"):
+        G.shared_gradient_scores(pm, prepare(pm, TEXTS[:1]), ["saliency", "integrated_gradients"])
+
+
+# --------------------------------------------------------------------------- steps: auto
+
+
+def _assert_auto_is_honest(pm, examples, result, tolerance, **params):
+    for i, example in enumerate(examples):
+        used = result.extras["steps_used"][i]
+        history = result.extras["delta_by_steps"][i]
+        assert used in G.AUTO_STEPS and history[-1][0] == used
+        assert [h[0] for h in history] == list(G.AUTO_STEPS[: len(history)])
+        delta = result.extras["convergence_delta"][i]
+        assert delta == history[-1][1]
+        gap = result.extras["target_value"][i] - result.extras["baseline_value"][i]
+        ok = abs(delta) <= max(tolerance * abs(gap), G.AUTO_ABSOLUTE_TOLERANCE)
+        assert result.extras["converged"][i] == ok
+        # every earlier try missed the tolerance (else it would have stopped there)
+        for _, earlier in history[:-1]:
+            assert abs(earlier) > max(tolerance * abs(gap), G.AUTO_ABSOLUTE_TOLERANCE) - 1e-6
+        # the scores are IG at the steps it settled on, computed alone (independent of the batch)
+        fixed = G.integrated_gradients(pm, [example], steps=used, **params)
+        torch.testing.assert_close(result.scores[i], fixed.scores[0], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama_gqa"])
+def test_ig_auto_steps_stop_when_complete(loaded, kind):
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    result = G.gradient_scores(pm, examples, "integrated_gradients", steps="auto", tolerance=0.05, baseline="unk")
+    assert result.params["steps"] == "auto" and result.params["tolerance"] == 0.05
+    _assert_auto_is_honest(pm, examples, result, 0.05, baseline="unk")
+
+
+def test_ig_auto_steps_on_minilm_converge(minilm):
+    examples = prepare(minilm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
+    result = G.integrated_gradients(minilm, examples, steps="auto", tolerance=0.05)
+    assert all(result.extras["converged"])
+    _assert_auto_is_honest(minilm, examples, result, 0.05)
+
+
+def test_ig_auto_steps_that_cannot_converge_say_so(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS[:2])
+    result = G.integrated_gradients(pm, examples, steps="auto", tolerance=1e-12, max_steps=32, baseline="unk")
+    assert result.params["max_steps"] == 32 and result.params["auto_steps"] == [16, 32]
+    assert not all(result.extras["converged"])
+    for used, done, delta in zip(result.extras["steps_used"], result.extras["converged"],
+                                 result.extras["convergence_delta"]):
+        assert (used == 32 and not done) or (done and abs(delta) <= G.AUTO_ABSOLUTE_TOLERANCE)
+
+
+def test_ig_auto_batch_of_one_equals_batch_of_n(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS)
+    together = G.gradient_scores(pm, examples, "integrated_gradients", steps="auto", baseline="unk")
+    for i, example in enumerate(examples):
+        alone = G.gradient_scores(pm, [example], "integrated_gradients", steps="auto", baseline="unk")
+        assert alone.extras["steps_used"][0] == together.extras["steps_used"][i]
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("params, word", [({"steps": "often"}, "auto"), ({"steps": 0}, "auto"),
+                                          ({"steps": "auto", "tolerance": -1}, "tolerance"),
+                                          ({"steps": "auto", "max_steps": 8}, "max_steps")])
+def test_ig_steps_user_errors(loaded, params, word):
+    pm = loaded("bert")
+    with pytest.raises(InputError, match=word):
+        G.integrated_gradients(pm, prepare(pm, TEXTS[:1]), **params)
