@@ -218,3 +218,44 @@ def test_flips_found_in_rounds_equal_every_row_run(minilm):
                 assert abs(got - changed[0] / len(order)) < 1e-12
             else:
                 assert got is None or math.isnan(got)
+
+
+# --------------------------------------------------------------------------- in a study
+
+
+def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
+    """A study asking for saliency and input x gradient runs one gradient pass for both (one timing
+    entry, the same scores as each method alone), and IG steps: auto leaves its delta against
+    steps in the convergence table."""
+    import pandas as pd
+
+    from probe.models import load_model
+    from probe.study.runner import run_study
+    from probe.study.spec import study_from_dict
+    from test_study import tiny_study, write_dataset
+
+    data = write_dataset(tmp_path / "data.csv")
+    spec = tiny_study(tiny_dirs["bert"], data, tmp_path / "out",
+                      explainers=["attention_mean", "saliency", "input_x_gradient", "integrated_gradients"],
+                      params={"integrated_gradients": {"steps": "auto", "baseline": "unk"}})
+    spec["metrics"] = {"top_k": [1], "erasure": {"rankings": ["saliency"], "bins": [50]}, "counterfactual": None,
+                       "heads": None}
+    result = run_study(study_from_dict(spec), progress=False, log=lambda _: None, report=False)
+    assert result.complete
+    out = tmp_path / "out"
+    info = __import__("json").loads((out / "done" / "b00000.json").read_text())
+    assert "saliency+input_x_gradient" in info["timings"] and "saliency" not in info["timings"]
+    convergence = pd.read_parquet(out / "convergence.parquet")
+    assert set(convergence["steps"]) <= set(G.AUTO_STEPS)
+    assert convergence.groupby("example")["final"].sum().eq(1).all()
+    assert convergence["example"].nunique() == 12
+    # the shared scores equal each method alone
+    scores = pd.read_parquet(out / "scores.parquet")
+    examples = pd.read_parquet(out / "examples.parquet")
+    pm = load_model(str(tiny_dirs["bert"]))
+    prepared = prepare(pm, list(examples["text"][:3]))
+    for method in ("saliency", "input_x_gradient"):
+        alone = G.GRADIENT_EXPLAINERS[method](pm, prepared)
+        for i in range(3):
+            stored = scores[(scores.method == method) & (scores.example == i)].sort_values("position")["score"]
+            torch.testing.assert_close(torch.tensor(stored.to_numpy()), alone.scores[i], atol=1e-5, rtol=0)
