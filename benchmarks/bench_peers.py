@@ -42,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STUDY = HERE / "peers_study.yaml"
 CONTENDERS = ("floor", "probe", "ferret", "captum")
+#: ``--before DIR``: also run probe from another checkout (the code before a change), same round
 BINS = tuple(b / 10 for b in range(1, 11))  # 10, 20, ..., 100%
 
 
@@ -72,6 +73,8 @@ def load_texts(n: int) -> list[str]:
 def model_folder(name: str) -> str:
     from probe.models.builtins import materialize_builtin
 
+    if Path(name).is_dir():  # a local classifier folder of the same architecture (e.g. while the built-in builds)
+        return str(Path(name).resolve())
     return str(materialize_builtin(name.removeprefix("builtin:"), progress=False))
 
 
@@ -164,13 +167,17 @@ def run_floor(folder: str, texts: list[str], steps: int) -> dict:
 # --------------------------------------------------------------------------- probe
 
 
-def run_probe(texts: list[str], steps: int, out: str, n: int) -> dict:
+def run_probe(texts: list[str], steps: int, out: str, n: int, model: str) -> dict:
     import pandas as pd
 
     from probe.study.runner import run_study
-    from probe.study.spec import load_study
+    from probe.study.spec import load_study, study_from_dict
 
     study = load_study(STUDY, n=n, out=out)
+    if model != study.model.id:
+        data = study.to_dict()
+        data["model"]["id"] = model
+        study = study_from_dict(data)
     if steps != 50:
         raise SystemExit("the study file fixes 50 steps; use --steps 50 for probe")
     started = time.perf_counter()
@@ -194,7 +201,7 @@ def run_probe(texts: list[str], steps: int, out: str, n: int) -> dict:
 def run_probe_cli(n: int, out: str) -> dict:
     """The whole ``probe run`` process: imports, model load, the study, statistics and the report."""
     started = time.perf_counter()
-    cmd = [sys.executable, "-m", "probe", "run", str(STUDY), "--n", str(n), "--out", out]
+    cmd = [sys.executable, "-m", "probe", "run", str(STUDY), "--n", str(n), "--out", out, "--no-progress"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
     total = time.perf_counter() - started
     provenance = json.loads((Path(out) / "provenance.json").read_text())
@@ -299,8 +306,8 @@ def child(args) -> None:
     texts = json.loads(Path(args.texts).read_text())
     if args.child == "floor":
         result = run_floor(args.folder, texts, args.steps)
-    elif args.child == "probe":
-        result = run_probe(texts, args.steps, args.out, len(texts))
+    elif args.child in ("probe", "probe_before"):
+        result = run_probe(texts, args.steps, args.out, len(texts), args.model)
     elif args.child == "probe_cli":
         result = run_probe_cli(len(texts), args.out)
     elif args.child == "captum":
@@ -319,8 +326,8 @@ def torch_threads(n: int) -> None:
 def spawn(python: str, name: str, args, texts_path: str, folder: str, workdir: str) -> dict | None:
     out = tempfile.mkdtemp(prefix=f"peers-{name}-", dir=workdir)
     cmd = [python, str(Path(__file__).resolve()), "--child", name, "--texts", texts_path, "--folder", folder,
-           "--steps", str(args.steps), "--threads", str(args.threads), "--out", out]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "--steps", str(args.steps), "--threads", str(args.threads), "--out", out, "--model", args.model]
+    env = {**os.environ, **({"PYTHONPATH": args.before} if name == "probe_before" else {}), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -340,7 +347,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
     parser.add_argument("--cli", action="store_true", help="also time one whole `probe run` process per round")
     parser.add_argument("--ferret-python", default="/work/ferret-venv/bin/python")
-    parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli"), help=argparse.SUPPRESS)
+    parser.add_argument("--before", help="a checkout of probe to time as probe_before (PYTHONPATH)")
+    parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli", "probe_before"), help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -363,7 +371,8 @@ def main() -> None:
     Path(texts_path).write_text(json.dumps(texts))
     print(f"{args.model}: {len(texts)} rotten_tomatoes sentences, IG {args.steps} steps, {args.threads} threads; "
           f"load {os.getloadavg()[0]:.1f} (1-min average) at start")
-    runs: dict[str, list[dict]] = {name: [] for name in wanted + (["probe_cli"] if args.cli else [])}
+    extra = (["probe_before"] if args.before else []) + (["probe_cli"] if args.cli else [])
+    runs: dict[str, list[dict]] = {name: [] for name in wanted + extra}
     for round_ in range(args.rounds):
         for name in runs:
             python = args.ferret_python if name == "ferret" else sys.executable
