@@ -115,7 +115,7 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
 
     rows: list[tuple[tuple[int, ...], PreparedExample]] = []
     originals = []
-    # (example, ranking) -> {"comp": [row per bin], "suff": [...]}
+    # (example, ranking) -> {"comp": [row per bin], "suff": [...], "flip": [row per j = 1..n]}
     plan: dict[tuple[int, str], dict[str, list[int]]] = {}
 
     def add(ids: tuple[int, ...], example: PreparedExample) -> int:
@@ -128,19 +128,21 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
         n = len(scorable_positions(example))
         for name, scores in named.items():
             order = ranked_positions(example, scores[i])
-            entry = {"comp": [], "suff": []}
+            entry = {"comp": [], "suff": [], "flip": []}
             for frac in bins:
                 k = bin_size(frac, n)
                 top = set(order[:k])
                 entry["comp"].append(add(tuple(x for t, x in enumerate(ids) if t not in top), example))
                 entry["suff"].append(add(tuple(x for t, x in enumerate(ids) if t in top or example.special[t]), example))
+            if do_flips:
+                removed: set[int] = set()
+                for t in order:
+                    removed.add(t)
+                    entry["flip"].append(add(tuple(x for s, x in enumerate(ids) if s not in removed), example))
             plan[(i, name)] = entry
 
     values = engine.values(rows, reuse_prefix=engine.pm.task == "causal_lm").double()  # [rows]
-    first_flips = {}
-    if do_flips:
-        predicted = engine.predicted_labels([rows[o] for o in originals]).tolist()  # [examples]
-        first_flips = _first_flips(engine, examples, named, predicted)
+    labels = engine.predicted_labels(rows) if do_flips else None  # [rows], from the same passes
 
     records = []
     for i, example in enumerate(examples):
@@ -151,8 +153,12 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
             comp = [float(base - values[r]) if n else float("nan") for r in entry["comp"]]
             suff = [float(base - values[r]) if n else float("nan") for r in entry["suff"]]
             flip = None
-            if do_flips and n and first_flips.get((i, name)) is not None:
-                flip = first_flips[(i, name)] / n
+            if do_flips and n:
+                predicted = int(labels[originals[i]])
+                for j, r in enumerate(entry["flip"], start=1):
+                    if int(labels[r]) not in (predicted, -1):
+                        flip = j / n
+                        break
             aopc = float(np.mean(comp)) if n else float("nan")
             aopc_suff = float(np.mean(suff)) if n else float("nan")
             for b, frac in enumerate(bins):
@@ -167,47 +173,3 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
     frame.attrs["params"] = {"bins": list(bins), "seed": int(seed), "removal": "delete ids",
                              "bin_rounding": "max(1, floor(frac * n + 0.5))"}
     return frame
-
-
-#: Removals tried in the first round of the flip search; each further round doubles the reach.
-FLIP_FIRST_ROUND = 4
-
-
-def _first_flips(engine: Engine, examples: Sequence[PreparedExample], named: Mapping[str, list[torch.Tensor]],
-                 predicted: Sequence[int]) -> dict[tuple[int, str], int | None]:
-    """(example, ranking) -> the number j of top-ranked scorable tokens whose removal first changes
-    the predicted class (None: never, even with all removed).
-
-    The rows "top j removed" are run in rounds (j <= 4, then <= 8, 16, ...), all pending
-    (example, ranking) pairs together, and a pair stops at its first flip: the rows after it
-    could not change the answer, so they are never run (a ranking that flips early, as a good
-    one does, costs a few rows instead of one per token). Rows equal to erasure rows come from
-    the engine's cache.
-    """
-    pending: dict[tuple[int, str], tuple[PreparedExample, tuple[int, ...], list[int]]] = {}
-    for i, example in enumerate(examples):
-        ids = tuple(int(x) for x in example.input_ids)
-        for name, scores in named.items():
-            order = ranked_positions(example, scores[i])
-            if order:
-                pending[(i, name)] = (example, ids, order)
-    found: dict[tuple[int, str], int | None] = {}
-    start, stop = 0, FLIP_FIRST_ROUND
-    while pending:
-        asked: list[tuple[tuple[int, str], int]] = []
-        rows = []
-        for key, (example, ids, order) in pending.items():
-            for j in range(start, min(stop, len(order))):
-                removed = set(order[: j + 1])
-                asked.append((key, j + 1))
-                rows.append((tuple(x for s, x in enumerate(ids) if s not in removed), example))
-        labels = engine.predicted_labels(rows).tolist() if rows else []
-        for (key, j), label in zip(asked, labels):
-            if key in pending and label not in (predicted[key[0]], -1):
-                found[key] = j  # rows are in increasing j per pair: the first hit is the first flip
-                del pending[key]
-        for key in [k for k, (_, _, order) in pending.items() if stop >= len(order)]:
-            found[key] = None
-            del pending[key]
-        start, stop = stop, stop * 2
-    return found
