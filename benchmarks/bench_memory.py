@@ -1,17 +1,23 @@
 """Benchmark: peak memory of attention capture against sequence length, row-only vs full.
 
-A random Llama with GQA (4 layers, 8 query heads sharing 2 kv heads, hidden 256, 8k positions)
+A random Llama with GQA (4 layers, 8 query heads sharing 2 kv heads, hidden 256, 32k positions)
 reads T random tokens, T in {128, 512, 2048, 4096}. Modes, each measured in a fresh process:
 
 * ``forward``  the plain forward pass (the baseline every mode includes)
 * ``row``      capture of the last token's row at every layer and head: [layer, head, T]
-* ``rollout``  probe's rollout of the last token (streams one [T, T] product through the layers)
+* ``rollout``  probe's rollout of the last token: its row carried from the top layer down, each
+               layer's attention formed 256 query rows at a time from the kept queries and keys
+               (memory linear in T)
+* ``stream``   the rollout before issue 18: one [T, T] product streamed through the layers
 * ``full``     capture of every row at every layer and head: [layer, head, T, T]
+
+Modes quadratic in T (``stream``, ``full``) run only up to ``--quadratic-max`` tokens (4096), so
+``--lengths 128 512 2048 4096 32768`` shows the linear modes at 32k.
 
 Peak memory is what the operation adds above the loaded model: CUDA's peak allocated memory on a
 GPU, the process's peak resident set on the CPU (coarser: it includes the allocator's slack).
 
-    python benchmarks/bench_memory.py [--device cpu|cuda] [--lengths 128 512 2048 4096]
+    python benchmarks/bench_memory.py [--device cpu|cuda] [--lengths 128 512 2048 4096] [--quadratic-max 4096]
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("forward", "row", "rollout", "full")
+MODES = ("forward", "row", "rollout", "stream", "full")
+QUADRATIC = ("stream", "full")
 
 
 def build_model(folder: str) -> None:
@@ -34,14 +41,14 @@ def build_model(folder: str) -> None:
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=8192,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32768,
                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
     LlamaForCausalLM(config).save_pretrained(folder)
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                            model_max_length=8192, padding_side="right").save_pretrained(folder)
+                            model_max_length=32768, padding_side="right").save_pretrained(folder)
 
 
 def peak_bytes(device: str) -> int:
@@ -78,6 +85,13 @@ def child(folder: str, mode: str, length: int, device: str) -> None:
                 pm.model(input_ids=ids, attention_mask=mask)
                 weights = cap.maps().weights  # [1, layer, head, rows, T]
             held = weights.numel() * weights.element_size()
+        elif mode == "stream":
+            from probe.explain.attention import _encoder_stream, row_batches
+
+            example = PreparedExample(text="", input_ids=ids[0].tolist(), special=[False] * length, tokens=[""] * length,
+                                      kind="logprob", target_ids=[3])
+            for batch, tq in row_batches(pm, [example], 1):
+                _encoder_stream(pm, batch, tq)
         else:
             example = PreparedExample(text="", input_ids=ids[0].tolist(), special=[False] * length, tokens=[""] * length,
                                       kind="logprob", target_ids=[3])
@@ -92,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 4096])
+    parser.add_argument("--quadratic-max", type=int, default=4096, help="longest T for the modes quadratic in T")
     parser.add_argument("--child", nargs=3, metavar=("FOLDER", "MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -104,18 +119,24 @@ def main() -> None:
               flush=True)
         for length in args.lengths:
             for mode in MODES:
+                if mode in QUADRATIC and length > args.quadratic_max:
+                    continue
                 out = subprocess.run([sys.executable, __file__, "--device", args.device, "--child", folder, mode,
                                       str(length)], capture_output=True, text=True, env={**os.environ})
                 if out.returncode != 0:
                     raise SystemExit(out.stderr[-2000:])
                 results[(length, mode)] = json.loads(out.stdout.strip().splitlines()[-1])
-            mib = {m: results[(length, m)]["extra_bytes"] / 2**20 for m in MODES}
+            mib = {m: results[(length, m)]["extra_bytes"] / 2**20 if (length, m) in results else float("nan")
+                   for m in MODES}
+            if (length, "full") not in results:
+                print(f"{length:>6} " + " ".join(f"{mib[m]:>15.1f}" for m in MODES), flush=True)
+                continue
             held_row = results[(length, "row")]["held_bytes"]
             held_full = results[(length, "full")]["held_bytes"]
             ratio = mib["full"] / max(mib["row"], 1e-9)
             print(f"{length:>6} " + " ".join(f"{mib[m]:>15.1f}" for m in MODES)
                   + f" {ratio:>10.1f} {held_full / max(held_row, 1):>14.0f}", flush=True)
-        last = max(args.lengths)
+        last = max(length for length in args.lengths if (length, "full") in results)
         row, full = results[(last, "row")], results[(last, "full")]
         print(f"at T = {last}: full capture adds {full['extra_bytes'] / 2**20:.0f} MiB, row capture "
               f"{row['extra_bytes'] / 2**20:.0f} MiB (ratio {full['extra_bytes'] / max(row['extra_bytes'], 1):.1f}x); "

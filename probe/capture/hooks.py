@@ -134,8 +134,28 @@ Editor = Callable[[torch.Tensor, EditContext], torch.Tensor]
 Observer = Callable[[torch.Tensor, EditContext], None]
 
 
+@dataclass(frozen=True)
+class AttentionInputs:
+    """What one attention call was given, for a reader to recompute any block of its weights later
+    with :mod:`probe.capture.math` (``allowed_keys``, ``head_mean_weights``): nothing is computed
+    during the forward pass, and a reader that keeps these holds memory linear in the length."""
+
+    query: torch.Tensor  # [batch, head, query, head_dim] as the attention function received it
+    key: torch.Tensor  # [batch, kv_head, key, head_dim]
+    attention_mask: torch.Tensor | None  # the mask the model passed ([B|1, 1|H, Q, K]) or None
+    is_causal: bool
+    scaling: float | None
+    position_bias: torch.Tensor | None
+    softcap: float | None
+
+
+# A reader is handed a layer's AttentionInputs (detached); the model's own kernel runs unchanged.
+Reader = Callable[[AttentionInputs], None]
+
+
 class _Session:
-    def __init__(self, model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers=None):
+    def __init__(self, model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers=None,
+                 readers=None):
         self.contract = contract
         modules = dict(model.named_modules())
         self.where: dict[int, tuple[str, int]] = {}
@@ -148,6 +168,7 @@ class _Session:
         self.masks = masks
         self.editors = dict(editors or {})
         self.observers = dict(observers or {})
+        self.readers = dict(readers or {})
         self.keep_grad = keep_grad
         self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.calls: dict[tuple[str, int], int] = {}
@@ -187,6 +208,13 @@ class _Session:
     def call(self, place, original, module, query, key, value, attention_mask, *args, **kwargs):
         stack, layer = place
         self.calls[place] = self.calls.get(place, 0) + 1
+        reader = self.readers.get(place)
+        if reader is not None:
+            causal = kwargs.get("is_causal")
+            reader(AttentionInputs(query=query.detach(), key=key.detach(), attention_mask=attention_mask,
+                                   is_causal=bool(getattr(module, "is_causal", False)) if causal is None else bool(causal),
+                                   scaling=kwargs.get("scaling"), position_bias=kwargs.get("position_bias"),
+                                   softcap=kwargs.get("softcap")))
         editor = self.editors.get(place)
         observer = self.observers.get(place) if editor is None else None
         wants = self._wants(stack, layer)
@@ -325,6 +353,7 @@ def capture_attention(
     editors: Mapping[tuple[str, int], Editor] | None = None,
     keep_grad: bool = False,
     observers: Mapping[tuple[str, int], Observer] | None = None,
+    readers: Mapping[tuple[str, int], Reader] | None = None,
 ):
     """Record attention of ``probe_model`` during the forward passes run inside the block.
 
@@ -335,6 +364,8 @@ def capture_attention(
     observers: ``{(stack, layer): fn}`` calls ``fn(head_mean, context)`` with the head mean of that
     layer's full attention [batch, query, key] (fp32), computed one head at a time, while
     the model's own kernel computes the output (a layer with an editor shows the editor instead).
+    readers: ``{(stack, layer): fn}`` calls ``fn(AttentionInputs)`` with that layer's query, keys and
+    mask as the attention function received them (rollout in memory linear in the length).
     """
     contract = probe_model.contract
     model = probe_model.model
@@ -351,7 +382,11 @@ def capture_attention(
         masks = {"encoder": attention_mask, "decoder": decoder_attention_mask, "cross": decoder_attention_mask}
     else:
         masks = {stack: attention_mask for stack in contract.stacks}
-    session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers)
+    for stack, layer in (readers or {}):
+        if (stack, layer) not in contract.module_paths:
+            raise CaptureError(f"cannot read {stack} layer {layer}: the model has no such attention module")
+    session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers,
+                       readers)
     implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
     with _LOCK:
         _install(implementation)

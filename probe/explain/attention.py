@@ -276,19 +276,83 @@ def _encoder_stream(pm, batch: RowBatch, tq: TargetQueries, *, keep_width: int |
     return stream, cross
 
 
+#: Query rows of one layer's residual attention formed at once by the row-only rollout: memory
+#: ``ROLLOUT_BLOCK x T`` per block instead of ``T x T``.
+ROLLOUT_BLOCK = 256
+
+
+def _rollout_target_rows(pm, batch: RowBatch, tq: TargetQueries, *, block: int = ROLLOUT_BLOCK) -> torch.Tensor:
+    """Rollout rows of the one target query per example, ``[batch, layer, T]``, in memory linear in T.
+
+    r_l = e_q A_l ... A_0 is taken from the top layer down, r <- r A_k, for every layer's row at
+    once ([batch, layer, T] vectors), with each A_k formed ``block`` query rows at a time from the
+    queries and keys the forward pass handed the attention function (kept per layer, linear in T).
+    Equal to the streamed [T, T] product (:class:`_ResidualStream`) up to float rounding.
+    """
+    from probe.capture import math as amath
+
+    stack = tq.stack
+    n_layers = pm.contract.stacks[stack].n_layers
+    kept: dict[int, object] = {}
+    readers = {(stack, layer): (lambda inputs, layer=layer: kept.__setitem__(layer, inputs)) for layer in range(n_layers)}
+    with torch.no_grad(), capture_attention(pm, readers=readers, layers={stack: ()}, stacks=[stack],
+                                            **capture_masks(batch)):
+        pm.model(**batch.inputs)
+    if len(kept) != n_layers:
+        raise CaptureError(f"rollout saw {len(kept)} of {n_layers} {stack} layers")
+    home = tq.rows.device
+    n_rows, length = tq.rows.shape[0], kept[0].key.shape[2]
+    start_row = torch.zeros(n_rows, 1, length, device=home)  # [batch, 1, T]: e_q
+    start_row.scatter_(2, tq.rows[:, :1, None], 1.0)
+    vectors = start_row[:, :0]  # [batch, rows so far, T]; row j is layer n_layers - 1 - j
+    with torch.no_grad():
+        for layer in reversed(range(n_layers)):
+            inputs = kept.pop(layer)
+            vectors = torch.cat([vectors, start_row], dim=1)  # [batch, m, T]
+            product = torch.zeros_like(vectors)
+            for first in range(0, length, block):
+                last = min(length, first + block)
+                part = vectors[:, :, first:last]  # [batch, m, R]
+                if not bool(part.any()):
+                    continue  # these query rows carry no rollout mass (causal models: after the target)
+                rows = torch.arange(first, last, device=inputs.query.device).expand(n_rows, -1)  # [batch, R]
+                allowed = amath.allowed_keys(inputs.attention_mask, batch=n_rows, q_len=inputs.query.shape[2],
+                                             k_len=length, is_causal=inputs.is_causal, rows=rows,
+                                             device=inputs.query.device)
+                bias = None if inputs.position_bias is None else inputs.position_bias[:, :, first:last]
+                mean = amath.head_mean_weights(inputs.query[:, :, first:last], inputs.key, allowed,
+                                               scaling=inputs.scaling, position_bias=bias,
+                                               softcap=inputs.softcap).to(home)  # [batch, R, T]
+                # A = 0.5 W + 0.5 I with rows renormalised, on this block of rows
+                mean.mul_(0.5)[:, :, first:last].diagonal(dim1=-2, dim2=-1).add_(0.5)
+                mean.div_(mean.sum(dim=-1, keepdim=True))
+                product.add_(part @ mean)  # [batch, m, T]
+                del mean, allowed
+            vectors = product
+            del inputs
+    return vectors.flip(1)  # [batch, layer, T], layer 0 first
+
+
 def rollout(pm, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
     """Attention rollout (Abnar & Zuidema): [layer, tokens], row of the target in A_l ... A_0.
 
-    Computed in fp32, streaming: one running [batch, T, T] product, never all layers' maps. For
-    seq2seq the target row at decoder layer l is that layer's head-mean cross-attention (averaged
-    over the predicting positions, no residual: the decoder stream holds no encoder token) times
-    the full encoder rollout.
+    Computed in fp32. With one target query per example (classifiers, causal LMs) the target's
+    row is carried from the top layer down through each layer's residual attention, formed a
+    block of query rows at a time from the kept queries and keys: memory linear in T
+    (:func:`_rollout_target_rows`). For seq2seq the target row at decoder layer l is that layer's
+    head-mean cross-attention (averaged over the predicting positions, no residual: the decoder
+    stream holds no encoder token) times the full encoder rollout, streamed as one running
+    [batch, T, T] product, never all layers' maps.
     """
     scores: list[torch.Tensor] = []
     stack = None
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
             stack = tq.stack
+            if pm.task != "seq2seq" and tq.rows.shape[1] == 1:
+                rows = _rollout_target_rows(pm, batch, tq)  # [batch, layer, T]
+                scores += _crop(rows, tq.lengths)
+                continue
             stream, cross = _encoder_stream(pm, batch, tq)
             if cross is None:
                 rows = torch.stack(stream.rows, dim=1)  # [batch, layer, T]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -52,6 +53,7 @@ from probe.explain.target import (PreparedExample, RowBatch, build_rows, example
 
 GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
 BASELINES = ("pad", "zero", "mask", "unk")
+AUTO_STEPS = (16, 32, 64, 128, 256, 512)  # Gauss-Legendre points tried by steps="auto", in order
 IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
 
 SITES = ("word", "embeddings")
@@ -323,18 +325,12 @@ def saliency(pm, examples: Sequence[PreparedExample], *, site: str | None = None
     The norm is the common "saliency" of NLP work (Li et al. 2016 style); see
     :func:`saliency_sum` for the signed variant.
     """
-    grads, problem = _gradients(pm, examples, times_input=False, site=site)
-    scores = grads.norm(dim=-1)  # [rows, width]
-    params = {**_common_params(pm, problem), "reduction": "l2 norm over embedding dim", "signed": False}
-    return TokenScores(method="saliency", scores=_per_example(scores, problem), params=params)
+    return _from_gradients(pm, "saliency", *_gradients(pm, examples, times_input=False, site=site))
 
 
 def saliency_sum(pm, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
     """Signed sum over the embedding dim of d target / d word embedding."""
-    grads, problem = _gradients(pm, examples, times_input=False, site=site)
-    scores = grads.sum(dim=-1)  # [rows, width]
-    params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True}
-    return TokenScores(method="saliency_sum", scores=_per_example(scores, problem), params=params)
+    return _from_gradients(pm, "saliency_sum", *_gradients(pm, examples, times_input=False, site=site))
 
 
 def input_x_gradient(pm, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
@@ -344,10 +340,45 @@ def input_x_gradient(pm, examples: Sequence[PreparedExample], *, site: str | Non
     ``abs()`` of these scores to reproduce them (kept signed here so no information is lost).
     """
     products, problem = _gradients(pm, examples, times_input=True, site=site)
-    scores = products.sum(dim=-1)  # [rows, width]
-    params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True,
-              "note": "Jain & Wallace 2019 take |score|"}
-    return TokenScores(method="input_x_gradient", scores=_per_example(scores, problem), params=params)
+    return _from_gradients(pm, "input_x_gradient", products, problem, times_input=True)
+
+
+#: Methods computed from one gradient of the target: :func:`shared_gradient_scores` runs one
+#: forward/backward for any set of them.
+SHARED_GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient")
+
+
+def _from_gradients(pm, method: str, values: torch.Tensor, problem: _EmbeddingForward, *,
+                    times_input: bool = False) -> TokenScores:
+    """``method``'s TokenScores from ``[rows, width, dim]`` gradients (embedding x gradient when
+    ``times_input``; input_x_gradient takes the product, the saliencies the gradient)."""
+    if method == "input_x_gradient":
+        products = values if times_input else values * problem.embeds
+        params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True,
+                  "note": "Jain & Wallace 2019 take |score|"}
+        return TokenScores(method=method, scores=_per_example(products.sum(dim=-1), problem), params=params)
+    if method == "saliency":
+        params = {**_common_params(pm, problem), "reduction": "l2 norm over embedding dim", "signed": False}
+        return TokenScores(method=method, scores=_per_example(values.norm(dim=-1), problem), params=params)
+    params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True}
+    return TokenScores(method=method, scores=_per_example(values.sum(dim=-1), problem), params=params)
+
+
+def shared_gradient_scores(pm, examples: Sequence[PreparedExample], methods: Sequence[str], *,
+                           site: str | None = None) -> dict[str, TokenScores]:
+    """Every method of ``methods`` (a subset of :data:`SHARED_GRADIENT_METHODS`) from one
+    forward/backward per width bucket: they all read the same d target / d word embedding, so a
+    study asking for saliency and input x gradient pays for one gradient, not two."""
+    unknown = [m for m in methods if m not in SHARED_GRADIENT_METHODS]
+    if unknown:
+        raise InputError(f"{unknown[0]!r} is not computed from a plain gradient: share only "
+                         f"{', '.join(SHARED_GRADIENT_METHODS)}")
+    buckets = width_buckets(pm, examples, points=1)
+    parts = []
+    for bucket in buckets:
+        grads, problem = _gradients(pm, [examples[i] for i in bucket], times_input=False, site=site)
+        parts.append({m: _from_gradients(pm, m, grads, problem) for m in methods})
+    return {m: join_buckets([part[m] for part in parts], buckets) for m in methods}
 
 
 # ---------------------------------------------------------------------------
@@ -427,9 +458,10 @@ def _values(problem: _EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: str = "pad", steps: int = 50,
+def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: str = "pad", steps: int | str = 50,
                          rule: str = "gausslegendre", internal_batch_size: int | str | None = "auto",
-                         keep_special: bool = False, site: str | None = None) -> TokenScores:
+                         keep_special: bool = False, site: str | None = None, tolerance: float = 0.05,
+                         max_steps: int = AUTO_STEPS[-1]) -> TokenScores:
     """captum ``IntegratedGradients`` from ``baseline`` to the site's embeddings; scores sum over dim.
 
     ``baseline``: pad (embedding of the pad id), zero, mask or unk (where the tokenizer has them),
@@ -443,6 +475,14 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
     ``extras``: ``convergence_delta`` per example = sum of attributions - (f(x) - f(baseline)),
     captum's completeness definition; ``target_value`` f(x) and ``baseline_value`` f(baseline).
 
+    ``steps="auto"``: IG that knows when it is done. Each example starts at
+    ``AUTO_STEPS[0]`` points and is rerun with twice the points while its completeness delta is
+    above ``tolerance`` x |f(x) - f(baseline)| (Sundararajan et al. 2017 suggest checking 5%) and
+    above :data:`AUTO_ABSOLUTE_TOLERANCE`, up to ``max_steps``; Gauss-Legendre points are not
+    nested, so a rerun starts afresh (at most about twice the points of the final run). Extras
+    add ``steps_used`` and ``converged`` per example, and ``delta_by_steps`` (``[[steps, delta],
+    ...]``, every try) so a report can show delta against steps.
+
     Watch the delta on RMSNorm models (Llama family): their word embedding enters a scale-invariant
     norm directly, so from a zero vector (``zero``, or ``pad`` where the pad row is zero because of
     ``padding_idx``; ``params["baseline_norm"]`` says) f barely moves along most of the path and
@@ -450,8 +490,12 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
     """
     from captum.attr import IntegratedGradients
 
-    if not isinstance(steps, int) or steps < 1:
-        raise InputError(f"steps must be a positive integer, got {steps!r}")
+    if steps == "auto":
+        return _integrated_gradients_auto(pm, examples, tolerance=tolerance, max_steps=max_steps, baseline=baseline,
+                                          rule=rule, internal_batch_size=internal_batch_size,
+                                          keep_special=keep_special, site=site)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError(f"steps must be a positive integer or auto, got {steps!r}")
     if rule not in IG_RULES:
         raise InputError(f"unknown integration rule {rule!r}: use one of {', '.join(IG_RULES)}")
     _check_internal_batch_size(internal_batch_size)
@@ -479,6 +523,55 @@ def integrated_gradients(pm, examples: Sequence[PreparedExample], *, baseline: s
               "baseline_value": at_baseline.tolist()}
     return TokenScores(method="integrated_gradients", scores=_per_example(scores, problem), params=params,
                        extras=extras)
+
+
+#: |delta| (target units) below which steps="auto" calls an example converged whatever its gap
+#: f(x) - f(baseline): a relative tolerance cannot be met when the gap itself is ~0.
+AUTO_ABSOLUTE_TOLERANCE = 1e-4
+
+
+def _integrated_gradients_auto(pm, examples: Sequence[PreparedExample], *, tolerance: float, max_steps: int,
+                               **params) -> TokenScores:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+        raise InputError(f"tolerance must be a positive fraction of |f(x) - f(baseline)| (e.g. 0.05), got {tolerance!r}")
+    ladder = [s for s in AUTO_STEPS if s <= max_steps] if isinstance(max_steps, int) else []
+    if isinstance(max_steps, bool) or not ladder:
+        raise InputError(f"max_steps must be an integer >= {AUTO_STEPS[0]} (steps auto tries "
+                         f"{', '.join(map(str, AUTO_STEPS))}), got {max_steps!r}")
+    n = len(examples)
+    final: list[TokenScores | None] = [None] * n  # per example: its last try, a batch of one
+    position = [0] * n
+    history: list[list[list[float]]] = [[] for _ in range(n)]
+    converged = [False] * n
+    remaining = list(range(n))
+    first = None
+    for steps in ladder:
+        if not remaining:
+            break
+        chosen = [examples[i] for i in remaining]
+        buckets = width_buckets(pm, chosen, points=steps + 2)
+        result = join_buckets([integrated_gradients(pm, [chosen[i] for i in bucket], steps=steps, **params)
+                               for bucket in buckets], buckets)
+        first = first or result
+        still = []
+        for j, i in enumerate(remaining):
+            delta = result.extras["convergence_delta"][j]
+            gap = result.extras["target_value"][j] - result.extras["baseline_value"][j]
+            history[i].append([steps, delta])
+            final[i], position[i] = result, j
+            if abs(delta) <= max(tolerance * abs(gap), AUTO_ABSOLUTE_TOLERANCE):
+                converged[i] = True
+            else:
+                still.append(i)
+        remaining = still
+    extras = {key: [final[i].extras[key][position[i]] for i in range(n)]
+              for key in ("convergence_delta", "target_value", "baseline_value")}
+    extras.update({"steps_used": [int(history[i][-1][0]) for i in range(n)], "converged": converged,
+                   "delta_by_steps": history})
+    params_out = {**first.params, "steps": "auto", "tolerance": tolerance, "max_steps": ladder[-1],
+                  "auto_steps": ladder, "absolute_tolerance": AUTO_ABSOLUTE_TOLERANCE}
+    return TokenScores(method="integrated_gradients", scores=[final[i].scores[position[i]] for i in range(n)],
+                       params=params_out, extras=extras)
 
 
 #: Tokens (rows x model input width) one gradient forward/backward may hold when the chunk size is
@@ -602,7 +695,98 @@ GRADIENT_EXPLAINERS: dict[str, Callable[..., TokenScores]] = {
 
 
 def gradient_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
-    """Run the gradient explainer called ``method`` with its keyword ``params``."""
+    """Run the gradient explainer called ``method`` with its keyword ``params``, on width buckets
+    of the examples (:func:`width_buckets`) so that no pass pads a short example to a long one."""
     if method not in GRADIENT_EXPLAINERS:
         raise InputError(f"unknown gradient method {method!r}: use one of {', '.join(GRADIENT_METHODS)}")
-    return GRADIENT_EXPLAINERS[method](pm, examples, **params)
+    explainer = GRADIENT_EXPLAINERS[method]
+    if method == "integrated_gradients" and params.get("steps") == "auto":
+        return explainer(pm, examples, **params)  # buckets each round of its own
+    buckets = width_buckets(pm, examples, points=_points_per_example(method, params))
+    if len(buckets) == 1:
+        return explainer(pm, examples, **params)
+    return join_buckets([explainer(pm, [examples[i] for i in bucket], **params) for bucket in buckets], buckets)
+
+
+# ---------------------------------------------------------------------------
+# width buckets: no padding waste in gradient passes
+# ---------------------------------------------------------------------------
+
+#: Cost of one gradient forward/backward beyond its tokens, in token-equivalents; it decides only
+#: how examples of different widths are grouped, never the values. Measured on a shared 2-core CPU
+#: with builtin:minilm-rt: a call costs ~15 ms beyond ~0.25 ms per token and row (forward and
+#: backward), i.e. ~64 tokens; GPUs are launch bound.
+GRADIENT_CALL_OVERHEAD_TOKENS = {"cpu": 64, "cuda": 1024, "mps": 256}
+
+
+def _points_per_example(method: str, params: dict) -> int:
+    """Model inputs one example becomes in a gradient method (interpolation points, draws)."""
+    if method == "integrated_gradients":
+        steps = params.get("steps", 50)
+        return (steps if isinstance(steps, int) else 1) + 2
+    if method == "gradient_shap":
+        n_samples = params.get("n_samples", 20)
+        return (n_samples if isinstance(n_samples, int) else 1) + 2
+    return 1
+
+
+def _row_width(example: PreparedExample) -> int:
+    return len(example.input_ids) + len(example.target_ids)
+
+
+def width_buckets(pm, examples: Sequence[PreparedExample], *, points: int) -> list[list[int]]:
+    """Indices of ``examples`` in groups of similar width, each group one explainer call.
+
+    Every example becomes ``points`` model inputs padded to its group's widest row, and every pass
+    holds at most :data:`GRADIENT_TOKEN_BUDGET` tokens; a dynamic programme over the examples
+    sorted by width picks the cuts that minimise padded tokens plus
+    :data:`GRADIENT_CALL_OVERHEAD_TOKENS` per pass. Within a group the order is the examples'
+    own. Grouping changes which rows share a pass, never a value (padding is masked and
+    attributions are per row: batch of 1 equals batch of N).
+    """
+    if not examples:
+        return [[]]
+    device = str(getattr(pm, "device", "cpu")).split(":")[0]
+    overhead = GRADIENT_CALL_OVERHEAD_TOKENS.get(device, 256)
+    widths = [_row_width(e) for e in examples]
+    order = sorted(range(len(examples)), key=lambda i: (widths[i], i))
+    best = [0.0] + [math.inf] * len(order)  # best[j]: cost of the first j examples (sorted)
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        width = widths[order[j - 1]]
+        per_pass = max(1, GRADIENT_TOKEN_BUDGET // width)  # inputs per pass
+        for i in range(j):
+            inputs = (j - i) * points
+            cost = best[i] + inputs * width + math.ceil(inputs / per_pass) * overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def join_buckets(parts: Sequence[TokenScores], buckets: Sequence[Sequence[int]]) -> TokenScores:
+    """One TokenScores in example order from one per bucket: scores and per-example ``extras``
+    lists are put back in place; params and other extras are the first part's."""
+    if len(parts) == 1 and list(buckets[0]) == list(range(len(buckets[0]))):
+        return parts[0]
+    n = sum(len(bucket) for bucket in buckets)
+    scores: list = [None] * n
+    for part, bucket in zip(parts, buckets):
+        for position, index in enumerate(bucket):
+            scores[index] = part.scores[position]
+    first = parts[0]
+    extras = {}
+    for key, value in first.extras.items():
+        if all(isinstance(part.extras.get(key), list) for part in parts):
+            joined: list = [None] * n
+            for part, bucket in zip(parts, buckets):
+                for position, index in enumerate(bucket):
+                    joined[index] = part.extras[key][position]
+            extras[key] = joined
+        else:
+            extras[key] = value
+    return TokenScores(method=first.method, scores=scores, params=first.params, per_head=first.per_head,
+                       per_layer=first.per_layer, extras=extras)

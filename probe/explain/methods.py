@@ -9,7 +9,7 @@ from probe.explain.scores import TokenScores
 from probe.names import ALL_METHODS, ATTENTION_METHODS, GRADIENT_METHODS, INTERVENTION_METHODS, method_family
 
 __all__ = ["ALL_METHODS", "ATTENTION_METHODS", "GRADIENT_METHODS", "INTERVENTION_METHODS", "family", "parse_methods",
-           "applicable_methods", "run_method", "run_methods"]
+           "applicable_methods", "run_method", "run_methods", "run_shared_gradients"]
 
 
 def family(method: str) -> str:
@@ -86,7 +86,10 @@ def _halving_examples(pm, examples, compute) -> TokenScores:
     examples)."""
     from probe.intervene.engine import in_halves
 
-    parts = in_halves(examples, lambda part, _: compute(part), device=pm.device)
+    return _join_parts(in_halves(examples, lambda part, _: compute(part), device=pm.device))
+
+
+def _join_parts(parts: Sequence[TokenScores]) -> TokenScores:
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
@@ -96,6 +99,16 @@ def _halving_examples(pm, examples, compute) -> TokenScores:
         extras[key] = [v for each in values for v in each] if all(isinstance(v, list) for v in values) else value
     return TokenScores(method=first.method, scores=[s for part in parts for s in part.scores], params=first.params,
                        per_head=first.per_head, per_layer=first.per_layer, extras=extras)
+
+
+def run_shared_gradients(pm, examples, methods: Sequence[str]) -> dict[str, TokenScores]:
+    """Saliency, saliency_sum and input x gradient (any of them, default parameters) from one
+    gradient pass (:func:`probe.explain.gradients.shared_gradient_scores`), halving on OOM."""
+    from probe.explain.gradients import shared_gradient_scores
+    from probe.intervene.engine import in_halves
+
+    parts = in_halves(examples, lambda part, _: shared_gradient_scores(pm, part, methods), device=pm.device)
+    return {m: _join_parts([part[m] for part in parts]) for m in methods}
 
 
 def run_methods(pm, examples, methods: Sequence[str], *, engine=None,

@@ -396,6 +396,26 @@ def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd
     return pd.concat(frames, ignore_index=True)
 
 
+def convergence_rows(first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
+    """IG's completeness delta per example and number of Gauss-Legendre points tried: one row per
+    try (``steps: auto`` tries several; ``final`` marks the one the scores come from), so a report
+    can show delta against steps."""
+    frames = []
+    for name, result in scores.items():
+        deltas = result.extras.get("convergence_delta")
+        if name != "integrated_gradients" or deltas is None:
+            continue
+        history = result.extras.get("delta_by_steps") or [[[result.params.get("steps"), d]] for d in deltas]
+        gaps = [t - b for t, b in zip(result.extras["target_value"], result.extras["baseline_value"])]
+        for i, tries in enumerate(history):
+            frames.append(pd.DataFrame({
+                "example": first_index + i, "method": name,
+                "steps": np.array([int(steps) for steps, _ in tries], dtype=np.int32),
+                "delta": np.array([float(delta) for _, delta in tries], dtype=np.float64), "gap": float(gaps[i]),
+                "final": np.arange(len(tries)) == len(tries) - 1}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def token_rows(examples, first_index: int, include_special: bool) -> pd.DataFrame:
     rows = []
     for i, e in enumerate(examples):
@@ -432,7 +452,8 @@ class ForwardCounter:
 
 def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.DataFrame], dict]:
     """Every table for one batch of dataset examples, and the batch's timings."""
-    from probe.explain.methods import run_method
+    from probe.explain.gradients import SHARED_GRADIENT_METHODS
+    from probe.explain.methods import run_method, run_shared_gradients
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import erasure, random_ranking
 
@@ -451,7 +472,11 @@ def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.
                                                                          [e.label for e in data_examples]))
         engine = Engine(pm, token_budget=study.engine.token_budget)
         scores = {}
-        for method in methods_needed(study):
+        needed = methods_needed(study)
+        shared = [m for m in needed if m in SHARED_GRADIENT_METHODS and not study.params.get(m)]
+        if len(shared) > 1:  # one gradient pass serves them all
+            scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared)))
+        for method in (m for m in needed if m not in scores):
             scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,
                                                                        params=study.params.get(m)))
         baselines = {}
@@ -474,6 +499,7 @@ def run_batch(pm, study, data_examples, first_index: int) -> tuple[dict[str, pd.
                 "n_scored": [sum(1 for s in e.special if study.statistics.include_special or not s) for e in examples]}),
             "tokens": token_rows(examples, first_index, study.statistics.include_special),
             "scores": score_rows(examples, first_index, scores),
+            "convergence": convergence_rows(first_index, scores),
         }
         left_out: list[dict] = []
         tables["agreement"] = timed("agreement", lambda: agreement_rows(study, examples, first_index, scores, baselines,

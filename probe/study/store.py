@@ -30,7 +30,7 @@ import pandas as pd
 from probe.errors import InputError
 
 FORMAT_VERSION = 1
-TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out")
+TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence")
 
 
 def _atomic_write(path: Path, write) -> None:

@@ -1,0 +1,405 @@
+"""probe's study against the naive floor in bare torch, ferret and captum, on one workload.
+
+The workload (issue 18), on N held-out rotten_tomatoes sentences and ``builtin:minilm-rt``:
+head-mean attention, saliency, input x gradient, integrated gradients (S Gauss-Legendre steps from
+the pad embedding), leave-one-out by [MASK], comprehensiveness and sufficiency at 10, 20, ..., 100%
+for the three gradient rankings, Kendall tau of each ranking against LOO.
+
+Contenders, each in a fresh process so none inherits another's warm caches, in interleaved rounds
+(floor, probe, ferret, captum, floor, probe, ...), each timing only its work (model loading and
+imports are outside the clock, except ``probe run`` whose whole process is timed separately):
+
+* ``floor``   per sentence, unpadded, bare torch: 1 eager forward with attentions; LOO as one
+              batch of T-2 copies; 1 forward+backward for saliency and input x gradient; IG as one
+              batch of S points + 1 backward; comprehensiveness/sufficiency as one batch of 60 rows.
+* ``probe``   ``run_study`` on benchmarks/peers_study.yaml (the same work as a study; probe also
+              runs its random ranking in the erasure curves): the clock is the sum of the batches'
+              wall time (the study steps); the statistics and the report are timed apart, and the
+              whole ``probe run`` process (imports, model load, statistics, report) once more.
+* ``ferret``  ferret-xai 0.4.2's ``Benchmark.explain`` + ``evaluate_explanations`` with Gradient,
+              GradientXInput, IntegratedGradients and AOPC comprehensiveness, AOPC sufficiency,
+              tau-LOO; it needs its own virtual environment (``--ferret-python``), skipped if absent.
+* ``captum``  the same work written with captum's attribution classes per sentence (Saliency,
+              InputXGradient, IntegratedGradients, FeatureAblation for LOO), erasure as the floor.
+
+    python benchmarks/bench_peers.py [--n 50] [--rounds 2] [--steps 50] [--threads 2]
+        [--only floor,probe] [--ferret-python /work/ferret-venv/bin/python]
+
+Prints seconds per contender and round, and every ratio to the floor and to ferret from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STUDY = HERE / "peers_study.yaml"
+CONTENDERS = ("floor", "probe", "ferret", "captum")
+#: ``--before DIR``: also run probe from another checkout (the code before a change), same round
+BINS = tuple(b / 10 for b in range(1, 11))  # 10, 20, ..., 100%
+
+
+# --------------------------------------------------------------------------- shared helpers (no probe)
+
+
+def bin_size(frac: float, n: int) -> int:
+    """Tokens in a bin: at least one, rounded half up, at most n (ERASER, as probe states it)."""
+    import math
+
+    return min(n, max(1, int(math.floor(frac * n + 0.5)))) if n > 0 else 0
+
+
+def gauss_legendre(steps: int):
+    """Gauss-Legendre nodes and weights on [0, 1]: ``[steps]`` alphas and ``[steps]`` weights."""
+    import numpy as np
+
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    return (nodes + 1) / 2, weights / 2
+
+
+def load_texts(n: int) -> list[str]:
+    from probe.data import load_dataset
+
+    return [e.text for e in load_dataset("builtin:rotten_tomatoes", split="test", n=n, seed=0)]
+
+
+def model_folder(name: str) -> str:
+    from probe.models.builtins import materialize_builtin
+
+    if Path(name).is_dir():  # a local classifier folder of the same architecture (e.g. while the built-in builds)
+        return str(Path(name).resolve())
+    return str(materialize_builtin(name.removeprefix("builtin:"), progress=False))
+
+
+# --------------------------------------------------------------------------- the floor
+
+
+def run_floor(folder: str, texts: list[str], steps: int) -> dict:
+    """The naive floor: per sentence, unpadded, bare torch and transformers, nothing else."""
+    import numpy as np
+    import torch
+    from scipy.stats import kendalltau
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
+    embed = model.get_input_embeddings()
+    alphas, weights = gauss_legendre(steps)
+    alphas = torch.tensor(alphas, dtype=torch.float32)  # [steps]
+    weights = torch.tensor(weights, dtype=torch.float32)  # [steps]
+    with torch.no_grad():
+        pad = embed(torch.tensor([tok.pad_token_id]))[0]  # [dim]
+
+    def probs(ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask).logits.softmax(-1)  # [rows, classes]
+
+    timings = {"attention": 0.0, "loo": 0.0, "gradients": 0.0, "integrated_gradients": 0.0, "erasure": 0.0,
+               "tau": 0.0}
+    taus = []
+    started = time.perf_counter()
+    for text in texts:
+        ids = torch.tensor(tok(text)["input_ids"])  # [T]
+        n_tokens = len(ids)
+        inner = torch.arange(1, n_tokens - 1)  # scorable positions: all but [CLS] and [SEP]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model(input_ids=ids[None], output_attentions=True)
+            p = out.logits[0].softmax(-1)  # [classes]
+            label = int(p.argmax())
+            attention = out.attentions[-1][0].mean(0)[0]  # [T]: last layer, head mean, [CLS] row
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            copies = ids.repeat(len(inner), 1)  # [T-2, T]
+            copies[torch.arange(len(inner)), inner] = tok.mask_token_id
+            loo = p[label] - probs(copies)[:, label]  # [T-2]
+        t2 = time.perf_counter()
+        with torch.enable_grad():
+            x = embed(ids[None]).detach().requires_grad_()  # [1, T, dim]
+            value = model(inputs_embeds=x).logits.softmax(-1)[0, label]
+            (grad,) = torch.autograd.grad(value, x)  # [1, T, dim]
+        saliency = grad[0].norm(dim=-1)  # [T]
+        ixg = (grad[0] * x[0].detach()).sum(-1)  # [T]
+        t3 = time.perf_counter()
+        with torch.enable_grad():
+            base = pad.expand_as(x[0])  # [T, dim]
+            diff = x[0].detach() - base  # [T, dim]
+            points = (base + alphas[:, None, None] * diff).requires_grad_()  # [steps, T, dim]
+            values = model(inputs_embeds=points).logits.softmax(-1)[:, label]  # [steps]
+            (grads,) = torch.autograd.grad(values, points, grad_outputs=weights)  # [steps, T, dim]
+        ig = (grads.sum(0) * diff).sum(-1)  # [T]
+        t4 = time.perf_counter()
+        rows = []
+        for ranking in (saliency, ixg, ig):
+            scores = ranking[inner].detach()
+            order = (inner[torch.argsort(-scores, stable=True)]).tolist()
+            n = len(order)
+            for frac in BINS:
+                top = set(order[:bin_size(frac, n)])
+                rows.append([t for s, t in enumerate(ids.tolist()) if s not in top])
+                rows.append([t for s, t in enumerate(ids.tolist()) if s in top or s in (0, n_tokens - 1)])
+        width = max(len(r) for r in rows)
+        batch = torch.full((len(rows), width), tok.pad_token_id)  # [60, width]
+        mask = torch.zeros(len(rows), width, dtype=torch.long)  # [60, width]
+        for r, row in enumerate(rows):
+            batch[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(row)] = 1
+        with torch.no_grad():
+            curves = p[label] - probs(batch, mask)[:, label]  # [60]: comp, suff alternating per bin
+        t5 = time.perf_counter()
+        reference = loo.numpy()
+        taus.append([kendalltau(r[inner].detach().numpy(), reference).statistic for r in (attention, saliency, ixg, ig)])
+        t6 = time.perf_counter()
+        for key, a, b in (("attention", t0, t1), ("loo", t1, t2), ("gradients", t2, t3),
+                          ("integrated_gradients", t3, t4), ("erasure", t4, t5), ("tau", t5, t6)):
+            timings[key] += b - a
+        del curves
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "steps": timings, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist()}
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def run_probe(texts: list[str], steps: int, out: str, n: int, model: str) -> dict:
+    import pandas as pd
+
+    from probe.study.runner import run_study
+    from probe.study.spec import load_study, study_from_dict
+
+    study = load_study(STUDY, n=n, out=out)
+    if model != study.model.id:
+        data = study.to_dict()
+        data["model"]["id"] = model
+        study = study_from_dict(data)
+    if steps != 50:
+        raise SystemExit("the study file fixes 50 steps; use --steps 50 for probe")
+    started = time.perf_counter()
+    result = run_study(study, progress=False, log=lambda _: None, report=True)
+    total = time.perf_counter() - started
+    root = Path(out)
+    infos = [json.loads(p.read_text()) for p in sorted((root / "done").glob("b*.json"))]
+    steps_seconds: dict[str, float] = {}
+    for info in infos:
+        for step, seconds in info.get("timings", {}).items():
+            steps_seconds[step] = steps_seconds.get(step, 0.0) + seconds
+    seconds = sum(info["wall_s"] for info in infos)
+    provenance = json.loads((root / "provenance.json").read_text())
+    examples = pd.read_parquet(root / "examples.parquet")
+    return {"seconds": float(seconds), "steps": {k: round(v, 2) for k, v in steps_seconds.items()},
+            "load_seconds": provenance.get("model_load_seconds"),
+            "outside_steps_seconds": total - seconds - provenance.get("model_load_seconds", 0.0),
+            "complete": result.complete, "same_texts": sorted(examples["text"]) == sorted(texts)}
+
+
+def run_probe_cli(n: int, out: str) -> dict:
+    """The whole ``probe run`` process: imports, model load, the study, statistics and the report."""
+    started = time.perf_counter()
+    cmd = [sys.executable, "-m", "probe", "run", str(STUDY), "--n", str(n), "--out", out, "--no-progress"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
+    total = time.perf_counter() - started
+    provenance = json.loads((Path(out) / "provenance.json").read_text())
+    return {"process_seconds": total, "study_seconds": provenance.get("wall_seconds"),
+            "load_seconds": provenance.get("model_load_seconds")}
+
+
+# --------------------------------------------------------------------------- captum
+
+
+def run_captum(folder: str, texts: list[str], steps: int) -> dict:
+    """The same work with captum's classes, one sentence at a time (its usual use)."""
+    import numpy as np
+    import torch
+    from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, Saliency
+    from scipy.stats import kendalltau
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
+    embed = model.get_input_embeddings()
+
+    def from_embeds(x, label):
+        return model(inputs_embeds=x).logits.softmax(-1)[:, label]
+
+    def from_ids(ids, label):
+        return model(input_ids=ids).logits.softmax(-1)[:, label]
+
+    taus = []
+    started = time.perf_counter()
+    for text in texts:
+        ids = torch.tensor([tok(text)["input_ids"]])  # [1, T]
+        n_tokens = ids.shape[1]
+        inner = torch.arange(1, n_tokens - 1)
+        with torch.no_grad():
+            out = model(input_ids=ids, output_attentions=True)
+            label = int(out.logits[0].argmax())
+            attention = out.attentions[-1][0].mean(0)[0]  # [T]
+        feature_mask = torch.arange(n_tokens)[None]  # [1, T]: one feature per token
+        loo = FeatureAblation(from_ids).attribute(ids, baselines=tok.mask_token_id, additional_forward_args=(label,),
+                                                  feature_mask=feature_mask, perturbations_per_eval=n_tokens)[0]  # f(x) - f(ablated)
+        x = embed(ids).detach()  # [1, T, dim]
+        grad = Saliency(from_embeds).attribute(x.clone().requires_grad_(), additional_forward_args=(label,), abs=False)
+        saliency = grad[0].norm(dim=-1)
+        ixg = InputXGradient(from_embeds).attribute(x.clone().requires_grad_(), additional_forward_args=(label,))[0].sum(-1)
+        with torch.no_grad():
+            base = embed(torch.tensor([[tok.pad_token_id]])).expand_as(x)
+        ig = IntegratedGradients(from_embeds).attribute(x.clone().requires_grad_(), baselines=base, n_steps=steps,
+                                                        additional_forward_args=(label,))[0].sum(-1)
+        rows = []
+        for ranking in (saliency, ixg, ig):
+            order = inner[torch.argsort(-ranking[inner].detach(), stable=True)].tolist()
+            for frac in BINS:
+                top = set(order[:bin_size(frac, len(order))])
+                rows.append([t for s, t in enumerate(ids[0].tolist()) if s not in top])
+                rows.append([t for s, t in enumerate(ids[0].tolist()) if s in top or s in (0, n_tokens - 1)])
+        width = max(len(r) for r in rows)
+        batch = torch.full((len(rows), width), tok.pad_token_id)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, row in enumerate(rows):
+            batch[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(row)] = 1
+        with torch.no_grad():
+            model(input_ids=batch, attention_mask=mask)
+        reference = loo[inner].detach().numpy()
+        taus.append([kendalltau(r[inner].detach().numpy(), reference).statistic for r in (attention, saliency, ixg, ig)])
+    return {"seconds": time.perf_counter() - started, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist()}
+
+
+# --------------------------------------------------------------------------- ferret (its own venv)
+
+
+def run_ferret(folder: str, texts: list[str], steps: int) -> dict:
+    if steps != 50:
+        raise SystemExit("ferret's IntegratedGradientExplainer runs captum's default, 50 steps: use --steps 50")
+    import torch
+    from ferret import AOPC_Comprehensiveness_Evaluation, AOPC_Sufficiency_Evaluation, Benchmark, TauLOO_Evaluation
+    from ferret import GradientExplainer, IntegratedGradientExplainer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
+    explainers = [GradientExplainer(model, tok, multiply_by_inputs=False),
+                  GradientExplainer(model, tok, multiply_by_inputs=True),
+                  IntegratedGradientExplainer(model, tok, multiply_by_inputs=True)]
+    evaluators = [AOPC_Comprehensiveness_Evaluation(model, tok), AOPC_Sufficiency_Evaluation(model, tok),
+                  TauLOO_Evaluation(model, tok)]
+    bench = Benchmark(model, tok, explainers=explainers, evaluators=evaluators)
+    started = time.perf_counter()
+    for text in texts:
+        with torch.no_grad():
+            label = int(model(**tok(text, return_tensors="pt")).logits[0].argmax())
+        explanations = bench.explain(text, target=label, show_progress=False)  # captum's IG default: 50 steps
+        bench.evaluate_explanations(explanations, target=label, show_progress=False)
+    return {"seconds": time.perf_counter() - started}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def child(args) -> None:
+    torch_threads(args.threads)
+    texts = json.loads(Path(args.texts).read_text())
+    if args.child == "floor":
+        result = run_floor(args.folder, texts, args.steps)
+    elif args.child in ("probe", "probe_before"):
+        result = run_probe(texts, args.steps, args.out, len(texts), args.model)
+    elif args.child == "probe_cli":
+        result = run_probe_cli(len(texts), args.out)
+    elif args.child == "captum":
+        result = run_captum(args.folder, texts, args.steps)
+    else:
+        result = run_ferret(args.folder, texts, args.steps)
+    print("RESULT " + json.dumps(result))
+
+
+def torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def spawn(python: str, name: str, args, texts_path: str, folder: str, workdir: str) -> dict | None:
+    out = tempfile.mkdtemp(prefix=f"peers-{name}-", dir=workdir)
+    cmd = [python, str(Path(__file__).resolve()), "--child", name, "--texts", texts_path, "--folder", folder,
+           "--steps", str(args.steps), "--threads", str(args.threads), "--out", out, "--model", args.model]
+    env = {**os.environ, **({"PYTHONPATH": args.before} if name == "probe_before" else {}), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        print(f"  {name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ['?']}")
+        return None
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="builtin:minilm-rt")
+    parser.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    parser.add_argument("--cli", action="store_true", help="also time one whole `probe run` process per round")
+    parser.add_argument("--ferret-python", default="/work/ferret-venv/bin/python")
+    parser.add_argument("--before", help="a checkout of probe to time as probe_before (PYTHONPATH)")
+    parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli", "probe_before"), help=argparse.SUPPRESS)
+    parser.add_argument("--texts", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    wanted = [c.strip() for c in args.only.split(",") if c.strip()]
+    for name in wanted:
+        if name not in CONTENDERS:
+            raise SystemExit(f"unknown contender {name!r}: use {', '.join(CONTENDERS)}")
+    if "ferret" in wanted and not Path(args.ferret_python).exists():
+        print(f"ferret: {args.ferret_python} not found, skipped (see the docstring to build its venv)")
+        wanted.remove("ferret")
+    folder = model_folder(args.model)
+    texts = load_texts(args.n)
+    workdir = tempfile.mkdtemp(prefix="bench-peers-")
+    texts_path = str(Path(workdir) / "texts.json")
+    Path(texts_path).write_text(json.dumps(texts))
+    print(f"{args.model}: {len(texts)} rotten_tomatoes sentences, IG {args.steps} steps, {args.threads} threads; "
+          f"load {os.getloadavg()[0]:.1f} (1-min average) at start")
+    extra = (["probe_before"] if args.before else []) + (["probe_cli"] if args.cli else [])
+    runs: dict[str, list[dict]] = {name: [] for name in wanted + extra}
+    for round_ in range(args.rounds):
+        for name in runs:
+            python = args.ferret_python if name == "ferret" else sys.executable
+            result = spawn(python, name, args, texts_path, folder, workdir)
+            if result is not None:
+                runs[name].append(result)
+                shown = result.get("seconds", result.get("process_seconds"))
+                print(f"round {round_ + 1} {name:<10}{shown:>8.1f} s  {json.dumps({k: v for k, v in result.items() if k != 'seconds'})}")
+    print(f"load {os.getloadavg()[0]:.1f} (1-min average) at the end")
+    print()
+    print(f"{'contender':<12}" + "".join(f"{'round ' + str(r + 1):>10}" for r in range(args.rounds))
+          + f"{'/ floor':>10}{'ferret /':>10}")
+    for name, results in runs.items():
+        if name == "probe_cli" or not results:
+            continue
+        cells = "".join(f"{r['seconds']:>10.1f}" for r in results)
+        floor = [r["seconds"] for r in runs.get("floor", [])]
+        ferret = [r["seconds"] for r in runs.get("ferret", [])]
+        to_floor = ", ".join(f"{a / b:.2f}" for a, b in zip((r["seconds"] for r in results), floor)) if floor else "-"
+        from_ferret = ", ".join(f"{b / a:.2f}" for a, b in zip((r["seconds"] for r in results), ferret)) if ferret else "-"
+        print(f"{name:<12}{cells}   {to_floor:>10}   {from_ferret:>10}")
+    for r in runs.get("probe_cli", []):
+        overhead = r["process_seconds"] - (r["study_seconds"] or 0.0)
+        print(f"probe run process {r['process_seconds']:.1f} s: study steps {r['study_seconds']:.1f} s, model load "
+              f"{r['load_seconds']:.1f} s, everything else (imports, statistics, report) {overhead - r['load_seconds']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Issue 18's speed work: width buckets for gradient passes, one gradient shared by saliency and
+input x gradient, integrated gradients with ``steps: auto``, and rollout in memory linear in T.
+
+Every speed-up is checked against the plain computation it replaces (oracles: the explainer run on
+all examples in one call, each example alone, captum at a fixed number of steps).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from probe.errors import InputError
+from probe.explain import gradients as G
+from probe.explain.target import prepare
+from tiny_models import TINY_KINDS
+
+# widths from 4 to ~40 tokens: buckets are cut between the short and the long ones
+TEXTS = ["bad film", "the movie was good and the cast was great , the music too , and the story moved me "
+         "from the first scene to the very last one", "not a good movie , but fun", "awful",
+         "i loved every minute of it , the acting , the score , the photography , all of it"]
+
+
+# --------------------------------------------------------------------------- width buckets
+
+
+def test_width_buckets_partition_the_examples_by_width(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS)
+    widths = [len(e.input_ids) for e in examples]
+    buckets = G.width_buckets(pm, examples, points=52)
+    assert sorted(i for b in buckets for i in b) == list(range(len(examples)))
+    assert all(b == sorted(b) for b in buckets)
+    assert len(buckets) > 1  # 50 points of a 4-token example are not padded to 40 tokens
+    # groups follow width: every example of a group is no wider than any of the next group
+    for a, b in zip(buckets, buckets[1:]):
+        assert max(widths[i] for i in a) <= min(widths[i] for i in b)
+    # one point per example and tiny widths: one call beats several
+    assert len(G.width_buckets(pm, examples[:1] * 3, points=1)) == 1
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_bucketed_integrated_gradients_equal_one_call(loaded, kind):
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    assert len(G.width_buckets(pm, examples, points=10)) > 1 or kind == "t5"
+    bucketed = G.gradient_scores(pm, examples, "integrated_gradients", steps=8)
+    whole = G.integrated_gradients(pm, examples, steps=8)
+    for i in range(len(examples)):
+        torch.testing.assert_close(bucketed.scores[i], whole.scores[i], atol=2e-5, rtol=0)
+        for key in ("convergence_delta", "target_value", "baseline_value"):
+            assert math.isclose(bucketed.extras[key][i], whole.extras[key][i], abs_tol=2e-5)
+
+
+# --------------------------------------------------------------------------- one shared gradient
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_shared_gradient_equals_each_method_alone(loaded, kind):
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    shared = G.shared_gradient_scores(pm, examples, G.SHARED_GRADIENT_METHODS)
+    for method in G.SHARED_GRADIENT_METHODS:
+        alone = G.GRADIENT_EXPLAINERS[method](pm, examples)
+        assert shared[method].params == alone.params
+        for a, b in zip(shared[method].scores, alone.scores):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+
+
+def test_shared_gradient_on_minilm_and_batch_of_one(minilm):
+    examples = prepare(minilm, ["an unbelievably wonderful film", "a dull mess",
+                                "the acting is superb but the plot drags on and on"])
+    shared = G.shared_gradient_scores(minilm, examples, ["saliency", "input_x_gradient"])
+    for i, example in enumerate(examples):
+        alone = G.shared_gradient_scores(minilm, [example], ["saliency", "input_x_gradient"])
+        for method in ("saliency", "input_x_gradient"):
+            torch.testing.assert_close(alone[method].scores[0], shared[method].scores[i], atol=1e-5, rtol=0)
+            reference = G.GRADIENT_EXPLAINERS[method](minilm, [example]).scores[0]
+            torch.testing.assert_close(shared[method].scores[i], reference, atol=1e-5, rtol=0)
+
+
+def test_shared_gradient_refuses_other_methods(loaded):
+    pm = loaded("bert")
+    with pytest.raises(InputError, match="integrated_gradients"):
+        G.shared_gradient_scores(pm, prepare(pm, TEXTS[:1]), ["saliency", "integrated_gradients"])
+
+
+# --------------------------------------------------------------------------- steps: auto
+
+
+def _assert_auto_is_honest(pm, examples, result, tolerance, **params):
+    for i, example in enumerate(examples):
+        used = result.extras["steps_used"][i]
+        history = result.extras["delta_by_steps"][i]
+        assert used in G.AUTO_STEPS and history[-1][0] == used
+        assert [h[0] for h in history] == list(G.AUTO_STEPS[: len(history)])
+        delta = result.extras["convergence_delta"][i]
+        assert delta == history[-1][1]
+        gap = result.extras["target_value"][i] - result.extras["baseline_value"][i]
+        ok = abs(delta) <= max(tolerance * abs(gap), G.AUTO_ABSOLUTE_TOLERANCE)
+        assert result.extras["converged"][i] == ok
+        # every earlier try missed the tolerance (else it would have stopped there)
+        for _, earlier in history[:-1]:
+            assert abs(earlier) > max(tolerance * abs(gap), G.AUTO_ABSOLUTE_TOLERANCE) - 1e-6
+        # the scores are IG at the steps it settled on, computed alone (independent of the batch)
+        fixed = G.integrated_gradients(pm, [example], steps=used, **params)
+        torch.testing.assert_close(result.scores[i], fixed.scores[0], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama_gqa"])
+def test_ig_auto_steps_stop_when_complete(loaded, kind):
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    result = G.gradient_scores(pm, examples, "integrated_gradients", steps="auto", tolerance=0.05, baseline="unk")
+    assert result.params["steps"] == "auto" and result.params["tolerance"] == 0.05
+    _assert_auto_is_honest(pm, examples, result, 0.05, baseline="unk")
+
+
+def test_ig_auto_steps_on_minilm_converge(minilm):
+    examples = prepare(minilm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
+    result = G.integrated_gradients(minilm, examples, steps="auto", tolerance=0.05)
+    assert all(result.extras["converged"])
+    _assert_auto_is_honest(minilm, examples, result, 0.05)
+
+
+def test_ig_auto_steps_raise_the_points_where_the_path_is_hard(loaded):
+    """Llama's zero pad row under RMSNorm: 50 points leave > 10% of the gap (see test_gradients);
+    auto keeps doubling until the delta is within tolerance, and says where it stopped."""
+    pm = loaded("llama_gqa")
+    examples = prepare(pm, ["bad film"])
+    short = G.integrated_gradients(pm, examples, steps="auto", max_steps=32)
+    assert short.params["max_steps"] == 32 and short.params["auto_steps"] == [16, 32]
+    assert short.extras["converged"] == [False] and short.extras["steps_used"] == [32]
+    full = G.integrated_gradients(pm, examples, steps="auto")
+    assert full.extras["converged"] == [True] and full.extras["steps_used"][0] >= 64
+    _assert_auto_is_honest(pm, examples, full, 0.05)
+
+
+def test_ig_auto_batch_of_one_equals_batch_of_n(loaded):
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS)
+    together = G.gradient_scores(pm, examples, "integrated_gradients", steps="auto", baseline="unk")
+    for i, example in enumerate(examples):
+        alone = G.gradient_scores(pm, [example], "integrated_gradients", steps="auto", baseline="unk")
+        assert alone.extras["steps_used"][0] == together.extras["steps_used"][i]
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("params, word", [({"steps": "often"}, "auto"), ({"steps": 0}, "auto"),
+                                          ({"steps": "auto", "tolerance": -1}, "tolerance"),
+                                          ({"steps": "auto", "max_steps": 8}, "max_steps")])
+def test_ig_steps_user_errors(loaded, params, word):
+    pm = loaded("bert")
+    with pytest.raises(InputError, match=word):
+        G.integrated_gradients(pm, prepare(pm, TEXTS[:1]), **params)
+
+
+# --------------------------------------------------------------------------- rollout linear in T
+
+
+@pytest.mark.parametrize("kind", [k for k in TINY_KINDS if k not in ("bart", "t5")])  # seq2seq: the [T, T] path
+@pytest.mark.parametrize("block", [1, 3, 256])
+def test_row_only_rollout_equals_the_streamed_product(loaded, kind, block):
+    """The oracle: the [T, T] product streamed through the layers (the rollout before issue 18),
+    on a padded batch, for blocks smaller than, not dividing, and larger than T."""
+    from probe.explain import attention as A
+
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS)
+    with A.eval_mode(pm.model):
+        for batch, tq in A.row_batches(pm, examples, 5):
+            streamed, _ = A._encoder_stream(pm, batch, tq)
+            expected = torch.stack(streamed.rows, dim=1)  # [batch, layer, T]
+            got = A._rollout_target_rows(pm, batch, tq, block=block)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_row_only_rollout_on_minilm_is_batch_invariant(minilm):
+    from probe.explain import attention as A
+
+    examples = prepare(minilm, ["an unbelievably wonderful film", "a dull mess"])
+    together = A.rollout(minilm, examples)
+    for i, example in enumerate(examples):
+        torch.testing.assert_close(A.rollout(minilm, [example]).scores[0], together.scores[i], atol=1e-5, rtol=0)
+        with A.eval_mode(minilm.model):
+            (batch, tq), = A.row_batches(minilm, [example], 1)
+            streamed, _ = A._encoder_stream(minilm, batch, tq)
+        torch.testing.assert_close(together.scores[i], torch.stack(streamed.rows, dim=1)[0], atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- erasure: flips searched in rounds
+
+
+def test_flips_found_in_rounds_equal_every_row_run(minilm):
+    """The first decision flip, searched in doubling rounds, equals running every "top j removed"
+    row by hand (MiniLM with a random head flips at all depths: early, late, never)."""
+    from probe.intervene.engine import Engine
+    from probe.intervene.erasure import erasure, random_ranking, ranked_positions
+
+    pm = minilm
+    examples = prepare(pm, [TEXTS[1], TEXTS[4], "the acting is superb but the plot drags on and on"])
+    ranking = [torch.linspace(1.0, 0.0, len(e.input_ids)) for e in examples]  # left to right
+    frame = erasure(Engine(pm), examples, {"left": ranking}, seed=3)
+    for name, scores in (("left", ranking), ("random", random_ranking(examples, 3).scores)):
+        for i, example in enumerate(examples):
+            order = ranked_positions(example, scores[i])
+            with torch.no_grad():
+                original = int(pm.model(input_ids=torch.tensor([example.input_ids])).logits.argmax(-1))
+                labels = []
+                for j in range(1, len(order) + 1):
+                    kept = [x for s, x in enumerate(example.input_ids) if s not in set(order[:j])]
+                    labels.append(int(pm.model(input_ids=torch.tensor([kept])).logits.argmax(-1)))
+            changed = [j for j, label in enumerate(labels, start=1) if label != original]
+            got = frame[(frame.example == i) & (frame.ranking == name)].flip.iloc[0]
+            if changed:
+                assert abs(got - changed[0] / len(order)) < 1e-12
+            else:
+                assert got is None or math.isnan(got)
+
+
+# --------------------------------------------------------------------------- in a study
+
+
+def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
+    """A study asking for saliency and input x gradient runs one gradient pass for both (one timing
+    entry, the same scores as each method alone), and IG steps: auto leaves its delta against
+    steps in the convergence table."""
+    import pandas as pd
+
+    from probe.models import load_model
+    from probe.study.runner import run_study
+    from probe.study.spec import study_from_dict
+    from test_study import tiny_study, write_dataset
+
+    data = write_dataset(tmp_path / "data.csv")
+    spec = tiny_study(tiny_dirs["bert"], data, tmp_path / "out",
+                      explainers=["attention_mean", "saliency", "input_x_gradient", "integrated_gradients"],
+                      params={"integrated_gradients": {"steps": "auto", "baseline": "unk"}})
+    spec["metrics"] = {"top_k": [1], "erasure": {"rankings": ["saliency"], "bins": [50]}, "counterfactual": None,
+                       "heads": None}
+    result = run_study(study_from_dict(spec), progress=False, log=lambda _: None, report=False)
+    assert result.complete
+    out = tmp_path / "out"
+    info = __import__("json").loads((out / "done" / "b00000.json").read_text())
+    assert "saliency+input_x_gradient" in info["timings"] and "saliency" not in info["timings"]
+    convergence = pd.read_parquet(out / "convergence.parquet")
+    assert set(convergence["steps"]) <= set(G.AUTO_STEPS)
+    assert convergence.groupby("example")["final"].sum().eq(1).all()
+    assert convergence["example"].nunique() == 12
+    # the shared scores equal each method alone
+    scores = pd.read_parquet(out / "scores.parquet")
+    examples = pd.read_parquet(out / "examples.parquet")
+    pm = load_model(str(tiny_dirs["bert"]))
+    prepared = prepare(pm, list(examples["text"][:3]))
+    for method in ("saliency", "input_x_gradient"):
+        alone = G.GRADIENT_EXPLAINERS[method](pm, prepared)
+        for i in range(3):
+            stored = scores[(scores.method == method) & (scores.example == i)].sort_values("position")["score"]
+            torch.testing.assert_close(torch.tensor(stored.to_numpy()), alone.scores[i], atol=1e-5, rtol=0)
