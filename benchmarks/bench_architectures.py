@@ -51,8 +51,8 @@ SIZES = {
     "n_inner": 128, "hidden_dim": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     "vocab_size": VOCAB, "max_position_embeddings": 128, "n_positions": 128, "max_seq_len": 128,
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "embedding_size": HIDDEN,
+    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "embedding_size": HIDDEN, "rotary_dim": 8,
 }
 # Per model type: what a two-layer tiny model needs so that it has attention at all.
 OVERRIDES: dict[str, dict] = {
@@ -120,12 +120,20 @@ def tiny_config(model_type: str):
     kwargs = {name: value for name, value in SIZES.items() if name in config.to_dict() or hasattr(config, name)}
     kwargs.update(OVERRIDES.get(model_type, {}))
     kwargs.update(pad_token_id=0, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2, num_labels=2)
-    if isinstance(getattr(config, "layer_types", None), list):
-        kwargs["layer_types"] = None  # let the config derive them for two layers
+    for name in ("layer_types", "layers_block_type"):
+        default = getattr(config, name, None)
+        if isinstance(default, list) and default:
+            # a hybrid keeps its first kind of layer and gains one softmax-attention layer behind it
+            softmax = [t for t in default if "attention" in str(t) and "linear" not in str(t)]
+            second = softmax[0] if softmax and default[0] != softmax[0] else default[1 % len(default)]
+            kwargs[name] = [default[0], second]
+    if hasattr(config, "attn_layer_indices"):
+        kwargs["attn_layer_indices"] = [1]
     try:
         config = AutoConfig.for_model(model_type, **kwargs)
     except Exception:
-        kwargs.pop("layer_types", None)
+        for name in ("layer_types", "layers_block_type", "attn_layer_indices"):
+            kwargs.pop(name, None)
         config = AutoConfig.for_model(model_type, **kwargs)
     config.use_cache = False
     return config
@@ -376,7 +384,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated model_types (default: all)")
     parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
-    parser.add_argument("--limit-s", type=int, default=45, help="time limit per architecture and implementation")
+    parser.add_argument("--limit-s", type=int, default=60, help="time limit per architecture and implementation")
     parser.add_argument("--out", default="reports/architectures", help="path stem of the .csv and .md written")
     args = parser.parse_args(argv)
     import torch
