@@ -6,7 +6,8 @@ the config takes them; fp32 CPU; a small word-level tokenizer) and, for the ``ea
 implementations, records:
 
     oracle    the eager model runs and returns attention with ``output_attentions=True``
-    read      probe's capture equals that oracle (max |diff| <= READ_TOL) and leaves the logits unchanged
+    read      probe's capture equals that oracle on every example's real rows and keys (max |diff| <=
+              READ_TOL) and leaves the logits unchanged
     edit      an identity editor on every captured layer leaves the logits unchanged, and uniform
               attention on the last layer changes them
     contract  ``run_checks`` runs and every check passes (a failing check is named)
@@ -195,17 +196,23 @@ def check_read(pm, inputs, oracle, tol) -> str:
     if (logits - plain).abs().max().item() > 1e-6:
         return "capture changed the output"
     gap = 0.0
+    source = inputs["attention_mask"].sum(1).tolist()
+    target = inputs.get("decoder_attention_mask", inputs["attention_mask"]).sum(1).tolist()
     for stack, layers in oracle.items():
         if stack not in maps:
             return f"no {stack} stack captured"
         weights = maps[stack].weights
         if weights.shape[1] != len(layers):
             return f"{stack}: captured {weights.shape[1]} layers, HF returns {len(layers)}"
+        # real query rows and real keys of each example: what padded rows hold is no model's answer
+        queries = source if stack == "encoder" else target
+        keys = target if stack == "decoder" else source
         for li, hf in enumerate(layers):
             hf = hf.float()
             if hf.shape != weights[:, li].shape:
                 return f"{stack} layer {li}: shape {tuple(weights[:, li].shape)} vs HF {tuple(hf.shape)}"
-            gap = max(gap, (hf - weights[:, li]).abs().max().item())
+            for i, (q, k) in enumerate(zip(queries, keys)):
+                gap = max(gap, (hf[i, :, :q, :k] - weights[i, li, :, :q, :k]).abs().max().item())
     return "" if gap <= tol else f"max |captured - HF| {gap:.1e} > {tol:.0e}"
 
 
@@ -327,7 +334,8 @@ def sweep_one(model_type: str, task: str, implementation: str, tok) -> dict:
             return row
     reasons = []
     if not pm.contract.stacks:
-        reasons.append("probe finds no attention modules")
+        why = "; ".join(sorted(set(pm.contract.unreadable.values())))
+        reasons.append(f"probe finds no attention it can read ({why or 'no attention module'})")
         for col in ("read", "edit", "contract", "explain"):
             row[col] = "fail"
     else:
@@ -417,6 +425,8 @@ def main(argv=None) -> None:
                 signal.alarm(0)
             row["seconds"] = f"{time.perf_counter() - t0:.1f}"
             rows.append(row)
+            if len(rows) % 20 == 0:
+                write(rows, Path(args.out))  # a sweep cut short still leaves its table
             print(f"{model_type:28s} {implementation:6s} {row['read'] or '-':4s} {row['edit'] or '-':4s} "
                   f"{row['contract'] or '-':4s} {row['explain'] or '-':4s} {row['seconds']:>5s}s {row['reason'][:110]}",
                   flush=True)

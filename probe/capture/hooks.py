@@ -253,11 +253,16 @@ class _Session:
         replaced = None
         weights = probabilities.float()
         padding = self._allowed_from_mask(stack, batch, q_len, k_len, device)
+        has_keys = weights.detach().sum(-1) > 0.5  # [batch, head, query]
         if padding is not None:
             # Padded query rows of some models spread over every key (deberta): what the capture
-            # records follows the maps' rule, blocked keys 0, and the model's own output is untouched.
+            # records follows the maps' rule, blocked keys 0 and padded query rows flagged and 0;
+            # the model's own output is untouched.
             weights = weights * padding
-        has_keys = weights.detach().sum(-1) > 0.5  # [batch, head, query]
+            query_mask = self.masks.get(stack)
+            if stack != "cross" and query_mask is not None and query_mask.dim() == 2 and query_mask.shape == (batch, q_len):
+                has_keys = has_keys & query_mask.bool().to(device)[:, None, :]
+                weights = weights * has_keys[..., None]
         if editor is not None:
             if module.training:
                 raise CaptureError("attention interventions run in eval mode: call model.eval() first")
