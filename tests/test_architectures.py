@@ -32,7 +32,7 @@ SAMPLE = {
     "blenderbot": "no prepare_decoder_input_ids_from_labels", "mbart": "label shifter depends on padding",
     "plbart": "label shifter depends on padding",
     # hybrids: attention layers keyed by their own index
-    "jamba": "hybrid, first layer mamba", "bamba": "hybrid", "qwen3_next": "hybrid with linear attention",
+    "jamba": "hybrid, first layer mamba", "lfm3": "hybrid, first layer convolution", "qwen3_next": "hybrid with linear attention",
     # repeated layers
     "hrm_text": "modules shared between two stacks",
     # attention sinks
@@ -41,7 +41,12 @@ SAMPLE = {
     "umt5": "eager vs sdpa drift", "pegasus_x": "exception escaped probe contract",
 }
 # Architectures whose eager output_attentions probe still cannot match, with the reason (see the coverage table).
-KNOWN_GAPS: dict[str, str] = {}
+KNOWN_GAPS: dict[str, str] = {
+    # softmax and dropout are functional calls: no module hands on the probabilities (named, not guessed)
+    "fsmt": "neither calls the attention-function registry",
+    # the identity edit recomputes softmax(QK^T)V and drifts past the 1e-4 edit tolerance
+    "markuplm": "identity edit moved logits",
+}
 
 
 @pytest.fixture(scope="module")
