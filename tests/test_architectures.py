@@ -24,7 +24,7 @@ SAMPLE = {
     "bert": "baseline encoder", "gpt2": "baseline decoder", "llama": "baseline GQA", "t5": "baseline seq2seq (eager vs sdpa drift)",
     # inline attention, read through the probability module
     "bloom": "inline (alibi)", "deberta": "inline, padded rows spread", "openai-gpt": "inline", "xlm": "inline",
-    "roformer": "inline", "fsmt": "inline seq2seq", "xglm": "inline", "mpnet": "inline", "mpt": "inline",
+    "roformer": "inline", "fsmt": "inline seq2seq", "xglm": "inline", "mpnet": "inline",
     # attention modules without layer_idx / BART-like encoders with layer_idx=None
     "albert": "no layer_idx, one module for every layer", "mobilebert": "no layer_idx", "markuplm": "no layer_idx",
     "pegasus": "encoder layer_idx=None", "m2m_100": "encoder layer_idx=None, no label shifter",
@@ -44,8 +44,12 @@ SAMPLE = {
 KNOWN_GAPS: dict[str, str] = {
     # softmax and dropout are functional calls: no module hands on the probabilities (named, not guessed)
     "fsmt": "neither calls the attention-function registry",
+    "xglm": "neither calls the attention-function registry",
+    "xlm": "neither calls the attention-function registry",
     # the identity edit recomputes softmax(QK^T)V and drifts past the 1e-4 edit tolerance
     "markuplm": "identity edit moved logits",
+    # global-local blocked encoder attention: refused in one line, the decoder and cross stacks are read
+    "pegasus_x": "probe cannot read the encoder attention",
 }
 
 
