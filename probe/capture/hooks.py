@@ -8,6 +8,11 @@ same mask, so outputs with capture equal outputs without it. The weights come fr
 itself when it returns them (eager), or are recomputed from the query and key it was handed
 (sdpa, flash): only the query rows asked for, so a row capture never holds T x T per layer.
 Modules of other models pass straight through. Everything is undone in ``finally``.
+
+A second path serves modules that compute attention inline (bloom, deberta, xlnet, ...): where the
+contract found a child module whose output is the layer's probabilities (``probe.capture.sites``),
+a forward hook on that child reads them and, for interventions, returns edited ones in their place.
+A module the model calls several times in one forward (a shared layer) is one layer per call.
 """
 
 from __future__ import annotations
@@ -158,9 +163,22 @@ class _Session:
                  readers=None):
         self.contract = contract
         modules = dict(model.named_modules())
+        self.modules = modules
+        sites = getattr(contract, "sites", None) or {}
+        # module id -> the (stack, layer) of each of its calls in one forward, in call order
         self.where: dict[int, tuple[str, int]] = {}
-        for (stack, layer), path in contract.module_paths.items():
-            self.where[id(modules[path])] = (stack, layer)
+        self._places: dict[int, list[tuple[str, int]]] = {}
+        self._probability_places: dict[str, list[tuple[str, int]]] = {}
+        for place, path in sorted(contract.module_paths.items(), key=lambda item: (item[0][0], item[0][1])):
+            site = sites.get(place)
+            if site is not None and site.kind == "probabilities":
+                self._probability_places.setdefault(site.probability_path, []).append(place)
+                continue
+            self._places.setdefault(id(modules[path]), []).append(place)
+        for module_id, places in self._places.items():
+            self.where[module_id] = places[0]
+        self._module_calls: dict[object, int] = {}
+        self._handles: list = []
         self.stacks = tuple(stacks)
         self.layers = layers
         self.heads = heads
@@ -205,7 +223,87 @@ class _Session:
             raise CaptureError(f"query position out of range: the sequence has {q_len} positions")
         return rows
 
+    def _next_place(self, key, places):
+        """The layer of this call of a module: shared modules step through their layers call by call."""
+        count = self._module_calls.get(key, 0)
+        self._module_calls[key] = count + 1
+        return places[count % len(places)]
+
+    def attach(self) -> None:
+        """Forward hooks on the probability modules of inline-attention layers (removed by :meth:`detach`)."""
+        for path, places in self._probability_places.items():
+            def hook(module, args, output, path=path, places=places):
+                return self.on_probabilities(self._next_place(path, places), output)
+
+            self._handles.append(self.modules[path].register_forward_hook(hook))
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _allowed_from_mask(self, stack: str, batch: int, q_len: int, k_len: int, device) -> torch.Tensor | None:
+        """[B, 1, Q, K] bool from the stack's 2-D padding mask and its mask kind, for the probability path."""
+        key_stack = "encoder" if stack == "cross" else stack
+        mask = self.masks.get(key_stack)
+        allowed = None
+        if mask is not None and mask.dim() == 2 and mask.shape[1] == k_len and mask.shape[0] == batch:
+            allowed = mask.bool().to(device)[:, None, None, :].expand(batch, 1, q_len, k_len)
+        info = self.contract.stacks.get(stack)
+        if info is not None and info.mask_kind.startswith(("causal", "sliding")) and q_len == k_len:
+            causal = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()[None, None]
+            allowed = causal.expand(batch, 1, q_len, k_len) if allowed is None else allowed & causal
+        return allowed
+
+    def on_probabilities(self, place, probabilities):
+        """The probability path: ``probabilities`` [batch, head, query, key] are the layer's own."""
+        stack, layer = place
+        self.calls[place] = self.calls.get(place, 0) + 1
+        editor = self.editors.get(place)
+        observer = self.observers.get(place) if editor is None else None
+        wants = self._wants(stack, layer)
+        if editor is None and observer is None and not wants:
+            return None
+        if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
+            raise CaptureError(f"{stack} layer {layer}: its probability module handed {type(probabilities).__name__} "
+                               f"of shape {tuple(getattr(probabilities, 'shape', ()))}, not [batch, head, query, key]")
+        batch, _, q_len, k_len = probabilities.shape
+        device = probabilities.device
+        rows = self._rows(stack, batch, q_len, device)
+        module = self.modules[self.contract.module_paths[place]]
+        replaced = None
+        weights = probabilities.float()
+        padding = self._allowed_from_mask(stack, batch, q_len, k_len, device)
+        has_keys = weights.detach().sum(-1) > 0.5  # [batch, head, query]
+        if padding is not None:
+            # Padded query rows of some models spread over every key (deberta): what the capture
+            # records follows the maps' rule, blocked keys 0 and padded query rows flagged and 0;
+            # the model's own output is untouched.
+            weights = weights * padding
+            query_mask = self.masks.get(stack)
+            if stack != "cross" and query_mask is not None and query_mask.dim() == 2 and query_mask.shape == (batch, q_len):
+                has_keys = has_keys & query_mask.bool().to(device)[:, None, :]
+                weights = weights * has_keys[..., None]
+        if editor is not None:
+            if module.training:
+                raise CaptureError("attention interventions run in eval mode: call model.eval() first")
+            allowed = self._allowed_from_mask(stack, batch, q_len, k_len, device)
+            context = self._context(place, module, rows, allowed, batch, q_len, device)
+            weights = editor(probabilities.float().to(self.home), context).to(device)
+            replaced = weights.to(probabilities.dtype)
+        elif observer is not None:
+            allowed = self._allowed_from_mask(stack, batch, q_len, k_len, device)
+            with torch.no_grad():
+                observer(weights.detach().mean(dim=1).to(self.home),
+                         self._context(place, module, rows, allowed, batch, q_len, device))
+        if wants:
+            self._store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
+        return replaced
+
     def call(self, place, original, module, query, key, value, attention_mask, *args, **kwargs):
+        places = self._places.get(id(module))
+        if places is not None and len(places) > 1:
+            place = self._next_place(id(module), places)
         stack, layer = place
         self.calls[place] = self.calls.get(place, 0) + 1
         reader = self.readers.get(place)
@@ -230,6 +328,8 @@ class _Session:
         rows = self._rows(stack, batch, q_len, query.device)
         position_bias = kwargs.get("position_bias")
         softcap = kwargs.get("softcap")
+        sinks = kwargs.get("s_aux", kwargs.get("sinks"))  # attention-sink logits [head] (gpt-oss and kin)
+        sinks = sinks if isinstance(sinks, torch.Tensor) else None
 
         if editor is not None:
             if module.training:
@@ -237,7 +337,7 @@ class _Session:
             allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
                                          is_causal=is_causal, rows=None, device=query.device)
             scores = amath.attention_scores(query, key, scaling=scaling, position_bias=position_bias, softcap=softcap)
-            weights, has_keys = amath.masked_softmax(scores, allowed)
+            weights, has_keys = amath.masked_softmax(scores, allowed, sinks=sinks)
             context = self._context(place, module, rows, allowed, batch, q_len, query.device)
             weights = editor(weights.to(self.home), context).to(query.device)
             output = amath.attention_output(weights, value)
@@ -251,7 +351,7 @@ class _Session:
                 allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
                                              is_causal=is_causal, rows=None, device=query.device)
                 mean = amath.head_mean_weights(query, key, allowed, scaling=scaling, position_bias=position_bias,
-                                               softcap=softcap)
+                                               softcap=softcap, sinks=sinks)
                 observer(mean.to(self.home), self._context(place, module, rows, allowed, batch, q_len, query.device))
                 del mean, allowed
         if not wants:
@@ -264,7 +364,7 @@ class _Session:
             picked = torch.where(has_keys[..., None], picked, torch.zeros((), device=picked.device))
         else:
             scores = amath.attention_scores(query, key, scaling=scaling, rows=rows, position_bias=position_bias, softcap=softcap)
-            picked, has_keys = amath.masked_softmax(scores, allowed)
+            picked, has_keys = amath.masked_softmax(scores, allowed, sinks=sinks)
         self._store(place, picked, has_keys, rows, q_len)
         return output, returned
 
@@ -302,6 +402,7 @@ class Capture:
     def clear(self) -> None:
         self._session.records.clear()
         self._session.calls.clear()
+        self._session._module_calls.clear()
 
     def maps(self, stack: str | None = None) -> AttentionMaps:
         session = self._session
@@ -313,6 +414,12 @@ class Capture:
                 f"no attention was captured for stack {stack!r} (stacks that ran: {seen or 'none'}); "
                 "run the model's forward inside the capture and ask for a stack it has"
             )
+        shapes = {tuple(session.records[(stack, layer)][0].shape) for layer in layers}
+        if len(shapes) > 1:
+            raise CaptureError(
+                f"the {stack} layers have different head counts or key lengths ({', '.join(map(str, sorted(shapes)))}), "
+                "so their maps cannot stack: read them one layer at a time with Capture.layer_maps"
+            )
         weights = torch.stack([session.records[(stack, layer)][0] for layer in layers], dim=1)
         has_keys = torch.stack([session.records[(stack, layer)][2] for layer in layers], dim=1)
         rows = session.records[(stack, layers[0])][1]
@@ -322,6 +429,24 @@ class Capture:
             stack=stack, layers=tuple(layers), heads=tuple(heads) if heads is not None else tuple(range(n_heads)),
             weights=weights, query_index=rows, row_has_keys=has_keys,
         )
+
+
+    def layer_maps(self, stack: str | None = None) -> dict[int, AttentionMaps]:
+        """One :class:`AttentionMaps` per captured layer (``layer`` axis of length 1), for stacks whose
+        layers differ in heads or key length."""
+        session = self._session
+        stack = stack or session.contract.primary_stack
+        out = {}
+        for (s, layer), (weights, rows, has_keys) in sorted(session.records.items()):
+            if s != stack:
+                continue
+            heads = session.heads.get(stack) if isinstance(session.heads, Mapping) else session.heads
+            out[layer] = AttentionMaps(stack=stack, layers=(layer,),
+                                       heads=tuple(heads) if heads is not None else tuple(range(weights.shape[1])),
+                                       weights=weights[:, None], query_index=rows, row_has_keys=has_keys[:, None])
+        if not out:
+            raise CaptureError(f"no attention was captured for stack {stack!r}")
+        return out
 
 
 def _validate(contract, stacks, layers, heads):
@@ -392,8 +517,10 @@ def capture_attention(
         _install(implementation)
         _SESSIONS.append(session)
     try:
+        session.attach()
         yield Capture(session)
     finally:
+        session.detach()
         with _LOCK:
             _SESSIONS.remove(session)
             if not _SESSIONS:

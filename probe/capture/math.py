@@ -89,14 +89,25 @@ def attention_scores(
 
 
 def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *,
-                   inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   inplace: bool = False, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the key axis with blocked keys at exactly 0.
 
     Returns (weights [B, H, R, K] fp32, row_has_keys [B, H|1, R] bool). A row with no allowed key
     gets all-zero weights (never NaN); ``row_has_keys`` says which rows those were.
     ``inplace``: ``scores`` may be overwritten and the weights are zeroed in place (fewer [R, K]
     temporaries; not for tensors autograd needs).
+    ``sinks``: one logit per head [head] for an attention sink, a key every row sees that mixes no
+    value (gpt-oss): it joins the softmax and is dropped after, so rows sum to 1 minus its mass.
     """
+    if sinks is not None:
+        sink = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)  # [B, H, R, 1]
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(torch.cat([scores, sink.to(scores.dtype)], dim=-1), dim=-1)[..., :-1]
+        if allowed is None:
+            return weights, torch.ones(scores.shape[:-1], dtype=torch.bool, device=scores.device)
+        row_has_keys = allowed.any(dim=-1)
+        return torch.where(row_has_keys[..., None], weights, torch.zeros((), dtype=weights.dtype, device=weights.device)), row_has_keys
     if allowed is None:
         weights = torch.softmax(scores, dim=-1)
         return weights, torch.ones(scores.shape[:-1], dtype=torch.bool, device=scores.device)
@@ -120,6 +131,7 @@ def head_mean_weights(
     scaling: float | None,
     position_bias: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean over query heads of the full attention weights: [batch, query, key] fp32.
 
@@ -135,7 +147,8 @@ def head_mean_weights(
         mask = allowed[:, h:h + 1] if allowed is not None and allowed.shape[1] > 1 else allowed
         scores = attention_scores(query[:, h:h + 1], key[:, h // group:h // group + 1], scaling=scaling,
                                   position_bias=bias, softcap=softcap)  # [batch, 1, query, key]
-        part = masked_softmax(scores, mask, inplace=True)[0][:, 0]  # [batch, query, key]
+        part = masked_softmax(scores, mask, inplace=True,
+                              sinks=sinks[h:h + 1] if sinks is not None else None)[0][:, 0]  # [batch, query, key]
         del scores
         total = part if total is None else total.add_(part)
     return total / n_heads

@@ -258,6 +258,11 @@ def _encoder_stream(pm, batch: RowBatch, tq: TargetQueries, *, keep_width: int |
         stack, target = "encoder", None
     else:
         stack, target = tq.stack, tq.rows
+    if stack not in pm.contract.stacks:
+        from probe.errors import CaptureError
+
+        why = "; ".join(sorted(set(pm.contract.unreadable.values()))) or "no attention module was found there"
+        raise CaptureError(f"{pm.contract.model_type}: probe cannot read the {stack} attention ({why})")
     n_layers = pm.contract.stacks[stack].n_layers
     stream = _ResidualStream(n_layers, target, keep_width)
     observers = {(stack, layer): stream for layer in range(n_layers)}

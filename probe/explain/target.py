@@ -132,7 +132,9 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
     else:
         with torch.no_grad():
             generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
-        start = pm.model.config.decoder_start_token_id
+        from probe.models.text import decoder_start_id
+
+        start = decoder_start_id(pm)
         pad = pm.tokenizer.pad_token_id
         for i, example in enumerate(examples):
             out = [t for t in generated[i].tolist()]
@@ -177,7 +179,9 @@ def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None
             offset = len(ids) - 1 if pm.task == "causal_lm" else 0
             positions[r, :n] = torch.arange(n) + offset
         if pm.task == "seq2seq":
-            start = pm.model.config.decoder_start_token_id
+            from probe.models.text import decoder_start_id
+
+            start = decoder_start_id(pm)
             decoder = torch.full((len(rows), n_target), pad, dtype=torch.long)
             decoder_mask = torch.zeros((len(rows), n_target), dtype=torch.long)
             for r, (_, example) in enumerate(rows):

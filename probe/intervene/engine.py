@@ -433,8 +433,11 @@ class Engine:
             except Exception:  # an unusual config: do not reuse
                 self._prefix_reuse_ok = False
             implementation = getattr(self.pm.model.config, "_attn_implementation", None) or "eager"
+            # inline attention (read through a probability module) builds its own masks (bloom's
+            # alibi from a 2-D mask): only models that call the attention function take a 4-D one
+            inline = any(site.kind != "function" for site in (getattr(self.pm.contract, "sites", None) or {}).values())
             self._prefix_reuse_ok = (self._prefix_reuse_ok and forward_accepts(self.pm.model, "cache")
-                                     and implementation in ("eager", "sdpa"))
+                                     and implementation in ("eager", "sdpa") and not inline)
         return self._prefix_reuse_ok
 
     def _evaluate_prefix_reuse(self, rows: Sequence[Row]) -> None:

@@ -62,14 +62,22 @@ def _generic_layout(named_modules) -> dict[tuple[str, int], str]:
     A module qualifies when its class name ends in ``Attention`` and it has an integer
     ``layer_idx``; the stack is guessed from its path (``encoder``/``decoder`` prefix, cross-attention
     by the words ``cross`` or ``encoder_attn``).
+    A module without an integer ``layer_idx`` (BART-like encoders, ALBERT) takes the last number in
+    its path. Layers are then renumbered 0..n-1 per stack in that order, so a hybrid model's attention
+    layers are keyed by their own index, not the model's.
     """
     found: dict[tuple[str, int], str] = {}
     for path, module in named_modules:
         if not type(module).__name__.endswith("Attention"):
             continue
+        if any(other.startswith(path + ".") and type(m).__name__.endswith("Attention") for other, m in named_modules):
+            continue  # keep the innermost attention module (BertAttention wraps BertSelfAttention)
         layer = getattr(module, "layer_idx", None)
         if not isinstance(layer, int):
-            continue
+            numbers = re.findall(r"\.(\d+)(?:\.|$)", path)
+            if not numbers:
+                continue
+            layer = int(numbers[-1])
         lowered = path.lower()
         if "cross" in lowered or "encoder_attn" in lowered or "encdec" in lowered:
             stack = "cross"
@@ -78,7 +86,16 @@ def _generic_layout(named_modules) -> dict[tuple[str, int], str]:
         else:
             stack = "decoder"
         found.setdefault((stack, layer), path)
-    return found
+    return renumber(found)
+
+
+def renumber(found: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
+    """Layers 0..n-1 per stack, in the order of the indices found."""
+    out: dict[tuple[str, int], str] = {}
+    for stack in {s for s, _ in found}:
+        for own, (_, layer) in enumerate(sorted(k for k in found if k[0] == stack)):
+            out[(stack, own)] = found[(stack, layer)]
+    return out
 
 
 def find_attention_modules(model) -> dict[tuple[str, int], str]:
@@ -95,4 +112,4 @@ def find_attention_modules(model) -> dict[tuple[str, int], str]:
             match = regex.search(path)
             if match:
                 found[(pattern.stack, int(match.group(1)))] = path
-    return found
+    return renumber(found)

@@ -38,6 +38,29 @@ def _tolerance(pm) -> float:
     return 1e-5 if pm.contract.dtype == "float32" else 2e-2
 
 
+def _eager_tolerance(pm) -> float:
+    """Capture under the loaded implementation against HF's eager ``output_attentions``.
+
+    The same kernel (eager) agrees to fp32 rounding; sdpa/flash kernels sum in another order, and
+    their drift from eager alone reaches 1.7e-5 in T5/UMT5 logits without probe in the loop.
+    """
+    if pm.contract.dtype != "float32":
+        return 2e-2
+    return 1e-5 if pm.contract.implementation == "eager" else 1e-4
+
+
+def _guarded(name: str, check) -> list[CheckResult]:
+    """Run one check; whatever it raises becomes a failed result that says why, never a traceback."""
+    try:
+        result = check()
+    except Exception as exc:  # noqa: BLE001 - `probe contract` reports every failure as a row
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return [CheckResult(name, False, f"could not run: {type(exc).__name__}: {first}"[:240])]
+    if result is None:
+        return []
+    return result if isinstance(result, list) else [result]
+
+
 def _outputs(out):
     return out.logits.float()
 
@@ -97,67 +120,100 @@ def _eager_attentions(pm, inputs):
 
 def _model_checks(pm, texts) -> list[CheckResult]:
     tol = _tolerance(pm)
-    results = []
-    batch = encode_texts(pm, list(texts))
-    inputs = forward_inputs(pm, batch)
-    with torch.no_grad():
-        plain = _outputs(pm.model(**inputs))
-    logits, maps, calls = _capture_all(pm, inputs)
-    n = batch["input_ids"].shape[0]
+    results: list[CheckResult] = []
+    state: dict = {}
 
-    expected = sum(s.n_layers for s in pm.contract.stacks.values())
-    seen = sum(1 for count in calls.values() if count >= 1)
-    results.append(CheckResult("every_layer_captured", seen == expected and all(c == 1 for c in calls.values()),
-                               f"{seen} of {expected} attention layers ran once each through the capture"))
+    def setup():
+        batch = encode_texts(pm, list(texts))
+        inputs = forward_inputs(pm, batch)
+        with torch.no_grad():
+            plain = _outputs(pm.model(**inputs))
+        logits, maps, calls = _capture_all(pm, inputs)
+        state.update(batch=batch, inputs=inputs, plain=plain, logits=logits, maps=maps, calls=calls,
+                     n=batch["input_ids"].shape[0])
 
-    diff = (logits - plain).abs().max().item()
-    results.append(CheckResult("capture_leaves_output_unchanged", diff <= 1e-6, f"max |logit change| {diff:.2e}"))
+    failed = _guarded("capture_runs", setup)
+    if failed:
+        return failed
+    inputs, plain, logits, maps, calls, n = (state[k] for k in ("inputs", "plain", "logits", "maps", "calls", "n"))
 
-    worst = 0.0
-    for stack, m in maps.items():
-        sums = m.weights.sum(-1)
-        valid = m.row_has_keys[:, :, None, :].expand_as(sums)
-        worst = max(worst, (sums[valid] - 1).abs().max().item())
-    results.append(CheckResult("rows_sum_to_one", worst <= tol, f"max |row sum - 1| over the key axis {worst:.2e}"))
+    def every_layer():
+        expected = sum(s.n_layers for s in pm.contract.stacks.values())
+        seen = sum(1 for count in calls.values() if count >= 1)
+        return CheckResult("every_layer_captured", seen == expected and all(c == 1 for c in calls.values()),
+                           f"{seen} of {expected} attention layers ran once each through the capture")
 
-    leak = 0.0
-    for stack, m in maps.items():
-        key_len = _key_lengths(pm, inputs, stack)
-        keys = torch.arange(m.weights.shape[-1], device=key_len.device)
-        padded = keys[None, :] >= key_len[:, None]  # [batch, key]
-        if padded.any():
-            leak = max(leak, m.weights.masked_select(padded[:, None, None, None, :].expand_as(m.weights)).abs().max().item())
-    results.append(CheckResult("padded_keys_get_zero", leak == 0.0, f"max weight on a padded key {leak:.2e}"))
+    def unchanged():
+        diff = (logits - plain).abs().max().item()
+        return CheckResult("capture_leaves_output_unchanged", diff <= 1e-6, f"max |logit change| {diff:.2e}")
 
-    try:
+    def row_sums():
+        worst = 0.0
+        sink_low = 1.0
+        sink_stacks = [s for s, c in pm.contract.stacks.items() if c.sinks]
+        for stack, m in maps.items():
+            sums = m.weights.sum(-1)
+            valid = m.row_has_keys[:, :, None, :].expand_as(sums)
+            if stack in sink_stacks:  # 1 minus the sink mass: in (0, 1]
+                worst = max(worst, (sums[valid] - 1).clamp(min=0).max().item())
+                sink_low = min(sink_low, sums[valid].min().item())
+            else:
+                worst = max(worst, (sums[valid] - 1).abs().max().item())
+        if sink_stacks:
+            return CheckResult("rows_sum_to_one", worst <= tol and sink_low > 0,
+                               f"attention sinks in {', '.join(sink_stacks)}: rows sum to 1 minus the sink mass "
+                               f"(smallest {sink_low:.3f}, largest excess over 1 {worst:.2e})")
+        return CheckResult("rows_sum_to_one", worst <= tol, f"max |row sum - 1| over the key axis {worst:.2e}")
+
+    def padded_keys():
+        leak = 0.0
+        for stack, m in maps.items():
+            key_len = _key_lengths(pm, inputs, stack)
+            keys = torch.arange(m.weights.shape[-1], device=key_len.device)
+            padded = keys[None, :] >= key_len[:, None]  # [batch, key]
+            if padded.any():
+                leak = max(leak, m.weights.masked_select(padded[:, None, None, None, :].expand_as(m.weights)).abs().max().item())
+        return CheckResult("padded_keys_get_zero", leak == 0.0, f"max weight on a padded key {leak:.2e}")
+
+    def equals_eager():
+        eager_tol = _eager_tolerance(pm)
         eager = _eager_attentions(pm, inputs)
         gap = 0.0
         for stack, layers in eager.items():
-            full = torch.stack([a.float() for a in layers], dim=1)
-            for i in range(n):
-                q = int(_lengths(pm, inputs, stack)[i])
-                k = int(_key_lengths(pm, inputs, stack)[i])
-                gap = max(gap, (full[i, :, :, :q, :k] - maps[stack].weights[i, :, :, :q, :k]).abs().max().item())
-        results.append(CheckResult("capture_equals_eager_output_attentions", gap <= tol,
-                                   f"max |captured - HF eager output_attentions| {gap:.2e} (implementation {pm.contract.implementation})"))
-    except (ValueError, RuntimeError, TypeError) as exc:
-        results.append(CheckResult("capture_equals_eager_output_attentions", False, f"eager comparison failed: {exc}"[:200]))
+            if stack not in maps or not layers:
+                continue
+            if len(layers) != maps[stack].weights.shape[1]:
+                return CheckResult("capture_equals_eager_output_attentions", False,
+                                   f"{stack}: probe captured {maps[stack].weights.shape[1]} layers, HF returns {len(layers)}")
+            for li, layer in enumerate(layers):
+                full = layer.float()
+                for i in range(n):
+                    q = int(_lengths(pm, inputs, stack)[i])
+                    k = int(_key_lengths(pm, inputs, stack)[i])
+                    gap = max(gap, (full[i, :, :q, :k] - maps[stack].weights[i, li, :, :q, :k]).abs().max().item())
+        return CheckResult("capture_equals_eager_output_attentions", gap <= eager_tol,
+                           f"max |captured - HF eager output_attentions| {gap:.2e}, tolerance {eager_tol:.0e} "
+                           f"(implementation {pm.contract.implementation})")
 
-    # Changing what sits in padded positions must change nothing real.
-    swapped = {k: v.clone() for k, v in inputs.items()}
-    pad_positions = swapped["attention_mask"] == 0
-    if pad_positions.any():
+    def padding_tokens():
+        # Changing what sits in padded positions must change nothing real.
+        swapped = {k: v.clone() for k, v in inputs.items()}
+        pad_positions = swapped["attention_mask"] == 0
+        if not pad_positions.any():
+            return None
         other = (swapped["input_ids"].max() + 1) % pm.model.config.vocab_size
         swapped["input_ids"][pad_positions] = other
         logits_b, maps_b, _ = _capture_all(pm, swapped)
         out_gap = max((_real_outputs(pm, logits, inputs, i) - _real_outputs(pm, logits_b, inputs, i)).abs().max().item() for i in range(n))
         att_gap = max((_real_block(pm, inputs, maps, s, i) - _real_block(pm, inputs, maps_b, s, i)).abs().max().item()
                       for s in maps for i in range(n))
-        results.append(CheckResult("padding_tokens_change_nothing", max(out_gap, att_gap) <= tol,
-                                   f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by {att_gap:.2e}"))
+        return CheckResult("padding_tokens_change_nothing", max(out_gap, att_gap) <= tol,
+                           f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by {att_gap:.2e}")
 
-    causal = [s for s, c in pm.contract.stacks.items() if c.mask_kind.startswith(("causal", "sliding"))]
-    if causal and pm.task == "causal_lm":
+    def causal_future():
+        causal = [s for s, c in pm.contract.stacks.items() if c.mask_kind.startswith(("causal", "sliding"))]
+        if not (causal and pm.task == "causal_lm"):
+            return None
         i = int(inputs["attention_mask"].sum(1).argmax())
         last = int(inputs["attention_mask"][i].sum()) - 1
         changed = {k: v.clone() for k, v in inputs.items()}
@@ -166,23 +222,32 @@ def _model_checks(pm, texts) -> list[CheckResult]:
         out_gap = (logits[i, :last] - logits_c[i, :last]).abs().max().item()
         att_gap = max((maps[s].weights[i, :, :, :last] - maps_c[s].weights[i, :, :, :last]).abs().max().item() for s in causal)
         moved = (logits[i, last] - logits_c[i, last]).abs().max().item()
-        results.append(CheckResult("causal_future_changes_nothing_earlier", max(out_gap, att_gap) <= tol and moved > 0,
-                                   f"changing the last token moved earlier outputs by {out_gap:.2e}, earlier attention by "
-                                   f"{att_gap:.2e} (its own output by {moved:.2e})"))
+        return CheckResult("causal_future_changes_nothing_earlier", max(out_gap, att_gap) <= tol and moved > 0,
+                           f"changing the last token moved earlier outputs by {out_gap:.2e}, earlier attention by "
+                           f"{att_gap:.2e} (its own output by {moved:.2e})")
 
-    out_gap = att_gap = 0.0
-    for i, text in enumerate(texts):
-        single = forward_inputs(pm, encode_texts(pm, [text]))
-        logits_1, maps_1, _ = _capture_all(pm, single)
-        out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, logits, inputs, i)).abs().max().item())
-        for s in maps:
-            att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, inputs, maps, s, i)).abs().max().item())
-    # Logits are compared relative to their size: a 30-layer LM's logits reach tens, and fp32 sums
-    # in a padded batch run through other kernels than a single sequence.
-    scale = max(1.0, logits.abs().max().item())
-    results.append(CheckResult("batch_of_one_equals_batch_of_n", out_gap <= tol * scale and att_gap <= tol,
-                               f"max gap, batch of 1 vs batch of {n}: outputs {out_gap:.2e} (logits up to {scale:.1f}), "
-                               f"attention {att_gap:.2e}"))
+    def batch_of_one():
+        out_gap = att_gap = 0.0
+        for i, text in enumerate(texts):
+            single = forward_inputs(pm, encode_texts(pm, [text]))
+            logits_1, maps_1, _ = _capture_all(pm, single)
+            out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, logits, inputs, i)).abs().max().item())
+            for s in maps:
+                att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, inputs, maps, s, i)).abs().max().item())
+        # Logits are compared relative to their size: a 30-layer LM's logits reach tens, and fp32 sums
+        # in a padded batch run through other kernels than a single sequence.
+        scale = max(1.0, logits.abs().max().item())
+        return CheckResult("batch_of_one_equals_batch_of_n", out_gap <= tol * scale and att_gap <= tol,
+                           f"max gap, batch of 1 vs batch of {n}: outputs {out_gap:.2e} (logits up to {scale:.1f}), "
+                           f"attention {att_gap:.2e}")
+
+    for name, check in (("every_layer_captured", every_layer), ("capture_leaves_output_unchanged", unchanged),
+                        ("rows_sum_to_one", row_sums), ("padded_keys_get_zero", padded_keys),
+                        ("capture_equals_eager_output_attentions", equals_eager),
+                        ("padding_tokens_change_nothing", padding_tokens),
+                        ("causal_future_changes_nothing_earlier", causal_future),
+                        ("batch_of_one_equals_batch_of_n", batch_of_one)):
+        results += _guarded(name, check)
     return results
 
 
@@ -266,6 +331,15 @@ def _function_checks(pm) -> list[CheckResult]:
 
 
 def run_checks(pm, texts=DEFAULT_TEXTS) -> list[CheckResult]:
-    """Every check on ``pm``; model-level first, then function-level."""
+    """Every check on ``pm``; model-level first, then function-level. A check that cannot run is a
+    failed row that says why; nothing here raises."""
     pm.model.eval()
-    return _model_checks(pm, texts) + _function_checks(pm)
+    results = _model_checks(pm, texts)
+    stack = pm.contract.primary_stack if pm.contract.stacks else None
+    site = (getattr(pm.contract, "sites", None) or {}).get((stack, 0))
+    if site is not None and site.kind != "function":
+        results.append(CheckResult("attention_function_checks", True,
+                                   f"skipped: the {stack} computes attention inline (read through its probability "
+                                   "module), so there is no attention function to call on chosen inputs"))
+        return results
+    return results + _guarded("attention_function_checks", lambda: _function_checks(pm))

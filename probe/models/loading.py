@@ -235,9 +235,10 @@ def load_model(
 
     contract = build_contract(model, tokenizer)
     if not contract.stacks:
+        why = "; ".join(sorted(set(contract.unreadable.values()))) or "it has no softmax attention module"
         raise ModelLoadError(
-            f"model {name!r} (type {config.model_type!r}) has no attention modules probe can read: "
-            "use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families)"
+            f"model {name!r} (type {config.model_type!r}) has no attention probe can read ({why}): "
+            "use a transformer with softmax self-attention (BERT, GPT-2, Llama, T5, BART families)"
         )
     logging.getLogger("probe").debug("loaded %s in %.2fs", name, time.perf_counter() - started)
     return ProbeModel(

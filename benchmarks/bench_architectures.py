@@ -1,0 +1,440 @@
+"""Coverage sweep: capture, editing, contract and explainers on every Hugging Face text architecture.
+
+For every ``model_type`` in the installed transformers' causal-LM, sequence-classification and
+seq2seq-LM auto mappings, builds a tiny random model (hidden 64, 2 layers, 4 heads, 2 kv heads where
+the config takes them; fp32 CPU; a small word-level tokenizer) and, for the ``eager`` and ``sdpa``
+implementations, records:
+
+    oracle    the eager model runs and returns attention with ``output_attentions=True``
+    read      probe's capture equals that oracle on every example's real rows and keys (max |diff| <=
+              READ_TOL) and leaves the logits unchanged
+    edit      an identity editor on every captured layer leaves the logits unchanged, and uniform
+              attention on the last layer changes them
+    contract  ``run_checks`` runs and every check passes (a failing check is named)
+    explain   attention, rollout, loo_delete and integrated_gradients run and give finite scores
+
+Each architecture runs under a time limit; a failure is recorded with its reason, never raised.
+Writes ``reports/architectures.csv`` and ``reports/architectures.md`` (or ``--out``).
+
+    nice python benchmarks/bench_architectures.py [--only bert,gpt2] [--limit-s 60] [--out reports/architectures]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import signal
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 2, 4, 2, 16, 160
+MAX_PARAMETERS = 20_000_000
+READ_TOL = 1e-5  # fp32 capture vs the model's own eager output_attentions
+SDPA_READ_TOL = 1e-4  # sdpa model read against the eager oracle: the kernels differ in fp32 rounding
+EDIT_TOL = 1e-4  # identity edit: probe's softmax(QK^T) @ V against the model's own kernel
+TEXTS = ("the movie was great and the acting was good", "not funny", "a boring story , bad ending")
+IMPLEMENTATIONS = ("eager", "sdpa")
+COLUMNS = ("model_type", "task", "implementation", "oracle", "read", "edit", "contract", "explain", "reason", "seconds")
+
+# Sizes, under every name configs use for them; set only where the config has the attribute.
+SIZES = {
+    "hidden_size": HIDDEN, "d_model": HIDDEN, "n_embd": HIDDEN, "dim": HIDDEN, "embed_dim": HIDDEN,
+    "num_hidden_layers": LAYERS, "n_layer": LAYERS, "n_layers": LAYERS, "num_layers": LAYERS,
+    "encoder_layers": LAYERS, "decoder_layers": LAYERS, "num_decoder_layers": LAYERS,
+    "num_attention_heads": HEADS, "n_head": HEADS, "n_heads": HEADS, "num_heads": HEADS,
+    "encoder_attention_heads": HEADS, "decoder_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "d_kv": HEAD_DIM,
+    "intermediate_size": 128, "ffn_dim": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+    "n_inner": 128, "hidden_dim": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "vocab_size": VOCAB, "max_position_embeddings": 128, "n_positions": 128, "max_seq_len": 128,
+    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "embedding_size": HIDDEN, "rotary_dim": 8,
+}
+# Per model type: what a two-layer tiny model needs so that it has attention at all.
+OVERRIDES: dict[str, dict] = {
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+}
+
+WORDS = ("the movie was great and acting good not funny a boring story , bad ending . film is very "
+         "really love hate plot actor scene music best worst").split()
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Timeout("time limit")
+
+
+def model_types() -> list[tuple[str, str]]:
+    """(model_type, task) for every type in the three auto mappings.
+
+    One task per type: seq2seq where it has a seq2seq head; a classifier for encoders (types with a
+    masked-LM head, whose causal-LM head is an add-on); else a causal LM.
+    """
+    from transformers.models.auto import modeling_auto as auto
+
+    chosen: dict[str, str] = {}
+    for model_type in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and model_type not in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+            chosen[model_type] = "classification"
+    for task, mapping in (("seq2seq", auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+                          ("causal_lm", auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+                          ("classification", auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)):
+        for model_type in mapping:
+            chosen.setdefault(model_type, task)
+    return sorted((t, task) for t, task in chosen.items() if _text_only(t))
+
+
+def _text_only(model_type: str) -> bool:
+    """A text model: its config class composes no other configs (vision, audio, text towers)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return not getattr(CONFIG_MAPPING[model_type], "sub_configs", None)
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + tuple(dict.fromkeys(WORDS)))}
+    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=64, padding_side="right", pad_token="[PAD]",
+                                   unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                   bos_token="[CLS]", eos_token="[SEP]")
+
+
+def tiny_config(model_type: str):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    kwargs = {name: value for name, value in SIZES.items() if name in config.to_dict() or hasattr(config, name)}
+    kwargs.update(OVERRIDES.get(model_type, {}))
+    kwargs.update(pad_token_id=0, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2, num_labels=2)
+    for name in ("layer_types", "layers_block_type"):
+        default = getattr(config, name, None)
+        if isinstance(default, list) and default:
+            # a hybrid keeps its first kind of layer and gains one softmax-attention layer behind it
+            softmax = [t for t in default if "attention" in str(t) and "linear" not in str(t)]
+            second = softmax[0] if softmax and default[0] != softmax[0] else default[1 % len(default)]
+            kwargs[name] = [default[0], second]
+    if hasattr(config, "attn_layer_indices"):
+        kwargs["attn_layer_indices"] = [1]
+    try:
+        config = AutoConfig.for_model(model_type, **kwargs)
+    except Exception:
+        for name in ("layer_types", "layers_block_type", "attn_layer_indices"):
+            kwargs.pop(name, None)
+        config = AutoConfig.for_model(model_type, **kwargs)
+    config.use_cache = False
+    return config
+
+
+def build(model_type: str, task: str, implementation: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+    auto = {"seq2seq": AutoModelForSeq2SeqLM, "causal_lm": AutoModelForCausalLM,
+            "classification": AutoModelForSequenceClassification}[task]
+    torch.manual_seed(0)
+    config = tiny_config(model_type)
+    with torch.device("meta"):  # count first: a config the tiny sizes do not reach would build for minutes
+        size = sum(p.numel() for p in auto.from_config(config, attn_implementation=implementation).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"the tiny config still has {size / 1e6:.0f}M parameters")
+    model = auto.from_config(config, attn_implementation=implementation)
+    return model.eval()
+
+
+def wrap(model, tok, task):
+    from probe.models.contract import build_contract
+    from probe.models.loading import ProbeModel
+
+    return ProbeModel(name=f"tiny:{model.config.model_type}", path="", model=model, tokenizer=tok, task=task,
+                      contract=build_contract(model, tok, task), load_seconds=0.0)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:160]
+
+
+def _oracle(pm, inputs):
+    """HF eager output_attentions per stack: {stack: [layer tensors]}, or a reason string."""
+    import torch
+
+    from probe.models.checks import _eager_attentions
+
+    try:
+        eager = _eager_attentions(pm, inputs)
+    except Exception as exc:  # noqa: BLE001 - the sweep records every failure
+        return f"output_attentions: {_first_line(exc)}"
+    eager = {s: [a for a in (layers or ()) if isinstance(a, torch.Tensor)] for s, layers in eager.items()}
+    eager = {s: layers for s, layers in eager.items() if layers}
+    return eager or "output_attentions returns no attention"
+
+
+def check_read(pm, inputs, oracle, tol) -> str:
+    import torch
+
+    from probe.capture import capture_attention
+    from probe.models.checks import _capture_all
+
+    with torch.no_grad():
+        plain = pm.model(**inputs).logits.float()
+    logits, maps, calls = _capture_all(pm, inputs)
+    if (logits - plain).abs().max().item() > 1e-6:
+        return "capture changed the output"
+    gap = 0.0
+    source = inputs["attention_mask"].sum(1).tolist()
+    target = inputs.get("decoder_attention_mask", inputs["attention_mask"]).sum(1).tolist()
+    for stack, layers in oracle.items():
+        if stack not in maps:
+            return f"no {stack} stack captured"
+        weights = maps[stack].weights
+        if weights.shape[1] != len(layers):
+            return f"{stack}: captured {weights.shape[1]} layers, HF returns {len(layers)}"
+        # real query rows and real keys of each example: what padded rows hold is no model's answer
+        queries = source if stack == "encoder" else target
+        keys = target if stack == "decoder" else source
+        for li, hf in enumerate(layers):
+            hf = hf.float()
+            if hf.shape != weights[:, li].shape:
+                return f"{stack} layer {li}: shape {tuple(weights[:, li].shape)} vs HF {tuple(hf.shape)}"
+            for i, (q, k) in enumerate(zip(queries, keys)):
+                gap = max(gap, (hf[i, :, :q, :k] - weights[i, li, :, :q, :k]).abs().max().item())
+    return "" if gap <= tol else f"max |captured - HF| {gap:.1e} > {tol:.0e}"
+
+
+def check_edit(pm, inputs) -> str:
+    import torch
+
+    from probe.capture import capture_attention
+
+    with torch.no_grad():
+        plain = pm.model(**inputs).logits.float()
+    paths = pm.contract.module_paths
+    masks = {"attention_mask": inputs["attention_mask"], "decoder_attention_mask": inputs.get("decoder_attention_mask")}
+    with torch.no_grad(), capture_attention(pm, editors={p: (lambda w, c: w) for p in paths}, layers=(), **masks):
+        same = pm.model(**inputs).logits.float()
+    gap = (same - plain).abs().max().item()
+    if gap > EDIT_TOL:
+        return f"identity edit moved logits by {gap:.1e}"
+
+    def uniform(weights, context):
+        allowed = context.allowed if context.allowed is not None else torch.ones_like(weights, dtype=torch.bool)
+        flat = allowed.expand_as(weights).float()
+        return flat / flat.sum(-1, keepdim=True).clamp(min=1)
+
+    stack = pm.contract.primary_stack
+    last = max(layer for s, layer in paths if s == stack)
+    with torch.no_grad(), capture_attention(pm, editors={(stack, last): uniform}, layers=(), **masks):
+        moved = pm.model(**inputs).logits.float()
+    if (moved - plain).abs().max().item() == 0:
+        return "uniform attention did not change the output"
+    return ""
+
+
+def check_contract(pm) -> str:
+    from probe.models.checks import run_checks
+
+    failed = [c for c in run_checks(pm) if not c.passed]
+    return "" if not failed else "; ".join(f"{c.name} ({c.detail})" for c in failed)[:200]
+
+
+def check_explain(pm) -> str:
+    import torch
+
+    from probe.explain.methods import run_methods
+    from probe.explain.target import TargetSpec, prepare
+
+    examples = prepare(pm, [TEXTS[0]], TargetSpec(), max_new_tokens=3)
+    results = run_methods(pm, examples, ["attention", "rollout", "loo_delete", "integrated_gradients"],
+                          params={"integrated_gradients": {"steps": 8}})
+    bad = [name for name, r in results.items() if not bool(torch.isfinite(r.scores[0][~torch.isnan(r.scores[0])]).all())
+           or bool(torch.isnan(r.scores[0]).all())]
+    return "" if not bad else f"non-finite scores: {', '.join(bad)}"
+
+
+def _stage(fn, *args) -> str:
+    try:
+        return fn(*args)
+    except Timeout:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the sweep records every failure with its reason
+        return _first_line(exc)
+
+
+def sweep_one(model_type: str, task: str, implementation: str, tok) -> dict:
+    import torch
+
+    row = {"model_type": model_type, "task": task, "implementation": implementation,
+           "oracle": "", "read": "", "edit": "", "contract": "", "explain": "", "reason": ""}
+    try:
+        eager_model = build(model_type, task, "eager")
+    except Exception as exc:  # noqa: BLE001
+        row["reason"] = f"does not build: {_first_line(exc)}"
+        return row
+    try:
+        pm_eager = wrap(eager_model, tok, task)
+    except Exception as exc:  # noqa: BLE001
+        pm_eager = None
+        contract_error = f"contract: {_first_line(exc)}"
+    batch = {k: v for k, v in tok(list(TEXTS), padding=True, return_tensors="pt").items()
+             if k in ("input_ids", "attention_mask")}
+    batch_inputs = dict(batch)
+    if task == "seq2seq":  # the source shifted right behind the start token, padded like the source
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        decoder = torch.cat([torch.full_like(ids[:, :1], 2), ids[:, :-1]], dim=1)
+        batch_inputs.update(decoder_input_ids=decoder * mask, decoder_attention_mask=mask)
+    try:
+        with torch.no_grad():
+            out = eager_model(**batch_inputs, output_attentions=True)
+    except Exception as exc:  # noqa: BLE001
+        row["reason"] = f"does not run: {_first_line(exc)}"
+        return row
+    attentions = [a for name in ("attentions", "encoder_attentions", "decoder_attentions")
+                  for a in (getattr(out, name, None) or ()) if isinstance(a, torch.Tensor)]
+    if not attentions:
+        row["reason"] = "reports no attention with output_attentions"
+        return row
+    row["oracle"] = "yes"
+    if pm_eager is None:
+        for col in ("read", "edit", "contract", "explain"):
+            row[col] = "fail"
+        row["reason"] = contract_error
+        return row
+    oracle = _oracle(pm_eager, batch_inputs)
+    if isinstance(oracle, str):
+        row["reason"] = oracle
+        row["oracle"] = ""
+        return row
+    if implementation == "eager":
+        pm = pm_eager
+    else:
+        try:
+            pm = wrap(build(model_type, task, implementation), tok, task)
+            if pm.model.config._attn_implementation != implementation:
+                row["oracle"] = ""
+                row["reason"] = f"{implementation} not supported (loaded as {pm.model.config._attn_implementation})"
+                return row
+        except Exception as exc:  # noqa: BLE001
+            row["oracle"] = ""
+            row["reason"] = f"{implementation} not available: {_first_line(exc)}"
+            return row
+    reasons = []
+    if not pm.contract.stacks:
+        why = "; ".join(sorted(set(pm.contract.unreadable.values())))
+        reasons.append(f"probe finds no attention it can read ({why or 'no attention module'})")
+        for col in ("read", "edit", "contract", "explain"):
+            row[col] = "fail"
+    else:
+        tol = READ_TOL if implementation == "eager" else SDPA_READ_TOL
+        for col, fn, args in (("read", check_read, (pm, batch_inputs, oracle, tol)), ("edit", check_edit, (pm, batch_inputs)),
+                              ("contract", check_contract, (pm,)), ("explain", check_explain, (pm,))):
+            why = _stage(fn, *args)
+            row[col] = "ok" if not why else "fail"
+            if why:
+                reasons.append(f"{col}: {why}")
+    row["reason"] = " | ".join(reasons)
+    return row
+
+
+def summarise(rows: list[dict]) -> dict:
+    out = {}
+    for implementation in IMPLEMENTATIONS:
+        part = [r for r in rows if r["implementation"] == implementation and r["oracle"] == "yes"]
+        out[implementation] = {"oracle": len(part), **{c: sum(r[c] == "ok" for r in part) for c in ("read", "edit", "contract", "explain")}}
+    return out
+
+
+def write(rows: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    import transformers
+
+    summary = summarise(rows)
+    lines = [f"# Architecture coverage (transformers {transformers.__version__})", "",
+             "Tiny random models (hidden 64, 2 layers, 4 heads, 2 kv heads where the config takes them; fp32 CPU), "
+             "one per text model_type of the causal-LM, sequence-classification and seq2seq-LM auto mappings. "
+             "`oracle`: the eager model returns attention with `output_attentions`; the other columns count among those. "
+             f"`read`: capture equals the oracle within {READ_TOL:g} (eager) / {SDPA_READ_TOL:g} (sdpa) and leaves logits "
+             f"unchanged; `edit`: an identity edit moves logits by at most {EDIT_TOL:g} and uniform attention moves them; "
+             "`contract`: every `probe contract` check passes; `explain`: attention, rollout, loo_delete and integrated "
+             "gradients give finite scores. Made by `benchmarks/bench_architectures.py`.", "",
+             "| implementation | report attention | read | edit | contract | explain |", "|---|---|---|---|---|---|"]
+    for implementation, s in summary.items():
+        n = max(s["oracle"], 1)
+        lines.append(f"| {implementation} | {s['oracle']} | " + " | ".join(
+            f"{s[c]} ({100 * s[c] / n:.0f}%)" for c in ("read", "edit", "contract", "explain")) + " |")
+    lines += ["", "| model_type | task | impl | read | edit | contract | explain | reason |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        reason = r["reason"].replace("|", "/").replace("\n", " ")
+        lines.append(f"| {r['model_type']} | {r['task']} | {r['implementation']} | {r['read']} | {r['edit']} | "
+                     f"{r['contract']} | {r['explain']} | {reason} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated model_types (default: all)")
+    parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
+    parser.add_argument("--limit-s", type=int, default=60, help="time limit per architecture and implementation")
+    parser.add_argument("--out", default="reports/architectures", help="path stem of the .csv and .md written")
+    args = parser.parse_args(argv)
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    tok = tokenizer()
+    wanted = {t for t in args.only.split(",") if t}
+    todo = [(t, task) for t, task in model_types() if not wanted or t in wanted]
+    rows = []
+    signal.signal(signal.SIGALRM, _alarm)
+    started = time.perf_counter()
+    for model_type, task in todo:
+        for implementation in args.implementations.split(","):
+            t0 = time.perf_counter()
+            signal.alarm(args.limit_s)
+            try:
+                row = sweep_one(model_type, task, implementation, tok)
+            except Timeout:
+                row = {"model_type": model_type, "task": task, "implementation": implementation, "oracle": "",
+                       "read": "", "edit": "", "contract": "", "explain": "", "reason": f"time limit {args.limit_s}s"}
+            except BaseException as exc:  # noqa: BLE001
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                row = {"model_type": model_type, "task": task, "implementation": implementation, "oracle": "",
+                       "read": "", "edit": "", "contract": "", "explain": "", "reason": f"sweep error: {_first_line(exc)}"}
+            finally:
+                signal.alarm(0)
+            row["seconds"] = f"{time.perf_counter() - t0:.1f}"
+            rows.append(row)
+            if len(rows) % 20 == 0:
+                write(rows, Path(args.out))  # a sweep cut short still leaves its table
+            print(f"{model_type:28s} {implementation:6s} {row['read'] or '-':4s} {row['edit'] or '-':4s} "
+                  f"{row['contract'] or '-':4s} {row['explain'] or '-':4s} {row['seconds']:>5s}s {row['reason'][:110]}",
+                  flush=True)
+    write(rows, Path(args.out))
+    print(f"{len(todo)} model types in {time.perf_counter() - started:.0f}s")
+    for implementation, s in summarise(rows).items():
+        print(implementation, s)
+
+
+if __name__ == "__main__":
+    main()

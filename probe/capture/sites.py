@@ -1,0 +1,175 @@
+"""Find where each attention layer of a model can be read, by watching one small forward pass.
+
+Two paths (house rule 4: what the model's forward actually does, never its source):
+
+``function``       the module hands query, key and value to the shared attention-function registry
+                   (``ALL_ATTENTION_FUNCTIONS``): probe wraps that function (hooks.py).
+``probabilities``  the module computes attention inline but passes its probabilities through a
+                   child module (an ``nn.Dropout``, identity in eval, or an ``nn.Softmax``) whose
+                   output is ``[batch, head, query, key]`` with non-negative rows summing to at most
+                   1: probe reads, and for interventions replaces, that output with a forward hook.
+
+A module that calls the registry is an attention module whatever its name; other candidates are the
+innermost modules whose class name ends in ``Attention``. Layers are numbered by the order in which
+the stack calls them, so a hybrid's attention layers are 0..n-1 whatever their place among the
+model's layers, and a module called several times in one forward (a shared layer) is one layer per
+call. A candidate that neither calls the registry nor exposes probabilities is returned with the
+reason it cannot be read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
+# rows of a softmax sum to 1; a row whose keys are all masked may sum to 0; an attention sink
+# takes some mass out of the row (sum < 1)
+_ROW_SUM_TOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention layer as probe reads it."""
+
+    stack: str  # encoder | decoder | cross
+    layer: int  # the stack's own attention-layer index (call order)
+    path: str  # the attention module
+    kind: str  # function | probabilities
+    probability_path: str | None = None  # the child module whose output is the probabilities
+    call: int = 0  # which call of ``path`` in one forward this layer is (shared modules)
+
+
+def stack_of(path: str) -> str:
+    lowered = path.lower()
+    if "cross" in lowered or "encoder_attn" in lowered or "encdec" in lowered:
+        return "cross"
+    if "encoder" in lowered and "decoder" not in lowered:
+        return "encoder"
+    if "decoder" in lowered:
+        return "decoder"
+    return "encoder" if "encoder" in lowered else "decoder"
+
+
+def attention_candidates(model) -> dict[str, torch.nn.Module]:
+    """Innermost modules whose class name ends in ``Attention``, by path."""
+    named = [(p, m) for p, m in model.named_modules() if p and type(m).__name__.lower().endswith("attention")]
+    paths = [p for p, _ in named]
+    return {p: m for p, m in named if not any(other.startswith(p + ".") for other in paths)}
+
+
+def probe_inputs(model, tokenizer, task: str) -> dict:
+    """A one-example batch of six tokens: enough to see which modules run and what they hand on."""
+    vocab = int(getattr(model.config, "vocab_size", None) or 100)
+    ids = None
+    if tokenizer is not None:
+        try:
+            ids = tokenizer(["the film is good"], return_tensors="pt")["input_ids"]
+        except Exception:  # noqa: BLE001 - any tokenizer problem: fall back to plain ids
+            ids = None
+    if ids is None or ids.shape[1] < 2 or int(ids.max()) >= vocab:
+        ids = torch.arange(1, 7, dtype=torch.long)[None] % vocab
+    device = next(model.parameters()).device
+    inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+    if task == "seq2seq":
+        start = getattr(model.config, "decoder_start_token_id", None)
+        start = start if isinstance(start, int) else (getattr(model.config, "pad_token_id", None) or 0)
+        decoder = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)
+        inputs.update(decoder_input_ids=decoder.to(device), decoder_attention_mask=torch.ones_like(decoder).to(device))
+    return inputs
+
+
+def _looks_like_probabilities(tensor) -> bool:
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4 or not tensor.is_floating_point():
+        return False
+    t = tensor.detach().float()
+    if bool((t < 0).any()):
+        return False
+    sums = t.sum(-1)
+    return bool((sums <= 1 + _ROW_SUM_TOL).all()) and bool((sums > 1 - _ROW_SUM_TOL).any())
+
+
+class _Watch:
+    """Stands in for a capture session in the registry wrapper: records who calls, changes nothing."""
+
+    def __init__(self):
+        self.callers: set[int] = set()
+        self.where = self  # the wrapper asks ``where.get(id(module))``
+
+    def get(self, key, default=None):
+        self.callers.add(key)
+        return key
+
+    def call(self, place, original, module, *args, **kwargs):
+        return original(module, *args, **kwargs)
+
+
+def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, str]]:
+    """Every readable attention layer of ``model`` and, by path, the modules that cannot be read and why."""
+    from probe.capture import hooks
+
+    named = dict(model.named_modules())
+    candidates = attention_candidates(model)
+    order: list[int] = []  # id of each attention-looking module, per call, in call order
+    seen_probabilities: dict[int, set[str]] = {}
+    handles = []
+    watch = _Watch()
+    modules_by_id = {id(m): p for p, m in named.items()}
+    try:
+        for path, module in named.items():
+            handles.append(module.register_forward_pre_hook(lambda mod, args: order.append(id(mod))))
+        for path, module in named.items():
+            if not isinstance(module, PROBABILITY_MODULES):
+                continue
+            owner = max((c for c in candidates if path.startswith(c + ".")), key=len, default=None)
+            if owner is None:
+                continue
+
+            def record(mod, args, output, path=path, owner=owner):
+                if _looks_like_probabilities(output):
+                    seen_probabilities.setdefault(id(candidates[owner]), set()).add(path)
+
+            handles.append(module.register_forward_hook(record))
+        implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
+        with hooks._LOCK:
+            hooks._install(implementation)
+            hooks._SESSIONS.append(watch)
+        try:
+            with torch.no_grad():
+                model(**probe_inputs(model, tokenizer, task))
+        finally:
+            with hooks._LOCK:
+                hooks._SESSIONS.remove(watch)
+                if not hooks._SESSIONS:
+                    hooks._uninstall_all()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    attention_ids = watch.callers | {id(m) for m in candidates.values()}
+    calls: dict[int, int] = {}
+    counters: dict[str, int] = {}
+    sites: list[Site] = []
+    unreadable: dict[str, str] = {}
+    for module_id in order:
+        if module_id not in attention_ids:
+            continue
+        path = modules_by_id[module_id]
+        call = calls.get(module_id, 0)
+        calls[module_id] = call + 1
+        stack = stack_of(path)
+        if module_id in watch.callers:
+            kind, probability_path = "function", None
+        elif seen_probabilities.get(module_id):
+            kind, probability_path = "probabilities", sorted(seen_probabilities[module_id])[0]
+        else:
+            if call == 0:
+                unreadable[path] = (f"{type(named[path]).__name__} neither calls the attention-function registry nor "
+                                    "passes [batch, head, query, key] probabilities through a child module "
+                                    "(linear or kernelised attention has none)")
+            continue
+        sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, kind=kind,
+                          probability_path=probability_path, call=call))
+        counters[stack] = counters.get(stack, 0) + 1
+    return sites, unreadable
