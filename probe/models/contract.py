@@ -31,6 +31,12 @@ class AttentionContract:
     padding_side: str
     special_tokens: tuple[str, ...]
     module_paths: dict[tuple[str, int], str] = field(repr=False, default_factory=dict)
+    #: weights the checkpoint did not hold, left at random initialisation (missing or mismatched keys)
+    random_weights: tuple[str, ...] = ()
+    #: whether the user allowed explaining a model with random weights
+    random_weights_allowed: bool = False
+    #: a headless encoder's pooling (mode, normalize, source); None for other tasks
+    pooling: dict | None = None
 
     @property
     def primary_stack(self) -> str:
@@ -71,6 +77,9 @@ class AttentionContract:
             "padding_side": self.padding_side,
             "special_tokens": list(self.special_tokens),
             "stacks": {name: {**asdict(s), "kv_head_of_query": list(s.kv_head_of_query)} for name, s in self.stacks.items()},
+            "random_weights": list(self.random_weights),
+            "random_weights_allowed": self.random_weights_allowed,
+            "pooling": self.pooling,
         }
 
 
@@ -122,7 +131,8 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str) ->
     )
 
 
-def build_contract(model, tokenizer, task: str | None = None) -> AttentionContract:
+def build_contract(model, tokenizer, task: str | None = None, *, random_weights: tuple[str, ...] = (),
+                   random_weights_allowed: bool = False, pooling: dict | None = None) -> AttentionContract:
     from probe.models.loading import _infer_task
 
     config = model.config
@@ -149,4 +159,7 @@ def build_contract(model, tokenizer, task: str | None = None) -> AttentionContra
         padding_side=getattr(tokenizer, "padding_side", "right"),
         special_tokens=special,
         module_paths=dict(paths),
+        random_weights=tuple(random_weights),
+        random_weights_allowed=bool(random_weights_allowed),
+        pooling=pooling,
     )
