@@ -16,6 +16,9 @@ ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, a 
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16")
 AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: transformers' own, sdpa)")
+TaskOpt = typer.Option(None, "--task", help="load as classification, causal_lm, seq2seq or encoder (default: read from the model)")
+AllowRandomOpt = typer.Option(False, "--allow-random-weights",
+                              help="explain a model even though its checkpoint leaves some weights random (e.g. a missing head)")
 
 
 def _quiet_libraries() -> None:
@@ -32,11 +35,21 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _load(model: str, device: str, dtype: str, attn: str | None):
+def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
+          allow_random_weights: bool = False):
     _quiet_libraries()
     from probe.models import load_model
 
-    return load_model(model, device=device, dtype=dtype, attn_implementation=attn)
+    return load_model(model, device=device, dtype=dtype, attn_implementation=attn, task=task,
+                      allow_random_weights=allow_random_weights)
+
+
+def _random_weights_text(contract) -> str:
+    if not contract.random_weights:
+        return "none: every weight was loaded from the checkpoint"
+    return (f"{len(contract.random_weights)} left at random initialisation ("
+            + ("allowed explicitly" if contract.random_weights_allowed else "probe explain / run refuse this model")
+            + "): " + ", ".join(contract.random_weights))
 
 
 def _contract_table(contract) -> "object":
@@ -46,6 +59,10 @@ def _contract_table(contract) -> "object":
     info = contract.to_dict()
     for key in ("model_type", "task", "implementation", "dtype", "device", "max_positions", "padding_side"):
         table.add_row(key, str(info[key]))
+    table.add_row("random weights", _random_weights_text(contract))
+    if contract.pooling:
+        table.add_row("pooling", f"{contract.pooling['mode']}{', normalised' if contract.pooling['normalize'] else ''} "
+                                 f"(from {contract.pooling['source']})")
     for name, stack in contract.stacks.items():
         kv = stack.kv_head_of_query
         kv_text = "one per query head (MHA)" if stack.n_kv_heads == stack.n_heads else \
@@ -63,9 +80,12 @@ def contract(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
+    task: str | None = TaskOpt,
 ) -> None:
-    """Print the model's attention contract and run the invariance checks (exit 1 if one fails)."""
-    pm = _load(model, device, dtype, attn_implementation)
+    """Print the model's attention contract and run the invariance checks (exit 1 if one fails).
+
+    Weights the checkpoint leaves random are listed, not refused: the contract describes the model."""
+    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights=True)
     from probe.models.checks import run_checks
 
     results = run_checks(pm)
@@ -99,9 +119,16 @@ def inspect(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
+    task: str | None = TaskOpt,
+    allow_random_weights: bool = AllowRandomOpt,
 ) -> None:
     """Predict TEXT and show where the target query's attention goes, per layer and head."""
-    pm = _load(model, device, dtype, attn_implementation)
+    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
+    if pm.task == "encoder":
+        from probe.errors import InputError
+
+        raise InputError("inspect shows one target query's attention and a headless encoder pools every position: "
+                         "use probe explain MODEL TEXT --target similarity --reference TEXT")
     from probe.predict import target_attention
 
     result = target_attention(pm, text, strict_length=strict_length)
@@ -160,7 +187,10 @@ def explain(
     methods: str | None = typer.Option(None, "--methods", help="comma-separated method names, or all (default: every method that applies)"),
     label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
-    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs)"),
+    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
+                                                                   "similarity or dimension for a headless encoder"),
+    reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
+    dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled embedding"),
     layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
     steps: int = typer.Option(50, "--steps", min=1, help="integrated gradients steps"),
     seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
@@ -169,16 +199,19 @@ def explain(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
+    task: str | None = TaskOpt,
+    allow_random_weights: bool = AllowRandomOpt,
 ) -> None:
     """Explain one prediction with every method side by side (token x method)."""
     from probe.explain.methods import applicable_methods, parse_methods
 
     chosen = parse_methods(methods) if methods else None  # validate before the slow load
-    pm = _load(model, device, dtype, attn_implementation)
+    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
     from probe.explain.methods import run_methods
     from probe.explain.target import TargetSpec, prepare
 
-    examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation),
+    examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
+                                              reference=reference, dimension=dimension),
                        strict_length=strict_length)
     skipped = {}
     if chosen is None:
@@ -203,7 +236,8 @@ def explain(
         print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
                           "target": example.describe(), "scores": scores,
                           "params": {name: r.params for name, r in results.items()},
-                          "skipped": skipped}, default=str))
+                          "skipped": skipped, "random_weights": list(pm.random_weights),
+                          "allow_random_weights": pm.allow_random_weights}, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -212,6 +246,8 @@ def explain(
     target = example.describe()
     console.print(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
                   f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})")
+    if pm.random_weights:
+        console.print(f"[bold red]random weights (allowed explicitly):[/] {', '.join(pm.random_weights)}")
     for name, reason in skipped.items():
         console.print(f"[dim]skipped {name}: {reason}[/]")
     shown_layer = layer if layer is not None else pm.contract.n_layers - 1

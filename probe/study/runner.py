@@ -132,7 +132,9 @@ def prepare_study_examples(pm, study, texts: Sequence[str], gold: Sequence[int |
         for example, value in zip(examples, values.tolist()):
             example.original_value = value
     else:
-        examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation),
+        examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
+                                                  reference=getattr(t, "reference", None),
+                                                  dimension=getattr(t, "dimension", None)),
                            strict_length=True)
     for text, example in zip(texts, examples):
         template = _template_positions(pm, study, text, example.input_ids)
@@ -548,7 +550,8 @@ def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = T
     store.check(record)  # refuses another study's folder before the model loads, writing nothing
     t_load = time.perf_counter()
     pm = load_model(study.model.id, device=device, dtype=study.model.dtype,
-                    attn_implementation=study.model.attn_implementation, task=study.model.task)
+                    attn_implementation=study.model.attn_implementation, task=study.model.task,
+                    allow_random_weights=study.model.allow_random_weights)
     load_seconds = time.perf_counter() - t_load
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study)
