@@ -293,6 +293,7 @@ def test_a_study_on_the_encoder_runs(pretrained_minilm_folder, tmp_path):
     study = {"name": "encoder", "model": {"id": pretrained_minilm_folder}, "dataset": {"name": str(data)},
              "target": {"kind": "similarity", "reference": REFERENCE},
              "explainers": ["attention_mean", "saliency"], "references": ["loo_delete"],
+             "metrics": {"erasure": None, "counterfactual": None, "heads": None},  # agreement only: fast
              "statistics": {"bootstrap": 100}, "output": str(tmp_path / "out")}
     run_study(study_from_dict(study), progress=False, log=lambda _: None)
     provenance = json.loads((tmp_path / "out" / "provenance.json").read_text())
