@@ -17,6 +17,9 @@ ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, a 
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16")
 AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: transformers' own, sdpa)")
+TaskOpt = typer.Option(None, "--task", help="load as classification, causal_lm, seq2seq or encoder (default: read from the model)")
+AllowRandomOpt = typer.Option(False, "--allow-random-weights",
+                              help="explain a model even though its checkpoint leaves some weights random (e.g. a missing head)")
 
 
 def _quiet_libraries() -> None:
@@ -33,11 +36,21 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _load(model: str, device: str, dtype: str, attn: str | None):
+def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
+          allow_random_weights: bool = False):
     _quiet_libraries()
     from probe.models import load_model
 
-    return load_model(model, device=device, dtype=dtype, attn_implementation=attn)
+    return load_model(model, device=device, dtype=dtype, attn_implementation=attn, task=task,
+                      allow_random_weights=allow_random_weights)
+
+
+def _random_weights_text(contract) -> str:
+    if not contract.random_weights:
+        return "none: every weight was loaded from the checkpoint"
+    return (f"{len(contract.random_weights)} left at random initialisation ("
+            + ("allowed explicitly" if contract.random_weights_allowed else "probe explain / run refuse this model")
+            + "): " + ", ".join(contract.random_weights))
 
 
 def _plain(value) -> str:
@@ -55,6 +68,10 @@ def _contract_table(contract) -> "object":
     info = contract.to_dict()
     for key in ("model_type", "task", "implementation", "dtype", "device", "max_positions", "padding_side"):
         table.add_row(key, _plain(info[key]))
+    table.add_row("random weights", _plain(_random_weights_text(contract)))
+    if contract.pooling:
+        table.add_row("pooling", f"{contract.pooling['mode']}{', normalised' if contract.pooling['normalize'] else ''} "
+                                 f"(from {contract.pooling['source']})")
     for name, stack in contract.stacks.items():
         kv = stack.kv_head_of_query
         kv_text = "one per query head (MHA)" if stack.n_kv_heads == stack.n_heads else \
@@ -72,9 +89,12 @@ def contract(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
+    task: str | None = TaskOpt,
 ) -> None:
-    """Print the model's attention contract and run the invariance checks (exit 1 if one fails)."""
-    pm = _load(model, device, dtype, attn_implementation)
+    """Print the model's attention contract and run the invariance checks (exit 1 if one fails).
+
+    Weights the checkpoint leaves random are listed, not refused: the contract describes the model."""
+    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights=True)
     from probe.models.checks import run_checks
 
     results = run_checks(pm)
@@ -108,9 +128,16 @@ def inspect(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
+    task: str | None = TaskOpt,
+    allow_random_weights: bool = AllowRandomOpt,
 ) -> None:
     """Predict TEXT and show where the target query's attention goes, per layer and head."""
-    pm = _load(model, device, dtype, attn_implementation)
+    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
+    if pm.task == "encoder":
+        from probe.errors import InputError
+
+        raise InputError("inspect shows one target query's attention and a headless encoder pools every position: "
+                         "use probe explain MODEL TEXT --target similarity --reference TEXT")
     from probe.predict import target_attention
 
     result = target_attention(pm, text, strict_length=strict_length)
@@ -169,7 +196,10 @@ def explain(
     methods: str | None = typer.Option(None, "--methods", help="comma-separated method names, or all (default: every method that applies)"),
     label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
-    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs)"),
+    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
+                                                                   "similarity or dimension for a headless encoder"),
+    reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
+    dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled embedding"),
     layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
     steps: int = typer.Option(50, "--steps", min=1, help="integrated gradients steps"),
     site: str | None = typer.Option(None, "--site", help="where gradient methods are taken: word or embeddings (default: decided from the model)"),
@@ -179,6 +209,8 @@ def explain(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
+    task: str | None = TaskOpt,
+    allow_random_weights: bool = AllowRandomOpt,
 ) -> None:
     """Explain one prediction with every method side by side (token x method)."""
     from probe.explain.methods import applicable_methods, parse_methods
@@ -188,16 +220,18 @@ def explain(
         from probe.errors import InputError
 
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
-    pm = _load(model, device, dtype, attn_implementation)
-    if continuation is not None and pm.task == "classification":
+    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
+    if continuation is not None and pm.task in ("classification", "encoder"):
         from probe.errors import InputError
 
-        raise InputError("--continuation applies to language models; this model is a classifier: give --label "
-                         "(index or name) instead")
+        instead = "--label (index or name)" if pm.task == "classification" else "--target similarity or dimension"
+        raise InputError(f"--continuation applies to language models; this model is a "
+                         f"{'classifier' if pm.task == 'classification' else 'headless encoder'}: give {instead} instead")
     from probe.explain.methods import run_methods
     from probe.explain.target import TargetSpec, prepare
 
-    examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation),
+    examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
+                                              reference=reference, dimension=dimension),
                        strict_length=strict_length)
     skipped = {}
     if chosen is None:
@@ -239,7 +273,9 @@ def explain(
         print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
                           "target": example.describe(), "scores": scores,
                           "params": {name: r.params for name, r in results.items()},
-                          "skipped": skipped, "sanity": [c.to_dict() for c in checks]}, default=str))
+                          "skipped": skipped, "sanity": [c.to_dict() for c in checks],
+                          "random_weights": list(pm.random_weights),
+                          "allow_random_weights": pm.allow_random_weights}, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -248,6 +284,8 @@ def explain(
     target = example.describe()
     console.print(_plain(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
                          f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
+    if pm.random_weights:
+        console.print(f"[bold red]random weights (allowed explicitly):[/] {_plain(', '.join(pm.random_weights))}")
     for name, reason in skipped.items():
         console.print(f"[dim]skipped {name}: {_plain(reason)}[/]")
     from probe.metrics.sanity import summary_lines

@@ -65,7 +65,8 @@ def pretrained_minilm_folder() -> str:
 def minilm(pretrained_minilm_folder):
     from probe.models import load_model
 
-    return load_model(pretrained_minilm_folder)
+    # loaded as a classifier on purpose: its random head is allowed explicitly (equality tests only)
+    return load_model(pretrained_minilm_folder, task="classification", allow_random_weights=True)
 
 
 @pytest.fixture(scope="session")

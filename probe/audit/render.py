@@ -88,7 +88,9 @@ def _model_line(data: dict) -> str:
     where = f"{source} ({d.get('split')}, seed {d.get('seed')})" if d.get("dataset") else "the listed texts"
     return (f"model {m['id']} ({m['task']}, {m['layers']} layers x {m['heads']} heads of {m['stack']} attention, "
             f"{m['dtype']}, {m['device']}); {d['n_examples']} examples from {where}; bootstrap "
-            f"{s['bootstrap']} resamples, level {s['level']}, seed {s['seed']}")
+            f"{s['bootstrap']} resamples, level {s['level']}, seed {s['seed']}"
+            + (f"; RANDOM WEIGHTS, allowed explicitly (allow_random_weights): {', '.join(m['random_weights'])}"
+               if m.get("random_weights") else ""))
 
 
 # ------------------------------------------------------------------------------------------ markdown

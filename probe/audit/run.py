@@ -618,7 +618,8 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
         spec = claim_file.model
         log(f"loading {spec.id} ...")
         model = load_model(spec.id, device=spec.device, dtype=spec.dtype,
-                           attn_implementation=spec.attn_implementation, task=spec.task)
+                           attn_implementation=spec.attn_implementation, task=spec.task,
+                           allow_random_weights=spec.allow_random_weights)
     pm = model
     _check_target(pm, claim_file)
     items = select_examples(pm, claim_file)
@@ -640,7 +641,8 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     audit = AuditResult(
         claims=results,
         model={"id": claim_file.model.id, "name": pm.name, "path": pm.path, "task": pm.task, "stack": ctx.stack,
-               "layers": info.n_layers, "heads": info.n_heads, "device": str(pm.device), "dtype": pm.contract.dtype},
+               "layers": info.n_layers, "heads": info.n_heads, "device": str(pm.device), "dtype": pm.contract.dtype,
+               "random_weights": list(pm.random_weights), "allow_random_weights": pm.allow_random_weights},
         data={**claim_file.data.model_dump(mode="json", exclude={"texts"}), "n_examples": len(items),
               "ids": [e.id for e in items], "target": claim_file.target.model_dump(mode="json")},
         statistics=claim_file.statistics.model_dump(mode="json"),

@@ -52,6 +52,8 @@ TARGET_QUERY_NOTE = {
                       "last token for decoders)",
     "causal_lm": "causal LM: attention row of the last explained token (position len(input_ids)-1), "
                  "which predicts the first continuation token",
+    "encoder": "headless encoder: attention rows of the positions its pooling reads (every explained "
+               "token, averaged, for mean/max pooling; position 0 for cls pooling)",
     "seq2seq": "seq2seq: cross-attention rows of the decoder positions that predict the output tokens, "
                "averaged over those positions; keys are the encoder (explained) tokens",
 }
@@ -91,7 +93,13 @@ def target_queries(pm, batch: RowBatch) -> TargetQueries:
         return TargetQueries("cross", rows, valid, lengths)
     stack = pm.contract.primary_stack
     bidirectional = pm.contract.stacks[stack].mask_kind == "bidirectional"
-    if pm.task == "classification" and bidirectional:
+    if pm.task == "encoder" and pm.pooling.mode != "cls":
+        # the pooled embedding reads every explained position: all their rows, averaged
+        width = int(lengths.max())
+        positions = torch.arange(width, device=lengths.device).expand(n_rows, -1)  # [batch, width]
+        valid = positions < lengths[:, None]
+        return TargetQueries(stack, torch.where(valid, positions, torch.zeros_like(positions)), valid, lengths)
+    if pm.task in ("classification", "encoder") and bidirectional:
         rows = torch.zeros((n_rows, 1), dtype=torch.long, device=lengths.device)
     else:
         rows = (lengths - 1).view(n_rows, 1)
@@ -223,9 +231,11 @@ class _ResidualStream:
     which flow needs.
     """
 
-    def __init__(self, n_layers: int, target: torch.Tensor | None, keep_width: int | None = None):
+    def __init__(self, n_layers: int, target: torch.Tensor | None, keep_width: int | None = None,
+                 queries: TargetQueries | None = None):
         self.n_layers = n_layers
-        self.target = target  # [batch, 1] query position whose rollout row is kept, or None
+        self.target = target  # [batch, rows] query positions whose rollout rows are kept (averaged), or None
+        self.queries = queries  # averages several target rows (a mean-pooled encoder's)
         self.keep_width = keep_width
         self.product: torch.Tensor | None = None  # [batch, T, T]
         self.rows: list[torch.Tensor] = []  # per layer [batch, T]
@@ -242,8 +252,9 @@ class _ResidualStream:
             augmented = _add_residual_(mean.float())  # [batch, T, T]
             self.product = augmented if self.product is None else augmented @ self.product
             if self.target is not None:
-                index = self.target[:, :, None].expand(-1, 1, self.product.shape[-1])
-                self.rows.append(torch.gather(self.product, 1, index)[:, 0])  # [batch, T]
+                index = self.target[:, :, None].expand(-1, -1, self.product.shape[-1])  # [batch, rows, T]
+                picked = torch.gather(self.product, 1, index)  # [batch, rows, T]
+                self.rows.append(picked[:, 0] if picked.shape[1] == 1 else self.queries.mean_over_rows(picked))
             if self.keep_width is not None:
                 self.kept.append(augmented[:, : self.keep_width, : self.keep_width].clone())
 
@@ -264,7 +275,7 @@ def _encoder_stream(pm, batch: RowBatch, tq: TargetQueries, *, keep_width: int |
         why = "; ".join(sorted(set(pm.contract.unreadable.values()))) or "no attention module was found there"
         raise CaptureError(f"{pm.contract.model_type}: probe cannot read the {stack} attention ({why})")
     n_layers = pm.contract.stacks[stack].n_layers
-    stream = _ResidualStream(n_layers, target, keep_width)
+    stream = _ResidualStream(n_layers, target, keep_width, queries=tq)
     observers = {(stack, layer): stream for layer in range(n_layers)}
     record = {stack: ()}
     queries = None
@@ -432,8 +443,9 @@ def flow(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
             for r, n in enumerate(tq.lengths.tolist()):
                 residual = kept[r, :, :n, :n]
                 if cross is None:
-                    t = int(tq.rows[r, 0])
-                    sinks = [(layer, residual[layer, t]) for layer in range(residual.shape[0])]
+                    # several target rows (a mean-pooled encoder): one sink fed by their average row
+                    t = tq.rows[r][tq.valid[r]].cpu().numpy()
+                    sinks = [(layer, residual[layer, t].mean(axis=0)) for layer in range(residual.shape[0])]
                 else:
                     rows = cross[r, :, :n].double().cpu().numpy()  # [decoder layer, n]
                     sinks = [(residual.shape[0], rows[layer]) for layer in range(rows.shape[0])]

@@ -296,7 +296,8 @@ def _common_params(pm, problem: _EmbeddingForward) -> dict:
         "space_note": note,
         "target_kind": examples[0].kind,
         "attributed": {"classification": "input tokens", "causal_lm": "prompt tokens (continuation held fixed)",
-                       "seq2seq": "encoder input tokens (decoder inputs held fixed)"}[pm.task],
+                       "seq2seq": "encoder input tokens (decoder inputs held fixed)",
+                       "encoder": "input tokens (a similarity target's reference held fixed)"}[pm.task],
         "gradient_dtype": "float32",
         "model_dtype": str(_model_dtype(pm)).replace("torch.", ""),
     }

@@ -9,6 +9,12 @@ Layouts (right padding everywhere):
     classification  [input][pad]                        value from logits[row, label]
     causal_lm       [input][continuation][pad]          sum of log p(continuation token | prefix)
     seq2seq         encoder [input][pad], decoder [start][output[:-1]][pad]   sum of log p(output)
+    encoder         [input][pad]                        from the pooled embedding [row, hidden]: its cosine
+                                                        similarity to a reference text's, or one dimension
+
+A headless encoder (:mod:`probe.models.encoder`) has no class: its targets are ``similarity``
+(cosine of the input's pooled embedding with the fixed embedding of ``TargetSpec.reference``) and
+``dimension`` (component ``TargetSpec.dimension`` of the pooled embedding).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import torch
 
 from probe.errors import InputError
 
-TARGET_KINDS = ("prob", "logit", "logprob")
+TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
+#: the target kinds of a headless encoder (task ``encoder``); the others need a head
+ENCODER_KINDS = ("similarity", "dimension")
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,8 @@ class TargetSpec:
     kind: str | None = None  # default: prob for classifiers, logprob for language models
     label: int | str | None = None
     continuation: str | None = None
+    reference: str | None = None  # kind similarity: the text whose pooled embedding is compared
+    dimension: int | None = None  # kind dimension: which component of the pooled embedding
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,7 @@ class PreparedExample:
     target_ids: list[int] = field(default_factory=list)  # causal continuation or seq2seq output
     label_name: str | None = None
     original_value: float | None = None  # the target on the unperturbed input
+    reference_embedding: torch.Tensor | None = None  # [hidden] kind similarity: the reference's pooled embedding
 
     def describe(self) -> dict:
         return {"label": self.label_name, "kind": self.kind, "value": self.original_value}
@@ -102,6 +113,7 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
     kind = target.kind or ("prob" if pm.task == "classification" else "logprob")
     if kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {kind!r}: use one of {', '.join(TARGET_KINDS)}")
+    _check_encoder_target(pm, target, kind)
     if pm.task != "classification" and target.label is not None:
         raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
     batch = encode_texts(pm, texts, strict_length=strict_length)
@@ -111,7 +123,9 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
         ids = batch["input_ids"][i, : lengths[i]].tolist()
         examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
                                         tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
-    if pm.task == "classification":
+    if pm.task == "encoder":
+        _resolve_encoder_target(pm, examples, target, kind)
+    elif pm.task == "classification":
         fixed = _label_index(pm, target.label) if target.label is not None else None
         with torch.no_grad():
             predicted = pm.model(**batch).logits.argmax(-1).tolist()
@@ -145,6 +159,55 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
                                               label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
+
+
+def _check_encoder_target(pm, target: TargetSpec, kind: str) -> None:
+    """Encoder targets only on encoders, with what they need; nothing else on an encoder."""
+    if pm.task != "encoder":
+        if kind in ENCODER_KINDS:
+            raise InputError(f"target {kind!r} applies to a headless encoder (task encoder); this is a {pm.task} "
+                             f"model: use one of {', '.join(k for k in TARGET_KINDS if k not in ENCODER_KINDS)}")
+        if target.reference is not None or target.dimension is not None:
+            raise InputError("--reference / --dimension apply to a headless encoder's similarity / dimension target; "
+                             f"this is a {pm.task} model")
+        return
+    if kind not in ENCODER_KINDS:
+        raise InputError(f"a headless encoder has no class or next token to explain (target {kind!r}): use "
+                         "--target similarity --reference TEXT or --target dimension --dimension N")
+    if target.label is not None or target.continuation is not None:
+        raise InputError("--label / --continuation need a task head; a headless encoder explains "
+                         "--target similarity --reference TEXT or --target dimension --dimension N")
+    if kind == "similarity":
+        if target.dimension is not None:
+            raise InputError("--dimension belongs to --target dimension; a similarity target takes --reference TEXT")
+        if not isinstance(target.reference, str) or not target.reference.strip():
+            raise InputError(f"target similarity needs a reference text (got {target.reference!r}): "
+                             "give --reference TEXT")
+    else:
+        if target.reference is not None:
+            raise InputError("--reference belongs to --target similarity; a dimension target takes --dimension N")
+        hidden = int(pm.model.config.hidden_size)
+        if isinstance(target.dimension, bool) or not isinstance(target.dimension, int) \
+                or not 0 <= target.dimension < hidden:
+            raise InputError(f"target dimension needs --dimension N with N in 0..{hidden - 1} "
+                             f"(the embedding has {hidden}); got {target.dimension!r}")
+
+
+def _resolve_encoder_target(pm, examples: list[PreparedExample], target: TargetSpec, kind: str) -> None:
+    """Fill in each example's encoder target: the reference embedding (held fixed) or the dimension."""
+    if kind == "dimension":
+        for example in examples:
+            example.label = int(target.dimension)
+            example.label_name = f"dimension {target.dimension}"
+        return
+    from probe.models.text import encode_texts
+
+    reference = encode_texts(pm, [target.reference])
+    with torch.no_grad():
+        embedding = pm.model(**reference).logits[0].float()  # [hidden]
+    for example in examples:
+        example.reference_embedding = embedding
+        example.label_name = target.reference
 
 
 def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:
@@ -243,6 +306,12 @@ def keep_target_logits(pm, batch: RowBatch, kwargs: dict) -> RowBatch:
 def target_values(pm, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
     """[rows] target value of each row from the model's logits (fp32)."""
     logits = logits.float()
+    if pm.task == "encoder":  # logits: [rows, hidden] pooled embeddings
+        if batch.examples[0].kind == "similarity":
+            reference = torch.stack([e.reference_embedding for e in batch.examples]).to(logits.device)  # [rows, hidden]
+            return torch.nn.functional.cosine_similarity(logits, reference, dim=-1)
+        dims = torch.tensor([e.label for e in batch.examples], device=logits.device)
+        return logits.gather(1, dims[:, None])[:, 0]
     if pm.task == "classification":
         labels = torch.tensor([e.label for e in batch.examples], device=logits.device)
         kind = batch.examples[0].kind

@@ -155,7 +155,8 @@ def in_halves(items: Sequence, run, device="cpu", what: str = "examples") -> lis
 
 def target_key(example: PreparedExample) -> tuple:
     """What makes two examples' targets the same number (for de-duplication)."""
-    return (example.kind, example.label, tuple(example.target_ids))
+    # a similarity target also depends on its reference text (label_name)
+    return (example.kind, example.label, tuple(example.target_ids)) + ((example.label_name,) if example.kind == "similarity" else ())
 
 
 def row_key(ids: Sequence[int], example: PreparedExample) -> tuple:

@@ -67,7 +67,7 @@ def _outputs(out):
 
 def _real_outputs(pm, logits: torch.Tensor, inputs: dict, index: int) -> torch.Tensor:
     """Logits of example ``index`` at its real positions only."""
-    if pm.task == "classification":
+    if pm.task in ("classification", "encoder"):  # [batch, classes] or [batch, hidden] pooled
         return logits[index]
     mask = inputs["decoder_attention_mask"] if pm.task == "seq2seq" else inputs["attention_mask"]
     return logits[index, : int(mask[index].sum())]

@@ -47,6 +47,12 @@ class AttentionContract:
     sites: dict = field(repr=False, default_factory=dict)  # (stack, layer) -> probe.capture.sites.Site
     unreadable: dict[str, str] = field(default_factory=dict)  # module path -> why probe cannot read it
     detected_by: str = "layout table"
+    #: weights the checkpoint did not hold, left at random initialisation (missing or mismatched keys)
+    random_weights: tuple[str, ...] = ()
+    #: whether the user allowed explaining a model with random weights
+    random_weights_allowed: bool = False
+    #: a headless encoder's pooling (mode, normalize, source); None for other tasks
+    pooling: dict | None = None
 
     @property
     def primary_stack(self) -> str:
@@ -91,6 +97,10 @@ class AttentionContract:
                        for name, s in self.stacks.items()},
             "unreadable": dict(self.unreadable),
             "detected_by": self.detected_by,
+            "stacks": {name: {**asdict(s), "kv_head_of_query": list(s.kv_head_of_query)} for name, s in self.stacks.items()},
+            "random_weights": list(self.random_weights),
+            "random_weights_allowed": self.random_weights_allowed,
+            "pooling": self.pooling,
         }
 
 
@@ -195,8 +205,8 @@ def _locate(model, tokenizer, task):
     return {p: site.path for p, site in sites.items()}, sites, unreadable, "a watched forward pass"
 
 
-
-def build_contract(model, tokenizer, task: str | None = None) -> AttentionContract:
+def build_contract(model, tokenizer, task: str | None = None, *, random_weights: tuple[str, ...] = (),
+                   random_weights_allowed: bool = False, pooling: dict | None = None) -> AttentionContract:
     from probe.models.loading import _infer_task
 
     config = model.config
@@ -226,4 +236,7 @@ def build_contract(model, tokenizer, task: str | None = None) -> AttentionContra
         sites=sites,
         unreadable=unreadable,
         detected_by=detected_by,
+        random_weights=tuple(random_weights),
+        random_weights_allowed=bool(random_weights_allowed),
+        pooling=pooling,
     )

@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # imported for annotations only: loading this module must not
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
-TASKS = ("classification", "causal_lm", "seq2seq")
+TASKS = ("classification", "causal_lm", "seq2seq", "encoder")
+#: random weights named in a refusal before "and N more"
+_SHOWN_RANDOM = 6
 
 
 def resolve_device(device: str | None):
@@ -74,6 +76,12 @@ class ProbeModel:
     contract: AttentionContract
     load_seconds: float
     metadata: dict = field(default_factory=dict)
+    #: weights the checkpoint did not hold (missing or of another shape), left at random initialisation
+    random_weights: tuple[str, ...] = ()
+    #: the user said explicitly that a model with random weights may be explained
+    allow_random_weights: bool = False
+    #: a headless encoder's pooling (``probe.models.encoder.Pooling``); None for other tasks
+    pooling: object = None
 
     @property
     def device(self) -> torch.device:
@@ -112,23 +120,48 @@ def _hub_unreachable() -> bool:
     return False
 
 
-def _infer_task(config) -> str:
+def _is_bare_architecture(name: str) -> bool:
+    """``BertModel``, ``RobertaModel``: a base class with no task head (``*For*``, ``*LMHead*``)."""
+    return name.endswith("Model") and "For" not in name and "LMHead" not in name
+
+
+def _infer_task(config, path: str | None = None) -> str:
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
     architectures = getattr(config, "architectures", None) or []
+    if path is not None:
+        from probe.models.encoder import is_sentence_transformers_folder
+
+        if is_sentence_transformers_folder(path):
+            return "encoder"
+    bare = bool(architectures) and all(_is_bare_architecture(a) for a in architectures)
+    if bare and not getattr(config, "is_decoder", False) and config.model_type not in _CAUSAL_TYPES:
+        return "encoder"
     joined = " ".join(architectures)
     if "SequenceClassification" in joined:
         return "classification"
     if "CausalLM" in joined or "LMHeadModel" in joined:
         return "causal_lm"
-    if getattr(config, "is_decoder", False) or config.model_type in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"):
+    if getattr(config, "is_decoder", False) or config.model_type in _CAUSAL_TYPES:
         return "causal_lm"
     return "classification"
 
 
-def _auto_class(task: str):
+_CAUSAL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
+
+
+def _auto_class(task: str, config=None):
     import transformers
 
+    if task == "encoder":
+        from probe.models.encoder import pooled_encoder_class
+
+        try:
+            base = transformers.MODEL_MAPPING[type(config)]
+        except KeyError:
+            raise ModelLoadError(f"transformers has no bare encoder class for model type {config.model_type!r}: "
+                                 "load it as classification, causal_lm or seq2seq") from None
+        return pooled_encoder_class(base)
     return {
         "classification": transformers.AutoModelForSequenceClassification,
         "causal_lm": transformers.AutoModelForCausalLM,
@@ -145,8 +178,16 @@ def load_model(
     task: str | None = None,
     cache_dir: str | Path | None = None,
     device_map: str | None = None,
+    allow_random_weights: bool = False,
 ) -> ProbeModel:
     """Load ``name`` (``builtin:NAME``, a local folder, or a hub id) in eval mode.
+
+    Weights the checkpoint does not hold (``from_pretrained``'s missing and shape-mismatched keys,
+    e.g. the classifier of an encoder loaded as a classifier) are left at random initialisation by
+    transformers; such a model is refused with one line naming them unless ``allow_random_weights``
+    (they are then listed in the contract and every report). ``task="encoder"`` (inferred for
+    sentence-transformers folders and bare ``*Model`` checkpoints) loads the bare encoder and
+    explains its pooled embedding (:mod:`probe.models.encoder`).
 
     ``attn_implementation`` is passed through to transformers (default: its own default, ``sdpa``);
     capture works on either ``sdpa`` or ``eager`` without reloading.
@@ -209,8 +250,8 @@ def load_model(
             f"{'is unreachable (offline) and it is not in the local cache' if local_only else 'did not provide it (' + first[:120] + ')'}; "
             "use builtin:minilm-rt, builtin:smollm2-135m or a local folder"
         ) from None
-    task = task or _infer_task(config)
-    kwargs = {"dtype": torch_dtype, "local_files_only": local_only}
+    task = task or _infer_task(config, path if not from_hub else None)
+    kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if device_map:
@@ -218,11 +259,27 @@ def load_model(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = _auto_class(task).from_pretrained(path, **kwargs)
+            model, loading_info = _auto_class(task, config).from_pretrained(path, **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model {name!r} as {task}: {first[:200]}") from None
+    random_weights = _random_weights(loading_info)
+    if random_weights and not allow_random_weights:
+        shown = ", ".join(random_weights[:_SHOWN_RANDOM])
+        more = f" and {len(random_weights) - _SHOWN_RANDOM} more" if len(random_weights) > _SHOWN_RANDOM else ""
+        headless = " (a headless encoder: load it with task encoder and a similarity or dimension target)" \
+            if task == "classification" and _infer_task(config, path if not from_hub else None) == "encoder" else ""
+        raise ModelLoadError(
+            f"model {name!r} loaded as {task} has {len(random_weights)} weight(s) its checkpoint does not hold, "
+            f"left at random initialisation: {shown}{more}; explaining it would explain random weights{headless}; "
+            "pass --allow-random-weights (study/claim file: model.allow_random_weights: true) to go on anyway")
+    pooling = None
+    if task == "encoder":
+        from probe.models.encoder import Pooling, read_pooling
+
+        pooling = read_pooling(path) if not from_hub else Pooling("mean", False, "default (hub id: pooling not read)")
+        model.probe_pooling = pooling
     if not device_map:
         model.to(torch_device)
     model.eval()
@@ -233,7 +290,9 @@ def load_model(
 
     from probe.models.contract import build_contract
 
-    contract = build_contract(model, tokenizer)
+    contract = build_contract(model, tokenizer, task, random_weights=random_weights,
+                              random_weights_allowed=allow_random_weights,
+                              pooling=pooling.to_dict() if pooling is not None else None)
     if not contract.stacks:
         why = "; ".join(sorted(set(contract.unreadable.values()))) or "it has no softmax attention module"
         raise ModelLoadError(
@@ -243,7 +302,8 @@ def load_model(
     logging.getLogger("probe").debug("loaded %s in %.2fs", name, time.perf_counter() - started)
     return ProbeModel(
         name=name, path=path, model=model, tokenizer=tokenizer, task=task, contract=contract,
-        load_seconds=time.perf_counter() - started, metadata=metadata,
+        load_seconds=time.perf_counter() - started, metadata=metadata, random_weights=random_weights,
+        allow_random_weights=bool(allow_random_weights), pooling=pooling,
     )
 
 
@@ -321,3 +381,11 @@ def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = 
         name=label, path=str(getattr(model.config, "_name_or_path", "") or ""), model=model, tokenizer=tokenizer,
         task=task, contract=contract, load_seconds=time.perf_counter() - started, metadata={"wrapped": True},
     )
+
+
+def _random_weights(loading_info: dict) -> tuple[str, ...]:
+    """Sorted names of the weights ``from_pretrained`` did not load: missing, or shaped otherwise."""
+    missing = set(loading_info.get("missing_keys") or ())
+    mismatched = {entry[0] if isinstance(entry, (tuple, list)) else entry
+                  for entry in loading_info.get("mismatched_keys") or ()}
+    return tuple(sorted(missing | mismatched))

@@ -242,6 +242,19 @@ def _contract_rows(contract: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _random_weights_row(prov_model: dict, study_model: dict) -> str:
+    """The set-up line on weights the checkpoint did not hold (left at random initialisation)."""
+    names = prov_model.get("random_weights")
+    allowed = prov_model.get("allow_random_weights", study_model.get("allow_random_weights", False))
+    if names:
+        return (f"{len(names)}, allowed explicitly (model.allow_random_weights: true); the explained model is "
+                f"partly random: {', '.join(names)}")
+    if names is None:
+        return ("recorded in provenance.json when the run completes"
+                + ("; model.allow_random_weights: true" if allowed else ""))
+    return "none: every weight was loaded from the checkpoint"
+
+
 def _setup_section(r: StudyResult, w: _Writer) -> Section:
     s = r.study
     blocks = []
@@ -258,6 +271,11 @@ def _setup_section(r: StudyResult, w: _Writer) -> Section:
     if pm.get("revision"):
         model_rows.append(("revision", str(pm["revision"])))
     model_rows.append(("weights sha256", str(pm.get("weights_sha256") or "n/a")))
+    model_rows.append(("weights left random", _random_weights_row(pm, model)))
+    if (contract or {}).get("pooling"):
+        pooling = contract["pooling"]
+        model_rows.append(("pooled embedding", f"{pooling.get('mode')} pooling"
+                           f"{', normalised' if pooling.get('normalize') else ''} (from {pooling.get('source')})"))
     if contract:
         model_rows += _contract_rows(contract)
     else:
@@ -272,6 +290,8 @@ def _setup_section(r: StudyResult, w: _Writer) -> Section:
     metrics = s.get("metrics") or {}
     filters = {k: v for k, v in (ds.get("filters") or {}).items() if v is not None}
     target_text = f"{target.get('kind') or 'default'} of " + (
+        f"the pooled embedding with that of {target['reference']!r} (cosine)" if target.get("reference") else
+        f"the pooled embedding, dimension {target['dimension']}" if target.get("dimension") is not None else
         f"the preferred answer among {target['choices']}" if target.get("choices") else
         "the dataset label (gold)" if target.get("label") == "gold" else
         f"label {target['label']}" if target.get("label") is not None else

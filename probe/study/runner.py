@@ -131,7 +131,9 @@ def prepare_study_examples(pm, study, texts: Sequence[str], gold: Sequence[int |
         values = evaluate(pm, [(e.input_ids, e) for e in examples])
         examples = [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
     else:
-        examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation),
+        examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
+                                                  reference=getattr(t, "reference", None),
+                                                  dimension=getattr(t, "dimension", None)),
                            strict_length=True)
     marked = []
     for text, example in zip(texts, examples):
@@ -604,7 +606,8 @@ def _run_study(study, *, shard, progress, log, stop_after, report, wait, locks: 
         store.check(record)  # the holder may have started the folder meanwhile
     t_load = time.perf_counter()
     pm = load_model(study.model.id, device=device, dtype=study.model.dtype,
-                    attn_implementation=study.model.attn_implementation, task=study.model.task)
+                    attn_implementation=study.model.attn_implementation, task=study.model.task,
+                    allow_random_weights=study.model.allow_random_weights)
     load_seconds = time.perf_counter() - t_load
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study)

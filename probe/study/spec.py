@@ -167,6 +167,8 @@ class ModelSpec(_Spec):
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     attn_implementation: str | None = None
     task: str | None = None
+    #: explain a model whose checkpoint leaves weights random (e.g. a missing head); shown in every report
+    allow_random_weights: bool = False
 
     @field_validator("id", "device")
     @classmethod
@@ -238,11 +240,14 @@ class DatasetSpec(_Spec):
 
 
 class TargetConfig(_Spec):
-    kind: Literal["prob", "logit", "logprob"] | None = None
+    kind: Literal["prob", "logit", "logprob", "similarity", "dimension"] | None = None
     label: int | str | None = None
     continuation: str | None = None
     prompt: str | None = None
     choices: list[str] | None = None
+    #: a headless encoder's targets: the text a similarity is taken to, the embedding dimension explained
+    reference: str | None = None
+    dimension: Annotated[Int, Field(ge=0)] | None = None
 
     @field_validator("label", mode="before")
     @classmethod
@@ -272,6 +277,21 @@ class TargetConfig(_Spec):
         if len(value) < 2:
             _fail(f"{_show(value)} has fewer than 2 choices; give at least two, e.g. [' positive', ' negative']")
         return value
+
+    @model_validator(mode="after")
+    def _encoder_target(self) -> TargetConfig:
+        if self.kind == "similarity" and not (self.reference or "").strip():
+            _fail("similarity needs a reference text; add reference: 'some text' (its pooled embedding is "
+                  "compared with each example's)", at=["reference"])
+        if self.kind == "dimension" and self.dimension is None:
+            _fail("dimension needs the embedding component to explain; add dimension: N", at=["dimension"])
+        if self.reference is not None and self.kind != "similarity":
+            _fail(f"reference applies to kind: similarity (kind is {self.kind or 'the default'}); set kind: similarity "
+                  "or remove reference", at=["reference"])
+        if self.dimension is not None and self.kind != "dimension":
+            _fail(f"dimension applies to kind: dimension (kind is {self.kind or 'the default'}); set kind: dimension "
+                  "or remove dimension", at=["dimension"])
+        return self
 
     @model_validator(mode="after")
     def _exclusive(self) -> TargetConfig:
@@ -508,6 +528,12 @@ class Study(_Spec):
     def fingerprint(self) -> str:
         """sha256 hex of the canonical JSON of everything except ``output`` and ``description``."""
         payload = self.model_dump(mode="json", exclude={"output", "description"})
+        # keys added later count only when set, so studies written before them keep their fingerprint
+        if not payload["model"].get("allow_random_weights"):
+            payload["model"].pop("allow_random_weights", None)
+        for key in ("reference", "dimension"):
+            if payload["target"].get(key) is None:
+                payload["target"].pop(key, None)
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
