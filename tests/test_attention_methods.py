@@ -287,7 +287,9 @@ def test_head_importance_is_the_gate_gradient_normalised_per_layer(prepared):
     assert torch.allclose(result.importance.norm(dim=1), torch.ones(pm.contract.n_layers), atol=1e-5)
     assert result.ablation is not None and result.ablation.change.shape[1:] == result.importance.shape
     # |dL/dxi| for one example and head against finite differences of the gate
-    example, layer, head, eps = examples[0], 1, 3, 1e-3
+    # eps 1e-2: the central difference is exact to O(eps^2) here, while fp32 rounding of the loss
+    # divided by a smaller eps (1e-3) reached 2% of the derivative
+    example, layer, head, eps = examples[0], 1, 3, 1e-2
 
     def loss(xi):
         def edit(weights, context):

@@ -349,13 +349,23 @@ def _rollout_target_rows(pm, batch: RowBatch, tq: TargetQueries, *, block: int =
     return vectors.flip(1)  # [batch, layer, T], layer 0 first
 
 
+def _rows_recomputable(pm, stack: str) -> bool:
+    """Whether the row-only rollout can recompute ``stack``'s weights from the queries and keys its
+    layers hand the attention function: not where probe reads a probability module (inline
+    attention), a module called several times per forward, or an attention sink it would not see."""
+    contract = pm.contract.stacks.get(stack)
+    return (contract is not None and contract.capture_path == "attention function" and not contract.sinks
+            and not contract.shared_layers)
+
+
 def rollout(pm, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
     """Attention rollout (Abnar & Zuidema): [layer, tokens], row of the target in A_l ... A_0.
 
     Computed in fp32. With one target query per example (classifiers, causal LMs) the target's
     row is carried from the top layer down through each layer's residual attention, formed a
     block of query rows at a time from the kept queries and keys: memory linear in T
-    (:func:`_rollout_target_rows`). For seq2seq the target row at decoder layer l is that layer's
+    (:func:`_rollout_target_rows`), where the layers are read through the attention function
+    (:func:`_rows_recomputable`; elsewhere the streamed product below). For seq2seq the target row at decoder layer l is that layer's
     head-mean cross-attention (averaged over the predicting positions, no residual: the decoder
     stream holds no encoder token) times the full encoder rollout, streamed as one running
     [batch, T, T] product, never all layers' maps.
@@ -365,7 +375,7 @@ def rollout(pm, examples: Sequence[PreparedExample], *, batch_size: int = 16) ->
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
             stack = tq.stack
-            if pm.task != "seq2seq" and tq.rows.shape[1] == 1:
+            if pm.task != "seq2seq" and tq.rows.shape[1] == 1 and _rows_recomputable(pm, tq.stack):
                 rows = _rollout_target_rows(pm, batch, tq)  # [batch, layer, T]
                 scores += _crop(rows, tq.lengths)
                 continue

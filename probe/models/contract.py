@@ -137,23 +137,11 @@ def _heads_and_dim(module, config) -> tuple[int | None, int | None]:
 def _stack_contract(stack: str, layers: dict[int, object], config, task: str, sites: dict | None = None) -> StackContract:
     module = layers[min(layers)]
     sub = getattr(module, "config", config)
-    n_heads = (
-        getattr(module, "num_heads", None)
-        or getattr(module, "num_attention_heads", None)
-        or getattr(module, "n_heads", None)
-        or getattr(sub, "num_attention_heads", None)
-        or getattr(sub, "n_head", None)
-    )
+    n_heads, head_dim = _heads_and_dim(module, config)
     groups = getattr(module, "num_key_value_groups", 1) or 1
     n_kv_heads = getattr(sub, "num_key_value_heads", None) if groups > 1 else n_heads
     n_kv_heads = n_kv_heads or n_heads // groups
-    head_dim = (
-        getattr(module, "head_dim", None)
-        or getattr(module, "attention_head_size", None)
-        or getattr(module, "key_value_proj_dim", None)
-        or getattr(sub, "head_dim", None)
-        or config.hidden_size // n_heads
-    )
+    head_dim = head_dim or getattr(sub, "head_dim", None) or config.hidden_size // n_heads
     group = n_heads // n_kv_heads
     kv_map = tuple(h // group for h in range(n_heads))
     if stack == "cross":
