@@ -138,7 +138,10 @@ def _assert_batch_invariant(pm, examples, method, **params):
     together = G.gradient_scores(pm, examples, method, **params)
     for i, example in enumerate(examples):
         alone = G.gradient_scores(pm, [example], method, **params)
-        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=0, msg=f"{method} #{i}")
+        # 1e-5 of the example's score scale: scores reach ~5-10 on the tiny T5, where fp32 summation
+        # order alone moves them by ~1e-5 (a few ulps; signed sums cancel, so rtol per element would not do)
+        scale = max(1.0, float(together.scores[i].abs().max()))
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5 * scale, rtol=0, msg=f"{method} #{i}")
         if "convergence_delta" in together.extras:
             assert math.isclose(alone.extras["convergence_delta"][0], together.extras["convergence_delta"][i],
                                 abs_tol=1e-5)

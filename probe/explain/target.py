@@ -124,7 +124,7 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
         examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
                                         tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
     if pm.task == "encoder":
-        _resolve_encoder_target(pm, examples, target, kind)
+        examples = _resolve_encoder_target(pm, examples, target, kind)
     elif pm.task == "classification":
         fixed = _label_index(pm, target.label) if target.label is not None else None
         with torch.no_grad():
@@ -193,21 +193,18 @@ def _check_encoder_target(pm, target: TargetSpec, kind: str) -> None:
                              f"(the embedding has {hidden}); got {target.dimension!r}")
 
 
-def _resolve_encoder_target(pm, examples: list[PreparedExample], target: TargetSpec, kind: str) -> None:
-    """Fill in each example's encoder target: the reference embedding (held fixed) or the dimension."""
+def _resolve_encoder_target(pm, examples: list[PreparedExample], target: TargetSpec,
+                            kind: str) -> list[PreparedExample]:
+    """Copies of the examples with their encoder target: the reference embedding (held fixed) or the dimension."""
     if kind == "dimension":
-        for example in examples:
-            example.label = int(target.dimension)
-            example.label_name = f"dimension {target.dimension}"
-        return
+        return [dataclasses.replace(e, label=int(target.dimension), label_name=f"dimension {target.dimension}")
+                for e in examples]
     from probe.models.text import encode_texts
 
     reference = encode_texts(pm, [target.reference])
     with torch.no_grad():
         embedding = pm.model(**reference).logits[0].float()  # [hidden]
-    for example in examples:
-        example.reference_embedding = embedding
-        example.label_name = target.reference
+    return [dataclasses.replace(e, reference_embedding=embedding, label_name=target.reference) for e in examples]
 
 
 def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:

@@ -125,8 +125,10 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
 
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     all_ceilings = summary[(summary.role == "ceiling") & (summary.measure == measure)]
-    all_ceilings = all_ceilings[[_is_reference_agreement(a, b, unreliable)
-                                 for a, b in zip(all_ceilings.explainer, all_ceilings.reference)]]
+    # a boolean Series, not a list: an empty list would select no columns instead of no rows
+    all_ceilings = all_ceilings[pd.Series([_is_reference_agreement(a, b, unreliable) for a, b in
+                                           zip(all_ceilings.explainer, all_ceilings.reference)],
+                                          index=all_ceilings.index, dtype=bool)]
     involving = all_ceilings[(all_ceilings.explainer == ref) | (all_ceilings.reference == ref)]
     ceilings = (involving if len(involving) else all_ceilings).sort_values("mean", ascending=False)
     ceiling = ceilings.iloc[0] if len(ceilings) else None
