@@ -193,8 +193,8 @@ def test_row_only_rollout_on_minilm_is_batch_invariant(minilm):
 # --------------------------------------------------------------------------- erasure: flips searched in rounds
 
 
-def test_flips_found_in_rounds_equal_every_row_run(minilm):
-    """The first decision flip, searched in doubling rounds, equals running every "top j removed"
+def test_first_flip_equals_every_row_run(minilm):
+    """The first decision flip the erasure reports equals running every "top j removed"
     row by hand (MiniLM with a random head flips at all depths: early, late, never)."""
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import erasure, random_ranking, ranked_positions
