@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
 #: attention measures that also account for values, residual and norms (probe.explain.context_mixing)
 CONTEXT_MIXING_METHODS = ("value_zeroing", "alti", "globenc")
@@ -30,3 +32,24 @@ def measure_columns(agreement) -> list[tuple[str, str | None]]:
             p = {"kendall_tau": "kendall_p", "spearman": "spearman_p"}.get(col)
             out.append((col, p if p in agreement.columns else None))
     return out
+
+
+def describe_group(group: Sequence[str]) -> str:
+    """``flow L1-L5 = attention_mean L0``: layers of one method joined into a range where consecutive."""
+    by_method: dict[str, list[int | None]] = {}
+    for unit in group:
+        method, _, layer = unit.partition(" L")
+        by_method.setdefault(method, []).append(int(layer) if layer.isdigit() else None)
+    parts = []
+    for method, layers in by_method.items():
+        numbers = sorted(x for x in layers if x is not None)
+        if not numbers:
+            parts.append(method)
+            continue
+        runs, start = [], numbers[0]
+        for prev, cur in zip(numbers, numbers[1:] + [None]):
+            if cur != prev + 1 if cur is not None else True:
+                runs.append(f"L{start}" if start == prev else f"L{start}-L{prev}")
+                start = cur
+        parts.append(f"{method} {','.join(runs)}")
+    return " = ".join(parts)

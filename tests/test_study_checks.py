@@ -72,3 +72,18 @@ def test_report_shows_checks_left_out_and_flags(checked_run, tmp_path):
     assert "input_x_gradient failed its sanity checks (degeneracy" in text
     assert "identical rankings on this model: attention_mean L0 = rollout L0" in text
     assert any(p.name.startswith("randomisation") for p in files.figures)
+
+
+def test_redundant_units_are_one_row_in_the_table_and_named_in_the_figures(checked_run):
+    from probe.report import analysis as an
+    from probe.report.results import load_result
+
+    r = load_result(checked_run)
+    wide = an.agreement_wide(r)
+    assert "attention_mean L0 = rollout L0 (one ranking)" in set(wide.explainer)
+    assert "rollout L0" not in set(wide.explainer) and "attention_mean L0" not in set(wide.explainer)
+    by_layer = an.agreement_by_layer(r)
+    marked = by_layer[by_layer.same_ranking_as != ""]
+    assert {(e, int(l_)) for e, l_ in zip(marked.explainer, marked.layer)} >= {("attention_mean", 0), ("rollout", 0)}
+    notes = an.layer_line_notes(r)
+    assert notes["rollout"] == "attention_mean L0 = rollout L0: one ranking"

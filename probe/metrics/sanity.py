@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from probe.errors import ProbeError
+from probe.names import describe_group  # noqa: F401  (re-exported: the study checks name groups with it)
 
 DEGENERACY_TOLERANCE = 1e-4  # relative: below this the invariance holds to float precision
 COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the sample
@@ -327,27 +328,6 @@ def redundancy_groups(rankings: Mapping[str, Sequence[np.ndarray]], *, share: fl
     for n in names:
         groups.setdefault(root(n), []).append(n)
     return [g for g in groups.values() if len(g) > 1]
-
-
-def describe_group(group: Sequence[str]) -> str:
-    """``flow L1-L5 = attention_mean L0``: layers of one method joined into a range where consecutive."""
-    by_method: dict[str, list[int | None]] = {}
-    for unit in group:
-        method, _, layer = unit.partition(" L")
-        by_method.setdefault(method, []).append(int(layer) if layer.isdigit() else None)
-    parts = []
-    for method, layers in by_method.items():
-        numbers = sorted(x for x in layers if x is not None)
-        if not numbers:
-            parts.append(method)
-            continue
-        runs, start = [], numbers[0]
-        for prev, cur in zip(numbers, numbers[1:] + [None]):
-            if cur != prev + 1 if cur is not None else True:
-                runs.append(f"L{start}" if start == prev else f"L{start}-L{prev}")
-                start = cur
-        parts.append(f"{method} {','.join(runs)}")
-    return " = ".join(parts)
 
 
 # --------------------------------------------------------------------------- for one explained input

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from probe.metrics.statistics import bootstrap_ci
-from probe.names import method_family as family
+from probe.names import describe_group, method_family as family
 from probe.report.results import StudyResult
 
 FAMILY_ORDER = {"attention": 0, "gradient": 1, "intervention": 2, None: 3}
@@ -21,6 +21,17 @@ def unit_name(explainer: str, layer: int, head: int) -> str:
     if layer >= 0:
         return f"{explainer} L{layer}"
     return str(explainer)
+
+
+def redundant_units(r: StudyResult) -> dict[str, list[str]]:
+    """Unit name -> the units of its group (the verdict's ``redundant``: identical rankings on
+    >= 95% of the examples), for units in a group of two or more; {} when none or no verdict."""
+    out: dict[str, list[str]] = {}
+    for group in (r.verdict or {}).get("redundant") or []:
+        units = [str(u) for u in group.get("units") or []]
+        for unit in units:
+            out[unit] = units
+    return out
 
 
 def _ordered_explainers(names) -> list[str]:
@@ -62,6 +73,10 @@ def agreement_by_layer(r: StudyResult) -> pd.DataFrame:
         tracks = r.paired[r.paired["head"] < 0][["explainer", "layer", "tracks"]]
         tracks = tracks.assign(reference=r.reference, measure=r.measure)
         out = out.merge(tracks, on=["explainer", "layer", "reference", "measure"], how="left")
+    groups = redundant_units(r)
+    if groups:
+        names = [unit_name(e, int(l_), -1) for e, l_ in zip(out["explainer"], out["layer"])]
+        out["same_ranking_as"] = [describe_group(groups[n]) if n in groups else "" for n in names]
     return out.reset_index(drop=True)
 
 
@@ -73,6 +88,11 @@ def agreement_wide(r: StudyResult) -> pd.DataFrame:
         return pd.DataFrame()
     s = s.assign(unit=[unit_name(e, int(l_), -1) for e, l_ in zip(s["explainer"], s["layer"])],
                  cell=[_mean_ci(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])])
+    # a redundant group is one row: its first unit's numbers, named by the whole group
+    groups = redundant_units(r)
+    if groups:
+        s = s[[u not in groups or groups[u][0] == u for u in s["unit"]]]
+        s = s.assign(unit=[f"{describe_group(groups[u])} (one ranking)" if u in groups else u for u in s["unit"]])
     units = list(dict.fromkeys(s["unit"]))
     refs = [ref for ref in r.references if ref in set(s["reference"])]
     wide = s.pivot_table(index="unit", columns="reference", values="cell", aggfunc="first").reindex(index=units,
@@ -190,9 +210,31 @@ def distribution_units(r: StudyResult) -> list[dict]:
         label = unit_name(explainer, layer, head)
         if kind != "token":
             label += f" (best {kind})"
+        mates = [u for u in redundant_units(r).get(unit_name(explainer, layer, head), []) if u != unit_name(
+            explainer, layer, head)]
+        if mates:
+                label += f"\n= {describe_group(mates)}"
         units.append({"label": label, "explainer": explainer, "family": family(explainer), "values": values[
             np.isfinite(values)], "mean": float(best["mean"]), "ci": (_finite(best["ci_low"]), _finite(best["ci_high"]))})
     return units
+
+
+def layer_line_notes(r: StudyResult) -> dict[str, str]:
+    """Per-layer explainer -> a legend note naming its layers that rank tokens identically (to each
+    other or to another unit), e.g. ``flow: L0-L4 one ranking``."""
+    notes: dict[str, list[str]] = {}
+    seen = set()
+    for unit, group in redundant_units(r).items():
+        key = tuple(group)
+        if key in seen:
+            continue
+        seen.add(key)
+        methods = list(dict.fromkeys(u.partition(" L")[0] for u in group))
+        text = describe_group(group)
+        for explainer in methods:
+            own = text.removeprefix(f"{explainer} ") if len(methods) == 1 else text
+            notes.setdefault(explainer, []).append(f"{own}: one ranking")
+    return {e: "; ".join(v) for e, v in notes.items()}
 
 
 def layer_lines(r: StudyResult, reference: str) -> dict[str, pd.DataFrame]:

@@ -399,10 +399,14 @@ def _agreement_section(r: StudyResult, w: _Writer) -> Section:
     if lines:
         bands = {ref_: an.reference_bands(r, ref_) for ref_ in lines}
         grads = {ref_: an.best_gradient(r, ref_) for ref_ in lines}
-        blocks.append(w.figure("layers", fg.layer_lines(lines, bands, grads, measure),
+        notes = an.layer_line_notes(r)
+        blocks.append(w.figure("layers", fg.layer_lines(lines, bands, grads, measure, notes),
                                f"Per-layer explainers: mean {mlabel} per layer with its CI, against each reference, "
                                "beside the random (grey), uniform (dotted) and position (orange) baselines, the "
-                               "ceiling (green) and the best gradient (purple)."))
+                               "ceiling (green) and the best gradient (purple)."
+                               + (" Units that rank tokens identically on >= 95% of the examples are named in the "
+                                  "legend as one ranking: their points are one measurement, not several."
+                                  if notes else "")))
     units = an.distribution_units(r)
     if units:
         bands = an.reference_bands(r, ref)

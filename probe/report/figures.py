@@ -108,9 +108,11 @@ def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_q
 
 
 def layer_lines(lines_by_ref: dict[str, dict], bands_by_ref: dict[str, dict[str, Band]],
-                gradients: dict[str, dict | None], measure: str) -> bytes:
+                gradients: dict[str, dict | None], measure: str, notes: dict[str, str] | None = None) -> bytes:
     """Per reference: mean agreement per layer (with CI) of each per-layer explainer, beside the
-    baselines, the ceiling and the best gradient (a token-level method: a horizontal line)."""
+    baselines, the ceiling and the best gradient (a token-level method: a horizontal line).
+    ``notes``: explainer -> a remark put in its legend entry (its redundant layers)."""
+    notes = notes or {}
     refs = list(lines_by_ref)
     cols = min(len(refs), 2)
     rows = math.ceil(len(refs) / cols)
@@ -126,7 +128,8 @@ def layer_lines(lines_by_ref: dict[str, dict], bands_by_ref: dict[str, dict[str,
         for j, (explainer, frame) in enumerate(lines_by_ref[ref].items()):
             color = COLORS[j % len(COLORS)]
             x = frame["layer"].to_numpy()
-            ax.plot(x, frame["mean"].to_numpy(), marker="o", ms=3.5, color=color, label=explainer)
+            label = f"{explainer} ({notes[explainer]})" if explainer in notes else explainer
+            ax.plot(x, frame["mean"].to_numpy(), marker="o", ms=3.5, color=color, label=label)
             low, high = frame["ci_low"].to_numpy(dtype=float), frame["ci_high"].to_numpy(dtype=float)
             if np.isfinite(low).any():
                 ax.fill_between(x, low, high, color=color, alpha=0.15, lw=0)
