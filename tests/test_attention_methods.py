@@ -93,6 +93,37 @@ def test_flow_matches_a_hand_computed_example():
     assert np.allclose(raw[1], [1.0, 0.5], atol=1e-6)
 
 
+def test_flow_max_over_rows_equals_networkx_as_the_authors_compute_it():
+    # The oracle follows Abnar & Zuidema's compute_flows: a networkx DiGraph of the layer levels,
+    # edmonds_karp max-flow from each input node into each node of level l+1, each row normalised,
+    # then .max(axis=0) over the rows.
+    nx = pytest.importorskip("networkx")
+    rng = np.random.default_rng(3)
+    n_layers, width = 3, 5
+    residual = 0.5 * rng.dirichlet(np.ones(width), size=(n_layers, width)) + 0.5 * np.eye(width)[None]
+    graph = nx.DiGraph()
+    for level in range(n_layers):
+        for i in range(width):
+            for k in range(width):
+                graph.add_edge((level, k), (level + 1, i), capacity=float(residual[level, i, k]))
+    expected = np.zeros((n_layers, width))
+    for level in range(n_layers):
+        rows = np.array([[nx.maximum_flow_value(graph, (0, k), (level + 1, i),
+                                                flow_func=nx.algorithms.flow.edmonds_karp)
+                          for k in range(width)] for i in range(width)])
+        expected[level] = (rows / rows.sum(axis=1, keepdims=True)).max(axis=0)
+    assert np.allclose(A.flow_max_over_rows(residual), expected, atol=1e-5)
+
+
+def test_flow_query_max_is_at_least_the_target_row_flow(prepared):
+    pm, examples = prepared("bert")
+    target = A.attention_scores(pm, examples[:2], "flow")
+    rows = A.attention_scores(pm, examples[:2], "flow", query="max")
+    assert rows.params["query"] == "max"
+    for a, b in zip(target.scores, rows.scores):
+        assert a.shape == b.shape and bool((b >= a - 1e-6).all()) and not torch.allclose(a, b)
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama_gqa"])
 def test_streaming_rollout_equals_rollout_of_full_maps(prepared, kind):
     pm, examples = prepared(kind)

@@ -429,16 +429,50 @@ def flow_to_sinks(residual: np.ndarray, sinks: Sequence[tuple[int, np.ndarray]])
     return out
 
 
+def flow_max_over_rows(residual: np.ndarray) -> np.ndarray:
+    """Abnar & Zuidema's flow importance at every layer: for each node i of level l+1 the max-flow
+    from every input token (level 0) into it, each row normalised to sum to 1 (their
+    ``compute_flows``), then the maximum over the rows i (``.max(axis=0)``): [L, T].
+    Costs L x T x T max-flow solves; each solve sees only the levels up to l+1."""
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import maximum_flow
+
+    n_layers, width, _ = residual.shape
+    out = np.zeros((n_layers, width), dtype=np.float64)
+    src, dst, cap = [], [], []
+    for level in range(n_layers):
+        query, key = np.nonzero(residual[level])
+        src.append(level * width + key)
+        dst.append((level + 1) * width + query)
+        cap.append(np.rint(residual[level][query, key].astype(np.float64) * FLOW_CAPACITY_SCALE).astype(np.int32))
+        n_nodes = (level + 2) * width
+        s, d, c = np.concatenate(src), np.concatenate(dst), np.concatenate(cap)
+        keep = c > 0
+        graph = csr_array((c[keep], (s[keep], d[keep])), shape=(n_nodes, n_nodes))
+        rows = np.zeros((width, width), dtype=np.float64)
+        for i in range(width):
+            sink = (level + 1) * width + i
+            for token in range(width):
+                rows[i, token] = maximum_flow(graph, token, sink).flow_value
+        total = rows.sum(axis=1, keepdims=True)
+        out[level] = (rows / np.where(total > 0, total, 1.0)).max(axis=0)
+    return out
+
+
 def flow(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
-         max_tokens: int = FLOW_MAX_TOKENS) -> TokenScores:
+         max_tokens: int = FLOW_MAX_TOKENS, query: str = "target") -> TokenScores:
     """Attention flow (Abnar & Zuidema): [layer, tokens] max-flow from each token to the target.
 
     The graph's capacities are the residual attention (see :func:`residual_attention`); the flow
     into the target row of layer l is normalised to sum to 1 over tokens, as in the authors' code.
     Costs layers x tokens max-flow solves per example, so examples longer than ``max_tokens``
     are skipped: their scores are NaN and ``params['skipped']`` lists them. seq2seq: sinks are the
-    decoder layers' cross-attention rows on top of the encoder graph.
+    decoder layers' cross-attention rows on top of the encoder graph. ``query="max"``: Abnar &
+    Zuidema's own importance, the maximum over every query row (:func:`flow_max_over_rows`,
+    layers x tokens x tokens solves: tokens times the cost of the target row).
     """
+    if query == "max" and pm.task == "seq2seq":
+        raise InputError("query: max reads one self-attention stack; for a seq2seq model use query: target")
     scores: list[torch.Tensor] = []
     short = [i for i, e in enumerate(examples) if len(e.input_ids) <= max_tokens]
     skipped = [i for i, e in enumerate(examples) if len(e.input_ids) > max_tokens]
@@ -452,6 +486,9 @@ def flow(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
             kept = torch.stack(stream.kept, dim=1).double().cpu().numpy()  # [batch, layer, W, W]
             for r, n in enumerate(tq.lengths.tolist()):
                 residual = kept[r, :, :n, :n]
+                if query == "max":
+                    by_index[short[done + r]] = torch.from_numpy(flow_max_over_rows(residual))
+                    continue
                 if cross is None:
                     # several target rows (a mean-pooled encoder): one sink fed by their average row
                     t = tq.rows[r][tq.valid[r]].cpu().numpy()
@@ -470,10 +507,13 @@ def flow(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
     note = (f"flow is limited to {max_tokens} explained tokens (layers x tokens max-flow solves per example); "
             f"{len(skipped)} longer example(s) skipped with NaN scores" if skipped else
             f"flow is limited to {max_tokens} explained tokens; none skipped")
+    rows = ({"query": "max", "target_query": "maximum over every real query row of the row-normalised flow "
+                                             "(Abnar & Zuidema 2020, compute_flows then .max(axis=0))",
+             "normalisation": "each row's flow divided by its sum over tokens, then the maximum over rows"}
+            if query == "max" else {"normalisation": "flow into the target divided by its sum over tokens"})
     return TokenScores("flow", scores, per_layer=True, params=_params(
-        pm, stack, residual="A = 0.5 W + 0.5 I, rows renormalised, head mean",
-        normalisation="flow into the target divided by its sum over tokens", max_tokens=max_tokens,
-        capacity_resolution=1.0 / FLOW_CAPACITY_SCALE, skipped=skipped, limit_note=note))
+        pm, stack, residual="A = 0.5 W + 0.5 I, rows renormalised, head mean", max_tokens=max_tokens,
+        capacity_resolution=1.0 / FLOW_CAPACITY_SCALE, skipped=skipped, limit_note=note, **rows))
 
 
 # ---------------------------------------------------------------------------
@@ -707,7 +747,7 @@ ATTENTION_EXPLAINERS = {
 # ---------------------------------------------------------------------------
 
 QUERIES = ("target", "max")
-QUERY_MAX_METHODS = ("attention_mean", "rollout")
+QUERY_MAX_METHODS = ("attention_mean", "rollout", "flow")
 
 
 class _RowMax:
@@ -767,6 +807,8 @@ def attention_scores(pm, examples: Sequence[PreparedExample], method: str, **par
     query = params.pop("query", "target")
     if query not in QUERIES:
         raise InputError(f"unknown query {query!r}: use one of {', '.join(QUERIES)}")
+    if query == "max" and method == "flow":
+        return flow(pm, examples, query="max", **params)
     if query == "max":
         return max_over_queries(pm, examples, method, **params)
     if method == "attn_norm_sum":
@@ -780,6 +822,6 @@ def attention_scores(pm, examples: Sequence[PreparedExample], method: str, **par
 __all__ = [
     "ATTENTION_EXPLAINERS", "FLOW_MAX_TOKENS", "TargetQueries", "VALUE_OUTPUT_LAYOUTS", "ValueOutputLayout",
     "attention", "attention_mean", "attention_scores", "attn_grad", "attn_norm", "example_seed", "flow",
-    "flow_to_sinks", "record_value_inputs", "residual_attention", "rollout", "rollout_matrices",
+    "flow_max_over_rows", "flow_to_sinks", "record_value_inputs", "residual_attention", "rollout", "rollout_matrices",
     "row_batches", "target_queries", "target_rows", "value_output_modules",
 ]
