@@ -79,6 +79,8 @@ def _contract_table(contract) -> "object":
         table.add_row(f"{name} stack", _plain(f"{stack.n_layers} layers x {stack.n_heads} query heads, {stack.n_kv_heads} kv heads, "
                                        f"head dim {stack.head_dim}, mask {stack.mask_kind}, {stack.module_class}"))
         table.add_row(f"{name} kv map", kv_text)
+    for method, why in contract.context_mixing.items():
+        table.add_row(method, "supported" if why is None else _plain(why))
     return table
 
 

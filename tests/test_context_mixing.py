@@ -28,11 +28,11 @@ BLOCK_OUTPUT = {"bert": ("attention.output", "output"), "minilm": ("attention.ou
                 "llama_gqa": ("post_attention_layernorm", "input"), "smollm2": ("post_attention_layernorm", "input"),
                 "gpt2": ("ln_2", "input")}
 VALUE_MODULE = {"bert": "attention.self.value", "minilm": "attention.self.value", "llama_gqa": "self_attn.v_proj",
-                "smollm2": "self_attn.v_proj"}
+                "smollm2": "self_attn.v_proj", "bart": "self_attn.v_proj"}
 
 
 def _layers(model):
-    for name in ("bert.encoder.layer", "model.layers", "transformer.h"):
+    for name in ("bert.encoder.layer", "model.layers", "transformer.h", "model.encoder.layers"):
         module = model
         try:
             for part in name.split("."):
@@ -129,7 +129,7 @@ def _zeroed_forward_distances(pm, ids: torch.Tensor, kind: str, layer: int, toke
 
 def _check_value_zeroing(pm, examples, kind, cases):
     batch, tq = next(row_batches(pm, examples, len(examples)))
-    distances = M.value_zeroing_distances(pm, batch, tq.lengths.tolist(), tq.stack)
+    distances = M.value_zeroing_distances(pm, batch, tq.lengths.tolist(), M._mixing_stack(pm, tq))
     for row, layer, token in cases:
         ids = torch.tensor([examples[row].input_ids])
         expected = _zeroed_forward_distances(pm, ids, kind, layer, token)
@@ -140,7 +140,7 @@ def _check_value_zeroing(pm, examples, kind, cases):
             assert torch.all(got[:token] <= 1e-12)
 
 
-@pytest.mark.parametrize("kind", ["bert", "llama_gqa"])
+@pytest.mark.parametrize("kind", ["bert", "llama_gqa", "bart"])
 def test_value_zeroing_equals_a_forward_with_that_value_row_zeroed(loaded, kind):
     pm = loaded(kind, "eager")
     examples = prepare(pm, TEXTS[:3])
@@ -202,7 +202,51 @@ def test_globenc_equals_a_hand_computation_on_a_tiny_bert(loaded):
         assert torch.allclose(scores.scores[i], expected, atol=1e-5), i
 
 
-@pytest.mark.parametrize("kind", KINDS)
+#: seq2seq encoders: (layer list, module under a layer, side) whose output/input is the attention block's y
+SEQ2SEQ_BLOCK_OUTPUT = {"bart": ("model.encoder.layers", "self_attn_layer_norm", "output"),
+                        "t5": ("encoder.block", "layer.1.layer_norm", "input")}
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_seq2seq_encoder_decomposition_sums_and_the_cross_hop_uses_hf_cross_attentions(loaded, kind):
+    pm = loaded(kind, "eager")
+    examples = prepare(pm, TEXTS[:3])
+    layout = M.mixing_layout(pm)
+    batch, tq = next(row_batches(pm, examples, len(examples)))
+    records = M.record_layers(pm, batch, "encoder", norms=layout)
+    layers_path, path, side = SEQ2SEQ_BLOCK_OUTPUT[kind]
+    seen, handles = {}, []
+    for layer, block in enumerate(pm.model.get_submodule(layers_path)):
+        module = block.get_submodule(path)
+        if side == "output":
+            handles.append(module.register_forward_hook(lambda m, a, out, layer=layer: seen.__setitem__(layer, out)))
+        else:
+            handles.append(module.register_forward_pre_hook(lambda m, a, layer=layer: seen.__setitem__(layer, a[0])))
+    try:
+        with torch.no_grad():
+            hf = pm.model(**batch.inputs, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    scores = M.alti(pm, examples, batch_size=len(examples))
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        matrices = []
+        for layer in range(pm.contract.stacks["encoder"].n_layers):
+            terms, bias = M.mixing_terms(pm, records, "encoder", layer, row, n, layout)
+            assert torch.allclose(terms.sum(dim=1) + bias, seen[layer][row, :n].float(), atol=2e-4, rtol=1e-4)
+            matrices.append(M.alti_matrix(terms, bias))
+        product = matrices[0]
+        for matrix in matrices[1:]:
+            product = matrix @ product
+        valid = tq.valid[row]
+        for layer, cross in enumerate(hf.cross_attentions):  # HF's own [batch, head, target, key]
+            row_of_cross = cross[row].float().mean(dim=0)[tq.rows[row][valid]].mean(dim=0)[:n]
+            assert torch.allclose(scores.scores[row][layer], row_of_cross @ product, atol=1e-5), (kind, row, layer)
+    assert "cross-attention hop is raw" in scores.params["seq2seq"]
+
+
+@pytest.mark.parametrize("kind", KINDS + ("bart", "t5"))
 @pytest.mark.parametrize("method", M.CONTEXT_MIXING_METHODS)
 def test_batch_of_one_equals_batch_of_n(loaded, kind, method):
     pm = loaded(kind)
@@ -211,10 +255,11 @@ def test_batch_of_one_equals_batch_of_n(loaded, kind, method):
     assert together.per_layer and not together.per_head
     for i in range(len(examples)):
         alone = M.context_mixing_scores(pm, examples[i:i + 1], method, batch_size=1)
-        assert together.scores[i].shape == (pm.contract.n_layers, len(examples[i].input_ids))
+        n_layers = pm.contract.stacks["cross" if pm.task == "seq2seq" else pm.contract.primary_stack].n_layers
+        assert together.scores[i].shape == (n_layers, len(examples[i].input_ids))
         assert torch.allclose(together.scores[i], alone.scores[0], atol=1e-5, rtol=1e-4), (kind, method, i)
         # rows of row-stochastic matrices: every layer's scores are a distribution over the tokens
-        assert torch.allclose(together.scores[i].sum(-1), torch.ones(pm.contract.n_layers), atol=1e-5)
+        assert torch.allclose(together.scores[i].sum(-1), torch.ones(n_layers), atol=1e-5)
         assert (together.scores[i] >= 0).all()
 
 
@@ -228,12 +273,17 @@ def test_registered_like_every_method_and_refused_where_undefined(loaded, monkey
     bart = loaded("bart")
     bart_examples = prepare(bart, TEXTS[:1])
     chosen, skipped = applicable_methods(bart, bart_examples)
+    assert {"value_zeroing", "alti", "globenc"} <= set(chosen)
+    assert bart.contract.to_dict()["context_mixing"] == {m: "supported" for m in M.CONTEXT_MIXING_METHODS}
+    monkeypatch.setattr(M, "SEQ2SEQ_TYPES", ("t5",))  # an encoder-decoder probe knows no layers of
+    chosen, skipped = applicable_methods(bart, bart_examples)
     assert not {"value_zeroing", "alti", "globenc"} & set(chosen)
     for method in M.CONTEXT_MIXING_METHODS:
         assert "BartForConditionalGeneration" in skipped[method]
         with pytest.raises(InputError, match="encoder-decoder model BartForConditionalGeneration") as error:
             M.context_mixing_scores(bart, bart_examples, method)
         assert "\n" not in str(error.value)
+    monkeypatch.undo()
     monkeypatch.delitem(M.MIXING_LAYOUTS, "gpt2")
     gpt2 = loaded("gpt2")
     with pytest.raises(InputError, match=r"GPT2LMHeadModel \(model type 'gpt2'\).*supported model types are") as error:

@@ -29,9 +29,16 @@ Where the decomposition is defined (``MIXING_LAYOUTS``, keyed by model type):
                    token j alone, so it is part of f(x_j); the stream is not normalised, and GlobEnc's
                    "both LayerNorms" reduce to the norm of T_i(x_j) (stated in the params).
 
+    encoder-decoder (BART, Marian: post-LN; mBART, T5: pre-LN)  the encoder's layers are decomposed
+                   as above and rolled out over the whole encoder, R_enc = C_(L-1) ... C_0; the
+                   score of decoder layer l is its head-mean cross-attention at the target rows
+                   times R_enc, the same hop probe's seq2seq rollout takes. The cross-attention hop
+                   itself is the raw weights (ALTI+'s decomposition of cross-attention is not done).
+
 Value zeroing needs no layout, only the layer block (found from the model's structure: the
-nearest ancestor of the attention module that sits in a ModuleList). Encoder-decoder models are
-refused (the target reads cross-attention, which these measures do not decompose).
+nearest ancestor of the attention module that sits in a ModuleList; on T5 that is the attention
+sub-layer, so its layer output is the residual stream after attention). A seq2seq model it
+knows no layout for is refused in one line, like any other.
 """
 
 from __future__ import annotations
@@ -83,14 +90,47 @@ MIXING_LAYOUTS: dict[str, MixingLayout] = {
     "qwen3": _LLAMA_NORMS,
     "gemma": _LLAMA_NORMS,
     "gpt2": MixingLayout("pre", ln1="^.ln_1", ln2="^.ln_2"),
+    # encoder-decoder: the encoder stack (the cross-attention hop is raw, see the module docstring)
+    "bart": MixingLayout("post", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
+    "marian": MixingLayout("post", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
+    "mbart": MixingLayout("pre", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
+    "t5": MixingLayout("pre", ln1="^.layer_norm", ln2="^.^.1.layer_norm"),
 }
+
+#: model types whose encoder value zeroing reads (every other seq2seq model is refused)
+SEQ2SEQ_TYPES = ("bart", "marian", "mbart", "t5")
 
 
 def _refuse_seq2seq(pm, method: str) -> None:
-    if pm.task == "seq2seq":
-        raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__}: its target "
-                         "reads cross-attention, which the decomposition does not cover; use classification or "
-                         "causal_lm models")
+    if pm.task == "seq2seq" and pm.contract.model_type not in SEQ2SEQ_TYPES:
+        raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__} (model type "
+                         f"{pm.contract.model_type!r}): probe knows the encoder layers of "
+                         f"{', '.join(SEQ2SEQ_TYPES)} only")
+
+
+def _mixing_stack(pm, tq) -> str:
+    """The stack the matrices are built on: the encoder for seq2seq, else the target's stack."""
+    return "encoder" if pm.task == "seq2seq" else tq.stack
+
+
+def _cross_rows(pm, batch: RowBatch, tq) -> torch.Tensor:
+    """seq2seq: head-mean cross-attention of every decoder layer at the target rows [batch, layer, key]."""
+    with torch.no_grad(), capture_attention(pm, layers={"cross": None}, queries={"cross": tq.rows},
+                                            stacks=["cross"], **capture_masks(batch)) as capture:
+        pm.model(**batch.inputs)
+    return tq.mean_over_rows(capture.maps("cross").weights.float().mean(dim=2))
+
+
+def _scores_from_matrices(matrices: Sequence[torch.Tensor], tq, row: int, cross: torch.Tensor | None) -> torch.Tensor:
+    """[layer, n]: the target row of each rolled-out layer, or (seq2seq) each decoder layer's cross
+    row times the whole encoder's rolled-out product."""
+    if cross is None:
+        return rolled_rows(matrices, int(tq.rows[row, 0]))
+    product = None
+    for matrix in matrices:
+        product = matrix.double() if product is None else matrix.double() @ product
+    n = product.shape[0]
+    return (cross[row, :, :n].double() @ product).float()
 
 
 def mixing_layout(pm, method: str = "alti") -> MixingLayout:
@@ -297,8 +337,9 @@ def _decomposition_scores(pm, examples: Sequence[PreparedExample], method: str, 
     stack = None
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
-            stack = tq.stack
+            stack = _mixing_stack(pm, tq)
             records = record_layers(pm, batch, stack, norms=layout)
+            cross = _cross_rows(pm, batch, tq) if pm.task == "seq2seq" else None
             n_layers = pm.contract.stacks[stack].n_layers
             for row, n in enumerate(tq.lengths.tolist()):
                 matrices = []
@@ -306,16 +347,25 @@ def _decomposition_scores(pm, examples: Sequence[PreparedExample], method: str, 
                     terms, bias = mixing_terms(pm, records, stack, layer, row, n, layout)
                     matrices.append(alti_matrix(terms, bias) if method == "alti"
                                     else globenc_matrix(pm, records, stack, layer, row, terms, layout))
-                scores.append(rolled_rows(matrices, int(tq.rows[row, 0])))
+                scores.append(_scores_from_matrices(matrices, tq, row, cross))
     formula = ("c_ij = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised" if method == "alti"
                else "||T_i(x_j)||_2" + (" through LN1 and LN2 (FFN left out)" if layout.placement == "post"
                                         else " of the residual stream after attention (pre-LN: the norms act "
                                              "inside f(x_j); no LayerNorm on the stream)") + ", rows normalised")
     return TokenScores(method, scores, per_layer=True, params=_params(
-        pm, stack, layer_norm=layout.placement, formula=formula,
+        pm, "cross" if pm.task == "seq2seq" else stack, layer_norm=layout.placement, formula=formula,
+        **_seq2seq_params(pm),
         decomposition="T_i(x_j) = sum_h alpha_h,ij (x_j W_V + b_V) W_O^h + [i=j] x_i" +
                       (", times LN1's linear part (the token's own std)" if layout.placement == "post" else ""),
         rollout="R_l = C_l R_(l-1), no identity added (the residual is in C)", dtype="float32 (rollout float64)"))
+
+
+def _seq2seq_params(pm) -> dict:
+    if pm.task != "seq2seq":
+        return {}
+    return {"seq2seq": "encoder layers decomposed and rolled out over the whole encoder; decoder layer l = its "
+                       "head-mean cross-attention at the target rows times that product (the cross-attention "
+                       "hop is raw weights, not decomposed)"}
 
 
 def alti(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
@@ -414,14 +464,19 @@ def value_zeroing(pm, examples: Sequence[PreparedExample], *, batch_size: int = 
         raise InputError(f"value_zeroing token_budget must be a positive integer, got {token_budget!r}")
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
-            stack = tq.stack
+            stack = _mixing_stack(pm, tq)
             lengths = tq.lengths.tolist()
             distances = value_zeroing_distances(pm, batch, lengths, stack, token_budget=token_budget)
+            cross = _cross_rows(pm, batch, tq) if pm.task == "seq2seq" else None
             for row, matrices in enumerate(distances):
-                scores.append(rolled_rows([_normalise_rows(m) for m in matrices], int(tq.rows[row, 0])))
+                scores.append(_scores_from_matrices([_normalise_rows(m) for m in matrices], tq, row, cross))
+    block = next(iter(block_modules(pm, "encoder" if pm.task == "seq2seq" else pm.contract.primary_stack).values()),
+                 None)
     return TokenScores("value_zeroing", scores, per_layer=True, params=_params(
-        pm, stack, formula="C_ij = cosine distance of token i's layer output when v_j is zeroed in every head, "
-                           "rows normalised", layer_output="the whole block (attention, FFN, norms)",
+        pm, "cross" if pm.task == "seq2seq" else stack, **_seq2seq_params(pm),
+        formula="C_ij = cosine distance of token i's layer output when v_j is zeroed in every head, "
+                "rows normalised", layer_output=f"the output of the block holding the attention "
+                                                f"({type(block).__name__ if block is not None else '?'})",
         rollout="R_l = C_l R_(l-1), no identity added (the residual is in C)",
         cost="one extra pass of one layer per explained token per layer (about one full forward per token), "
              "variants stacked in batches", token_budget=token_budget))

@@ -53,6 +53,8 @@ class AttentionContract:
     random_weights_allowed: bool = False
     #: a headless encoder's pooling (mode, normalize, source); None for other tasks
     pooling: dict | None = None
+    #: context-mixing method -> None when it runs on this model, else why not (one line)
+    context_mixing: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def primary_stack(self) -> str:
@@ -97,7 +99,7 @@ class AttentionContract:
                        for name, s in self.stacks.items()},
             "unreadable": dict(self.unreadable),
             "detected_by": self.detected_by,
-            "stacks": {name: {**asdict(s), "kv_head_of_query": list(s.kv_head_of_query)} for name, s in self.stacks.items()},
+            "context_mixing": {m: ("supported" if why is None else why) for m, why in self.context_mixing.items()},
             "random_weights": list(self.random_weights),
             "random_weights_allowed": self.random_weights_allowed,
             "pooling": self.pooling,

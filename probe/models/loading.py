@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -300,11 +300,21 @@ def load_model(
             "use a transformer with softmax self-attention (BERT, GPT-2, Llama, T5, BART families)"
         )
     logging.getLogger("probe").debug("loaded %s in %.2fs", name, time.perf_counter() - started)
-    return ProbeModel(
+    return _with_method_support(ProbeModel(
         name=name, path=path, model=model, tokenizer=tokenizer, task=task, contract=contract,
         load_seconds=time.perf_counter() - started, metadata=metadata, random_weights=random_weights,
         allow_random_weights=bool(allow_random_weights), pooling=pooling,
-    )
+    ))
+
+
+def _with_method_support(pm: ProbeModel) -> ProbeModel:
+    """The contract states which context-mixing methods run on this model (read from its structure
+    and probe's layout tables, no forward pass)."""
+    from probe.explain.context_mixing import CONTEXT_MIXING_METHODS, context_mixing_support
+
+    support = {method: context_mixing_support(pm, method) for method in CONTEXT_MIXING_METHODS}
+    pm.contract = replace(pm.contract, context_mixing=support)
+    return pm
 
 
 # Which head a model class carries, read from its class name (transformers' naming convention);
@@ -377,10 +387,10 @@ def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = 
     if not contract.stacks:
         raise InputError(f"model {label!r} (type {model.config.model_type!r}) has no attention modules probe can "
                          "read: use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families)")
-    return ProbeModel(
+    return _with_method_support(ProbeModel(
         name=label, path=str(getattr(model.config, "_name_or_path", "") or ""), model=model, tokenizer=tokenizer,
         task=task, contract=contract, load_seconds=time.perf_counter() - started, metadata={"wrapped": True},
-    )
+    ))
 
 
 def _random_weights(loading_info: dict) -> tuple[str, ...]:
