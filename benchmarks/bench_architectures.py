@@ -316,8 +316,12 @@ def sweep_one(model_type: str, task: str, implementation: str, tok) -> dict:
         return row
     oracle = _oracle(pm_eager, batch_inputs)
     if isinstance(oracle, str):
-        row["reason"] = oracle
-        row["oracle"] = ""
+        # HF reports attention, but none of it is a [batch, head, query, key] map over the input's
+        # positions (a chunked or windowed layout): the architecture stays counted, and fails
+        why = "; ".join(sorted(set(pm_eager.contract.unreadable.values())))
+        row["reason"] = f"{oracle} over the input's positions" + (f"; probe: {why}" if why else "")
+        for col in ("read", "edit", "contract", "explain"):
+            row[col] = "fail"
         return row
     if implementation == "eager":
         pm = pm_eager

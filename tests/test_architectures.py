@@ -23,8 +23,13 @@ import bench_architectures as sweep  # noqa: E402
 SAMPLE = {
     "bert": "baseline encoder", "gpt2": "baseline decoder", "llama": "baseline GQA", "t5": "baseline seq2seq (eager vs sdpa drift)",
     # inline attention, read through the probability module
-    "bloom": "inline (alibi)", "deberta": "inline, padded rows spread", "openai-gpt": "inline", "xlm": "inline",
-    "roformer": "inline", "fsmt": "inline seq2seq", "xglm": "inline", "mpnet": "inline",
+    "bloom": "inline (alibi)", "deberta": "inline, padded rows spread", "openai-gpt": "inline",
+    "roformer": "inline", "mpnet": "inline",
+    # inline attention through functional softmax and dropout: read at the softmax call
+    "xlm": "softmax call, stack named neither encoder nor decoder", "fsmt": "softmax call, seq2seq, heads folded",
+    "xglm": "softmax call, heads folded", "mvp": "softmax call, seq2seq", "trocr": "softmax call",
+    # oracles that need reading: pre-softmax scores returned, a linear-attention state returned
+    "squeezebert": "output_attentions are pre-softmax scores", "minimax": "linear-attention state among the attentions",
     # attention modules without layer_idx / BART-like encoders with layer_idx=None
     "albert": "no layer_idx, one module for every layer", "mobilebert": "no layer_idx", "markuplm": "no layer_idx",
     "pegasus": "encoder layer_idx=None", "m2m_100": "encoder layer_idx=None, no label shifter",
@@ -39,13 +44,12 @@ SAMPLE = {
     "gpt_oss": "attention sink", "flint": "attention sink",
     # tolerances and exceptions
     "umt5": "eager vs sdpa drift", "pegasus_x": "exception escaped probe contract",
+    "longformer": "chunked local attention",
 }
 # Architectures whose eager output_attentions probe still cannot match, with the reason (see the coverage table).
 KNOWN_GAPS: dict[str, str] = {
-    # softmax and dropout are functional calls: no module hands on the probabilities (named, not guessed)
-    "fsmt": "neither calls the attention-function registry",
-    "xglm": "neither calls the attention-function registry",
-    "xlm": "neither calls the attention-function registry",
+    # chunked local attention: no [query, key] map over the input to read; refused in one line
+    "longformer": "chunked attention has none",
     # the identity edit recomputes softmax(QK^T)V and drifts past the 1e-4 edit tolerance
     "markuplm": "identity edit moved logits",
     # global-local blocked encoder attention: refused in one line, the decoder and cross stacks are read
@@ -134,6 +138,42 @@ def test_inline_attention_is_read_through_its_probability_module(tokenizer):
             pm.model(**single)
         n = lengths[i]
         torch.testing.assert_close(cap1.maps().weights[0, :, :, :n, :n], maps.weights[i, :, :, :n, :n], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["xlm", "xglm"])
+def test_inline_softmax_is_read_and_edited_at_the_softmax_call(model_type, tokenizer):
+    from probe.capture import capture_attention
+
+    pm = _tiny(model_type, tokenizer)
+    stack = pm.contract.primary_stack
+    info = pm.contract.stacks[stack]
+    assert info.capture_path == "softmax call" and info.can_edit
+    assert {site.folded_heads for site in pm.contract.sites.values()} == {model_type == "xglm"}
+    # xlm's stack is named neither encoder nor decoder: the watched maps look ahead, so bidirectional
+    assert info.mask_kind == ("bidirectional" if model_type == "xlm" else "causal")
+    batch = pm.encode(list(sweep.TEXTS))
+    with torch.no_grad():
+        plain = pm.model(**batch, output_attentions=True)
+        with capture_attention(pm, attention_mask=batch["attention_mask"]) as cap:
+            captured = pm.model(**batch)
+    torch.testing.assert_close(captured.logits, plain.logits, atol=0, rtol=0)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    for layer in range(info.n_layers):
+        for i, n in enumerate(lengths):
+            torch.testing.assert_close(cap.maps().weights[i, layer, :, :n, :n],
+                                       plain.attentions[layer][i, :, :n, :n].float(), atol=1e-6, rtol=0)
+    # an edit through the same place changes the output; uniform rows over the real keys
+    def uniform(weights, context):
+        allowed = context.allowed if context.allowed is not None else torch.ones_like(weights, dtype=torch.bool)
+        flat = allowed.to(weights.dtype).expand_as(weights)
+        return flat / flat.sum(-1, keepdim=True).clamp(min=1)
+
+    with torch.no_grad(), capture_attention(pm, editors={(stack, 0): uniform},
+                                            attention_mask=batch["attention_mask"]):
+        edited = pm.model(**batch).logits
+    assert (edited - plain.logits).abs().max() > 1e-4
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in pm.model.modules())
+    assert torch.overrides._get_current_function_mode_stack() == []
 
 
 def test_probability_hooks_are_removed_when_the_block_raises(tokenizer):

@@ -12,6 +12,9 @@ Modules of other models pass straight through. Everything is undone in ``finally
 A second path serves modules that compute attention inline (bloom, deberta, xlnet, ...): where the
 contract found a child module whose output is the layer's probabilities (``probe.capture.sites``),
 a forward hook on that child reads them and, for interventions, returns edited ones in their place.
+A third path serves inline attention that hands its probabilities to no module (xlm, xglm, fsmt,
+mvp, ...): while such a module runs, a torch function mode takes the result of its first softmax
+over [batch, head, query, key] (``probe.capture.sites.SoftmaxWatch``) and treats it the same way.
 A module the model calls several times in one forward (a shared layer) is one layer per call.
 """
 
@@ -169,16 +172,21 @@ class _Session:
         self.where: dict[int, tuple[str, int]] = {}
         self._places: dict[int, list[tuple[str, int]]] = {}
         self._probability_places: dict[str, list[tuple[str, int]]] = {}
+        self._softmax_places: dict[str, list[tuple[str, int]]] = {}
         for place, path in sorted(contract.module_paths.items(), key=lambda item: (item[0][0], item[0][1])):
             site = sites.get(place)
             if site is not None and site.kind == "probabilities":
                 self._probability_places.setdefault(site.probability_path, []).append(place)
+                continue
+            if site is not None and site.kind == "softmax":
+                self._softmax_places.setdefault(path, []).append(place)
                 continue
             self._places.setdefault(id(modules[path]), []).append(place)
         for module_id, places in self._places.items():
             self.where[module_id] = places[0]
         self._module_calls: dict[object, int] = {}
         self._handles: list = []
+        self._modes = None  # probe.capture.sites.ModuleModes of the softmax path, while attached
         self.stacks = tuple(stacks)
         self.layers = layers
         self.heads = heads
@@ -236,8 +244,39 @@ class _Session:
                 return self.on_probabilities(self._next_place(path, places), output)
 
             self._handles.append(self.modules[path].register_forward_hook(hook))
+        if self._softmax_places:
+            from probe.capture.sites import ModuleModes, SoftmaxWatch
+
+            sites = getattr(self.contract, "sites", None) or {}
+            self._modes = ModuleModes()
+            for path, places in self._softmax_places.items():
+                folded = bool(sites[places[0]].folded_heads)
+
+                def make(path=path, places=places, folded=folded):
+                    place = self._next_place(path, places)
+                    return SoftmaxWatch(lambda t: t.dim() == (3 if folded else 4) and t.is_floating_point(),
+                                        lambda t, place=place: self._on_softmax(place, t, folded))
+
+                self._modes.watch(self.modules[path], make)
+
+    def _on_softmax(self, place, probabilities: torch.Tensor, folded: bool):
+        """The softmax path: [batch, head, query, key], or [batch * head, query, key] unfolded with the
+        layer's head count and folded back after an edit."""
+        if not folded:
+            return self.on_probabilities(place, probabilities)
+        stack, layer = place
+        info = self.contract.stacks[stack]
+        heads = info.layer_heads[layer] if layer < len(info.layer_heads) else info.n_heads
+        rows, q_len, k_len = probabilities.shape
+        if rows % heads:
+            raise CaptureError(f"{stack} layer {layer}: softmax over {rows} rows is not batch x {heads} heads")
+        replaced = self.on_probabilities(place, probabilities.view(rows // heads, heads, q_len, k_len))
+        return None if replaced is None else replaced.reshape(rows, q_len, k_len)
 
     def detach(self) -> None:
+        if self._modes is not None:
+            self._modes.close()
+            self._modes = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

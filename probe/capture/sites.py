@@ -8,6 +8,11 @@ Two paths (house rule 4: what the model's forward actually does, never its sourc
                    child module (an ``nn.Dropout``, identity in eval, or an ``nn.Softmax``) whose
                    output is ``[batch, head, query, key]`` with non-negative rows summing to at most
                    1: probe reads, and for interventions replaces, that output with a forward hook.
+``softmax``        the module computes attention inline with a softmax function call (``F.softmax``,
+                   ``torch.softmax``, ``Tensor.softmax``) and hands the result to no module: while
+                   the module runs, a torch function mode (:class:`SoftmaxWatch`) sees its first
+                   softmax whose result is ``[batch, head, query, key]`` probabilities over the
+                   input's positions, and probe reads, or replaces, that result.
 
 A module that calls the registry is an attention module whatever its name; other candidates are the
 innermost modules whose class name ends in ``Attention``. Layers are numbered by the order in which
@@ -19,11 +24,15 @@ reason it cannot be read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
+#: the softmax entry points an inline attention calls (``softmax`` path)
+SOFTMAX_FUNCTIONS = frozenset({torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax,
+                               torch.special.softmax})
 # rows of a softmax sum to 1; a row whose keys are all masked may sum to 0; an attention sink
 # takes some mass out of the row (sum < 1)
 _ROW_SUM_TOL = 1e-3
@@ -36,9 +45,14 @@ class Site:
     stack: str  # encoder | decoder | cross
     layer: int  # the stack's own attention-layer index (call order)
     path: str  # the attention module
-    kind: str  # function | probabilities
+    kind: str  # function | probabilities | softmax
     probability_path: str | None = None  # the child module whose output is the probabilities
     call: int = 0  # which call of ``path`` in one forward this layer is (shared modules)
+    #: the probabilities seen in the watched pass put weight on later keys (False) or never did
+    #: (True); None where probe did not see them (the function path reads the mask instead)
+    causal: bool | None = None
+    #: the softmax path: the probabilities come as [batch * head, query, key] (older BART-style code)
+    folded_heads: bool = False
 
 
 def stack_of(path: str) -> str:
@@ -90,6 +104,61 @@ def _looks_like_probabilities(tensor) -> bool:
     return bool((sums <= 1 + _ROW_SUM_TOL).all()) and bool((sums > 1 - _ROW_SUM_TOL).any())
 
 
+def _never_looks_ahead(t: torch.Tensor) -> bool:
+    """No weight above the diagonal of the last two axes (square maps only; others: True)."""
+    if t.shape[-1] != t.shape[-2]:
+        return True
+    return not bool((t.detach().float().triu(1) > 1e-6).any())
+
+
+class SoftmaxWatch(torch.overrides.TorchFunctionMode):
+    """Active while one attention module runs: hands the first softmax result that ``accept``s to
+    ``handle`` (which may return a replacement) and lets every other call through unchanged."""
+
+    def __init__(self, accept: Callable[[torch.Tensor], bool], handle: Callable[[torch.Tensor], torch.Tensor | None]):
+        super().__init__()
+        self.accept = accept
+        self.handle = handle
+        self.done = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if not self.done and func in SOFTMAX_FUNCTIONS and isinstance(result, torch.Tensor) and self.accept(result):
+            self.done = True
+            replaced = self.handle(result)
+            return result if replaced is None else replaced
+        return result
+
+
+class ModuleModes:
+    """Enter a :class:`SoftmaxWatch` when a module's forward starts and leave it when it returns
+    (forward pre-hook and hook); :meth:`close` leaves any still open (a forward that raised)."""
+
+    def __init__(self):
+        self.open: list[torch.overrides.TorchFunctionMode] = []
+        self.handles: list = []
+
+    def watch(self, module: torch.nn.Module, make: Callable[[], SoftmaxWatch]) -> None:
+        def enter(mod, args):
+            mode = make()
+            mode.__enter__()
+            self.open.append(mode)
+
+        def leave(mod, args, output):
+            if self.open:
+                self.open.pop().__exit__(None, None, None)
+
+        self.handles.append(module.register_forward_pre_hook(enter))
+        self.handles.append(module.register_forward_hook(leave))
+
+    def close(self) -> None:
+        while self.open:
+            self.open.pop().__exit__(None, None, None)
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
 class _Watch:
     """Stands in for a capture session in the registry wrapper: records who calls, changes nothing."""
 
@@ -113,10 +182,28 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
     candidates = attention_candidates(model)
     order: list[int] = []  # id of each attention-looking module, per call, in call order
     seen_probabilities: dict[int, set[str]] = {}
+    seen_softmax: dict[int, tuple[bool, bool]] = {}  # module id -> (folded heads, never looks ahead)
+    causal_seen: dict[int, bool] = {}
     handles = []
     watch = _Watch()
+    modes = ModuleModes()
     modules_by_id = {id(m): p for p, m in named.items()}
+    inputs = probe_inputs(model, tokenizer, task)
+    width = int(inputs["input_ids"].shape[1])
+
+    def over_positions(t: torch.Tensor) -> bool:
+        # [batch, head, query, key] (or [batch * head, query, key], batch 1 here) over the input's
+        # positions: not a chunked or windowed layout
+        if t.dim() not in (3, 4) or t.shape[-1] != width or t.shape[-2] not in (1, width):
+            return False
+        return _looks_like_probabilities(t if t.dim() == 4 else t[None])
+
+    def saw(t: torch.Tensor, module) -> None:
+        seen_softmax[id(module)] = (t.dim() == 3, _never_looks_ahead(t))
+
     try:
+        for module in candidates.values():
+            modes.watch(module, lambda module=module: SoftmaxWatch(over_positions, lambda t, m=module: saw(t, m)))
         for path, module in named.items():
             handles.append(module.register_forward_pre_hook(lambda mod, args: order.append(id(mod))))
         for path, module in named.items():
@@ -129,6 +216,7 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
             def record(mod, args, output, path=path, owner=owner):
                 if _looks_like_probabilities(output):
                     seen_probabilities.setdefault(id(candidates[owner]), set()).add(path)
+                    causal_seen[id(candidates[owner])] = _never_looks_ahead(output)
 
             handles.append(module.register_forward_hook(record))
         implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
@@ -137,13 +225,14 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
             hooks._SESSIONS.append(watch)
         try:
             with torch.no_grad():
-                model(**probe_inputs(model, tokenizer, task))
+                model(**inputs)
         finally:
             with hooks._LOCK:
                 hooks._SESSIONS.remove(watch)
                 if not hooks._SESSIONS:
                     hooks._uninstall_all()
     finally:
+        modes.close()
         for handle in handles:
             handle.remove()
 
@@ -159,17 +248,23 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
         call = calls.get(module_id, 0)
         calls[module_id] = call + 1
         stack = stack_of(path)
+        folded, causal = False, None
         if module_id in watch.callers:
             kind, probability_path = "function", None
         elif seen_probabilities.get(module_id):
             kind, probability_path = "probabilities", sorted(seen_probabilities[module_id])[0]
+            causal = causal_seen.get(module_id)
+        elif module_id in seen_softmax:
+            kind, probability_path = "softmax", None
+            folded, causal = seen_softmax[module_id]
         else:
             if call == 0:
-                unreadable[path] = (f"{type(named[path]).__name__} neither calls the attention-function registry nor "
-                                    "passes [batch, head, query, key] probabilities through a child module "
-                                    "(linear or kernelised attention has none)")
+                unreadable[path] = (f"{type(named[path]).__name__} neither calls the attention-function registry, "
+                                    "nor passes [batch, head, query, key] probabilities through a child module, nor "
+                                    "computes them with a softmax over the input's positions (linear, kernelised or "
+                                    "chunked attention has none)")
             continue
         sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, kind=kind,
-                          probability_path=probability_path, call=call))
+                          probability_path=probability_path, call=call, causal=causal, folded_heads=folded))
         counters[stack] = counters.get(stack, 0) + 1
     return sites, unreadable

@@ -114,8 +114,28 @@ def _eager_attentions(pm, inputs):
         if before != "eager":
             model.set_attn_implementation(before)
     if pm.task == "seq2seq":
-        return {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
-    return {pm.contract.primary_stack: out.attentions}
+        found = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
+    else:
+        found = {pm.contract.primary_stack: out.attentions}
+    widths = {int(v.shape[1]) for k, v in inputs.items() if k in ("input_ids", "decoder_input_ids")}
+    return {stack: _as_probabilities(layers, widths) for stack, layers in found.items()}
+
+
+def _as_probabilities(layers, widths: set[int]):
+    """HF's "attentions" as probability maps. A few models (squeezebert) return their masked
+    pre-softmax scores: a layer with a negative entry is taken through the softmax it feeds. Hybrids
+    (minimax) also return a linear-attention layer's state, whose last axis is no input position:
+    such entries are left out, so the layers left are the softmax layers, in order."""
+    if not layers:
+        return layers
+    out = []
+    for a in layers:
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and int(a.shape[-1]) not in widths:
+            continue
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and bool((a < 0).any()):
+            a = torch.softmax(a.float(), dim=-1).to(a.dtype)
+        out.append(a)
+    return tuple(out)
 
 
 def _model_checks(pm, texts) -> list[CheckResult]:

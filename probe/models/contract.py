@@ -146,9 +146,13 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str, si
     head_dim = head_dim or getattr(sub, "head_dim", None) or config.hidden_size // n_heads
     group = n_heads // n_kv_heads
     kv_map = tuple(h // group for h in range(n_heads))
+    seen = [site.causal for (s, _), site in (sites or {}).items() if s == stack and site.causal is not None]
     if stack == "cross":
         mask_kind = "cross"
     elif stack == "encoder" and task != "causal_lm":
+        mask_kind = "bidirectional"
+    elif seen and not all(seen) and task != "causal_lm":
+        # a stack named neither encoder nor decoder (xlm's "attentions") whose maps, watched, look ahead
         mask_kind = "bidirectional"
     else:
         window = getattr(sub, "sliding_window", None)
@@ -157,7 +161,7 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str, si
     layer_heads = tuple(h or int(n_heads) for h, _ in per_layer)
     layer_dims = tuple(d or int(head_dim) for _, d in per_layer)
     kinds = {site.kind for (s, _), site in (sites or {}).items() if s == stack}
-    path = {"function": "attention function", "probabilities": "probability module"}
+    path = {"function": "attention function", "probabilities": "probability module", "softmax": "softmax call"}
     capture_path = " + ".join(path[k] for k in sorted(kinds)) if kinds else "attention function"
     calls = {}
     for (s, _), site in (sites or {}).items():
@@ -167,7 +171,7 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str, si
         stack=stack, n_layers=len(layers), n_heads=int(n_heads), n_kv_heads=int(n_kv_heads),
         kv_head_of_query=kv_map, head_dim=int(head_dim), mask_kind=mask_kind, module_class=type(module).__name__,
         capture_path=capture_path, can_edit=True,
-        memory="full maps (the model's own)" if "probabilities" in kinds else "query rows asked for",
+        memory="full maps (the model's own)" if kinds & {"probabilities", "softmax"} else "query rows asked for",
         sinks=any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in layers.values()),
         layer_heads=layer_heads if len(set(layer_heads)) > 1 else (),
         layer_head_dims=layer_dims if len(set(layer_dims)) > 1 else (),
