@@ -188,7 +188,7 @@ def check_read(pm, inputs, oracle, tol) -> str:
     import torch
 
     from probe.capture import capture_attention
-    from probe.models.checks import _capture_all
+    from probe.models.checks import _capture_all, layer_weights
 
     with torch.no_grad():
         plain = pm.model(**inputs).logits.float()
@@ -201,18 +201,18 @@ def check_read(pm, inputs, oracle, tol) -> str:
     for stack, layers in oracle.items():
         if stack not in maps:
             return f"no {stack} stack captured"
-        weights = maps[stack].weights
-        if weights.shape[1] != len(layers):
-            return f"{stack}: captured {weights.shape[1]} layers, HF returns {len(layers)}"
+        captured = layer_weights(maps[stack])  # per layer: stacks whose layers differ (canine) too
+        if len(captured) != len(layers):
+            return f"{stack}: captured {len(captured)} layers, HF returns {len(layers)}"
         # real query rows and real keys of each example: what padded rows hold is no model's answer
         queries = source if stack == "encoder" else target
         keys = target if stack == "decoder" else source
         for li, hf in enumerate(layers):
             hf = hf.float()
-            if hf.shape != weights[:, li].shape:
-                return f"{stack} layer {li}: shape {tuple(weights[:, li].shape)} vs HF {tuple(hf.shape)}"
+            if hf.shape != captured[li].shape:
+                return f"{stack} layer {li}: shape {tuple(captured[li].shape)} vs HF {tuple(hf.shape)}"
             for i, (q, k) in enumerate(zip(queries, keys)):
-                gap = max(gap, (hf[i, :, :q, :k] - weights[i, li, :, :q, :k]).abs().max().item())
+                gap = max(gap, (hf[i, :, :q, :k] - captured[li][i, :, :q, :k]).abs().max().item())
     return "" if gap <= tol else f"max |captured - HF| {gap:.1e} > {tol:.0e}"
 
 

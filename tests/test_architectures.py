@@ -264,3 +264,30 @@ def test_a_model_without_softmax_attention_is_refused_in_one_line(tokenizer, tmp
         load_model(str(tmp_path))
     message = str(info.value)
     assert "\n" not in message and "'mamba'" in message and "no attention probe can read" in message
+
+
+def test_layers_of_different_lengths_are_compared_with_hf_layer_by_layer(tokenizer):
+    """canine downsamples characters to molecules: its layers' maps cannot stack, and are read one
+    by one, each equal to HF's own (the sweep's read column); checks that need one stacked map say
+    so instead of failing on shapes."""
+    warnings.simplefilter("ignore")
+    row = sweep.sweep_one("canine", TASKS["canine"], "eager", tokenizer)
+    assert row["read"] == "ok", row["reason"]
+    from probe.models.checks import run_checks
+
+    pm = _tiny("canine", tokenizer)
+    results = {r.name: r for r in run_checks(pm)}
+    assert results["capture_equals_eager_output_attentions"].passed, results["capture_equals_eager_output_attentions"].detail
+    assert "cannot stack" in results["rows_sum_to_one"].detail
+
+
+def test_per_token_sinks_and_attention_across_layers(tokenizer):
+    """inkling2: attention-sink logits per head *and token*; modules that call the attention
+    registry over the model's layers (not its tokens) are named unreadable, not taken for layers."""
+    pm = _tiny("inkling2_text", tokenizer)
+    assert pm.contract.stacks["decoder"].n_layers == len(pm.model.model.layers)
+    assert pm.contract.stacks["decoder"].sinks
+    assert any("not the input's" in why for why in pm.contract.unreadable.values())
+    warnings.simplefilter("ignore")
+    row = sweep.sweep_one("inkling2_text", TASKS["inkling2_text"], "eager", tokenizer)
+    assert (row["read"], row["edit"], row["explain"]) == ("ok",) * 3, row["reason"]

@@ -403,7 +403,8 @@ class _Session:
             picked = torch.where(has_keys[..., None], picked, torch.zeros((), device=picked.device))
         else:
             scores = amath.attention_scores(query, key, scaling=scaling, rows=rows, position_bias=position_bias, softcap=softcap)
-            picked, has_keys = amath.masked_softmax(scores, allowed, sinks=sinks)
+            row_sinks = amath.gather_rows(sinks, rows) if sinks is not None and sinks.dim() == 4 else sinks
+            picked, has_keys = amath.masked_softmax(scores, allowed, sinks=row_sinks)
         self._store(place, picked, has_keys, rows, q_len)
         return output, returned
 

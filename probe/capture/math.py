@@ -97,10 +97,14 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *,
     ``inplace``: ``scores`` may be overwritten and the weights are zeroed in place (fewer [R, K]
     temporaries; not for tensors autograd needs).
     ``sinks``: one logit per head [head] for an attention sink, a key every row sees that mixes no
-    value (gpt-oss): it joins the softmax and is dropped after, so rows sum to 1 minus its mass.
+    value (gpt-oss), or one per head and query row [B, H, R, 1] (inkling2's per-token sinks, rows
+    already picked): it joins the softmax and is dropped after, so rows sum to 1 minus its mass.
     """
     if sinks is not None:
-        sink = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)  # [B, H, R, 1]
+        if sinks.dim() == 4:
+            sink = sinks.float().expand(scores.shape[0], scores.shape[1], scores.shape[2], 1)  # [B, H, R, 1]
+        else:
+            sink = sinks.float().reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)  # [B, H, R, 1]
         if allowed is not None:
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         weights = torch.softmax(torch.cat([scores, sink.to(scores.dtype)], dim=-1), dim=-1)[..., :-1]
@@ -147,8 +151,8 @@ def head_mean_weights(
         mask = allowed[:, h:h + 1] if allowed is not None and allowed.shape[1] > 1 else allowed
         scores = attention_scores(query[:, h:h + 1], key[:, h // group:h // group + 1], scaling=scaling,
                                   position_bias=bias, softcap=softcap)  # [batch, 1, query, key]
-        part = masked_softmax(scores, mask, inplace=True,
-                              sinks=sinks[h:h + 1] if sinks is not None else None)[0][:, 0]  # [batch, query, key]
+        head_sinks = None if sinks is None else (sinks[:, h:h + 1] if sinks.dim() == 4 else sinks[h:h + 1])
+        part = masked_softmax(scores, mask, inplace=True, sinks=head_sinks)[0][:, 0]  # [batch, query, key]
         del scores
         total = part if total is None else total.add_(part)
     return total / n_heads

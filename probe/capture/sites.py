@@ -162,16 +162,23 @@ class ModuleModes:
 class _Watch:
     """Stands in for a capture session in the registry wrapper: records who calls, changes nothing."""
 
-    def __init__(self):
+    def __init__(self, width: int | None = None):
         self.callers: set[int] = set()
+        #: callers whose keys are not the input's positions (attention over layers or memory slots)
+        self.elsewhere: dict[int, int] = {}
+        self.width = width
         self.where = self  # the wrapper asks ``where.get(id(module))``
 
     def get(self, key, default=None):
-        self.callers.add(key)
         return key
 
-    def call(self, place, original, module, *args, **kwargs):
-        return original(module, *args, **kwargs)
+    def call(self, place, original, module, query, key, *args, **kwargs):
+        # place is the module's id (see get); keys [batch, kv head, key, dim]
+        if self.width is None or int(key.shape[-2]) >= self.width:
+            self.callers.add(place)
+        else:
+            self.elsewhere[place] = int(key.shape[-2])
+        return original(module, query, key, *args, **kwargs)
 
 
 def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, str]]:
@@ -185,11 +192,11 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
     seen_softmax: dict[int, tuple[bool, bool]] = {}  # module id -> (folded heads, never looks ahead)
     causal_seen: dict[int, bool] = {}
     handles = []
-    watch = _Watch()
     modes = ModuleModes()
     modules_by_id = {id(m): p for p, m in named.items()}
     inputs = probe_inputs(model, tokenizer, task)
     width = int(inputs["input_ids"].shape[1])
+    watch = _Watch(width)
 
     def over_positions(t: torch.Tensor) -> bool:
         # [batch, head, query, key] (or [batch * head, query, key], batch 1 here) over the input's
@@ -236,11 +243,16 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
         for handle in handles:
             handle.remove()
 
+    unreadable: dict[str, str] = {}
+    for module_id, keys in watch.elsewhere.items():
+        if module_id not in watch.callers:
+            unreadable.setdefault(modules_by_id[module_id], f"{type(named[modules_by_id[module_id]]).__name__} attends over "
+                                  f"{keys} keys that are not the input's {width} positions (attention across layers "
+                                  "or memory slots, not tokens): not an attention layer over the text")
     attention_ids = watch.callers | {id(m) for m in candidates.values()}
     calls: dict[int, int] = {}
     counters: dict[str, int] = {}
     sites: list[Site] = []
-    unreadable: dict[str, str] = {}
     for module_id in order:
         if module_id not in attention_ids:
             continue

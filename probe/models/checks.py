@@ -16,6 +16,7 @@ from probe.capture import capture_attention
 from probe.capture import math as amath
 from probe.capture.hooks import original_attention_function
 from probe.models.text import encode_texts, forward_inputs
+from probe.errors import CaptureError
 
 DEFAULT_TEXTS = (
     "the film is a quiet , moving portrait of grief and it works",
@@ -73,13 +74,42 @@ def _real_outputs(pm, logits: torch.Tensor, inputs: dict, index: int) -> torch.T
     return logits[index, : int(mask[index].sum())]
 
 
+class PerLayerMaps:
+    """A stack whose layers differ in heads or length (canine's downsampled layers): its maps one
+    per layer. Checks that need one stacked map say they cannot run; the comparison with HF's own
+    attentions goes layer by layer (:func:`layer_weights`)."""
+
+    def __init__(self, stack: str, per_layer: dict, why: str):
+        self.stack, self.per_layer, self.why = stack, per_layer, why
+
+    @property
+    def weights(self):
+        raise CaptureError(self.why)
+
+
+def layer_weights(maps) -> list[torch.Tensor]:
+    """[batch, head, query, key] per captured layer, from stacked or per-layer maps."""
+    if isinstance(maps, PerLayerMaps):
+        return [m.weights[:, 0] for _, m in sorted(maps.per_layer.items())]
+    return [maps.weights[:, i] for i in range(maps.weights.shape[1])]
+
+
+def _stack_maps(cap, stack: str):
+    try:
+        return cap.maps(stack)
+    except CaptureError as error:
+        if "cannot stack" not in str(error):
+            raise
+        return PerLayerMaps(stack, cap.layer_maps(stack), str(error))
+
+
 def _capture_all(pm, inputs):
     decoder_mask = inputs.get("decoder_attention_mask")
     with torch.no_grad(), capture_attention(
         pm, attention_mask=inputs["attention_mask"], decoder_attention_mask=decoder_mask
     ) as cap:
         out = pm.model(**inputs)
-    return _outputs(out), {stack: cap.maps(stack) for stack in pm.contract.stacks}, cap.calls
+    return _outputs(out), {stack: _stack_maps(cap, stack) for stack in pm.contract.stacks}, cap.calls
 
 
 def _lengths(pm, inputs, stack):
@@ -122,17 +152,18 @@ def _eager_attentions(pm, inputs):
 
 
 def _as_probabilities(layers, widths: set[int]):
-    """HF's "attentions" as probability maps. A few models (squeezebert) return their masked
-    pre-softmax scores: a layer with a negative entry is taken through the softmax it feeds. Hybrids
-    (minimax) also return a linear-attention layer's state, whose last axis is no input position:
-    such entries are left out, so the layers left are the softmax layers, in order."""
+    """HF's "attentions" as probability maps. A tensor with a negative entry is no probability map:
+    over the input's positions it is the masked pre-softmax scores a few models return
+    (squeezebert), taken through the softmax they feed; otherwise it is a linear-attention layer's
+    state (minimax), left out, so the layers left are the softmax layers, in order. Non-negative
+    maps stay, whatever their length (canine's downsampled layers)."""
     if not layers:
         return layers
     out = []
     for a in layers:
-        if isinstance(a, torch.Tensor) and a.dim() == 4 and int(a.shape[-1]) not in widths:
-            continue
         if isinstance(a, torch.Tensor) and a.dim() == 4 and bool((a < 0).any()):
+            if int(a.shape[-1]) not in widths:
+                continue
             a = torch.softmax(a.float(), dim=-1).to(a.dtype)
         out.append(a)
     return tuple(out)
@@ -202,15 +233,19 @@ def _model_checks(pm, texts) -> list[CheckResult]:
         for stack, layers in eager.items():
             if stack not in maps or not layers:
                 continue
-            if len(layers) != maps[stack].weights.shape[1]:
+            captured = layer_weights(maps[stack])
+            if len(layers) != len(captured):
                 return CheckResult("capture_equals_eager_output_attentions", False,
-                                   f"{stack}: probe captured {maps[stack].weights.shape[1]} layers, HF returns {len(layers)}")
+                                   f"{stack}: probe captured {len(captured)} layers, HF returns {len(layers)}")
             for li, layer in enumerate(layers):
                 full = layer.float()
+                if full.shape != captured[li].shape:
+                    return CheckResult("capture_equals_eager_output_attentions", False,
+                                       f"{stack} layer {li}: captured {tuple(captured[li].shape)}, HF {tuple(full.shape)}")
                 for i in range(n):
                     q = int(_lengths(pm, inputs, stack)[i])
                     k = int(_key_lengths(pm, inputs, stack)[i])
-                    gap = max(gap, (full[i, :, :q, :k] - maps[stack].weights[i, li, :, :q, :k]).abs().max().item())
+                    gap = max(gap, (full[i, :, :q, :k] - captured[li][i, :, :q, :k]).abs().max().item())
         return CheckResult("capture_equals_eager_output_attentions", gap <= eager_tol,
                            f"max |captured - HF eager output_attentions| {gap:.2e}, tolerance {eager_tol:.0e} "
                            f"(implementation {pm.contract.implementation})")
