@@ -44,6 +44,8 @@ SAMPLE = {
     "gpt_oss": "attention sink", "flint": "attention sink",
     # tolerances and exceptions
     "umt5": "eager vs sdpa drift", "pegasus_x": "exception escaped probe contract",
+    "gpt_bigcode": "function checks: kv heads as the module repeats them",
+    "ibert": "embeddings module returns a tuple", "layoutlm": "[B, 1, 1, K] padding mask in row-only rollout",
     "longformer": "chunked local attention",
 }
 # Architectures whose eager output_attentions probe still cannot match, with the reason (see the coverage table).

@@ -29,6 +29,8 @@ def gather_rows(tensor: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor
     batch = rows.shape[0]
     if tensor.shape[0] == 1 and batch > 1:
         tensor = tensor.expand(batch, *tensor.shape[1:])
+    if tensor.shape[2] == 1:  # one row for every query (a [B, 1, 1, K] padding mask): the same for each
+        return tensor.expand(batch, tensor.shape[1], rows.shape[1], tensor.shape[-1])
     index = rows[:, None, :, None].expand(batch, tensor.shape[1], rows.shape[1], tensor.shape[-1])
     return torch.gather(tensor, 2, index)
 

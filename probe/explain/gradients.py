@@ -152,6 +152,26 @@ def _hooked(module, hook) -> Iterator[None]:
         handle.remove()
 
 
+def _site_tensor(site: Site, output) -> torch.Tensor:
+    """The embeddings module's output tensor: the output itself, or the first item of a tuple whose
+    other items are side values (ibert hands on (embeddings, scaling factor))."""
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        output = output[0]
+    if not isinstance(output, torch.Tensor):
+        raise ProbeError(f"the embeddings module {site.module_name} returned {type(output).__name__}, not a "
+                         f"tensor: use gradient site word")
+    return output
+
+
+def _replace_site_output(replaced: torch.Tensor):
+    """A forward hook that puts ``replaced`` where the embeddings module's tensor was (in a tuple: its first item)."""
+    def hook(module, args, output):
+        if isinstance(output, tuple):
+            return (replaced, *output[1:])
+        return replaced
+    return hook
+
+
 def site_values(pm, site: Site, inputs: dict) -> torch.Tensor:
     """[rows, seq, dim] fp32 output of ``site`` for the model inputs ``inputs`` (no gradient)."""
     if site.module is None:
@@ -160,10 +180,7 @@ def site_values(pm, site: Site, inputs: dict) -> torch.Tensor:
     held = {}
 
     def keep(module, args, output):
-        if not isinstance(output, torch.Tensor):
-            raise ProbeError(f"the embeddings module {site.module_name} returned {type(output).__name__}, not a "
-                             f"tensor: use gradient site word")
-        held["output"] = output
+        held["output"] = _site_tensor(site, output)
         raise _StopForward
 
     with torch.no_grad(), _hooked(site.module, keep):
@@ -217,7 +234,7 @@ class _EmbeddingForward:
             logits = self.pm.model(**inputs).logits
         else:
             replaced = full.to(_model_dtype(self.pm))
-            with _hooked(self.site.module, lambda module, args, output: replaced):
+            with _hooked(self.site.module, _replace_site_output(replaced)):
                 logits = self.pm.model(**inputs).logits
         return target_values(self.pm, selected, logits)  # [n] fp32
 

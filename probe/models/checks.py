@@ -325,9 +325,14 @@ def _function_checks(pm) -> list[CheckResult]:
     device, dtype = pm.device, pm.model.dtype
     gen = torch.Generator().manual_seed(0)
     q_len, k_len = 4, 6
+    # key/value heads as the module's own function repeats them (num_key_value_groups), which is
+    # what it was written for even where the config names another count (gpt_bigcode, inkling)
+    groups = getattr(module, "num_key_value_groups", None)
+    n_kv = info.n_heads // groups if isinstance(groups, int) and groups > 0 and info.n_heads % groups == 0 \
+        else info.n_kv_heads
     query = torch.randn(1, info.n_heads, q_len, info.head_dim, generator=gen).to(device, dtype) * 2
-    key = torch.randn(1, info.n_kv_heads, k_len, info.head_dim, generator=gen).to(device, dtype) * 2
-    value = torch.randn(1, info.n_kv_heads, k_len, info.head_dim, generator=gen).to(device, dtype)
+    key = torch.randn(1, n_kv, k_len, info.head_dim, generator=gen).to(device, dtype) * 2
+    value = torch.randn(1, n_kv, k_len, info.head_dim, generator=gen).to(device, dtype)
     scaling = getattr(module, "scaling", None) or info.head_dim ** -0.5
     tol = _tolerance(pm)
     results = []
@@ -353,7 +358,7 @@ def _function_checks(pm) -> list[CheckResult]:
         native = "zeros"
     else:
         uniform = value.float().mean(dim=2)  # [1, kv, dim]: uniform weights give the mean value
-        native = "uniform" if torch.allclose(row, amath.repeat_kv(uniform[:, :, None], info.n_heads // info.n_kv_heads)[0, :, 0], atol=1e-4) else "other"
+        native = "uniform" if torch.allclose(row, amath.repeat_kv(uniform[:, :, None], info.n_heads // n_kv)[0, :, 0], atol=1e-4) else "other"
     scores = amath.attention_scores(query, key, scaling=scaling)
     weights, has_keys = amath.masked_softmax(scores, blocked)
     probe_ok = bool(torch.isfinite(weights).all()) and weights[0, :, 0].abs().max().item() == 0 and not bool(has_keys[0, 0, 0])
