@@ -41,7 +41,7 @@ from probe.errors import CaptureError, InputError
 from probe.rows.queries import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
     TARGET_QUERY_NOTE, TargetQueries, _crop, capture_masks, eval_mode, row_batches, target_queries,
 )
-from probe.models.layouts import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
+from probe.models.architectures import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
     VALUE_OUTPUT_LAYOUTS, ValueOutputLayout, _relative,
 )
 from probe.rows.scores import TokenScores

@@ -56,7 +56,7 @@ from probe.explain.attention import (
     record_value_inputs, row_batches, value_output_modules,
 )
 from probe.rows.scores import TokenScores
-from probe.models.layouts import (  # noqa: F401  (re-exported: part of probe.explain.context_mixing's names)
+from probe.models.architectures import (  # noqa: F401  (re-exported: part of probe.explain.context_mixing's names)
     MIXING_LAYOUTS, SEQ2SEQ_TYPES, MixingLayout, _refuse_seq2seq, block_modules, context_mixing_support, mixing_layout,
 )
 from probe.names import CONTEXT_MIXING_METHODS

@@ -282,7 +282,7 @@ def load_model(
 def _with_method_support(pm: ProbeModel) -> ProbeModel:
     """The contract states which context-mixing methods run on this model (read from its structure
     and probe's layout tables, no forward pass)."""
-    from probe.models.layouts import context_mixing_support  # imports torch: not at module level
+    from probe.models.architectures import context_mixing_support  # imports torch: not at module level
     from probe.names import CONTEXT_MIXING_METHODS
 
     support = {method: context_mixing_support(pm, method) for method in CONTEXT_MIXING_METHODS}
