@@ -28,8 +28,8 @@ import pandas as pd
 import torch
 
 from probe.errors import InputError
-from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, TargetSpec
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample, TargetSpec
 from probe.models.loading import ProbeModel
 from probe.study.verdict import Verdict
 
@@ -87,7 +87,7 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: int | str | No
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
     language models). ``example.original_value`` is the target on the unperturbed text."""
-    from probe.explain.target import prepare as _prepare
+    from probe.rows.target import prepare as _prepare
 
     if isinstance(texts, str):
         texts = [texts]

@@ -230,7 +230,7 @@ def explain(
         raise InputError(f"--continuation applies to language models; this model is a "
                          f"{'classifier' if pm.task == 'classification' else 'headless encoder'}: give {instead} instead")
     from probe.explain.methods import run_methods
-    from probe.explain.target import TargetSpec, prepare
+    from probe.rows.target import TargetSpec, prepare
 
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension),

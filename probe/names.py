@@ -12,6 +12,11 @@ GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_
 INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
 ALL_METHODS = ATTENTION_METHODS + GRADIENT_METHODS + INTERVENTION_METHODS
 
+#: A result folder's on-disk format (study.json's ``format_version``) and the tables a study
+#: writes, per batch and merged (probe.study.store writes them, probe.report reads them).
+FORMAT_VERSION = 1
+TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence")
+
 
 def method_family(method: str) -> str | None:
     """attention, gradient, intervention, or None (a baseline such as ``random``)."""

@@ -275,7 +275,9 @@ def test_registered_like_every_method_and_refused_where_undefined(loaded, monkey
     chosen, skipped = applicable_methods(bart, bart_examples)
     assert {"value_zeroing", "alti", "globenc"} <= set(chosen)
     assert bart.contract.to_dict()["context_mixing"] == {m: "supported" for m in M.CONTEXT_MIXING_METHODS}
-    monkeypatch.setattr(M, "SEQ2SEQ_TYPES", ("t5",))  # an encoder-decoder probe knows no layers of
+    from probe.models import architectures as layouts
+
+    monkeypatch.setattr(layouts, "SEQ2SEQ_TYPES", ("t5",))  # an encoder-decoder probe knows no layers of
     chosen, skipped = applicable_methods(bart, bart_examples)
     assert not {"value_zeroing", "alti", "globenc"} & set(chosen)
     for method in M.CONTEXT_MIXING_METHODS:

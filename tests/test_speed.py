@@ -249,6 +249,17 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
     assert set(convergence["steps"]) <= set(G.AUTO_STEPS)
     assert convergence.groupby("example")["final"].sum().eq(1).all()
     assert convergence["example"].nunique() == 12
+    # the report shows delta against steps: a table by number of points and a figure
+    from probe.report import build_report
+    from probe.report import analysis as an
+    from probe.report.results import load_result
+
+    table = an.ig_convergence(load_result(out))
+    assert table["final"].sum() == 12 and table["tried"].max() == 12
+    assert (table["steps"].diff().dropna() > 0).all()
+    files = build_report(out, tmp_path / "report")
+    assert "completeness by the number of Gauss-Legendre points" in files.markdown.read_text()
+    assert any(f.name.startswith("ig_convergence") for f in files.figures)
     # the shared scores equal each method alone
     scores = pd.read_parquet(out / "scores.parquet")
     examples = pd.read_parquet(out / "examples.parquet")

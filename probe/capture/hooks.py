@@ -14,7 +14,7 @@ contract found a child module whose output is the layer's probabilities (``probe
 a forward hook on that child reads them and, for interventions, returns edited ones in their place.
 A third path serves inline attention that hands its probabilities to no module (xlm, xglm, fsmt,
 mvp, ...): while such a module runs, a torch function mode takes the result of its first softmax
-over [batch, head, query, key] (``probe.capture.sites.SoftmaxWatch``) and treats it the same way.
+over [batch, head, query, key] (``probe.capture.modes.SoftmaxWatch``) and treats it the same way.
 A module the model calls several times in one forward (a shared layer) is one layer per call.
 """
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.capture import math as amath
+from probe.capture.modes import ModuleModes, SoftmaxWatch
 from probe.errors import CaptureError
 
 _MISSING = object()
@@ -186,7 +187,7 @@ class _Session:
             self.where[module_id] = places[0]
         self._module_calls: dict[object, int] = {}
         self._handles: list = []
-        self._modes = None  # probe.capture.sites.ModuleModes of the softmax path, while attached
+        self._modes = None  # probe.capture.modes.ModuleModes of the softmax path, while attached
         self.stacks = tuple(stacks)
         self.layers = layers
         self.heads = heads
@@ -245,8 +246,6 @@ class _Session:
 
             self._handles.append(self.modules[path].register_forward_hook(hook))
         if self._softmax_places:
-            from probe.capture.sites import ModuleModes, SoftmaxWatch
-
             sites = getattr(self.contract, "sites", None) or {}
             self._modes = ModuleModes()
             for path, places in self._softmax_places.items():

@@ -24,15 +24,13 @@ reason it cannot be read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from probe.capture.modes import ModuleModes, SoftmaxWatch
+
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
-#: the softmax entry points an inline attention calls (``softmax`` path)
-SOFTMAX_FUNCTIONS = frozenset({torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax,
-                               torch.special.softmax})
 # rows of a softmax sum to 1; a row whose keys are all masked may sum to 0; an attention sink
 # takes some mass out of the row (sum < 1)
 _ROW_SUM_TOL = 1e-3
@@ -109,54 +107,6 @@ def _never_looks_ahead(t: torch.Tensor) -> bool:
     if t.shape[-1] != t.shape[-2]:
         return True
     return not bool((t.detach().float().triu(1) > 1e-6).any())
-
-
-class SoftmaxWatch(torch.overrides.TorchFunctionMode):
-    """Active while one attention module runs: hands the first softmax result that ``accept``s to
-    ``handle`` (which may return a replacement) and lets every other call through unchanged."""
-
-    def __init__(self, accept: Callable[[torch.Tensor], bool], handle: Callable[[torch.Tensor], torch.Tensor | None]):
-        super().__init__()
-        self.accept = accept
-        self.handle = handle
-        self.done = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if not self.done and func in SOFTMAX_FUNCTIONS and isinstance(result, torch.Tensor) and self.accept(result):
-            self.done = True
-            replaced = self.handle(result)
-            return result if replaced is None else replaced
-        return result
-
-
-class ModuleModes:
-    """Enter a :class:`SoftmaxWatch` when a module's forward starts and leave it when it returns
-    (forward pre-hook and hook); :meth:`close` leaves any still open (a forward that raised)."""
-
-    def __init__(self):
-        self.open: list[torch.overrides.TorchFunctionMode] = []
-        self.handles: list = []
-
-    def watch(self, module: torch.nn.Module, make: Callable[[], SoftmaxWatch]) -> None:
-        def enter(mod, args):
-            mode = make()
-            mode.__enter__()
-            self.open.append(mode)
-
-        def leave(mod, args, output):
-            if self.open:
-                self.open.pop().__exit__(None, None, None)
-
-        self.handles.append(module.register_forward_pre_hook(enter))
-        self.handles.append(module.register_forward_hook(leave))
-
-    def close(self) -> None:
-        while self.open:
-            self.open.pop().__exit__(None, None, None)
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
 
 
 class _Watch:

@@ -23,7 +23,7 @@ cut off, never scored; special tokens are scored and flagged by ``PreparedExampl
 
 Query heads are reported one by one; under GQA/MQA a query head reads the values of key/value head
 ``contract.kv_head_of_query[h]`` (the capture repeats keys; ``attn_norm`` maps values explicitly).
-Every forward runs the rows :func:`~probe.explain.target.build_rows` builds, so all methods explain
+Every forward runs the rows :func:`~probe.rows.target.build_rows` builds, so all methods explain
 the model on the same inputs as the target.
 """
 
@@ -38,8 +38,14 @@ import torch
 
 from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
-from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
+from probe.rows.queries import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
+    TARGET_QUERY_NOTE, TargetQueries, _crop, capture_masks, eval_mode, row_batches, target_queries,
+)
+from probe.models.architectures import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
+    VALUE_OUTPUT_LAYOUTS, ValueOutputLayout, _relative,
+)
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
 
 #: Attention flow solves (layers x tokens) max-flow problems per example on a graph of
 #: layers x tokens^2 edges; beyond this many explained tokens an example is skipped (NaN scores).
@@ -47,97 +53,6 @@ FLOW_MAX_TOKENS = 64
 #: Max-flow needs integer capacities (scipy): weights are scaled by this and rounded (~6e-8).
 FLOW_CAPACITY_SCALE = 2**24
 
-TARGET_QUERY_NOTE = {
-    "classification": "classifier: attention row of the pooled position (0 = [CLS] for encoders, "
-                      "last token for decoders)",
-    "causal_lm": "causal LM: attention row of the last explained token (position len(input_ids)-1), "
-                 "which predicts the first continuation token",
-    "encoder": "headless encoder: attention rows of the positions its pooling reads (every explained "
-               "token, averaged, for mean/max pooling; position 0 for cls pooling)",
-    "seq2seq": "seq2seq: cross-attention rows of the decoder positions that predict the output tokens, "
-               "averaged over those positions; keys are the encoder (explained) tokens",
-}
-
-
-# ---------------------------------------------------------------------------
-# where the target query is, and running the explained rows
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TargetQueries:
-    """The attention rows that explain the target, for one batch of rows."""
-
-    stack: str  # the stack whose attention is read: encoder | decoder | cross
-    rows: torch.Tensor  # [batch, rows] long query positions in that stack
-    valid: torch.Tensor  # [batch, rows] bool; False only for seq2seq outputs shorter than the longest
-    lengths: torch.Tensor  # [batch] number of explained tokens (= keys that are scored)
-
-    def mean_over_rows(self, values: torch.Tensor) -> torch.Tensor:
-        """Average ``values`` [batch, ..., rows, key] over the valid target rows -> [batch, ..., key]."""
-        weight = self.valid.to(values.dtype)
-        weight = weight / weight.sum(dim=1, keepdim=True).clamp(min=1)
-        shape = (weight.shape[0],) + (1,) * (values.dim() - 3) + (weight.shape[1], 1)
-        return (values * weight.view(shape)).sum(dim=-2)
-
-
-def target_queries(pm, batch: RowBatch) -> TargetQueries:
-    """Where the target query row(s) of every row of ``batch`` are (see the module docstring)."""
-    lengths = batch.input_lengths
-    n_rows = lengths.shape[0]
-    if pm.task == "seq2seq":
-        valid = batch.target_valid  # [batch, n_target]
-        positions = torch.arange(valid.shape[1], device=valid.device).expand(n_rows, -1)
-        # Padded output positions point at 0 (always a real decoder position) and are masked by `valid`.
-        rows = torch.where(valid, positions, torch.zeros_like(positions))
-        return TargetQueries("cross", rows, valid, lengths)
-    stack = pm.contract.primary_stack
-    bidirectional = pm.contract.stacks[stack].mask_kind == "bidirectional"
-    if pm.task == "encoder" and pm.pooling.mode != "cls":
-        # the pooled embedding reads every explained position: all their rows, averaged
-        width = int(lengths.max())
-        positions = torch.arange(width, device=lengths.device).expand(n_rows, -1)  # [batch, width]
-        valid = positions < lengths[:, None]
-        return TargetQueries(stack, torch.where(valid, positions, torch.zeros_like(positions)), valid, lengths)
-    if pm.task in ("classification", "encoder") and bidirectional:
-        rows = torch.zeros((n_rows, 1), dtype=torch.long, device=lengths.device)
-    else:
-        rows = (lengths - 1).view(n_rows, 1)
-    return TargetQueries(stack, rows, torch.ones_like(rows, dtype=torch.bool), lengths)
-
-
-def capture_masks(batch: RowBatch) -> dict:
-    """The padding masks capture_attention wants, from a row batch."""
-    return {"attention_mask": batch.inputs["attention_mask"],
-            "decoder_attention_mask": batch.inputs.get("decoder_attention_mask")}
-
-
-@contextmanager
-def eval_mode(model) -> Iterator[None]:
-    """Eval mode for the duration (dropout off; edits are refused in training mode); restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
-def row_batches(pm, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
-    """Unperturbed rows of ``examples`` in chunks of ``batch_size``, with their target queries."""
-    if not examples:
-        raise InputError("no examples to explain: give at least one prepared example")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start: start + batch_size]
-        batch = build_rows(pm, [(e.input_ids, e) for e in chunk])
-        yield batch, target_queries(pm, batch)
-
-
-def _crop(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
-    """[batch, ..., key] -> one [..., tokens] tensor per row, padding keys cut off."""
-    return [values[i, ..., : int(n)] for i, n in enumerate(lengths.tolist())]
 
 
 def _params(pm, stack: str, **extra) -> dict:
@@ -519,54 +434,6 @@ def flow(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
 # ---------------------------------------------------------------------------
 # attention norms (Kobayashi et al. 2020)
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ValueOutputLayout:
-    """Where an architecture keeps W_V and W_O, relative to the attention module of the contract.
-
-    Paths are dotted, ``^`` steps up to the parent. ``value_chunk`` = (index, chunks) picks the
-    value part of a fused projection (GPT-2's c_attn holds q, k, v). Whether a module is a Linear
-    ([out, in] weight) or a transformers Conv1D ([in, out]) is read from the module itself.
-    """
-
-    value: str
-    output: str
-    value_chunk: tuple[int, int] = (0, 1)
-
-
-_BERT_LIKE = ValueOutputLayout(value="value", output="^.output.dense")
-_LLAMA_LIKE = ValueOutputLayout(value="v_proj", output="o_proj")
-_BART_LIKE = ValueOutputLayout(value="v_proj", output="out_proj")
-
-#: House rule 4: per-architecture knowledge is data. Same layout for every stack of a model type.
-VALUE_OUTPUT_LAYOUTS: dict[str, ValueOutputLayout] = {
-    "bert": _BERT_LIKE,
-    "roberta": _BERT_LIKE,
-    "xlm-roberta": _BERT_LIKE,
-    "electra": _BERT_LIKE,
-    "distilbert": ValueOutputLayout(value="v_lin", output="out_lin"),
-    "gpt2": ValueOutputLayout(value="c_attn", output="c_proj", value_chunk=(2, 3)),
-    "llama": _LLAMA_LIKE,
-    "mistral": _LLAMA_LIKE,
-    "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma": _LLAMA_LIKE,
-    "bart": _BART_LIKE,
-    "mbart": _BART_LIKE,
-    "marian": _BART_LIKE,
-    "t5": ValueOutputLayout(value="v", output="o"),
-}
-
-
-def _relative(path: str, relative: str) -> str:
-    parts = path.split(".")
-    for step in relative.split("."):
-        if step == "^":
-            parts.pop()
-        else:
-            parts.append(step)
-    return ".".join(parts)
 
 
 def value_output_modules(pm, stack: str, layer: int):

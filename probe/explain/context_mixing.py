@@ -52,60 +52,16 @@ import torch
 from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
 from probe.explain.attention import (
-    VALUE_OUTPUT_LAYOUTS, _crop, _in_out_weight, _params, _relative, capture_masks, eval_mode, head_value_norms,
+    _crop, _in_out_weight, _params, _relative, capture_masks, eval_mode, head_value_norms,
     record_value_inputs, row_batches, value_output_modules,
 )
-from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, RowBatch
+from probe.rows.scores import TokenScores
+from probe.models.architectures import (  # noqa: F401  (re-exported: part of probe.explain.context_mixing's names)
+    MIXING_LAYOUTS, SEQ2SEQ_TYPES, MixingLayout, _refuse_seq2seq, block_modules, context_mixing_support, mixing_layout,
+)
+from probe.names import CONTEXT_MIXING_METHODS
+from probe.rows.target import PreparedExample, RowBatch
 
-CONTEXT_MIXING_METHODS = ("value_zeroing", "alti", "globenc")
-
-
-@dataclass(frozen=True)
-class MixingLayout:
-    """Where a layer's LayerNorms sit, relative to the attention module of the contract (``^`` = parent).
-
-    ``placement``: ``post`` (ln1 normalises x + attention output: BERT) or ``pre`` (ln1 normalises
-    the attention's input, ln2 the FFN's input; the residual stream itself is not normalised).
-    """
-
-    placement: str
-    ln1: str
-    ln2: str
-
-
-_BERT_NORMS = MixingLayout("post", ln1="^.output.LayerNorm", ln2="^.^.output.LayerNorm")
-_LLAMA_NORMS = MixingLayout("pre", ln1="^.input_layernorm", ln2="^.post_attention_layernorm")
-
-#: House rule 4: per-architecture knowledge is data. Model types whose layer ALTI and GlobEnc decompose.
-MIXING_LAYOUTS: dict[str, MixingLayout] = {
-    "bert": _BERT_NORMS,
-    "roberta": _BERT_NORMS,
-    "xlm-roberta": _BERT_NORMS,
-    "electra": _BERT_NORMS,
-    "distilbert": MixingLayout("post", ln1="^.sa_layer_norm", ln2="^.output_layer_norm"),
-    "llama": _LLAMA_NORMS,
-    "mistral": _LLAMA_NORMS,
-    "qwen2": _LLAMA_NORMS,
-    "qwen3": _LLAMA_NORMS,
-    "gemma": _LLAMA_NORMS,
-    "gpt2": MixingLayout("pre", ln1="^.ln_1", ln2="^.ln_2"),
-    # encoder-decoder: the encoder stack (the cross-attention hop is raw, see the module docstring)
-    "bart": MixingLayout("post", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
-    "marian": MixingLayout("post", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
-    "mbart": MixingLayout("pre", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
-    "t5": MixingLayout("pre", ln1="^.layer_norm", ln2="^.^.1.layer_norm"),
-}
-
-#: model types whose encoder value zeroing reads (every other seq2seq model is refused)
-SEQ2SEQ_TYPES = ("bart", "marian", "mbart", "t5")
-
-
-def _refuse_seq2seq(pm, method: str) -> None:
-    if pm.task == "seq2seq" and pm.contract.model_type not in SEQ2SEQ_TYPES:
-        raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__} (model type "
-                         f"{pm.contract.model_type!r}): probe knows the encoder layers of "
-                         f"{', '.join(SEQ2SEQ_TYPES)} only")
 
 
 def _mixing_stack(pm, tq) -> str:
@@ -131,52 +87,6 @@ def _scores_from_matrices(matrices: Sequence[torch.Tensor], tq, row: int, cross:
         product = matrix.double() if product is None else matrix.double() @ product
     n = product.shape[0]
     return (cross[row, :, :n].double() @ product).float()
-
-
-def mixing_layout(pm, method: str = "alti") -> MixingLayout:
-    """The layout of ``pm``'s layers, or a one-line InputError naming the model class and what is missing."""
-    _refuse_seq2seq(pm, method)
-    model_type = pm.contract.model_type
-    layout = MIXING_LAYOUTS.get(model_type)
-    if layout is None or model_type not in VALUE_OUTPUT_LAYOUTS:
-        raise InputError(f"{method} does not know the LayerNorms and value/output projections of "
-                         f"{type(pm.model).__name__} (model type {model_type!r}): supported model types are "
-                         f"{', '.join(sorted(MIXING_LAYOUTS))}")
-    return layout
-
-
-def context_mixing_support(pm, method: str) -> str | None:
-    """None when ``method`` runs on ``pm``, else why not (one line)."""
-    try:
-        if method == "value_zeroing":
-            _refuse_seq2seq(pm, method)
-            block_modules(pm, pm.contract.primary_stack)
-        else:
-            mixing_layout(pm, method)
-    except InputError as error:
-        return str(error)
-    return None
-
-
-def block_modules(pm, stack: str) -> dict[int, torch.nn.Module]:
-    """``{layer: the transformer block holding that layer's attention}``: the nearest ancestor of the
-    attention module that is an item of a ModuleList (read from the model's own structure)."""
-    modules = dict(pm.model.named_modules())
-    out = {}
-    for (s, layer), path in sorted(pm.contract.module_paths.items()):
-        if s != stack:
-            continue
-        parts = path.split(".")
-        found = None
-        for cut in range(len(parts) - 1, 0, -1):
-            if isinstance(modules.get(".".join(parts[: cut - 1])), torch.nn.ModuleList) and parts[cut - 1].isdigit():
-                found = modules[".".join(parts[:cut])]
-                break
-        if found is None:
-            raise InputError(f"value_zeroing cannot find the layer block of {path} in {type(pm.model).__name__}: "
-                             "no ancestor of the attention module is an item of a ModuleList")
-        out[layer] = found
-    return out
 
 
 # ---------------------------------------------------------------------------

@@ -28,8 +28,8 @@ What is attributed:
 Padding is never attributed: the forward function takes padded positions from fixed pad embeddings
 (masked by the attention mask), so the gradient there is exactly zero and batch of 1 equals batch of N.
 
-Every method evaluates its target with :func:`probe.explain.target.target_values` on the rows of
-:func:`probe.explain.target.build_rows`, so gradients explain exactly the number interventions change.
+Every method evaluates its target with :func:`probe.rows.target.target_values` on the rows of
+:func:`probe.rows.target.build_rows`, so gradients explain exactly the number interventions change.
 captum is used at one boundary, :class:`_EmbeddingForward` (house rule 5): it sees a plain function
 ``f(embeddings [n, tokens, dim], row [n]) -> target [n]`` and its outputs become ``TokenScores`` here.
 Gradients are taken in fp32: the attributed embeddings are fp32 and are cast to the model's dtype
@@ -47,8 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from probe.errors import InputError, ProbeError
-from probe.explain.scores import TokenScores
-from probe.explain.target import (PreparedExample, RowBatch, build_rows, example_seed, keep_target_logits,
+from probe.rows.scores import TokenScores
+from probe.rows.target import (PreparedExample, RowBatch, build_rows, example_seed, keep_target_logits,
                                   target_values)
 
 GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from probe.errors import InputError
-from probe.explain.scores import TokenScores
+from probe.rows.scores import TokenScores
 from probe.names import ALL_METHODS, ATTENTION_METHODS, GRADIENT_METHODS, INTERVENTION_METHODS, method_family
 
 __all__ = ["ALL_METHODS", "ATTENTION_METHODS", "GRADIENT_METHODS", "INTERVENTION_METHODS", "family", "parse_methods",
@@ -84,7 +84,7 @@ def _halving_examples(pm, examples, compute) -> TokenScores:
     (:func:`probe.intervene.engine.in_halves`), the parts joined in order: per-example ``extras``
     lists are joined, other extras and params are the first part's (they do not depend on the
     examples)."""
-    from probe.intervene.engine import in_halves
+    from probe.rows.memory import in_halves
 
     return _join_parts(in_halves(examples, lambda part, _: compute(part), device=pm.device))
 
@@ -105,7 +105,7 @@ def run_shared_gradients(pm, examples, methods: Sequence[str]) -> dict[str, Toke
     """Saliency, saliency_sum and input x gradient (any of them, default parameters) from one
     gradient pass (:func:`probe.explain.gradients.shared_gradient_scores`), halving on OOM."""
     from probe.explain.gradients import shared_gradient_scores
-    from probe.intervene.engine import in_halves
+    from probe.rows.memory import in_halves
 
     parts = in_halves(examples, lambda part, _: shared_gradient_scores(pm, part, methods), device=pm.device)
     return {m: _join_parts([part[m] for part in parts]) for m in methods}

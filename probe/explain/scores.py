@@ -1,32 +1,8 @@
-"""TokenScores: every method's output, aligned on the explained tokens of each example."""
+"""Moved to :mod:`probe.rows.scores` (the row layer below explain and intervene). This name is
+the same module object, so existing imports (and monkeypatches) keep working."""
 
-from __future__ import annotations
+import sys
 
-from dataclasses import dataclass, field
+from probe.rows import scores as _moved
 
-import torch
-
-
-@dataclass
-class TokenScores:
-    """One method's scores for a list of examples.
-
-    scores[i] is a float tensor over example i's explained tokens: ``[tokens]`` for token-level
-    methods, ``[layer, head, tokens]`` for per-head ones (``per_head=True``), ``[layer, tokens]``
-    for per-layer ones (``per_layer=True``). Higher means more important; interventions store the
-    signed change f(x) - f(x perturbed). ``extras`` holds method diagnostics (e.g. IG's
-    convergence delta per example).
-    """
-
-    method: str
-    scores: list[torch.Tensor]
-    params: dict = field(default_factory=dict)
-    per_head: bool = False
-    per_layer: bool = False
-    extras: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.scores = [s.detach().float().cpu() for s in self.scores]
-
-    def for_example(self, index: int) -> torch.Tensor:
-        return self.scores[index]
+sys.modules[__name__] = _moved

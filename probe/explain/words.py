@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from probe.errors import InputError
-from probe.explain.scores import TokenScores
+from probe.rows.scores import TokenScores
 
 AGGREGATIONS = ("sum", "max", "mean")
 CONTINUATION_PREFIX = "##"  # WordPiece: this piece continues the previous word

@@ -34,15 +34,9 @@ import torch
 
 from probe.capture import capture_attention
 from probe.errors import InputError
-from probe.explain.attention import (
-    TargetQueries,
-    capture_masks,
-    eval_mode,
-    example_seed,
-    row_batches,
-    target_queries,
-)
-from probe.explain.target import PreparedExample, RowBatch, build_rows, target_values
+from probe.rows.queries import TargetQueries, capture_masks, eval_mode, row_batches, target_queries
+from probe.rows.target import example_seed
+from probe.rows.target import PreparedExample, RowBatch, build_rows, target_values
 
 LN2 = math.log(2.0)
 CONSTRAINTS = ("tvd", "target")

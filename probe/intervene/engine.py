@@ -1,10 +1,10 @@
 """The batched execution engine every perturbation shares.
 
 A perturbation method (leave-one-out, erasure curves, ...) only *describes* rows: a tuple of token
-ids paired with the :class:`~probe.explain.target.PreparedExample` whose target it evaluates. The
+ids paired with the :class:`~probe.rows.target.PreparedExample` whose target it evaluates. The
 engine turns many such rows, from many examples and methods, into as few forward passes as the
 token budget allows, and evaluates each row's target with the one shared code path
-(:func:`~probe.explain.target.build_rows` + :func:`~probe.explain.target.target_values`), so every
+(:func:`~probe.rows.target.build_rows` + :func:`~probe.rows.target.target_values`), so every
 method explains exactly the same number.
 
 What it does, and why:
@@ -49,7 +49,8 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import InputError, ProbeError
-from probe.explain.target import (PreparedExample, RowBatch, build_rows, forward_accepts, keep_target_logits,
+from probe.rows.memory import free_memory, halving, in_halves, is_out_of_memory  # noqa: F401  (re-exported)
+from probe.rows.target import (PreparedExample, RowBatch, build_rows, forward_accepts, keep_target_logits,
                                   slices_logits_to_keep, target_values)
 
 Row = tuple[tuple[int, ...], PreparedExample]
@@ -101,56 +102,6 @@ class EngineStats:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's / a backend's "out of memory" RuntimeError."""
-    if isinstance(error, getattr(torch, "OutOfMemoryError", ())):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
-
-
-def free_memory(device) -> None:
-    import gc
-
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def halving(items: list, run, stats: EngineStats | None = None, device="cpu", what: str = "rows") -> None:
-    """``run(items)``; when it runs out of memory, free what can be freed and run each half in turn
-    (recursively). ``run`` must store its results only once it has them all, so a failed attempt
-    leaves nothing behind and a retried item is computed exactly once. One item that does not fit
-    is an error."""
-    try:
-        run(items)
-        return
-    except Exception as error:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
-        if not is_out_of_memory(error):
-            raise
-        if len(items) <= 1:
-            raise ProbeError(f"out of memory on a single batch item ({what}) on {device}: use a smaller dtype "
-                             "(--dtype bf16), a shorter text, or a device with more memory") from None
-    free_memory(device)
-    if stats is not None:
-        stats.oom_splits += 1
-    half = len(items) // 2
-    halving(items[:half], run, stats, device, what)
-    halving(items[half:], run, stats, device, what)
-
-
-def in_halves(items: Sequence, run, device="cpu", what: str = "examples") -> list:
-    """``[run(items, 0)]``; when that runs out of memory, the results of ``run(part, start)`` on
-    consecutive parts of ``items`` (halves, recursively: :func:`halving`), in item order, ``start``
-    being the index of the part's first item. A part's result is kept only once it is complete,
-    so no item is lost or run twice."""
-    parts: list = []
-    halving(list(range(len(items))),
-            lambda chosen: parts.append(run([items[i] for i in chosen], chosen[0] if chosen else 0)),
-            device=device, what=what)
-    return parts
 
 
 def target_key(example: PreparedExample) -> tuple:

@@ -33,8 +33,8 @@ import pandas as pd
 import torch
 
 from probe.errors import InputError
-from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample
 from probe.intervene.engine import Engine
 from probe.intervene.tokens import example_seed, scorable_positions
 

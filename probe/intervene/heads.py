@@ -20,8 +20,8 @@ import torch
 
 from probe.capture import capture_attention
 from probe.errors import InputError
-from probe.explain.attention import capture_masks, eval_mode
-from probe.explain.target import PreparedExample, build_rows, target_values
+from probe.rows.queries import capture_masks, eval_mode
+from probe.rows.target import PreparedExample, build_rows, target_values
 
 HeadSet = Collection[tuple[int, int]]  # {(layer, head), ...}
 LOSSES = ("nll", "target")

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from probe.errors import InputError
-from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample
 from probe.intervene.engine import Engine, eval_no_grad
 
 LOO_MODES = ("delete", "mask", "unk", "pad", "random", "lm")

@@ -79,7 +79,7 @@ def _site_gradients(pm, examples, site_name: str | None):
     would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
     g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
     from probe.explain.gradients import _gradient_mode, _hooked, _is_norm, embeddings_module, resolve_site
-    from probe.explain.target import build_rows, target_values
+    from probe.rows.target import build_rows, target_values
 
     site = resolve_site(pm, site_name)
     batch = build_rows(pm, [(e.input_ids, e) for e in examples])

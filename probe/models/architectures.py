@@ -1,4 +1,10 @@
-"""Where each architecture keeps its attention modules (house rule 4: knowledge as data).
+"""Every per-architecture fact probe keeps, in one place (house rule 4: knowledge as data).
+
+Where each architecture keeps its attention modules (``ATTENTION_LAYOUTS``); where it keeps W_V
+and W_O (``VALUE_OUTPUT_LAYOUTS``: attn_norm, ALTI, GlobEnc) and its LayerNorms
+(``MIXING_LAYOUTS``: ALTI, GlobEnc); which encoder-decoders' encoders the context-mixing measures
+read (``SEQ2SEQ_TYPES``); and, from a loaded model's structure alone, which context-mixing method
+runs on it (the contract states it). Nothing here runs a model.
 
 Each entry maps a model type to the attention stacks it has. A stack is a name (``encoder``,
 ``decoder``, ``cross``) and a regular expression over module paths whose first group is the layer
@@ -10,6 +16,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import torch
+
+from probe.errors import InputError
+from probe.names import CONTEXT_MIXING_METHODS
 
 # Stacks, in the order reports list them.
 STACK_ORDER = ("encoder", "decoder", "cross")
@@ -113,3 +124,147 @@ def find_attention_modules(model) -> dict[tuple[str, int], str]:
             if match:
                 found[(pattern.stack, int(match.group(1)))] = path
     return renumber(found)
+
+
+# --------------------------------------------------------------------------- W_V, W_O and the norms
+
+
+@dataclass(frozen=True)
+class ValueOutputLayout:
+    """Where an architecture keeps W_V and W_O, relative to the attention module of the contract.
+
+    Paths are dotted, ``^`` steps up to the parent. ``value_chunk`` = (index, chunks) picks the
+    value part of a fused projection (GPT-2's c_attn holds q, k, v). Whether a module is a Linear
+    ([out, in] weight) or a transformers Conv1D ([in, out]) is read from the module itself.
+    """
+
+    value: str
+    output: str
+    value_chunk: tuple[int, int] = (0, 1)
+
+
+_BERT_LIKE = ValueOutputLayout(value="value", output="^.output.dense")
+_LLAMA_LIKE = ValueOutputLayout(value="v_proj", output="o_proj")
+_BART_LIKE = ValueOutputLayout(value="v_proj", output="out_proj")
+
+#: House rule 4: per-architecture knowledge is data. Same layout for every stack of a model type.
+VALUE_OUTPUT_LAYOUTS: dict[str, ValueOutputLayout] = {
+    "bert": _BERT_LIKE,
+    "roberta": _BERT_LIKE,
+    "xlm-roberta": _BERT_LIKE,
+    "electra": _BERT_LIKE,
+    "distilbert": ValueOutputLayout(value="v_lin", output="out_lin"),
+    "gpt2": ValueOutputLayout(value="c_attn", output="c_proj", value_chunk=(2, 3)),
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "gemma": _LLAMA_LIKE,
+    "bart": _BART_LIKE,
+    "mbart": _BART_LIKE,
+    "marian": _BART_LIKE,
+    "t5": ValueOutputLayout(value="v", output="o"),
+}
+
+
+def _relative(path: str, relative: str) -> str:
+    parts = path.split(".")
+    for step in relative.split("."):
+        if step == "^":
+            parts.pop()
+        else:
+            parts.append(step)
+    return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class MixingLayout:
+    """Where a layer's LayerNorms sit, relative to the attention module of the contract (``^`` = parent).
+
+    ``placement``: ``post`` (ln1 normalises x + attention output: BERT) or ``pre`` (ln1 normalises
+    the attention's input, ln2 the FFN's input; the residual stream itself is not normalised).
+    """
+
+    placement: str
+    ln1: str
+    ln2: str
+
+
+_BERT_NORMS = MixingLayout("post", ln1="^.output.LayerNorm", ln2="^.^.output.LayerNorm")
+_LLAMA_NORMS = MixingLayout("pre", ln1="^.input_layernorm", ln2="^.post_attention_layernorm")
+
+#: House rule 4: per-architecture knowledge is data. Model types whose layer ALTI and GlobEnc decompose.
+MIXING_LAYOUTS: dict[str, MixingLayout] = {
+    "bert": _BERT_NORMS,
+    "roberta": _BERT_NORMS,
+    "xlm-roberta": _BERT_NORMS,
+    "electra": _BERT_NORMS,
+    "distilbert": MixingLayout("post", ln1="^.sa_layer_norm", ln2="^.output_layer_norm"),
+    "llama": _LLAMA_NORMS,
+    "mistral": _LLAMA_NORMS,
+    "qwen2": _LLAMA_NORMS,
+    "qwen3": _LLAMA_NORMS,
+    "gemma": _LLAMA_NORMS,
+    "gpt2": MixingLayout("pre", ln1="^.ln_1", ln2="^.ln_2"),
+    # encoder-decoder: the encoder stack (the cross-attention hop is raw, see the module docstring)
+    "bart": MixingLayout("post", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
+    "marian": MixingLayout("post", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
+    "mbart": MixingLayout("pre", ln1="^.self_attn_layer_norm", ln2="^.final_layer_norm"),
+    "t5": MixingLayout("pre", ln1="^.layer_norm", ln2="^.^.1.layer_norm"),
+}
+
+#: model types whose encoder value zeroing reads (every other seq2seq model is refused)
+SEQ2SEQ_TYPES = ("bart", "marian", "mbart", "t5")
+
+
+def _refuse_seq2seq(pm, method: str) -> None:
+    if pm.task == "seq2seq" and pm.contract.model_type not in SEQ2SEQ_TYPES:
+        raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__} (model type "
+                         f"{pm.contract.model_type!r}): probe knows the encoder layers of "
+                         f"{', '.join(SEQ2SEQ_TYPES)} only")
+
+
+def mixing_layout(pm, method: str = "alti") -> MixingLayout:
+    """The layout of ``pm``'s layers, or a one-line InputError naming the model class and what is missing."""
+    _refuse_seq2seq(pm, method)
+    model_type = pm.contract.model_type
+    layout = MIXING_LAYOUTS.get(model_type)
+    if layout is None or model_type not in VALUE_OUTPUT_LAYOUTS:
+        raise InputError(f"{method} does not know the LayerNorms and value/output projections of "
+                         f"{type(pm.model).__name__} (model type {model_type!r}): supported model types are "
+                         f"{', '.join(sorted(MIXING_LAYOUTS))}")
+    return layout
+
+
+def context_mixing_support(pm, method: str) -> str | None:
+    """None when ``method`` runs on ``pm``, else why not (one line)."""
+    try:
+        if method == "value_zeroing":
+            _refuse_seq2seq(pm, method)
+            block_modules(pm, pm.contract.primary_stack)
+        else:
+            mixing_layout(pm, method)
+    except InputError as error:
+        return str(error)
+    return None
+
+
+def block_modules(pm, stack: str) -> dict[int, torch.nn.Module]:
+    """``{layer: the transformer block holding that layer's attention}``: the nearest ancestor of the
+    attention module that is an item of a ModuleList (read from the model's own structure)."""
+    modules = dict(pm.model.named_modules())
+    out = {}
+    for (s, layer), path in sorted(pm.contract.module_paths.items()):
+        if s != stack:
+            continue
+        parts = path.split(".")
+        found = None
+        for cut in range(len(parts) - 1, 0, -1):
+            if isinstance(modules.get(".".join(parts[: cut - 1])), torch.nn.ModuleList) and parts[cut - 1].isdigit():
+                found = modules[".".join(parts[:cut])]
+                break
+        if found is None:
+            raise InputError(f"value_zeroing cannot find the layer block of {path} in {type(pm.model).__name__}: "
+                             "no ancestor of the attention module is an item of a ModuleList")
+        out[layer] = found
+    return out

@@ -201,7 +201,7 @@ def _locate(model, tokenizer, task):
 
 def build_contract(model, tokenizer, task: str | None = None, *, random_weights: tuple[str, ...] = (),
                    random_weights_allowed: bool = False, pooling: dict | None = None) -> AttentionContract:
-    from probe.models.loading import _infer_task
+    from probe.models.tasks import _infer_task
 
     config = model.config
     task = task or _infer_task(config)

@@ -10,7 +10,7 @@ configuration, mean pooling over non-padding tokens, no normalisation, and the p
 The pooling has no weights. The loaded class is the bare encoder class with only its ``forward``
 extended: module paths, parameters and the checkpoint's keys are exactly the bare class's, and the
 pooled embedding is returned as ``logits`` (``[batch, hidden]``), the one field every probe
-method reads; targets (:mod:`probe.explain.target`) turn it into a similarity or one dimension.
+method reads; targets (:mod:`probe.rows.target`) turn it into a similarity or one dimension.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # imported for annotations only: loading this module must not
 
     from probe.models.contract import AttentionContract
 
+from probe.models.tasks import _infer_task, _task_of_class  # noqa: E402,F401  (torch-free; re-exported)
+
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
 TASKS = ("classification", "causal_lm", "seq2seq", "encoder")
@@ -118,36 +120,6 @@ def _hub_unreachable() -> bool:
     except OSError:
         return True
     return False
-
-
-def _is_bare_architecture(name: str) -> bool:
-    """``BertModel``, ``RobertaModel``: a base class with no task head (``*For*``, ``*LMHead*``)."""
-    return name.endswith("Model") and "For" not in name and "LMHead" not in name
-
-
-def _infer_task(config, path: str | None = None) -> str:
-    if getattr(config, "is_encoder_decoder", False):
-        return "seq2seq"
-    architectures = getattr(config, "architectures", None) or []
-    if path is not None:
-        from probe.models.encoder import is_sentence_transformers_folder
-
-        if is_sentence_transformers_folder(path):
-            return "encoder"
-    bare = bool(architectures) and all(_is_bare_architecture(a) for a in architectures)
-    if bare and not getattr(config, "is_decoder", False) and config.model_type not in _CAUSAL_TYPES:
-        return "encoder"
-    joined = " ".join(architectures)
-    if "SequenceClassification" in joined:
-        return "classification"
-    if "CausalLM" in joined or "LMHeadModel" in joined:
-        return "causal_lm"
-    if getattr(config, "is_decoder", False) or config.model_type in _CAUSAL_TYPES:
-        return "causal_lm"
-    return "classification"
-
-
-_CAUSAL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
 
 
 def _auto_class(task: str, config=None):
@@ -310,30 +282,12 @@ def load_model(
 def _with_method_support(pm: ProbeModel) -> ProbeModel:
     """The contract states which context-mixing methods run on this model (read from its structure
     and probe's layout tables, no forward pass)."""
-    from probe.explain.context_mixing import CONTEXT_MIXING_METHODS, context_mixing_support
+    from probe.models.architectures import context_mixing_support  # imports torch: not at module level
+    from probe.names import CONTEXT_MIXING_METHODS
 
     support = {method: context_mixing_support(pm, method) for method in CONTEXT_MIXING_METHODS}
     pm.contract = replace(pm.contract, context_mixing=support)
     return pm
-
-
-# Which head a model class carries, read from its class name (transformers' naming convention);
-# the first match wins, so "ForConditionalGeneration" (encoder-decoder) is tried before the others.
-_HEAD_TASKS = (
-    ("ForConditionalGeneration", "seq2seq"), ("ForSeq2SeqLM", "seq2seq"),
-    ("ForSequenceClassification", "classification"),
-    ("ForCausalLM", "causal_lm"), ("LMHeadModel", "causal_lm"),
-)
-
-
-def _task_of_class(model) -> str | None:
-    name = type(model).__name__
-    for marker, task in _HEAD_TASKS:
-        if marker in name:
-            if task == "seq2seq" and not getattr(model.config, "is_encoder_decoder", False):
-                return None  # e.g. a vision-language "...ForConditionalGeneration" that is not text-to-text
-            return task
-    return None
 
 
 def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = None) -> ProbeModel:

@@ -513,3 +513,21 @@ def partial_provenance(r: StudyResult) -> dict:
         out["sequence_length"] = {"mean": float(lengths.mean()), "median": float(lengths.median()),
                                   "min": int(lengths.min()), "max": int(lengths.max())}
     return out
+
+
+# --------------------------------------------------------------------------- IG completeness
+
+
+def ig_convergence(r: StudyResult) -> pd.DataFrame:
+    """Integrated gradients' completeness per number of Gauss-Legendre points tried (``convergence``
+    table): examples tried, examples whose scores come from that try, median and largest
+    |delta| / |f(x) - f(baseline)|. Empty when the study has no IG."""
+    c = r.table("convergence")
+    if c is None or not len(c):
+        return pd.DataFrame()
+    relative = c["delta"].abs() / c["gap"].abs().clip(lower=1e-12)
+    c = c.assign(relative=relative)
+    out = c.groupby("steps").agg(tried=("example", "nunique"), final=("final", "sum"),
+                                 median_relative_delta=("relative", "median"),
+                                 max_relative_delta=("relative", "max")).reset_index()
+    return out.astype({"final": int})

@@ -214,6 +214,18 @@ def _sanity_blocks(r: StudyResult, w: _Writer) -> list:
                                "Spearman with its trained-model scores as layers are re-initialised from the top. "
                                "One still at or above 0.5 (dashed) once the top half is random does not depend on "
                                "the model."))
+    convergence = an.ig_convergence(r)
+    if len(convergence):
+        shown = convergence.assign(**{c: [f"{v:.1e}" for v in convergence[c]]
+                                      for c in ("median_relative_delta", "max_relative_delta")})
+        blocks.append(Table(shown, caption="integrated gradients' completeness by the number of Gauss-Legendre "
+                                                 "points: examples tried, examples whose scores come from that try, "
+                                                 "median and largest |delta| / |f(x) - f(baseline)|",
+                            csv=w.csv("ig_convergence", convergence)))
+        blocks.append(w.figure("ig_convergence", fg.convergence_curves(r.table("convergence")),
+                               "Integrated gradients: the completeness delta relative to f(x) - f(baseline) against "
+                               "the points used, per example (thin) and its median (black). With steps: auto each "
+                               "example's line ends where it met the tolerance."))
     return blocks
 
 

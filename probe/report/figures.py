@@ -315,3 +315,23 @@ def randomisation_curves(curves: dict[str, list]) -> bytes:
     ax.set_ylim(-1.05, 1.05)
     ax.legend(fontsize=7, loc="lower left")
     return _png(fig)
+
+
+def convergence_curves(frame) -> bytes:
+    """Integrated gradients: |delta| / |f(x) - f(baseline)| against the Gauss-Legendre points tried,
+    one thin line per example, the median per number of points thick."""
+    fig = _figure(6.4, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    relative = (frame["delta"].abs() / frame["gap"].abs().clip(lower=1e-12)).clip(lower=1e-8)
+    frame = frame.assign(relative=relative)
+    for _, one in frame.groupby("example"):
+        ax.plot(one["steps"], one["relative"], color="#9467bd", alpha=0.25, lw=0.8, marker="." if len(one) == 1 else None)
+    median = frame.groupby("steps")["relative"].median()
+    ax.plot(median.index, median.to_numpy(), color="black", lw=2, marker="o", label="median")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("Gauss-Legendre points")
+    ax.set_ylabel("|delta| / |f(x) - f(baseline)|")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _png(fig)

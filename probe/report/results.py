@@ -15,8 +15,7 @@ import numpy as np
 import pandas as pd
 
 from probe.errors import InputError
-from probe.names import measure_columns
-from probe.study.store import FORMAT_VERSION, TABLES
+from probe.names import FORMAT_VERSION, TABLES, measure_columns
 
 
 

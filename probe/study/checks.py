@@ -14,6 +14,7 @@ import pandas as pd
 from probe.errors import ProbeError
 from probe.explain.methods import family
 from probe.metrics import sanity as S
+from probe.study.plan import methods_needed
 
 LEFT_OUT_KEY = ["role", "explainer", "reference"]
 
@@ -21,7 +22,6 @@ LEFT_OUT_KEY = ["role", "explainer", "reference"]
 def study_sanity(pm, study, examples) -> list[S.Check]:
     """Every check that applies to the study's explainers and gradient references, on ``examples``."""
     from probe.explain.methods import run_method
-    from probe.study.runner import methods_needed
 
     spec = study.metrics.sanity
     params = study.params

@@ -26,10 +26,14 @@ import torch
 
 from probe.errors import InputError
 from probe.explain.methods import family
-from probe.explain.scores import TokenScores
-from probe.explain.target import PreparedExample, TargetSpec, evaluate, prepare
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare
 from probe.metrics.agreement import agreement
+from probe.study.checks import study_sanity
+from probe.study.lock import folder_lock
+from probe.study.plan import _ceiling_pairs, erasure_rankings, methods_needed  # noqa: F401  (re-exported)
 from probe.study.store import ResultStore
+from probe.study.summary import finalize
 
 BASELINES_DOC = {
     "random": "a seeded random permutation of the scored tokens",
@@ -235,45 +239,7 @@ def _measure_wanted(key: str, wanted: set) -> bool:
     return "top_k" in wanted
 
 
-def _ceiling_pairs(study) -> list[tuple[str, str]]:
-    """Pairs of references (and gradient vs intervention) whose agreement bounds what to expect."""
-    if study.metrics.ceilings is not None:
-        return [tuple(p) for p in study.metrics.ceilings]
-    refs = list(study.references)
-    return [(a, b) for j, b in enumerate(refs) for a in refs[:j]]
-
-
-def methods_needed(study) -> list[str]:
-    names = list(dict.fromkeys([*study.explainers, *study.references]))
-    for a, b in _ceiling_pairs(study):
-        names += [m for m in (a, b) if m not in names]
-    if study.metrics.erasure is not None:
-        for ranking in erasure_rankings(study):
-            method = ranking.split("@")[0]
-            if method not in names:
-                names.append(method)
-    return names
-
-
 # --------------------------------------------------------------------------- other tables
-
-
-def erasure_rankings(study) -> list[str]:
-    spec = study.metrics.erasure
-    if spec.rankings:
-        return list(spec.rankings)
-    out = []
-    attention = [m for m in study.explainers if family(m) == "attention"]
-    gradient = [m for m in study.explainers if family(m) == "gradient"]
-    for m in ("attention_mean", "rollout"):
-        if m in attention:
-            out.append(f"{m}@last")
-    if not out and attention:
-        out.append(f"{attention[0]}@last")
-    if gradient:
-        out.append(gradient[0])
-    out.append(study.verdict_reference)
-    return list(dict.fromkeys(out))
 
 
 def ranking_vectors(scores: TokenScores, spec: str) -> list[torch.Tensor]:
@@ -586,8 +552,6 @@ def run_study(study, *, shard: tuple[int, int] | None = None, progress: bool = T
 
 def _run_study(study, *, shard, progress, log, stop_after, report, wait, locks: contextlib.ExitStack) -> RunResult:
     from probe.models.loading import load_model
-    from probe.study.lock import folder_lock
-    from probe.study.summary import finalize
 
     log = log or (lambda text: print(text, file=sys.stderr))
     dist_info = _distributed()
@@ -649,8 +613,6 @@ def _run_study(study, *, shard, progress, log, stop_after, report, wait, locks: 
     all_done = store.done_batches() >= set(range(len(batches)))
     verdict = None
     if all_done and (dist_info is None or dist_info[0] == 0):
-        from probe.study.checks import study_sanity
-
         sample = data[: study.metrics.sanity.examples]
         checks = study_sanity(pm, study, prepare_study_examples(pm, study, [e.text for e in sample],
                                                                 [e.label for e in sample]))
@@ -712,7 +674,7 @@ def _check_labels(pm, study, data) -> None:
     label. Without ``gold`` a dataset label outside the classes is only stored: a warning says so."""
     import warnings
 
-    from probe.explain.target import _label_index
+    from probe.rows.target import _label_index
 
     if pm.task != "classification":
         return

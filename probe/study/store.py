@@ -28,9 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from probe.errors import InputError
-
-FORMAT_VERSION = 1
-TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence")
+from probe.names import FORMAT_VERSION, TABLES  # noqa: F401  (the reading side, probe.report, needs them too)
 
 
 def _atomic_write(path: Path, write) -> None:

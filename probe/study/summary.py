@@ -38,6 +38,7 @@ import pandas as pd
 from probe.explain.methods import family
 from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
+from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.store import ResultStore, write_json, write_table
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
@@ -314,7 +315,6 @@ def finalize(store: ResultStore, study, pm, *, n_batches: int, dropped: dict, lo
     ``sanity``: the study's :class:`probe.metrics.sanity.Check` list (``sanity.parquet``, and the
     verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
     from probe.metrics.sanity import failed_methods
-    from probe.study.checks import redundancy, sanity_table, with_left_out
 
     tables = store.merge(n_batches)
     summary = summary_table(tables["agreement"], study)

@@ -1,0 +1,53 @@
+"""Which of probe's tasks a model is, read from its config (and folder) or from its class.
+Below :mod:`probe.models.loading` and :mod:`probe.models.contract`, which both need it."""
+
+from __future__ import annotations
+
+
+def _is_bare_architecture(name: str) -> bool:
+    """``BertModel``, ``RobertaModel``: a base class with no task head (``*For*``, ``*LMHead*``)."""
+    return name.endswith("Model") and "For" not in name and "LMHead" not in name
+
+
+def _infer_task(config, path: str | None = None) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    architectures = getattr(config, "architectures", None) or []
+    if path is not None:
+        from probe.models.encoder import is_sentence_transformers_folder
+
+        if is_sentence_transformers_folder(path):
+            return "encoder"
+    bare = bool(architectures) and all(_is_bare_architecture(a) for a in architectures)
+    if bare and not getattr(config, "is_decoder", False) and config.model_type not in _CAUSAL_TYPES:
+        return "encoder"
+    joined = " ".join(architectures)
+    if "SequenceClassification" in joined:
+        return "classification"
+    if "CausalLM" in joined or "LMHeadModel" in joined:
+        return "causal_lm"
+    if getattr(config, "is_decoder", False) or config.model_type in _CAUSAL_TYPES:
+        return "causal_lm"
+    return "classification"
+
+
+_CAUSAL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
+
+
+# Which head a model class carries, read from its class name (transformers' naming convention);
+# the first match wins, so "ForConditionalGeneration" (encoder-decoder) is tried before the others.
+_HEAD_TASKS = (
+    ("ForConditionalGeneration", "seq2seq"), ("ForSeq2SeqLM", "seq2seq"),
+    ("ForSequenceClassification", "classification"),
+    ("ForCausalLM", "causal_lm"), ("LMHeadModel", "causal_lm"),
+)
+
+
+def _task_of_class(model) -> str | None:
+    name = type(model).__name__
+    for marker, task in _HEAD_TASKS:
+        if marker in name:
+            if task == "seq2seq" and not getattr(model.config, "is_encoder_decoder", False):
+                return None  # e.g. a vision-language "...ForConditionalGeneration" that is not text-to-text
+            return task
+    return None

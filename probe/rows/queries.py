@@ -1,0 +1,105 @@
+"""Where the target query is, and running the explained rows unperturbed: shared by the
+explainers (:mod:`probe.explain`) and the interventions (:mod:`probe.intervene`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from probe.errors import InputError
+from probe.rows.target import PreparedExample, RowBatch, build_rows
+
+TARGET_QUERY_NOTE = {
+    "classification": "classifier: attention row of the pooled position (0 = [CLS] for encoders, "
+                      "last token for decoders)",
+    "causal_lm": "causal LM: attention row of the last explained token (position len(input_ids)-1), "
+                 "which predicts the first continuation token",
+    "encoder": "headless encoder: attention rows of the positions its pooling reads (every explained "
+               "token, averaged, for mean/max pooling; position 0 for cls pooling)",
+    "seq2seq": "seq2seq: cross-attention rows of the decoder positions that predict the output tokens, "
+               "averaged over those positions; keys are the encoder (explained) tokens",
+}
+
+
+# ---------------------------------------------------------------------------
+# where the target query is, and running the explained rows
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetQueries:
+    """The attention rows that explain the target, for one batch of rows."""
+
+    stack: str  # the stack whose attention is read: encoder | decoder | cross
+    rows: torch.Tensor  # [batch, rows] long query positions in that stack
+    valid: torch.Tensor  # [batch, rows] bool; False only for seq2seq outputs shorter than the longest
+    lengths: torch.Tensor  # [batch] number of explained tokens (= keys that are scored)
+
+    def mean_over_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Average ``values`` [batch, ..., rows, key] over the valid target rows -> [batch, ..., key]."""
+        weight = self.valid.to(values.dtype)
+        weight = weight / weight.sum(dim=1, keepdim=True).clamp(min=1)
+        shape = (weight.shape[0],) + (1,) * (values.dim() - 3) + (weight.shape[1], 1)
+        return (values * weight.view(shape)).sum(dim=-2)
+
+
+def target_queries(pm, batch: RowBatch) -> TargetQueries:
+    """Where the target query row(s) of every row of ``batch`` are (see the module docstring)."""
+    lengths = batch.input_lengths
+    n_rows = lengths.shape[0]
+    if pm.task == "seq2seq":
+        valid = batch.target_valid  # [batch, n_target]
+        positions = torch.arange(valid.shape[1], device=valid.device).expand(n_rows, -1)
+        # Padded output positions point at 0 (always a real decoder position) and are masked by `valid`.
+        rows = torch.where(valid, positions, torch.zeros_like(positions))
+        return TargetQueries("cross", rows, valid, lengths)
+    stack = pm.contract.primary_stack
+    bidirectional = pm.contract.stacks[stack].mask_kind == "bidirectional"
+    if pm.task == "encoder" and pm.pooling.mode != "cls":
+        # the pooled embedding reads every explained position: all their rows, averaged
+        width = int(lengths.max())
+        positions = torch.arange(width, device=lengths.device).expand(n_rows, -1)  # [batch, width]
+        valid = positions < lengths[:, None]
+        return TargetQueries(stack, torch.where(valid, positions, torch.zeros_like(positions)), valid, lengths)
+    if pm.task in ("classification", "encoder") and bidirectional:
+        rows = torch.zeros((n_rows, 1), dtype=torch.long, device=lengths.device)
+    else:
+        rows = (lengths - 1).view(n_rows, 1)
+    return TargetQueries(stack, rows, torch.ones_like(rows, dtype=torch.bool), lengths)
+
+
+def capture_masks(batch: RowBatch) -> dict:
+    """The padding masks capture_attention wants, from a row batch."""
+    return {"attention_mask": batch.inputs["attention_mask"],
+            "decoder_attention_mask": batch.inputs.get("decoder_attention_mask")}
+
+
+@contextmanager
+def eval_mode(model) -> Iterator[None]:
+    """Eval mode for the duration (dropout off; edits are refused in training mode); restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def row_batches(pm, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
+    """Unperturbed rows of ``examples`` in chunks of ``batch_size``, with their target queries."""
+    if not examples:
+        raise InputError("no examples to explain: give at least one prepared example")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start: start + batch_size]
+        batch = build_rows(pm, [(e.input_ids, e) for e in chunk])
+        yield batch, target_queries(pm, batch)
+
+
+def _crop(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    """[batch, ..., key] -> one [..., tokens] tensor per row, padding keys cut off."""
+    return [values[i, ..., : int(n)] for i, n in enumerate(lengths.tolist())]

@@ -1,0 +1,336 @@
+"""Targets: the scalar an explanation explains, and batched evaluation of it on token rows.
+
+A *row* is one sequence of token ids in the explained input (the classifier's text, the causal
+LM's prompt, the seq2seq source), perturbed or not, paired with the example it belongs to. Every
+method (capture, gradients, interventions) evaluates its target through :func:`build_rows` and
+:func:`target_values`, so they all explain exactly the same number.
+
+Layouts (right padding everywhere):
+    classification  [input][pad]                        value from logits[row, label]
+    causal_lm       [input][continuation][pad]          sum of log p(continuation token | prefix)
+    seq2seq         encoder [input][pad], decoder [start][output[:-1]][pad]   sum of log p(output)
+    encoder         [input][pad]                        from the pooled embedding [row, hidden]: its cosine
+                                                        similarity to a reference text's, or one dimension
+
+A headless encoder (:mod:`probe.models.encoder`) has no class: its targets are ``similarity``
+(cosine of the input's pooled embedding with the fixed embedding of ``TargetSpec.reference``) and
+``dimension`` (component ``TargetSpec.dimension`` of the pooled embedding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from probe.errors import InputError
+
+TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
+#: the target kinds of a headless encoder (task ``encoder``); the others need a head
+ENCODER_KINDS = ("similarity", "dimension")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to explain. ``label``: class index or name (default: the predicted class).
+    ``continuation``: text whose log-prob a causal LM / seq2seq model explains (default: the
+    greedy next token for a causal LM, the greedy output for seq2seq)."""
+
+    kind: str | None = None  # default: prob for classifiers, logprob for language models
+    label: int | str | None = None
+    continuation: str | None = None
+    reference: str | None = None  # kind similarity: the text whose pooled embedding is compared
+    dimension: int | None = None  # kind dimension: which component of the pooled embedding
+
+
+@dataclass(frozen=True)
+class PreparedExample:
+    """One text tokenised with its target resolved. Frozen: a changed target is a new example
+    (``dataclasses.replace``), so nothing cached by an example's content goes stale."""
+
+    text: str
+    input_ids: list[int]  # the explained tokens, special tokens included
+    special: list[bool]  # True where input_ids holds a special token (not scored by default)
+    tokens: list[str]
+    kind: str  # prob | logit | logprob
+    label: int | None = None  # classification
+    target_ids: list[int] = field(default_factory=list)  # causal continuation or seq2seq output
+    label_name: str | None = None
+    original_value: float | None = None  # the target on the unperturbed input
+    reference_embedding: torch.Tensor | None = None  # [hidden] kind similarity: the reference's pooled embedding
+
+    def describe(self) -> dict:
+        return {"label": self.label_name, "kind": self.kind, "value": self.original_value}
+
+
+@dataclass
+class RowBatch:
+    """Padded model inputs for a list of rows, and where each row's target lives."""
+
+    inputs: dict  # kwargs for the model (without input_ids when embeddings are given)
+    examples: list[PreparedExample]
+    input_lengths: torch.Tensor  # [rows] length of the explained part
+    target_positions: torch.Tensor | None  # [rows, n_target] logit positions of target tokens (LMs)
+    target_tokens: torch.Tensor | None  # [rows, n_target] ids scored at those positions
+    target_valid: torch.Tensor | None  # [rows, n_target] bool (continuations differ in length)
+
+
+def _label_index(pm, label) -> int:
+    n_labels = int(getattr(pm.model.config, "num_labels", 0) or 0)
+    if isinstance(label, str) and not label.lstrip("-").isdigit():
+        mapping = {str(v): int(k) for k, v in (pm.model.config.id2label or {}).items()}
+        if label not in mapping:
+            raise InputError(f"unknown label {label!r}: this model's labels are {', '.join(mapping)}")
+        return mapping[label]
+    index = int(label)
+    if not 0 <= index < n_labels:
+        raise InputError(f"label {index} is out of range: this model has labels 0..{n_labels - 1}")
+    return index
+
+
+def example_seed(seed: int, example: PreparedExample) -> int:
+    """A seed that depends on ``seed`` and the example's content only, never on its place in a batch,
+    so that a seeded method gives the same result for an example alone and in any batch."""
+    import zlib
+
+    key = repr((int(seed), list(example.input_ids), list(example.target_ids), example.label)).encode()
+    return zlib.crc32(key)
+
+
+def special_mask(pm, ids: list[int]) -> list[bool]:
+    special_ids = set(getattr(pm.tokenizer, "all_special_ids", []) or [])
+    return [i in special_ids for i in ids]
+
+
+def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_length: bool = False,
+            max_new_tokens: int = 16) -> list[PreparedExample]:
+    """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids)."""
+    from probe.models.text import encode_texts
+
+    kind = target.kind or ("prob" if pm.task == "classification" else "logprob")
+    if kind not in TARGET_KINDS:
+        raise InputError(f"unknown target kind {kind!r}: use one of {', '.join(TARGET_KINDS)}")
+    _check_encoder_target(pm, target, kind)
+    if pm.task != "classification" and target.label is not None:
+        raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
+    batch = encode_texts(pm, texts, strict_length=strict_length)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    examples = []
+    for i, text in enumerate(texts):
+        ids = batch["input_ids"][i, : lengths[i]].tolist()
+        examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
+                                        tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
+    if pm.task == "encoder":
+        examples = _resolve_encoder_target(pm, examples, target, kind)
+    elif pm.task == "classification":
+        fixed = _label_index(pm, target.label) if target.label is not None else None
+        with torch.no_grad():
+            predicted = pm.model(**batch).logits.argmax(-1).tolist()
+        names = pm.model.config.id2label or {}
+        chosen = [fixed if fixed is not None else guess for guess in predicted]
+        examples = [dataclasses.replace(e, label=c, label_name=str(names.get(c, c))) for e, c in zip(examples, chosen)]
+    elif target.continuation is not None:
+        cont = pm.tokenizer(target.continuation, add_special_tokens=pm.task == "seq2seq")["input_ids"]
+        if not cont:
+            raise InputError(f"target continuation {target.continuation!r} tokenises to nothing: give a non-empty text")
+        examples = [dataclasses.replace(e, target_ids=list(cont), label_name=target.continuation) for e in examples]
+    elif pm.task == "causal_lm":
+        with torch.no_grad():
+            logits = pm.model(**batch).logits
+        next_ids = [[int(logits[i, lengths[i] - 1].argmax())] for i in range(len(examples))]
+        examples = [dataclasses.replace(e, target_ids=ids, label_name=pm.tokenizer.decode(ids))
+                    for e, ids in zip(examples, next_ids)]
+    else:
+        with torch.no_grad():
+            generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+        from probe.models.text import decoder_start_id
+
+        start = decoder_start_id(pm)
+        pad = pm.tokenizer.pad_token_id
+        for i, example in enumerate(examples):
+            out = [t for t in generated[i].tolist()]
+            if out and out[0] == start:
+                out = out[1:]
+            out = [t for t in out if t != pad] or [pm.tokenizer.eos_token_id]
+            examples[i] = dataclasses.replace(example, target_ids=out,
+                                              label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
+    values = evaluate(pm, [(e.input_ids, e) for e in examples])
+    return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
+
+
+def _check_encoder_target(pm, target: TargetSpec, kind: str) -> None:
+    """Encoder targets only on encoders, with what they need; nothing else on an encoder."""
+    if pm.task != "encoder":
+        if kind in ENCODER_KINDS:
+            raise InputError(f"target {kind!r} applies to a headless encoder (task encoder); this is a {pm.task} "
+                             f"model: use one of {', '.join(k for k in TARGET_KINDS if k not in ENCODER_KINDS)}")
+        if target.reference is not None or target.dimension is not None:
+            raise InputError("--reference / --dimension apply to a headless encoder's similarity / dimension target; "
+                             f"this is a {pm.task} model")
+        return
+    if kind not in ENCODER_KINDS:
+        raise InputError(f"a headless encoder has no class or next token to explain (target {kind!r}): use "
+                         "--target similarity --reference TEXT or --target dimension --dimension N")
+    if target.label is not None or target.continuation is not None:
+        raise InputError("--label / --continuation need a task head; a headless encoder explains "
+                         "--target similarity --reference TEXT or --target dimension --dimension N")
+    if kind == "similarity":
+        if target.dimension is not None:
+            raise InputError("--dimension belongs to --target dimension; a similarity target takes --reference TEXT")
+        if not isinstance(target.reference, str) or not target.reference.strip():
+            raise InputError(f"target similarity needs a reference text (got {target.reference!r}): "
+                             "give --reference TEXT")
+    else:
+        if target.reference is not None:
+            raise InputError("--reference belongs to --target similarity; a dimension target takes --dimension N")
+        hidden = int(pm.model.config.hidden_size)
+        if isinstance(target.dimension, bool) or not isinstance(target.dimension, int) \
+                or not 0 <= target.dimension < hidden:
+            raise InputError(f"target dimension needs --dimension N with N in 0..{hidden - 1} "
+                             f"(the embedding has {hidden}); got {target.dimension!r}")
+
+
+def _resolve_encoder_target(pm, examples: list[PreparedExample], target: TargetSpec,
+                            kind: str) -> list[PreparedExample]:
+    """Copies of the examples with their encoder target: the reference embedding (held fixed) or the dimension."""
+    if kind == "dimension":
+        return [dataclasses.replace(e, label=int(target.dimension), label_name=f"dimension {target.dimension}")
+                for e in examples]
+    from probe.models.text import encode_texts
+
+    reference = encode_texts(pm, [target.reference])
+    with torch.no_grad():
+        embedding = pm.model(**reference).logits[0].float()  # [hidden]
+    return [dataclasses.replace(e, reference_embedding=embedding, label_name=target.reference) for e in examples]
+
+
+def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:
+    """Pad rows into one model batch. Rows may come from different examples and have different lengths."""
+    device = device or pm.device
+    pad = pm.tokenizer.pad_token_id if pm.tokenizer.pad_token_id is not None else 0
+    examples = [example for _, example in rows]
+    input_lengths = torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long)
+    if pm.task == "causal_lm":
+        # the last continuation token is never fed: no target reads the logits after it
+        sequences = [list(ids) + list(example.target_ids[:-1]) for ids, example in rows]
+    else:
+        sequences = [list(ids) for ids, _ in rows]
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, seq in enumerate(sequences):
+        input_ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[r, : len(seq)] = 1
+    inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+    positions = tokens = valid = None
+    if pm.task in ("causal_lm", "seq2seq"):
+        n_target = max(len(example.target_ids) for example in examples)
+        positions = torch.zeros((len(rows), n_target), dtype=torch.long)
+        tokens = torch.zeros((len(rows), n_target), dtype=torch.long)
+        valid = torch.zeros((len(rows), n_target), dtype=torch.bool)
+        for r, (ids, example) in enumerate(rows):
+            n = len(example.target_ids)
+            tokens[r, :n] = torch.tensor(example.target_ids)
+            valid[r, :n] = True
+            # causal: the token at position len+j is predicted by the logits at len+j-1
+            offset = len(ids) - 1 if pm.task == "causal_lm" else 0
+            positions[r, :n] = torch.arange(n) + offset
+        if pm.task == "seq2seq":
+            from probe.models.text import decoder_start_id
+
+            start = decoder_start_id(pm)
+            decoder = torch.full((len(rows), n_target), pad, dtype=torch.long)
+            decoder_mask = torch.zeros((len(rows), n_target), dtype=torch.long)
+            for r, (_, example) in enumerate(rows):
+                seq = [start] + list(example.target_ids[:-1])
+                decoder[r, : len(seq)] = torch.tensor(seq)
+                decoder_mask[r, : len(seq)] = 1
+            inputs["decoder_input_ids"] = decoder.to(device)
+            inputs["decoder_attention_mask"] = decoder_mask.to(device)
+        positions, tokens, valid = positions.to(device), tokens.to(device), valid.to(device)
+    return RowBatch(inputs=inputs, examples=examples, input_lengths=input_lengths.to(device),
+                    target_positions=positions, target_tokens=tokens, target_valid=valid)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_accepts(model_class: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(model_class.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def forward_accepts(model, name: str) -> bool:
+    """Whether the model class's forward takes ``name`` (the class, not the instance: a wrapped
+    instance method would hide the signature)."""
+    return _class_accepts(type(model), name)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_slices_logits_to_keep(model_class: type) -> bool:
+    try:
+        return "slice_logits_to_keep(" in inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def slices_logits_to_keep(model) -> bool:
+    """Whether the model class's forward slices ``logits_to_keep`` with transformers' helper, which
+    also takes a boolean ``[batch, positions]`` mask and returns the kept positions flattened."""
+    return _class_slices_logits_to_keep(type(model))
+
+
+def keep_target_logits(pm, batch: RowBatch, kwargs: dict) -> RowBatch:
+    """Causal LMs whose forward takes ``logits_to_keep``: project only the positions the target
+    reads onto the vocabulary (far less memory; the values are those of the full projection, the
+    same rows of the same matmul).
+
+    Sets ``kwargs["logits_to_keep"]`` to the ``[rows, n_target]`` target positions; the logits then
+    come back as ``[rows, n_target, vocab]``, so the returned batch's target positions are
+    ``0..n_target-1``. Any other model: the batch unchanged.
+    """
+    if pm.task != "causal_lm" or not forward_accepts(pm.model, "logits_to_keep"):
+        return batch
+    kwargs["logits_to_keep"] = batch.target_positions  # [rows, n_target]
+    n_rows, n_target = batch.target_positions.shape
+    kept = torch.arange(n_target, device=batch.target_positions.device).expand(n_rows, n_target)
+    return dataclasses.replace(batch, target_positions=kept)
+
+
+def target_values(pm, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
+    """[rows] target value of each row from the model's logits (fp32)."""
+    logits = logits.float()
+    if pm.task == "encoder":  # logits: [rows, hidden] pooled embeddings
+        if batch.examples[0].kind == "similarity":
+            reference = torch.stack([e.reference_embedding for e in batch.examples]).to(logits.device)  # [rows, hidden]
+            return torch.nn.functional.cosine_similarity(logits, reference, dim=-1)
+        dims = torch.tensor([e.label for e in batch.examples], device=logits.device)
+        return logits.gather(1, dims[:, None])[:, 0]
+    if pm.task == "classification":
+        labels = torch.tensor([e.label for e in batch.examples], device=logits.device)
+        kind = batch.examples[0].kind
+        if kind == "logit":
+            return logits.gather(1, labels[:, None])[:, 0]
+        logp = torch.log_softmax(logits, dim=-1).gather(1, labels[:, None])[:, 0]
+        return logp if kind == "logprob" else logp.exp()
+    index = batch.target_positions[:, :, None].expand(-1, -1, logits.shape[-1])
+    at = logits.gather(1, index)  # [rows, n_target, vocab]
+    chosen = batch.target_tokens[:, :, None]
+    kind = batch.examples[0].kind
+    if kind == "logit":
+        per_token = at.gather(2, chosen)[..., 0]
+    else:
+        per_token = torch.log_softmax(at, dim=-1).gather(2, chosen)[..., 0]
+    total = (per_token * batch.target_valid).sum(1)
+    return total.exp() if kind == "prob" else total
+
+
+def evaluate(pm, rows: list[tuple[list[int], PreparedExample]]) -> torch.Tensor:
+    """Target values of ``rows`` in one forward pass (callers batch; see the engine)."""
+    batch = build_rows(pm, rows)
+    with torch.no_grad():
+        logits = pm.model(**batch.inputs).logits
+    return target_values(pm, batch, logits)

@@ -1,0 +1,44 @@
+"""What a study computes, read from its spec alone: the methods it needs (explainers, references,
+the members of its ceilings, its erasure rankings). Used by the runner and by the sanity checks."""
+
+from __future__ import annotations
+
+from probe.names import method_family as family
+
+
+def _ceiling_pairs(study) -> list[tuple[str, str]]:
+    """Pairs of references (and gradient vs intervention) whose agreement bounds what to expect."""
+    if study.metrics.ceilings is not None:
+        return [tuple(p) for p in study.metrics.ceilings]
+    refs = list(study.references)
+    return [(a, b) for j, b in enumerate(refs) for a in refs[:j]]
+
+
+def methods_needed(study) -> list[str]:
+    names = list(dict.fromkeys([*study.explainers, *study.references]))
+    for a, b in _ceiling_pairs(study):
+        names += [m for m in (a, b) if m not in names]
+    if study.metrics.erasure is not None:
+        for ranking in erasure_rankings(study):
+            method = ranking.split("@")[0]
+            if method not in names:
+                names.append(method)
+    return names
+
+
+def erasure_rankings(study) -> list[str]:
+    spec = study.metrics.erasure
+    if spec.rankings:
+        return list(spec.rankings)
+    out = []
+    attention = [m for m in study.explainers if family(m) == "attention"]
+    gradient = [m for m in study.explainers if family(m) == "gradient"]
+    for m in ("attention_mean", "rollout"):
+        if m in attention:
+            out.append(f"{m}@last")
+    if not out and attention:
+        out.append(f"{attention[0]}@last")
+    if gradient:
+        out.append(gradient[0])
+    out.append(study.verdict_reference)
+    return list(dict.fromkeys(out))
