@@ -37,5 +37,5 @@ def test_query_max_bad_input(loaded):
     examples = prepare(pm, TEXTS[:1], TargetSpec())
     with pytest.raises(InputError, match="unknown query 'all'.*target, max"):
         attention_scores(pm, examples, "rollout", query="all")
-    with pytest.raises(InputError, match="query: max applies to attention_mean, rollout"):
-        attention_scores(pm, examples, "flow", query="max")
+    with pytest.raises(InputError, match="query: max applies to attention_mean, rollout, flow"):
+        attention_scores(pm, examples, "attn_norm", query="max")
