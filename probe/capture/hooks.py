@@ -174,6 +174,7 @@ class _Session:
         self._places: dict[int, list[tuple[str, int]]] = {}
         self._probability_places: dict[str, list[tuple[str, int]]] = {}
         self._softmax_places: dict[str, list[tuple[str, int]]] = {}
+        self._sites = sites
         for place, path in sorted(contract.module_paths.items(), key=lambda item: (item[0][0], item[0][1])):
             site = sites.get(place)
             if site is not None and site.kind == "probabilities":
@@ -246,10 +247,9 @@ class _Session:
 
             self._handles.append(self.modules[path].register_forward_hook(hook))
         if self._softmax_places:
-            sites = getattr(self.contract, "sites", None) or {}
             self._modes = ModuleModes()
             for path, places in self._softmax_places.items():
-                folded = bool(sites[places[0]].folded_heads)
+                folded = bool(self._sites[places[0]].folded_heads)
 
                 def make(path=path, places=places, folded=folded):
                     place = self._next_place(path, places)

@@ -51,6 +51,8 @@ class Site:
     causal: bool | None = None
     #: the softmax path: the probabilities come as [batch * head, query, key] (older BART-style code)
     folded_heads: bool = False
+    #: the module handed the attention function sink logits (``sinks`` / ``s_aux``) in the watched pass
+    sinks: bool = False
 
 
 def stack_of(path: str) -> str:
@@ -116,6 +118,8 @@ class _Watch:
         self.callers: set[int] = set()
         #: callers whose keys are not the input's positions (attention over layers or memory slots)
         self.elsewhere: dict[int, int] = {}
+        #: callers that hand the function attention-sink logits (per head, or per head and token)
+        self.with_sinks: set[int] = set()
         self.width = width
         self.where = self  # the wrapper asks ``where.get(id(module))``
 
@@ -128,6 +132,8 @@ class _Watch:
             self.callers.add(place)
         else:
             self.elsewhere[place] = int(key.shape[-2])
+        if isinstance(kwargs.get("s_aux", kwargs.get("sinks")), torch.Tensor):
+            self.with_sinks.add(place)
         return original(module, query, key, *args, **kwargs)
 
 
@@ -196,9 +202,10 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
     unreadable: dict[str, str] = {}
     for module_id, keys in watch.elsewhere.items():
         if module_id not in watch.callers:
-            unreadable.setdefault(modules_by_id[module_id], f"{type(named[modules_by_id[module_id]]).__name__} attends over "
-                                  f"{keys} keys that are not the input's {width} positions (attention across layers "
-                                  "or memory slots, not tokens): not an attention layer over the text")
+            path = modules_by_id[module_id]
+            unreadable.setdefault(path, f"{type(named[path]).__name__} attends over {keys} keys that are not the "
+                                        f"input's {width} positions (attention across layers or memory slots, not "
+                                        "tokens): not an attention layer over the text")
     attention_ids = watch.callers | {id(m) for m in candidates.values()}
     calls: dict[int, int] = {}
     counters: dict[str, int] = {}
@@ -227,6 +234,7 @@ def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, s
                                     "chunked attention has none)")
             continue
         sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, kind=kind,
-                          probability_path=probability_path, call=call, causal=causal, folded_heads=folded))
+                          probability_path=probability_path, call=call, causal=causal, folded_heads=folded,
+                          sinks=module_id in watch.with_sinks))
         counters[stack] = counters.get(stack, 0) + 1
     return sites, unreadable

@@ -15,8 +15,8 @@ import torch
 from probe.capture import capture_attention
 from probe.capture import math as amath
 from probe.capture.hooks import original_attention_function
-from probe.models.text import encode_texts, forward_inputs
 from probe.errors import CaptureError
+from probe.models.text import encode_texts, forward_inputs
 
 DEFAULT_TEXTS = (
     "the film is a quiet , moving portrait of grief and it works",
@@ -95,12 +95,17 @@ def layer_weights(maps) -> list[torch.Tensor]:
 
 
 def _stack_maps(cap, stack: str):
+    """One stacked map of ``stack``, or its maps per layer where the layers' shapes differ."""
     try:
         return cap.maps(stack)
     except CaptureError as error:
-        if "cannot stack" not in str(error):
+        try:
+            per_layer = cap.layer_maps(stack)
+        except CaptureError:
+            raise error from None
+        if len({tuple(m.weights.shape) for m in per_layer.values()}) == 1:
             raise
-        return PerLayerMaps(stack, cap.layer_maps(stack), str(error))
+        return PerLayerMaps(stack, per_layer, str(error))
 
 
 def _capture_all(pm, inputs):

@@ -172,7 +172,8 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str, si
         kv_head_of_query=kv_map, head_dim=int(head_dim), mask_kind=mask_kind, module_class=type(module).__name__,
         capture_path=capture_path, can_edit=True,
         memory="full maps (the model's own)" if kinds & {"probabilities", "softmax"} else "query rows asked for",
-        sinks=any(isinstance(getattr(m, "sinks", None), torch.Tensor) or hasattr(m, "sink_proj") for m in layers.values()),
+        sinks=any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in layers.values())
+        or any(site.sinks for (s, _), site in (sites or {}).items() if s == stack),
         layer_heads=layer_heads if len(set(layer_heads)) > 1 else (),
         layer_head_dims=layer_dims if len(set(layer_dims)) > 1 else (),
         shared_layers=sum(n for n in calls.values() if n > 1),
