@@ -237,8 +237,10 @@ def test_report_files_are_self_contained_and_escaped(tiny_dirs, loaded, tmp_path
     assert "<script>" not in page and "<b>good" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; the film" in page
     assert "the film was &lt;b&gt;good&lt;/b&gt; &amp; fun" in page
-    for external in ("http://", "https://", "<link", "src=", "@import"):
+    for external in ("http://", "https://", "src=", "@import"):
         assert external not in page
+    assert page.count("<link") == 1 and '<link rel="icon" href="data:,">' in page  # the empty icon: no request
+    assert page.count("<table>") == page.count("</table>") >= 2  # the summary and the evidence rows
     markdown = (tmp_path / "audit.md").read_text()
     assert nasty not in markdown and "<script" not in markdown and "<b>" not in markdown and "| 1 | **" in markdown
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; the film" in markdown

@@ -1,13 +1,19 @@
-"""The audit report: ``audit.md`` and a self-contained ``audit.html`` from ``AuditResult.to_dict()``.
+"""The audit report: ``audit.md`` and a self-contained ``audit.html`` from ``AuditResult.to_dict()``
+(or from a stored ``audit.json``: ``render_html(json.load(f))``).
 
-The HTML has inline CSS only (no scripts, fonts or images from elsewhere), and every string that
-comes from the data (claims, texts, tokens, ids, paths) goes through :func:`html.escape`.
+Only the audit's own sections are written here; the page, its tables and the escaping are the
+report renderer's (:mod:`probe.report.document`), so every string that comes from the data
+(claims, texts, tokens, ids, paths) goes through :func:`~probe.report.document.escape_html` or
+:func:`~probe.report.document.md_escape`. Numbers are shown to 3 significant digits (effects of
+any size side by side), not the study report's 3 decimals.
 """
 
 from __future__ import annotations
 
-import html
 import math
+
+from probe.report.document import escape_html as _e
+from probe.report.document import html_page, html_table, md_escape, md_table
 
 __all__ = ["render_html", "render_markdown"]
 
@@ -98,51 +104,57 @@ def _model_line(data: dict) -> str:
 
 def _md(text) -> str:
     """One line of Markdown that shows ``text`` as written: no HTML, image, link or emphasis from the
-    data or the claim file gets through (:func:`probe.report.document.md_escape`); ``|`` is escaped
-    too, so it may stand in a table cell."""
-    from probe.report.document import md_escape
-
+    data or the claim file gets through; ``|`` is escaped too, so it may stand in a table cell."""
     return md_escape(" ".join(str(text).split()))
+
+
+_SUMMARY_COLUMNS = ["#", "verdict", "claim", "kind", "effect", "95% CI", "threshold", "n"]
+_EXAMPLE_COLUMNS = ["id", "effect", "text", "details"]
+
+
+def _needed(c: dict) -> str:
+    return f"; n_needed = {_num(c['evidence'].get('n_needed'))}" if c["verdict"] == "inconclusive" else ""
+
+
+def _md_claim(i: int, c: dict) -> list[str]:
+    lines = ["", f"## {i}. {c['verdict'].upper()}: {_md(c['claim'])}", "",
+             f"- kind: `{c['kind']}`; effect {_num(c['effect'])}, 95% CI {_ci(c['ci'])}, n = {c['n']}{_needed(c)}",
+             f"- measure: {_md(c['measure'])}",
+             f"- rule: {_md(c['rule'])}",
+             f"- intervention: {_md(c['intervention'])}"]
+    lines += [f"- {_md(key)}: {_md(value)}" for key, value in _evidence_lines(c["evidence"])]
+    for side in ("for", "against"):
+        entries = c["evidence"].get(side) or []
+        if entries:
+            lines += ["", f"Most {side}:", ""]
+            lines += md_table(_EXAMPLE_COLUMNS, ([_md(e["id"]), _num(e["effect"]), _md(_short(e["text"])),
+                                                 _md(_detail(e))] for e in entries))
+    return lines
 
 
 def render_markdown(data: dict) -> str:
     lines = [f"# Attention audit: {_md(data['source'])}", ""]
     if data.get("description"):
         lines += [_md(data["description"]), ""]
-    lines += [_md(_model_line(data)), "",
-             "| # | verdict | claim | kind | effect | 95% CI | threshold | n |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines += [_md(_model_line(data)), ""]
+    lines += md_table(_SUMMARY_COLUMNS, ([str(i), f"**{c['verdict']}**", _md(c["claim"]), c["kind"], _num(c["effect"]),
+                                          _ci(c["ci"]), _num(c["threshold"]), str(c["n"])]
+                                         for i, c in enumerate(data["claims"], 1)))
     for i, c in enumerate(data["claims"], 1):
-        lines.append(f"| {i} | **{c['verdict']}** | {_md(c['claim'])} | {c['kind']} | {_num(c['effect'])} | "
-                     f"{_ci(c['ci'])} | {_num(c['threshold'])} | {c['n']} |")
-    for i, c in enumerate(data["claims"], 1):
-        lines += ["", f"## {i}. {c['verdict'].upper()}: {_md(c['claim'])}", "",
-                  f"- kind: `{c['kind']}`; effect {_num(c['effect'])}, 95% CI {_ci(c['ci'])}, n = {c['n']}"
-                  + (f"; n_needed = {_num(c['evidence'].get('n_needed'))}" if c["verdict"] == "inconclusive" else ""),
-                  f"- measure: {_md(c['measure'])}",
-                  f"- rule: {_md(c['rule'])}",
-                  f"- intervention: {_md(c['intervention'])}"]
-        for key, value in _evidence_lines(c["evidence"]):
-            lines.append(f"- {_md(key)}: {_md(value)}")
-        for side in ("for", "against"):
-            entries = c["evidence"].get(side) or []
-            if not entries:
-                continue
-            lines += ["", f"Most {side}:", "", "| id | effect | text | details |", "|---|---|---|---|"]
-            for e in entries:
-                lines.append(f"| {_md(e['id'])} | {_num(e['effect'])} | {_md(_short(e['text']))} | "
-                             f"{_md(_detail(e))} |")
+        lines += _md_claim(i, c)
     return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ html
 
+#: the audit's own styles (verdict badges, CI bars); the page shell and the table wrapper are the report's
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:70em;
 padding:0 1em;color:#1f2328;line-height:1.45}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.8em}
 table{border-collapse:collapse;margin:.6em 0;width:100%}th,td{border:1px solid #d0d7de;padding:.3em .5em;
 vertical-align:top;text-align:left;font-size:.92em}th{background:#f6f8fa}
+.tablewrap{overflow-x:auto;max-width:100%}
 .v{color:#fff;border-radius:.3em;padding:.1em .45em;font-weight:600;font-size:.85em;white-space:nowrap}
 .meta{color:#59636e;font-size:.92em}.num{font-variant-numeric:tabular-nums;white-space:nowrap}
 .bar{position:relative;height:1.1em;background:#f6f8fa;border:1px solid #d0d7de;border-radius:.2em;width:16em}
@@ -151,10 +163,6 @@ vertical-align:top;text-align:left;font-size:.92em}th{background:#f6f8fa}
 .bar .thr{position:absolute;top:-.2em;height:1.5em;border-left:2px dashed #59636e}
 ul{margin:.3em 0 .6em 1.2em;padding:0}
 """
-
-
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _badge(verdict: str) -> str:
@@ -186,37 +194,38 @@ def _bar(c: dict) -> str:
     return f'<div class="bar" title="{_e(title)}">{"".join(parts)}</div>'
 
 
+def _num_cell(value) -> str:
+    return f'<td class="num">{_e(value)}</td>'
+
+
+def _html_claim(i: int, c: dict) -> list[str]:
+    out = [f'<h2 id="claim-{i}">{i}. {_badge(c["verdict"])} {_e(c["claim"])}</h2>', "<ul>",
+           f"<li>kind <code>{_e(c['kind'])}</code>; effect {_e(_num(c['effect']))}, 95% CI {_e(_ci(c['ci']))}, "
+           f"n = {_e(c['n'])}{_e(_needed(c))}</li>",
+           f"<li>measure: {_e(c['measure'])}</li>", f"<li>rule: {_e(c['rule'])}</li>",
+           f"<li>intervention: {_e(c['intervention'])}</li>"]
+    out += [f"<li>{_e(key)}: {_e(value)}</li>" for key, value in _evidence_lines(c["evidence"])]
+    out.append("</ul>")
+    for side in ("for", "against"):
+        entries = c["evidence"].get(side) or []
+        if entries:
+            out.append(f"<p><b>Most {side}</b></p>")
+            out.append(html_table((f'<td>{_e(e["id"])}</td>{_num_cell(_num(e["effect"]))}'
+                                   f'<td>{_e(_short(e["text"]))}</td><td>{_e(_detail(e))}</td>' for e in entries),
+                                  _EXAMPLE_COLUMNS))
+    return out
+
+
 def render_html(data: dict) -> str:
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>Attention audit: {_e(data['source'])}</title>", f"<style>{_CSS}</style></head><body>",
-           f"<h1>Attention audit: {_e(data['source'])}</h1>",
-           f"<p>{_e(data['description'])}</p>" if data.get("description") else "",
-           f'<p class="meta">{_e(_model_line(data))}</p>',
-           "<table><tr><th>#</th><th>verdict</th><th>claim</th><th>kind</th><th>effect</th><th>95% CI</th>"
-           "<th>threshold</th><th>n</th><th>CI vs threshold</th></tr>"]
+    title = f"Attention audit: {data['source']}"
+    out = [f"<h1>{_e(title)}</h1>"]
+    if data.get("description"):
+        out.append(f"<p>{_e(data['description'])}</p>")
+    out.append(f'<p class="meta">{_e(_model_line(data))}</p>')
+    out.append(html_table((f'<td>{i}</td><td>{_badge(c["verdict"])}</td><td><a href="#claim-{i}">{_e(c["claim"])}</a></td>'
+                           f'<td>{_e(c["kind"])}</td>{_num_cell(_num(c["effect"]))}{_num_cell(_ci(c["ci"]))}'
+                           f'{_num_cell(_num(c["threshold"]))}{_num_cell(c["n"])}<td>{_bar(c)}</td>'
+                           for i, c in enumerate(data["claims"], 1)), _SUMMARY_COLUMNS + ["CI vs threshold"]))
     for i, c in enumerate(data["claims"], 1):
-        out.append(f'<tr><td>{i}</td><td>{_badge(c["verdict"])}</td><td><a href="#claim-{i}">{_e(c["claim"])}</a></td>'
-                   f'<td>{_e(c["kind"])}</td><td class="num">{_e(_num(c["effect"]))}</td>'
-                   f'<td class="num">{_e(_ci(c["ci"]))}</td><td class="num">{_e(_num(c["threshold"]))}</td>'
-                   f'<td class="num">{_e(c["n"])}</td><td>{_bar(c)}</td></tr>')
-    out.append("</table>")
-    for i, c in enumerate(data["claims"], 1):
-        needed = (f"; n_needed = {_e(_num(c['evidence'].get('n_needed')))}" if c["verdict"] == "inconclusive" else "")
-        out += [f'<h2 id="claim-{i}">{i}. {_badge(c["verdict"])} {_e(c["claim"])}</h2>', "<ul>",
-                f"<li>kind <code>{_e(c['kind'])}</code>; effect {_e(_num(c['effect']))}, 95% CI {_e(_ci(c['ci']))}, "
-                f"n = {_e(c['n'])}{needed}</li>",
-                f"<li>measure: {_e(c['measure'])}</li>", f"<li>rule: {_e(c['rule'])}</li>",
-                f"<li>intervention: {_e(c['intervention'])}</li>"]
-        out += [f"<li>{_e(key)}: {_e(value)}</li>" for key, value in _evidence_lines(c["evidence"])]
-        out.append("</ul>")
-        for side in ("for", "against"):
-            entries = c["evidence"].get(side) or []
-            if not entries:
-                continue
-            out.append(f"<p><b>Most {side}</b></p><table><tr><th>id</th><th>effect</th><th>text</th>"
-                       "<th>details</th></tr>")
-            out += [f'<tr><td>{_e(e["id"])}</td><td class="num">{_e(_num(e["effect"]))}</td>'
-                    f'<td>{_e(_short(e["text"]))}</td><td>{_e(_detail(e))}</td></tr>' for e in entries]
-            out.append("</table>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+        out += _html_claim(i, c)
+    return html_page(title, _CSS, out)

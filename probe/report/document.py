@@ -1,9 +1,10 @@
-"""A report as a list of sections of simple blocks, written out as one self-contained HTML file or
-as Markdown with PNG files beside it.
+"""The one renderer of probe's reports: a study report (and a comparison) as a list of sections of
+simple blocks, written out as one self-contained HTML file or as Markdown with PNG files beside it;
+and the page, table and escaping writers that the audit report (``probe.audit.render``) builds on.
 
-Every string that comes from data (dataset text, tokens, names from the study file) is escaped
-where it is written: ``html.escape`` for HTML, :func:`md_escape` for Markdown. Blocks hold plain
-text only, never markup.
+Every string that comes from data (dataset text, tokens, names from the study or claim file) is
+escaped where it is written: :func:`escape_html` for HTML, :func:`md_escape` for Markdown. Blocks
+hold plain text only, never markup.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import base64
 import html
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -164,32 +166,57 @@ figcaption { color: var(--muted); font-size: 13px; }
 """
 
 
-def _h(text) -> str:
+def escape_html(text) -> str:
+    """``text`` (any value, as ``str``) safe as HTML text or as a quoted attribute value."""
     return html.escape(str(text), quote=True)
+
+
+_h = escape_html
+
+
+def html_page(title: str, css: str, body: Iterable[str]) -> str:
+    """One self-contained page: ``css`` inline, no script, font or image from elsewhere, and an empty
+    icon so that a browser asks for none. ``title`` is text; ``body`` is HTML, one line per item."""
+    return "\n".join(['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+                      '<meta name="viewport" content="width=device-width, initial-scale=1">',
+                      '<link rel="icon" href="data:,">',
+                      f"<title>{_h(title)}</title><style>{css}</style></head><body><main>",
+                      *body, "</main></body></html>\n"])
+
+
+def html_table(rows: Iterable[str], header: Sequence[str] | None = None, *, caption: str = "",
+               css_class: str = "") -> str:
+    """A table in a wrapper that scrolls sideways when it is wide. ``header``: column names (text);
+    ``rows``: each row's cells as HTML (``<td>`` / ``<th>`` elements, their text escaped)."""
+    cls = f' class="{_h(css_class)}"' if css_class else ""
+    parts = [f'<div class="tablewrap"><table{cls}>']
+    if caption:
+        parts.append(f"<caption>{_h(caption)}</caption>")
+    if header is not None:
+        parts.append("<thead><tr>" + "".join(f"<th>{_h(c)}</th>" for c in header) + "</tr></thead>")
+    parts.append("<tbody>" + "".join(f"<tr>{cells}</tr>" for cells in rows) + "</tbody></table></div>")
+    return "".join(parts)
 
 
 def _html_table(block: Table) -> str:
     frame = block.frame
     shown = frame.head(block.max_rows)
-    parts = ['<div class="tablewrap"><table>']
-    if block.caption:
-        parts.append(f"<caption>{_h(block.caption)}</caption>")
-    parts.append("<thead><tr>" + "".join(f"<th>{_h(c)}</th>" for c in shown.columns) + "</tr></thead><tbody>")
     numeric = [pd.api.types.is_numeric_dtype(shown[c]) and not pd.api.types.is_bool_dtype(shown[c])
                for c in shown.columns]
-    for row in shown.itertuples(index=False, name=None):
-        cells = []
-        for value, is_num in zip(row, numeric):
-            cls = ' class="num"' if is_num or _looks_numeric(value) else ""
-            cells.append(f"<td{cls}>{_h(fmt(value))}</td>")
-        parts.append("<tr>" + "".join(cells) + "</tr>")
-    parts.append("</tbody></table></div>")
+    rows = ("".join(_html_cell(value, is_num) for value, is_num in zip(row, numeric))
+            for row in shown.itertuples(index=False, name=None))
+    parts = [html_table(rows, list(shown.columns), caption=block.caption)]
     if len(frame) > len(shown):
         parts.append(f'<p class="note">{_h(f"first {len(shown)} of {len(frame)} rows")}'
                      + (f" (all in {_h(block.csv)})" if block.csv else "") + "</p>")
     elif block.csv:
         parts.append(f'<p class="note">as CSV: {_h(block.csv)}</p>')
     return "".join(parts)
+
+
+def _html_cell(value, numeric: bool) -> str:
+    cls = ' class="num"' if numeric or _looks_numeric(value) else ""
+    return f"<td{cls}>{_h(fmt(value))}</td>"
 
 
 def _looks_numeric(value) -> bool:
@@ -240,11 +267,7 @@ def _html_tokens(block: TokenView) -> str:
 
 
 def render_html(doc: Document) -> str:
-    out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           '<link rel="icon" href="data:,">',
-           f"<title>{_h(doc.title)}</title><style>{CSS}</style></head><body><main>",
-           f"<h1>{_h(doc.title)}</h1>"]
+    out = [f"<h1>{_h(doc.title)}</h1>"]
     if doc.subtitle:
         out.append(f'<p class="subtitle">{_h(doc.subtitle)}</p>')
     if doc.banner:
@@ -257,8 +280,7 @@ def render_html(doc: Document) -> str:
         for block in section.blocks:
             out.append(_html_block(block))
         out.append("</section>")
-    out.append("</main></body></html>\n")
-    return "\n".join(out)
+    return html_page(doc.title, CSS, out)
 
 
 def _html_block(block) -> str:
@@ -273,8 +295,7 @@ def _html_block(block) -> str:
     if isinstance(block, Bullets):
         return "<ul>" + "".join(f"<li>{_h(item)}</li>" for item in block.items) + "</ul>"
     if isinstance(block, KeyValues):
-        rows = "".join(f"<tr><th>{_h(k)}</th><td>{_h(v)}</td></tr>" for k, v in block.rows)
-        return f'<div class="tablewrap"><table class="kv"><tbody>{rows}</tbody></table></div>'
+        return html_table((f"<th>{_h(k)}</th><td>{_h(v)}</td>" for k, v in block.rows), css_class="kv")
     if isinstance(block, Table):
         return _html_table(block)
     if isinstance(block, Figure):
@@ -289,13 +310,17 @@ def _html_block(block) -> str:
 # --------------------------------------------------------------------------- Markdown
 
 
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines. ``header`` and ``rows``: cells as Markdown (escaped by the caller),
+    each row as long as the header."""
+    return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+            + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def _md_table(frame: pd.DataFrame, max_rows: int) -> list[str]:
     shown = frame.head(max_rows)
-    lines = ["| " + " | ".join(md_escape(c) for c in shown.columns) + " |",
-             "|" + "|".join("---" for _ in shown.columns) + "|"]
-    for row in shown.itertuples(index=False, name=None):
-        lines.append("| " + " | ".join(md_escape(fmt(v)) for v in row) + " |")
-    return lines
+    return md_table([md_escape(c) for c in shown.columns],
+                    ([md_escape(fmt(v)) for v in row] for row in shown.itertuples(index=False, name=None)))
 
 
 def _md_tokens(block: TokenView) -> list[str]:
