@@ -34,7 +34,7 @@ def redundant_units(r: StudyResult) -> dict[str, list[str]]:
     return out
 
 
-def _ordered_explainers(names) -> list[str]:
+def ordered_explainers(names) -> list[str]:
     names = list(dict.fromkeys(names))
     return sorted(names, key=lambda n: (FAMILY_ORDER[family(n)], names.index(n)))
 
@@ -65,7 +65,7 @@ def agreement_by_layer(r: StudyResult) -> pd.DataFrame:
     cols = ["explainer", "layer", "reference", "measure", "n", "mean", "std", "ci_low", "ci_high", "sig_frac",
             "sig_pos_frac"]
     out = s.reindex(columns=cols)
-    order = {name: i for i, name in enumerate(_ordered_explainers(out["explainer"]))}
+    order = {name: i for i, name in enumerate(ordered_explainers(out["explainer"]))}
     refs = {name: i for i, name in enumerate(r.references)}
     out = out.assign(_e=out["explainer"].map(order), _r=out["reference"].map(refs).fillna(99))
     out = out.sort_values(["measure", "_r", "_e", "layer"]).drop(columns=["_e", "_r"])
@@ -87,7 +87,7 @@ def agreement_wide(r: StudyResult) -> pd.DataFrame:
     if not len(s):
         return pd.DataFrame()
     s = s.assign(unit=[unit_name(e, int(l_), -1) for e, l_ in zip(s["explainer"], s["layer"])],
-                 cell=[_mean_ci(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])])
+                 cell=[mean_ci(m, lo, hi) for m, lo, hi in zip(s["mean"], s["ci_low"], s["ci_high"])])
     # a redundant group is one row: its first unit's numbers, named by the whole group
     groups = redundant_units(r)
     if groups:
@@ -117,7 +117,7 @@ def baselines_and_ceilings(r: StudyResult) -> pd.DataFrame:
     return s.reindex(columns=cols).sort_values(["measure", "role", "reference", "explainer"]).reset_index(drop=True)
 
 
-def _mean_ci(mean, low, high) -> str:
+def mean_ci(mean, low, high) -> str:
     if mean is None or not np.isfinite(mean):
         return ""
     if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
@@ -138,17 +138,17 @@ def head_grid(r: StudyResult, explainer: str, reference: str) -> np.ndarray | No
 
 def per_head_explainers(r: StudyResult) -> list[str]:
     s = summary_rows(r, role="explainer")
-    return _ordered_explainers(s.loc[s["head"] >= 0, "explainer"])
+    return ordered_explainers(s.loc[s["head"] >= 0, "explainer"])
 
 
 def per_layer_explainers(r: StudyResult) -> list[str]:
     s = summary_rows(r, role="explainer")
-    return _ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] >= 0), "explainer"])
+    return ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] >= 0), "explainer"])
 
 
 def token_level_explainers(r: StudyResult) -> list[str]:
     s = summary_rows(r, role="explainer")
-    return _ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] < 0), "explainer"])
+    return ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] < 0), "explainer"])
 
 
 @dataclass
@@ -195,7 +195,7 @@ def distribution_units(r: StudyResult) -> list[dict]:
         return []
     a = a[(a["role"] == "explainer") & (a["reference"] == ref)]
     units = []
-    for explainer in _ordered_explainers(s["explainer"]):
+    for explainer in ordered_explainers(s["explainer"]):
         rows = s[s["explainer"] == explainer]
         kind = "token"
         if (rows["head"] < 0).any():
@@ -242,7 +242,7 @@ def layer_lines(r: StudyResult, reference: str) -> dict[str, pd.DataFrame]:
     s = summary_rows(r, role="explainer", reference=reference, measure=r.measure)
     s = s[(s["head"] < 0) & (s["layer"] >= 0)]
     return {e: s[s["explainer"] == e].sort_values("layer")[["layer", "mean", "ci_low", "ci_high"]]
-            for e in _ordered_explainers(s["explainer"])}
+            for e in ordered_explainers(s["explainer"])}
 
 
 def best_gradient(r: StudyResult, reference: str) -> dict | None:
@@ -390,7 +390,7 @@ def top3_attention(r: StudyResult) -> pd.Series | None:
     return mass
 
 
-# --------------------------------------------------------------------------- the best unit and token views
+# --------------------------------------------------------------------------- the best attention unit
 
 
 def best_attention_unit(r: StudyResult) -> dict | None:
@@ -409,82 +409,6 @@ def best_attention_unit(r: StudyResult) -> dict | None:
     layer, head = int(row["layer"]), int(row["head"])
     return {"explainer": str(row["explainer"]), "layer": layer, "head": head,
             "unit": unit_name(str(row["explainer"]), layer, head), "mean": float(row["mean"])}
-
-
-@dataclass
-class TokenRow:
-    label: str
-    values: np.ndarray  # per position; NaN where not shown
-
-
-@dataclass
-class TokenExample:
-    example: int
-    text: str
-    target: str
-    agreement: float
-    group: str  # "highest" or "lowest"
-    tokens: list[str]
-    scored: np.ndarray
-    rows: list[TokenRow]
-
-
-def _display_token(token: str) -> str:
-    return token.replace("\u0120", " ").replace("\u2581", " ").replace("\u010a", "\u23ce").strip() or token
-
-
-def token_examples(r: StudyResult, n: int = 3) -> tuple[dict | None, list[TokenExample]]:
-    """The ``n`` examples with the highest and the ``n`` with the lowest agreement of the best
-    layer-level attention unit, with that unit's scores, a gradient's and the reference's."""
-    unit = best_attention_unit(r)
-    a, scores, tokens, examples = r.table("agreement"), r.table("scores"), r.table("tokens"), r.table("examples")
-    if unit is None or a is None or scores is None or tokens is None or examples is None:
-        return unit, []
-    sel = a[(a["role"] == "explainer") & (a["reference"] == r.reference) & (a["explainer"] == unit["explainer"])
-            & (a["layer"] == unit["layer"]) & (a["head"] == unit["head"])]
-    per = sel.set_index("example")[r.measure].dropna().sort_values(ascending=False, kind="stable")
-    if not len(per):
-        return unit, []
-    high = list(per.index[:n])
-    low = [e for e in per.index[::-1] if e not in high][:n]
-    chosen = high + low
-    grad = (r.verdict or {}).get("best_gradient") or best_gradient(r, r.reference)
-    grad_name = grad["explainer"] if grad else next((m for m in r.explainers + r.references
-                                                      if family(m) == "gradient"), None)
-    methods = [unit["explainer"], grad_name, r.reference]
-    sc = scores[scores["example"].isin(chosen) & scores["method"].isin([m for m in methods if m])]
-    tok = tokens[tokens["example"].isin(chosen)].sort_values(["example", "position"])
-    ex = examples.set_index("example")
-    out = []
-    for group, ids in (("highest", high), ("lowest", low)):
-        for e in ids:
-            t = tok[tok["example"] == e]
-            length = int(t["position"].max()) + 1 if len(t) else 0
-            rows = []
-            for label, method, layer, head in (
-                    (unit["unit"] + " (best attention unit)", unit["explainer"], unit["layer"], unit["head"]),
-                    (f"{grad_name} (gradient)" if grad_name else None, grad_name, -1, -1),
-                    (f"{r.reference} (verdict reference)", r.reference, -1, -1)):
-                if method is None:
-                    continue
-                s = sc[(sc["example"] == e) & (sc["method"] == method)]
-                if layer >= 0 and (s["layer"] >= 0).any():
-                    s = s[s["layer"] == layer]
-                    if head >= 0:
-                        s = s[s["head"] == head]
-                elif (s["layer"] >= 0).any():  # a per-layer method used as token-level: last layer
-                    s = s[s["layer"] == s["layer"].max()]
-                v = s.groupby("position")["score"].mean()
-                values = np.full(length, np.nan)
-                keep = v.index[v.index < length]
-                values[keep.to_numpy()] = v.loc[keep].to_numpy()
-                rows.append(TokenRow(label, values))
-            row = ex.loc[e]
-            out.append(TokenExample(
-                example=int(e), text=str(row["text"]), target=str(row.get("target_name", "")),
-                agreement=float(per.loc[e]), group=group, tokens=[_display_token(str(x)) for x in t["token"]],
-                scored=t["scored"].to_numpy(dtype=bool), rows=rows))
-    return unit, out
 
 
 # --------------------------------------------------------------------------- provenance of a partial run

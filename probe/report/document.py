@@ -56,7 +56,7 @@ class Figure:
 
 @dataclass
 class TokenView:
-    """Examples shown as coloured text, one line per method (see analysis.TokenExample)."""
+    """Examples shown as coloured text, one line per method (see tokens.TokenExample)."""
     examples: list
     measure: str
     unit: str

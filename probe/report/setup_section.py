@@ -1,0 +1,231 @@
+"""The report's "Model, set-up and provenance" section: the model and its attention contract, the
+study's settings, the run's provenance (or, for a run not finished, what its batches recorded) and
+the methods' sanity checks."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from probe.report import analysis as an
+from probe.report import figures as fg
+from probe.report.document import KeyValues, Para, Section, Table, fmt
+from probe.report.output import Writer
+from probe.report.results import StudyResult
+
+
+def _bytes(n) -> str:
+    if n is None or n < 0:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+
+
+def _seconds(s) -> str:
+    if s is None:
+        return "n/a"
+    s = float(s)
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min ({s:.0f} s)"
+
+
+def _list(values) -> str:
+    return ", ".join(str(v) for v in values) if values else "none"
+
+
+def _contract_rows(contract: dict) -> list[tuple[str, str]]:
+    rows = [("model type / task", f"{contract.get('model_type', '?')} / {contract.get('task', '?')}")]
+    stacks = contract.get("stacks") or {}
+    if not stacks:
+        stacks = {"model": contract}
+    for name, st in stacks.items():
+        n_heads, n_kv = st.get("n_heads"), st.get("n_kv_heads")
+        prefix = f"{name} stack: " if len(stacks) > 1 or name != "model" else ""
+        kind = "MHA: one key/value head per query head" if n_heads == n_kv else (
+            "MQA: one key/value head" if n_kv == 1 else "GQA: query heads share key/value heads")
+        rows.append((f"{prefix}layers x query heads", f"{st.get('n_layers')} x {n_heads}"))
+        rows.append((f"{prefix}key/value heads", f"{n_kv} ({kind})"))
+        kv = st.get("kv_head_of_query")
+        if kv and n_heads != n_kv:
+            rows.append((f"{prefix}query -> kv head", ", ".join(f"q{h}->kv{g}" for h, g in enumerate(kv))))
+        rows.append((f"{prefix}head dim", str(st.get("head_dim"))))
+        rows.append((f"{prefix}mask kind", str(st.get("mask_kind"))))
+        if st.get("module_class"):
+            rows.append((f"{prefix}attention module", str(st.get("module_class"))))
+    for key in ("implementation", "dtype", "device", "max_positions", "padding_side"):
+        if key in contract:
+            rows.append((key.replace("_", " "), str(contract[key])))
+    return rows
+
+
+def _random_weights_row(prov_model: dict, study_model: dict) -> str:
+    """The set-up line on weights the checkpoint did not hold (left at random initialisation)."""
+    names = prov_model.get("random_weights")
+    allowed = prov_model.get("allow_random_weights", study_model.get("allow_random_weights", False))
+    if names:
+        return (f"{len(names)}, allowed explicitly (model.allow_random_weights: true); the explained model is "
+                f"partly random: {', '.join(names)}")
+    if names is None:
+        return ("recorded in provenance.json when the run completes"
+                + ("; model.allow_random_weights: true" if allowed else ""))
+    return "none: every weight was loaded from the checkpoint"
+
+
+def setup_section(r: StudyResult, w: Writer) -> Section:
+    blocks = []
+    if r.study.get("description"):
+        blocks.append(Para(" ".join(str(r.study["description"]).split())))
+    blocks += [Para("Model and attention contract", "h3"), KeyValues(_model_rows(r)),
+               Para("Study set-up", "h3"), KeyValues(_study_rows(r)),
+               Para("Provenance", "h3")]
+    blocks += _provenance_blocks(r)
+    blocks += _sanity_blocks(r, w)
+    return Section("setup", "Model, set-up and provenance", blocks)
+
+
+def _model_rows(r: StudyResult) -> list[tuple[str, str]]:
+    """The model: its id, path, revision, weights, pooling and attention contract."""
+    contract = r.contract
+    model = r.study.get("model") or {}
+    rows = [("model", str(model.get("id", "?")))]
+    prov_model = (r.provenance or {}).get("model") or {}
+    if prov_model.get("path"):
+        rows.append(("model path", str(prov_model["path"])))
+    if prov_model.get("revision"):
+        rows.append(("revision", str(prov_model["revision"])))
+    rows.append(("weights sha256", str(prov_model.get("weights_sha256") or "n/a")))
+    rows.append(("weights left random", _random_weights_row(prov_model, model)))
+    if (contract or {}).get("pooling"):
+        pooling = contract["pooling"]
+        rows.append(("pooled embedding", f"{pooling.get('mode')} pooling"
+                     f"{', normalised' if pooling.get('normalize') else ''} (from {pooling.get('source')})"))
+    if contract:
+        rows += _contract_rows(contract)
+    else:
+        rows += [("requested device / dtype", f"{model.get('device', '?')} / {model.get('dtype', '?')}"),
+                 ("attention contract", "recorded in provenance.json when the run completes")]
+    return rows
+
+
+def _target_text(target: dict) -> str:
+    return f"{target.get('kind') or 'default'} of " + (
+        f"the pooled embedding with that of {target['reference']!r} (cosine)" if target.get("reference") else
+        f"the pooled embedding, dimension {target['dimension']}" if target.get("dimension") is not None else
+        f"the preferred answer among {target['choices']}" if target.get("choices") else
+        "the dataset label (gold)" if target.get("label") == "gold" else
+        f"label {target['label']}" if target.get("label") is not None else
+        f"the continuation {target['continuation']!r}" if target.get("continuation") else "the predicted class / greedy output")
+
+
+def _study_rows(r: StudyResult) -> list[tuple[str, str]]:
+    """The study's settings: data, target, methods, statistics and the parts run."""
+    s = r.study
+    ds = s.get("dataset") or {}
+    target = s.get("target") or {}
+    st = s.get("statistics") or {}
+    metrics = s.get("metrics") or {}
+    filters = {k: v for k, v in (ds.get("filters") or {}).items() if v is not None}
+    rows = [("study", str(s.get("name", "?"))),
+            ("dataset", f"{ds.get('name', '?')} (split {ds.get('split', '?')}, text column {ds.get('text_column')}, "
+                        f"label column {ds.get('label_column')})"),
+            ("examples", f"{r.n_examples} reported" + (f" of n = {ds.get('n')}" if ds.get("n") is not None else "")
+             + f", seed {ds.get('seed')}, max length {ds.get('max_length') or 'the model window'}"),
+            ("filters", ", ".join(f"{k}={v}" for k, v in filters.items()) or "none"),
+            ("target", _target_text(target)),
+            ("explainers", _list(s.get("explainers"))),
+            ("references", _list(s.get("references"))),
+            ("verdict reference / measure", f"{r.reference} / {r.measure}"),
+            ("agreement measures", _list(metrics.get("agreement"))),
+            ("baselines", _list(metrics.get("baselines"))),
+            ("statistics", f"bootstrap {st.get('bootstrap')}, level {st.get('level')}, alpha {st.get('alpha')}, "
+                           f"seed {st.get('seed')}, special tokens scored: {st.get('include_special')}"),
+            ("parts run", ", ".join(f"{k}: {'yes' if metrics.get(k) is not None else 'no'}"
+                                    for k in ("erasure", "counterfactual", "heads")))]
+    if target.get("prompt"):
+        rows.insert(5, ("prompt template", str(target["prompt"])))
+    if metrics.get("absolute"):
+        rows.append(("compared by magnitude", _list(metrics["absolute"])))
+    if s.get("params"):
+        rows.append(("method parameters", "; ".join(f"{m}: {p}" for m, p in s["params"].items())))
+    return rows
+
+
+def _provenance_blocks(r: StudyResult) -> list:
+    """What the run recorded (``provenance.json``, or for a run not finished its batches' markers),
+    and the time per step."""
+    p = (r.provenance or {}) if r.complete else an.partial_provenance(r)
+    blocks = []
+    if not r.complete:
+        blocks.append(Para(f"From the {r.batches_done} finished batches' markers; the full provenance "
+                           "(versions, weight hash, contract) is written when the run completes.", "note"))
+    blocks.append(KeyValues(_provenance_rows(r, p)))
+    steps = p.get("step_seconds") or {}
+    if steps:
+        total = sum(steps.values()) or 1.0
+        frame = pd.DataFrame({"step": list(steps), "seconds": list(steps.values())}).sort_values("seconds",
+                                                                                                 ascending=False)
+        frame["share"] = frame["seconds"] / total
+        frame["seconds_per_example"] = frame["seconds"] / max(r.n_examples, 1)
+        blocks.append(Table(frame, caption="time per step, over all batches"))
+    return blocks
+
+
+def _provenance_rows(r: StudyResult, p: dict) -> list[tuple[str, str]]:
+    seq = p.get("sequence_length") or {}
+    rows = [("examples / batches", f"{p.get('examples', r.n_examples)} / {p.get('batches', r.batches_done)}")]
+    if p.get("left_out"):
+        rows.append(("left out", ", ".join(f"{k}: {v}" for k, v in p["left_out"].items())))
+    if p.get("accuracy") is not None:
+        rows.append(("accuracy of the explained label", f"{p['accuracy']:.3f}"))
+    if seq:
+        rows.append(("sequence length (tokens)", f"mean {seq.get('mean', 0):.1f}, median {seq.get('median', 0):.1f}, "
+                                                 f"min {seq.get('min')}, max {seq.get('max')}"))
+    rows += [("wall time (batches)", _seconds(p.get("wall_seconds")))]
+    if p.get("model_load_seconds") is not None:
+        rows.append(("model load", _seconds(p.get("model_load_seconds"))))
+    rows += [("peak memory", _bytes(p.get("peak_memory_bytes"))),
+             ("forward passes per example", fmt(p.get("forward_passes_per_example"))),
+             ("forward rows per example", fmt(p.get("forward_rows_per_example")))]
+    for key, label in (("device", "device"), ("dtype", "dtype"), ("attn_implementation", "attention implementation"),
+                       ("devices_used", "devices used"), ("torch_threads", "torch threads"), ("seed", "seed"),
+                       ("host", "host"), ("finished_at", "finished at"), ("fingerprint", "study fingerprint")):
+        if p.get(key) is not None:
+            value = p[key]
+            rows.append((label, _list(value) if isinstance(value, list) else str(value)))
+    if p.get("versions"):
+        rows.append(("versions", ", ".join(f"{k} {v}" for k, v in p["versions"].items())))
+    return rows
+
+
+def _sanity_blocks(r: StudyResult, w: Writer) -> list:
+    """The sanity checks (verdict.json's ``sanity``): a table, and the randomisation curves."""
+    checks = (r.verdict or {}).get("sanity")
+    if checks is None:
+        return [Para("Sanity checks", "h3"), Para("This result has no sanity checks (run before they existed, or "
+                                                  "not complete).", "note")]
+    blocks = [Para("Sanity checks", "h3")]
+    if not checks:
+        return blocks + [Para("No explainer in this study has a check that applies.", "note")]
+    frame = pd.DataFrame([{k: c.get(k) for k in ("method", "check", "status", "value", "detail")} for c in checks])
+    blocks.append(Table(frame, caption="sanity checks of each method (fail: unreliable for this study; not run: why)",
+                        csv=w.csv("sanity", frame)))
+    curves = {c["method"]: c["curve"] for c in checks if c.get("check") == "randomisation" and c.get("curve")}
+    if curves:
+        blocks.append(w.figure("randomisation", fg.randomisation_curves(curves),
+                               "Cascading model-parameter randomisation (Adebayo et al. 2018): each explainer's mean "
+                               "Spearman with its trained-model scores as layers are re-initialised from the top. "
+                               "One still at or above 0.5 (dashed) once the top half is random does not depend on "
+                               "the model."))
+    convergence = an.ig_convergence(r)
+    if len(convergence):
+        shown = convergence.assign(**{c: [f"{v:.1e}" for v in convergence[c]]
+                                      for c in ("median_relative_delta", "max_relative_delta")})
+        blocks.append(Table(shown, caption="integrated gradients' completeness by the number of Gauss-Legendre "
+                                                 "points: examples tried, examples whose scores come from that try, "
+                                                 "median and largest |delta| / |f(x) - f(baseline)|",
+                            csv=w.csv("ig_convergence", convergence)))
+        blocks.append(w.figure("ig_convergence", fg.convergence_curves(r.table("convergence")),
+                               "Integrated gradients: the completeness delta relative to f(x) - f(baseline) against "
+                               "the points used, per example (thin) and its median (black). With steps: auto each "
+                               "example's line ends where it met the tolerance."))
+    return blocks

@@ -1,0 +1,89 @@
+"""The report's example token views: the examples where the best layer-level attention unit
+agrees most and least with the verdict reference, each as that unit's token scores, a gradient's
+and the reference's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from probe.names import method_family as family
+from probe.report.analysis import best_attention_unit, best_gradient
+from probe.report.results import StudyResult
+
+
+@dataclass
+class TokenRow:
+    label: str
+    values: np.ndarray  # per position; NaN where not shown
+
+
+@dataclass
+class TokenExample:
+    example: int
+    text: str
+    target: str
+    agreement: float
+    group: str  # "highest" or "lowest"
+    tokens: list[str]
+    scored: np.ndarray
+    rows: list[TokenRow]
+
+
+def _display_token(token: str) -> str:
+    return token.replace("\u0120", " ").replace("\u2581", " ").replace("\u010a", "\u23ce").strip() or token
+
+
+def token_examples(r: StudyResult, n: int = 3) -> tuple[dict | None, list[TokenExample]]:
+    """The ``n`` examples with the highest and the ``n`` with the lowest agreement of the best
+    layer-level attention unit, with that unit's scores, a gradient's and the reference's."""
+    unit = best_attention_unit(r)
+    a, scores, tokens, examples = r.table("agreement"), r.table("scores"), r.table("tokens"), r.table("examples")
+    if unit is None or a is None or scores is None or tokens is None or examples is None:
+        return unit, []
+    sel = a[(a["role"] == "explainer") & (a["reference"] == r.reference) & (a["explainer"] == unit["explainer"])
+            & (a["layer"] == unit["layer"]) & (a["head"] == unit["head"])]
+    per = sel.set_index("example")[r.measure].dropna().sort_values(ascending=False, kind="stable")
+    if not len(per):
+        return unit, []
+    high = list(per.index[:n])
+    low = [e for e in per.index[::-1] if e not in high][:n]
+    chosen = high + low
+    grad = (r.verdict or {}).get("best_gradient") or best_gradient(r, r.reference)
+    grad_name = grad["explainer"] if grad else next((m for m in r.explainers + r.references
+                                                      if family(m) == "gradient"), None)
+    methods = [unit["explainer"], grad_name, r.reference]
+    sc = scores[scores["example"].isin(chosen) & scores["method"].isin([m for m in methods if m])]
+    tok = tokens[tokens["example"].isin(chosen)].sort_values(["example", "position"])
+    ex = examples.set_index("example")
+    out = []
+    for group, ids in (("highest", high), ("lowest", low)):
+        for e in ids:
+            t = tok[tok["example"] == e]
+            length = int(t["position"].max()) + 1 if len(t) else 0
+            rows = []
+            for label, method, layer, head in (
+                    (unit["unit"] + " (best attention unit)", unit["explainer"], unit["layer"], unit["head"]),
+                    (f"{grad_name} (gradient)" if grad_name else None, grad_name, -1, -1),
+                    (f"{r.reference} (verdict reference)", r.reference, -1, -1)):
+                if method is None:
+                    continue
+                s = sc[(sc["example"] == e) & (sc["method"] == method)]
+                if layer >= 0 and (s["layer"] >= 0).any():
+                    s = s[s["layer"] == layer]
+                    if head >= 0:
+                        s = s[s["head"] == head]
+                elif (s["layer"] >= 0).any():  # a per-layer method used as token-level: last layer
+                    s = s[s["layer"] == s["layer"].max()]
+                v = s.groupby("position")["score"].mean()
+                values = np.full(length, np.nan)
+                keep = v.index[v.index < length]
+                values[keep.to_numpy()] = v.loc[keep].to_numpy()
+                rows.append(TokenRow(label, values))
+            row = ex.loc[e]
+            out.append(TokenExample(
+                example=int(e), text=str(row["text"]), target=str(row.get("target_name", "")),
+                agreement=float(per.loc[e]), group=group, tokens=[_display_token(str(x)) for x in t["token"]],
+                scored=t["scored"].to_numpy(dtype=bool), rows=rows))
+    return unit, out
