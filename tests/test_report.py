@@ -446,3 +446,36 @@ def test_report_renders_in_a_headless_browser(injected):
     assert len(state["images"]) == len(injected.figures) and all(ok and w > 0 for ok, w in state["images"])
     assert state["sections"] == ALL_SECTIONS and INJECTED in state["text"]
     assert (injected.out_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _audit_data(text: str) -> dict:
+    """An ``AuditResult.to_dict()`` with one claim, every free text set to ``text``."""
+    claim = {"claim": text, "kind": "faithfulness", "verdict": "refuted", "effect": 0.1, "ci": [0.05, 0.15], "n": 2,
+             "threshold": 0.5, "measure": text, "rule": text, "intervention": text,
+             "evidence": {"tau": {"mean": 0.1, "ci": [0.05, 0.15], "n": 2},
+                          "for": [{"id": text, "text": text, "effect": 1.0, "note": text}], "against": []}}
+    return {"source": text, "description": text, "claims": [claim],
+            "model": {"id": text, "task": "classification", "layers": 2, "heads": 2, "stack": "encoder",
+                      "dtype": "float32", "device": "cpu"},
+            "data": {"n_examples": 2}, "statistics": {"bootstrap": 10, "level": 0.95, "seed": 0}}
+
+
+def test_reports_and_audits_share_one_page_shell_and_escape_everything():
+    from probe.audit.render import render_html as audit_html
+    from probe.audit.render import render_markdown as audit_markdown
+    from probe.report.document import Document, Para, Section, render_html
+
+    nasty = INJECTED + ' & "quoted" [x](javascript:y)'
+    audit = audit_html(_audit_data(nasty))
+    report = render_html(Document(title=nasty, sections=[Section("s", nasty, [Para(nasty)])]))
+    head = '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+    for page in (audit, report):
+        assert page.startswith(head) and page.endswith("</main></body></html>\n")
+        assert page.split("<title>")[0] == report.split("<title>")[0]  # one shell, two style sheets
+        assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quoted&quot;" in page
+    assert audit.count('<div class="tablewrap"><table><thead>') == 2  # the summary and the evidence rows
+    markdown = audit_markdown(_audit_data(nasty))
+    assert "<script" not in markdown and "\\[x\\](javascript:y)" in markdown
+    tables = [line for line in markdown.splitlines() if line.startswith("|")]
+    columns = [len(re.findall(r"(?<!\\)\|", row)) - 1 for row in tables]
+    assert columns == [8, 8, 8, 4, 4, 4]  # the summary (head, rule, one claim) and the evidence rows
