@@ -298,21 +298,21 @@ def test_prefix_reuse_with_packed_segments(models, kind, logits):
 def test_prefix_reuse_with_one_example_per_bin(models, kind, monkeypatch):
     """The per-example packing (no fixed bin width offered): every bin holds one example's
     segments, as wide as its longest, and the values still equal full recomputation."""
-    import probe.intervene.engine as engine_module
+    import probe.intervene.packing as packing
 
-    monkeypatch.setattr(engine_module, "PACK_WIDTHS", ())
+    monkeypatch.setattr(packing, "PACK_WIDTHS", ())
     pm = models[kind]
     examples = _examples(pm)
     rows = [(r, e) for e in examples for r in _perturbations(e, replacement=9, min_position=1)]
     seen = []
-    pack = Engine._pack_by_example
+    pack = packing.pack_by_example
 
     def spy(segments):
         bins = pack(segments)
         seen.append((segments, bins))
         return bins
 
-    monkeypatch.setattr(Engine, "_pack_by_example", staticmethod(spy))
+    monkeypatch.setattr(packing, "pack_by_example", spy)
     engine = Engine(pm, token_budget=256)
     reused = engine.values(rows, reuse_prefix=True)
     segments, bins = seen[-1]  # the suffix pass
@@ -520,11 +520,11 @@ def test_erasure_rejects_bad_bins_and_per_head_rankings(models):
 @pytest.mark.parametrize("kind,reuse", [("bert", False), ("llama_gqa", False), ("llama_gqa", True)])
 def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse, monkeypatch, simulated_oom):
     """A batch that runs out of memory is halved and retried: same values, each row stored once."""
-    from probe.intervene import engine as engine_module
+    from probe.intervene import packing
     from probe.intervene.engine import Engine
 
     # narrow bins, so that prefix reuse packs its segments into several bins per batch
-    monkeypatch.setattr(engine_module, "PACK_WIDTHS", (16,))
+    monkeypatch.setattr(packing, "PACK_WIDTHS", (16,))
     pm = loaded(kind)
     examples = prepare(pm, ["the movie was good and fun", "bad film , not fun at all", "i loved the acting"])
     rows = [(e.input_ids[:t] + e.input_ids[t + 1:], e) for e in examples for t in range(1, len(e.input_ids) - 1)]

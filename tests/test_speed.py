@@ -190,7 +190,7 @@ def test_row_only_rollout_on_minilm_is_batch_invariant(minilm):
         torch.testing.assert_close(together.scores[i], torch.stack(streamed.rows, dim=1)[0], atol=1e-5, rtol=0)
 
 
-# --------------------------------------------------------------------------- erasure: flips searched in rounds
+# --------------------------------------------------------------------------- erasure: the first decision flip
 
 
 def test_first_flip_equals_every_row_run(minilm):

@@ -35,7 +35,7 @@ import torch
 from probe.errors import InputError
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
-from probe.intervene.engine import Engine
+from probe.intervene.engine import Engine, Row
 from probe.intervene.tokens import example_seed, scorable_positions
 
 ERASURE_BINS = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -113,9 +113,31 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
     named[RANDOM_RANKING] = random_ranking(examples, seed).scores
     do_flips = flips and engine.pm.task == "classification"
 
-    rows: list[tuple[tuple[int, ...], PreparedExample]] = []
+    rows, originals, plan = _erasure_rows(examples, named, bins, do_flips)
+    values = engine.values(rows, reuse_prefix=engine.pm.task == "causal_lm").double()  # [rows]
+    labels = engine.predicted_labels(rows) if do_flips else None  # [rows], from the same passes
+
+    records = []
+    for i, example in enumerate(examples):
+        n = len(scorable_positions(example))
+        predicted = int(labels[originals[i]]) if do_flips and n else None
+        for name in named:
+            records += _curve_records(i, name, n, bins, plan[(i, name)], values, values[originals[i]], labels, predicted)
+    frame = pd.DataFrame.from_records(records, columns=[
+        "example", "ranking", "bin", "k", "n_scorable", "comprehensiveness", "sufficiency",
+        "aopc", "aopc_sufficiency", "flip"])
+    frame.attrs["params"] = {"bins": list(bins), "seed": int(seed), "removal": "delete ids",
+                             "bin_rounding": "max(1, floor(frac * n + 0.5))"}
+    return frame
+
+
+def _erasure_rows(examples: Sequence[PreparedExample], named: dict[str, list[torch.Tensor]], bins: tuple[float, ...],
+                  do_flips: bool) -> tuple[list[Row], list[int], dict[tuple[int, str], dict[str, list[int]]]]:
+    """Every row the curves need, each example's original row (index into the rows), and per
+    (example, ranking) the rows of its curves: ``{"comp": [row per bin], "suff": [...],
+    "flip": [row per j = 1..n]}`` (no flip rows when ``do_flips`` is false)."""
+    rows: list[Row] = []
     originals = []
-    # (example, ranking) -> {"comp": [row per bin], "suff": [...], "flip": [row per j = 1..n]}
     plan: dict[tuple[int, str], dict[str, list[int]]] = {}
 
     def add(ids: tuple[int, ...], example: PreparedExample) -> int:
@@ -130,8 +152,7 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
             order = ranked_positions(example, scores[i])
             entry = {"comp": [], "suff": [], "flip": []}
             for frac in bins:
-                k = bin_size(frac, n)
-                top = set(order[:k])
+                top = set(order[:bin_size(frac, n)])
                 entry["comp"].append(add(tuple(x for t, x in enumerate(ids) if t not in top), example))
                 entry["suff"].append(add(tuple(x for t, x in enumerate(ids) if t in top or example.special[t]), example))
             if do_flips:
@@ -140,36 +161,26 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
                     removed.add(t)
                     entry["flip"].append(add(tuple(x for s, x in enumerate(ids) if s not in removed), example))
             plan[(i, name)] = entry
+    return rows, originals, plan
 
-    values = engine.values(rows, reuse_prefix=engine.pm.task == "causal_lm").double()  # [rows]
-    labels = engine.predicted_labels(rows) if do_flips else None  # [rows], from the same passes
 
-    records = []
-    for i, example in enumerate(examples):
-        n = len(scorable_positions(example))
-        base = values[originals[i]]
-        for name in named:
-            entry = plan[(i, name)]
-            comp = [float(base - values[r]) if n else float("nan") for r in entry["comp"]]
-            suff = [float(base - values[r]) if n else float("nan") for r in entry["suff"]]
-            flip = None
-            if do_flips and n:
-                predicted = int(labels[originals[i]])
-                for j, r in enumerate(entry["flip"], start=1):
-                    if int(labels[r]) not in (predicted, -1):
-                        flip = j / n
-                        break
-            aopc = float(np.mean(comp)) if n else float("nan")
-            aopc_suff = float(np.mean(suff)) if n else float("nan")
-            for b, frac in enumerate(bins):
-                records.append({
-                    "example": i, "ranking": name, "bin": frac, "k": bin_size(frac, n), "n_scorable": n,
-                    "comprehensiveness": comp[b], "sufficiency": suff[b],
-                    "aopc": aopc, "aopc_sufficiency": aopc_suff, "flip": flip,
-                })
-    frame = pd.DataFrame.from_records(records, columns=[
-        "example", "ranking", "bin", "k", "n_scorable", "comprehensiveness", "sufficiency",
-        "aopc", "aopc_sufficiency", "flip"])
-    frame.attrs["params"] = {"bins": list(bins), "seed": int(seed), "removal": "delete ids",
-                             "bin_rounding": "max(1, floor(frac * n + 0.5))"}
-    return frame
+def _curve_records(i: int, name: str, n: int, bins: tuple[float, ...], entry: dict[str, list[int]],
+                   values: torch.Tensor, base: torch.Tensor, labels: torch.Tensor | None,
+                   predicted: int | None) -> list[dict]:
+    """The frame rows of one (example, ranking): its curves from the rows' ``values`` ``[rows]``
+    against the original's value ``base``, and its first flip against the original's
+    ``predicted`` class (None: no flips)."""
+    comp = [float(base - values[r]) if n else float("nan") for r in entry["comp"]]
+    suff = [float(base - values[r]) if n else float("nan") for r in entry["suff"]]
+    flip = None
+    if predicted is not None:
+        for j, r in enumerate(entry["flip"], start=1):
+            if int(labels[r]) not in (predicted, -1):
+                flip = j / n
+                break
+    aopc = float(np.mean(comp)) if n else float("nan")
+    aopc_suff = float(np.mean(suff)) if n else float("nan")
+    return [{"example": i, "ranking": name, "bin": frac, "k": bin_size(frac, n), "n_scorable": n,
+             "comprehensiveness": comp[b], "sufficiency": suff[b],
+             "aopc": aopc, "aopc_sufficiency": aopc_suff, "flip": flip}
+            for b, frac in enumerate(bins)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,18 +24,21 @@ from probe.errors import InputError
 from probe.rows.queries import capture_masks, eval_mode
 from probe.rows.target import PreparedExample, build_rows, target_values
 
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+
 HeadSet = Collection[tuple[int, int]]  # {(layer, head), ...}
 LOSSES = ("nll", "target")
 
 
-def _stack(pm, stack: str | None) -> str:
+def _stack(pm: ProbeModel, stack: str | None) -> str:
     stack = stack or pm.contract.primary_stack
     if stack not in pm.contract.stacks:
         raise InputError(f"model has no {stack!r} attention: its stacks are {', '.join(pm.contract.stacks)}")
     return stack
 
 
-def _keep_masks(pm, stack: str, ablations: Sequence[HeadSet]) -> torch.Tensor:
+def _keep_masks(pm: ProbeModel, stack: str, ablations: Sequence[HeadSet]) -> torch.Tensor:
     """[ablation, layer, head] float: 0 where the head is ablated, 1 elsewhere."""
     info = pm.contract.stacks[stack]
     keep = torch.ones((len(ablations), info.n_layers, info.n_heads))
@@ -56,7 +60,7 @@ def _scale_heads(factor: torch.Tensor):
     return edit
 
 
-def ablate_heads(pm, examples: Sequence[PreparedExample], ablations: Sequence[Iterable[tuple[int, int]]], *,
+def ablate_heads(pm: ProbeModel, examples: Sequence[PreparedExample], ablations: Sequence[Iterable[tuple[int, int]]], *,
                  stack: str | None = None, batch_size: int = 32) -> torch.Tensor:
     """Target value of every example with each set of heads ablated: [example, ablation].
 
@@ -103,7 +107,7 @@ class HeadEffects:
         return self.change.abs().mean(dim=0)
 
 
-def head_ablation_effects(pm, examples: Sequence[PreparedExample], *, stack: str | None = None,
+def head_ablation_effects(pm: ProbeModel, examples: Sequence[PreparedExample], *, stack: str | None = None,
                           batch_size: int = 32) -> HeadEffects:
     """Ablate every head of ``stack`` alone (one head per row, all in few batches)."""
     stack = _stack(pm, stack)
@@ -134,7 +138,7 @@ def _loss_rows(examples: Sequence[PreparedExample], loss: str) -> list[PreparedE
     return list(examples)
 
 
-def head_importance(pm, examples: Sequence[PreparedExample], *, stack: str | None = None, loss: str = "nll",
+def head_importance(pm: ProbeModel, examples: Sequence[PreparedExample], *, stack: str | None = None, loss: str = "nll",
                     batch_size: int = 16, ablation: bool = True) -> HeadImportance:
     """I_h = E_x |dL/dxi_h| with a differentiable gate xi_h = 1 on every head (Michel et al. 2019).
 

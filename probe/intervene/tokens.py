@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,6 +43,9 @@ from probe.errors import InputError
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 from probe.intervene.engine import Engine, eval_no_grad
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 LOO_MODES = ("delete", "mask", "unk", "pad", "random", "lm")
 #: Draws per position for the sampling modes (random, lm).
@@ -59,7 +64,7 @@ def scorable_positions(example: PreparedExample) -> list[int]:
     return [t for t, special in enumerate(example.special) if not special]
 
 
-def _replacement_id(pm, mode: str) -> int:
+def _replacement_id(pm: ProbeModel, mode: str) -> int:
     tok = pm.tokenizer
     others = ", ".join(m for m in LOO_MODES if m != mode and (m != "lm" or pm.task == "causal_lm"))
     attribute = {"mask": "mask_token_id", "unk": "unk_token_id", "pad": "pad_token_id"}[mode]
@@ -72,7 +77,7 @@ def _replacement_id(pm, mode: str) -> int:
     return int(token_id)
 
 
-def _vocabulary_candidates(pm) -> np.ndarray:
+def _vocabulary_candidates(pm: ProbeModel) -> np.ndarray:
     """Ids a random replacement may take: the tokenizer's ids the model can embed, specials excluded."""
     size = min(len(pm.tokenizer), int(pm.model.get_input_embeddings().weight.shape[0]))
     special = np.asarray(sorted(set(pm.tokenizer.all_special_ids or [])), dtype=np.int64)
@@ -152,62 +157,36 @@ def _lm_draws(engine: Engine, examples: Sequence[PreparedExample], k: int, seed:
     return out
 
 
+@dataclass(frozen=True)
+class _Replacements:
+    """What a leave-one-out mode puts in a token's place (nothing for ``delete``)."""
+
+    mode: str
+    k: int = 0  # draws per position (random)
+    token_id: int | None = None  # mask, unk, pad
+    candidates: np.ndarray | None = None  # random: the vocabulary it draws from
+    lm_draws: list[dict[int, list[int]]] | None = None  # lm: per example {position: ids}
+
+    def ids(self, i: int, original: int, t: int, rng: np.random.Generator | None) -> list[int]:
+        """The ids that replace token ``t`` (id ``original``) of example ``i``."""
+        if self.token_id is not None:
+            return [self.token_id]
+        if self.mode == "random":
+            return _random_draws(self.candidates, original, self.k, rng)
+        return self.lm_draws[i].get(t, [])
+
+
 def loo(engine: Engine, examples: Sequence[PreparedExample], mode: str = "delete", *,
         k: int = DEFAULT_DRAWS, seed: int = 0) -> TokenScores:
     """Leave-one-out scores ``[tokens]`` per example: ``f(x) - f(x with the token deleted/replaced)``.
 
     ``k`` and ``seed`` apply to the sampling modes (random, lm). Special tokens get NaN.
     """
-    if mode not in LOO_MODES:
-        raise InputError(f"unknown leave-one-out mode {mode!r}: use one of {', '.join(LOO_MODES)}")
-    pm = engine.pm
-    params: dict = {"mode": mode}
-    sampling = mode in ("random", "lm")
-    if sampling:
-        if int(k) < 1:
-            raise InputError(f"loo_{mode} needs k >= 1 draws per token, got {k!r}")
-        params.update(k=int(k), seed=int(seed))
-    if mode == "lm" and pm.task != "causal_lm":
-        raise InputError(
-            f"loo_lm needs a masked or causal language model sharing the tokenizer, and {pm.name!r} is a "
-            f"{pm.task} model without one: use loo_delete, loo_mask, loo_unk, loo_pad or loo_random")
-
-    replacement = candidates = lm_draws = None
-    if mode in ("mask", "unk", "pad"):
-        replacement = _replacement_id(pm, mode)
-        params["replacement_id"] = replacement
-        params["replacement_token"] = pm.tokenizer.convert_ids_to_tokens(replacement)
-    elif mode == "random":
-        candidates = _vocabulary_candidates(pm)
-    elif mode == "lm":
-        lm_draws = _lm_draws(engine, examples, int(k), int(seed))
-    if mode == "pad":
-        params["pad_attended"] = True  # the pad id is attended to (mask 1): a replacement, not a removal
-
-    rows: list[tuple[tuple[int, ...], PreparedExample]] = []
-    # (example index, position, first row, number of rows) for each scored token
-    spans: list[tuple[int, int, int, int]] = []
-    originals: list[int] = []
-    for i, example in enumerate(examples):
-        ids = tuple(int(x) for x in example.input_ids)
-        originals.append(len(rows))
-        rows.append((ids, example))
-        rng = np.random.default_rng(example_seed(seed, example)) if mode == "random" else None
-        for t in scorable_positions(example):
-            if mode == "delete":
-                variants = [ids[:t] + ids[t + 1:]]
-            elif replacement is not None:
-                variants = [ids[:t] + (replacement,) + ids[t + 1:]]
-            elif mode == "random":
-                variants = [ids[:t] + (d,) + ids[t + 1:] for d in _random_draws(candidates, ids[t], int(k), rng)]
-            else:
-                variants = [ids[:t] + (d,) + ids[t + 1:] for d in lm_draws[i].get(t, [])]
-            if variants:
-                spans.append((i, t, len(rows), len(variants)))
-                rows.extend((v, example) for v in variants)
+    params, replacements = _loo_setup(engine, examples, mode, k, seed)
+    rows, spans, originals = _loo_rows(examples, replacements, seed)
 
     before = engine.stats.as_dict()
-    values = engine.values(rows, reuse_prefix=pm.task == "causal_lm").double()  # [rows]
+    values = engine.values(rows, reuse_prefix=engine.pm.task == "causal_lm").double()  # [rows]
     after = engine.stats.as_dict()
 
     scores = [torch.full((len(e.input_ids),), float("nan"), dtype=torch.float64) for e in examples]
@@ -220,3 +199,56 @@ def loo(engine: Engine, examples: Sequence[PreparedExample], mode: str = "delete
         "original_values": values[originals].tolist(),
     }
     return TokenScores(method=f"loo_{mode}", scores=scores, params=params, extras=extras)
+
+
+def _loo_setup(engine: Engine, examples: Sequence[PreparedExample], mode: str, k: int,
+               seed: int) -> tuple[dict, _Replacements]:
+    """The checked mode's parameters (as the scores record them) and its replacements; the lm
+    mode draws its replacements here (one pass over the originals)."""
+    if mode not in LOO_MODES:
+        raise InputError(f"unknown leave-one-out mode {mode!r}: use one of {', '.join(LOO_MODES)}")
+    pm = engine.pm
+    params: dict = {"mode": mode}
+    if mode in ("random", "lm"):
+        if int(k) < 1:
+            raise InputError(f"loo_{mode} needs k >= 1 draws per token, got {k!r}")
+        params.update(k=int(k), seed=int(seed))
+    if mode == "lm" and pm.task != "causal_lm":
+        raise InputError(
+            f"loo_lm needs a masked or causal language model sharing the tokenizer, and {pm.name!r} is a "
+            f"{pm.task} model without one: use loo_delete, loo_mask, loo_unk, loo_pad or loo_random")
+    if mode in ("mask", "unk", "pad"):
+        replacement = _replacement_id(pm, mode)
+        params["replacement_id"] = replacement
+        params["replacement_token"] = pm.tokenizer.convert_ids_to_tokens(replacement)
+        if mode == "pad":
+            params["pad_attended"] = True  # the pad id is attended to (mask 1): a replacement, not a removal
+        return params, _Replacements(mode, token_id=replacement)
+    if mode == "random":
+        return params, _Replacements(mode, k=int(k), candidates=_vocabulary_candidates(pm))
+    if mode == "lm":
+        return params, _Replacements(mode, lm_draws=_lm_draws(engine, examples, int(k), int(seed)))
+    return params, _Replacements(mode)
+
+
+def _loo_rows(examples: Sequence[PreparedExample], replacements: _Replacements,
+              seed: int) -> tuple[list[tuple[tuple[int, ...], PreparedExample]], list[tuple[int, int, int, int]], list[int]]:
+    """Every row: each example's original (its index in ``originals``) followed by its perturbed
+    rows; ``spans`` holds ``(example index, position, first row, number of rows)`` per scored token."""
+    rows: list[tuple[tuple[int, ...], PreparedExample]] = []
+    spans: list[tuple[int, int, int, int]] = []
+    originals: list[int] = []
+    for i, example in enumerate(examples):
+        ids = tuple(int(x) for x in example.input_ids)
+        originals.append(len(rows))
+        rows.append((ids, example))
+        rng = np.random.default_rng(example_seed(seed, example)) if replacements.mode == "random" else None
+        for t in scorable_positions(example):
+            if replacements.mode == "delete":
+                variants = [ids[:t] + ids[t + 1:]]
+            else:
+                variants = [ids[:t] + (d,) + ids[t + 1:] for d in replacements.ids(i, ids[t], t, rng)]
+            if variants:
+                spans.append((i, t, len(rows), len(variants)))
+                rows.extend((v, example) for v in variants)
+    return rows, spans, originals
