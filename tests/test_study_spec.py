@@ -503,3 +503,17 @@ def test_validating_study_and_claim_files_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert "did you mean 'attention'" in out
     assert out.strip().endswith("quickstart 11 []"), out
+
+
+def test_a_stored_study_record_loads_as_the_typed_study(tmp_path):
+    """study.json keeps what ``to_dict`` wrote; a record from before later keys (random weights, encoder
+    targets, sanity, published numbers) loads with their defaults and keeps its fingerprint."""
+    study = load_study(write(tmp_path, QUICKSTART))
+    old = json.loads(json.dumps(study.to_dict()))
+    for section, key in (("model", "allow_random_weights"), ("target", "reference"), ("target", "dimension"),
+                         ("metrics", "sanity"), ("metrics", "published")):
+        del old[section][key]
+    loaded = Study.from_record(old)
+    assert loaded == study and loaded.fingerprint() == study.fingerprint()
+    with pytest.raises(InputError, match=r"^x/study\.json: explainers: unknown method 'atention' .*did you mean"):
+        Study.from_record({**old, "explainers": ["atention"]}, source="x/study.json")
