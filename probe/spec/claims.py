@@ -19,7 +19,7 @@ Layout::
       - ...
 
 The claim kinds and their fields are the ``*Claim`` classes below; the decision rules are in
-:mod:`probe.audit.rules`; the measurements in :mod:`probe.audit.run`.
+:mod:`probe.audit.rules`; what each kind measures in :mod:`probe.audit.kinds`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from probe.names import ALL_METHODS
 __all__ = [
     "Bool", "Document", "Float", "Int", "LAYER_WORDS", "SpecModel", "check_dataset_name", "check_duplicate_keys",
     "describe", "dotted", "error_context", "error_line", "fail", "find_model", "first_error", "layer_value",
-    "located_error", "method_list", "read_yaml_mapping", "show", "suggest", "unknown_method", "walk",
+    "line_of", "located_error", "method_list", "model_at", "read_yaml_mapping", "show", "suggest", "unknown_method",
+    "walk",
 ]
 
 Int = Annotated[int, Strict()]          # no bools, no floats, no numeric strings
