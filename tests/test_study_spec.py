@@ -478,3 +478,42 @@ def test_frozen(tmp_path):
     with pytest.raises(Exception):
         study.name = "other"
     assert isinstance(study, Study)
+
+
+def test_validating_study_and_claim_files_imports_no_torch():
+    """The CLI validates a file before its slow imports: reading and validating a study file (its old
+    import path) and a claim file (:mod:`probe.spec`), errors included, loads neither torch nor transformers."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys\n"
+        "from probe.errors import InputError\n"
+        "from probe.study.spec import load_study\n"
+        "from probe.spec import load_claims, study_from_dict\n"
+        "study = load_study('studies/quickstart.yaml')\n"
+        "claims = load_claims('data/claims/minilm_rt.yaml')\n"
+        "try:\n"
+        "    study_from_dict({**study.to_dict(), 'explainers': ['atention']})\n"
+        "except InputError as err:\n"
+        "    print('error:', err)\n"
+        "print(study.name, len(claims.claims), sorted(m for m in ('torch', 'transformers', 'captum') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    assert "did you mean 'attention'" in out
+    assert out.strip().endswith("quickstart 11 []"), out
+
+
+def test_a_stored_study_record_loads_as_the_typed_study(tmp_path):
+    """study.json keeps what ``to_dict`` wrote; a record from before later keys (random weights, encoder
+    targets, sanity, published numbers) loads with their defaults and keeps its fingerprint."""
+    study = load_study(write(tmp_path, QUICKSTART))
+    old = json.loads(json.dumps(study.to_dict()))
+    for section, key in (("model", "allow_random_weights"), ("target", "reference"), ("target", "dimension"),
+                         ("metrics", "sanity"), ("metrics", "published")):
+        del old[section][key]
+    loaded = Study.from_record(old)
+    assert loaded == study and loaded.fingerprint() == study.fingerprint()
+    with pytest.raises(InputError, match=r"^x/study\.json: explainers: unknown method 'atention' .*did you mean"):
+        Study.from_record({**old, "explainers": ["atention"]}, source="x/study.json")

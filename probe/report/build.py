@@ -54,9 +54,8 @@ def _is_classifier(r: StudyResult) -> bool:
     contract = r.contract
     if contract and contract.get("task"):
         return contract["task"] == "classification"
-    target = r.study.get("target") or {}
-    return not (target.get("choices") or target.get("continuation") or target.get("prompt")
-                or target.get("kind") == "logprob")
+    target = r.spec.target
+    return not (target.choices or target.continuation or target.prompt or target.kind == "logprob")
 
 
 def _aopc_display(aopc: pd.DataFrame, classifier: bool) -> pd.DataFrame:
@@ -105,7 +104,7 @@ def _study_row(r: StudyResult) -> dict:
     best_head = (v.get("best_heads") or [None])[0]
     status = "complete" if r.complete else f"partial {r.batches_done}/{r.batches_total or '?'}"
     return {
-        "study": r.name, "model": r.model_id, "dataset": (r.study.get("dataset") or {}).get("name"),
+        "study": r.name, "model": r.model_id, "dataset": r.spec.dataset.name,
         "n": r.n_examples, "status": status, "reference": r.reference, "measure": r.measure,
         "answer": v.get("answer", "(pending)"),
         "layer units tracking": f"{lu.get('tracking')}/{lu.get('total')}" if lu else "",

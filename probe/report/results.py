@@ -1,7 +1,8 @@
 """Read a study's result folder as it is on disk: finished, or half-way through its batches.
 
 Nothing here imports torch or transformers, or loads a model: a report is rendered from the
-stored tables alone (method names come from the torch-free :mod:`probe.names`).
+stored tables alone (method names come from the torch-free :mod:`probe.names`; the study is read
+from study.json into the typed :class:`~probe.spec.study.Study`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pandas as pd
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION, TABLES, measure_columns
-
+from probe.spec.study import StatisticsSpec, Study
 
 
 @dataclass
@@ -26,7 +27,7 @@ class StudyResult:
     provenance (``summary`` is computed from the parts)."""
 
     root: Path
-    study: dict
+    spec: Study
     fingerprint: str | None
     tables: dict[str, pd.DataFrame]
     summary: pd.DataFrame | None
@@ -41,46 +42,52 @@ class StudyResult:
     # ---------------------------------------------------------------- the study's settings
 
     @property
+    def study(self) -> dict:
+        """The study as study.json stores it (``spec.to_dict()``), for readers not yet on :attr:`spec`."""
+        return self.spec.to_dict()
+
+    @property
     def name(self) -> str:
-        return str(self.study.get("name", self.root.name))
+        return self.spec.name
 
     @property
     def statistics(self) -> dict:
-        return self.study.get("statistics") or {}
+        """``spec.statistics`` as a plain dict (for readers not yet on :attr:`spec`)."""
+        return self.spec.statistics.model_dump(mode="json")
 
     @property
     def metrics(self) -> dict:
-        return self.study.get("metrics") or {}
+        """``spec.metrics`` as a plain dict (for readers not yet on :attr:`spec`)."""
+        return self.spec.metrics.model_dump(mode="json")
 
     @property
     def explainers(self) -> list[str]:
-        return list(self.study.get("explainers") or [])
+        return list(self.spec.explainers)
 
     @property
     def references(self) -> list[str]:
-        return list(self.study.get("references") or [])
+        return list(self.spec.references)
 
     @property
     def reference(self) -> str:
-        """The verdict reference: ``statistics.reference`` or the first reference."""
+        """The verdict reference: the verdict's, else ``statistics.reference`` or the first reference."""
         if self.verdict and self.verdict.get("reference"):
             return str(self.verdict["reference"])
-        refs = self.references
-        return str(self.statistics.get("reference") or (refs[0] if refs else ""))
+        return self.spec.verdict_reference
 
     @property
     def measure(self) -> str:
         if self.verdict and self.verdict.get("measure"):
             return str(self.verdict["measure"])
-        return str(self.statistics.get("measure") or "kendall_tau")
+        return self.spec.statistics.measure
 
     @property
     def absolute(self) -> set[str]:
-        return set(self.metrics.get("absolute") or [])
+        return set(self.spec.metrics.absolute)
 
     @property
     def model_id(self) -> str:
-        return str((self.study.get("model") or {}).get("id", "?"))
+        return self.spec.model.id
 
     @property
     def n_examples(self) -> int:
@@ -142,9 +149,9 @@ def load_result(path: str | Path) -> StudyResult:
     if version != FORMAT_VERSION:
         raise InputError(f"{root} was made by another probe version (result format {version!r}, this probe reads "
                          f"{FORMAT_VERSION}); rerun the study with this probe")
-    study = record.get("study")
-    if not isinstance(study, dict):
+    if not isinstance(record.get("study"), dict):
         raise InputError(f"{root / 'study.json'} holds no study; rerun the study")
+    study = Study.from_record(record["study"], source=str(root / "study.json"))
     done = _done_batches(root)
     infos = []
     for b in done:
@@ -163,11 +170,11 @@ def load_result(path: str | Path) -> StudyResult:
         prov_path = root / "provenance.json"
         provenance = _read_json(prov_path, root) if prov_path.is_file() else None
         n_batches = int((provenance or {}).get("batches") or len(done) or 1)
-        return StudyResult(root=root, study=study, fingerprint=record.get("fingerprint"), tables=tables,
+        return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"), tables=tables,
                            summary=summary, paired=paired, verdict=verdict, provenance=provenance, complete=True,
                            batches_done=n_batches, batches_total=n_batches, batch_infos=infos)
     if not done:
-        raise InputError(f"{root} holds the study {study.get('name', '?')!r} but no finished batch yet: "
+        raise InputError(f"{root} holds the study {study.name!r} but no finished batch yet: "
                          "run it with `probe run` and report once a batch is done")
     tables = {}
     for name in TABLES:
@@ -179,17 +186,16 @@ def load_result(path: str | Path) -> StudyResult:
     if "examples" not in tables or "agreement" not in tables:
         raise InputError(f"{root} has done markers but no examples/agreement parts under parts/; "
                          "the folder is damaged: rerun the study")
-    summary = partial_summary(tables["agreement"], study.get("statistics") or {})
-    return StudyResult(root=root, study=study, fingerprint=record.get("fingerprint"), tables=tables, summary=summary,
+    summary = partial_summary(tables["agreement"], study.statistics)
+    return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"), tables=tables, summary=summary,
                        paired=None, verdict=None, provenance=None, complete=False, batches_done=len(done),
                        batches_total=total, batch_infos=infos)
 
 
-def _batches_total(study: dict, done: list[int]) -> int | None:
+def _batches_total(study: Study, done: list[int]) -> int | None:
     """The number of batches of the study, when its size is known before it runs (``dataset.n``)."""
-    n = (study.get("dataset") or {}).get("n")
-    size = (study.get("engine") or {}).get("batch_size")
-    total = math.ceil(n / size) if isinstance(n, int) and isinstance(size, int) and size > 0 else None
+    n, size = study.dataset.n, study.engine.batch_size
+    total = math.ceil(n / size) if n is not None else None
     if total is not None and done:
         total = max(total, done[-1] + 1)
     return total
@@ -198,7 +204,7 @@ def _batches_total(study: dict, done: list[int]) -> int | None:
 GROUP = ["role", "explainer", "reference", "layer", "head"]
 
 
-def partial_summary(agreement: pd.DataFrame, statistics: dict) -> pd.DataFrame:
+def partial_summary(agreement: pd.DataFrame, statistics: StatisticsSpec) -> pd.DataFrame:
     """The summary table of a run that has not finished (same columns as ``summary.parquet``).
 
     Token- and layer-level units get bootstrap CIs as the finished run computes them; single heads
@@ -206,9 +212,8 @@ def partial_summary(agreement: pd.DataFrame, statistics: dict) -> pd.DataFrame:
     """
     from probe.metrics.statistics import summarize_groups
 
-    alpha = float(statistics.get("alpha", 0.05))
-    kw = {"alpha": alpha, "n_boot": int(statistics.get("bootstrap", 2000)),
-          "level": float(statistics.get("level", 0.95)), "seed": int(statistics.get("seed", 0))}
+    alpha = float(statistics.alpha)
+    kw = {"alpha": alpha, "n_boot": statistics.bootstrap, "level": float(statistics.level), "seed": statistics.seed}
     frames = []
     units = agreement[agreement["head"] < 0]
     heads = agreement[agreement["head"] >= 0]

@@ -8,18 +8,25 @@ in a ceiling, and says so.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from probe.errors import ProbeError
-from probe.explain.methods import family
 from probe.metrics import sanity as S
+from probe.names import method_family as family
 from probe.study.plan import methods_needed
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+    from probe.rows.target import PreparedExample
+    from probe.spec.study import Study
 
 LEFT_OUT_KEY = ["role", "explainer", "reference"]
 
 
-def study_sanity(pm, study, examples) -> list[S.Check]:
+def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) -> list[S.Check]:
     """Every check that applies to the study's explainers and gradient references, on ``examples``."""
     from probe.explain.methods import run_method
 

@@ -31,15 +31,19 @@ import hashlib
 import platform
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from probe.explain.methods import family
+from probe.names import method_family as family
 from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.store import ResultStore, write_json, write_table
+
+if TYPE_CHECKING:
+    from probe.spec.study import Study
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
 RULE = " ".join(RULE.split())
@@ -72,7 +76,7 @@ def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer:
     return sel.set_index("example")[measure]
 
 
-def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: str,
+def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
             unreliable: dict | None = None) -> tuple[dict, pd.DataFrame]:
     """Apply the rule (module docstring); returns the verdict and the per-unit paired tests.
 
@@ -85,11 +89,59 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
     s = summary[(summary.reference == ref) & (summary.measure == measure)]
     explainers = s[s.role == "explainer"]
     random = s[(s.role == "baseline") & (s.explainer == "random")]
-    random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
     grads = explainers[[family(e) == "gradient" and e not in unreliable for e in explainers.explainer]]
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
-    attn = explainers[[family(e) == "attention" for e in explainers.explainer]].copy()
+    paired = _paired_tests(agreement, explainers, random, best_grad, ref, study)
+    layer_units = paired[paired["head"] < 0] if len(paired) else paired
+    head_units = paired[paired["head"] >= 0] if len(paired) else paired
+    n_layer_tracks = int(layer_units.tracks.sum()) if len(layer_units) else 0
+    n_head_tracks = int(head_units.tracks.sum()) if len(head_units) else 0
+    answer = "yes" if n_layer_tracks else ("heads only" if n_head_tracks else "no")
+    n_most = int(paired.n.max()) if len(paired) else 0
+    ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
+    ceiling = _ceiling(summary, ref, measure, unreliable)
+    numbers = {
+        "random": _stat(random.iloc[0]) if len(random) else None,
+        "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
+        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling)} if ceiling is not None else None),
+        "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
+    }
+    above = _above_ceiling(ceiling, ordered, grads)
 
+    def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
+        return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
+
+    best_layer, best_head = top(layer_units, False), top(head_units, False)
+    headline = _headline(model_name, answer, ref, measure, n_layer_tracks, len(layer_units), n_head_tracks,
+                         len(head_units), best_layer, best_head, numbers)
+    result = {
+        "answer": answer, "headline": headline, "rule": RULE, "reference": ref, "measure": measure,
+        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
+        "layer_units": {"tracking": n_layer_tracks, "total": int(len(layer_units))},
+        "head_units": {"tracking": n_head_tracks, "total": int(len(head_units))},
+        "best": _describe_units(ordered.head(3), n_most) if len(ordered) else [],
+        "worst": _describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
+        "best_layers": best_layer, "worst_layers": top(layer_units, True),
+        "best_heads": best_head, "worst_heads": top(head_units, True), **numbers,
+        "above_ceiling": above,
+        "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
+    }
+    if unreliable:
+        result["headline"] += (" Failed sanity checks (unreliable here: never the best gradient nor in a ceiling): "
+                               + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
+    if above:
+        result["headline"] += " Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + "."
+    return result, paired
+
+
+def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.DataFrame, best_grad: pd.Series | None,
+                  ref: str, study: Study) -> pd.DataFrame:
+    """One row per attention unit: its mean and CI, rule 1 (above random) and rule 2 (the paired test
+    against the best gradient), and whether it tracks."""
+    st = study.statistics
+    measure = st.measure
+    random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
+    attn = explainers[[family(e) == "attention" for e in explainers.explainer]].copy()
     wide = agreement[(agreement.reference == ref)]
     grad_values = (_per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
                    if best_grad is not None else None)
@@ -110,21 +162,17 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
         test["below_gradient"] = bool(below)
         test["tracks"] = bool(test["above_random"] and not below)
         tests.append(test)
-    paired = pd.DataFrame(tests)
-    layer_units = paired[paired["head"] < 0] if len(paired) else paired
-    head_units = paired[paired["head"] >= 0] if len(paired) else paired
-    n_layer_tracks = int(layer_units.tracks.sum()) if len(layer_units) else 0
-    n_head_tracks = int(head_units.tracks.sum()) if len(head_units) else 0
-    answer = "yes" if n_layer_tracks else ("heads only" if n_head_tracks else "no")
+    return pd.DataFrame(tests)
 
-    n_most = int(paired.n.max()) if len(paired) else 0
 
-    def describe(rows: pd.DataFrame) -> list[dict]:
-        return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
-                 "n": int(r.n), **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
-                for _, r in rows.iterrows()]
+def _describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
+    return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
+             "n": int(r.n), **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
+            for _, r in rows.iterrows()]
 
-    ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
+
+def _ceiling(summary: pd.DataFrame, ref: str, measure: str, unreliable: dict) -> pd.Series | None:
+    """The highest agreement between references, preferring pairs that involve the verdict reference."""
     all_ceilings = summary[(summary.role == "ceiling") & (summary.measure == measure)]
     # a boolean Series, not a list: an empty list would select no columns instead of no rows
     all_ceilings = all_ceilings[pd.Series([_is_reference_agreement(a, b, unreliable) for a, b in
@@ -132,13 +180,11 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
                                           index=all_ceilings.index, dtype=bool)]
     involving = all_ceilings[(all_ceilings.explainer == ref) | (all_ceilings.reference == ref)]
     ceilings = (involving if len(involving) else all_ceilings).sort_values("mean", ascending=False)
-    ceiling = ceilings.iloc[0] if len(ceilings) else None
-    numbers = {
-        "random": _stat(random.iloc[0]) if len(random) else None,
-        "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
-        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling)} if ceiling is not None else None),
-        "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
-    }
+    return ceilings.iloc[0] if len(ceilings) else None
+
+
+def _above_ceiling(ceiling: pd.Series | None, ordered: pd.DataFrame, grads: pd.DataFrame) -> list[dict]:
+    """Attention units and gradient methods whose mean agreement exceeds the ceiling's."""
     above = []
     if ceiling is not None:
         for _, r in ordered.iterrows():
@@ -147,30 +193,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study, model_name: s
         for _, r in grads.iterrows():
             if r["mean"] > float(ceiling["mean"]):
                 above.append({"unit": _unit_name(r), "mean": float(r["mean"])})
-    best = describe(ordered.head(3)) if len(ordered) else []
-    worst = describe(ordered.tail(3).iloc[::-1]) if len(ordered) else []
-    best_layer = describe(layer_units.sort_values("mean", ascending=False).head(3)) if len(layer_units) else []
-    worst_layer = describe(layer_units.sort_values("mean").head(3)) if len(layer_units) else []
-    best_head = describe(head_units.sort_values("mean", ascending=False).head(3)) if len(head_units) else []
-    worst_head = describe(head_units.sort_values("mean").head(3)) if len(head_units) else []
-    headline = _headline(model_name, answer, ref, measure, n_layer_tracks, len(layer_units), n_head_tracks,
-                         len(head_units), best_layer, best_head, numbers)
-    result = {
-        "answer": answer, "headline": headline, "rule": RULE, "reference": ref, "measure": measure,
-        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
-        "layer_units": {"tracking": n_layer_tracks, "total": int(len(layer_units))},
-        "head_units": {"tracking": n_head_tracks, "total": int(len(head_units))},
-        "best": best, "worst": worst, "best_layers": best_layer, "worst_layers": worst_layer,
-        "best_heads": best_head, "worst_heads": worst_head, **numbers,
-        "above_ceiling": above,
-        "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
-    }
-    if unreliable:
-        result["headline"] += (" Failed sanity checks (unreliable here: never the best gradient nor in a ceiling): "
-                               + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
-    if above:
-        result["headline"] += " Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + "."
-    return result, paired
+    return above
 
 
 def comparisons(agreement: pd.DataFrame, study) -> pd.DataFrame:

@@ -1,0 +1,121 @@
+"""What every claim of an audit shares: the model, the prepared examples, one engine, cached
+scores and ablations, and the checks that a layer or head exists (errors point at the claim file)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from probe.audit.rules import Judgement, judge
+from probe.errors import InputError
+from probe.spec.claims import AttentionRanking, ClaimFile
+
+if TYPE_CHECKING:
+    from probe.data import Example
+    from probe.models.loading import ProbeModel
+    from probe.rows.target import PreparedExample
+
+__all__ = ["AuditContext", "WORD_PIECE_MARKERS", "token_text"]
+
+WORD_PIECE_MARKERS = ("##", "Ġ", "▁")
+
+
+def token_text(pm: ProbeModel, token_id: int) -> str:
+    """A token's text for matching: decoded alone, word-piece markers and surrounding spaces stripped."""
+    text = pm.tokenizer.decode([int(token_id)]).strip()
+    for marker in WORD_PIECE_MARKERS:
+        if text.startswith(marker):
+            text = text[len(marker):]
+    return text.strip()
+
+
+# ------------------------------------------------------------------------------------------ context
+
+
+class AuditContext:
+    """What every claim shares: the model, the prepared examples, one engine, cached scores."""
+
+    def __init__(self, pm: ProbeModel, claim_file: ClaimFile, items: list[Example], examples: list[PreparedExample],
+                 progress: bool):
+        from probe.intervene.engine import Engine
+
+        self.pm, self.file, self.items, self.examples = pm, claim_file, items, examples
+        self.engine = Engine(pm)
+        self.seed = claim_file.statistics.seed
+        self.progress = progress
+        self.stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+        info = pm.contract.stacks[self.stack]
+        self.n_layers, self.n_heads = info.n_layers, info.n_heads
+        self._scores: dict = {}
+        self._ablations: dict[int, np.ndarray] = {}
+        self._texts: dict[int, list[str]] = {}
+
+    def judge(self, values, rule) -> Judgement:
+        s = self.file.statistics
+        return judge(values, rule, n_boot=s.bootstrap, level=s.level, seed=s.seed)
+
+    def scores(self, method: str):
+        if method not in self._scores:
+            from probe.explain.methods import run_method
+
+            params = {m: {"seed": self.seed} for m in ("loo_random", "loo_lm", "gradient_shap")}.get(method)
+            self._scores[method] = run_method(self.pm, self.examples, method, engine=self.engine, params=params)
+        return self._scores[method]
+
+    def texts(self, i: int) -> list[str]:
+        if i not in self._texts:
+            self._texts[i] = [token_text(self.pm, t) for t in self.examples[i].input_ids]
+        return self._texts[i]
+
+    def scorable(self, i: int) -> np.ndarray:
+        return ~np.asarray(self.examples[i].special, dtype=bool)
+
+    def matches(self, i: int, matcher) -> np.ndarray:
+        """Scored tokens of example i whose text fully matches ``matcher``."""
+        texts = self.texts(i)
+        return self.scorable(i) & np.array([bool(matcher.fullmatch(t)) for t in texts], dtype=bool)
+
+    def layer(self, value: int | str, index: int, key: str) -> int:
+        layer = {"first": 0, "last": self.n_layers - 1}.get(value, value)
+        if not 0 <= layer < self.n_layers:
+            raise InputError(f"{self.file.where(index, key)}: layer {value} does not exist: {self.pm.name} has "
+                             f"{self.n_layers} layers in its {self.stack} attention (valid 0..{self.n_layers - 1}, "
+                             "first or last)")
+        return layer
+
+    def head(self, value: int | None, index: int, key: str) -> int | None:
+        if value is not None and not 0 <= value < self.n_heads:
+            raise InputError(f"{self.file.where(index, key)}: head {value} does not exist: {self.pm.name} has "
+                             f"{self.n_heads} heads per layer (valid 0..{self.n_heads - 1})")
+        return value
+
+    def check_ranking(self, ranking: AttentionRanking, index: int) -> tuple[int, int | None]:
+        return self.layer(ranking.layer, index, "attention"), self.head(ranking.head, index, "attention")
+
+    def attention_vectors(self, ranking: AttentionRanking, index: int) -> list[np.ndarray]:
+        """One ``[tokens]`` vector per example: the method at the layer, the head or the head mean."""
+        layer, head = self.check_ranking(ranking, index)
+        out = []
+        for s in self.scores(ranking.method).scores:
+            v = s[layer]
+            if v.dim() == 2:
+                v = v[head] if head is not None else v.mean(dim=0)
+            out.append(v.double().numpy())
+        return out
+
+    def layer_ablation(self, layer: int) -> np.ndarray:
+        """[example, 1 + heads]: the target unablated, then with each head of ``layer`` ablated alone."""
+        if layer not in self._ablations:
+            from probe.intervene.heads import ablate_heads
+
+            ablations = [[]] + [[(layer, h)] for h in range(self.n_heads)]
+            self._ablations[layer] = ablate_heads(self.pm, self.examples, ablations, stack=self.stack).double().numpy()
+        return self._ablations[layer]
+
+    def reference(self, method: str) -> list[np.ndarray]:
+        return [s.double().numpy() for s in self.scores(method).scores]
+
+    def describe(self, i: int) -> dict:
+        item = self.items[i]
+        return {"id": item.id, "text": item.text}

@@ -1,0 +1,468 @@
+"""A claim file: a model, some data, and claims about the model's attention to test by intervention.
+
+Written in YAML and validated like a study file, with the same helpers (:mod:`probe.spec.validation`):
+every problem is one :class:`~probe.errors.InputError` line naming the file, the line and the key::
+
+    claims.yaml line 12: claims[1].kind: unknown claim kind 'importance' (valid: token_importance, ...)
+
+Layout::
+
+    model: {id: builtin:minilm-rt, device: cpu, dtype: fp32}
+    data: {dataset: builtin:rotten_tomatoes, split: test, n: 60, seed: 0}   # or data: {texts: [...]}
+    target: {kind: prob}                   # optional; the fields of a study's target
+    statistics: {bootstrap: 2000, level: 0.95, seed: 0}                     # optional
+    output: reports/audit_minilm_rt        # optional; `probe audit --out` wins
+    claims:
+      - claim: the most-attended token is the most important one
+        kind: token_importance
+        attention: attention_mean@last
+      - ...
+
+The claim kinds and their fields are the ``*Claim`` classes below; the decision rules are in
+:mod:`probe.audit.rules`; what each kind measures in :mod:`probe.audit.kinds`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from probe.data import BUILTIN_PREFIX, SPLITS
+from probe.errors import InputError
+from probe.names import ALL_METHODS, ATTENTION_METHODS, method_family
+from probe.spec.parts import ModelSpec, TargetConfig
+from probe.spec.validation import (
+    LAYER_WORDS, Bool, Document, Float, Int, SpecModel, check_dataset_name, fail, line_of, located_error,
+    read_yaml_mapping, show, suggest, walk,
+)
+
+__all__ = [
+    "AttentionRanking", "AuditStatistics", "ClaimFile", "CLAIM_KINDS", "CounterfactualClaim", "DataSpec",
+    "FaithfulnessClaim", "HeadRoleClaim", "SpecificTokensClaim", "TokenImportanceClaim", "claims_from_dict",
+    "load_claims", "parse_attention", "parse_head",
+]
+
+INTERVENTIONS = ("delete", "mask", "unk", "pad")
+#: Per-head attention methods ([layer, head, tokens]); the others are per layer ([layer, tokens]).
+PER_HEAD_METHODS = ("attention", "attn_norm", "attn_grad")
+_ATTENTION_SPEC = re.compile(r"([A-Za-z_]+)(?:@(\d+|first|last)(?:\.(\d+))?)?")
+_HEAD_SPEC = re.compile(r"(\d+|first|last)\.(\d+)")
+
+
+# ------------------------------------------------------------------------------------- small parsers
+
+
+@dataclass(frozen=True)
+class AttentionRanking:
+    """``METHOD[@LAYER[.HEAD]]``: an attention explainer read at one layer (and head).
+
+    ``layer`` is an index, ``first`` or ``last`` (default last). Per-head methods (attention,
+    attn_norm, attn_grad) are averaged over heads unless a head is given; per-layer methods
+    (attention_mean, rollout, flow) take no head.
+    """
+
+    method: str
+    layer: int | str = "last"
+    head: int | None = None
+
+    def __str__(self) -> str:
+        head = "" if self.head is None else f".{self.head}"
+        return f"{self.method}@{self.layer}{head}"
+
+
+def parse_attention(text: Any) -> AttentionRanking:
+    """``"rollout@last"``, ``"attention_mean@5"``, ``"attention@5.3"`` -> :class:`AttentionRanking`.
+
+    Raises ``ValueError`` with the reason when ``text`` is not of that form.
+    """
+    match = _ATTENTION_SPEC.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"{show(text)} is not METHOD, METHOD@LAYER or METHOD@LAYER.HEAD "
+                         "(e.g. rollout@last, attention_mean@5, attention@5.3)")
+    method, layer, head = match.groups()
+    if method not in ATTENTION_METHODS:
+        kind = f"a {method_family(method)} method" if method in ALL_METHODS else "not a method"
+        raise ValueError(f"{method!r} is {kind}; a claim about attention reads one of {', '.join(ATTENTION_METHODS)}"
+                         f"{suggest(method, ATTENTION_METHODS)}")
+    if head is not None and method not in PER_HEAD_METHODS:
+        raise ValueError(f"{text.strip()!r}: {method} has one score per layer, not per head; write {method}@{layer} "
+                         f"or use a per-head method ({', '.join(PER_HEAD_METHODS)})")
+    layer_value: int | str = "last" if layer is None else (layer if layer in LAYER_WORDS else int(layer))
+    return AttentionRanking(method, layer_value, None if head is None else int(head))
+
+
+def parse_head(text: Any) -> tuple[int | str, int]:
+    """``"5.3"`` (layer 5, head 3; the layer may be first or last) -> ``(layer, head)``."""
+    match = _HEAD_SPEC.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"{show(text)} is not LAYER.HEAD (e.g. '5.3' = layer 5, head 3; or 'last.0')")
+    layer, head = match.groups()
+    return (layer if layer in LAYER_WORDS else int(layer)), int(head)
+
+
+def _check_regex(value: str | None) -> str | None:
+    if value is not None:
+        if not value.strip():
+            fail("is empty; give a regular expression matched against each token's text")
+        try:
+            re.compile(value)
+        except re.error as exc:
+            fail(f"{value!r} is not a valid regular expression ({exc}); escape special characters with \\")
+    return value
+
+
+def _check_reference(value: str) -> str:
+    if value not in ALL_METHODS:
+        fail(f"unknown method {show(value)} (valid references: "
+              f"{', '.join(m for m in ALL_METHODS if m not in ATTENTION_METHODS)}){suggest(value, ALL_METHODS)}")
+    if value in ATTENTION_METHODS:
+        fail(f"{value!r} is an attention method; the reference is what attention is checked against: "
+              "an intervention (loo_delete, loo_mask, ...) or a gradient method")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ claims
+
+
+class _Claim(SpecModel):
+    claim: str
+    kind: str
+
+    @field_validator("claim")
+    @classmethod
+    def _sentence(cls, value: str) -> str:
+        if not value.strip():
+            fail("is empty; write the claim as a sentence, e.g. 'the most-attended token is the most important'")
+        return " ".join(value.split())
+
+    # shared by the kinds that have these fields
+    @field_validator("attention", check_fields=False)
+    @classmethod
+    def _attention(cls, value: str) -> str:
+        try:
+            return str(parse_attention(value))
+        except ValueError as exc:
+            fail(str(exc))
+
+    @field_validator("reference", check_fields=False)
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        return _check_reference(value)
+
+    @field_validator("pattern", "attends_to", check_fields=False)
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        return _check_regex(value)
+
+
+class TokenImportanceClaim(_Claim):
+    """The most-attended token is the most important one (by the reference, signed: largest drop)."""
+
+    kind: Literal["token_importance"]
+    attention: str = "attention_mean@last"
+    reference: str = "loo_delete"
+    k: Annotated[Int, Field(ge=1)] = 3
+
+    @property
+    def ranking(self) -> AttentionRanking:
+        return parse_attention(self.attention)
+
+
+class FaithfulnessClaim(_Claim):
+    """Attention ranks tokens like the reference does: mean rank correlation >= threshold."""
+
+    kind: Literal["faithfulness"]
+    attention: str = "attention_mean@last"
+    reference: str = "loo_delete"
+    threshold: Annotated[Float, Field(ge=-1, le=1)]
+    measure: Literal["kendall_tau", "spearman"] = "kendall_tau"
+
+    @property
+    def ranking(self) -> AttentionRanking:
+        return parse_attention(self.attention)
+
+
+class SpecificTokensClaim(_Claim):
+    """Removing the tokens matching ``pattern`` (or ``words``) changes the output more than removing
+    as many other tokens at random."""
+
+    kind: Literal["specific_tokens"]
+    pattern: str | None = None
+    words: list[str] | None = None
+    intervention: Literal["delete", "mask", "unk", "pad"] = "delete"
+    repeats: Annotated[Int, Field(ge=1)] = 10
+    attention: str = "attention_mean@last"
+
+    @field_validator("words")
+    @classmethod
+    def _words(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                fail("is empty; list the words whose tokens the claim is about, e.g. [not, never]")
+            for i, word in enumerate(value):
+                if not word.strip():
+                    fail("an empty word; every entry needs some text", item=[i])
+        return value
+
+    @model_validator(mode="after")
+    def _one_matcher(self) -> SpecificTokensClaim:
+        if (self.pattern is None) == (self.words is None):
+            fail("give exactly one of pattern (a regular expression) or words (a list); "
+                  f"{'both were' if self.pattern is not None else 'neither was'} given", at=["pattern"])
+        return self
+
+    @property
+    def ranking(self) -> AttentionRanking:
+        return parse_attention(self.attention)
+
+    def matcher(self) -> re.Pattern:
+        """The compiled, case-insensitive full-match pattern for a token's text."""
+        if self.words is not None:
+            return re.compile("|".join(re.escape(w.strip()) for w in self.words), re.IGNORECASE)
+        return re.compile(self.pattern, re.IGNORECASE)
+
+    @property
+    def matches_what(self) -> str:
+        return f"pattern {self.pattern!r}" if self.words is None else f"words {', '.join(self.words)}"
+
+
+class HeadRoleClaim(_Claim):
+    """Head L.H matters for the prediction (more than the other heads of its layer), and with
+    ``attends_to`` also: it puts more than a uniform share of its attention on matching tokens."""
+
+    kind: Literal["head_role"]
+    head: str
+    attends_to: str | None = None
+
+    @field_validator("head", mode="before")
+    @classmethod
+    def _head(cls, value: Any) -> Any:
+        if isinstance(value, float):
+            value = repr(value)  # from a dict; a YAML file keeps the text as written (see load_claims)
+        try:
+            parse_head(value)
+        except ValueError as exc:
+            fail(str(exc))
+        return value.strip()
+
+    @property
+    def site(self) -> tuple[int | str, int]:
+        return parse_head(self.head)
+
+    def matcher(self) -> re.Pattern | None:
+        return None if self.attends_to is None else re.compile(self.attends_to, re.IGNORECASE)
+
+
+class CounterfactualClaim(_Claim):
+    """A different attention at ``layer`` (``head``) would change the output: permuting the target
+    row moves the output distribution by more than ``bound`` (total variation)."""
+
+    kind: Literal["counterfactual"]
+    layer: int | Literal["first", "last"] = "last"
+    head: Annotated[Int, Field(ge=0)] | None = None
+    permutations: Annotated[Int, Field(ge=1)] = 20
+    bound: Annotated[Float, Field(gt=0, le=1)] = 0.01
+    adversarial: Bool = True
+    candidates: Annotated[Int, Field(ge=1)] = 3
+    steps: Annotated[Int, Field(ge=1)] = 100
+
+    @field_validator("layer", mode="before")
+    @classmethod
+    def _layer(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not (isinstance(value, int) or value in LAYER_WORDS):
+            fail(f"{show(value)} is not a layer; give a layer index (0, 1, ...), first or last")
+        if isinstance(value, int) and value < 0:
+            fail(f"{value} is negative; give a layer index >= 0, or last")
+        return value
+
+
+CLAIM_CLASSES: dict[str, type[_Claim]] = {
+    "token_importance": TokenImportanceClaim,
+    "specific_tokens": SpecificTokensClaim,
+    "head_role": HeadRoleClaim,
+    "faithfulness": FaithfulnessClaim,
+    "counterfactual": CounterfactualClaim,
+}
+CLAIM_KINDS = tuple(CLAIM_CLASSES)
+Claim = TokenImportanceClaim | SpecificTokensClaim | HeadRoleClaim | FaithfulnessClaim | CounterfactualClaim
+
+
+# ------------------------------------------------------------------------------------ the file
+
+
+class DataSpec(SpecModel):
+    """``dataset`` (builtin:NAME or a .csv/.jsonl file) with split, n, seed; or ``texts``."""
+
+    dataset: str | None = None
+    split: str = "test"
+    n: Annotated[Int, Field(ge=1)] | None = None
+    seed: Int = 0
+    text_column: str = "text"
+    label_column: str = "label"
+    max_length: Annotated[Int, Field(ge=2)] | None = None
+    texts: list[str] | None = None
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_dataset_name(value, info)
+
+    @field_validator("texts")
+    @classmethod
+    def _texts(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                fail("is empty; list at least one text, or give dataset: instead")
+            for i, text in enumerate(value):
+                if not text.strip():
+                    fail("an empty text; every text needs at least one word", item=[i])
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if (self.dataset is None) == (self.texts is None):
+            fail("give exactly one of dataset (builtin:NAME or a .csv/.jsonl file) or texts (a list); "
+                  f"{'both were' if self.texts is not None else 'neither was'} given", at=["dataset"])
+        if self.dataset is not None and self.dataset.startswith(BUILTIN_PREFIX) and self.split not in SPLITS:
+            fail(f"{self.split!r} is not a split of {self.dataset} (valid: {', '.join(SPLITS)})", at=["split"])
+        return self
+
+
+class AuditStatistics(SpecModel):
+    bootstrap: Annotated[Int, Field(ge=100)] = 2000
+    level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
+    seed: Int = 0
+
+
+class _FileSchema(SpecModel):
+    """The claim file's top level; each entry of ``claims`` is validated by its kind afterwards."""
+
+    model: ModelSpec
+    data: DataSpec
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    statistics: AuditStatistics = Field(default_factory=AuditStatistics)
+    output: str | None = None
+    description: str = ""
+    claims: list[Any]
+
+    @field_validator("claims")
+    @classmethod
+    def _some(cls, value: list[Any]) -> list[Any]:
+        if not value:
+            fail("is empty; list at least one claim (claim:, kind:, ...)")
+        return value
+
+
+@dataclass(frozen=True)
+class ClaimFile:
+    """A validated claim file. ``lines`` maps ``(claim index, key)`` to its line in the file
+    (``(i, None)``: the claim's first line), so run-time errors can point at the file too."""
+
+    model: ModelSpec
+    data: DataSpec
+    target: TargetConfig
+    statistics: AuditStatistics
+    claims: tuple[Claim, ...]
+    output: str | None = None
+    description: str = ""
+    source: str = "<dict>"
+    lines: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def where(self, index: int, key: str | None = None) -> str:
+        """``"FILE line N: claims[i].key"`` for messages about a claim."""
+        line = self.lines.get((index, key)) or self.lines.get((index, None))
+        at = f"{self.source} line {line}" if line is not None else self.source
+        return f"{at}: claims[{index}]" + (f".{key}" if key else "")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model.model_dump(mode="json"), "data": self.data.model_dump(mode="json"),
+                "target": self.target.model_dump(mode="json"), "statistics": self.statistics.model_dump(mode="json"),
+                "output": self.output, "description": self.description,
+                "claims": [c.model_dump(mode="json") for c in self.claims]}
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def _document(schema: type[SpecModel]) -> Document:
+    """The claim file (or one claim of it, ``schema`` then the claim's kind) as error messages name it."""
+    return Document(schema=schema, top="the claim file", the_top="the claim file")
+
+
+def load_claims(path: str | Path) -> ClaimFile:
+    """Read and validate a claim file (YAML); every problem is one InputError line with the line number."""
+    path = Path(path)
+    data, root = _read_yaml(path)
+    _raw_heads(data, root)
+    return _validate(data, source=str(path), root=root, base_dir=path.parent)
+
+
+def claims_from_dict(data: dict, *, source: str = "<dict>") -> ClaimFile:
+    """Validate a dict (e.g. parsed YAML, or ``ClaimFile.to_dict()``) into a :class:`ClaimFile`."""
+    return _validate(data, source=source, root=None, base_dir=None)
+
+
+def _read_yaml(path: Path) -> tuple[Any, yaml.Node]:
+    return read_yaml_mapping(path, "claim file", "claim file", "write a claim file with model:, data: and claims:",
+                             "model:, data:, claims:")
+
+
+def _raw_heads(data: dict, root: yaml.Node) -> None:
+    """``head: 5.10`` is the float 5.1 to YAML; keep a head's text exactly as written."""
+    claims = data.get("claims")
+    if not isinstance(claims, list):
+        return
+    for i, entry in enumerate(claims):
+        if isinstance(entry, dict) and isinstance(entry.get("head"), (float, int)) and not isinstance(entry["head"], bool):
+            node, _, found = walk(root, ("claims", i, "head"))
+            if found and isinstance(node, yaml.ScalarNode):
+                entry["head"] = node.value
+
+
+def _validate(data: Any, *, source: str, root: yaml.Node | None, base_dir: Path | None) -> ClaimFile:
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: the claim file is {show(data)}, not a mapping of keys (model, data, claims)")
+    try:
+        top = _FileSchema.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise located_error(exc, _document(_FileSchema), source, root) from None
+    claims = []
+    for i, entry in enumerate(top.claims):
+        at = ("claims", i)
+        if not isinstance(entry, dict):
+            raise _located(f"claims[{i}]: {show(entry)} is not a mapping; write claim:, kind: and the kind's fields",
+                           at, source, root)
+        kind = entry.get("kind")
+        if "kind" not in entry:
+            raise _located(f"claims[{i}]: missing required key 'kind'; add kind: (one of {', '.join(CLAIM_KINDS)})",
+                           at, source, root)
+        if kind not in CLAIM_CLASSES:
+            raise _located(f"claims[{i}].kind: unknown claim kind {show(kind)} (valid: {', '.join(CLAIM_KINDS)})"
+                           f"{suggest(kind, CLAIM_KINDS)}", at + ("kind",), source, root)
+        model = CLAIM_CLASSES[kind]
+        try:
+            claims.append(model.model_validate(entry))
+        except ValidationError as exc:
+            raise located_error(exc, _document(model), source, root, prefix=at) from None
+    lines: dict = {}
+    if root is not None:
+        for i, claim in enumerate(claims):
+            node, _, found = walk(root, ("claims", i))
+            if found:
+                lines[(i, None)] = node.start_mark.line + 1
+            for key in type(claim).model_fields:
+                node, key_node, found = walk(root, ("claims", i, key))
+                if found and key_node is not None:
+                    lines[(i, key)] = key_node.start_mark.line + 1
+    return ClaimFile(model=top.model, data=top.data, target=top.target, statistics=top.statistics,
+                     claims=tuple(claims), output=top.output, description=top.description, source=source, lines=lines)
+
+
+def _located(message: str, at: tuple, source: str, root: yaml.Node | None) -> InputError:
+    line = line_of(root, at)
+    return InputError(f"{source} line {line}: {message}" if line is not None else f"{source}: {message}")

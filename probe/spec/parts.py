@@ -1,0 +1,161 @@
+"""The sections a study file and a claim file share: the model, a dataset, the explained target.
+
+Frozen pydantic models (:class:`~probe.spec.validation.SpecModel`); problems are raised with
+:func:`~probe.spec.validation.fail` as finished sentences.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from probe.data import BUILTIN_PREFIX, SPLITS
+from probe.spec.validation import Int, SpecModel, check_dataset_name, fail, show
+
+__all__ = ["DatasetSpec", "Filters", "ModelSpec", "TargetConfig"]
+
+
+class ModelSpec(SpecModel):
+    id: str
+    device: str = "cpu"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    attn_implementation: str | None = None
+    task: str | None = None
+    #: explain a model whose checkpoint leaves weights random (e.g. a missing head); shown in every report
+    allow_random_weights: bool = False
+
+    @field_validator("id", "device")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if not value.strip():
+            fail("is empty; give a value (e.g. id: builtin:minilm-rt, device: cpu)")
+        return value.strip()
+
+
+class Filters(SpecModel):
+    min_words: Annotated[Int, Field(ge=1)] | None = None
+    max_words: Annotated[Int, Field(ge=1)] | None = None
+    labels: list[Int] | None = None
+    contains: str | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _some_labels(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            fail("is empty; list the labels to keep (e.g. [0, 1]) or leave labels out")
+        return value
+
+    @field_validator("contains")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                fail(f"{value!r} is not a valid regular expression ({exc}); "
+                      "fix it (escape special characters with \\)")
+        return value
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> Filters:
+        if self.min_words is not None and self.max_words is not None and self.min_words > self.max_words:
+            fail(f"min_words {self.min_words} is above max_words {self.max_words}; no example could pass",
+                  at=["min_words"])
+        return self
+
+
+class DatasetSpec(SpecModel):
+    name: str
+    split: str = "test"
+    n: Annotated[Int, Field(ge=1)] | None = None
+    seed: Int = 0
+    text_column: str = "text"
+    label_column: str = "label"
+    max_length: Annotated[Int, Field(ge=2)] | None = None
+    filters: Filters = Field(default_factory=Filters)
+
+    @field_validator("name")
+    @classmethod
+    def _dataset_name(cls, value: str, info: ValidationInfo) -> str:
+        return check_dataset_name(value, info)
+
+    @field_validator("text_column", "label_column", "split")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if not value.strip():
+            fail("is empty; give a name or leave the key out for the default")
+        return value
+
+    @model_validator(mode="after")
+    def _builtin_split(self) -> DatasetSpec:
+        if self.name.startswith(BUILTIN_PREFIX) and self.split not in SPLITS:
+            fail(f"{self.split!r} is not a split of {self.name} (valid: {', '.join(SPLITS)})", at=["split"])
+        return self
+
+
+class TargetConfig(SpecModel):
+    kind: Literal["prob", "logit", "logprob", "similarity", "dimension"] | None = None
+    label: int | str | None = None
+    continuation: str | None = None
+    prompt: str | None = None
+    choices: list[str] | None = None
+    #: a headless encoder's targets: the text a similarity is taken to, the embedding dimension explained
+    reference: str | None = None
+    dimension: Annotated[Int, Field(ge=0)] | None = None
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+            fail(f"{show(value)} is not a label; give a class index (e.g. 1) or a label name (e.g. positive)")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str | None) -> str | None:
+        if value is not None and value.count("{text}") != 1:
+            fail(f"{show(value)} must contain {{text}} exactly once (it has {value.count('{text}')}); "
+                  "e.g. 'Review: {text}\\nSentiment:'")
+        return value
+
+    @field_validator("choices")
+    @classmethod
+    def _choices(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        for i, choice in enumerate(value):
+            if not choice:
+                fail("an empty choice; every choice needs some text (e.g. ' positive')", item=[i])
+            if choice in value[:i]:
+                fail(f"{choice!r} is listed twice; the choices must be distinct", item=[i])
+        if len(value) < 2:
+            fail(f"{show(value)} has fewer than 2 choices; give at least two, e.g. [' positive', ' negative']")
+        return value
+
+    @model_validator(mode="after")
+    def _encoder_target(self) -> TargetConfig:
+        if self.kind == "similarity" and not (self.reference or "").strip():
+            fail("similarity needs a reference text; add reference: 'some text' (its pooled embedding is "
+                  "compared with each example's)", at=["reference"])
+        if self.kind == "dimension" and self.dimension is None:
+            fail("dimension needs the embedding component to explain; add dimension: N", at=["dimension"])
+        if self.reference is not None and self.kind != "similarity":
+            fail(f"reference applies to kind: similarity (kind is {self.kind or 'the default'}); set kind: similarity "
+                  "or remove reference", at=["reference"])
+        if self.dimension is not None and self.kind != "dimension":
+            fail(f"dimension applies to kind: dimension (kind is {self.kind or 'the default'}); set kind: dimension "
+                  "or remove dimension", at=["dimension"])
+        return self
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> TargetConfig:
+        if self.choices is not None and self.continuation is not None:
+            fail("choices and continuation exclude each other; give the answer options (choices) "
+                  "or one fixed continuation, not both", at=["choices"])
+        if self.label is not None and (self.choices is not None or self.continuation is not None):
+            other = "choices" if self.choices is not None else "continuation"
+            fail(f"label cannot be combined with {other} (the explained output is then the "
+                  f"{'chosen answer' if other == 'choices' else 'continuation'}); remove one of them", at=["label"])
+        return self

@@ -1,0 +1,384 @@
+"""A study file: which model, which data, which explainers against which references, which statistics.
+
+A study is a YAML file validated into a frozen :class:`Study` (pydantic v2). Every problem is raised
+as one :class:`~probe.errors.InputError` line that names the file, the line and the bad key or value,
+and says what to do::
+
+    studies/x.yaml line 3: model.dtype: 'fp64' is not one of fp32, bf16, fp16
+
+Entry points: :func:`load_study` (a file, plus command-line overrides), :func:`study_from_dict`,
+and :meth:`Study.from_record` (the study a result folder's study.json holds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from probe.data import BUILTIN_PREFIX
+from probe.errors import InputError
+from probe.names import ALL_METHODS, ATTENTION_METHODS
+from probe.spec.parts import DatasetSpec, Filters, ModelSpec, TargetConfig
+from probe.spec.validation import (
+    LAYER_WORDS, Bool, Document, Float, Int, SpecModel, describe, error_context, fail, first_error, layer_value,
+    located_error, method_list, read_yaml_mapping, show, unknown_method,
+)
+
+__all__ = [
+    "CounterfactualSpec", "DatasetSpec", "EngineSpec", "ErasureSpec", "Filters", "HeadsSpec", "MetricsSpec",
+    "ModelSpec", "PublishedNumber", "SanitySpec", "StatisticsSpec", "Study", "TargetConfig", "load_study",
+    "parse_ranking", "study_from_dict",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_RANKING = re.compile(r"([A-Za-z0-9_]+)(?:@(.*))?")
+
+
+def parse_ranking(text: str) -> tuple[str, int | str | None]:
+    """``"METHOD"`` or ``"METHOD@LAYER"`` (LAYER: an index >= 0, first or last) -> ``(method, layer)``.
+
+    Raises ``ValueError`` with the reason if ``text`` is not of that form.
+    """
+    match = _RANKING.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"{show(text)} is not METHOD or METHOD@LAYER (e.g. rollout, attention_mean@last)")
+    method, layer_text = match.group(1), match.group(2)
+    if method not in ALL_METHODS:
+        raise ValueError(unknown_method(method))
+    if layer_text is None:
+        return method, None
+    if method not in ATTENTION_METHODS:
+        raise ValueError(f"{text!r}: only attention methods take @LAYER ({', '.join(ATTENTION_METHODS)}); "
+                         f"write {method} alone")
+    layer_text = layer_text.strip()
+    if layer_text in LAYER_WORDS:
+        return method, layer_text
+    if re.fullmatch(r"\d+", layer_text):
+        return method, int(layer_text)
+    raise ValueError(f"{text!r}: layer {layer_text!r} is not a layer index (0, 1, ...), first or last")
+
+
+# ------------------------------------------------------------------------------------------- the schema
+
+
+class ErasureSpec(SpecModel):
+    rankings: list[str] = Field(default_factory=list)
+    bins: list[Annotated[Float, Field(gt=0, le=100)]] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0])
+    #: tokens are removed (ids deleted), as ERASER does; no other mode is offered
+    mode: Literal["delete"] = "delete"
+
+    @field_validator("rankings", mode="before")
+    @classmethod
+    def _rankings(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        for i, entry in enumerate(value):
+            try:
+                parse_ranking(entry)
+            except ValueError as exc:
+                fail(str(exc), item=[i])
+        return [entry.strip() for entry in value]
+
+    @field_validator("bins")
+    @classmethod
+    def _some_bins(cls, value: list[float]) -> list[float]:
+        if not value:
+            fail("is empty; give erasure percentages such as [1, 5, 10, 20, 50]")
+        return value
+
+
+class CounterfactualSpec(SpecModel):
+    layers: list[int | Literal["first", "last"]] | Literal["all"] = Field(default_factory=lambda: ["last"])
+    heads: list[int] | Literal["all", "layer"] = "layer"
+    permutations: Annotated[Int, Field(ge=1)] = 10
+    adversarial: Bool = True
+    max_output_tvd: Annotated[Float, Field(gt=0, le=1)] = 0.01
+    #: adversarial search: attention candidates per example and Adam steps (Jain & Wallace)
+    adversarial_candidates: Annotated[Int, Field(ge=1)] = 5
+    adversarial_steps: Annotated[Int, Field(ge=1)] = 200
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, value: Any) -> Any:
+        if value == "all":
+            return value
+        if not isinstance(value, list):
+            value = [value]
+        if not value:
+            fail("is empty; give layers such as [last] or [0, last], or all")
+        return [layer_value(v, i) for i, v in enumerate(value)]
+
+    @field_validator("heads", mode="before")
+    @classmethod
+    def _heads(cls, value: Any) -> Any:
+        if value in ("all", "layer"):
+            return value
+        if not isinstance(value, list):
+            fail(f"{show(value)} is not layer, all or a list of head indices; "
+                  "layer replaces the whole layer's attention, all does each head separately")
+        if not value:
+            fail("is empty; give head indices such as [0, 3], or layer, or all")
+        for i, head in enumerate(value):
+            if isinstance(head, bool) or not isinstance(head, int) or head < 0:
+                fail(f"head {show(head)} is not a head index; give integers >= 0", item=[i])
+        return value
+
+
+class HeadsSpec(SpecModel):
+    ablation: Bool = True
+    importance: Bool = True
+
+
+class SanitySpec(SpecModel):
+    """Sanity checks (probe.metrics.sanity), always run: how many examples they use, and the
+    cascading randomisation (fractions of the layers re-initialised from the top)."""
+
+    examples: Annotated[Int, Field(ge=1, le=64)] = 4
+    randomisation: Bool = True
+    fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5, 1.0])
+
+
+class PublishedNumber(SpecModel):
+    """A number from the paper a study follows, set beside ours in the report (context, not a target)."""
+
+    explainer: str
+    reference: str
+    layer: Int | None = None  # 0-based, ours; None for a token-level method
+    measure: Literal["kendall_tau", "spearman"] = "spearman"
+    value: Float
+    source: str = ""
+
+
+class MetricsSpec(SpecModel):
+    agreement: list[Literal["kendall", "spearman", "top_k"]] = Field(
+        default_factory=lambda: ["kendall", "spearman", "top_k"])
+    top_k: list[Annotated[Int, Field(ge=1)]] = Field(default_factory=lambda: [1, 3, 5])
+    baselines: list[Literal["random", "uniform", "position"]] = Field(
+        default_factory=lambda: ["random", "uniform", "position"])
+    ceilings: list[tuple[str, str]] | None = None
+    erasure: ErasureSpec | None = Field(default_factory=ErasureSpec)
+    counterfactual: CounterfactualSpec | None = Field(default_factory=CounterfactualSpec)
+    heads: HeadsSpec | None = Field(default_factory=HeadsSpec)
+    #: methods compared by magnitude (|score|), as Jain & Wallace compare |delta y| and |grad x input|
+    absolute: list[str] = Field(default_factory=list)
+    sanity: SanitySpec = Field(default_factory=SanitySpec)
+    published: list[PublishedNumber] = Field(default_factory=list)
+
+    @field_validator("absolute", mode="before")
+    @classmethod
+    def _absolute(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        for i, name in enumerate(value):
+            if name not in ALL_METHODS:
+                fail(unknown_method(name), item=[i])
+        return value
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _ceilings(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        for i, pair in enumerate(value):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                fail(f"{show(pair)} is not a pair of methods; write e.g. [loo_delete, loo_mask]", item=[i])
+            for j, name in enumerate(pair):
+                if name not in ALL_METHODS:
+                    fail(unknown_method(name), item=[i, j])
+            if pair[0] == pair[1]:
+                fail(f"{show(pair)} pairs a method with itself; give two different methods", item=[i])
+        return [tuple(pair) for pair in value]
+
+
+class StatisticsSpec(SpecModel):
+    bootstrap: Annotated[Int, Field(ge=100)] = 2000
+    level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
+    alpha: Annotated[Float, Field(gt=0, lt=0.5)] = 0.05
+    seed: Int = 0
+    include_special: Bool = False
+    reference: str | None = None
+    measure: Literal["kendall_tau", "spearman"] = "kendall_tau"
+
+
+class EngineSpec(SpecModel):
+    batch_size: Annotated[Int, Field(ge=1)] = 16
+    token_budget: Annotated[Int, Field(ge=64)] = 8192
+
+
+class Study(SpecModel):
+    name: str
+    description: str = ""
+    model: ModelSpec
+    dataset: DatasetSpec
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    explainers: list[str]
+    references: list[str]
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    statistics: StatisticsSpec = Field(default_factory=StatisticsSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    output: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value) or set(value) == {"."}:
+            fail(f"{value!r} may use only letters, digits, '-', '_' and '.'; "
+                  f"e.g. {re.sub(r'[^A-Za-z0-9._-]+', '-', value).strip('-.') or 'my-study'!r}")
+        return value
+
+    @field_validator("explainers", "references", mode="before")
+    @classmethod
+    def _methods(cls, value: Any) -> Any:
+        return method_list(value)
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            fail("is empty; give a folder for the results or leave output out")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Study:
+        used = self.methods
+        listed = f"explainers and references: {', '.join(used)}"
+        for key in self.params:
+            if key not in ALL_METHODS:
+                fail(unknown_method(key), at=["params", key])
+            if key not in used:
+                fail(f"parameters for {key!r}, which is not among the study's {listed}; "
+                      f"add {key} to explainers or references, or remove its parameters", at=["params", key])
+        if self.statistics.reference is not None and self.statistics.reference not in self.references:
+            fail(f"{self.statistics.reference!r} is not one of the references ({', '.join(self.references)}); "
+                  "give one of them, or leave it out for the first", at=["statistics", "reference"])
+        erasure = self.metrics.erasure
+        for i, entry in enumerate(erasure.rankings if erasure is not None else []):
+            method, _ = parse_ranking(entry)
+            if method not in used:
+                fail(f"{entry!r}: {method} is not among the study's {listed}; add it there or drop this ranking",
+                      at=["metrics", "erasure", "rankings"], item=[i])
+        for i, pair in enumerate(self.metrics.ceilings or []):
+            for j, method in enumerate(pair):
+                if method not in used:
+                    fail(f"{method} is not among the study's {listed}; add it there or drop this pair",
+                          at=["metrics", "ceilings"], item=[i, j])
+        return self
+
+    # ------------------------------------------------------------------------------------- derived
+
+    @property
+    def methods(self) -> list[str]:
+        """Explainers then references, without duplicates: every method the study runs."""
+        return list(dict.fromkeys(self.explainers + self.references))
+
+    @property
+    def verdict_reference(self) -> str:
+        """The reference the verdict is judged against: ``statistics.reference`` or the first reference."""
+        return self.statistics.reference or self.references[0]
+
+    @classmethod
+    def from_record(cls, data: dict, *, source: str = "study.json") -> Study:
+        """The study a result folder's study.json holds (its ``study`` mapping, as :meth:`to_dict`
+        wrote it). Keys added to the schema since then take their defaults; ``source`` names the
+        file in an error."""
+        return study_from_dict(data, source=source)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict; ``study_from_dict(study.to_dict()) == study``."""
+        return self.model_dump(mode="json")
+
+    def fingerprint(self) -> str:
+        """sha256 hex of the canonical JSON of everything except ``output`` and ``description``."""
+        payload = self.model_dump(mode="json", exclude={"output", "description"})
+        # keys added later count only when set, so studies written before them keep their fingerprint
+        if not payload["model"].get("allow_random_weights"):
+            payload["model"].pop("allow_random_weights", None)
+        for key in ("reference", "dimension"):
+            if payload["target"].get(key) is None:
+                payload["target"].pop(key, None)
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+STUDY = Document(schema=Study, top="study", the_top="the study")
+
+
+def study_from_dict(data: dict, *, source: str = "<dict>") -> Study:
+    """Validate ``data`` (e.g. parsed YAML, or ``Study.to_dict()``) into a :class:`Study`."""
+    return _validate(data, source=source, root=None, base_dir=None)
+
+
+def load_study(path: str | Path, *, n: int | None = None, dataset: str | None = None, device: str | None = None,
+               dtype: str | None = None, out: str | None = None) -> Study:
+    """Read and validate a study file, then apply command-line overrides (validated too).
+
+    ``n`` replaces ``dataset.n``; ``dataset`` (a .csv/.jsonl path relative to the current directory,
+    which must exist, or builtin:NAME) replaces ``dataset.name`` and resets the split to ``test``;
+    ``device``, ``dtype`` and ``out`` replace ``model.device``, ``model.dtype`` and ``output``.
+    """
+    path = Path(path)
+    data, root = read_yaml_mapping(path, "study file", "study",
+                                   "write a study with at least name, model, dataset, explainers and references",
+                                   "name:, model:, dataset:, explainers:, references:, ...")
+    study = _validate(data, source=str(path), root=root, base_dir=path.parent)
+    overrides: list[tuple[str, Any, tuple[str, ...]]] = []  # (option, value given, key path it replaces)
+    for option, value, keys in (("n", n, ("dataset", "n")), ("dataset", dataset, ("dataset", "name")),
+                                ("device", device, ("model", "device")), ("dtype", dtype, ("model", "dtype")),
+                                ("out", out, ("output",))):
+        if value is not None:
+            overrides.append((option, value, keys))
+    return _overridden(study, overrides, path) if overrides else study
+
+
+def _overridden(study: Study, overrides: list[tuple[str, Any, tuple[str, ...]]], path: Path) -> Study:
+    """``study`` with each ``(option, value, key path)`` replaced, validated; an error blames the option."""
+    merged = study.to_dict()
+    for option, value, keys in overrides:
+        if option == "dataset":
+            value = _dataset_override(value)
+            merged["dataset"]["split"] = "test"
+        section = merged
+        for key in keys[:-1]:
+            section = section[key]
+        section[keys[-1]] = value
+    try:
+        return Study.model_validate(merged)
+    except ValidationError as exc:
+        error, _ = first_error(exc.errors(), None)
+        loc = tuple(error["loc"]) + tuple(error_context(error, "at"))
+        blamed = [f"{option}={show(value)}" for option, value, keys in overrides if loc[:len(keys)] == keys]
+        given = f"the override {blamed[0]}" if blamed else "the overrides"
+        raise InputError(f"{path} with {given}: {describe(error, STUDY)}") from None
+
+
+def _dataset_override(dataset: str) -> str:
+    if not isinstance(dataset, str) or not dataset.strip():
+        raise InputError(f"dataset override {dataset!r} is empty; give a .csv/.jsonl file or builtin:NAME")
+    if dataset.startswith(BUILTIN_PREFIX):
+        return dataset
+    file = Path(dataset).expanduser()
+    if not file.exists():
+        raise InputError(f"dataset file {dataset} not found (from the current directory {Path.cwd()}); "
+                         "give an existing .csv or .jsonl file")
+    if not file.is_file():
+        raise InputError(f"dataset path {dataset} is not a file; give a .csv or .jsonl file")
+    return str(file)
+
+
+def _validate(data: Any, *, source: str, root: yaml.Node | None, base_dir: Path | None) -> Study:
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: the study is {show(data)}, not a mapping of keys "
+                         "(name, model, dataset, explainers, references, ...)")
+    try:
+        return Study.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise located_error(exc, STUDY, source, root) from None

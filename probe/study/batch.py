@@ -1,0 +1,177 @@
+"""One batch of a study: prepare its examples, run every method once, and make every table.
+
+A batch is computed the same whether it runs alone, after a restart or in another shard: every
+seeded method draws from the example's content (see :mod:`probe.study.runner`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.rows.scores import TokenScores
+from probe.study.examples import prepare_examples
+from probe.study.plan import erasure_rankings, methods_needed
+from probe.study.tables import (
+    agreement_rows, convergence_rows, counterfactual_rows, head_rows, ranking_vectors, score_rows, token_rows,
+)
+
+if TYPE_CHECKING:
+    from probe.data import Example
+    from probe.intervene.engine import Engine
+    from probe.models.loading import ProbeModel
+    from probe.rows.target import PreparedExample
+    from probe.spec.study import Study
+
+__all__ = ["ForwardCounter", "peak_memory", "run_batch"]
+
+
+class ForwardCounter:
+    """Counts model calls and rows (a pre-hook on the model: captum's and the engine's calls alike)."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self.rows = 0
+        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        self.calls += 1
+        for key in ("input_ids", "inputs_embeds"):
+            value = kwargs.get(key)
+            if value is not None:
+                self.rows += int(value.shape[0])
+                break
+        else:
+            if args and hasattr(args[0], "shape"):
+                self.rows += int(args[0].shape[0])
+
+    def close(self):
+        self._handle.remove()
+
+
+class _Timings:
+    """``timed(name, fn)``: runs ``fn`` and adds its seconds to ``seconds[name]`` (in first-call order)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        result = fn()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        return result
+
+
+def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
+              first_index: int) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Every table for one batch of dataset examples, and the batch's timings."""
+    from probe.intervene.engine import Engine
+
+    started = time.perf_counter()
+    counter = ForwardCounter(pm.model)
+    timed = _Timings()
+    try:
+        examples = timed("prepare", lambda: prepare_examples(pm, study.target, [e.text for e in data_examples],
+                                                             [e.label for e in data_examples]))
+        engine = Engine(pm, token_budget=study.engine.token_budget)
+        scores = _method_scores(pm, study, examples, engine, timed)
+        baselines = _baselines(study, examples)
+        tables = {"examples": _examples_frame(study, data_examples, examples, first_index),
+                  "tokens": token_rows(examples, first_index, study.statistics.include_special),
+                  "scores": score_rows(examples, first_index, scores),
+                  "convergence": convergence_rows(first_index, scores)}
+        left_out: list[dict] = []
+        tables["agreement"] = timed("agreement", lambda: agreement_rows(study, examples, first_index, scores, baselines,
+                                                                        left_out))
+        tables["left_out"] = pd.DataFrame(left_out, columns=["example", "explainer", "reference", "role", "reason"])
+        tables.update(_intervention_tables(pm, study, examples, first_index, scores, engine, timed))
+    finally:
+        counter.close()
+    wall = time.perf_counter() - started
+    info = {"examples": len(examples), "first_example": first_index, "wall_s": wall,
+            "forward_calls": counter.calls, "forward_rows": counter.rows, "peak_memory_bytes": peak_memory(pm)}
+    return tables, {**info, "timings": timed.seconds}
+
+
+def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample], engine: Engine,
+                   timed: _Timings) -> dict[str, TokenScores]:
+    """Every method the study needs, once; gradient methods without parameters share one pass."""
+    from probe.explain.gradients import SHARED_GRADIENT_METHODS
+    from probe.explain.methods import run_method, run_shared_gradients
+
+    scores = {}
+    needed = methods_needed(study)
+    shared = [m for m in needed if m in SHARED_GRADIENT_METHODS and not study.params.get(m)]
+    if len(shared) > 1:  # one gradient pass serves them all
+        scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared)))
+    for method in (m for m in needed if m not in scores):
+        scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,
+                                                                   params=study.params.get(m)))
+    return scores
+
+
+def _baselines(study: Study, examples: list[PreparedExample]) -> dict[str, TokenScores | None]:
+    """The study's baseline rankings (``uniform`` needs no scores: its agreement is known)."""
+    from probe.intervene.erasure import random_ranking
+
+    baselines = {}
+    if "random" in study.metrics.baselines:
+        baselines["random"] = random_ranking(examples, study.statistics.seed)
+    if "position" in study.metrics.baselines:
+        baselines["position"] = TokenScores("position", [torch.arange(len(e.input_ids), dtype=torch.float32)
+                                                         for e in examples])
+    if "uniform" in study.metrics.baselines:
+        baselines["uniform"] = None
+    return baselines
+
+
+def _examples_frame(study: Study, data_examples: list[Example], examples: list[PreparedExample],
+                    first_index: int) -> pd.DataFrame:
+    return pd.DataFrame({
+        "example": np.arange(first_index, first_index + len(examples)),
+        "id": [e.id for e in data_examples], "text": [e.text for e in data_examples],
+        "label": [e.label if e.label is not None else -1 for e in data_examples],
+        "target_label": [e.label if e.label is not None else -1 for e in examples],
+        "target_name": [str(e.label_name) for e in examples],
+        "target_value": [float(e.original_value) for e in examples],
+        "n_tokens": [len(e.input_ids) for e in examples],
+        "n_scored": [sum(1 for s in e.special if study.statistics.include_special or not s) for e in examples]})
+
+
+def _intervention_tables(pm: ProbeModel, study: Study, examples: list[PreparedExample], first_index: int,
+                         scores: dict[str, TokenScores], engine: Engine, timed: _Timings) -> dict[str, pd.DataFrame]:
+    """The erasure curves, counterfactual attention and head effects the study asks for."""
+    from probe.intervene.erasure import erasure
+
+    tables = {}
+    if study.metrics.erasure is not None:
+        spec = study.metrics.erasure
+        rankings = {name: ranking_vectors(scores[name.split("@")[0]], name) for name in erasure_rankings(study)}
+        frame = timed("erasure", lambda: erasure(engine, examples, rankings, bins=[b / 100 for b in spec.bins],
+                                                 seed=study.statistics.seed))
+        frame["example"] = frame["example"] + first_index
+        frame["flip"] = frame["flip"].astype("float64")
+        tables["erasure"] = frame
+    if study.metrics.counterfactual is not None:
+        tables["counterfactual"] = timed("counterfactual", lambda: counterfactual_rows(pm, study, examples, first_index))
+    if study.metrics.heads is not None and (study.metrics.heads.ablation or study.metrics.heads.importance):
+        tables["heads"] = timed("heads", lambda: head_rows(pm, study, examples, first_index))
+    return tables
+
+
+def peak_memory(pm: ProbeModel) -> int:
+    """Peak resident memory of this process (CPU) or peak allocated CUDA memory, in bytes."""
+    device = torch.device(pm.device)
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:  # pragma: no cover - not on every platform
+        return -1

@@ -1,0 +1,133 @@
+"""Which examples a study (or an audit) explains, and how each becomes a prepared example.
+
+Shared by :mod:`probe.study.runner` and :mod:`probe.audit.run`: an audit picks its examples as a
+study with the same data would, and prepares them with the same target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from probe.data import Example, _take, load_dataset
+from probe.errors import InputError
+from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare
+from probe.spec.claims import DataSpec
+from probe.spec.parts import DatasetSpec, Filters, TargetConfig
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+
+__all__ = ["model_text", "passes_filters", "prepare_examples", "select_examples"]
+
+
+def passes_filters(example: Example, filters: Filters) -> bool:
+    words = len(example.text.split())
+    if filters.min_words is not None and words < filters.min_words:
+        return False
+    if filters.max_words is not None and words > filters.max_words:
+        return False
+    if filters.labels is not None and example.label not in filters.labels:
+        return False
+    if filters.contains is not None and not re.search(filters.contains, example.text):
+        return False
+    return True
+
+
+def model_text(target: TargetConfig, text: str) -> str:
+    """The text the model reads: ``target.prompt`` with the example in place of ``{text}``, or the text."""
+    prompt = target.prompt
+    return prompt.replace("{text}", text) if prompt else text
+
+
+def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: TargetConfig) -> tuple[list[Example], dict]:
+    """The examples, in order, and counts of what was left out and why (``filters``, ``too_long``).
+
+    A study's ``dataset`` and a claim file's ``data`` are read alike: the whole split, the examples
+    that pass the filters (a study's; a claim file has none), those whose model text fits the
+    model's window and ``max_length``, then ``n`` of them after a shuffle with ``seed``. A claim
+    file's ``texts`` are taken as written (the first ``n``). The study refuses an ``n`` larger than
+    what is left in its own words; the audit leaves that to :func:`probe.data._take`.
+    """
+    if isinstance(data, DataSpec) and data.texts is not None:
+        items = [Example(f"text-{i}", text, None) for i, text in enumerate(data.texts)]
+        return (items[: data.n] if data.n is not None else items), {}
+    name = data.name if isinstance(data, DatasetSpec) else data.dataset
+    filters = data.filters if isinstance(data, DatasetSpec) else None
+    everything = load_dataset(name, split=data.split, n=None, seed=data.seed,
+                              text_column=data.text_column, label_column=data.label_column)
+    kept = everything if filters is None else [e for e in everything if passes_filters(e, filters)]
+    dropped = {"filters": len(everything) - len(kept)}
+    limit = min(data.max_length or pm.contract.max_positions, pm.contract.max_positions)
+    lengths = [len(ids) for ids in pm.tokenizer([model_text(target, e.text) for e in kept])["input_ids"]]
+    fitting = [e for e, n in zip(kept, lengths) if n <= limit]
+    dropped["too_long"] = len(kept) - len(fitting)
+    if not fitting and filters is None:
+        raise InputError(f"no example of {name} fits in {limit} tokens; raise data.max_length")
+    if not fitting:
+        raise InputError(f"no example of {name} is left after the filters and max_length={limit}; loosen them")
+    if filters is not None and data.n is not None and data.n > len(fitting):
+        raise InputError(f"n={data.n} is larger than the {len(fitting)} examples of {name} left after the filters "
+                         f"and the length limit; give n <= {len(fitting)}")
+    return _take(fitting, data.n, data.seed, name), dropped
+
+
+def _template_positions(pm: ProbeModel, target: TargetConfig, text: str, ids: list[int]) -> list[bool]:
+    """True where a prompt token lies outside the inserted text (the template is not explained)."""
+    prompt = target.prompt
+    if not prompt:
+        return [False] * len(ids)
+    start = prompt.index("{text}")
+    span = (start, start + len(text))
+    enc = pm.tokenizer(model_text(target, text), return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(ids):
+        return [False] * len(ids)
+    return [not (b > span[0] and a < span[1]) for a, b in enc["offset_mapping"]]
+
+
+def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
+                     gold: Sequence[int | None] | None = None) -> list[PreparedExample]:
+    """Tokenise and resolve each example's target as ``target`` says.
+
+    ``target.choices`` (causal LMs): the explained continuation is the choice with the highest
+    log-prob; ``example.label`` then holds its index, so choices are listed in label order.
+    ``target.label: gold`` (classifiers): each example's dataset label (``gold``), as Abnar &
+    Zuidema's "correct class". ``target.prompt``: the template's own tokens are marked special (kept
+    in the input, never scored or perturbed).
+    """
+    t = target
+    inputs = [model_text(t, text) for text in texts]
+    if t.choices:
+        per_choice = [prepare(pm, inputs, TargetSpec(kind=t.kind, continuation=c), strict_length=True) for c in t.choices]
+        values = torch.tensor([[e.original_value for e in group] for group in per_choice])  # [choice, example]
+        best = values.argmax(dim=0).tolist()
+        examples = [dataclasses.replace(per_choice[c][i], label=c) for i, c in enumerate(best)]
+    elif t.label == "gold":
+        examples = _gold_examples(pm, t, inputs, gold)
+    else:
+        examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
+                                                  reference=t.reference, dimension=t.dimension),
+                           strict_length=True)
+    marked = []
+    for text, example in zip(texts, examples):
+        template = _template_positions(pm, t, text, example.input_ids)
+        marked.append(dataclasses.replace(example, special=[s or m for s, m in zip(example.special, template)]))
+    return marked
+
+
+def _gold_examples(pm: ProbeModel, target: TargetConfig, inputs: list[str],
+                   gold: Sequence[int | None] | None) -> list[PreparedExample]:
+    """``target.label: gold``: each example explains its dataset label, valued again for that label."""
+    examples = prepare(pm, inputs, TargetSpec(kind=target.kind), strict_length=True)
+    if gold is None or any(g is None for g in gold):
+        raise InputError("target.label: gold explains each example's dataset label, and some examples have none; "
+                         "give a label column or leave target.label out (the predicted class)")
+    names = pm.model.config.id2label or {}
+    examples = [dataclasses.replace(e, label=int(g), label_name=str(names.get(int(g), g)))
+                for e, g in zip(examples, gold)]
+    values = evaluate(pm, [(e.input_ids, e) for e in examples])
+    return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]

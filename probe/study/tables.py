@@ -1,0 +1,278 @@
+"""A batch's tables: agreement rows (explainer x reference x layer x head per example), token
+scores, tokens, IG convergence, counterfactual attention and head effects.
+
+Every function takes one batch of prepared examples and the index of its first example, and
+returns a tidy frame whose ``example`` column counts from there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.errors import InputError
+from probe.metrics.agreement import agreement
+from probe.rows.scores import TokenScores
+from probe.study.plan import _ceiling_pairs
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+    from probe.spec.study import Study
+
+__all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_rows", "ranking_vectors",
+           "score_rows", "token_rows", "units"]
+
+BASELINES_DOC = {
+    "random": "a seeded random permutation of the scored tokens",
+    "uniform": "uniform attention: every token equal, so it ranks nothing (tau = rho = 0, top-k = k/n by definition)",
+    "position": "position: later tokens ranked higher (recency)",
+}
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def units(scores: TokenScores, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An example's score rows ``[M, T]`` with the layer and head of each row (-1: not applicable)."""
+    s = scores.scores[index].double().numpy()
+    if s.ndim == 3:
+        n_layers, n_heads, _ = s.shape
+        layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+        return s.reshape(n_layers * n_heads, -1), layer, head
+    if s.ndim == 2:
+        return s, np.arange(s.shape[0]), np.full(s.shape[0], -1)
+    return s[None], np.array([-1]), np.array([-1])
+
+
+def _rows(example_index: int, explainer: str, reference: str, role: str, layer, head, values: dict, n: int) -> pd.DataFrame:
+    frame = pd.DataFrame({"example": example_index, "explainer": explainer, "reference": reference, "role": role,
+                          "layer": np.asarray(layer, dtype=np.int16), "head": np.asarray(head, dtype=np.int16),
+                          "n_tokens": n})
+    for key, value in values.items():
+        frame[key] = np.asarray(value, dtype=np.float64)
+    return frame
+
+
+def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, TokenScores],
+                   baselines: dict[str, TokenScores], left_out: list | None = None) -> pd.DataFrame:
+    """One row per example x explainer x reference x layer x head (see :mod:`probe.study` docs).
+
+    A pair scored on fewer than 2 tokens of an example is left out of the table; when ``left_out``
+    is a list, each such (example, explainer, reference, role, reason) is appended to it."""
+    top_k = list(study.metrics.top_k)
+    wanted = set(study.metrics.agreement)
+    include_special = study.statistics.include_special
+    references = list(study.references)
+    absolute = set(study.metrics.absolute)
+    pairs: list[tuple[str, str, str]] = []  # (explainer, reference, role)
+    for ref in references:
+        for name in study.explainers:
+            if name != ref:
+                pairs.append((name, ref, "explainer"))
+        for name in baselines:
+            pairs.append((name, ref, "baseline"))
+    for a, b in _ceiling_pairs(study):
+        pairs.append((a, b, "ceiling"))
+    frames = []
+    for i, example in enumerate(examples):
+        scorable = np.array([include_special or not s for s in example.special])
+        for explainer, reference, role in pairs:
+            y = scores[reference].scores[i].double().numpy()
+            if reference in absolute:
+                y = np.abs(y)
+            if y.ndim != 1:  # a per-layer/head reference: its last layer, head mean
+                y = y.reshape(-1, y.shape[-1])[-1] if y.ndim == 2 else y[-1].mean(axis=0)
+            if explainer == "uniform":
+                x, layer, head = np.zeros((1, len(y))), np.array([-1]), np.array([-1])
+            else:
+                source = baselines[explainer] if role == "baseline" else scores[explainer]
+                x, layer, head = units(source, i)
+                if explainer in absolute:
+                    x = np.abs(x)
+            keep = scorable & np.isfinite(y) & np.isfinite(x).all(axis=0)
+            n = int(keep.sum())
+            if n < 2:
+                if left_out is not None:
+                    left_out.append({"example": first_index + i, "explainer": explainer, "reference": reference,
+                                     "role": role, "reason": _left_out_reason(scorable, x, y)})
+                continue
+            if explainer == "uniform":
+                values = {"kendall_tau": [0.0], "kendall_p": [1.0], "spearman": [0.0], "spearman_p": [1.0]}
+                values.update({f"top{k}": [min(k, n) / n] for k in top_k})
+            else:
+                values = agreement(x[:, keep], y[keep], k=top_k)
+            values = {k: v for k, v in values.items() if _measure_wanted(k, wanted)}
+            frames.append(_rows(first_index + i, explainer, reference, role, layer, head, values, n))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _left_out_reason(scorable: np.ndarray, x: np.ndarray, y: np.ndarray) -> str:
+    if scorable.sum() < 2:
+        return "fewer than 2 scored tokens"
+    if not np.isfinite(x[:, scorable]).all(axis=0).any() or not np.isfinite(y[scorable]).any():
+        return "not computed (over the method's length limit)"
+    return "fewer than 2 tokens with a score"
+
+
+def _measure_wanted(key: str, wanted: set) -> bool:
+    if key.startswith("kendall"):
+        return "kendall" in wanted
+    if key.startswith("spearman"):
+        return "spearman" in wanted
+    return "top_k" in wanted
+
+
+# --------------------------------------------------------------------------- other tables
+
+
+def ranking_vectors(scores: TokenScores, spec: str) -> list[torch.Tensor]:
+    """``METHOD@LAYER`` -> one ``[tokens]`` vector per example (per-head methods: the head mean)."""
+    _, _, where = spec.partition("@")
+    out = []
+    for s in scores.scores:
+        if s.dim() == 1:
+            out.append(s)
+            continue
+        n_layers = s.shape[0]
+        layer = {"": n_layers - 1, "last": n_layers - 1, "first": 0}.get(where)
+        layer = int(where) if layer is None else layer
+        if not -n_layers <= layer < n_layers:
+            raise InputError(f"erasure ranking {spec!r}: the model has layers 0..{n_layers - 1}")
+        v = s[layer]
+        out.append(v.mean(dim=0) if v.dim() == 2 else v)
+    return out
+
+
+def _sites(pm: ProbeModel, study: Study) -> list[tuple[int, int | None]]:
+    spec = study.metrics.counterfactual
+    stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+    info = pm.contract.stacks[stack]
+    layers = range(info.n_layers) if spec.layers == "all" else [
+        {"first": 0, "last": info.n_layers - 1}.get(layer, layer) for layer in spec.layers]
+    sites = []
+    for layer in layers:
+        if not isinstance(layer, int) or not 0 <= layer < info.n_layers:
+            raise InputError(f"counterfactual layer {layer!r} does not exist: the model has layers 0..{info.n_layers - 1}")
+        if spec.heads == "layer":
+            sites.append((layer, None))
+        else:
+            heads = range(info.n_heads) if spec.heads == "all" else spec.heads
+            for head in heads:
+                if not 0 <= head < info.n_heads:
+                    raise InputError(f"counterfactual head {head} does not exist: the model has heads 0..{info.n_heads - 1}")
+                sites.append((layer, head))
+    return sites
+
+
+def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame:
+    """``make(examples, first_index)``: a frame of those examples' rows. When it runs out of memory,
+    it runs on each half of the examples in turn (:func:`probe.intervene.engine.in_halves`) and
+    the parts are joined in example order; every intervention seeds per example, so the halves
+    give what one call gives."""
+    from probe.intervene.engine import in_halves
+
+    parts = in_halves(examples, lambda part, start: make(part, first_index + start), device=pm.device)
+    return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+
+
+def counterfactual_rows(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.DataFrame:
+    frames = [_by_halves(pm, examples, first_index,
+                         lambda part, start, layer=layer, head=head: _counterfactual_site(pm, study, part, start, layer, head))
+              for layer, head in _sites(pm, study)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _counterfactual_site(pm: ProbeModel, study: Study, examples, first_index: int, layer: int, head: int | None) -> pd.DataFrame:
+    from probe.intervene.counterfactual import adversarial_attention, permuted_attention
+
+    spec = study.metrics.counterfactual
+    base = {"example": np.arange(first_index, first_index + len(examples)), "layer": layer,
+            "head": -1 if head is None else head}
+    perm = permuted_attention(pm, examples, layer=layer, head=head, n=spec.permutations,
+                              seed=study.statistics.seed)
+    summary = perm.summary()
+    frame = pd.DataFrame({**base, "max_attention": summary["max_attention"].double().numpy(),
+                          "perm_median_output_tvd": summary["median_output_tvd"].double().numpy(),
+                          "perm_median_abs_target_change": summary["median_abs_target_change"].double().numpy(),
+                          "perm_max_output_tvd": perm.output_tvd.double().nan_to_num(-1).max(dim=1).values.numpy(),
+                          "perm_median_attention_jsd": perm.attention_jsd.double().nanmedian(dim=1).values.numpy()})
+    if spec.adversarial:
+        adv = adversarial_attention(pm, examples, layer=layer, head=head, bound=spec.max_output_tvd,
+                                    candidates=spec.adversarial_candidates, steps=spec.adversarial_steps,
+                                    seed=study.statistics.seed)
+        frame["adv_max_attention_jsd"] = adv.summary()["max_attention_jsd"].double().numpy()
+        frame["adv_feasible_frac"] = adv.feasible.double().mean(dim=1).numpy()
+        frame["adv_bound"] = spec.max_output_tvd
+    return frame
+
+
+def head_rows(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.DataFrame:
+    return _by_halves(pm, examples, first_index, lambda part, start: _head_frame(pm, study, part, start))
+
+
+def _head_frame(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.DataFrame:
+    from probe.intervene.heads import head_ablation_effects, head_importance
+
+    spec = study.metrics.heads
+    if spec.importance:
+        result = head_importance(pm, examples, ablation=spec.ablation)
+        importance, effects = result.per_example, result.ablation
+    else:
+        importance, effects = None, head_ablation_effects(pm, examples)
+    n_ex = len(examples)
+    if effects is not None:
+        shape = effects.ablated.shape
+    else:
+        shape = importance.shape
+    ex, layer, head = np.meshgrid(np.arange(n_ex), np.arange(shape[1]), np.arange(shape[2]), indexing="ij")
+    frame = pd.DataFrame({"example": (first_index + ex).ravel(), "layer": layer.ravel().astype(np.int16),
+                          "head": head.ravel().astype(np.int16)})
+    if effects is not None:
+        frame["ablation_change"] = effects.change.double().numpy().ravel()
+    if importance is not None:
+        frame["importance"] = importance.double().numpy().ravel()
+    return frame
+
+
+def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
+    frames = []
+    for name, result in scores.items():
+        for i in range(len(examples)):
+            x, layer, head = units(result, i)
+            m, t = x.shape
+            frames.append(pd.DataFrame({
+                "example": first_index + i, "method": name,
+                "layer": np.repeat(layer, t).astype(np.int16), "head": np.repeat(head, t).astype(np.int16),
+                "position": np.tile(np.arange(t), m).astype(np.int32), "score": x.ravel().astype(np.float32)}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def convergence_rows(first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
+    """IG's completeness delta per example and number of Gauss-Legendre points tried: one row per
+    try (``steps: auto`` tries several; ``final`` marks the one the scores come from), so a report
+    can show delta against steps."""
+    frames = []
+    for name, result in scores.items():
+        deltas = result.extras.get("convergence_delta")
+        if name != "integrated_gradients" or deltas is None:
+            continue
+        history = result.extras.get("delta_by_steps") or [[[result.params.get("steps"), d]] for d in deltas]
+        gaps = [t - b for t, b in zip(result.extras["target_value"], result.extras["baseline_value"])]
+        for i, tries in enumerate(history):
+            frames.append(pd.DataFrame({
+                "example": first_index + i, "method": name,
+                "steps": np.array([int(steps) for steps, _ in tries], dtype=np.int32),
+                "delta": np.array([float(delta) for _, delta in tries], dtype=np.float64), "gap": float(gaps[i]),
+                "final": np.arange(len(tries)) == len(tries) - 1}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def token_rows(examples, first_index: int, include_special: bool) -> pd.DataFrame:
+    rows = []
+    for i, e in enumerate(examples):
+        for p, (tok, tid, special) in enumerate(zip(e.tokens, e.input_ids, e.special)):
+            rows.append((first_index + i, p, tok, tid, special, include_special or not special))
+    return pd.DataFrame(rows, columns=["example", "position", "token", "token_id", "special", "scored"])
