@@ -279,8 +279,8 @@ def erasure_aopc(r: StudyResult) -> pd.DataFrame:
     e = r.table("erasure")
     if e is None:
         return pd.DataFrame()
-    st = r.statistics
-    kw = {"n_boot": int(st.get("bootstrap", 2000)), "level": float(st.get("level", 0.95)), "seed": int(st.get("seed", 0))}
+    st = r.spec.statistics
+    kw = {"n_boot": st.bootstrap, "level": st.level, "seed": st.seed}
     per_example = e.drop_duplicates(["example", "ranking"])
     rows = []
     for ranking, frame in per_example.groupby("ranking", sort=False):  # a handful of rankings

@@ -169,8 +169,10 @@ def _layer_means(r: StudyResult, explainer: str) -> pd.Series:
 def _shared_layers_section(results: list[StudyResult], labels: list[str], w: Writer) -> Section:
     """The per-layer agreement of the explainers every study has, one line per study; against the
     relative depth when the models differ in depth."""
-    per_layer = [set(an.per_layer_explainers(r)) | set(an.per_head_explainers(r)) for r in results]
-    shared = [e for e in an.ordered_explainers(set.union(*per_layer)) if all(e in s for s in per_layer)]
+    # lists in the studies' own order, not sets: the section must not depend on PYTHONHASHSEED
+    per_layer = [an.per_layer_explainers(r) + an.per_head_explainers(r) for r in results]
+    shared = [e for e in an.ordered_explainers([e for names in per_layer for e in names])
+              if all(e in names for names in per_layer)]
     n_layers = {int(r.summary["layer"].max()) + 1 for r in results if r.summary is not None and len(r.summary)}
     relative = len(n_layers) > 1
     rows, panels = [], {}

@@ -42,23 +42,8 @@ class StudyResult:
     # ---------------------------------------------------------------- the study's settings
 
     @property
-    def study(self) -> dict:
-        """The study as study.json stores it (``spec.to_dict()``), for readers not yet on :attr:`spec`."""
-        return self.spec.to_dict()
-
-    @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def statistics(self) -> dict:
-        """``spec.statistics`` as a plain dict (for readers not yet on :attr:`spec`)."""
-        return self.spec.statistics.model_dump(mode="json")
-
-    @property
-    def metrics(self) -> dict:
-        """``spec.metrics`` as a plain dict (for readers not yet on :attr:`spec`)."""
-        return self.spec.metrics.model_dump(mode="json")
 
     @property
     def explainers(self) -> list[str]:

@@ -95,7 +95,7 @@ def agreement_section(r: StudyResult, w: Writer) -> Section:
     csv_base = w.csv("baselines_and_ceiling", base)
     mlabel = fg.measure_label(measure)
     blocks = [Para(f"Mean {mlabel} over examples between each explainer's token ranking and each reference's, "
-                   f"with {100 * float(r.statistics.get('level', 0.95)):.0f}% bootstrap CIs. Agreement is computed "
+                   f"with {100 * r.spec.statistics.level:.0f}% bootstrap CIs. Agreement is computed "
                    "on scored tokens only.")]
     if not r.complete:
         blocks.append(Para("Single heads show means only until the run completes; token- and layer-level units "
@@ -154,21 +154,21 @@ def _agreement_figures(r: StudyResult, w: Writer) -> list:
 
 def _published_blocks(r: StudyResult, w: Writer) -> list:
     """The paper's numbers (the study's ``metrics.published``) beside ours."""
-    published = r.metrics.get("published") or []
+    published = r.spec.metrics.published
     if not published or r.summary is None:
         return []
     rows = []
     for item in published:
-        layer = -1 if item.get("layer") is None else int(item["layer"])
-        ours = r.summary[(r.summary.explainer == item["explainer"]) & (r.summary.reference == item["reference"])
+        layer = -1 if item.layer is None else item.layer
+        ours = r.summary[(r.summary.explainer == item.explainer) & (r.summary.reference == item.reference)
                          & (r.summary.layer == layer) & (r.summary["head"] == -1)
-                         & (r.summary.measure == item.get("measure", "spearman")) & (r.summary.role == "explainer")]
-        rows.append({"explainer": item["explainer"], "reference": item["reference"],
-                     "layer": "" if layer < 0 else layer, "measure": item.get("measure", "spearman"),
-                     "paper": item["value"],
+                         & (r.summary.measure == item.measure) & (r.summary.role == "explainer")]
+        rows.append({"explainer": item.explainer, "reference": item.reference,
+                     "layer": "" if layer < 0 else layer, "measure": item.measure,
+                     "paper": item.value,
                      "ours (mean [CI])": (f"{ours['mean'].iloc[0]:+.3f} [{ours.ci_low.iloc[0]:+.3f}, "
                                           f"{ours.ci_high.iloc[0]:+.3f}]") if len(ours) else "not computed",
-                     "n": int(ours.n.iloc[0]) if len(ours) else 0, "source": item.get("source", "")})
+                     "n": int(ours.n.iloc[0]) if len(ours) else 0, "source": item.source})
     frame = pd.DataFrame(rows)
     return [Table(frame, caption="the paper's numbers beside ours (their model and data differ: context, "
                                  "not a target)", csv=w.csv("published", frame))]
@@ -286,8 +286,8 @@ def limitations_section(r: StudyResult) -> Section:
         "and later layers mix tokens again.",
         f"Rank correlation over few tokens is noisy (median {median:.0f} scored tokens per example here): single "
         "examples say little, means over examples with their CIs say more.",
-        f"The verdict rule's thresholds are conventions: {100 * float(r.statistics.get('level', 0.95)):.0f}% CIs, "
-        f"alpha {r.statistics.get('alpha', 0.05)}, uncorrected paired tests, the best gradient as the bar; other "
+        f"The verdict rule's thresholds are conventions: {100 * r.spec.statistics.level:.0f}% CIs, "
+        f"alpha {r.spec.statistics.alpha}, uncorrected paired tests, the best gradient as the bar; other "
         "choices move units across the line.",
         f"The results are for this model ({r.model_id}), this data, this target and this tokenisation only.",
     ]

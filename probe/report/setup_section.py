@@ -11,6 +11,7 @@ from probe.report import figures as fg
 from probe.report.document import KeyValues, Para, Section, Table, fmt
 from probe.report.output import Writer
 from probe.report.results import StudyResult
+from probe.spec.parts import TargetConfig
 
 
 def _bytes(n) -> str:
@@ -73,8 +74,8 @@ def _random_weights_row(prov_model: dict, study_model: dict) -> str:
 
 def setup_section(r: StudyResult, w: Writer) -> Section:
     blocks = []
-    if r.study.get("description"):
-        blocks.append(Para(" ".join(str(r.study["description"]).split())))
+    if r.spec.description:
+        blocks.append(Para(" ".join(r.spec.description.split())))
     blocks += [Para("Model and attention contract", "h3"), KeyValues(_model_rows(r)),
                Para("Study set-up", "h3"), KeyValues(_study_rows(r)),
                Para("Provenance", "h3")]
@@ -86,8 +87,8 @@ def setup_section(r: StudyResult, w: Writer) -> Section:
 def _model_rows(r: StudyResult) -> list[tuple[str, str]]:
     """The model: its id, path, revision, weights, pooling and attention contract."""
     contract = r.contract
-    model = r.study.get("model") or {}
-    rows = [("model", str(model.get("id", "?")))]
+    model = r.spec.model.model_dump(mode="json")
+    rows = [("model", r.spec.model.id)]
     prov_model = (r.provenance or {}).get("model") or {}
     if prov_model.get("path"):
         rows.append(("model path", str(prov_model["path"])))
@@ -102,51 +103,47 @@ def _model_rows(r: StudyResult) -> list[tuple[str, str]]:
     if contract:
         rows += _contract_rows(contract)
     else:
-        rows += [("requested device / dtype", f"{model.get('device', '?')} / {model.get('dtype', '?')}"),
+        rows += [("requested device / dtype", f"{r.spec.model.device} / {r.spec.model.dtype}"),
                  ("attention contract", "recorded in provenance.json when the run completes")]
     return rows
 
 
-def _target_text(target: dict) -> str:
-    return f"{target.get('kind') or 'default'} of " + (
-        f"the pooled embedding with that of {target['reference']!r} (cosine)" if target.get("reference") else
-        f"the pooled embedding, dimension {target['dimension']}" if target.get("dimension") is not None else
-        f"the preferred answer among {target['choices']}" if target.get("choices") else
-        "the dataset label (gold)" if target.get("label") == "gold" else
-        f"label {target['label']}" if target.get("label") is not None else
-        f"the continuation {target['continuation']!r}" if target.get("continuation") else "the predicted class / greedy output")
+def _target_text(target: TargetConfig) -> str:
+    return f"{target.kind or 'default'} of " + (
+        f"the pooled embedding with that of {target.reference!r} (cosine)" if target.reference else
+        f"the pooled embedding, dimension {target.dimension}" if target.dimension is not None else
+        f"the preferred answer among {target.choices}" if target.choices else
+        "the dataset label (gold)" if target.label == "gold" else
+        f"label {target.label}" if target.label is not None else
+        f"the continuation {target.continuation!r}" if target.continuation else "the predicted class / greedy output")
 
 
 def _study_rows(r: StudyResult) -> list[tuple[str, str]]:
     """The study's settings: data, target, methods, statistics and the parts run."""
-    s = r.study
-    ds = s.get("dataset") or {}
-    target = s.get("target") or {}
-    st = s.get("statistics") or {}
-    metrics = s.get("metrics") or {}
-    filters = {k: v for k, v in (ds.get("filters") or {}).items() if v is not None}
-    rows = [("study", str(s.get("name", "?"))),
-            ("dataset", f"{ds.get('name', '?')} (split {ds.get('split', '?')}, text column {ds.get('text_column')}, "
-                        f"label column {ds.get('label_column')})"),
-            ("examples", f"{r.n_examples} reported" + (f" of n = {ds.get('n')}" if ds.get("n") is not None else "")
-             + f", seed {ds.get('seed')}, max length {ds.get('max_length') or 'the model window'}"),
+    s = r.spec
+    ds, target, st, metrics = s.dataset, s.target, s.statistics, s.metrics
+    filters = {k: v for k, v in ds.filters.model_dump(mode="json").items() if v is not None}
+    rows = [("study", s.name),
+            ("dataset", f"{ds.name} (split {ds.split}, text column {ds.text_column}, label column {ds.label_column})"),
+            ("examples", f"{r.n_examples} reported" + (f" of n = {ds.n}" if ds.n is not None else "")
+             + f", seed {ds.seed}, max length {ds.max_length or 'the model window'}"),
             ("filters", ", ".join(f"{k}={v}" for k, v in filters.items()) or "none"),
             ("target", _target_text(target)),
-            ("explainers", _list(s.get("explainers"))),
-            ("references", _list(s.get("references"))),
+            ("explainers", _list(s.explainers)),
+            ("references", _list(s.references)),
             ("verdict reference / measure", f"{r.reference} / {r.measure}"),
-            ("agreement measures", _list(metrics.get("agreement"))),
-            ("baselines", _list(metrics.get("baselines"))),
-            ("statistics", f"bootstrap {st.get('bootstrap')}, level {st.get('level')}, alpha {st.get('alpha')}, "
-                           f"seed {st.get('seed')}, special tokens scored: {st.get('include_special')}"),
-            ("parts run", ", ".join(f"{k}: {'yes' if metrics.get(k) is not None else 'no'}"
+            ("agreement measures", _list(metrics.agreement)),
+            ("baselines", _list(metrics.baselines)),
+            ("statistics", f"bootstrap {st.bootstrap}, level {st.level}, alpha {st.alpha}, "
+                           f"seed {st.seed}, special tokens scored: {st.include_special}"),
+            ("parts run", ", ".join(f"{k}: {'yes' if getattr(metrics, k) is not None else 'no'}"
                                     for k in ("erasure", "counterfactual", "heads")))]
-    if target.get("prompt"):
-        rows.insert(5, ("prompt template", str(target["prompt"])))
-    if metrics.get("absolute"):
-        rows.append(("compared by magnitude", _list(metrics["absolute"])))
-    if s.get("params"):
-        rows.append(("method parameters", "; ".join(f"{m}: {p}" for m, p in s["params"].items())))
+    if target.prompt:
+        rows.insert(5, ("prompt template", target.prompt))
+    if metrics.absolute:
+        rows.append(("compared by magnitude", _list(metrics.absolute)))
+    if s.params:
+        rows.append(("method parameters", "; ".join(f"{m}: {p}" for m, p in s.params.items())))
     return rows
 
 
