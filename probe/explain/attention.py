@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from probe import registry
 from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
 from probe.rows.queries import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
@@ -49,7 +50,7 @@ from probe.rows.target import PreparedExample, RowBatch, build_rows, example_see
 
 #: Attention flow solves (layers x tokens) max-flow problems per example on a graph of
 #: layers x tokens^2 edges; beyond this many explained tokens an example is skipped (NaN scores).
-FLOW_MAX_TOKENS = 64
+FLOW_MAX_TOKENS = registry.FLOW_MAX_TOKENS  # flow's registered length limit
 #: Max-flow needs integer capacities (scipy): weights are scaled by this and rounded (~6e-8).
 FLOW_CAPACITY_SCALE = 2**24
 
@@ -599,16 +600,6 @@ def attn_grad(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8) -
         pm, stack, target_kind=examples[0].kind, gradient="total derivative of the target w.r.t. the layer's weights"))
 
 
-ATTENTION_EXPLAINERS = {
-    "attention": attention,
-    "attention_mean": attention_mean,
-    "rollout": rollout,
-    "flow": flow,
-    "attn_norm": attn_norm,
-    "attn_grad": attn_grad,
-}
-
-
 # ---------------------------------------------------------------------------
 # Abnar & Zuidema's importance: the maximum over every query row
 # ---------------------------------------------------------------------------
@@ -669,7 +660,7 @@ def max_over_queries(pm, examples: Sequence[PreparedExample], method: str, *, ba
 
 
 def attention_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
-    """Run one attention explainer by name (``attn_norm_sum`` = attn_norm with per_head=False).
+    """Run one attention explainer by its registry name (``attn_norm_sum`` = attn_norm with per_head=False).
     ``query``: ``target`` (default: the target query's row) or ``max`` (:func:`max_over_queries`)."""
     query = params.pop("query", "target")
     if query not in QUERIES:
@@ -678,16 +669,18 @@ def attention_scores(pm, examples: Sequence[PreparedExample], method: str, **par
         return flow(pm, examples, query="max", **params)
     if query == "max":
         return max_over_queries(pm, examples, method, **params)
-    if method == "attn_norm_sum":
-        return attn_norm(pm, examples, per_head=False, **params)
-    if method not in ATTENTION_EXPLAINERS:
+    entry = registry.find(method)
+    if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown attention method {method!r}: use one of "
-                         f"{', '.join(list(ATTENTION_EXPLAINERS) + ['attn_norm_sum'])}")
-    return ATTENTION_EXPLAINERS[method](pm, examples, **params)
+                         f"{', '.join(m.name for m in registry.methods(listed=False) if m.scorer == SCORER)}")
+    return entry.load()(pm, examples, **{**dict(entry.preset), **params})
 
+
+#: the registry's by-name entry for the attention methods (this module's :func:`attention_scores`)
+SCORER = f"{__name__}:attention_scores"
 
 __all__ = [
-    "ATTENTION_EXPLAINERS", "FLOW_MAX_TOKENS", "TargetQueries", "VALUE_OUTPUT_LAYOUTS", "ValueOutputLayout",
+    "FLOW_MAX_TOKENS", "TargetQueries", "VALUE_OUTPUT_LAYOUTS", "ValueOutputLayout",
     "attention", "attention_mean", "attention_scores", "attn_grad", "attn_norm", "example_seed", "flow",
     "flow_max_over_rows", "flow_to_sinks", "record_value_inputs", "residual_attention", "rollout", "rollout_matrices",
     "row_batches", "target_queries", "target_rows", "value_output_modules",

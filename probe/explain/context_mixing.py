@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from probe import registry
 from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
 from probe.explain.attention import (
@@ -392,17 +393,19 @@ def value_zeroing(pm, examples: Sequence[PreparedExample], *, batch_size: int = 
              "variants stacked in batches", token_budget=token_budget))
 
 
-CONTEXT_MIXING_EXPLAINERS = {"value_zeroing": value_zeroing, "alti": alti, "globenc": globenc}
+#: the registry's by-name entry for the context-mixing methods (this module's :func:`context_mixing_scores`)
+SCORER = f"{__name__}:context_mixing_scores"
 
 
 def context_mixing_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
-    if method not in CONTEXT_MIXING_EXPLAINERS:
-        raise InputError(f"unknown context-mixing method {method!r}: use one of {', '.join(CONTEXT_MIXING_EXPLAINERS)}")
-    return CONTEXT_MIXING_EXPLAINERS[method](pm, examples, **params)
+    entry = registry.find(method)
+    if entry is None or entry.scorer != SCORER:
+        raise InputError(f"unknown context-mixing method {method!r}: use one of {', '.join(CONTEXT_MIXING_METHODS)}")
+    return entry.load()(pm, examples, **{**dict(entry.preset), **params})
 
 
 __all__ = [
-    "CONTEXT_MIXING_EXPLAINERS", "CONTEXT_MIXING_METHODS", "MIXING_LAYOUTS", "MixingLayout", "alti",
+    "CONTEXT_MIXING_METHODS", "MIXING_LAYOUTS", "MixingLayout", "alti",
     "alti_matrix", "block_modules", "context_mixing_scores", "context_mixing_support", "globenc", "globenc_matrix",
     "mixing_layout", "mixing_terms", "record_layers", "rolled_rows", "value_zeroing", "value_zeroing_distances",
 ]

@@ -46,12 +46,13 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from probe import registry
 from probe.errors import InputError, ProbeError
+from probe.names import GRADIENT_METHODS  # noqa: F401  (re-exported: derived from the registry)
 from probe.rows.scores import TokenScores
 from probe.rows.target import (PreparedExample, RowBatch, build_rows, example_seed, keep_target_logits,
                                   target_values)
 
-GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
 BASELINES = ("pad", "zero", "mask", "unk")
 AUTO_STEPS = (16, 32, 64, 128, 256, 512)  # Gauss-Legendre points tried by steps="auto", in order
 IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
@@ -361,9 +362,9 @@ def input_x_gradient(pm, examples: Sequence[PreparedExample], *, site: str | Non
     return _from_gradients(pm, "input_x_gradient", products, problem, times_input=True)
 
 
-#: Methods computed from one gradient of the target: :func:`shared_gradient_scores` runs one
-#: forward/backward for any set of them.
-SHARED_GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient")
+#: Methods computed from one gradient of the target (those whose only parameter is the site,
+#: registry.GradientParams): :func:`shared_gradient_scores` runs one forward/backward for any set of them.
+SHARED_GRADIENT_METHODS = tuple(m.name for m in registry.methods(family="gradient") if m.params is registry.GradientParams)
 
 
 def _from_gradients(pm, method: str, values: torch.Tensor, problem: _EmbeddingForward, *,
@@ -703,21 +704,24 @@ def gradient_shap(pm, examples: Sequence[PreparedExample], *, baseline: str | Se
 # by name
 # ---------------------------------------------------------------------------
 
-GRADIENT_EXPLAINERS: dict[str, Callable[..., TokenScores]] = {
-    "saliency": saliency,
-    "saliency_sum": saliency_sum,
-    "input_x_gradient": input_x_gradient,
-    "integrated_gradients": integrated_gradients,
-    "gradient_shap": gradient_shap,
-}
+#: the registry's by-name entry for the gradient methods (this module's :func:`gradient_scores`)
+SCORER = f"{__name__}:gradient_scores"
+
+
+def __getattr__(name: str):
+    """``GRADIENT_EXPLAINERS``: ``{name: function}`` derived from the registry (kept for older callers)."""
+    if name == "GRADIENT_EXPLAINERS":
+        return {m.name: m.load() for m in registry.methods(family="gradient")}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gradient_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
     """Run the gradient explainer called ``method`` with its keyword ``params``, on width buckets
     of the examples (:func:`width_buckets`) so that no pass pads a short example to a long one."""
-    if method not in GRADIENT_EXPLAINERS:
+    entry = registry.find(method)
+    if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown gradient method {method!r}: use one of {', '.join(GRADIENT_METHODS)}")
-    explainer = GRADIENT_EXPLAINERS[method]
+    explainer = entry.load()
     if method == "integrated_gradients" and params.get("steps") == "auto":
         return explainer(pm, examples, **params)  # buckets each round of its own
     buckets = width_buckets(pm, examples, points=_points_per_example(method, params))
