@@ -29,8 +29,8 @@ RANKS = {
     "metrics": 7,
     "report": 8,
     "study": 9,
-    "audit": 10,
-    "api": 11, "cli": 11, "terminal": 11, "__main__": 12,
+    "audit": 10, "terminal": 10,
+    "api": 11, "cli": 11, "__main__": 12,
 }
 #: the one upward edge allowed: calling a subpackage (``probe.explain(...)``) runs probe.api
 ALLOWED_UP = {("callable_module", "probe.api")}
