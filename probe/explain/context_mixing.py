@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -62,6 +63,9 @@ from probe.models.architectures import (  # noqa: F401  (re-exported: part of pr
 )
 from probe.names import CONTEXT_MIXING_METHODS
 from probe.rows.target import PreparedExample, RowBatch
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 
 
@@ -397,7 +401,7 @@ def value_zeroing(pm, examples: Sequence[PreparedExample], *, batch_size: int = 
 SCORER = f"{__name__}:context_mixing_scores"
 
 
-def context_mixing_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
+def context_mixing_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
     entry = registry.find(method)
     if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown context-mixing method {method!r}: use one of {', '.join(CONTEXT_MIXING_METHODS)}")

@@ -18,6 +18,7 @@ __all__ = ["ALL_METHODS", "ATTENTION_METHODS", "GRADIENT_METHODS", "INTERVENTION
 
 
 def family(method: str) -> str:
+    """attention, gradient or intervention (its registry entry); a one-line error for an unknown name."""
     return registry.method(method).family
 
 
