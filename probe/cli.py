@@ -7,8 +7,19 @@ import contextlib
 import json
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 import typer
+
+from probe import registry, terminal
+from probe.errors import InputError
+from probe.terminal import plain as _plain
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+
+#: ``--steps``' default: integrated gradients' registered default
+IG_STEPS = registry.method("integrated_gradients").defaults().steps
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Audit whether a transformer's attention weights explain its predictions.")
@@ -51,14 +62,6 @@ def _random_weights_text(contract) -> str:
     return (f"{len(contract.random_weights)} left at random initialisation ("
             + ("allowed explicitly" if contract.random_weights_allowed else "probe explain / run refuse this model")
             + "): " + ", ".join(contract.random_weights))
-
-
-def _plain(value) -> str:
-    """Text from the model or the user, shown by rich as written: ``[bold]`` or ``[/]`` in a token,
-    label or continuation is not markup."""
-    from rich.markup import escape
-
-    return escape(str(value))
 
 
 def _contract_table(contract) -> "object":
@@ -136,8 +139,6 @@ def inspect(
     """Predict TEXT and show where the target query's attention goes, per layer and head."""
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
     if pm.task == "encoder":
-        from probe.errors import InputError
-
         raise InputError("inspect shows one target query's attention and a headless encoder pools every position: "
                          "use probe explain MODEL TEXT --target similarity --reference TEXT")
     from probe.predict import target_attention
@@ -173,24 +174,6 @@ def inspect(
     console.print(table)
 
 
-def _nan_to_none(values):
-    import math
-
-    if isinstance(values, list):
-        return [_nan_to_none(v) for v in values]
-    return None if values is None or (isinstance(values, float) and math.isnan(values)) else values
-
-
-def _summary_column(scores, layer: int | None):
-    """One number per token for the terminal table: per-head scores are averaged over heads."""
-    values = scores.scores[0]
-    if scores.per_head:
-        values = values[layer if layer is not None else -1].nanmean(dim=0)
-    elif scores.per_layer:
-        values = values[layer if layer is not None else -1]
-    return values
-
-
 @app.command()
 def explain(
     model: str = ModelArg,
@@ -203,7 +186,7 @@ def explain(
     reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
     dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled embedding"),
     layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
-    steps: int = typer.Option(50, "--steps", min=1, help="integrated gradients steps"),
+    steps: int = typer.Option(IG_STEPS, "--steps", min=1, help="integrated gradients steps"),
     site: str | None = typer.Option(None, "--site", help="where gradient methods are taken: word or embeddings (default: decided from the model)"),
     seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
@@ -219,16 +202,9 @@ def explain(
 
     chosen = parse_methods(methods) if methods else None  # validate before the slow load
     if seed < 0:
-        from probe.errors import InputError
-
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
-    if continuation is not None and pm.task in ("classification", "encoder"):
-        from probe.errors import InputError
-
-        instead = "--label (index or name)" if pm.task == "classification" else "--target similarity or dimension"
-        raise InputError(f"--continuation applies to language models; this model is a "
-                         f"{'classifier' if pm.task == 'classification' else 'headless encoder'}: give {instead} instead")
+    _check_continuation(pm, continuation)
     from probe.explain.methods import run_methods
     from probe.rows.target import TargetSpec, prepare
 
@@ -239,84 +215,29 @@ def explain(
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
-        from probe.errors import InputError
-
         raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
-    params = {"integrated_gradients": {"steps": steps}, "loo_random": {"seed": seed}, "loo_lm": {"seed": seed},
-              "gradient_shap": {"seed": seed}}
-    from probe.explain.methods import family as _family
-
     if site is not None:
         from probe.explain.gradients import resolve_site
 
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
-        for name in chosen:
-            if _family(name) == "gradient":
-                params.setdefault(name, {})["site"] = site
+    params = terminal.explain_params(chosen, steps=steps, seed=seed, site=site)
     results = run_methods(pm, examples, chosen, params={m: p for m, p in params.items() if m in chosen})
     from probe.metrics.sanity import explain_checks
 
     checks = explain_checks(pm, examples, results, params)
-    for name, result in results.items():  # a method that gave no score for this input is listed, with why
-        values = result.scores[0]
-        if name not in skipped and values.numel() and not bool(values.isfinite().any()):
-            skipped[name] = "no score for this input" + (
-                f" (limited to {result.params['max_tokens']} tokens)" if "max_tokens" in result.params else "")
-    example = examples[0]
-    special = example.special
+    terminal.no_score_reasons(results, skipped)  # a method that gave no score for this input is listed, with why
     if as_json:
-        scores = {}
-        for name, result in results.items():
-            values = result.scores[0].tolist()
-            if result.per_head or result.per_layer:
-                scores[name] = _nan_to_none(values)
-            else:
-                scores[name] = [None if special[i] else v for i, v in enumerate(_nan_to_none(values))]
-        print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
-                          "target": example.describe(), "scores": scores,
-                          "params": {name: r.params for name, r in results.items()},
-                          "skipped": skipped, "sanity": [c.to_dict() for c in checks],
-                          "random_weights": list(pm.random_weights),
-                          "allow_random_weights": pm.allow_random_weights}, default=str))
-        return
-    from rich.console import Console
-    from rich.table import Table
+        terminal.print_explain_json(pm, examples[0], results, skipped, checks)
+    else:
+        terminal.print_explain_tables(pm, examples[0], results, skipped, checks, layer)
 
-    console = Console()
-    target = example.describe()
-    console.print(_plain(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
-                         f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
-    if pm.random_weights:
-        console.print(f"[bold red]random weights (allowed explicitly):[/] {_plain(', '.join(pm.random_weights))}")
-    for name, reason in skipped.items():
-        console.print(f"[dim]skipped {name}: {_plain(reason)}[/]")
-    from probe.metrics.sanity import summary_lines
 
-    for line in summary_lines(checks):
-        console.print(line, markup=False, highlight=False)
-    shown_layer = layer if layer is not None else pm.contract.n_layers - 1
-    columns = {name: _summary_column(result, layer) for name, result in results.items()}
-    titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",
-              "gradient": "gradient methods", "intervention": "leave-one-out: f(x) - f(x perturbed)"}
-    from probe.explain.methods import family
-
-    # One table per family keeps each within an ordinary terminal's width.
-    for kind, title in titles.items():
-        names = [name for name in results if family(name) == kind]
-        if not names:
-            continue
-        table = Table(title=title)
-        table.add_column("token")
-        for name in names:
-            table.add_column(name.replace("_", " "), justify="right", overflow="fold")
-        for i, token in enumerate(example.tokens):
-            cells = []
-            for name in names:
-                value = float(columns[name][i])
-                cells.append("" if value != value else f"{value:.3f}")
-            table.add_row(_plain(token + (" *" if special[i] else "")), *cells)
-        console.print(table)
-    console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
+def _check_continuation(pm: ProbeModel, continuation: str | None) -> None:
+    """``--continuation`` names a language model's output: refused in one line for other models."""
+    if continuation is not None and pm.task in ("classification", "encoder"):
+        instead = "--label (index or name)" if pm.task == "classification" else "--target similarity or dimension"
+        raise InputError(f"--continuation applies to language models; this model is a "
+                           f"{'classifier' if pm.task == 'classification' else 'headless encoder'}: give {instead} instead")
 
 
 def _set_threads(torch, threads: int) -> None:
@@ -328,8 +249,6 @@ def _set_threads(torch, threads: int) -> None:
         return
     cpus = os.cpu_count() or 1
     if threads > cpus:
-        from probe.errors import InputError
-
         raise InputError(f"--threads {threads} is more than the {cpus} CPUs of this machine; give 1..{cpus} "
                          "(0: torch's default)")
     torch.set_num_threads(threads)
@@ -412,7 +331,6 @@ def _audit_folder(folder, wait: bool):
     """The audit's report folder, locked for the audit (:mod:`probe.study.lock`): new, empty, or
     holding an earlier audit only; a folder this call made is removed again if the audit fails
     before writing into it."""
-    from probe.errors import InputError
     from probe.study.lock import folder_lock
 
     if folder.exists() and not folder.is_dir():

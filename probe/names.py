@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-ATTENTION_METHODS = ("attention", "attention_mean", "rollout", "flow", "attn_norm", "attn_grad")
+from probe import registry
+
+#: derived from :mod:`probe.registry` (the one list of methods), in its order
+ATTENTION_METHODS = registry.names(family="attention")
 #: attention measures that also account for values, residual and norms (probe.explain.context_mixing)
-CONTEXT_MIXING_METHODS = ("value_zeroing", "alti", "globenc")
-ATTENTION_METHODS += CONTEXT_MIXING_METHODS
-GRADIENT_METHODS = ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap")
-INTERVENTION_METHODS = ("loo_delete", "loo_mask", "loo_unk", "loo_pad", "loo_random", "loo_lm")
-ALL_METHODS = ATTENTION_METHODS + GRADIENT_METHODS + INTERVENTION_METHODS
+CONTEXT_MIXING_METHODS = registry.names(group="context mixing")
+GRADIENT_METHODS = registry.names(family="gradient")
+INTERVENTION_METHODS = registry.names(family="intervention")
+ALL_METHODS = registry.names()
 
 #: A result folder's on-disk format (study.json's ``format_version``) and the tables a study
 #: writes, per batch and merged (probe.study.store writes them, probe.report reads them).
@@ -19,14 +21,9 @@ TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactua
 
 
 def method_family(method: str) -> str | None:
-    """attention, gradient, intervention, or None (a baseline such as ``random``)."""
-    if method in ATTENTION_METHODS:
-        return "attention"
-    if method in GRADIENT_METHODS:
-        return "gradient"
-    if method in INTERVENTION_METHODS:
-        return "intervention"
-    return None
+    """attention, gradient, intervention, or None (a baseline such as ``random``, or a variant run by name)."""
+    entry = registry.find(method)
+    return entry.family if entry is not None and entry.listed else None
 
 
 def measure_columns(agreement) -> list[tuple[str, str | None]]:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "probe"
 #: bottom to top; a package may import from its own rank or below. ``rows`` (prepared examples,
 #: targets, token scores, the target query, OOM halving) sits below both users, explain and intervene.
 RANKS = {
-    "errors": 0, "names": 0,
+    "errors": 0, "names": 0, "registry": 0,
     "callable_module": 1, "data": 1, "spec": 1,
     "capture": 2,
     "models": 3,
@@ -29,7 +29,7 @@ RANKS = {
     "metrics": 7,
     "report": 8,
     "study": 9,
-    "audit": 10,
+    "audit": 10, "terminal": 10,
     "api": 11, "cli": 11, "__main__": 12,
 }
 #: the one upward edge allowed: calling a subpackage (``probe.explain(...)``) runs probe.api

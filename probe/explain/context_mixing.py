@@ -46,9 +46,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from probe import registry
 from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
 from probe.explain.attention import (
@@ -61,6 +63,9 @@ from probe.models.architectures import (  # noqa: F401  (re-exported: part of pr
 )
 from probe.names import CONTEXT_MIXING_METHODS
 from probe.rows.target import PreparedExample, RowBatch
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 
 
@@ -392,17 +397,19 @@ def value_zeroing(pm, examples: Sequence[PreparedExample], *, batch_size: int = 
              "variants stacked in batches", token_budget=token_budget))
 
 
-CONTEXT_MIXING_EXPLAINERS = {"value_zeroing": value_zeroing, "alti": alti, "globenc": globenc}
+#: the registry's by-name entry for the context-mixing methods (this module's :func:`context_mixing_scores`)
+SCORER = f"{__name__}:context_mixing_scores"
 
 
-def context_mixing_scores(pm, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
-    if method not in CONTEXT_MIXING_EXPLAINERS:
-        raise InputError(f"unknown context-mixing method {method!r}: use one of {', '.join(CONTEXT_MIXING_EXPLAINERS)}")
-    return CONTEXT_MIXING_EXPLAINERS[method](pm, examples, **params)
+def context_mixing_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
+    entry = registry.find(method)
+    if entry is None or entry.scorer != SCORER:
+        raise InputError(f"unknown context-mixing method {method!r}: use one of {', '.join(CONTEXT_MIXING_METHODS)}")
+    return entry.load()(pm, examples, **{**dict(entry.preset), **params})
 
 
 __all__ = [
-    "CONTEXT_MIXING_EXPLAINERS", "CONTEXT_MIXING_METHODS", "MIXING_LAYOUTS", "MixingLayout", "alti",
+    "CONTEXT_MIXING_METHODS", "MIXING_LAYOUTS", "MixingLayout", "alti",
     "alti_matrix", "block_modules", "context_mixing_scores", "context_mixing_support", "globenc", "globenc_matrix",
     "mixing_layout", "mixing_terms", "record_layers", "rolled_rows", "value_zeroing", "value_zeroing_distances",
 ]

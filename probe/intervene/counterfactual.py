@@ -29,14 +29,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from probe import registry
 from probe.capture import capture_attention
 from probe.errors import InputError
 from probe.rows.queries import TargetQueries, capture_masks, eval_mode, row_batches, target_queries
 from probe.rows.target import example_seed
 from probe.rows.target import PreparedExample, RowBatch, build_rows, target_values
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 LN2 = math.log(2.0)
 CONSTRAINTS = ("tvd", "target")
@@ -338,10 +343,14 @@ def permuted_attention(pm, examples: Sequence[PreparedExample], *, layer: int, h
                                 "seeding": "per example content (crc32 of ids, target) + seed"})
 
 
-def adversarial_attention(pm, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
-                          candidates: int = 5, steps: int = 500, lr: float = 0.01, bound: float = 0.01,
-                          constraint: str = "tvd", penalty: float = 100.0, init_scale: float = 1.0,
-                          seed: int = 0, batch_size: int = 8) -> CounterfactualResult:
+_ADV = registry.AdversarialParams  # the registered defaults (probe.registry), one place for them
+
+
+def adversarial_attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, layer: int, head: int | None = _ADV.head,
+                          candidates: int = _ADV.candidates, steps: int = _ADV.steps, lr: float = _ADV.lr,
+                          bound: float = _ADV.bound, constraint: str = _ADV.constraint, penalty: float = _ADV.penalty,
+                          init_scale: float = _ADV.init_scale, seed: int = _ADV.seed,
+                          batch_size: int = _ADV.batch_size) -> CounterfactualResult:
     """Adversarial attention (Jain & Wallace 2019): per example ``candidates`` attention-logit vectors
     optimised with Adam (``lr``, up to ``steps`` steps) to maximise JSD(adversarial, original) while
     |delta y| <= ``bound``.
@@ -362,63 +371,19 @@ def adversarial_attention(pm, examples: Sequence[PreparedExample], *, layer: int
         raise InputError(f"unknown adversarial constraint {constraint!r}: use one of {', '.join(CONSTRAINTS)}")
     if candidates < 1 or steps < 0 or bound < 0 or lr <= 0:
         raise InputError("adversarial attention needs candidates >= 1, steps >= 0, bound >= 0 and lr > 0")
+    opts = _ADV(head=head, candidates=candidates, steps=steps, lr=lr, bound=bound, constraint=constraint,
+                penalty=penalty, init_scale=init_scale, seed=seed, batch_size=batch_size)
     columns: dict[str, list[torch.Tensor]] = {k: [] for k in ("orig", "value", "tvd", "jsd", "ajsd", "max", "ok")}
     used_steps = []
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
-            chunk = batch.examples
             original = _original(pm, batch, tq, site)
-            big, big_tq = _expand(pm, chunk, candidates)
-            reference_attention = original.attention.repeat_interleave(candidates, dim=0)  # [rows, head, R, n_keys]
-            reference_probs = original.probs.repeat_interleave(candidates, dim=0)
-            reference_value = original.value.repeat_interleave(candidates, dim=0)
-            allowed = _key_mask(big_tq, reference_attention.shape[-1])  # [rows, 1, 1, n_keys]
-            start = torch.log(reference_attention.clamp(min=1e-12))
-            # each example's own draws over its own target rows and keys, so its start does not
-            # depend on how wide the batch it shares is padded
-            noise = torch.zeros((len(chunk) * candidates,) + tuple(start.shape[1:]))  # [rows, head, R, n_keys]
-            for i, example in enumerate(chunk):
-                generator = torch.Generator().manual_seed(example_seed(seed, example))
-                n_rows, n_keys = int(tq.valid[i].sum()), int(tq.lengths[i])
-                noise[i * candidates:(i + 1) * candidates, :, :n_rows, :n_keys] = torch.randn(
-                    (candidates, start.shape[1], n_rows, n_keys), generator=generator) * init_scale
-            logits_param = (start + noise.to(start.device)).masked_fill(~allowed, 0.0).requires_grad_(True)
-            optimiser = torch.optim.Adam([logits_param], lr=lr)
-            n_rows = logits_param.shape[0]
-            best = {"ajsd": torch.full((n_rows,), -1.0), "value": torch.full((n_rows,), float("nan")),
-                    "tvd": torch.full((n_rows,), float("nan")), "jsd": torch.full((n_rows,), float("nan"))}
-            step = 0
-            for step in range(steps + 1):
-                with torch.enable_grad():
-                    scores = logits_param.masked_fill(~allowed, torch.finfo(logits_param.dtype).min)
-                    adversary = torch.softmax(scores, dim=-1) * allowed  # [rows, head, R, n_keys]
-                    logits = _forward(pm, big, big_tq, site, adversary)
-                    probs = output_distributions(big, big_tq, logits)
-                    values = target_values(pm, big, logits)
-                    out_tvd = _row_mean(tvd(probs, reference_probs), big_tq.valid)
-                    delta = out_tvd if constraint == "tvd" else (values - reference_value).abs()
-                    attention_jsd = _attention_jsd(adversary, reference_attention, big_tq.valid)
-                with torch.no_grad():
-                    feasible = (delta <= bound).cpu()
-                    better = feasible & (attention_jsd.detach().cpu() > best["ajsd"])
-                    best["ajsd"] = torch.where(better, attention_jsd.detach().cpu(), best["ajsd"])
-                    best["value"] = torch.where(better, values.detach().cpu(), best["value"])
-                    best["tvd"] = torch.where(better, out_tvd.detach().cpu(), best["tvd"])
-                    out_jsd = _row_mean(jsd(probs.detach(), reference_probs), big_tq.valid).cpu()
-                    best["jsd"] = torch.where(better, out_jsd, best["jsd"])
-                if step == steps or bool((best["ajsd"] >= LN2 - 1e-4).all()):
-                    break
-                loss = (-attention_jsd + penalty * torch.relu(delta - bound)).sum()
-                (grad,) = torch.autograd.grad(loss, logits_param)
-                optimiser.zero_grad(set_to_none=True)
-                logits_param.grad = grad
-                optimiser.step()
+            best, step = _adversarial_search(pm, batch.examples, tq, site, original, opts)
             used_steps.append(step)
             found = best["ajsd"] >= 0
             columns["orig"].append(original.value.detach().cpu())
-            columns["value"].append(best["value"].view(-1, candidates))
-            columns["tvd"].append(best["tvd"].view(-1, candidates))
-            columns["jsd"].append(best["jsd"].view(-1, candidates))
+            for key in ("value", "tvd", "jsd"):
+                columns[key].append(best[key].view(-1, candidates))
             columns["ajsd"].append(torch.where(found, best["ajsd"], torch.full_like(best["ajsd"], float("nan")))
                                    .view(-1, candidates))
             columns["ok"].append(found.view(-1, candidates))
@@ -433,6 +398,65 @@ def adversarial_attention(pm, examples: Sequence[PreparedExample], *, layer: int
                 "constraint": constraint, "penalty": penalty, "init_scale": init_scale, "seed": seed,
                 "bound_handling": "hinge penalty in the loss; only states verified within the bound are reported"})
 
+
+def _adversarial_start(chunk: Sequence[PreparedExample], tq: TargetQueries, reference_attention: torch.Tensor,
+                       allowed: torch.Tensor, opts: registry.AdversarialParams) -> torch.Tensor:
+    """The candidates' starting attention logits [rows, head, R, n_keys]: the original's plus
+    seeded noise, each example's own draws over its own target rows and keys, so its start does not
+    depend on how wide the batch it shares is padded."""
+    candidates = opts.candidates
+    start = torch.log(reference_attention.clamp(min=1e-12))
+    noise = torch.zeros((len(chunk) * candidates,) + tuple(start.shape[1:]))  # [rows, head, R, n_keys]
+    for i, example in enumerate(chunk):
+        generator = torch.Generator().manual_seed(example_seed(opts.seed, example))
+        n_rows, n_keys = int(tq.valid[i].sum()), int(tq.lengths[i])
+        noise[i * candidates:(i + 1) * candidates, :, :n_rows, :n_keys] = torch.randn(
+            (candidates, start.shape[1], n_rows, n_keys), generator=generator) * opts.init_scale
+    return (start + noise.to(start.device)).masked_fill(~allowed, 0.0).requires_grad_(True)
+
+
+def _adversarial_search(pm: ProbeModel, chunk: Sequence[PreparedExample], tq: TargetQueries, site: Site,
+                        original: _Original, opts: registry.AdversarialParams) -> tuple[dict[str, torch.Tensor], int]:
+    """Adam on one chunk's candidates: each candidate's best feasible state (``ajsd`` -1 where none
+    was feasible) [rows] per key, and the last step run."""
+    candidates = opts.candidates
+    big, big_tq = _expand(pm, chunk, candidates)
+    reference_attention = original.attention.repeat_interleave(candidates, dim=0)  # [rows, head, R, n_keys]
+    reference_probs = original.probs.repeat_interleave(candidates, dim=0)
+    reference_value = original.value.repeat_interleave(candidates, dim=0)
+    allowed = _key_mask(big_tq, reference_attention.shape[-1])  # [rows, 1, 1, n_keys]
+    logits_param = _adversarial_start(chunk, tq, reference_attention, allowed, opts)
+    optimiser = torch.optim.Adam([logits_param], lr=opts.lr)
+    n_rows = logits_param.shape[0]
+    best = {"ajsd": torch.full((n_rows,), -1.0), "value": torch.full((n_rows,), float("nan")),
+            "tvd": torch.full((n_rows,), float("nan")), "jsd": torch.full((n_rows,), float("nan"))}
+    step = 0
+    for step in range(opts.steps + 1):
+        with torch.enable_grad():
+            scores = logits_param.masked_fill(~allowed, torch.finfo(logits_param.dtype).min)
+            adversary = torch.softmax(scores, dim=-1) * allowed  # [rows, head, R, n_keys]
+            logits = _forward(pm, big, big_tq, site, adversary)
+            probs = output_distributions(big, big_tq, logits)
+            values = target_values(pm, big, logits)
+            out_tvd = _row_mean(tvd(probs, reference_probs), big_tq.valid)
+            delta = out_tvd if opts.constraint == "tvd" else (values - reference_value).abs()
+            attention_jsd = _attention_jsd(adversary, reference_attention, big_tq.valid)
+        with torch.no_grad():
+            feasible = (delta <= opts.bound).cpu()
+            better = feasible & (attention_jsd.detach().cpu() > best["ajsd"])
+            best["ajsd"] = torch.where(better, attention_jsd.detach().cpu(), best["ajsd"])
+            best["value"] = torch.where(better, values.detach().cpu(), best["value"])
+            best["tvd"] = torch.where(better, out_tvd.detach().cpu(), best["tvd"])
+            out_jsd = _row_mean(jsd(probs.detach(), reference_probs), big_tq.valid).cpu()
+            best["jsd"] = torch.where(better, out_jsd, best["jsd"])
+        if step == opts.steps or bool((best["ajsd"] >= LN2 - 1e-4).all()):
+            break
+        loss = (-attention_jsd + opts.penalty * torch.relu(delta - opts.bound)).sum()
+        (grad,) = torch.autograd.grad(loss, logits_param)
+        optimiser.zero_grad(set_to_none=True)
+        logits_param.grad = grad
+        optimiser.step()
+    return best, step
 
 __all__ = [
     "CONSTRAINTS", "CounterfactualResult", "Site", "adversarial_attention", "jsd", "original_attention",

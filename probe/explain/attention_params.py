@@ -1,0 +1,25 @@
+"""The parameters every attention explainer records: which stack, the target query, the heads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probe.rows.queries import TARGET_QUERY_NOTE
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+
+
+def attention_params(pm: ProbeModel, stack: str, **extra) -> dict:
+    """``params`` of an attention explainer's TokenScores on ``stack``, plus ``extra``."""
+    info = pm.contract.stacks[stack]
+    return {
+        "stack": stack,
+        "target_query": TARGET_QUERY_NOTE[pm.task],
+        "n_layers": info.n_layers,
+        "n_heads": info.n_heads,
+        "kv_head_of_query": list(info.kv_head_of_query),
+        "implementation": pm.contract.implementation,
+        "padding": "never scored (cut off)",
+        **extra,
+    }

@@ -1,0 +1,365 @@
+"""Where gradients are taken (the *site*) and the one forward function every gradient method
+differentiates, the per-example TokenScores it turns into, and the width buckets that keep gradient
+passes free of padding waste. Shared by :mod:`probe.explain.gradients` (saliency, input x gradient)
+and :mod:`probe.explain.integrated_gradients` (integrated gradients, GradientSHAP); the module
+docstring of :mod:`probe.explain.gradients` says what the sites and the attributed tokens are."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from probe.errors import InputError, ProbeError
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample, RowBatch, build_rows, keep_target_logits, target_values
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+
+SITES = ("word", "embeddings")
+SPACE = "word_embeddings"  # params["space"] of the word site (the only site before sites were named)
+SPACE_NOTE = ("output of get_input_embeddings(): before position/token-type embeddings, LayerNorm "
+              "and embedding scaling")
+SITE_SPACES = {"word": (SPACE, SPACE_NOTE),
+               "embeddings": ("embeddings_output", "output of the model's embeddings module: word + position "
+                              "(+ token type) embeddings after its normalisation, what enters the first layer")}
+
+
+# ---------------------------------------------------------------------------
+# the attributed site
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """Where gradients are taken: ``name`` in :data:`SITES`, the module whose output is attributed
+    (``None`` for ``word``: the model is then fed ``inputs_embeds``) and its dotted name."""
+
+    name: str
+    module_name: str
+    module: object = dataclasses.field(compare=False, repr=False, default=None)
+    normalising: str | None = None  # class name of the norm inside the embeddings module, if any
+
+
+def _is_norm(module) -> bool:
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) or "norm" in type(module).__name__.lower()
+
+
+def embeddings_module(model) -> tuple[str, torch.nn.Module] | None:
+    """(dotted name, module) of the model's embeddings module, or None when it has none.
+
+    Found from the structure: the parent of ``get_input_embeddings()`` when that parent holds no
+    ``ModuleList`` (no layer stack). BERT's ``bert.embeddings`` qualifies; GPT-2's and Llama's word
+    embeddings sit directly in the model beside the layers, so they have none.
+    """
+    word = model.get_input_embeddings()
+    word_name = next((name for name, module in model.named_modules() if module is word), None)
+    if not word_name or "." not in word_name:
+        return None
+    parent_name = word_name.rsplit(".", 1)[0]
+    parent = model.get_submodule(parent_name)
+    if any(isinstance(module, torch.nn.ModuleList) for module in parent.modules()):
+        return None
+    return parent_name, parent
+
+
+def _word_name(model) -> str:
+    word = model.get_input_embeddings()
+    return next((name for name, module in model.named_modules() if module is word), "get_input_embeddings()")
+
+
+def normalising_module(model) -> str | None:
+    """Class name of the norm applied inside the embeddings module (None: no module, or no norm)."""
+    found = embeddings_module(model)
+    if found is None:
+        return None
+    return next((type(m).__name__ for m in found[1].modules() if _is_norm(m)), None)
+
+
+def default_site(pm: ProbeModel) -> str:
+    """``embeddings`` where the embeddings module normalises (input x gradient and the signed
+    gradient sum are degenerate on the word embedding there), else ``word``."""
+    return "embeddings" if normalising_module(pm.model) is not None else "word"
+
+
+def resolve_site(pm: ProbeModel, site: str | None = None) -> Site:
+    """The :class:`Site` called ``site`` (None or ``auto``: :func:`default_site`) on this model."""
+    if site is None or site == "auto":
+        site = default_site(pm)
+    if site not in SITES:
+        raise InputError(f"unknown gradient site {site!r}: use one of {', '.join(SITES)} (or auto)")
+    if site == "word":
+        return Site("word", _word_name(pm.model), None, normalising_module(pm.model))
+    found = embeddings_module(pm.model)
+    if found is None:
+        raise InputError(f"gradient site 'embeddings' needs an embeddings module: looked for the parent module of "
+                         f"the word embeddings ({_word_name(pm.model)}) holding no layer stack, and this model has "
+                         f"none: use site word")
+    name, module = found
+    return Site("embeddings", name, module, normalising_module(pm.model))
+
+
+class _StopForward(Exception):
+    """Raised by a capture hook once the site's output is read, so the rest of the forward is skipped."""
+
+
+@contextlib.contextmanager
+def _hooked(module, hook) -> Iterator[None]:
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _site_tensor(site: Site, output) -> torch.Tensor:
+    """The embeddings module's output tensor: the output itself, or the first item of a tuple whose
+    other items are side values (ibert hands on (embeddings, scaling factor))."""
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        output = output[0]
+    if not isinstance(output, torch.Tensor):
+        raise ProbeError(f"the embeddings module {site.module_name} returned {type(output).__name__}, not a "
+                         f"tensor: use gradient site word")
+    return output
+
+
+def _replace_site_output(replaced: torch.Tensor):
+    """A forward hook that puts ``replaced`` where the embeddings module's tensor was (in a tuple: its first item)."""
+    def hook(module, args, output):
+        if isinstance(output, tuple):
+            return (replaced, *output[1:])
+        return replaced
+    return hook
+
+
+def site_values(pm: ProbeModel, site: Site, inputs: dict) -> torch.Tensor:
+    """[rows, seq, dim] fp32 output of ``site`` for the model inputs ``inputs`` (no gradient)."""
+    if site.module is None:
+        with torch.no_grad():
+            return pm.model.get_input_embeddings()(inputs["input_ids"]).float()
+    held = {}
+
+    def keep(module, args, output):
+        held["output"] = _site_tensor(site, output)
+        raise _StopForward
+
+    with torch.no_grad(), _hooked(site.module, keep):
+        try:
+            pm.model(**inputs)
+        except _StopForward:
+            pass
+    return held["output"].float()
+
+
+# ---------------------------------------------------------------------------
+# the one forward function every gradient method differentiates
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _EmbeddingForward:
+    """The target as a function of the explained tokens' word embeddings, for a fixed set of rows.
+
+    ``embeds`` (what captum differentiates) covers only the explained positions ``[rows, width, dim]``
+    with ``width = max explained length``; everything else the model sees (causal continuation,
+    decoder inputs, padding) comes from ``fixed``. Call with ``(embeds [n, width, dim], row [n])``
+    where ``row`` says which prepared row each of the ``n`` inputs is (captum repeats rows along
+    its interpolation steps; the row index lets every step find its mask and target).
+    """
+
+    pm: ProbeModel
+    batch: RowBatch
+    embeds: torch.Tensor  # [rows, width, dim] fp32, zero at padding
+    fixed: torch.Tensor  # [rows, seq, dim] fp32: embeddings of the whole model input
+    explained: torch.Tensor  # [rows, seq] bool: positions taken from ``embeds``
+    rows: torch.Tensor  # [rows] long: 0..rows-1, the ``row`` argument for the unexpanded inputs
+    site: Site = Site("word", "get_input_embeddings()")
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[rows, width] bool: explained (attributed) positions."""
+        return self.explained[:, : self.embeds.shape[1]]
+
+    def __call__(self, embeds: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        seq = self.fixed.shape[1]
+        padded = F.pad(embeds, (0, 0, 0, seq - embeds.shape[1]))  # [n, seq, dim]
+        full = torch.where(self.explained[row][..., None], padded, self.fixed[row])  # [n, seq, dim]
+        inputs = {key: value[row] for key, value in self.batch.inputs.items() if key != "input_ids"}
+        if self.site.module is None:
+            inputs["inputs_embeds"] = full.to(_model_dtype(self.pm))
+        else:  # the model embeds the ids as usual; its embeddings module's output is replaced by ``full``
+            inputs["input_ids"] = self.batch.inputs["input_ids"][row]
+        selected = keep_target_logits(self.pm, _select_rows(self.batch, row), inputs)
+        if self.site.module is None:
+            logits = self.pm.model(**inputs).logits
+        else:
+            replaced = full.to(_model_dtype(self.pm))
+            with _hooked(self.site.module, _replace_site_output(replaced)):
+                logits = self.pm.model(**inputs).logits
+        return target_values(self.pm, selected, logits)  # [n] fp32
+
+
+def _select_rows(batch: RowBatch, row: torch.Tensor) -> RowBatch:
+    picked = row.tolist()
+
+    def take(tensor):
+        return None if tensor is None else tensor[row]
+
+    return dataclasses.replace(
+        batch,
+        inputs={key: value[row] for key, value in batch.inputs.items()},
+        examples=[batch.examples[i] for i in picked],
+        input_lengths=batch.input_lengths[row],
+        target_positions=take(batch.target_positions),
+        target_tokens=take(batch.target_tokens),
+        target_valid=take(batch.target_valid),
+    )
+
+
+def _model_dtype(pm: ProbeModel) -> torch.dtype:
+    return next(pm.model.parameters()).dtype
+
+
+def _embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site: str | None = None) -> _EmbeddingForward:
+    where = resolve_site(pm, site)
+    if not examples:
+        raise InputError("no examples to explain: give at least one prepared example")
+    batch = build_rows(pm, [(example.input_ids, example) for example in examples])
+    input_ids = batch.inputs["input_ids"]  # [rows, seq]
+    with _gradient_mode(pm.model):
+        fixed = site_values(pm, where, batch.inputs)  # [rows, seq, dim]
+    seq = input_ids.shape[1]
+    lengths = batch.input_lengths  # [rows]
+    explained = torch.arange(seq, device=input_ids.device)[None, :] < lengths[:, None]  # [rows, seq]
+    width = int(lengths.max())
+    embeds = fixed[:, :width] * explained[:, :width, None]  # [rows, width, dim]
+    rows = torch.arange(len(examples), device=input_ids.device)  # [rows]
+    return _EmbeddingForward(pm=pm, batch=batch, embeds=embeds, fixed=fixed, explained=explained, rows=rows,
+                             site=where)
+
+
+@contextlib.contextmanager
+def _gradient_mode(model) -> Iterator[None]:
+    """Eval mode (no dropout: attributions must be deterministic) with autograd on, restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+# ---------------------------------------------------------------------------
+# turning [rows, width, dim] attributions into TokenScores
+# ---------------------------------------------------------------------------
+
+
+def _per_example(values: torch.Tensor, problem: _EmbeddingForward) -> list[torch.Tensor]:
+    """[rows, width] -> one ``[tokens]`` tensor per example; padding is zeroed, then cut off."""
+    values = values * problem.mask
+    return [values[r, : int(n)] for r, n in enumerate(problem.batch.input_lengths.tolist())]
+
+
+def _common_params(pm: ProbeModel, problem: _EmbeddingForward) -> dict:
+    examples = problem.batch.examples
+    space, note = SITE_SPACES[problem.site.name]
+    return {
+        "site": problem.site.name,
+        "site_module": problem.site.module_name,
+        "site_default": default_site(pm),
+        "embedding_norm": problem.site.normalising,
+        "space": space,
+        "space_note": note,
+        "target_kind": examples[0].kind,
+        "attributed": {"classification": "input tokens", "causal_lm": "prompt tokens (continuation held fixed)",
+                       "seq2seq": "encoder input tokens (decoder inputs held fixed)",
+                       "encoder": "input tokens (a similarity target's reference held fixed)"}[pm.task],
+        "gradient_dtype": "float32",
+        "model_dtype": str(_model_dtype(pm)).replace("torch.", ""),
+    }
+
+
+#: Tokens (rows x model input width) one gradient forward/backward may hold when the chunk size is
+#: "auto": the activations kept for the backward pass grow with tokens x layers x hidden size
+#: (about 0.2 MB a token for MiniLM, 1.4 MB for SmolLM2-135M in fp32).
+GRADIENT_TOKEN_BUDGET = 4096
+
+
+# ---------------------------------------------------------------------------
+# width buckets: no padding waste in gradient passes
+# ---------------------------------------------------------------------------
+
+#: Cost of one gradient forward/backward beyond its tokens, in token-equivalents; it decides only
+#: how examples of different widths are grouped, never the values. Measured on a shared 2-core CPU
+#: with builtin:minilm-rt: a call costs ~15 ms beyond ~0.25 ms per token and row (forward and
+#: backward), i.e. ~64 tokens; GPUs are launch bound.
+GRADIENT_CALL_OVERHEAD_TOKENS = {"cpu": 64, "cuda": 1024, "mps": 256}
+
+
+def _row_width(example: PreparedExample) -> int:
+    return len(example.input_ids) + len(example.target_ids)
+
+
+def width_buckets(pm: ProbeModel, examples: Sequence[PreparedExample], *, points: int) -> list[list[int]]:
+    """Indices of ``examples`` in groups of similar width, each group one explainer call.
+
+    Every example becomes ``points`` model inputs padded to its group's widest row, and every pass
+    holds at most :data:`GRADIENT_TOKEN_BUDGET` tokens; a dynamic programme over the examples
+    sorted by width picks the cuts that minimise padded tokens plus
+    :data:`GRADIENT_CALL_OVERHEAD_TOKENS` per pass. Within a group the order is the examples'
+    own. Grouping changes which rows share a pass, never a value (padding is masked and
+    attributions are per row: batch of 1 equals batch of N).
+    """
+    if not examples:
+        return [[]]
+    device = str(getattr(pm, "device", "cpu")).split(":")[0]
+    overhead = GRADIENT_CALL_OVERHEAD_TOKENS.get(device, 256)
+    widths = [_row_width(e) for e in examples]
+    order = sorted(range(len(examples)), key=lambda i: (widths[i], i))
+    best = [0.0] + [math.inf] * len(order)  # best[j]: cost of the first j examples (sorted)
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        width = widths[order[j - 1]]
+        per_pass = max(1, GRADIENT_TOKEN_BUDGET // width)  # inputs per pass
+        for i in range(j):
+            inputs = (j - i) * points
+            cost = best[i] + inputs * width + math.ceil(inputs / per_pass) * overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def join_buckets(parts: Sequence[TokenScores], buckets: Sequence[Sequence[int]]) -> TokenScores:
+    """One TokenScores in example order from one per bucket: scores and per-example ``extras``
+    lists are put back in place; params and other extras are the first part's."""
+    if len(parts) == 1 and list(buckets[0]) == list(range(len(buckets[0]))):
+        return parts[0]
+    n = sum(len(bucket) for bucket in buckets)
+    scores: list = [None] * n
+    for part, bucket in zip(parts, buckets):
+        for position, index in enumerate(bucket):
+            scores[index] = part.scores[position]
+    first = parts[0]
+    extras = {}
+    for key, value in first.extras.items():
+        if all(isinstance(part.extras.get(key), list) for part in parts):
+            joined: list = [None] * n
+            for part, bucket in zip(parts, buckets):
+                for position, index in enumerate(bucket):
+                    joined[index] = part.extras[key][position]
+            extras[key] = joined
+        else:
+            extras[key] = value
+    return TokenScores(method=first.method, scores=scores, params=first.params, per_head=first.per_head,
+                       per_layer=first.per_layer, extras=extras)

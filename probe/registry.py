@@ -1,0 +1,400 @@
+"""The one list of methods: each explainer, reference and counterfactual is one registered entry.
+
+An entry owns its name, family, what it applies to, whether it takes a seed, its implementation
+(a lazy ``module:function`` path, so importing this module imports no torch) and a frozen
+dataclass of its parameters with their defaults. :mod:`probe.names`, :mod:`probe.explain.methods`,
+the CLI and the README's method table read it; nothing else lists method names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from probe.errors import InputError
+
+FAMILIES = ("attention", "gradient", "intervention")
+
+
+# ---------------------------------------------------------------------------
+# parameters: one frozen dataclass per implementation, defaults as the function's keywords
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NoParams:
+    """A method without keyword parameters."""
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    batch_size: int = 16
+
+
+@dataclass(frozen=True)
+class AttnGradParams:
+    batch_size: int = 8
+
+
+@dataclass(frozen=True)
+class FlowParams:
+    batch_size: int = 8
+    max_tokens: int = 64
+    query: str = "target"
+
+
+@dataclass(frozen=True)
+class AttnNormParams:
+    per_head: bool = True
+    batch_size: int = 16
+
+
+@dataclass(frozen=True)
+class DecompositionParams:
+    batch_size: int = 8
+
+
+@dataclass(frozen=True)
+class ValueZeroingParams:
+    batch_size: int = 8
+    token_budget: int = 8192
+
+
+@dataclass(frozen=True)
+class GradientParams:
+    site: str | None = None
+
+
+@dataclass(frozen=True)
+class IntegratedGradientsParams:
+    baseline: str = "pad"
+    steps: int | str = 50
+    rule: str = "gausslegendre"
+    internal_batch_size: int | str | None = "auto"
+    keep_special: bool = False
+    site: str | None = None
+    tolerance: float = 0.05
+    max_steps: int = 512
+
+
+@dataclass(frozen=True)
+class GradientShapParams:
+    baseline: str | tuple[str, ...] = "pad"
+    n_samples: int = 20
+    noise: float = 0.1
+    seed: int = 0
+    internal_batch_size: int | str | None = "auto"
+    keep_special: bool = False
+    site: str | None = None
+
+
+@dataclass(frozen=True)
+class LeaveOneOutParams:
+    mode: str = "delete"
+    k: int = 8
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class UniformParams:
+    head: int | None = None
+    batch_size: int = 16
+
+
+@dataclass(frozen=True)
+class PermutedParams:
+    head: int | None = None
+    n: int = 100
+    seed: int = 0
+    permute_special: bool = False
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class AdversarialParams:
+    """Jain & Wallace's adversarial search. ``steps`` is the library default (500); the study spec
+    (``adversarial_steps``, 200) and claim files (``steps``, 100) pass their own defaults explicitly,
+    and every shipped study sets its value (50) in its file."""
+    head: int | None = None
+    candidates: int = 5
+    steps: int = 500
+    lr: float = 0.01
+    bound: float = 0.01
+    constraint: str = "tvd"
+    penalty: float = 100.0
+    init_scale: float = 1.0
+    seed: int = 0
+    batch_size: int = 8
+
+
+# ---------------------------------------------------------------------------
+# what a method applies to
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Applies:
+    """When a method runs by default; each field, when set, is one reason to leave it out.
+
+    ``tasks``: the model tasks it needs (None: any); ``token``: a tokenizer token it needs
+    (``mask`` or ``unk``); ``max_tokens``: the longest input it takes; ``support``: a
+    ``module:function(pm, method) -> reason | None`` checking the model's layout (loaded lazily);
+    ``by_name``: why it is only run when asked for by name."""
+    tasks: tuple[str, ...] | None = None
+    task_reason: str = ""
+    token: str | None = None
+    max_tokens: int | None = None
+    support: str | None = None
+    by_name: str | None = None
+
+
+TOKEN_ATTRIBUTES = {"mask": "mask_token_id", "unk": "unk_token_id"}
+TOKEN_WORDS = {"mask": "mask token", "unk": "unknown token"}
+
+
+def _load(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered method.
+
+    ``family`` is attention, gradient or intervention; ``group`` the row of the README's table
+    (context mixing is attention-family); ``note`` the README's words beside the name;
+    ``implementation`` computes it (``module:function``), with ``preset`` keywords fixed for this
+    name (``attn_norm_sum`` = attn_norm with per_head False; ``loo_mask`` = loo with mode mask);
+    ``scorer`` is the family's by-name entry that runs it (``scorer(pm, examples, name, **params)``,
+    or with ``engine`` True ``scorer(engine, examples, **preset, **params)`` on the shared
+    intervention engine); ``listed`` False for a variant that is
+    run by name only and is not one of :data:`METHODS` (its name is still unique here)."""
+    name: str
+    family: str
+    group: str
+    implementation: str
+    params: type
+    scorer: str
+    applies: Applies = Applies()
+    preset: tuple[tuple[str, Any], ...] = ()
+    takes_seed: bool = False
+    note: str = ""
+    label: str | None = None
+    listed: bool = True
+    engine: bool = False
+
+    def load(self) -> Callable[..., Any]:
+        """The implementation function (imports its module, and torch, on first use)."""
+        return _load(self.implementation)
+
+    def load_scorer(self) -> Callable[..., Any]:
+        return _load(self.scorer)
+
+    def defaults(self) -> Any:
+        """The frozen parameters with their defaults (the preset applied)."""
+        return self.params(**dict(self.preset))
+
+    def skip_reason(self, check: str, pm: Any, longest: int) -> str | None:
+        """Why ``check`` (one of :data:`CHECKS`) leaves this method out for ``pm``, or None."""
+        a = self.applies
+        if check == "task" and a.tasks is not None and pm.task not in a.tasks:
+            return a.task_reason
+        if check == "token" and a.token is not None and getattr(pm.tokenizer, TOKEN_ATTRIBUTES[a.token]) is None:
+            return f"the tokenizer has no {TOKEN_WORDS[a.token]}"
+        if check == "length" and a.max_tokens is not None and longest > a.max_tokens:
+            return f"{self.label or self.name} is limited to {a.max_tokens} tokens (longest input has {longest})"
+        if check == "by_name" and a.by_name is not None:
+            return a.by_name
+        if check == "support" and a.support is not None:
+            return _load(a.support)(pm, self.name)
+        return None
+
+
+#: the order in which :func:`skipped` asks each method's applicability (the reasons keep this order)
+CHECKS = ("task", "token", "length", "by_name", "support")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A row of the README's method table: the methods of one kind and what they are."""
+    name: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Counterfactual:
+    """Counterfactual attention injected at one layer (and head): not a token-scoring method."""
+    name: str
+    implementation: str
+    params: type
+    takes_seed: bool = False
+
+    def load(self) -> Callable[..., Any]:
+        return _load(self.implementation)
+
+    def defaults(self) -> Any:
+        return self.params()
+
+
+# ---------------------------------------------------------------------------
+# the entries
+# ---------------------------------------------------------------------------
+
+_ATT = "probe.explain.attention"
+_MIX = "probe.explain.context_mixing"
+_GRAD = "probe.explain.gradients"
+_LOO = "probe.intervene.tokens:loo"
+_SUPPORT = "probe.models.architectures:context_mixing_support"
+FLOW_MAX_TOKENS = FlowParams.max_tokens
+
+
+def _attention(name: str, params: type = AttentionParams, **kw: Any) -> Method:
+    return Method(name, "attention", "attention", f"{_ATT}:{name}", params, f"{_ATT}:attention_scores", **kw)
+
+
+def _mixing(name: str, params: type = DecompositionParams) -> Method:
+    return Method(name, "attention", "context mixing", f"{_MIX}:{name}", params, f"{_MIX}:context_mixing_scores",
+                  applies=Applies(support=_SUPPORT))
+
+
+def _gradient(name: str, params: type = GradientParams, **kw: Any) -> Method:
+    return Method(name, "gradient", "gradient", f"{_GRAD}:{name}", params, f"{_GRAD}:gradient_scores", **kw)
+
+
+def _loo(mode: str, **kw: Any) -> Method:
+    return Method(f"loo_{mode}", "intervention", "intervention", _LOO, LeaveOneOutParams, _LOO,
+                  preset=(("mode", mode),), engine=True, **kw)
+
+
+REGISTRY: tuple[Method, ...] = (
+    _attention("attention", note="per layer x head"),
+    _attention("attention_mean"),
+    _attention("rollout"),
+    _attention("flow", FlowParams, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
+               label="attention flow"),
+    _attention("attn_norm", AttnNormParams),
+    _attention("attn_grad", AttnGradParams),
+    _mixing("value_zeroing", ValueZeroingParams),
+    _mixing("alti"),
+    _mixing("globenc"),
+    _gradient("saliency", note="L2"),
+    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name")),
+    _gradient("input_x_gradient"),
+    _gradient("integrated_gradients", IntegratedGradientsParams),
+    _gradient("gradient_shap", GradientShapParams, takes_seed=True),
+    _loo("delete"),
+    _loo("mask", applies=Applies(token="mask")),
+    _loo("unk", applies=Applies(token="unk")),
+    _loo("pad"),
+    _loo("random", takes_seed=True),
+    _loo("lm", takes_seed=True, applies=Applies(tasks=("causal_lm",),
+                                                task_reason="needs a causal LM to draw in-context replacements")),
+    # attn_norm summed over heads: a variant, run by name only (probe.explain.attention.attention_scores)
+    Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
+           preset=(("per_head", False),), listed=False),
+)
+
+GROUPS: tuple[Group, ...] = (
+    Group("attention", "the target query's row: [CLS] for classifiers, the last prompt token for causal LMs, the "
+          "decoder's cross-attention for seq2seq; rollout and flow as Abnar & Zuidema (residual 0.5 I); `attn_norm` "
+          "is Kobayashi et al.'s `‖α f(x)‖`; `attn_grad` is α x ∂target/∂α. Flow is limited to "
+          f"{FLOW_MAX_TOKENS} tokens."),
+    Group("context mixing", "attention measures that also count the values, the residual stream and the LayerNorms, "
+          "per layer and rolled out to the target query's row (no identity added): value zeroing (Mohebbi et al. "
+          "2023) is the cosine distance of each token's layer output when one token's value is zeroed in every head "
+          "(one extra pass of one layer per token per layer, batched); ALTI (Ferrando et al. 2022) the L1-distance "
+          "share of each token's exact term in the attention block's output; GlobEnc (Modarressi et al. 2022) the "
+          "norm of that term through both LayerNorms. Post-LN encoders (BERT family), pre-LN decoders (Llama/GQA, "
+          "GPT-2) and the encoders of BART, Marian, mBART and T5 (each decoder layer's head-mean cross-attention row "
+          "times the encoder's rolled-out matrix: that hop is raw attention, not decomposed); `probe contract` "
+          "states per model which of the three run, and other layouts are refused in one line."),
+    Group("gradient", "captum at a named site (`--site`, study `params`): `word` (the word embeddings, before "
+          "position embeddings) or `embeddings` (the output of the model's embeddings module, what enters the first "
+          "layer). The default is `embeddings` where that module normalises its sum (BERT family: there x . grad on "
+          "the word embedding is 0 exactly, PROTOCOLS.md), else `word`; recorded in params and provenance. IG "
+          "baseline the pad embedding by default, Gauss-Legendre steps (or `steps: auto`), convergence delta "
+          "reported"),
+    Group("intervention", "leave-one-out references: f(x) - f(x with the token deleted or replaced), on token ids, "
+          "never re-tokenised text"),
+)
+
+COUNTERFACTUALS: tuple[Counterfactual, ...] = (
+    Counterfactual("uniform", "probe.intervene.counterfactual:uniform_attention", UniformParams),
+    Counterfactual("permuted", "probe.intervene.counterfactual:permuted_attention", PermutedParams, takes_seed=True),
+    Counterfactual("adversarial", "probe.intervene.counterfactual:adversarial_attention", AdversarialParams,
+                   takes_seed=True),
+)
+
+_BY_NAME = {m.name: m for m in REGISTRY}
+
+
+# ---------------------------------------------------------------------------
+# reading it
+# ---------------------------------------------------------------------------
+
+def methods(*, family: str | None = None, group: str | None = None, listed: bool = True) -> tuple[Method, ...]:
+    """The registered methods in order (only the listed ones unless ``listed`` is False)."""
+    return tuple(m for m in REGISTRY if (m.listed or not listed) and (family is None or m.family == family)
+                 and (group is None or m.group == group))
+
+
+def names(**kw: Any) -> tuple[str, ...]:
+    return tuple(m.name for m in methods(**kw))
+
+
+def find(name: str) -> Method | None:
+    return _BY_NAME.get(name)
+
+
+def method(name: str) -> Method:
+    """The entry called ``name`` (a listed method); a one-line error naming the valid ones."""
+    entry = _BY_NAME.get(name)
+    if entry is None or not entry.listed:
+        raise InputError(f"unknown method {name!r}: valid methods are {', '.join(names())}")
+    return entry
+
+
+def seeded(names_: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The listed methods that take a ``seed`` (of ``names_`` when given)."""
+    wanted = None if names_ is None else set(names_)
+    return tuple(m.name for m in methods() if m.takes_seed and (wanted is None or m.name in wanted))
+
+
+def counterfactual(name: str) -> Counterfactual:
+    for entry in COUNTERFACTUALS:
+        if entry.name == name:
+            return entry
+    raise InputError(f"unknown counterfactual {name!r}: use one of {', '.join(c.name for c in COUNTERFACTUALS)}")
+
+
+def skipped(pm: Any, longest: int, *, checks: Iterable[str] = CHECKS) -> dict[str, str]:
+    """``{method: why}`` for every listed method left out of the default set on ``pm`` with inputs
+    of up to ``longest`` tokens; the first reason of ``checks`` (in :data:`CHECKS` order) wins."""
+    out: dict[str, str] = {}
+    for check in checks:
+        for entry in methods():
+            if entry.name not in out and (why := entry.skip_reason(check, pm, longest)) is not None:
+                out[entry.name] = why
+    return out
+
+
+def method_table() -> list[str]:
+    """The README's "### Methods" table, one markdown line per row, header included."""
+    lines = ["| family | names | what |", "|---|---|---|"]
+    for group in GROUPS:
+        cells = [f"`{m.name}`" + (f" ({m.note})" if m.note else "") for m in methods(group=group.name)]
+        lines.append(f"| {group.name} | {', '.join(cells)} | {group.what} |")
+    return lines
+
+
+def param_fields(entry: Method | Counterfactual) -> dict[str, Any]:
+    """``{parameter: default}`` of an entry's parameter dataclass."""
+    return {f.name: f.default for f in dataclasses.fields(entry.params)}
+
+
+__all__ = [
+    "AdversarialParams", "Applies", "CHECKS", "COUNTERFACTUALS", "Counterfactual", "FAMILIES", "FLOW_MAX_TOKENS",
+    "GROUPS", "Group", "Method", "REGISTRY", "counterfactual", "find", "method", "method_table", "methods",
+    "names", "param_fields", "seeded", "skipped",
+]

@@ -1,0 +1,119 @@
+"""What the ``probe`` command line prints for ``probe explain``: its JSON and its tables, and text
+from the model or the user shown as written. Imports rich inside functions (``probe --help`` stays fast)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from probe import registry
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
+
+
+def plain(value) -> str:
+    """Text from the model or the user, shown by rich as written: ``[bold]`` or ``[/]`` in a token,
+    label or continuation is not markup."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+def nan_to_none(values):
+    if isinstance(values, list):
+        return [nan_to_none(v) for v in values]
+    return None if values is None or (isinstance(values, float) and math.isnan(values)) else values
+
+
+def summary_column(scores, layer: int | None):
+    """One number per token for the terminal table: per-head scores are averaged over heads."""
+    values = scores.scores[0]
+    if scores.per_head:
+        values = values[layer if layer is not None else -1].nanmean(dim=0)
+    elif scores.per_layer:
+        values = values[layer if layer is not None else -1]
+    return values
+
+
+def explain_params(chosen, *, steps: int, seed: int, site: str | None) -> dict[str, dict]:
+    """``probe explain``'s keyword parameters per method: ``--steps`` for integrated gradients,
+    ``--seed`` for every method the registry says takes one, ``--site`` for the gradient methods."""
+    params: dict[str, dict] = {"integrated_gradients": {"steps": steps}}
+    params.update({name: {"seed": seed} for name in registry.seeded()})
+    if site is not None:
+        for name in chosen:
+            if registry.method(name).family == "gradient":
+                params.setdefault(name, {})["site"] = site
+    return params
+
+
+def no_score_reasons(results: Mapping, skipped: dict[str, str]) -> None:
+    """Adds to ``skipped`` each method that gave no score for this input, with why."""
+    for name, result in results.items():
+        values = result.scores[0]
+        if name not in skipped and values.numel() and not bool(values.isfinite().any()):
+            skipped[name] = "no score for this input" + (
+                f" (limited to {result.params['max_tokens']} tokens)" if "max_tokens" in result.params else "")
+
+
+def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict, checks: list) -> None:
+    scores: dict[str, Any] = {}
+    for name, result in results.items():
+        values = result.scores[0].tolist()
+        if result.per_head or result.per_layer:
+            scores[name] = nan_to_none(values)
+        else:
+            scores[name] = [None if example.special[i] else v for i, v in enumerate(nan_to_none(values))]
+    print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
+                      "target": example.describe(), "scores": scores,
+                      "params": {name: r.params for name, r in results.items()},
+                      "skipped": skipped, "sanity": [c.to_dict() for c in checks],
+                      "random_weights": list(pm.random_weights),
+                      "allow_random_weights": pm.allow_random_weights}, default=str))
+
+
+def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dict, checks: list,
+                         layer: int | None) -> None:
+    """The target line, what was skipped, the sanity summary and one table per family."""
+    from rich.console import Console
+
+    from probe.metrics.sanity import summary_lines
+
+    console = Console()
+    target = example.describe()
+    console.print(plain(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
+                        f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
+    if pm.random_weights:
+        console.print(f"[bold red]random weights (allowed explicitly):[/] {plain(', '.join(pm.random_weights))}")
+    for name, reason in skipped.items():
+        console.print(f"[dim]skipped {name}: {plain(reason)}[/]")
+    for line in summary_lines(checks):
+        console.print(line, markup=False, highlight=False)
+    shown_layer = layer if layer is not None else pm.contract.n_layers - 1
+    titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",
+              "gradient": "gradient methods", "intervention": "leave-one-out: f(x) - f(x perturbed)"}
+    # One table per family keeps each within an ordinary terminal's width.
+    for kind, title in titles.items():
+        names = [name for name in results if registry.method(name).family == kind]
+        if names:
+            console.print(_family_table(title, example, {name: summary_column(results[name], layer) for name in names}))
+    console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
+
+
+def _family_table(title: str, example, columns: Mapping):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("token")
+    for name in columns:
+        table.add_column(name.replace("_", " "), justify="right", overflow="fold")
+    for i, token in enumerate(example.tokens):
+        cells = []
+        for values in columns.values():
+            value = float(values[i])
+            cells.append("" if value != value else f"{value:.3f}")
+        table.add_row(plain(token + (" *" if example.special[i] else "")), *cells)
+    return table

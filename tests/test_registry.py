@@ -1,0 +1,115 @@
+"""The method registry is the one list of methods: everything else derives from it and cannot drift."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probe import names, registry
+from probe.errors import InputError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+ENTRIES = registry.REGISTRY + registry.COUNTERFACTUALS
+
+
+def test_names_are_unique_and_every_family_and_group_has_methods():
+    every = [m.name for m in registry.REGISTRY]
+    assert len(every) == len(set(every))
+    assert {m.family for m in registry.REGISTRY} == set(registry.FAMILIES)
+    for family in registry.FAMILIES:
+        assert registry.names(family=family), family
+    assert [g.name for g in registry.GROUPS] == list(dict.fromkeys(m.group for m in registry.methods()))
+    for group in registry.GROUPS:
+        assert registry.names(group=group.name) and group.what, group.name
+
+
+def test_names_derive_the_shared_tuples_in_registry_order():
+    assert names.ALL_METHODS == names.ATTENTION_METHODS + names.GRADIENT_METHODS + names.INTERVENTION_METHODS
+    assert set(names.CONTEXT_MIXING_METHODS) <= set(names.ATTENTION_METHODS)
+    assert names.ALL_METHODS == tuple(m.name for m in registry.REGISTRY if m.listed)
+    for name in names.ALL_METHODS:
+        assert names.method_family(name) == registry.method(name).family
+    unlisted = [m.name for m in registry.REGISTRY if not m.listed]
+    assert unlisted == ["attn_norm_sum"]
+    assert names.method_family("attn_norm_sum") is None and names.method_family("random") is None
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_every_entry_resolves_and_its_defaults_are_the_implementation_keywords(entry):
+    function = entry.load()
+    assert callable(function)
+    params = inspect.signature(function).parameters
+    fields = dataclasses.fields(entry.params)
+    assert entry.params.__dataclass_params__.frozen
+    for f in fields:
+        assert f.name in params, (entry.name, f.name)
+        assert params[f.name].default == f.default, (entry.name, f.name)
+    keywords = {n for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert keywords == {f.name for f in fields}, entry.name  # every keyword parameter is registered
+    if isinstance(entry, registry.Method):
+        assert callable(entry.load_scorer())
+        assert dict(entry.preset).keys() <= {f.name for f in fields}
+    seed_param = "seed" in {f.name for f in fields}
+    assert seed_param or not entry.takes_seed, entry.name
+    if getattr(entry, "engine", False) is False:  # leave-one-out shares one function; only its sampling modes seed
+        assert entry.takes_seed == seed_param, entry.name
+
+
+def test_params_are_frozen():
+    defaults = registry.method("integrated_gradients").defaults()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        defaults.steps = 8
+    assert registry.find("attn_norm_sum").defaults().per_head is False
+    assert registry.method("loo_mask").defaults().mode == "mask"
+
+
+def test_unknown_names_are_one_line_errors_listing_the_valid_ones():
+    with pytest.raises(InputError, match=r"unknown method 'telepathy': valid methods are attention, attention_mean"):
+        registry.method("telepathy")
+    with pytest.raises(InputError, match="valid methods are"):
+        registry.method("attn_norm_sum")  # a variant: run by name through the attention scorer only
+    with pytest.raises(InputError, match="uniform, permuted, adversarial"):
+        registry.counterfactual("random")
+
+
+def test_seeded_methods():
+    assert registry.seeded() == ("gradient_shap", "loo_random", "loo_lm")
+    assert registry.seeded(["loo_lm", "saliency"]) == ("loo_lm",)
+
+
+class _Tokenizer:
+    def __init__(self, mask, unk):
+        self.mask_token_id, self.unk_token_id = mask, unk
+
+
+class _Model:
+    def __init__(self, task, mask=None, unk=None):
+        self.task, self.tokenizer = task, _Tokenizer(mask, unk)
+
+
+def test_skipped_reasons_come_in_check_order():
+    checks = registry.CHECKS[:-1]  # the layout check (support) needs a real model: test_context_mixing runs it
+    reasons = registry.skipped(_Model("classification"), longest=65, checks=checks)
+    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "saliency_sum"]
+    assert reasons["flow"] == "attention flow is limited to 64 tokens (longest input has 65)"
+    assert reasons["loo_mask"] == "the tokenizer has no mask token"
+    assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == ["saliency_sum"]
+
+
+def test_readme_method_table_is_rendered_from_the_registry():
+    text = README.read_text()
+    block = re.search(r"### Methods[^\n]*\n\n((?:\|[^\n]*\n)+)", text)
+    assert block, "README has no ### Methods table"
+    assert block.group(1).rstrip("\n").split("\n") == registry.method_table()
+
+
+def test_importing_the_registry_loads_no_torch():
+    code = "import sys, probe.registry, probe.names; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
