@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, TargetSpec
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 # a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
 Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation"]
-COUNTERFACTUALS = ("uniform", "permuted", "adversarial")
+COUNTERFACTUALS = tuple(c.name for c in registry.COUNTERFACTUALS)
 
 # --------------------------------------------------------------------------------------- models
 
@@ -281,18 +282,14 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     sample]``, and ``summary()`` per example. ``options`` go to the function of that name in
     :mod:`probe.intervene.counterfactual` (permuted: ``n``, ``seed``; adversarial: ``candidates``,
     ``steps``, ``bound``, ``seed``, ...)."""
-    from probe.intervene import counterfactual as cf
-
-    functions = {"uniform": cf.uniform_attention, "permuted": cf.permuted_attention,
-                 "adversarial": cf.adversarial_attention}
-    if how not in functions:
+    if how not in COUNTERFACTUALS:
         raise InputError(f"unknown counterfactual attention {how!r}: use one of {', '.join(COUNTERFACTUALS)}")
     stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
     n_layers = pm.contract.stacks[stack].n_layers
     if isinstance(layer, int) and -n_layers <= layer < 0:
         layer += n_layers
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
-    return functions[how](pm, examples, layer=layer, head=head, **options)
+    return registry.counterfactual(how).load()(pm, examples, layer=layer, head=head, **options)
 
 
 # --------------------------------------------------------------------------------------- capture

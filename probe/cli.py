@@ -268,15 +268,16 @@ def run(
     wait: bool = typer.Option(False, "--wait", help="if another run holds the result folder, wait for it instead of exiting"),
 ):
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
+    from probe.spec import load_study
+
+    spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)  # before the slow imports
     _quiet_libraries()
     import torch
 
     from probe.study.runner import parse_shard, run_study
-    from probe.study.spec import load_study
 
     _set_threads(torch, threads)
     shard_of = parse_shard(shard)
-    spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
         result = run_study(spec, shard=shard_of, progress=progress, wait=wait)
@@ -297,7 +298,7 @@ def audit(
     """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
     from pathlib import Path
 
-    from probe.audit import load_claims
+    from probe.spec import load_claims
 
     spec = load_claims(claims)  # validate before the slow imports and the model load
     folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")

@@ -114,12 +114,12 @@ class PermutedParams:
 
 @dataclass(frozen=True)
 class AdversarialParams:
-    """Jain & Wallace's adversarial search. ``steps`` is the library default (500); the study spec
-    (``adversarial_steps``, 200) and claim files (``steps``, 100) pass their own defaults explicitly,
-    and every shipped study sets its value (50) in its file."""
+    """Jain & Wallace's adversarial search. These defaults are the only ones: the study spec
+    (``adversarial_candidates``, ``adversarial_steps``) and claim files (``candidates``, ``steps``)
+    read them; every shipped study sets its own (2 candidates, 50 steps) in its file."""
     head: int | None = None
     candidates: int = 5
-    steps: int = 500
+    steps: int = 200
     lr: float = 0.01
     bound: float = 0.01
     constraint: str = "tvd"
@@ -169,7 +169,9 @@ class Method:
     ``scorer`` is the family's by-name entry that runs it (``scorer(pm, examples, name, **params)``,
     or with ``engine`` True ``scorer(engine, examples, **preset, **params)`` on the shared
     intervention engine); ``listed`` False for a variant that is
-    run by name only and is not one of :data:`METHODS` (its name is still unique here)."""
+    run by name only and is not one of :data:`METHODS` (its name is still unique here);
+    ``per_head`` True where it scores every layer x head (a claim may name one head);
+    ``query_max`` True where it takes ``query: max`` (the maximum over query rows)."""
     name: str
     family: str
     group: str
@@ -183,6 +185,8 @@ class Method:
     label: str | None = None
     listed: bool = True
     engine: bool = False
+    per_head: bool = False
+    query_max: bool = False
 
     def load(self) -> Callable[..., Any]:
         """The implementation function (imports its module, and torch, on first use)."""
@@ -268,13 +272,13 @@ def _loo(mode: str, **kw: Any) -> Method:
 
 
 REGISTRY: tuple[Method, ...] = (
-    _attention("attention", note="per layer x head"),
-    _attention("attention_mean"),
-    _attention("rollout"),
+    _attention("attention", note="per layer x head", per_head=True),
+    _attention("attention_mean", query_max=True),
+    _attention("rollout", query_max=True),
     _attention("flow", FlowParams, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
-               label="attention flow"),
-    _attention("attn_norm", AttnNormParams),
-    _attention("attn_grad", AttnGradParams),
+               label="attention flow", query_max=True),
+    _attention("attn_norm", AttnNormParams, per_head=True),
+    _attention("attn_grad", AttnGradParams, per_head=True),
     _mixing("value_zeroing", ValueZeroingParams),
     _mixing("alti"),
     _mixing("globenc"),
@@ -341,6 +345,16 @@ def methods(*, family: str | None = None, group: str | None = None, listed: bool
 
 def names(**kw: Any) -> tuple[str, ...]:
     return tuple(m.name for m in methods(**kw))
+
+
+def per_head_methods() -> tuple[str, ...]:
+    """The listed methods that score every layer x head (a claim may name one head)."""
+    return tuple(m.name for m in methods() if m.per_head)
+
+
+def query_max_methods() -> tuple[str, ...]:
+    """The listed methods that take ``query: max`` (the maximum over query rows)."""
+    return tuple(m.name for m in methods() if m.query_max)
 
 
 def find(name: str) -> Method | None:

@@ -113,3 +113,28 @@ def test_importing_the_registry_loads_no_torch():
     code = "import sys, probe.registry, probe.names; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_study_and_claim_files_take_the_registry_adversarial_defaults():
+    """One default for the adversarial search: the library, study files and claim files agree."""
+    from probe.intervene.counterfactual import adversarial_attention
+    from probe.spec.claims import CounterfactualClaim
+    from probe.spec.study import CounterfactualSpec
+
+    adversarial = registry.counterfactual("adversarial").defaults()
+    keywords = inspect.signature(adversarial_attention).parameters
+    assert keywords["steps"].default == adversarial.steps and keywords["candidates"].default == adversarial.candidates
+    spec = CounterfactualSpec()
+    assert (spec.adversarial_steps, spec.adversarial_candidates) == (adversarial.steps, adversarial.candidates)
+    claim = CounterfactualClaim(claim="x", kind="counterfactual")
+    assert (claim.steps, claim.candidates) == (adversarial.steps, adversarial.candidates)
+
+
+def test_per_head_and_query_max_methods_are_registry_facts():
+    from probe.explain.attention import QUERY_MAX_METHODS
+    from probe.spec.claims import PER_HEAD_METHODS
+
+    assert PER_HEAD_METHODS == registry.per_head_methods() and "attention" in PER_HEAD_METHODS
+    assert "attention_mean" not in PER_HEAD_METHODS
+    assert QUERY_MAX_METHODS == registry.query_max_methods() and "flow" in QUERY_MAX_METHODS
+    assert all(registry.method(m).family == "attention" for m in PER_HEAD_METHODS + QUERY_MAX_METHODS)

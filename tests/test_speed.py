@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.explain import gradients as G
 from probe.explain.target import prepare
@@ -63,7 +64,7 @@ def test_shared_gradient_equals_each_method_alone(loaded, kind):
     examples = prepare(pm, TEXTS)
     shared = G.shared_gradient_scores(pm, examples, G.SHARED_GRADIENT_METHODS)
     for method in G.SHARED_GRADIENT_METHODS:
-        alone = G.GRADIENT_EXPLAINERS[method](pm, examples)
+        alone = registry.method(method).load()(pm, examples)
         assert shared[method].params == alone.params
         for a, b in zip(shared[method].scores, alone.scores):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
@@ -77,7 +78,7 @@ def test_shared_gradient_on_minilm_and_batch_of_one(minilm):
         alone = G.shared_gradient_scores(minilm, [example], ["saliency", "input_x_gradient"])
         for method in ("saliency", "input_x_gradient"):
             torch.testing.assert_close(alone[method].scores[0], shared[method].scores[i], atol=1e-5, rtol=0)
-            reference = G.GRADIENT_EXPLAINERS[method](minilm, [example]).scores[0]
+            reference = registry.method(method).load()(minilm, [example]).scores[0]
             torch.testing.assert_close(shared[method].scores[i], reference, atol=1e-5, rtol=0)
 
 
@@ -266,7 +267,7 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
     pm = load_model(str(tiny_dirs["bert"]))
     prepared = prepare(pm, list(examples["text"][:3]))
     for method in ("saliency", "input_x_gradient"):
-        alone = G.GRADIENT_EXPLAINERS[method](pm, prepared)
+        alone = registry.method(method).load()(pm, prepared)
         for i in range(3):
             stored = scores[(scores.method == method) & (scores.example == i)].sort_values("position")["score"]
             torch.testing.assert_close(torch.tensor(stored.to_numpy()), alone.scores[i], atol=1e-5, rtol=0)

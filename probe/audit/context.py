@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from probe.audit.rules import Judgement, judge
+from probe import registry
 from probe.errors import InputError
 from probe.spec.claims import AttentionRanking, ClaimFile
 
@@ -59,7 +60,7 @@ class AuditContext:
         if method not in self._scores:
             from probe.explain.methods import run_method
 
-            params = {m: {"seed": self.seed} for m in ("loo_random", "loo_lm", "gradient_shap")}.get(method)
+            params = {"seed": self.seed} if method in registry.seeded() else None
             self._scores[method] = run_method(self.pm, self.examples, method, engine=self.engine, params=params)
         return self._scores[method]
 

@@ -264,7 +264,7 @@ def attn_grad(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size
 # ---------------------------------------------------------------------------
 
 QUERIES = ("target", "max")
-QUERY_MAX_METHODS = ("attention_mean", "rollout", "flow")
+QUERY_MAX_METHODS = registry.query_max_methods()
 
 
 class _RowMax:

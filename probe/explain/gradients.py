@@ -157,13 +157,6 @@ def shared_gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], 
 SCORER = f"{__name__}:gradient_scores"
 
 
-def __getattr__(name: str):
-    """``GRADIENT_EXPLAINERS``: ``{name: function}`` derived from the registry (kept for older callers)."""
-    if name == "GRADIENT_EXPLAINERS":
-        return {m.name: m.load() for m in registry.methods(family="gradient")}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
     """Run the gradient explainer called ``method`` with its keyword ``params``, on width buckets
     of the examples (:func:`width_buckets`) so that no pass pads a short example to a long one."""

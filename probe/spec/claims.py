@@ -35,6 +35,8 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS, method_family
+from probe import registry
+from probe.registry import AdversarialParams
 from probe.spec.parts import ModelSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS, Bool, Document, Float, Int, SpecModel, check_dataset_name, fail, line_of, located_error,
@@ -49,7 +51,7 @@ __all__ = [
 
 INTERVENTIONS = ("delete", "mask", "unk", "pad")
 #: Per-head attention methods ([layer, head, tokens]); the others are per layer ([layer, tokens]).
-PER_HEAD_METHODS = ("attention", "attn_norm", "attn_grad")
+PER_HEAD_METHODS = registry.per_head_methods()
 _ATTENTION_SPEC = re.compile(r"([A-Za-z_]+)(?:@(\d+|first|last)(?:\.(\d+))?)?")
 _HEAD_SPEC = re.compile(r"(\d+|first|last)\.(\d+)")
 
@@ -268,8 +270,8 @@ class CounterfactualClaim(_Claim):
     permutations: Annotated[Int, Field(ge=1)] = 20
     bound: Annotated[Float, Field(gt=0, le=1)] = 0.01
     adversarial: Bool = True
-    candidates: Annotated[Int, Field(ge=1)] = 3
-    steps: Annotated[Int, Field(ge=1)] = 100
+    candidates: Annotated[Int, Field(ge=1)] = AdversarialParams.candidates  # the registry's defaults
+    steps: Annotated[Int, Field(ge=1)] = AdversarialParams.steps
 
     @field_validator("layer", mode="before")
     @classmethod

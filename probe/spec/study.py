@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from probe.data import BUILTIN_PREFIX
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS
+from probe.registry import AdversarialParams
 from probe.spec.parts import DatasetSpec, Filters, ModelSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS, Bool, Document, Float, Int, SpecModel, describe, error_context, fail, first_error, layer_value,
@@ -100,8 +101,8 @@ class CounterfactualSpec(SpecModel):
     adversarial: Bool = True
     max_output_tvd: Annotated[Float, Field(gt=0, le=1)] = 0.01
     #: adversarial search: attention candidates per example and Adam steps (Jain & Wallace)
-    adversarial_candidates: Annotated[Int, Field(ge=1)] = 5
-    adversarial_steps: Annotated[Int, Field(ge=1)] = 200
+    adversarial_candidates: Annotated[Int, Field(ge=1)] = AdversarialParams.candidates
+    adversarial_steps: Annotated[Int, Field(ge=1)] = AdversarialParams.steps
 
     @field_validator("layers", mode="before")
     @classmethod
