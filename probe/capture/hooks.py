@@ -31,7 +31,7 @@ import torch
 from probe.capture import math as amath
 from probe.capture.modes import ModuleModes, SoftmaxWatch
 from probe.capture.registry import (  # noqa: F401  (installed_wrappers, original_attention_function: re-exported)
-    installed_wrappers, open_session, original_attention_function, sink_logits,
+    implementation_of, installed_wrappers, open_session, original_attention_function, sink_logits,
 )
 from probe.capture.types import (  # noqa: F401  (re-exported: probe.capture.hooks' names)
     AttentionInputs, AttentionMaps, EditContext, Editor, Observer, QuerySpec, Reader, for_stack,
@@ -464,8 +464,7 @@ def capture_attention(
         masks = {stack: attention_mask for stack in contract.stacks}
     session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers,
                        readers)
-    implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
-    with open_session(session, implementation):
+    with open_session(session, implementation_of(model)):
         try:
             session.attach()
             yield Capture(session)

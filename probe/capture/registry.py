@@ -92,6 +92,11 @@ def installed_wrappers() -> list[str]:
     return [k for k, v in _registry()._local_mapping.items() if getattr(v, "__probe_wrapper__", False)]
 
 
+def implementation_of(model) -> str:
+    """The registry name of the attention implementation ``model`` runs (``eager`` when unset)."""
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
 @contextmanager
 def open_session(session, implementation: str) -> Iterator[None]:
     """The wrapper installed under ``implementation`` and ``session`` served by it, for the block;

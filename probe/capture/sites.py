@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.capture.modes import ModuleModes, SoftmaxWatch
-from probe.capture.registry import open_session, sink_logits
+from probe.capture.registry import implementation_of, open_session, sink_logits
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
 #: words in a module path that name a cross-attention (read here and by the fallback layout of
@@ -205,8 +205,7 @@ class _WatchedPass:
             for module in self.named.values():
                 handles.append(module.register_forward_pre_hook(lambda mod, args: self.order.append(id(mod))))
             handles += self._probability_hooks()
-            implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
-            with open_session(self.watch, implementation), torch.no_grad():
+            with open_session(self.watch, implementation_of(model)), torch.no_grad():
                 model(**self.inputs)
         finally:
             modes.close()

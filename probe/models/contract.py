@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from probe.capture.registry import implementation_of
 from probe.capture.sites import Site, discover_sites
 from probe.models.architectures import (
     ATTENTION_LAYOUTS, CONFIG_HEAD_COUNT_ATTRIBUTES, DEFAULT_MAX_POSITIONS, HEAD_COUNT_ATTRIBUTES,
@@ -127,7 +128,7 @@ def build_contract(model, tokenizer, task: str | None = None, *, random_weights:
         model_type=config.model_type,
         task=task,
         stacks=stacks,
-        implementation=str(getattr(config, "_attn_implementation", None) or "eager"),
+        implementation=implementation_of(model),
         dtype=str(parameter.dtype).replace("torch.", ""),
         device=str(parameter.device),
         max_positions=_max_positions(config, tokenizer),
