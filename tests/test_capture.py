@@ -200,6 +200,8 @@ def test_editing_in_training_mode_is_refused(loaded):
     ({"heads": [9]}, "head 9 does not exist"),
     ({"stacks": ["cross"]}, "has no 'cross' attention"),
     ({"editors": {("encoder", 5): lambda w, c: w}}, "cannot edit encoder layer 5"),
+    ({"observers": {("encoder", 5): lambda m, c: None}}, "cannot observe encoder layer 5"),
+    ({"readers": {("encoder", 5): lambda inputs: None}}, "cannot read encoder layer 5"),
 ])
 def test_bad_selections_name_the_problem(loaded, kwargs, message):
     pm = loaded("bert")
@@ -235,3 +237,17 @@ def test_all_masked_rows_are_zero_and_flagged(loaded):
     assert not maps.row_has_keys[short, :, :n_pad].any()
     assert maps.weights[short, :, :, :n_pad].abs().max() == 0
     assert maps.row_has_keys[short, :, n_pad:].all()
+
+
+def test_open_session_leaves_no_wrapper_and_no_session_when_its_block_raises():
+    from probe.capture import registry
+
+    class Session:
+        where: dict = {}
+
+    with pytest.raises(RuntimeError, match="inside"):
+        with registry.open_session(Session(), "sdpa"):
+            assert installed_wrappers() == ["sdpa"]
+            raise RuntimeError("inside")
+    assert installed_wrappers() == [] and registry._SESSIONS == []
+

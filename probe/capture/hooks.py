@@ -16,13 +16,13 @@ A third path serves inline attention that hands its probabilities to no module (
 mvp, ...): while such a module runs, a torch function mode takes the result of its first softmax
 over [batch, head, query, key] (``probe.capture.modes.SoftmaxWatch``) and treats it the same way.
 A module the model calls several times in one forward (a shared layer) is one layer per call.
+
+The registry wrapper itself, the one piece of process-global state, is :mod:`probe.capture.registry`.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -30,136 +30,45 @@ import torch
 
 from probe.capture import math as amath
 from probe.capture.modes import ModuleModes, SoftmaxWatch
+from probe.capture.registry import (  # noqa: F401  (installed_wrappers, original_attention_function: re-exported)
+    implementation_of, installed_wrappers, open_session, original_attention_function, sink_logits,
+)
+from probe.capture.types import (  # noqa: F401  (re-exported: probe.capture.hooks' names)
+    AttentionInputs, AttentionMaps, EditContext, Editor, Observer, QuerySpec, Reader, for_stack,
+)
 from probe.errors import CaptureError
 
-_MISSING = object()
-_LOCK = threading.RLock()
-_SESSIONS: list["_Session"] = []
-_SAVED: dict[str, object] = {}  # implementation name -> what the local mapping held before us
-
-QuerySpec = None | str | Sequence[int] | torch.Tensor
-
-
-def _registry():
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return ALL_ATTENTION_FUNCTIONS
-
-
-def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    scores = amath.attention_scores(query, key, scaling=scaling, position_bias=kwargs.get("position_bias"))
-    if attention_mask is not None:
-        scores = scores + attention_mask.float() if attention_mask.dtype != torch.bool else scores.masked_fill(
-            ~attention_mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1).to(query.dtype)
-    return amath.attention_output(weights, value), weights
-
-
-def original_attention_function(name: str, module) -> Callable:
-    """The function the module would have used had no capture been open."""
-    saved = _SAVED.get(name, _MISSING)
-    if saved is not _MISSING:
-        return saved
-    if name == "eager":
-        # Every transformers 5 modeling file defines its own eager function; use that one.
-        return getattr(sys.modules[type(module).__module__], "eager_attention_forward", _generic_eager)
-    return type(_registry())._global_mapping[name]
-
-
-def _make_wrapper(name: str) -> Callable:
-    def probe_attention(module, query, key, value, attention_mask, *args, **kwargs):
-        original = original_attention_function(name, module)
-        for session in reversed(_SESSIONS):
-            place = session.where.get(id(module))
-            if place is not None:
-                return session.call(place, original, module, query, key, value, attention_mask, *args, **kwargs)
-        return original(module, query, key, value, attention_mask, *args, **kwargs)
-
-    probe_attention.__probe_wrapper__ = True
-    return probe_attention
-
-
-def _install(name: str) -> None:
-    registry = _registry()
-    current = registry._local_mapping.get(name, _MISSING)
-    if getattr(current, "__probe_wrapper__", False):
-        return
-    _SAVED[name] = current
-    registry._local_mapping[name] = _make_wrapper(name)
-
-
-def _uninstall_all() -> None:
-    registry = _registry()
-    for name, previous in list(_SAVED.items()):
-        if previous is _MISSING:
-            registry._local_mapping.pop(name, None)
-        else:
-            registry._local_mapping[name] = previous
-        del _SAVED[name]
-
-
-def installed_wrappers() -> list[str]:
-    """Names under which a probe wrapper sits in the registry now (empty when no capture is open)."""
-    return [k for k, v in _registry()._local_mapping.items() if getattr(v, "__probe_wrapper__", False)]
-
-
-@dataclass
-class AttentionMaps:
-    """Captured attention of one stack.
-
-    weights      [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
-    query_index  [batch, query] long               position of each kept query row (all rows: arange)
-    row_has_keys [batch, layer, query] bool        False where every key was masked (weights are 0 there)
-    """
-
-    stack: str
-    layers: tuple[int, ...]
-    heads: tuple[int, ...]
-    weights: torch.Tensor
-    query_index: torch.Tensor
-    row_has_keys: torch.Tensor
-
-    @property
-    def shape(self) -> dict[str, int]:
-        b, l, h, q, k = self.weights.shape
-        return {"batch": b, "layer": l, "head": h, "query": q, "key": k}
-
 
 @dataclass(frozen=True)
-class EditContext:
-    """What an attention editor is told about the call it edits."""
+class _Call:
+    """One call of an attention function, as the session reads it."""
 
-    stack: str
-    layer: int
-    module: object
-    query_index: torch.Tensor  # [batch, rows] the rows the session targets
-    allowed: torch.Tensor | None  # bool [B|1, 1|H, Q, K] keys each query may attend to, None = all
-
-
-# An editor takes full weights [batch, head, query, key] (fp32) and returns edited ones.
-Editor = Callable[[torch.Tensor, EditContext], torch.Tensor]
-# An observer is shown the head mean of the full weights [batch, query, key] (fp32); the model's
-# own attention kernel computes the output, and only one head's map exists at a time.
-Observer = Callable[[torch.Tensor, EditContext], None]
-
-
-@dataclass(frozen=True)
-class AttentionInputs:
-    """What one attention call was given, for a reader to recompute any block of its weights later
-    with :mod:`probe.capture.math` (``allowed_keys``, ``head_mean_weights``): nothing is computed
-    during the forward pass, and a reader that keeps these holds memory linear in the length."""
-
-    query: torch.Tensor  # [batch, head, query, head_dim] as the attention function received it
+    query: torch.Tensor  # [batch, head, query, head_dim]
     key: torch.Tensor  # [batch, kv_head, key, head_dim]
-    attention_mask: torch.Tensor | None  # the mask the model passed ([B|1, 1|H, Q, K]) or None
+    attention_mask: torch.Tensor | None  # as the model passed it ([B|1, 1|H, Q, K]) or None
     is_causal: bool
     scaling: float | None
     position_bias: torch.Tensor | None
     softcap: float | None
+    sinks: torch.Tensor | None  # attention-sink logits [head] (gpt-oss and kin)
+    rows: torch.Tensor | None  # [batch, rows] the query rows asked for; None = all
 
+    @property
+    def batch(self) -> int:
+        return self.query.shape[0]
 
-# A reader is handed a layer's AttentionInputs (detached); the model's own kernel runs unchanged.
-Reader = Callable[[AttentionInputs], None]
+    @property
+    def q_len(self) -> int:
+        return self.query.shape[2]
+
+    @property
+    def k_len(self) -> int:
+        return self.key.shape[2]
+
+    def allowed(self, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """bool [B|1, 1|H, Q or rows, K] keys each query may attend to (None = all)."""
+        return amath.allowed_keys(self.attention_mask, batch=self.batch, q_len=self.q_len, k_len=self.k_len,
+                                  is_causal=self.is_causal, rows=rows, device=self.query.device)
 
 
 class _Session:
@@ -208,11 +117,11 @@ class _Session:
     def _wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
             return False
-        chosen = self.layers.get(stack) if isinstance(self.layers, Mapping) else self.layers
+        chosen = for_stack(self.layers, stack)
         return chosen is None or layer in chosen
 
     def _rows(self, stack: str, batch: int, q_len: int, device) -> torch.Tensor | None:
-        spec = self.queries.get(stack) if isinstance(self.queries, Mapping) else self.queries
+        spec = for_stack(self.queries, stack)
         if spec is None or (isinstance(spec, str) and spec == "all"):
             return None
         if isinstance(spec, str):
@@ -339,73 +248,81 @@ class _Session:
         return replaced
 
     def call(self, place, original, module, query, key, value, attention_mask, *args, **kwargs):
+        """The function path: one call of the model's attention function ``original``, read, observed
+        or edited as the session asks (query [batch, head, query, dim], key/value [batch, kv_head, key, dim])."""
         places = self._places.get(id(module))
         if places is not None and len(places) > 1:
             place = self._next_place(id(module), places)
         stack, layer = place
         self.calls[place] = self.calls.get(place, 0) + 1
+        is_causal = kwargs.get("is_causal")
+        if is_causal is None:
+            is_causal = bool(getattr(module, "is_causal", False))
         reader = self.readers.get(place)
         if reader is not None:
-            causal = kwargs.get("is_causal")
             reader(AttentionInputs(query=query.detach(), key=key.detach(), attention_mask=attention_mask,
-                                   is_causal=bool(getattr(module, "is_causal", False)) if causal is None else bool(causal),
-                                   scaling=kwargs.get("scaling"), position_bias=kwargs.get("position_bias"),
-                                   softcap=kwargs.get("softcap")))
+                                   is_causal=bool(is_causal), scaling=kwargs.get("scaling"),
+                                   position_bias=kwargs.get("position_bias"), softcap=kwargs.get("softcap")))
         editor = self.editors.get(place)
         observer = self.observers.get(place) if editor is None else None
         wants = self._wants(stack, layer)
         if editor is None and observer is None and not wants:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
-
-        batch, _, q_len, _ = query.shape
-        k_len = key.shape[2]
-        is_causal = kwargs.get("is_causal")
-        if is_causal is None:
-            is_causal = bool(getattr(module, "is_causal", False))
-        scaling = kwargs.get("scaling")
-        rows = self._rows(stack, batch, q_len, query.device)
-        position_bias = kwargs.get("position_bias")
-        softcap = kwargs.get("softcap")
-        sinks = kwargs.get("s_aux", kwargs.get("sinks"))  # attention-sink logits [head] (gpt-oss and kin)
-        sinks = sinks if isinstance(sinks, torch.Tensor) else None
-
+        call = _Call(query, key, attention_mask, is_causal, kwargs.get("scaling"), kwargs.get("position_bias"),
+                     kwargs.get("softcap"), sink_logits(kwargs), self._rows(stack, query.shape[0], query.shape[2], query.device))
         if editor is not None:
-            if module.training:
-                raise CaptureError("attention interventions run in eval mode: call model.eval() first")
-            allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
-                                         is_causal=is_causal, rows=None, device=query.device)
-            scores = amath.attention_scores(query, key, scaling=scaling, position_bias=position_bias, softcap=softcap)
-            weights, has_keys = amath.masked_softmax(scores, allowed, sinks=sinks)
-            context = self._context(place, module, rows, allowed, batch, q_len, query.device)
-            weights = editor(weights.to(self.home), context).to(query.device)
-            output = amath.attention_output(weights, value)
-            if wants:
-                self._store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
-            return output, None
-
+            return self._edited(place, module, call, value, editor, wants)
         output, returned = original(module, query, key, value, attention_mask, *args, **kwargs)
         if observer is not None:
-            with torch.no_grad():
-                allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
-                                             is_causal=is_causal, rows=None, device=query.device)
-                mean = amath.head_mean_weights(query, key, allowed, scaling=scaling, position_bias=position_bias,
-                                               softcap=softcap, sinks=sinks)
-                observer(mean.to(self.home), self._context(place, module, rows, allowed, batch, q_len, query.device))
-                del mean, allowed
-        if not wants:
-            return output, returned
-        allowed = amath.allowed_keys(attention_mask, batch=batch, q_len=q_len, k_len=k_len,
-                                     is_causal=is_causal, rows=rows, device=query.device)
-        if returned is not None and returned.dim() == 4 and returned.shape[-1] == k_len:
+            self._observe(place, module, call, observer)
+        if wants:
+            self._record(place, call, returned)
+        return output, returned
+
+    def _edited(self, place, module, call: _Call, value: torch.Tensor, editor: Editor, wants: bool):
+        """The layer's output from its weights as ``editor`` changes them (all rows), recomputed from
+        query and key; the model's own function does not run."""
+        if module.training:
+            raise CaptureError("attention interventions run in eval mode: call model.eval() first")
+        query = call.query
+        allowed = call.allowed(rows=None)
+        scores = amath.attention_scores(query, call.key, scaling=call.scaling, position_bias=call.position_bias,
+                                        softcap=call.softcap)
+        weights, has_keys = amath.masked_softmax(scores, allowed, sinks=call.sinks)
+        context = self._context(place, module, call.rows, allowed, call.batch, call.q_len, query.device)
+        weights = editor(weights.to(self.home), context).to(query.device)
+        output = amath.attention_output(weights, value)
+        if wants:
+            self._store(place, amath.gather_rows(weights, call.rows),
+                        amath.gather_rows(has_keys[..., None], call.rows)[..., 0], call.rows, call.q_len)
+        return output, None
+
+    def _observe(self, place, module, call: _Call, observer: Observer) -> None:
+        """Show ``observer`` the head mean of the layer's full weights, one head at a time."""
+        with torch.no_grad():
+            allowed = call.allowed(rows=None)
+            mean = amath.head_mean_weights(call.query, call.key, allowed, scaling=call.scaling,
+                                           position_bias=call.position_bias, softcap=call.softcap, sinks=call.sinks)
+            observer(mean.to(self.home),
+                     self._context(place, module, call.rows, allowed, call.batch, call.q_len, call.query.device))
+            del mean, allowed
+
+    def _record(self, place, call: _Call, returned) -> None:
+        """Store the rows asked for: from the weights the function returned (eager) or recomputed
+        from query and key (sdpa, flash)."""
+        rows = call.rows
+        allowed = call.allowed(rows=rows)
+        if returned is not None and returned.dim() == 4 and returned.shape[-1] == call.k_len:
             picked = amath.gather_rows(returned, rows).float()
             has_keys = allowed.any(dim=-1) if allowed is not None else torch.ones(picked.shape[:-1], dtype=torch.bool, device=picked.device)
             picked = torch.where(has_keys[..., None], picked, torch.zeros((), device=picked.device))
         else:
-            scores = amath.attention_scores(query, key, scaling=scaling, rows=rows, position_bias=position_bias, softcap=softcap)
+            scores = amath.attention_scores(call.query, call.key, scaling=call.scaling, rows=rows,
+                                            position_bias=call.position_bias, softcap=call.softcap)
+            sinks = call.sinks
             row_sinks = amath.gather_rows(sinks, rows) if sinks is not None and sinks.dim() == 4 else sinks
             picked, has_keys = amath.masked_softmax(scores, allowed, sinks=row_sinks)
-        self._store(place, picked, has_keys, rows, q_len)
-        return output, returned
+        self._store(place, picked, has_keys, rows, call.q_len)
 
     def _context(self, place, module, rows, allowed, batch: int, q_len: int, device) -> EditContext:
         """What an editor or observer is told, on the model's input device."""
@@ -415,7 +332,7 @@ class _Session:
 
     def _store(self, place, picked, has_keys, rows, q_len):
         # picked [batch, head, rows, key]; has_keys [batch|1, head|1, rows]
-        heads = self.heads.get(place[0]) if isinstance(self.heads, Mapping) else self.heads
+        heads = for_stack(self.heads, place[0])
         if heads is not None:
             picked = picked[:, list(heads)]
         if not self.keep_grad:
@@ -462,7 +379,7 @@ class Capture:
         weights = torch.stack([session.records[(stack, layer)][0] for layer in layers], dim=1)
         has_keys = torch.stack([session.records[(stack, layer)][2] for layer in layers], dim=1)
         rows = session.records[(stack, layers[0])][1]
-        heads = session.heads.get(stack) if isinstance(session.heads, Mapping) else session.heads
+        heads = for_stack(session.heads, stack)
         n_heads = session.contract.stacks[stack].n_heads
         return AttentionMaps(
             stack=stack, layers=tuple(layers), heads=tuple(heads) if heads is not None else tuple(range(n_heads)),
@@ -479,7 +396,7 @@ class Capture:
         for (s, layer), (weights, rows, has_keys) in sorted(session.records.items()):
             if s != stack:
                 continue
-            heads = session.heads.get(stack) if isinstance(session.heads, Mapping) else session.heads
+            heads = for_stack(session.heads, stack)
             out[layer] = AttentionMaps(stack=stack, layers=(layer,),
                                        heads=tuple(heads) if heads is not None else tuple(range(weights.shape[1])),
                                        weights=weights[:, None], query_index=rows, row_has_keys=has_keys[:, None])
@@ -488,20 +405,25 @@ class Capture:
         return out
 
 
-def _validate(contract, stacks, layers, heads):
+def _validate(contract, stacks, layers, heads, editors, observers, readers):
+    """One line naming the first stack, layer, head or hooked layer the model does not have."""
     for stack in stacks:
         if stack not in contract.stacks:
             raise CaptureError(f"model has no {stack!r} attention: its stacks are {', '.join(contract.stacks)}")
     for stack in stacks:
         info = contract.stacks[stack]
-        chosen_layers = layers.get(stack) if isinstance(layers, Mapping) else layers
+        chosen_layers = for_stack(layers, stack)
         for layer in chosen_layers or ():
             if not 0 <= layer < info.n_layers:
                 raise CaptureError(f"layer {layer} does not exist in the {stack}: it has layers 0..{info.n_layers - 1}")
-        chosen_heads = heads.get(stack) if isinstance(heads, Mapping) else heads
+        chosen_heads = for_stack(heads, stack)
         for head in chosen_heads or ():
             if not 0 <= head < info.n_heads:
                 raise CaptureError(f"head {head} does not exist in the {stack}: it has heads 0..{info.n_heads - 1}")
+    for hooked, verb in ((editors, "edit"), (observers, "observe"), (readers, "read")):
+        for stack, layer in (hooked or {}):
+            if (stack, layer) not in contract.module_paths:
+                raise CaptureError(f"cannot {verb} {stack} layer {layer}: the model has no such attention module")
 
 
 @contextmanager
@@ -534,33 +456,17 @@ def capture_attention(
     contract = probe_model.contract
     model = probe_model.model
     stacks = tuple(stacks) if stacks is not None else tuple(contract.stacks)
-    _validate(contract, stacks, layers, heads)
-    for stack, layer in (editors or {}):
-        if (stack, layer) not in contract.module_paths:
-            raise CaptureError(f"cannot edit {stack} layer {layer}: the model has no such attention module")
-    for stack, layer in (observers or {}):
-        if (stack, layer) not in contract.module_paths:
-            raise CaptureError(f"cannot observe {stack} layer {layer}: the model has no such attention module")
+    _validate(contract, stacks, layers, heads, editors, observers, readers)
     # The 2-D padding mask that tells where each stack's query rows end ("last").
     if contract.task == "seq2seq":
         masks = {"encoder": attention_mask, "decoder": decoder_attention_mask, "cross": decoder_attention_mask}
     else:
         masks = {stack: attention_mask for stack in contract.stacks}
-    for stack, layer in (readers or {}):
-        if (stack, layer) not in contract.module_paths:
-            raise CaptureError(f"cannot read {stack} layer {layer}: the model has no such attention module")
     session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers,
                        readers)
-    implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
-    with _LOCK:
-        _install(implementation)
-        _SESSIONS.append(session)
-    try:
-        session.attach()
-        yield Capture(session)
-    finally:
-        session.detach()
-        with _LOCK:
-            _SESSIONS.remove(session)
-            if not _SESSIONS:
-                _uninstall_all()
+    with open_session(session, implementation_of(model)):
+        try:
+            session.attach()
+            yield Capture(session)
+        finally:
+            session.detach()

@@ -29,8 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from probe.capture.modes import ModuleModes, SoftmaxWatch
+from probe.capture.registry import implementation_of, open_session, sink_logits
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
+#: words in a module path that name a cross-attention (read here and by the fallback layout of
+#: probe.models.architectures, which sits above the capture)
+CROSS_ATTENTION_WORDS = ("cross", "encoder_attn", "encdec")
 # rows of a softmax sum to 1; a row whose keys are all masked may sum to 0; an attention sink
 # takes some mass out of the row (sum < 1)
 _ROW_SUM_TOL = 1e-3
@@ -57,7 +61,7 @@ class Site:
 
 def stack_of(path: str) -> str:
     lowered = path.lower()
-    if "cross" in lowered or "encoder_attn" in lowered or "encdec" in lowered:
+    if any(word in lowered for word in CROSS_ATTENTION_WORDS):
         return "cross"
     if "encoder" in lowered and "decoder" not in lowered:
         return "encoder"
@@ -132,109 +136,125 @@ class _Watch:
             self.callers.add(place)
         else:
             self.elsewhere[place] = int(key.shape[-2])
-        if isinstance(kwargs.get("s_aux", kwargs.get("sinks")), torch.Tensor):
+        if sink_logits(kwargs) is not None:
             self.with_sinks.add(place)
         return original(module, query, key, *args, **kwargs)
 
 
 def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, str]]:
     """Every readable attention layer of ``model`` and, by path, the modules that cannot be read and why."""
-    from probe.capture import hooks
+    watched = _WatchedPass(model, tokenizer, task)
+    watched.run(model)
+    unreadable = watched.attending_elsewhere()
+    return watched.sites(unreadable), unreadable
 
-    named = dict(model.named_modules())
-    candidates = attention_candidates(model)
-    order: list[int] = []  # id of each attention-looking module, per call, in call order
-    seen_probabilities: dict[int, set[str]] = {}
-    seen_softmax: dict[int, tuple[bool, bool]] = {}  # module id -> (folded heads, never looks ahead)
-    causal_seen: dict[int, bool] = {}
-    handles = []
-    modes = ModuleModes()
-    modules_by_id = {id(m): p for p, m in named.items()}
-    inputs = probe_inputs(model, tokenizer, task)
-    width = int(inputs["input_ids"].shape[1])
-    watch = _Watch(width)
 
-    def over_positions(t: torch.Tensor) -> bool:
+class _WatchedPass:
+    """One small forward pass with every attention-looking module watched: which modules call the
+    attention-function registry (and over how many keys), which hand probabilities through a child
+    module or compute them with a softmax call, and in which order the modules run."""
+
+    def __init__(self, model, tokenizer, task: str):
+        self.named = dict(model.named_modules())
+        self.candidates = attention_candidates(model)
+        self.modules_by_id = {id(m): p for p, m in self.named.items()}
+        self.inputs = probe_inputs(model, tokenizer, task)
+        self.width = int(self.inputs["input_ids"].shape[1])
+        self.order: list[int] = []  # id of each module, per call, in call order
+        self.seen_probabilities: dict[int, set[str]] = {}
+        self.seen_softmax: dict[int, tuple[bool, bool]] = {}  # module id -> (folded heads, never looks ahead)
+        self.causal_seen: dict[int, bool] = {}
+        self.watch = _Watch(self.width)
+
+    def _over_positions(self, t: torch.Tensor) -> bool:
         # [batch, head, query, key] (or [batch * head, query, key], batch 1 here) over the input's
         # positions: not a chunked or windowed layout
-        if t.dim() not in (3, 4) or t.shape[-1] != width or t.shape[-2] not in (1, width):
+        if t.dim() not in (3, 4) or t.shape[-1] != self.width or t.shape[-2] not in (1, self.width):
             return False
         return _looks_like_probabilities(t if t.dim() == 4 else t[None])
 
-    def saw(t: torch.Tensor, module) -> None:
-        seen_softmax[id(module)] = (t.dim() == 3, _never_looks_ahead(t))
+    def _saw_softmax(self, t: torch.Tensor, module) -> None:
+        self.seen_softmax[id(module)] = (t.dim() == 3, _never_looks_ahead(t))
 
-    try:
-        for module in candidates.values():
-            modes.watch(module, lambda module=module: SoftmaxWatch(over_positions, lambda t, m=module: saw(t, m)))
-        for path, module in named.items():
-            handles.append(module.register_forward_pre_hook(lambda mod, args: order.append(id(mod))))
-        for path, module in named.items():
+    def _probability_hooks(self) -> list:
+        """Forward hooks on the probability modules (dropout, softmax) inside attention candidates."""
+        handles = []
+        for path, module in self.named.items():
             if not isinstance(module, PROBABILITY_MODULES):
                 continue
-            owner = max((c for c in candidates if path.startswith(c + ".")), key=len, default=None)
+            owner = max((c for c in self.candidates if path.startswith(c + ".")), key=len, default=None)
             if owner is None:
                 continue
 
             def record(mod, args, output, path=path, owner=owner):
                 if _looks_like_probabilities(output):
-                    seen_probabilities.setdefault(id(candidates[owner]), set()).add(path)
-                    causal_seen[id(candidates[owner])] = _never_looks_ahead(output)
+                    self.seen_probabilities.setdefault(id(self.candidates[owner]), set()).add(path)
+                    self.causal_seen[id(self.candidates[owner])] = _never_looks_ahead(output)
 
             handles.append(module.register_forward_hook(record))
-        implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
-        with hooks._LOCK:
-            hooks._install(implementation)
-            hooks._SESSIONS.append(watch)
-        try:
-            with torch.no_grad():
-                model(**inputs)
-        finally:
-            with hooks._LOCK:
-                hooks._SESSIONS.remove(watch)
-                if not hooks._SESSIONS:
-                    hooks._uninstall_all()
-    finally:
-        modes.close()
-        for handle in handles:
-            handle.remove()
+        return handles
 
-    unreadable: dict[str, str] = {}
-    for module_id, keys in watch.elsewhere.items():
-        if module_id not in watch.callers:
-            path = modules_by_id[module_id]
-            unreadable.setdefault(path, f"{type(named[path]).__name__} attends over {keys} keys that are not the "
-                                        f"input's {width} positions (attention across layers or memory slots, not "
-                                        "tokens): not an attention layer over the text")
-    attention_ids = watch.callers | {id(m) for m in candidates.values()}
-    calls: dict[int, int] = {}
-    counters: dict[str, int] = {}
-    sites: list[Site] = []
-    for module_id in order:
-        if module_id not in attention_ids:
-            continue
-        path = modules_by_id[module_id]
-        call = calls.get(module_id, 0)
-        calls[module_id] = call + 1
-        stack = stack_of(path)
-        folded, causal = False, None
-        if module_id in watch.callers:
-            kind, probability_path = "function", None
-        elif seen_probabilities.get(module_id):
-            kind, probability_path = "probabilities", sorted(seen_probabilities[module_id])[0]
-            causal = causal_seen.get(module_id)
-        elif module_id in seen_softmax:
-            kind, probability_path = "softmax", None
-            folded, causal = seen_softmax[module_id]
-        else:
-            if call == 0:
-                unreadable[path] = (f"{type(named[path]).__name__} neither calls the attention-function registry, "
-                                    "nor passes [batch, head, query, key] probabilities through a child module, nor "
-                                    "computes them with a softmax over the input's positions (linear, kernelised or "
-                                    "chunked attention has none)")
-            continue
-        sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, kind=kind,
-                          probability_path=probability_path, call=call, causal=causal, folded_heads=folded,
-                          sinks=module_id in watch.with_sinks))
-        counters[stack] = counters.get(stack, 0) + 1
-    return sites, unreadable
+    def run(self, model) -> None:
+        """The forward pass, every hook and mode removed again in ``finally``."""
+        handles = []
+        modes = ModuleModes()
+        try:
+            for module in self.candidates.values():
+                modes.watch(module, lambda module=module: SoftmaxWatch(
+                    self._over_positions, lambda t, m=module: self._saw_softmax(t, m)))
+            for module in self.named.values():
+                handles.append(module.register_forward_pre_hook(lambda mod, args: self.order.append(id(mod))))
+            handles += self._probability_hooks()
+            with open_session(self.watch, implementation_of(model)), torch.no_grad():
+                model(**self.inputs)
+        finally:
+            modes.close()
+            for handle in handles:
+                handle.remove()
+
+    def attending_elsewhere(self) -> dict[str, str]:
+        """Modules that called the registry only over keys that are not the input's positions."""
+        unreadable: dict[str, str] = {}
+        for module_id, keys in self.watch.elsewhere.items():
+            if module_id not in self.watch.callers:
+                path = self.modules_by_id[module_id]
+                unreadable.setdefault(path, f"{type(self.named[path]).__name__} attends over {keys} keys that are not "
+                                            f"the input's {self.width} positions (attention across layers or memory "
+                                            "slots, not tokens): not an attention layer over the text")
+        return unreadable
+
+    def sites(self, unreadable: dict[str, str]) -> list[Site]:
+        """The readable layers in call order, numbered per stack; candidates that cannot be read are
+        added to ``unreadable`` with the reason."""
+        attention_ids = self.watch.callers | {id(m) for m in self.candidates.values()}
+        calls: dict[int, int] = {}
+        counters: dict[str, int] = {}
+        sites: list[Site] = []
+        for module_id in self.order:
+            if module_id not in attention_ids:
+                continue
+            path = self.modules_by_id[module_id]
+            call = calls.get(module_id, 0)
+            calls[module_id] = call + 1
+            stack = stack_of(path)
+            folded, causal = False, None
+            if module_id in self.watch.callers:
+                kind, probability_path = "function", None
+            elif self.seen_probabilities.get(module_id):
+                kind, probability_path = "probabilities", sorted(self.seen_probabilities[module_id])[0]
+                causal = self.causal_seen.get(module_id)
+            elif module_id in self.seen_softmax:
+                kind, probability_path = "softmax", None
+                folded, causal = self.seen_softmax[module_id]
+            else:
+                if call == 0:
+                    unreadable[path] = (f"{type(self.named[path]).__name__} neither calls the attention-function "
+                                        "registry, nor passes [batch, head, query, key] probabilities through a child "
+                                        "module, nor computes them with a softmax over the input's positions (linear, "
+                                        "kernelised or chunked attention has none)")
+                continue
+            sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, kind=kind,
+                              probability_path=probability_path, call=call, causal=causal, folded_heads=folded,
+                              sinks=module_id in self.watch.with_sinks))
+            counters[stack] = counters.get(stack, 0) + 1
+        return sites

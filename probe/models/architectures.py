@@ -3,8 +3,14 @@
 Where each architecture keeps its attention modules (``ATTENTION_LAYOUTS``); where it keeps W_V
 and W_O (``VALUE_OUTPUT_LAYOUTS``: attn_norm, ALTI, GlobEnc) and its LayerNorms
 (``MIXING_LAYOUTS``: ALTI, GlobEnc); which encoder-decoders' encoders the context-mixing measures
-read (``SEQ2SEQ_TYPES``); and, from a loaded model's structure alone, which context-mixing method
-runs on it (the contract states it). Nothing here runs a model.
+read (``SEQ2SEQ_TYPES``); which model types are causal LMs when their config says no more
+(``CAUSAL_LM_TYPES``); which config and module attributes hold a layer's head count, head size
+and position window (``HEAD_COUNT_ATTRIBUTES`` ...); and, from a loaded model's structure alone,
+which context-mixing method runs on it (the contract states it). Nothing here runs a model.
+
+The words in a module path that name a cross-attention are the capture's
+(``probe.capture.sites.CROSS_ATTENTION_WORDS``: the capture sits below this package and reads
+them in its watched forward pass); the fallback layout below reads the same tuple.
 
 Each entry maps a model type to the attention stacks it has. A stack is a name (``encoder``,
 ``decoder``, ``cross``) and a regular expression over module paths whose first group is the layer
@@ -16,11 +22,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from probe.capture.sites import CROSS_ATTENTION_WORDS
 from probe.errors import InputError
-from probe.names import CONTEXT_MIXING_METHODS
+
+if TYPE_CHECKING:
+    from probe.models.core import ProbeModel
 
 # Stacks, in the order reports list them.
 STACK_ORDER = ("encoder", "decoder", "cross")
@@ -66,6 +76,22 @@ ATTENTION_LAYOUTS: dict[str, tuple[StackPattern, ...]] = {
 # Models whose attention cannot be read through the attention interface at all.
 UNSUPPORTED: dict[str, str] = {}
 
+#: model types read as causal LMs when neither the config's ``architectures`` nor ``is_decoder``
+#: say so (and never taken for a headless encoder)
+CAUSAL_LM_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
+
+#: where a layer's query-head count and head size are read: the attention module's attributes
+#: first, then its config's (the module's own config, else the model's); the first one set wins
+HEAD_COUNT_ATTRIBUTES = ("num_heads", "num_attention_heads", "n_heads")
+CONFIG_HEAD_COUNT_ATTRIBUTES = ("num_attention_heads", "n_head")
+HEAD_DIM_ATTRIBUTES = ("head_dim", "attention_head_size", "key_value_proj_dim")
+#: config attributes that bound the positions a model reads (the smallest positive one, and the
+#: tokenizer's ``model_max_length``, bound the window)
+MAX_POSITION_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length")
+#: positions assumed where neither config nor tokenizer sets a window (T5: relative positions,
+#: no hard window; 512 is what it was trained on)
+DEFAULT_MAX_POSITIONS = 512
+
 
 def _generic_layout(named_modules) -> dict[tuple[str, int], str]:
     """Fallback for unknown model types: modules named like attention blocks with a layer index.
@@ -90,7 +116,7 @@ def _generic_layout(named_modules) -> dict[tuple[str, int], str]:
                 continue
             layer = int(numbers[-1])
         lowered = path.lower()
-        if "cross" in lowered or "encoder_attn" in lowered or "encdec" in lowered:
+        if any(word in lowered for word in CROSS_ATTENTION_WORDS):
             stack = "cross"
         elif "encoder" in lowered:
             stack = "encoder"
@@ -217,14 +243,14 @@ MIXING_LAYOUTS: dict[str, MixingLayout] = {
 SEQ2SEQ_TYPES = ("bart", "marian", "mbart", "t5")
 
 
-def _refuse_seq2seq(pm, method: str) -> None:
+def _refuse_seq2seq(pm: ProbeModel, method: str) -> None:
     if pm.task == "seq2seq" and pm.contract.model_type not in SEQ2SEQ_TYPES:
         raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__} (model type "
                          f"{pm.contract.model_type!r}): probe knows the encoder layers of "
                          f"{', '.join(SEQ2SEQ_TYPES)} only")
 
 
-def mixing_layout(pm, method: str = "alti") -> MixingLayout:
+def mixing_layout(pm: ProbeModel, method: str = "alti") -> MixingLayout:
     """The layout of ``pm``'s layers, or a one-line InputError naming the model class and what is missing."""
     _refuse_seq2seq(pm, method)
     model_type = pm.contract.model_type
@@ -236,7 +262,7 @@ def mixing_layout(pm, method: str = "alti") -> MixingLayout:
     return layout
 
 
-def context_mixing_support(pm, method: str) -> str | None:
+def context_mixing_support(pm: ProbeModel, method: str) -> str | None:
     """None when ``method`` runs on ``pm``, else why not (one line)."""
     try:
         if method == "value_zeroing":
@@ -249,7 +275,7 @@ def context_mixing_support(pm, method: str) -> str | None:
     return None
 
 
-def block_modules(pm, stack: str) -> dict[int, torch.nn.Module]:
+def block_modules(pm: ProbeModel, stack: str) -> dict[int, torch.nn.Module]:
     """``{layer: the transformer block holding that layer's attention}``: the nearest ancestor of the
     attention module that is an item of a ModuleList (read from the model's own structure)."""
     modules = dict(pm.model.named_modules())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from probe.capture import math as amath
 from probe.capture.hooks import original_attention_function
 from probe.errors import CaptureError
 from probe.models.text import encode_texts, forward_inputs
+
+if TYPE_CHECKING:
+    from probe.models.core import ProbeModel
 
 DEFAULT_TEXTS = (
     "the film is a quiet , moving portrait of grief and it works",
@@ -35,11 +39,11 @@ class CheckResult:
         return {"name": self.name, "passed": self.passed, "detail": self.detail}
 
 
-def _tolerance(pm) -> float:
+def _tolerance(pm: ProbeModel) -> float:
     return 1e-5 if pm.contract.dtype == "float32" else 2e-2
 
 
-def _eager_tolerance(pm) -> float:
+def _eager_tolerance(pm: ProbeModel) -> float:
     """Capture under the loaded implementation against HF's eager ``output_attentions``.
 
     The same kernel (eager) agrees to fp32 rounding; sdpa/flash kernels sum in another order, and
@@ -66,7 +70,7 @@ def _outputs(out):
     return out.logits.float()
 
 
-def _real_outputs(pm, logits: torch.Tensor, inputs: dict, index: int) -> torch.Tensor:
+def _real_outputs(pm: ProbeModel, logits: torch.Tensor, inputs: dict, index: int) -> torch.Tensor:
     """Logits of example ``index`` at its real positions only."""
     if pm.task in ("classification", "encoder"):  # [batch, classes] or [batch, hidden] pooled
         return logits[index]
@@ -108,7 +112,7 @@ def _stack_maps(cap, stack: str):
         return PerLayerMaps(stack, per_layer, str(error))
 
 
-def _capture_all(pm, inputs):
+def _capture_all(pm: ProbeModel, inputs):
     decoder_mask = inputs.get("decoder_attention_mask")
     with torch.no_grad(), capture_attention(
         pm, attention_mask=inputs["attention_mask"], decoder_attention_mask=decoder_mask
@@ -117,26 +121,26 @@ def _capture_all(pm, inputs):
     return _outputs(out), {stack: _stack_maps(cap, stack) for stack in pm.contract.stacks}, cap.calls
 
 
-def _lengths(pm, inputs, stack):
+def _lengths(pm: ProbeModel, inputs, stack):
     if pm.task == "seq2seq" and stack in ("decoder", "cross"):
         return inputs["decoder_attention_mask"].sum(1)
     return inputs["attention_mask"].sum(1)
 
 
-def _key_lengths(pm, inputs, stack):
+def _key_lengths(pm: ProbeModel, inputs, stack):
     if pm.task == "seq2seq" and stack == "decoder":
         return inputs["decoder_attention_mask"].sum(1)
     return inputs["attention_mask"].sum(1)
 
 
-def _real_block(pm, inputs, maps, stack, index):
+def _real_block(pm: ProbeModel, inputs, maps, stack, index):
     """[layer, head, real query, real key] of one example."""
     q = int(_lengths(pm, inputs, stack)[index])
     k = int(_key_lengths(pm, inputs, stack)[index])
     return maps[stack].weights[index, :, :, :q, :k]
 
 
-def _eager_attentions(pm, inputs):
+def _eager_attentions(pm: ProbeModel, inputs):
     """HF's own eager ``output_attentions``, the model switched to eager and back."""
     model = pm.model
     before = model.config._attn_implementation
@@ -174,141 +178,170 @@ def _as_probabilities(layers, widths: set[int]):
     return tuple(out)
 
 
-def _model_checks(pm, texts) -> list[CheckResult]:
-    tol = _tolerance(pm)
-    results: list[CheckResult] = []
-    state: dict = {}
+@dataclass(frozen=True)
+class _Observed:
+    """What the model-level checks share: one padded batch run without and with capture."""
 
-    def setup():
-        batch = encode_texts(pm, list(texts))
-        inputs = forward_inputs(pm, batch)
-        with torch.no_grad():
-            plain = _outputs(pm.model(**inputs))
-        logits, maps, calls = _capture_all(pm, inputs)
-        state.update(batch=batch, inputs=inputs, plain=plain, logits=logits, maps=maps, calls=calls,
-                     n=batch["input_ids"].shape[0])
+    texts: tuple[str, ...]
+    inputs: dict  # the model's keyword arguments for the batch
+    plain: torch.Tensor  # fp32 outputs without capture ([batch, classes] or [batch, seq, vocab])
+    logits: torch.Tensor  # the same outputs with capture open
+    maps: dict  # stack -> AttentionMaps (or PerLayerMaps)
+    calls: dict[tuple[str, int], int]  # how often each (stack, layer) ran through the capture
+    n: int  # batch size
+    tol: float
 
-    failed = _guarded("capture_runs", setup)
+
+def _observe(pm: ProbeModel, texts) -> _Observed:
+    batch = encode_texts(pm, list(texts))
+    inputs = forward_inputs(pm, batch)
+    with torch.no_grad():
+        plain = _outputs(pm.model(**inputs))
+    logits, maps, calls = _capture_all(pm, inputs)
+    return _Observed(texts=tuple(texts), inputs=inputs, plain=plain, logits=logits, maps=maps, calls=calls,
+                     n=batch["input_ids"].shape[0], tol=_tolerance(pm))
+
+
+def _model_checks(pm: ProbeModel, texts) -> list[CheckResult]:
+    observed: list[_Observed] = []
+    failed = _guarded("capture_runs", lambda: observed.append(_observe(pm, texts)))
     if failed:
         return failed
-    inputs, plain, logits, maps, calls, n = (state[k] for k in ("inputs", "plain", "logits", "maps", "calls", "n"))
-
-    def every_layer():
-        expected = sum(s.n_layers for s in pm.contract.stacks.values())
-        seen = sum(1 for count in calls.values() if count >= 1)
-        return CheckResult("every_layer_captured", seen == expected and all(c == 1 for c in calls.values()),
-                           f"{seen} of {expected} attention layers ran once each through the capture")
-
-    def unchanged():
-        diff = (logits - plain).abs().max().item()
-        return CheckResult("capture_leaves_output_unchanged", diff <= 1e-6, f"max |logit change| {diff:.2e}")
-
-    def row_sums():
-        worst = 0.0
-        sink_low = 1.0
-        sink_stacks = [s for s, c in pm.contract.stacks.items() if c.sinks]
-        for stack, m in maps.items():
-            sums = m.weights.sum(-1)
-            valid = m.row_has_keys[:, :, None, :].expand_as(sums)
-            if stack in sink_stacks:  # 1 minus the sink mass: in (0, 1]
-                worst = max(worst, (sums[valid] - 1).clamp(min=0).max().item())
-                sink_low = min(sink_low, sums[valid].min().item())
-            else:
-                worst = max(worst, (sums[valid] - 1).abs().max().item())
-        if sink_stacks:
-            return CheckResult("rows_sum_to_one", worst <= tol and sink_low > 0,
-                               f"attention sinks in {', '.join(sink_stacks)}: rows sum to 1 minus the sink mass "
-                               f"(smallest {sink_low:.3f}, largest excess over 1 {worst:.2e})")
-        return CheckResult("rows_sum_to_one", worst <= tol, f"max |row sum - 1| over the key axis {worst:.2e}")
-
-    def padded_keys():
-        leak = 0.0
-        for stack, m in maps.items():
-            key_len = _key_lengths(pm, inputs, stack)
-            keys = torch.arange(m.weights.shape[-1], device=key_len.device)
-            padded = keys[None, :] >= key_len[:, None]  # [batch, key]
-            if padded.any():
-                leak = max(leak, m.weights.masked_select(padded[:, None, None, None, :].expand_as(m.weights)).abs().max().item())
-        return CheckResult("padded_keys_get_zero", leak == 0.0, f"max weight on a padded key {leak:.2e}")
-
-    def equals_eager():
-        eager_tol = _eager_tolerance(pm)
-        eager = _eager_attentions(pm, inputs)
-        gap = 0.0
-        for stack, layers in eager.items():
-            if stack not in maps or not layers:
-                continue
-            captured = layer_weights(maps[stack])
-            if len(layers) != len(captured):
-                return CheckResult("capture_equals_eager_output_attentions", False,
-                                   f"{stack}: probe captured {len(captured)} layers, HF returns {len(layers)}")
-            for li, layer in enumerate(layers):
-                full = layer.float()
-                if full.shape != captured[li].shape:
-                    return CheckResult("capture_equals_eager_output_attentions", False,
-                                       f"{stack} layer {li}: captured {tuple(captured[li].shape)}, HF {tuple(full.shape)}")
-                for i in range(n):
-                    q = int(_lengths(pm, inputs, stack)[i])
-                    k = int(_key_lengths(pm, inputs, stack)[i])
-                    gap = max(gap, (full[i, :, :q, :k] - captured[li][i, :, :q, :k]).abs().max().item())
-        return CheckResult("capture_equals_eager_output_attentions", gap <= eager_tol,
-                           f"max |captured - HF eager output_attentions| {gap:.2e}, tolerance {eager_tol:.0e} "
-                           f"(implementation {pm.contract.implementation})")
-
-    def padding_tokens():
-        # Changing what sits in padded positions must change nothing real.
-        swapped = {k: v.clone() for k, v in inputs.items()}
-        pad_positions = swapped["attention_mask"] == 0
-        if not pad_positions.any():
-            return None
-        other = (swapped["input_ids"].max() + 1) % pm.model.config.vocab_size
-        swapped["input_ids"][pad_positions] = other
-        logits_b, maps_b, _ = _capture_all(pm, swapped)
-        out_gap = max((_real_outputs(pm, logits, inputs, i) - _real_outputs(pm, logits_b, inputs, i)).abs().max().item() for i in range(n))
-        att_gap = max((_real_block(pm, inputs, maps, s, i) - _real_block(pm, inputs, maps_b, s, i)).abs().max().item()
-                      for s in maps for i in range(n))
-        return CheckResult("padding_tokens_change_nothing", max(out_gap, att_gap) <= tol,
-                           f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by {att_gap:.2e}")
-
-    def causal_future():
-        causal = [s for s, c in pm.contract.stacks.items() if c.mask_kind.startswith(("causal", "sliding"))]
-        if not (causal and pm.task == "causal_lm"):
-            return None
-        i = int(inputs["attention_mask"].sum(1).argmax())
-        last = int(inputs["attention_mask"][i].sum()) - 1
-        changed = {k: v.clone() for k, v in inputs.items()}
-        changed["input_ids"][i, last] = (changed["input_ids"][i, last] + 1) % pm.model.config.vocab_size
-        logits_c, maps_c, _ = _capture_all(pm, changed)
-        out_gap = (logits[i, :last] - logits_c[i, :last]).abs().max().item()
-        att_gap = max((maps[s].weights[i, :, :, :last] - maps_c[s].weights[i, :, :, :last]).abs().max().item() for s in causal)
-        moved = (logits[i, last] - logits_c[i, last]).abs().max().item()
-        return CheckResult("causal_future_changes_nothing_earlier", max(out_gap, att_gap) <= tol and moved > 0,
-                           f"changing the last token moved earlier outputs by {out_gap:.2e}, earlier attention by "
-                           f"{att_gap:.2e} (its own output by {moved:.2e})")
-
-    def batch_of_one():
-        out_gap = att_gap = 0.0
-        for i, text in enumerate(texts):
-            single = forward_inputs(pm, encode_texts(pm, [text]))
-            logits_1, maps_1, _ = _capture_all(pm, single)
-            out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, logits, inputs, i)).abs().max().item())
-            for s in maps:
-                att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, inputs, maps, s, i)).abs().max().item())
-        # Logits are compared relative to their size: a 30-layer LM's logits reach tens, and fp32 sums
-        # in a padded batch run through other kernels than a single sequence.
-        scale = max(1.0, logits.abs().max().item())
-        return CheckResult("batch_of_one_equals_batch_of_n", out_gap <= tol * scale and att_gap <= tol,
-                           f"max gap, batch of 1 vs batch of {n}: outputs {out_gap:.2e} (logits up to {scale:.1f}), "
-                           f"attention {att_gap:.2e}")
-
-    for name, check in (("every_layer_captured", every_layer), ("capture_leaves_output_unchanged", unchanged),
-                        ("rows_sum_to_one", row_sums), ("padded_keys_get_zero", padded_keys),
-                        ("capture_equals_eager_output_attentions", equals_eager),
-                        ("padding_tokens_change_nothing", padding_tokens),
-                        ("causal_future_changes_nothing_earlier", causal_future),
-                        ("batch_of_one_equals_batch_of_n", batch_of_one)):
-        results += _guarded(name, check)
+    results: list[CheckResult] = []
+    for name, check in _MODEL_CHECKS:
+        results += _guarded(name, lambda check=check: check(pm, observed[0]))
     return results
+
+
+def _every_layer(pm: ProbeModel, o: _Observed) -> CheckResult:
+    expected = sum(s.n_layers for s in pm.contract.stacks.values())
+    seen = sum(1 for count in o.calls.values() if count >= 1)
+    return CheckResult("every_layer_captured", seen == expected and all(c == 1 for c in o.calls.values()),
+                       f"{seen} of {expected} attention layers ran once each through the capture")
+
+
+def _unchanged(pm: ProbeModel, o: _Observed) -> CheckResult:
+    diff = (o.logits - o.plain).abs().max().item()
+    return CheckResult("capture_leaves_output_unchanged", diff <= 1e-6, f"max |logit change| {diff:.2e}")
+
+
+def _row_sums(pm: ProbeModel, o: _Observed) -> CheckResult:
+    worst = 0.0
+    sink_low = 1.0
+    sink_stacks = [s for s, c in pm.contract.stacks.items() if c.sinks]
+    for stack, m in o.maps.items():
+        sums = m.weights.sum(-1)
+        valid = m.row_has_keys[:, :, None, :].expand_as(sums)
+        if stack in sink_stacks:  # 1 minus the sink mass: in (0, 1]
+            worst = max(worst, (sums[valid] - 1).clamp(min=0).max().item())
+            sink_low = min(sink_low, sums[valid].min().item())
+        else:
+            worst = max(worst, (sums[valid] - 1).abs().max().item())
+    if sink_stacks:
+        return CheckResult("rows_sum_to_one", worst <= o.tol and sink_low > 0,
+                           f"attention sinks in {', '.join(sink_stacks)}: rows sum to 1 minus the sink mass "
+                           f"(smallest {sink_low:.3f}, largest excess over 1 {worst:.2e})")
+    return CheckResult("rows_sum_to_one", worst <= o.tol, f"max |row sum - 1| over the key axis {worst:.2e}")
+
+
+def _padded_keys(pm: ProbeModel, o: _Observed) -> CheckResult:
+    leak = 0.0
+    for stack, m in o.maps.items():
+        key_len = _key_lengths(pm, o.inputs, stack)
+        keys = torch.arange(m.weights.shape[-1], device=key_len.device)
+        padded = keys[None, :] >= key_len[:, None]  # [batch, key]
+        if padded.any():
+            leak = max(leak, m.weights.masked_select(padded[:, None, None, None, :].expand_as(m.weights)).abs().max().item())
+    return CheckResult("padded_keys_get_zero", leak == 0.0, f"max weight on a padded key {leak:.2e}")
+
+
+def _equals_eager(pm: ProbeModel, o: _Observed) -> CheckResult:
+    eager_tol = _eager_tolerance(pm)
+    eager = _eager_attentions(pm, o.inputs)
+    gap = 0.0
+    for stack, layers in eager.items():
+        if stack not in o.maps or not layers:
+            continue
+        captured = layer_weights(o.maps[stack])
+        if len(layers) != len(captured):
+            return CheckResult("capture_equals_eager_output_attentions", False,
+                               f"{stack}: probe captured {len(captured)} layers, HF returns {len(layers)}")
+        for li, layer in enumerate(layers):
+            full = layer.float()
+            if full.shape != captured[li].shape:
+                return CheckResult("capture_equals_eager_output_attentions", False,
+                                   f"{stack} layer {li}: captured {tuple(captured[li].shape)}, HF {tuple(full.shape)}")
+            for i in range(o.n):
+                q = int(_lengths(pm, o.inputs, stack)[i])
+                k = int(_key_lengths(pm, o.inputs, stack)[i])
+                gap = max(gap, (full[i, :, :q, :k] - captured[li][i, :, :q, :k]).abs().max().item())
+    return CheckResult("capture_equals_eager_output_attentions", gap <= eager_tol,
+                       f"max |captured - HF eager output_attentions| {gap:.2e}, tolerance {eager_tol:.0e} "
+                       f"(implementation {pm.contract.implementation})")
+
+
+def _padding_tokens(pm: ProbeModel, o: _Observed) -> CheckResult | None:
+    # Changing what sits in padded positions must change nothing real.
+    inputs, n = o.inputs, o.n
+    swapped = {k: v.clone() for k, v in inputs.items()}
+    pad_positions = swapped["attention_mask"] == 0
+    if not pad_positions.any():
+        return None
+    other = (swapped["input_ids"].max() + 1) % pm.model.config.vocab_size
+    swapped["input_ids"][pad_positions] = other
+    logits_b, maps_b, _ = _capture_all(pm, swapped)
+    out_gap = max((_real_outputs(pm, o.logits, inputs, i) - _real_outputs(pm, logits_b, inputs, i)).abs().max().item()
+                  for i in range(n))
+    att_gap = max((_real_block(pm, inputs, o.maps, s, i) - _real_block(pm, inputs, maps_b, s, i)).abs().max().item()
+                  for s in o.maps for i in range(n))
+    return CheckResult("padding_tokens_change_nothing", max(out_gap, att_gap) <= o.tol,
+                       f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by {att_gap:.2e}")
+
+
+def _causal_future(pm: ProbeModel, o: _Observed) -> CheckResult | None:
+    causal = [s for s, c in pm.contract.stacks.items() if c.mask_kind.startswith(("causal", "sliding"))]
+    if not (causal and pm.task == "causal_lm"):
+        return None
+    inputs, logits, maps = o.inputs, o.logits, o.maps
+    i = int(inputs["attention_mask"].sum(1).argmax())
+    last = int(inputs["attention_mask"][i].sum()) - 1
+    changed = {k: v.clone() for k, v in inputs.items()}
+    changed["input_ids"][i, last] = (changed["input_ids"][i, last] + 1) % pm.model.config.vocab_size
+    logits_c, maps_c, _ = _capture_all(pm, changed)
+    out_gap = (logits[i, :last] - logits_c[i, :last]).abs().max().item()
+    att_gap = max((maps[s].weights[i, :, :, :last] - maps_c[s].weights[i, :, :, :last]).abs().max().item() for s in causal)
+    moved = (logits[i, last] - logits_c[i, last]).abs().max().item()
+    return CheckResult("causal_future_changes_nothing_earlier", max(out_gap, att_gap) <= o.tol and moved > 0,
+                       f"changing the last token moved earlier outputs by {out_gap:.2e}, earlier attention by "
+                       f"{att_gap:.2e} (its own output by {moved:.2e})")
+
+
+def _batch_of_one(pm: ProbeModel, o: _Observed) -> CheckResult:
+    out_gap = att_gap = 0.0
+    for i, text in enumerate(o.texts):
+        single = forward_inputs(pm, encode_texts(pm, [text]))
+        logits_1, maps_1, _ = _capture_all(pm, single)
+        out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, o.logits, o.inputs, i)).abs().max().item())
+        for s in o.maps:
+            att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, o.inputs, o.maps, s, i)).abs().max().item())
+    # Logits are compared relative to their size: a 30-layer LM's logits reach tens, and fp32 sums
+    # in a padded batch run through other kernels than a single sequence.
+    scale = max(1.0, o.logits.abs().max().item())
+    return CheckResult("batch_of_one_equals_batch_of_n", out_gap <= o.tol * scale and att_gap <= o.tol,
+                       f"max gap, batch of 1 vs batch of {o.n}: outputs {out_gap:.2e} (logits up to {scale:.1f}), "
+                       f"attention {att_gap:.2e}")
+
+
+#: the model-level checks, in the order ``probe contract`` lists them; a check returning None does
+#: not apply to the model (no padding in the batch, not a causal LM)
+_MODEL_CHECKS = (
+    ("every_layer_captured", _every_layer), ("capture_leaves_output_unchanged", _unchanged),
+    ("rows_sum_to_one", _row_sums), ("padded_keys_get_zero", _padded_keys),
+    ("capture_equals_eager_output_attentions", _equals_eager),
+    ("padding_tokens_change_nothing", _padding_tokens),
+    ("causal_future_changes_nothing_earlier", _causal_future),
+    ("batch_of_one_equals_batch_of_n", _batch_of_one),
+)
 
 
 def _mask_for(implementation: str, allowed: torch.Tensor, dtype) -> torch.Tensor:
@@ -319,83 +352,98 @@ def _mask_for(implementation: str, allowed: torch.Tensor, dtype) -> torch.Tensor
     return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def _function_checks(pm) -> list[CheckResult]:
-    contract = pm.contract
-    stack = contract.primary_stack
-    path = contract.module_paths[(stack, 0)]
-    module = dict(pm.model.named_modules())[path]
-    implementation = contract.implementation
-    original = original_attention_function(implementation, module)
-    info = contract.stacks[stack]
-    device, dtype = pm.device, pm.model.dtype
-    gen = torch.Generator().manual_seed(0)
-    q_len, k_len = 4, 6
-    # key/value heads as the module's own function repeats them (num_key_value_groups), which is
-    # what it was written for even where the config names another count (gpt_bigcode, inkling)
-    groups = getattr(module, "num_key_value_groups", None)
-    n_kv = info.n_heads // groups if isinstance(groups, int) and groups > 0 and info.n_heads % groups == 0 \
-        else info.n_kv_heads
-    query = torch.randn(1, info.n_heads, q_len, info.head_dim, generator=gen).to(device, dtype) * 2
-    key = torch.randn(1, n_kv, k_len, info.head_dim, generator=gen).to(device, dtype) * 2
-    value = torch.randn(1, n_kv, k_len, info.head_dim, generator=gen).to(device, dtype)
-    scaling = getattr(module, "scaling", None) or info.head_dim ** -0.5
-    tol = _tolerance(pm)
-    results = []
+class _FunctionProbe:
+    """The model's own attention function (the one its primary stack's first layer uses), called on
+    seeded random query ``[1, head, 4, head_dim]`` and key/value ``[1, kv_head, 6, head_dim]``."""
 
-    def run(q, k, v, allowed, bias=None):
-        mask = _mask_for(implementation, allowed, dtype).to(device)
+    q_len, k_len = 4, 6
+
+    def __init__(self, pm: ProbeModel):
+        contract = pm.contract
+        stack = contract.primary_stack
+        self.module = dict(pm.model.named_modules())[contract.module_paths[(stack, 0)]]
+        self.implementation = contract.implementation
+        self.original = original_attention_function(self.implementation, self.module)
+        self.info = info = contract.stacks[stack]
+        self.device, self.dtype = device, dtype = pm.device, pm.model.dtype
+        self.gen = gen = torch.Generator().manual_seed(0)
+        # key/value heads as the module's own function repeats them (num_key_value_groups), which is
+        # what it was written for even where the config names another count (gpt_bigcode, inkling)
+        groups = getattr(self.module, "num_key_value_groups", None)
+        self.n_kv = n_kv = info.n_heads // groups if isinstance(groups, int) and groups > 0 \
+            and info.n_heads % groups == 0 else info.n_kv_heads
+        self.query = torch.randn(1, info.n_heads, self.q_len, info.head_dim, generator=gen).to(device, dtype) * 2
+        self.key = torch.randn(1, n_kv, self.k_len, info.head_dim, generator=gen).to(device, dtype) * 2
+        self.value = torch.randn(1, n_kv, self.k_len, info.head_dim, generator=gen).to(device, dtype)
+        self.scaling = getattr(self.module, "scaling", None) or info.head_dim ** -0.5
+        self.tol = _tolerance(pm)
+        self.everything = torch.ones(1, 1, self.q_len, self.k_len, dtype=torch.bool, device=device)
+
+    def run(self, q, k, v, allowed, bias=None) -> torch.Tensor:
+        """The function's output [1, head, query, head_dim] (fp32) under the keys ``allowed``."""
+        mask = _mask_for(self.implementation, allowed, self.dtype).to(self.device)
         if bias is not None:
-            mask = _mask_for("eager", allowed, dtype).to(device) + bias.to(device, dtype)
+            mask = _mask_for("eager", allowed, self.dtype).to(self.device) + bias.to(self.device, self.dtype)
         with torch.no_grad():
-            out, _ = original(module, q, k, v, mask, scaling=scaling, dropout=0.0, is_causal=False)
+            out, _ = self.original(self.module, q, k, v, mask, scaling=self.scaling, dropout=0.0, is_causal=False)
         return out.float()
 
-    everything = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
 
-    # All-masked row: what the implementation does, and what probe does.
-    blocked = everything.clone()
+def _function_checks(pm: ProbeModel) -> list[CheckResult]:
+    f = _FunctionProbe(pm)
+    # in this order: the permutation draws from the generator after query, key and value
+    return [_all_masked_row(f), _key_permutation(f), _duplicate_key(f)]
+
+
+def _all_masked_row(f: _FunctionProbe) -> CheckResult:
+    """What the implementation does with a row whose keys are all masked, and what probe does."""
+    blocked = f.everything.clone()
     blocked[..., 0, :] = False
-    out = run(query, key, value, blocked)
-    row = out[0, 0]
+    row = f.run(f.query, f.key, f.value, blocked)[0, 0]
     if torch.isnan(row).any():
         native = "NaN"
     elif row.abs().max() == 0:
         native = "zeros"
     else:
-        uniform = value.float().mean(dim=2)  # [1, kv, dim]: uniform weights give the mean value
-        native = "uniform" if torch.allclose(row, amath.repeat_kv(uniform[:, :, None], info.n_heads // n_kv)[0, :, 0], atol=1e-4) else "other"
-    scores = amath.attention_scores(query, key, scaling=scaling)
+        uniform = f.value.float().mean(dim=2)  # [1, kv, dim]: uniform weights give the mean value
+        native = "uniform" if torch.allclose(
+            row, amath.repeat_kv(uniform[:, :, None], f.info.n_heads // f.n_kv)[0, :, 0], atol=1e-4) else "other"
+    scores = amath.attention_scores(f.query, f.key, scaling=f.scaling)
     weights, has_keys = amath.masked_softmax(scores, blocked)
     probe_ok = bool(torch.isfinite(weights).all()) and weights[0, :, 0].abs().max().item() == 0 and not bool(has_keys[0, 0, 0])
-    results.append(CheckResult("all_masked_row_is_defined", probe_ok,
-                               f"{implementation} returns {native} for a row with every key masked; probe records zeros "
-                               "and flags the row (row_has_keys=False), never NaN"))
+    return CheckResult("all_masked_row_is_defined", probe_ok,
+                       f"{f.implementation} returns {native} for a row with every key masked; probe records zeros "
+                       "and flags the row (row_has_keys=False), never NaN")
 
-    # Permuting keys with their values permutes the weights and leaves the output unchanged.
-    perm = torch.randperm(k_len, generator=gen).to(device)
-    out_a = run(query, key, value, everything)
-    out_b = run(query, key[:, :, perm], value[:, :, perm], everything)
-    weights_b, _ = amath.masked_softmax(amath.attention_scores(query, key[:, :, perm], scaling=scaling), None)
-    weights_a, _ = amath.masked_softmax(scores, None)
+
+def _key_permutation(f: _FunctionProbe) -> CheckResult:
+    """Permuting keys with their values permutes the weights and leaves the output unchanged."""
+    perm = torch.randperm(f.k_len, generator=f.gen).to(f.device)
+    out_a = f.run(f.query, f.key, f.value, f.everything)
+    out_b = f.run(f.query, f.key[:, :, perm], f.value[:, :, perm], f.everything)
+    weights_b, _ = amath.masked_softmax(amath.attention_scores(f.query, f.key[:, :, perm], scaling=f.scaling), None)
+    weights_a, _ = amath.masked_softmax(amath.attention_scores(f.query, f.key, scaling=f.scaling), None)
     gap = max((out_a - out_b).abs().max().item(), (weights_a[..., perm] - weights_b).abs().max().item())
-    results.append(CheckResult("key_permutation_equivariance", gap <= tol,
-                               f"permuting keys+values: output moved {gap:.2e}, weights follow the permutation"))
+    return CheckResult("key_permutation_equivariance", gap <= f.tol,
+                       f"permuting keys+values: output moved {gap:.2e}, weights follow the permutation")
 
-    # A duplicated key/value pair acts like one key with its logit raised by ln 2.
+
+def _duplicate_key(f: _FunctionProbe) -> CheckResult:
+    """A duplicated key/value pair acts like one key with its logit raised by ln 2."""
     j = 2
-    key_dup = torch.cat([key, key[:, :, j:j + 1]], dim=2)
-    value_dup = torch.cat([value, value[:, :, j:j + 1]], dim=2)
-    out_dup = run(query, key_dup, value_dup, torch.ones(1, 1, q_len, k_len + 1, dtype=torch.bool, device=device))
-    bias = torch.zeros(1, 1, q_len, k_len)
+    key_dup = torch.cat([f.key, f.key[:, :, j:j + 1]], dim=2)
+    value_dup = torch.cat([f.value, f.value[:, :, j:j + 1]], dim=2)
+    out_dup = f.run(f.query, key_dup, value_dup,
+                    torch.ones(1, 1, f.q_len, f.k_len + 1, dtype=torch.bool, device=f.device))
+    bias = torch.zeros(1, 1, f.q_len, f.k_len)
     bias[..., j] = math.log(2.0)
-    out_bias = run(query, key, value, everything, bias=bias)
+    out_bias = f.run(f.query, f.key, f.value, f.everything, bias=bias)
     gap = (out_dup - out_bias).abs().max().item()
-    results.append(CheckResult("duplicate_key_equals_ln2_bias", gap <= tol,
-                               f"duplicating key {j} matches adding ln 2 to its logit within {gap:.2e}"))
-    return results
+    return CheckResult("duplicate_key_equals_ln2_bias", gap <= f.tol,
+                       f"duplicating key {j} matches adding ln 2 to its logit within {gap:.2e}")
 
 
-def run_checks(pm, texts=DEFAULT_TEXTS) -> list[CheckResult]:
+def run_checks(pm: ProbeModel, texts=DEFAULT_TEXTS) -> list[CheckResult]:
     """Every check on ``pm``; model-level first, then function-level. A check that cannot run is a
     failed row that says why; nothing here raises."""
     pm.model.eval()

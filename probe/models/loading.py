@@ -5,19 +5,20 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.errors import InputError, ModelLoadError
+from probe.models.core import ProbeModel  # noqa: F401  (torch-free; re-exported: probe.models.loading.ProbeModel)
+from probe.models.tasks import _infer_task, _task_of_class  # noqa: F401  (torch-free; re-exported)
 
 if TYPE_CHECKING:  # imported for annotations only: loading this module must not import torch
     import torch
-    from transformers import BatchEncoding, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-    from probe.models.contract import AttentionContract
-
-from probe.models.tasks import _infer_task, _task_of_class  # noqa: E402,F401  (torch-free; re-exported)
+    from probe.models.core import AttentionContract
+    from probe.models.encoder import Pooling
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
@@ -63,46 +64,6 @@ def resolve_dtype(dtype: str | None):
     if name is None:
         raise InputError(f"unknown dtype {dtype!r}: use one of fp32, bf16, fp16")
     return getattr(torch, name)
-
-
-@dataclass
-class ProbeModel:
-    """A loaded model with its tokenizer and attention contract. Made only by :func:`load_model`
-    (a model by name or folder) or :func:`wrap_model` (a model and tokenizer already in memory)."""
-
-    name: str  # what the user asked for
-    path: str  # a folder (or hub id) that ``from_pretrained`` loads; for a wrapped model, its config's name_or_path
-    model: torch.nn.Module  # a transformers PreTrainedModel in eval mode
-    tokenizer: PreTrainedTokenizerBase  # right padding, with a pad token
-    task: str  # one of TASKS
-    contract: AttentionContract
-    load_seconds: float
-    metadata: dict = field(default_factory=dict)
-    #: weights the checkpoint did not hold (missing or of another shape), left at random initialisation
-    random_weights: tuple[str, ...] = ()
-    #: the user said explicitly that a model with random weights may be explained
-    allow_random_weights: bool = False
-    #: a headless encoder's pooling (``probe.models.encoder.Pooling``); None for other tasks
-    pooling: object = None
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def max_length(self) -> int:
-        return self.contract.max_positions
-
-    def encode(self, texts: list[str], *, strict_length: bool = False, max_length: int | None = None) -> BatchEncoding:
-        """Tokenise a batch, right-padded. Returns a BatchEncoding on the model's device.
-
-        Right padding keeps real tokens at positions 0..n-1 in every model, so batch of one and
-        batch of N agree (left padding shifts positions of models that derive them from the cache).
-        Too-long texts are truncated with a warning, or refused when ``strict_length``.
-        """
-        from probe.models.text import encode_texts
-
-        return encode_texts(self, texts, strict_length=strict_length, max_length=max_length)
 
 
 def _hub_unreachable() -> bool:
@@ -168,10 +129,53 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     check_dtype_on_device(torch_dtype, torch_device)
+    _check_task(task)
+    path, from_hub, metadata = _find_model(name, cache_dir)
+    folder = None if from_hub else path  # where a sentence-transformers configuration may sit
+
+    import transformers
+
+    # Only a hub id needs the network; check it up front so an offline run fails at once.
+    local_only = not from_hub or _hub_unreachable()
+    # transformers logs loading reports (unused/missing weights); probe reports its own way.
+    transformers.logging.set_verbosity_error()
+    config = _read_config(name, path, from_hub, local_only)
+    task = task or _infer_task(config, folder)
+    kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
+              **({"attn_implementation": attn_implementation} if attn_implementation else {}),
+              **({"device_map": device_map} if device_map else {})}
+    model, tokenizer, loading_info = _from_pretrained(name, path, task, config, kwargs)
+    random_weights = _random_weights(loading_info)
+    if random_weights and not allow_random_weights:
+        _refuse_random_weights(name, task, config, folder, random_weights)
+    pooling = _attach_pooling(model, task, folder)
+    if not device_map:
+        model.to(torch_device)
+    model.eval()
+    _pad_right(tokenizer)
+
+    from probe.models.contract import build_contract
+
+    contract = build_contract(model, tokenizer, task, random_weights=random_weights,
+                              random_weights_allowed=allow_random_weights,
+                              pooling=pooling.to_dict() if pooling is not None else None)
+    _require_readable_attention(name, config, contract)
+    logging.getLogger("probe").debug("loaded %s in %.2fs", name, time.perf_counter() - started)
+    return _with_method_support(ProbeModel(
+        name=name, path=path, model=model, tokenizer=tokenizer, task=task, contract=contract,
+        load_seconds=time.perf_counter() - started, metadata=metadata, random_weights=random_weights,
+        allow_random_weights=bool(allow_random_weights), pooling=pooling,
+    ))
+
+
+def _check_task(task: str | None) -> None:
     if task is not None and task not in TASKS:
         raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
-    metadata: dict = {}
-    from_hub = False
+
+
+def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dict]:
+    """(what ``from_pretrained`` loads, whether it is a hub id, a built-in's metadata) for ``name``,
+    or a one-line refusal of an empty name, an unknown built-in or a folder that cannot hold a model."""
     if not isinstance(name, str) or not name.strip():
         raise InputError("empty model name: give builtin:NAME, a local folder or a hub id")
     if name.startswith("builtin:"):
@@ -183,38 +187,38 @@ def load_model(
                 f"unknown built-in model {builtin!r}: valid are {', '.join('builtin:' + n for n in BUILTIN_MODELS)}"
             )
         folder = materialize_builtin(builtin, cache_dir=cache_dir)
-        path = str(folder)
+        metadata: dict = {}
         meta_file = Path(folder) / "probe_builtin.json"
         if meta_file.exists():
             import json
 
             metadata = json.loads(meta_file.read_text())
-    else:
-        expanded = Path(name).expanduser()
-        if expanded.exists():
-            if not expanded.is_dir():
-                raise ModelLoadError(f"model path {name!r} is a file, not a folder: give the folder holding config.json")
-            if not (expanded / "config.json").exists():
-                raise ModelLoadError(
-                    f"folder {name!r} has no config.json: give a folder saved with save_pretrained, or builtin:minilm-rt"
-                )
-            path = str(expanded)
-        elif name.startswith((".", "/", "~")):
-            raise ModelLoadError(f"model folder {name!r} does not exist: check the path, or use builtin:minilm-rt")
-        else:
-            path = name  # a hub id
-            from_hub = True
+        return str(folder), False, metadata
+    expanded = Path(name).expanduser()
+    if expanded.exists():
+        if not expanded.is_dir():
+            raise ModelLoadError(f"model path {name!r} is a file, not a folder: give the folder holding config.json")
+        if not (expanded / "config.json").exists():
+            raise ModelLoadError(
+                f"folder {name!r} has no config.json: give a folder saved with save_pretrained, or builtin:minilm-rt"
+            )
+        return str(expanded), False, {}
+    if name.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model folder {name!r} does not exist: check the path, or use builtin:minilm-rt")
+    return name, True, {}  # a hub id
 
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _read_config(name: str, path: str, from_hub: bool, local_only: bool) -> PretrainedConfig:
     import transformers
 
-    # Only a hub id needs the network; check it up front so an offline run fails at once.
-    local_only = not from_hub or _hub_unreachable()
-    # transformers logs loading reports (unused/missing weights); probe reports its own way.
-    transformers.logging.set_verbosity_error()
     try:
-        config = transformers.AutoConfig.from_pretrained(path, local_files_only=local_only)
+        return transformers.AutoConfig.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         if not from_hub:
             raise ModelLoadError(f"cannot read the config of model {name!r}: {first[:200]}") from None
         raise ModelLoadError(
@@ -222,61 +226,65 @@ def load_model(
             f"{'is unreachable (offline) and it is not in the local cache' if local_only else 'did not provide it (' + first[:120] + ')'}; "
             "use builtin:minilm-rt, builtin:smollm2-135m or a local folder"
         ) from None
-    task = task or _infer_task(config, path if not from_hub else None)
-    kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    if device_map:
-        kwargs["device_map"] = device_map
+
+
+def _from_pretrained(name: str, path: str, task: str, config: PretrainedConfig,
+                     kwargs: dict) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    """(model, tokenizer, ``from_pretrained``'s loading info), or one line saying why not."""
+    import transformers
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, loading_info = _auto_class(task, config).from_pretrained(path, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=kwargs["local_files_only"])
     except (OSError, ValueError, KeyError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load model {name!r} as {task}: {first[:200]}") from None
-    random_weights = _random_weights(loading_info)
-    if random_weights and not allow_random_weights:
-        shown = ", ".join(random_weights[:_SHOWN_RANDOM])
-        more = f" and {len(random_weights) - _SHOWN_RANDOM} more" if len(random_weights) > _SHOWN_RANDOM else ""
-        headless = " (a headless encoder: load it with task encoder and a similarity or dimension target)" \
-            if task == "classification" and _infer_task(config, path if not from_hub else None) == "encoder" else ""
-        raise ModelLoadError(
-            f"model {name!r} loaded as {task} has {len(random_weights)} weight(s) its checkpoint does not hold, "
-            f"left at random initialisation: {shown}{more}; explaining it would explain random weights{headless}; "
-            "pass --allow-random-weights (study/claim file: model.allow_random_weights: true) to go on anyway")
-    pooling = None
-    if task == "encoder":
-        from probe.models.encoder import Pooling, read_pooling
+        raise ModelLoadError(f"cannot load model {name!r} as {task}: {_first_line(exc)[:200]}") from None
+    return model, tokenizer, loading_info
 
-        pooling = read_pooling(path) if not from_hub else Pooling("mean", False, "default (hub id: pooling not read)")
-        model.probe_pooling = pooling
-    if not device_map:
-        model.to(torch_device)
-    model.eval()
-    tokenizer.padding_side = "right"
-    if tokenizer.pad_token is None:
-        # Causal LMs often ship without a pad token; padded positions are masked out anyway.
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
 
-    from probe.models.contract import build_contract
+def _refuse_random_weights(name: str, task: str, config: PretrainedConfig, folder: str | None,
+                           random_weights: tuple[str, ...]) -> None:
+    shown = ", ".join(random_weights[:_SHOWN_RANDOM])
+    more = f" and {len(random_weights) - _SHOWN_RANDOM} more" if len(random_weights) > _SHOWN_RANDOM else ""
+    headless = " (a headless encoder: load it with task encoder and a similarity or dimension target)" \
+        if task == "classification" and _infer_task(config, folder) == "encoder" else ""
+    raise ModelLoadError(
+        f"model {name!r} loaded as {task} has {len(random_weights)} weight(s) its checkpoint does not hold, "
+        f"left at random initialisation: {shown}{more}; explaining it would explain random weights{headless}; "
+        "pass --allow-random-weights (study/claim file: model.allow_random_weights: true) to go on anyway")
 
-    contract = build_contract(model, tokenizer, task, random_weights=random_weights,
-                              random_weights_allowed=allow_random_weights,
-                              pooling=pooling.to_dict() if pooling is not None else None)
+
+def _attach_pooling(model: PreTrainedModel, task: str, folder: str | None) -> Pooling | None:
+    """A headless encoder's pooling, read from its folder (a hub id: mean, said so) and set on the
+    model (its forward pools with it); None for other tasks."""
+    if task != "encoder":
+        return None
+    from probe.models.encoder import Pooling, read_pooling
+
+    if folder is None:
+        pooling = Pooling("mean", False, "default (hub id: pooling not read)")
+    else:
+        pooling = read_pooling(folder)
+    model.probe_pooling = pooling
+    return pooling
+
+
+def _require_readable_attention(name: str, config: PretrainedConfig, contract: AttentionContract) -> None:
     if not contract.stacks:
         why = "; ".join(sorted(set(contract.unreadable.values()))) or "it has no softmax attention module"
         raise ModelLoadError(
             f"model {name!r} (type {config.model_type!r}) has no attention probe can read ({why}): "
             "use a transformer with softmax self-attention (BERT, GPT-2, Llama, T5, BART families)"
         )
-    logging.getLogger("probe").debug("loaded %s in %.2fs", name, time.perf_counter() - started)
-    return _with_method_support(ProbeModel(
-        name=name, path=path, model=model, tokenizer=tokenizer, task=task, contract=contract,
-        load_seconds=time.perf_counter() - started, metadata=metadata, random_weights=random_weights,
-        allow_random_weights=bool(allow_random_weights), pooling=pooling,
-    ))
+
+
+def _pad_right(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Right padding, and a pad token where the tokenizer has none (the tokenizer is changed in place)."""
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        # Causal LMs often ship without a pad token; padded positions are masked out anyway.
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
 
 
 def _with_method_support(pm: ProbeModel) -> ProbeModel:
@@ -290,7 +298,8 @@ def _with_method_support(pm: ProbeModel) -> ProbeModel:
     return pm
 
 
-def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = None) -> ProbeModel:
+def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
+               task: str | None = None) -> ProbeModel:
     """A :class:`ProbeModel` for a Hugging Face model and tokenizer already in memory.
 
     Builds the same contract :func:`load_model` does. The model is put in eval mode (in place, as
@@ -313,8 +322,7 @@ def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = 
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise InputError(f"wrap needs a transformers tokenizer, got {type(tokenizer).__name__}: load one with "
                          "AutoTokenizer.from_pretrained")
-    if task is not None and task not in TASKS:
-        raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    _check_task(task)
     task = task or _task_of_class(model)
     if task is None:
         raise InputError(f"{type(model).__name__} has no output head probe can explain: wrap a model loaded with "
@@ -325,10 +333,7 @@ def wrap_model(model, tokenizer, *, name: str | None = None, task: str | None = 
         raise InputError(f"the tokenizer has {len(tokenizer)} tokens but {type(model).__name__}'s input embedding has "
                          f"{rows} rows: give the tokenizer the model was trained with")
     tokenizer = copy.deepcopy(tokenizer)
-    tokenizer.padding_side = "right"
-    if tokenizer.pad_token is None:
-        # As load_model: padded positions are masked out, so any existing token serves as pad.
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    _pad_right(tokenizer)
     if tokenizer.pad_token is None:
         raise InputError(f"the tokenizer {type(tokenizer).__name__} has no pad, eos or unk token to pad a batch with: "
                          "set tokenizer.pad_token first")

@@ -10,6 +10,8 @@ def _is_bare_architecture(name: str) -> bool:
 
 
 def _infer_task(config, path: str | None = None) -> str:
+    from probe.models.architectures import CAUSAL_LM_TYPES  # imports torch: this module does not
+
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
     architectures = getattr(config, "architectures", None) or []
@@ -19,19 +21,16 @@ def _infer_task(config, path: str | None = None) -> str:
         if is_sentence_transformers_folder(path):
             return "encoder"
     bare = bool(architectures) and all(_is_bare_architecture(a) for a in architectures)
-    if bare and not getattr(config, "is_decoder", False) and config.model_type not in _CAUSAL_TYPES:
+    if bare and not getattr(config, "is_decoder", False) and config.model_type not in CAUSAL_LM_TYPES:
         return "encoder"
     joined = " ".join(architectures)
     if "SequenceClassification" in joined:
         return "classification"
     if "CausalLM" in joined or "LMHeadModel" in joined:
         return "causal_lm"
-    if getattr(config, "is_decoder", False) or config.model_type in _CAUSAL_TYPES:
+    if getattr(config, "is_decoder", False) or config.model_type in CAUSAL_LM_TYPES:
         return "causal_lm"
     return "classification"
-
-
-_CAUSAL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
 
 
 # Which head a model class carries, read from its class name (transformers' naming convention);

@@ -1,46 +1,22 @@
-"""Tokenisation with the checks a user's text needs (empty, too long)."""
+"""Tokenisation with the checks a user's text needs (empty, too long), and a batch's model inputs.
+
+:func:`encode_texts` and :class:`TruncationWarning` live in :mod:`probe.models.core` (what
+``ProbeModel.encode`` runs) and are re-exported here.
+"""
 
 from __future__ import annotations
 
-import warnings
+from typing import TYPE_CHECKING
 
-from probe.errors import InputError
+from probe.models.core import TruncationWarning, encode_texts  # noqa: F401  (re-exported)
 
+if TYPE_CHECKING:
+    import torch
 
-class TruncationWarning(UserWarning):
-    """A text was longer than the model's window and was cut."""
-
-
-def encode_texts(pm, texts: list[str], *, strict_length: bool = False, max_length: int | None = None):
-    """Right-padded batch for ``pm``; refuses empty texts and over-long ones when ``strict_length``."""
-    if isinstance(texts, str):
-        texts = [texts]
-    for i, text in enumerate(texts):
-        if not isinstance(text, str) or not text.strip():
-            raise InputError(f"text #{i} is empty: give at least one word to explain")
-    limit = min(max_length or pm.contract.max_positions, pm.contract.max_positions)
-    tok = pm.tokenizer
-    lengths = [len(ids) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
-    too_long = [(i, n) for i, n in enumerate(lengths) if n > limit]
-    if too_long:
-        i, n = too_long[0]
-        if strict_length:
-            raise InputError(
-                f"text #{i} has {n} tokens, more than the model's window of {limit}: shorten it, "
-                "or drop --strict-length to truncate"
-            )
-        warnings.warn(
-            f"{len(too_long)} text(s) longer than the model's window of {limit} tokens were truncated (first: #{i}, {n} tokens)",
-            TruncationWarning,
-            stacklevel=3,
-        )
-    batch = tok(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
-    if batch["input_ids"].shape[1] == 0 or bool((batch["attention_mask"].sum(dim=1) == 0).any()):
-        raise InputError("a text tokenised to no tokens: give text the tokenizer can read")
-    return batch.to(pm.device)
+    from probe.models.core import ProbeModel
 
 
-def forward_inputs(pm, batch, decoder_batch=None) -> dict:
+def forward_inputs(pm: ProbeModel, batch, decoder_batch=None) -> dict:
     """Keyword arguments for ``pm.model(**...)``.
 
     Seq2seq models need decoder inputs: ``decoder_batch`` (a tokenised target) when given, else the
@@ -56,7 +32,7 @@ def forward_inputs(pm, batch, decoder_batch=None) -> dict:
     return inputs
 
 
-def decoder_start_id(pm) -> int:
+def decoder_start_id(pm: ProbeModel) -> int:
     """The token a seq2seq decoder starts from: the config's start token, else pad, else 0."""
     config = pm.model.config
     for name in ("decoder_start_token_id", "pad_token_id"):
@@ -66,7 +42,7 @@ def decoder_start_id(pm) -> int:
     return 0
 
 
-def shift_right(pm, ids, mask):
+def shift_right(pm: ProbeModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[start] + ids[:-1]`` per row, pad behind each row's real tokens: [batch, length].
 
     Written here rather than taken from the model's ``prepare_decoder_input_ids_from_labels``, which

@@ -6,11 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from probe.errors import InputError
 from probe.rows.target import PreparedExample, RowBatch, build_rows
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 TARGET_QUERY_NOTE = {
     "classification": "classifier: attention row of the pooled position (0 = [CLS] for encoders, "
@@ -46,7 +50,7 @@ class TargetQueries:
         return (values * weight.view(shape)).sum(dim=-2)
 
 
-def target_queries(pm, batch: RowBatch) -> TargetQueries:
+def target_queries(pm: ProbeModel, batch: RowBatch) -> TargetQueries:
     """Where the target query row(s) of every row of ``batch`` are (see the module docstring)."""
     lengths = batch.input_lengths
     n_rows = lengths.shape[0]
@@ -88,7 +92,7 @@ def eval_mode(model) -> Iterator[None]:
         model.train(was_training)
 
 
-def row_batches(pm, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
+def row_batches(pm: ProbeModel, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
     """Unperturbed rows of ``examples`` in chunks of ``batch_size``, with their target queries."""
     if not examples:
         raise InputError("no examples to explain: give at least one prepared example")

@@ -23,10 +23,14 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from probe.errors import InputError
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
 #: the target kinds of a headless encoder (task ``encoder``); the others need a head
@@ -78,7 +82,7 @@ class RowBatch:
     target_valid: torch.Tensor | None  # [rows, n_target] bool (continuations differ in length)
 
 
-def _label_index(pm, label) -> int:
+def _label_index(pm: ProbeModel, label) -> int:
     n_labels = int(getattr(pm.model.config, "num_labels", 0) or 0)
     if isinstance(label, str) and not label.lstrip("-").isdigit():
         mapping = {str(v): int(k) for k, v in (pm.model.config.id2label or {}).items()}
@@ -100,12 +104,12 @@ def example_seed(seed: int, example: PreparedExample) -> int:
     return zlib.crc32(key)
 
 
-def special_mask(pm, ids: list[int]) -> list[bool]:
+def special_mask(pm: ProbeModel, ids: list[int]) -> list[bool]:
     special_ids = set(getattr(pm.tokenizer, "all_special_ids", []) or [])
     return [i in special_ids for i in ids]
 
 
-def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_length: bool = False,
+def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_length: bool = False,
             max_new_tokens: int = 16) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids)."""
     from probe.models.text import encode_texts
@@ -161,7 +165,7 @@ def prepare(pm, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_l
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
 
 
-def _check_encoder_target(pm, target: TargetSpec, kind: str) -> None:
+def _check_encoder_target(pm: ProbeModel, target: TargetSpec, kind: str) -> None:
     """Encoder targets only on encoders, with what they need; nothing else on an encoder."""
     if pm.task != "encoder":
         if kind in ENCODER_KINDS:
@@ -193,7 +197,7 @@ def _check_encoder_target(pm, target: TargetSpec, kind: str) -> None:
                              f"(the embedding has {hidden}); got {target.dimension!r}")
 
 
-def _resolve_encoder_target(pm, examples: list[PreparedExample], target: TargetSpec,
+def _resolve_encoder_target(pm: ProbeModel, examples: list[PreparedExample], target: TargetSpec,
                             kind: str) -> list[PreparedExample]:
     """Copies of the examples with their encoder target: the reference embedding (held fixed) or the dimension."""
     if kind == "dimension":
@@ -207,7 +211,7 @@ def _resolve_encoder_target(pm, examples: list[PreparedExample], target: TargetS
     return [dataclasses.replace(e, reference_embedding=embedding, label_name=target.reference) for e in examples]
 
 
-def build_rows(pm, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:
+def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:
     """Pad rows into one model batch. Rows may come from different examples and have different lengths."""
     device = device or pm.device
     pad = pm.tokenizer.pad_token_id if pm.tokenizer.pad_token_id is not None else 0
@@ -283,7 +287,7 @@ def slices_logits_to_keep(model) -> bool:
     return _class_slices_logits_to_keep(type(model))
 
 
-def keep_target_logits(pm, batch: RowBatch, kwargs: dict) -> RowBatch:
+def keep_target_logits(pm: ProbeModel, batch: RowBatch, kwargs: dict) -> RowBatch:
     """Causal LMs whose forward takes ``logits_to_keep``: project only the positions the target
     reads onto the vocabulary (far less memory; the values are those of the full projection, the
     same rows of the same matmul).
@@ -300,7 +304,7 @@ def keep_target_logits(pm, batch: RowBatch, kwargs: dict) -> RowBatch:
     return dataclasses.replace(batch, target_positions=kept)
 
 
-def target_values(pm, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
+def target_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
     """[rows] target value of each row from the model's logits (fp32)."""
     logits = logits.float()
     if pm.task == "encoder":  # logits: [rows, hidden] pooled embeddings
@@ -328,7 +332,7 @@ def target_values(pm, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
     return total.exp() if kind == "prob" else total
 
 
-def evaluate(pm, rows: list[tuple[list[int], PreparedExample]]) -> torch.Tensor:
+def evaluate(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]]) -> torch.Tensor:
     """Target values of ``rows`` in one forward pass (callers batch; see the engine)."""
     batch = build_rows(pm, rows)
     with torch.no_grad():

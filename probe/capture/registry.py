@@ -1,0 +1,120 @@
+"""The one piece of process-global state the capture keeps: probe's wrapper in transformers'
+attention-function registry (``ALL_ATTENTION_FUNCTIONS``), installed while a session is open.
+
+Modules of transformers 5 fetch their attention function from that registry on every call, by the
+name of the implementation the model was loaded with. :func:`open_session` puts a wrapper under
+that name in the registry's local mapping, for as long as any session is open; the wrapper hands
+each call to the newest session that knows the calling module (``session.where.get(id(module))``
+-> ``session.call(place, original, module, ...)``), and every other call straight to the model's
+own function. A session is a :class:`probe.capture.hooks._Session` or the watched forward pass
+of :mod:`probe.capture.sites`. Only this module touches transformers' private
+``_local_mapping`` / ``_global_mapping``: expect a transformers upgrade to hit it first.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from probe.capture import math as amath
+
+_MISSING = object()
+_LOCK = threading.RLock()
+#: open sessions, newest last: each has ``where`` (a module id -> its place, ``.get``) and ``call``
+_SESSIONS: list = []
+_SAVED: dict[str, object] = {}  # implementation name -> what the local mapping held before us
+
+
+def _registry():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    scores = amath.attention_scores(query, key, scaling=scaling, position_bias=kwargs.get("position_bias"))
+    if attention_mask is not None:
+        scores = scores + attention_mask.float() if attention_mask.dtype != torch.bool else scores.masked_fill(
+            ~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).to(query.dtype)
+    return amath.attention_output(weights, value), weights
+
+
+def original_attention_function(name: str, module) -> Callable:
+    """The function the module would have used had no capture been open."""
+    saved = _SAVED.get(name, _MISSING)
+    if saved is not _MISSING:
+        return saved
+    if name == "eager":
+        # Every transformers 5 modeling file defines its own eager function; use that one.
+        return getattr(sys.modules[type(module).__module__], "eager_attention_forward", _generic_eager)
+    return type(_registry())._global_mapping[name]
+
+
+def _make_wrapper(name: str) -> Callable:
+    def probe_attention(module, query, key, value, attention_mask, *args, **kwargs):
+        original = original_attention_function(name, module)
+        for session in reversed(_SESSIONS):
+            place = session.where.get(id(module))
+            if place is not None:
+                return session.call(place, original, module, query, key, value, attention_mask, *args, **kwargs)
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    probe_attention.__probe_wrapper__ = True
+    return probe_attention
+
+
+def _install(name: str) -> None:
+    registry = _registry()
+    current = registry._local_mapping.get(name, _MISSING)
+    if getattr(current, "__probe_wrapper__", False):
+        return
+    _SAVED[name] = current
+    registry._local_mapping[name] = _make_wrapper(name)
+
+
+def _uninstall_all() -> None:
+    registry = _registry()
+    for name, previous in list(_SAVED.items()):
+        if previous is _MISSING:
+            registry._local_mapping.pop(name, None)
+        else:
+            registry._local_mapping[name] = previous
+        del _SAVED[name]
+
+
+def installed_wrappers() -> list[str]:
+    """Names under which a probe wrapper sits in the registry now (empty when no capture is open)."""
+    return [k for k, v in _registry()._local_mapping.items() if getattr(v, "__probe_wrapper__", False)]
+
+
+def implementation_of(model) -> str:
+    """The registry name of the attention implementation ``model`` runs (``eager`` when unset)."""
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+@contextmanager
+def open_session(session, implementation: str) -> Iterator[None]:
+    """The wrapper installed under ``implementation`` and ``session`` served by it, for the block;
+    removed again in ``finally`` (the wrapper itself once no session is left)."""
+    with _LOCK:
+        _install(implementation)
+        _SESSIONS.append(session)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _SESSIONS.remove(session)
+            if not _SESSIONS:
+                _uninstall_all()
+
+
+def sink_logits(kwargs: dict) -> torch.Tensor | None:
+    """The attention-sink logits a model hands its attention function (``s_aux`` or ``sinks``:
+    gpt-oss and kin), or None."""
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    return sinks if isinstance(sinks, torch.Tensor) else None

@@ -1,0 +1,80 @@
+"""The capture's public types: what a capture returns (:class:`AttentionMaps`), what an editor,
+observer or reader is handed (:class:`EditContext`, :class:`AttentionInputs`), and the shapes of
+the options of :func:`probe.capture.hooks.capture_attention` (re-exported there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+QuerySpec = None | str | Sequence[int] | torch.Tensor
+
+
+@dataclass
+class AttentionMaps:
+    """Captured attention of one stack.
+
+    weights      [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
+    query_index  [batch, query] long               position of each kept query row (all rows: arange)
+    row_has_keys [batch, layer, query] bool        False where every key was masked (weights are 0 there)
+    """
+
+    stack: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    weights: torch.Tensor
+    query_index: torch.Tensor
+    row_has_keys: torch.Tensor
+
+    @property
+    def shape(self) -> dict[str, int]:
+        b, l, h, q, k = self.weights.shape
+        return {"batch": b, "layer": l, "head": h, "query": q, "key": k}
+
+
+@dataclass(frozen=True)
+class EditContext:
+    """What an attention editor is told about the call it edits."""
+
+    stack: str
+    layer: int
+    module: object
+    query_index: torch.Tensor  # [batch, rows] the rows the session targets
+    allowed: torch.Tensor | None  # bool [B|1, 1|H, Q, K] keys each query may attend to, None = all
+
+
+# An editor takes full weights [batch, head, query, key] (fp32) and returns edited ones.
+Editor = Callable[[torch.Tensor, EditContext], torch.Tensor]
+# An observer is shown the head mean of the full weights [batch, query, key] (fp32); the model's
+# own attention kernel computes the output, and only one head's map exists at a time.
+Observer = Callable[[torch.Tensor, EditContext], None]
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """What one attention call was given, for a reader to recompute any block of its weights later
+    with :mod:`probe.capture.math` (``allowed_keys``, ``head_mean_weights``): nothing is computed
+    during the forward pass, and a reader that keeps these holds memory linear in the length."""
+
+    query: torch.Tensor  # [batch, head, query, head_dim] as the attention function received it
+    key: torch.Tensor  # [batch, kv_head, key, head_dim]
+    attention_mask: torch.Tensor | None  # the mask the model passed ([B|1, 1|H, Q, K]) or None
+    is_causal: bool
+    scaling: float | None
+    position_bias: torch.Tensor | None
+    softcap: float | None
+
+
+# A reader is handed a layer's AttentionInputs (detached); the model's own kernel runs unchanged.
+Reader = Callable[[AttentionInputs], None]
+
+
+_Option = TypeVar("_Option")
+
+
+def for_stack(option: _Option | Mapping[str, _Option], stack: str) -> _Option | None:
+    """A capture option (queries, layers, heads) for one stack: its entry when given per stack."""
+    return option.get(stack) if isinstance(option, Mapping) else option
