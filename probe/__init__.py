@@ -22,6 +22,7 @@ _EXPORTS = {
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
     "Explanation": "probe.api", "StudyRun": "probe.api",
     "explain": "probe.explain", "capture": "probe.capture", "audit": "probe.audit", "api": "probe.api",
+    "registry": "probe.registry", "spec": "probe.spec",
     "ProbeModel": "probe.models.loading", "TokenScores": "probe.rows.scores",
     "PreparedExample": "probe.rows.target", "TargetSpec": "probe.rows.target",
     "AttentionContract": "probe.models.contract", "Verdict": "probe.study.verdict",

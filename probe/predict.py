@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from probe.capture import capture_attention
 from probe.models.text import encode_texts, forward_inputs
 
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
-def _label_name(pm, index: int) -> str:
+
+def _label_name(pm: ProbeModel, index: int) -> str:
     id2label = getattr(pm.model.config, "id2label", None) or {}
     return str(id2label.get(index, id2label.get(str(index), index)))
 
 
-def target_attention(pm, text: str, *, strict_length: bool = False, max_new_tokens: int = 20) -> dict:
+def target_attention(pm: ProbeModel, text: str, *, strict_length: bool = False, max_new_tokens: int = 20) -> dict:
     """Predict ``text`` and capture the target query's attention row over the input tokens.
 
     Target query: [CLS] (position 0) for classifiers, the last token for causal LMs, and for

@@ -69,12 +69,12 @@ if TYPE_CHECKING:
 
 
 
-def _mixing_stack(pm, tq) -> str:
+def _mixing_stack(pm: ProbeModel, tq) -> str:
     """The stack the matrices are built on: the encoder for seq2seq, else the target's stack."""
     return "encoder" if pm.task == "seq2seq" else tq.stack
 
 
-def _cross_rows(pm, batch: RowBatch, tq) -> torch.Tensor:
+def _cross_rows(pm: ProbeModel, batch: RowBatch, tq) -> torch.Tensor:
     """seq2seq: head-mean cross-attention of every decoder layer at the target rows [batch, layer, key]."""
     with torch.no_grad(), capture_attention(pm, layers={"cross": None}, queries={"cross": tq.rows},
                                             stacks=["cross"], **capture_masks(batch)) as capture:
@@ -132,7 +132,7 @@ def _module_hooks(targets: dict, ins: dict, outs: dict, *, with_kwargs: bool = F
             handle.remove()
 
 
-def record_layers(pm, batch: RowBatch, stack: str, *, norms: MixingLayout | None, weights: bool = True) -> LayerRecords:
+def record_layers(pm: ProbeModel, batch: RowBatch, stack: str, *, norms: MixingLayout | None, weights: bool = True) -> LayerRecords:
     """One forward of ``batch`` keeping full attention (unless ``weights=False``), value inputs, block
     inputs/outputs and the LayerNorms."""
     blocks = block_modules(pm, stack)
@@ -182,7 +182,7 @@ def _scale(pre: torch.Tensor, eps: float) -> torch.Tensor:
     return (pre.float().var(dim=-1, unbiased=False, keepdim=True) + eps).rsqrt()
 
 
-def mixing_terms(pm, records: LayerRecords, stack: str, layer: int, row: int, n: int,
+def mixing_terms(pm: ProbeModel, records: LayerRecords, stack: str, layer: int, row: int, n: int,
                  layout: MixingLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention block's output of example ``row``'s first ``n`` tokens, decomposed by input token.
 
@@ -224,7 +224,7 @@ def alti_matrix(terms: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return _normalise_rows((y.abs().sum(dim=-1, keepdim=True) - distance).clamp(min=0))
 
 
-def globenc_matrix(pm, records: LayerRecords, stack: str, layer: int, row: int, terms: torch.Tensor,
+def globenc_matrix(pm: ProbeModel, records: LayerRecords, stack: str, layer: int, row: int, terms: torch.Tensor,
                    layout: MixingLayout) -> torch.Tensor:
     """GlobEnc's ||T_i(x_j)|| [n, n], through LN2 for a post-LN layer (the FFN left out), rows normalised."""
     if layout.placement == "post":
@@ -246,7 +246,7 @@ def rolled_rows(matrices: Sequence[torch.Tensor], target: int) -> torch.Tensor:
     return torch.stack(rows).float()
 
 
-def _decomposition_scores(pm, examples: Sequence[PreparedExample], method: str, batch_size: int) -> TokenScores:
+def _decomposition_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, batch_size: int) -> TokenScores:
     layout = mixing_layout(pm, method)
     scores: list[torch.Tensor] = []
     stack = None
@@ -275,7 +275,7 @@ def _decomposition_scores(pm, examples: Sequence[PreparedExample], method: str, 
         rollout="R_l = C_l R_(l-1), no identity added (the residual is in C)", dtype="float32 (rollout float64)"))
 
 
-def _seq2seq_params(pm) -> dict:
+def _seq2seq_params(pm: ProbeModel) -> dict:
     if pm.task != "seq2seq":
         return {}
     return {"seq2seq": "encoder layers decomposed and rolled out over the whole encoder; decoder layer l = its "
@@ -283,12 +283,12 @@ def _seq2seq_params(pm) -> dict:
                        "hop is raw weights, not decomposed)"}
 
 
-def alti(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
+def alti(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
     """ALTI (Ferrando et al. 2022): [layer, tokens], the target row of the rolled-out contributions."""
     return _decomposition_scores(pm, examples, "alti", batch_size)
 
 
-def globenc(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
+def globenc(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
     """GlobEnc (Modarressi et al. 2022): [layer, tokens], the target row of the rolled-out norms."""
     return _decomposition_scores(pm, examples, "globenc", batch_size)
 
@@ -325,7 +325,7 @@ def _cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (1 - torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1, eps=1e-30)).clamp(min=0)
 
 
-def value_zeroing_distances(pm, batch: RowBatch, lengths: Sequence[int], stack: str, *,
+def value_zeroing_distances(pm: ProbeModel, batch: RowBatch, lengths: Sequence[int], stack: str, *,
                             token_budget: int = 8192) -> list[torch.Tensor]:
     """Per row of ``batch``: [layer, n (i), n (j)] cosine distance between token i's block output and
     its output with token j's value vector zeroed in every head of that layer (float64, not normalised).
@@ -369,7 +369,7 @@ def value_zeroing_distances(pm, batch: RowBatch, lengths: Sequence[int], stack: 
     return out
 
 
-def value_zeroing(pm, examples: Sequence[PreparedExample], *, batch_size: int = 8,
+def value_zeroing(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8,
                   token_budget: int = 8192) -> TokenScores:
     """Value zeroing (Mohebbi et al. 2023): [layer, tokens], the target row of the rolled-out matrices."""
     _refuse_seq2seq(pm, "value_zeroing")

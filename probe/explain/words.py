@@ -14,17 +14,22 @@ sentencepiece "▁" start one. Special tokens are always words of their own.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from probe.errors import InputError
 from probe.rows.scores import TokenScores
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 AGGREGATIONS = ("sum", "max", "mean")
 CONTINUATION_PREFIX = "##"  # WordPiece: this piece continues the previous word
 WORD_START_PREFIXES = ("Ġ", "▁")  # byte-level BPE / sentencepiece: this piece starts a word
 
 
-def word_groups(pm, example) -> list[list[int]]:
+def word_groups(pm: ProbeModel, example) -> list[list[int]]:
     """Token indices of each word of ``example``, in order; every token in exactly one group."""
     ids = list(example.input_ids)
     special = list(example.special) if example.special else [False] * len(ids)
@@ -124,7 +129,7 @@ def aggregate(scores: torch.Tensor, groups: list[list[int]], how: str = "sum") -
     return torch.stack(words, dim=-1)  # [..., words]
 
 
-def word_scores(pm, examples, scores: TokenScores, how: str = "sum") -> TokenScores:
+def word_scores(pm: ProbeModel, examples, scores: TokenScores, how: str = "sum") -> TokenScores:
     """``scores`` folded into words for each example (same method name; params say how).
 
     ``extras``: ``word_groups`` (token indices per word), ``words`` (their text) and

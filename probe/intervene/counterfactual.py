@@ -56,7 +56,7 @@ class Site:
     heads: tuple[int, ...]
 
 
-def _site(pm, layer: int, head: int | None) -> Site:
+def _site(pm: ProbeModel, layer: int, head: int | None) -> Site:
     stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
     info = pm.contract.stacks[stack]
     if not isinstance(layer, int) or not 0 <= layer < info.n_layers:
@@ -161,7 +161,7 @@ def _replacing_editor(tq: TargetQueries, heads: tuple[int, ...], new_rows: torch
     return edit
 
 
-def _forward(pm, batch: RowBatch, tq: TargetQueries, site: Site, new_rows: torch.Tensor) -> torch.Tensor:
+def _forward(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, site: Site, new_rows: torch.Tensor) -> torch.Tensor:
     """Logits with the site's target rows replaced by ``new_rows`` [batch, edited head, rows, n_keys]."""
     editors = {(site.stack, site.layer): _replacing_editor(tq, site.heads, new_rows)}
     with capture_attention(pm, editors=editors, stacks=[site.stack], layers={site.stack: ()},
@@ -189,7 +189,7 @@ class _Original:
     attention: torch.Tensor  # [batch, edited head, target rows, n_keys] at the site
 
 
-def _original(pm, batch: RowBatch, tq: TargetQueries, site: Site) -> _Original:
+def _original(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, site: Site) -> _Original:
     """One unedited pass: its target values, output distributions and the site's target rows."""
     with torch.no_grad(), capture_attention(pm, queries={site.stack: tq.rows}, stacks=[site.stack],
                                             layers={site.stack: [site.layer]}, **capture_masks(batch)) as capture:
@@ -200,7 +200,7 @@ def _original(pm, batch: RowBatch, tq: TargetQueries, site: Site) -> _Original:
     return _Original(target_values(pm, batch, logits), output_distributions(batch, tq, logits), attention)
 
 
-def _expand(pm, examples: Sequence[PreparedExample], repeats: int) -> tuple[RowBatch, TargetQueries]:
+def _expand(pm: ProbeModel, examples: Sequence[PreparedExample], repeats: int) -> tuple[RowBatch, TargetQueries]:
     batch = build_rows(pm, [(e.input_ids, e) for e in examples for _ in range(repeats)])
     return batch, target_queries(pm, batch)
 
@@ -215,7 +215,7 @@ def _max_attention(original: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return _row_mean(original.max(dim=-1).values.mean(dim=1), valid)
 
 
-def _run_samples(pm, examples: Sequence[PreparedExample], site: Site, make_rows, n_samples: int, *,
+def _run_samples(pm: ProbeModel, examples: Sequence[PreparedExample], site: Site, make_rows, n_samples: int, *,
                  batch_size: int, method: str, params: dict) -> CounterfactualResult:
     """Shared driver: ``make_rows(first index, examples, original, tq) -> [chunk * n_samples, head, rows, n_keys]``."""
     columns: dict[str, list[torch.Tensor]] = {k: [] for k in ("orig", "value", "tvd", "jsd", "ajsd", "max")}
@@ -252,7 +252,7 @@ def _run_samples(pm, examples: Sequence[PreparedExample], site: Site, make_rows,
 # ---------------------------------------------------------------------------
 
 
-def original_attention(pm, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
+def original_attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
                        batch_size: int = 16) -> list[torch.Tensor]:
     """The site's original target rows per example: [edited head, target rows, tokens]."""
     site = _site(pm, layer, head)
@@ -265,7 +265,7 @@ def original_attention(pm, examples: Sequence[PreparedExample], *, layer: int, h
     return out
 
 
-def replace_attention(pm, examples: Sequence[PreparedExample], rows: Sequence[torch.Tensor], *, layer: int,
+def replace_attention(pm: ProbeModel, examples: Sequence[PreparedExample], rows: Sequence[torch.Tensor], *, layer: int,
                       head: int | None = None, batch_size: int = 16) -> CounterfactualResult:
     """Inject given attention: ``rows[i]`` is [edited head, target rows, tokens] for example i
     (the layout :func:`original_attention` returns; one head when ``head`` is given)."""
@@ -286,7 +286,7 @@ def replace_attention(pm, examples: Sequence[PreparedExample], rows: Sequence[to
     return _run_samples(pm, examples, site, make_rows, 1, batch_size=batch_size, method="given", params={})
 
 
-def uniform_attention(pm, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
+def uniform_attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
                       batch_size: int = 16) -> CounterfactualResult:
     """Uniform attention over the allowed keys (the explained tokens) at the target rows."""
     site = _site(pm, layer, head)
@@ -315,7 +315,7 @@ def permutation_order(example: PreparedExample, n: int, seed: int, permute_speci
     return orders
 
 
-def permuted_attention(pm, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
+def permuted_attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, layer: int, head: int | None = None,
                        n: int = 100, seed: int = 0, permute_special: bool = False,
                        batch_size: int = 64) -> CounterfactualResult:
     """``n`` seeded permutations of the original target rows (Jain & Wallace): [example, n] results.

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from probe.capture.registry import implementation_of
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, eval_no_grad, row_key
 from probe.rows.memory import halving
@@ -67,7 +68,7 @@ def _model_supports_reuse(pm: ProbeModel) -> bool:
         plain = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
     except Exception:  # an unusual config: do not reuse
         plain = False
-    implementation = getattr(pm.model.config, "_attn_implementation", None) or "eager"
+    implementation = implementation_of(pm.model)
     # inline attention (read through a probability module) builds its own masks (bloom's
     # alibi from a 2-D mask): only models that call the attention function take a 4-D one
     inline = any(site.kind != "function" for site in (getattr(pm.contract, "sites", None) or {}).values())

@@ -31,12 +31,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from probe.errors import ProbeError
 from probe.names import describe_group  # noqa: F401  (re-exported: the study checks name groups with it)
+
+if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
 
 DEGENERACY_TOLERANCE = 1e-4  # relative: below this the invariance holds to float precision
 COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the sample
@@ -74,7 +78,7 @@ def failed_methods(checks: Sequence[Check]) -> dict[str, list[str]]:
 # --------------------------------------------------------------------------- degeneracy
 
 
-def _site_gradients(pm, examples, site_name: str | None):
+def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     """(site, x [rows, seq, dim] at the site, g = d target / d x, w = the vector a scale invariance
     would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
     g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
@@ -117,7 +121,7 @@ def _site_gradients(pm, examples, site_name: str | None):
     return site, x, g, w, gw, mask
 
 
-def degeneracy(pm, examples, methods: Sequence[str], *, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapping[str, Mapping] | None = None) -> list[Check]:
     """The degeneracy checks of the gradient ``methods`` at each one's site (module docstring)."""
     params = params or {}
     checks = []
@@ -174,7 +178,7 @@ def constant_scores(method: str, scores: Sequence[torch.Tensor], scored: Sequenc
 # --------------------------------------------------------------------------- completeness
 
 
-def completeness(pm, examples, result, *, params: Mapping | None = None) -> Check:
+def completeness(pm: ProbeModel, examples, result, *, params: Mapping | None = None) -> Check:
     """IG's completeness on ``result`` (its extras); when too far off, the steps that would do."""
     from probe.explain.gradients import integrated_gradients
 
@@ -251,7 +255,7 @@ def output_unit(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
-def randomisation(pm, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
+def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
                   seed: int = 0) -> list[Check]:
     """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
     list of per-example score tensors``; each one's output unit is compared by Spearman."""
@@ -333,7 +337,7 @@ def redundancy_groups(rankings: Mapping[str, Sequence[np.ndarray]], *, share: fl
 # --------------------------------------------------------------------------- for one explained input
 
 
-def explain_checks(pm, examples, results: Mapping, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+def explain_checks(pm: ProbeModel, examples, results: Mapping, params: Mapping[str, Mapping] | None = None) -> list[Check]:
     """The checks that fit one ``probe explain`` call (no randomisation: it would rerun every
     method several times): degeneracy of the gradient methods, constant scores, IG completeness."""
     from probe.names import method_family

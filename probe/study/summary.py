@@ -43,6 +43,7 @@ from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.store import ResultStore, write_json, write_table
 
 if TYPE_CHECKING:
+    from probe.models.loading import ProbeModel
     from probe.spec.study import Study
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
@@ -291,7 +292,7 @@ def weights_digest(path) -> str | None:
     return h.hexdigest()
 
 
-def provenance(store: ResultStore, study, pm, n_batches: int, tables: dict, dropped: dict, load_seconds: float) -> dict:
+def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict, load_seconds: float) -> dict:
     import torch
 
     infos = [store.batch_info(b) for b in range(n_batches)]
@@ -332,7 +333,7 @@ def _accuracy(examples: pd.DataFrame) -> float | None:
     return float((known.label == known.target_label).mean()) if len(known) else None
 
 
-def finalize(store: ResultStore, study, pm, *, n_batches: int, dropped: dict, load_seconds: float,
+def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
              sanity=None) -> dict:
     """Merge the parts, compute the statistics and the verdict, write them; returns the verdict.
     ``sanity``: the study's :class:`probe.metrics.sanity.Check` list (``sanity.parquet``, and the
