@@ -203,7 +203,7 @@ def test_parse_ranking():
     ("explainer: [attention]\n", 8, r"unknown key 'explainer' in study \(valid keys: name, description, model, "
                                     r"dataset, .*\); did you mean 'explainers'\?"),
     ("metrics:\n  erasure:\n    binz: [1]\n", 10, r"unknown key 'binz' in metrics\.erasure \(valid keys: "
-                                                  r"rankings, bins, mode\); did you mean 'bins'\?"),
+                                                  r"rankings, bins, mode, flips\); did you mean 'bins'\?"),
     ("engine: {batchsize: 3}\n", 8, r"unknown key 'batchsize' in engine .*did you mean 'batch_size'"),
     # literal values
     ("metrics:\n  agreement: [kendall, pearson]\n", 9,
@@ -468,6 +468,8 @@ def test_fingerprint(tmp_path):
     assert changed(references=["loo_delete", "loo_mask"]) != fp
     assert changed(statistics__seed=1) != fp
     assert changed(engine__batch_size=8) != fp
+    assert changed(metrics__erasure__flips=False) != fp  # flips: true (the default) is left out of it
+    assert changed(metrics__erasure__flips=True) == fp
     assert load_study(write(tmp_path, QUICKSTART), n=100).fingerprint() != fp
     assert load_study(write(tmp_path, QUICKSTART), out="x").fingerprint() == fp
     assert study_from_dict(data).fingerprint() == fp

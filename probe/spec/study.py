@@ -73,6 +73,9 @@ class ErasureSpec(SpecModel):
     bins: list[Annotated[Float, Field(gt=0, le=100)]] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0])
     #: tokens are removed (ids deleted), as ERASER does; no other mode is offered
     mode: Literal["delete"] = "delete"
+    #: decision flips (Serrano & Smith 2019): the fraction removed at the first change of the
+    #: predicted class, one extra row per token depth per ranking; false leaves the column empty
+    flips: Bool = True
 
     @field_validator("rankings", mode="before")
     @classmethod
@@ -304,6 +307,8 @@ class Study(SpecModel):
         for key in ("reference", "dimension"):
             if payload["target"].get(key) is None:
                 payload["target"].pop(key, None)
+        if (payload["metrics"].get("erasure") or {}).get("flips") is True:
+            payload["metrics"]["erasure"].pop("flips")
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

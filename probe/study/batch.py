@@ -153,7 +153,7 @@ def _intervention_tables(pm: ProbeModel, study: Study, examples: list[PreparedEx
         spec = study.metrics.erasure
         rankings = {name: ranking_vectors(scores[name.split("@")[0]], name) for name in erasure_rankings(study)}
         frame = timed("erasure", lambda: erasure(engine, examples, rankings, bins=[b / 100 for b in spec.bins],
-                                                 seed=study.statistics.seed))
+                                                 seed=study.statistics.seed, flips=spec.flips))
         frame["example"] = frame["example"] + first_index
         frame["flip"] = frame["flip"].astype("float64")
         tables["erasure"] = frame
