@@ -269,15 +269,16 @@ def run(
 ):
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
     from probe.spec import load_study
+    from probe.study.plan import parse_shard
 
-    spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)  # before the slow imports
+    shard_of = parse_shard(shard)  # both checked before the slow imports
+    spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
     _quiet_libraries()
     import torch
 
-    from probe.study.runner import parse_shard, run_study
+    from probe.study.runner import run_study
 
     _set_threads(torch, threads)
-    shard_of = parse_shard(shard)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
         result = run_study(spec, shard=shard_of, progress=progress, wait=wait)

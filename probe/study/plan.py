@@ -3,6 +3,9 @@ the members of its ceilings, its erasure rankings). Used by the runner and by th
 
 from __future__ import annotations
 
+import re
+
+from probe.errors import InputError
 from probe.names import method_family as family
 
 
@@ -42,3 +45,14 @@ def erasure_rankings(study) -> list[str]:
         out.append(gradient[0])
     out.append(study.verdict_reference)
     return list(dict.fromkeys(out))
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard I/N`` as ``(I, N)`` (None when not given); a one-line error otherwise. Torch-free,
+    so the command line checks it before the slow imports."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
+        raise InputError(f"--shard {text!r} is not I/N with 0 <= I < N (e.g. 0/2)")
+    return int(match.group(1)), int(match.group(2))

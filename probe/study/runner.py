@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from probe.study.batch import ForwardCounter, peak_memory, run_batch  # noqa: F4
 from probe.study.checks import study_sanity
 from probe.study.examples import model_text, prepare_examples, select_examples  # noqa: F401  (re-exported)
 from probe.study.lock import folder_lock
-from probe.study.plan import _ceiling_pairs, erasure_rankings, methods_needed  # noqa: F401  (re-exported)
+from probe.study.plan import _ceiling_pairs, erasure_rankings, methods_needed, parse_shard  # noqa: F401  (re-exported)
 from probe.study.store import ResultStore
 from probe.study.summary import finalize
 from probe.study.tables import (  # noqa: F401  (re-exported)
@@ -75,15 +74,6 @@ def _distributed() -> tuple[int, int] | None:
         dist.init_process_group("nccl" if torch.cuda.is_available() and os.environ.get("PROBE_DIST_BACKEND") != "gloo"
                                 else "gloo")
     return dist.get_rank(), dist.get_world_size()
-
-
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
-        raise InputError(f"--shard {text!r} is not I/N with 0 <= I < N (e.g. 0/2)")
-    return int(match.group(1)), int(match.group(2))
 
 
 def output_folder(study: Study) -> Path:
