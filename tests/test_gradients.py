@@ -290,6 +290,39 @@ def test_runs_in_eval_mode_and_restores_the_mode(minilm):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
+def test_parameters_are_left_out_of_the_graph_and_their_flags_restored(loaded, monkeypatch):
+    """Gradient passes hold the parameters' requires_grad off (no weight gradients are read): the
+    scores equal a model whose parameters require gradients, every flag is as it was after the call
+    (one the caller had turned off stays off), and no parameter is left with a .grad."""
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS)
+    parameters = list(pm.model.parameters())
+    by_hand = parameters[0]
+    by_hand.requires_grad_(False)
+    seen = []
+    handle = pm.model.register_forward_pre_hook(lambda *_: seen.append(any(p.requires_grad for p in parameters)))
+    try:
+        ig = G.integrated_gradients(pm, examples, steps=8)
+        saliency = G.saliency(pm, examples)
+        assert [p.requires_grad for p in parameters] == [False] + [True] * (len(parameters) - 1)
+        assert all(p.grad is None for p in parameters)
+        assert False in seen  # the differentiated passes ran with every parameter's flag off
+    finally:
+        handle.remove()
+        by_hand.requires_grad_(True)
+    # the same scores from an autograd graph that includes the parameters
+    import probe.explain.gradient_forward as forward
+    import probe.explain.integrated_gradients as integrated
+
+    plain = forward._gradient_mode
+    for module in (G, integrated):  # the modules that call it with inputs_only=True
+        monkeypatch.setattr(module, "_gradient_mode", lambda model, *, inputs_only=False: plain(model))
+    ig_plain, saliency_plain = G.integrated_gradients(pm, examples, steps=8), G.saliency(pm, examples)
+    monkeypatch.undo()
+    for a, b in zip(ig.scores + saliency.scores, ig_plain.scores + saliency_plain.scores):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------
 # words
 # ---------------------------------------------------------------------------

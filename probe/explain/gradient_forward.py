@@ -245,14 +245,25 @@ def _embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site
 
 
 @contextlib.contextmanager
-def _gradient_mode(model) -> Iterator[None]:
-    """Eval mode (no dropout: attributions must be deterministic) with autograd on, restored after."""
+def _gradient_mode(model, *, inputs_only: bool = False) -> Iterator[None]:
+    """Eval mode (no dropout: attributions must be deterministic) with autograd on, restored after.
+
+    ``inputs_only``: the pass differentiates only a tensor it feeds in (the attributed
+    embeddings), so the parameters are set not to require gradients for its duration (their
+    flags are restored after). Autograd then keeps no activations for weight gradients that
+    nobody reads; the input gradients are the same.
+    """
     was_training = model.training
     model.eval()
+    frozen = [p for p in model.parameters() if p.requires_grad] if inputs_only else []
     try:
+        for parameter in frozen:
+            parameter.requires_grad_(False)
         with torch.enable_grad():
             yield
     finally:
+        for parameter in frozen:
+            parameter.requires_grad_(True)
         model.train(was_training)
 
 

@@ -77,7 +77,7 @@ def _gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *, times_inp
     from captum.attr import InputXGradient, Saliency
 
     problem = _embedding_forward(pm, examples, site)
-    with _gradient_mode(pm.model):
+    with _gradient_mode(pm.model, inputs_only=True):
         if times_input:
             attributions = InputXGradient(problem).attribute(problem.embeds.clone().requires_grad_(),
                                                              additional_forward_args=(problem.rows,))

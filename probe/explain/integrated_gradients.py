@@ -165,7 +165,7 @@ def _ig_attributions(pm: ProbeModel, problem: _EmbeddingForward, base: torch.Ten
     from captum.attr import IntegratedGradients
 
     rows = problem.embeds.shape[0]
-    with _gradient_mode(pm.model):
+    with _gradient_mode(pm.model, inputs_only=True):
         ig = IntegratedGradients(problem)
         return ig.attribute(
             problem.embeds.clone().requires_grad_(), baselines=base, additional_forward_args=(problem.rows,), n_steps=steps,
@@ -331,7 +331,7 @@ def _gradients_at(pm: ProbeModel, problem: _EmbeddingForward, points: torch.Tens
 
     chunk = len(points) if internal_batch_size is None else _chunk(problem, internal_batch_size)
     grads = []
-    with _gradient_mode(pm.model):
+    with _gradient_mode(pm.model, inputs_only=True):
         saliency_method = Saliency(problem)
         for start in range(0, len(points), chunk):
             part = slice(start, start + chunk)
