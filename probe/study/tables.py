@@ -47,13 +47,38 @@ def units(scores: TokenScores, index: int) -> tuple[np.ndarray, np.ndarray, np.n
     return s[None], np.array([-1]), np.array([-1])
 
 
-def _rows(example_index: int, explainer: str, reference: str, role: str, layer, head, values: dict, n: int) -> pd.DataFrame:
-    frame = pd.DataFrame({"example": example_index, "explainer": explainer, "reference": reference, "role": role,
-                          "layer": np.asarray(layer, dtype=np.int16), "head": np.asarray(head, dtype=np.int16),
-                          "n_tokens": n})
-    for key, value in values.items():
-        frame[key] = np.asarray(value, dtype=np.float64)
-    return frame
+class _Columns:
+    """The agreement table's columns, filled a (example, explainer, reference) block of units at a
+    time and made into one frame at the end (one small frame per block, concatenated, cost ~2 ms
+    each). A measure missing from a block is NaN there, as ``pd.concat`` would leave it."""
+
+    def __init__(self):
+        self.length = 0
+        self.base: dict[str, list] = {key: [] for key in ("example", "explainer", "reference", "role", "layer", "head",
+                                                           "n_tokens")}
+        self.measures: dict[str, list[np.ndarray]] = {}
+
+    def add(self, example_index: int, explainer: str, reference: str, role: str, layer, head, values: dict,
+            n: int) -> None:
+        m = len(layer)
+        self.base["example"].append(np.full(m, example_index, dtype=np.int64))
+        for key, value in (("explainer", explainer), ("reference", reference), ("role", role)):
+            self.base[key].append(np.full(m, value, dtype=object))
+        self.base["layer"].append(np.asarray(layer, dtype=np.int16))
+        self.base["head"].append(np.asarray(head, dtype=np.int16))
+        self.base["n_tokens"].append(np.full(m, n, dtype=np.int64))
+        for key in values:
+            if key not in self.measures:
+                self.measures[key] = [np.full(self.length, np.nan)]
+        for key, parts in self.measures.items():
+            parts.append(np.asarray(values[key], dtype=np.float64) if key in values else np.full(m, np.nan))
+        self.length += m
+
+    def frame(self) -> pd.DataFrame:
+        if not self.length:
+            return pd.DataFrame()
+        columns = {key: np.concatenate(parts) for key, parts in {**self.base, **self.measures}.items()}
+        return pd.DataFrame(columns)
 
 
 def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, TokenScores],
@@ -76,7 +101,7 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
             pairs.append((name, ref, "baseline"))
     for a, b in _ceiling_pairs(study):
         pairs.append((a, b, "ceiling"))
-    frames = []
+    columns = _Columns()
     for i, example in enumerate(examples):
         scorable = np.array([include_special or not s for s in example.special])
         for explainer, reference, role in pairs:
@@ -105,8 +130,8 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
             else:
                 values = agreement(x[:, keep], y[keep], k=top_k)
             values = {k: v for k, v in values.items() if _measure_wanted(k, wanted)}
-            frames.append(_rows(first_index + i, explainer, reference, role, layer, head, values, n))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+            columns.add(first_index + i, explainer, reference, role, layer, head, values, n)
+    return columns.frame()
 
 
 def _left_out_reason(scorable: np.ndarray, x: np.ndarray, y: np.ndarray) -> str:
