@@ -316,6 +316,31 @@ def test_causal_lm_choices_mark_the_prompt_and_pick_the_preferred_answer(tiny_di
         assert example.original_value == pytest.approx(max(values), abs=1e-5)
 
 
+def test_erasure_without_flips_skips_their_rows_and_leaves_the_curves_unchanged(tiny_dirs, tiny_data, tmp_path):
+    """``metrics.erasure.flips: false`` drops only the decision-flip rows (one per token depth and
+    ranking): fewer rows are run, the flip column is empty, and the curves are the ones the default
+    computes (float rounding aside: the passes are packed differently)."""
+    runs = {}
+    for flips in (True, False):
+        metrics = {"top_k": [1], "counterfactual": None, "heads": None, "sanity": {"randomisation": False},
+                   "erasure": {"rankings": ["attention_mean@last", "saliency"], "bins": [10, 50], "flips": flips}}
+        out = tmp_path / f"flips-{flips}"
+        study = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out, metrics=metrics,
+                                           explainers=["attention_mean", "saliency"], references=["loo_delete"]))
+        assert run_study(study, progress=False, log=lambda _: None).complete
+        rows = sum(json.loads(p.read_text())["forward_rows"] for p in (out / "done").glob("b*.json"))
+        runs[flips] = (pd.read_parquet(out / "erasure.parquet"), rows)
+    (full, full_rows), (without, without_rows) = runs[True], runs[False]
+    # each of 12 examples has >= 2 scorable tokens, so each of its 3 rankings (with random) had >= 2 flip rows
+    assert without_rows <= full_rows - 12 * 3 * 2
+    assert without.flip.isna().all()
+    keys = ["example", "ranking", "bin"]
+    both = full.merge(without, on=keys, suffixes=("", "_without"))
+    assert len(both) == len(full) == len(without) == 12 * 3 * 2
+    for column in ("comprehensiveness", "sufficiency", "aopc", "aopc_sufficiency"):
+        np.testing.assert_allclose(both[column + "_without"], both[column], rtol=1e-5, atol=1e-6)
+
+
 def test_real_model_study_ceiling_beats_random(tmp_path):
     """builtin:minilm-rt on 16 held-out sentences: the two LOO references agree far above chance."""
     study = study_from_dict({
