@@ -1,21 +1,44 @@
 """probe's study against the naive floor in bare torch, ferret and captum, on one workload.
 
-The workload (issue 18), on N held-out rotten_tomatoes sentences and ``builtin:minilm-rt``:
+The default workload (issue 18), on N held-out rotten_tomatoes sentences and ``builtin:minilm-rt``:
 head-mean attention, saliency, input x gradient, integrated gradients (S Gauss-Legendre steps from
 the pad embedding), leave-one-out by [MASK], comprehensiveness and sufficiency at 10, 20, ..., 100%
 for the three gradient rankings, Kendall tau of each ranking against LOO.
+
+Two more workloads (issue 18, item 4: scale with length; benchmarks/peers_workloads.py):
+
+* ``--length L``: N held-out imdb reviews of at least L tokens, each cut to its first L-2
+  wordpieces and decoded back to text (about L tokens again; the header prints mean/min/max). Every
+  contender gets these texts; probe's study reads them from a CSV in the work dir (a generated copy
+  of the study: dataset = that file, max_length = the longest text, token budget 16384 so that one
+  LOO row set of a 128-token text is one pass). The floor splits its batches by the same budget
+  (4096 tokens per forward+backward, as probe's gradients do), since a 512-token LOO batch of 510
+  rows would not fit in memory; the default workload runs every batch whole, as before.
+* ``--model builtin:smollm2-135m``: the causal LM. Target log p(greedy next token | text) (probe's
+  default for a causal LM); head-mean last-layer attention of the last position; gradients at the
+  word embeddings (probe's site for a model without an embeddings module); IG from the pad
+  embedding (<|im_end|>, SmolLM2's pad); LOO by deletion (no mask token); erasure by deletion, flips
+  off. Study: benchmarks/peers_study_smollm2.yaml; probe's engine reuses each text's causal prefix
+  for the LOO and erasure rows. ferret (classifiers only) and captum are skipped with a printed line.
+  Combines with ``--length`` (cut with SmolLM2's tokenizer, which adds no special tokens).
 
 Contenders, each in a fresh process so none inherits another's warm caches, in interleaved rounds
 (floor, probe, ferret, captum, floor, probe, ...), each timing only its work (model loading and
 imports are outside the clock, except ``probe run`` whose whole process is timed separately):
 
 * ``floor``   per sentence, unpadded, bare torch: 1 eager forward with attentions; LOO as one
-              batch of T-2 copies; 1 forward+backward for saliency and input x gradient; IG as one
-              batch of S points + 1 backward; comprehensiveness/sufficiency as one batch of 60 rows.
-* ``probe``   ``run_study`` on benchmarks/peers_study.yaml (the same work as a study; probe also
-              runs its random ranking in the erasure curves): the clock is the sum of the batches'
-              wall time (the study steps); the statistics and the report are timed apart, and the
-              whole ``probe run`` process (imports, model load, statistics, report) once more.
+              batch of T-2 copies (causal LM: T copies of length T-1, no padding needed); 1
+              forward+backward for saliency and input x gradient; IG as one batch of S points + 1
+              backward; comprehensiveness/sufficiency as one batch of 60 rows (causal LM: the value
+              read at each right-padded row's last token; the empty 100% rows are not run).
+* ``probe``   ``run_study`` on the workload's study (the same work as a study; probe also runs its
+              random ranking in the erasure curves): the clock is the sum of the batches' wall time
+              (the study steps); the statistics and the report are timed apart, and the whole
+              ``probe run`` process (imports, model load, statistics, report) once more. It prints
+              its token and LOO row counts and mean taus beside the floor's (attention: last layer).
+* ``probe_auto`` (not the workload, so not in the default --only): ``probe`` with integrated
+              gradients at ``steps: auto``: Gauss-Legendre points per example, 16 then doubled
+              until the completeness delta is under 5% of |f(x) - f(baseline)|.
 * ``ferret``  ferret-xai 0.4.2's ``Benchmark.explain`` + ``evaluate_explanations`` with Gradient,
               GradientXInput, IntegratedGradients and AOPC comprehensiveness, AOPC sufficiency,
               tau-LOO; it needs its own virtual environment (``--ferret-python``), skipped if absent.
@@ -24,8 +47,15 @@ imports are outside the clock, except ``probe run`` whose whole process is timed
 
     python benchmarks/bench_peers.py [--n 50] [--rounds 2] [--steps 50] [--threads 2]
         [--only floor,probe] [--ferret-python /work/ferret-venv/bin/python]
+        [--length 128|512] [--model builtin:minilm-rt|builtin:smollm2-135m] [--cli]
 
-Prints seconds per contender and round, and every ratio to the floor and to ferret from the same run.
+    python benchmarks/bench_peers.py --n 50 --rounds 1 --only floor,probe,ferret --cli       # default
+    python benchmarks/bench_peers.py --n 50 --rounds 1 --only floor,probe,ferret --length 128
+    python benchmarks/bench_peers.py --n 20 --rounds 1 --only floor,probe,ferret --length 512
+    python benchmarks/bench_peers.py --n 20 --rounds 1 --only floor,probe --model builtin:smollm2-135m
+
+Prints the workload (model, dataset, token counts, study file), seconds per contender and round, and
+every ratio to the floor and to ferret from the same run.
 """
 
 from __future__ import annotations
@@ -40,8 +70,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # peers_workloads beside this file, however the script is started
+from peers_workloads import (LONG_GRADIENT_BUDGET, LONG_TOKEN_BUDGET, cut_texts, is_causal,  # noqa: E402
+                             run_floor_causal, token_counts, write_study)
 STUDY = HERE / "peers_study.yaml"
-CONTENDERS = ("floor", "probe", "ferret", "captum")
+STUDY_CAUSAL = HERE / "peers_study_smollm2.yaml"  # --model builtin:smollm2-135m
+CONTENDERS = ("floor", "probe", "ferret", "captum", "probe_auto")
 #: ``--before DIR``: also run probe from another checkout (the code before a change), same round
 BINS = tuple(b / 10 for b in range(1, 11))  # 10, 20, ..., 100%
 
@@ -70,6 +104,28 @@ def load_texts(n: int) -> list[str]:
     return [e.text for e in load_dataset("builtin:rotten_tomatoes", split="test", n=n, seed=0)]
 
 
+def row_chunks(rows: int, width: int, budget: int | None) -> list[slice]:
+    """Slices of at most ``budget // width`` rows; one slice of all rows when ``budget`` is None
+    (the default workload: every batch in one pass)."""
+    if budget is None:
+        return [slice(0, rows)]
+    per = max(1, budget // max(1, width))
+    return [slice(start, start + per) for start in range(0, rows, per)]
+
+
+def pad_rows(rows: list[list[int]], pad_id: int):
+    """Token rows of different lengths, right-padded: ``([rows, width] ids, [rows, width] mask)``."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    batch = torch.full((len(rows), width), pad_id)  # [rows, width]
+    mask = torch.zeros(len(rows), width, dtype=torch.long)  # [rows, width]
+    for r, row in enumerate(rows):
+        batch[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
+    return batch, mask
+
+
 def model_folder(name: str) -> str:
     from probe.models.builtins import materialize_builtin
 
@@ -81,8 +137,13 @@ def model_folder(name: str) -> str:
 # --------------------------------------------------------------------------- the floor
 
 
-def run_floor(folder: str, texts: list[str], steps: int) -> dict:
-    """The naive floor: per sentence, unpadded, bare torch and transformers, nothing else."""
+def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = None,
+              grad_budget: int | None = None) -> dict:
+    """The naive floor: per sentence, unpadded, bare torch and transformers, nothing else.
+
+    ``budget`` / ``grad_budget`` (the long workloads only) split a batch into passes of at most
+    that many rows x width tokens, as probe's engine does; the default workload runs each batch whole.
+    """
     import numpy as np
     import torch
     from scipy.stats import kendalltau
@@ -102,12 +163,13 @@ def run_floor(folder: str, texts: list[str], steps: int) -> dict:
 
     timings = {"attention": 0.0, "loo": 0.0, "gradients": 0.0, "integrated_gradients": 0.0, "erasure": 0.0,
                "tau": 0.0}
-    taus = []
+    taus, tokens, loo_rows = [], 0, 0
     started = time.perf_counter()
     for text in texts:
         ids = torch.tensor(tok(text)["input_ids"])  # [T]
         n_tokens = len(ids)
         inner = torch.arange(1, n_tokens - 1)  # scorable positions: all but [CLS] and [SEP]
+        tokens += n_tokens
         t0 = time.perf_counter()
         with torch.no_grad():
             out = model(input_ids=ids[None], output_attentions=True)
@@ -118,7 +180,9 @@ def run_floor(folder: str, texts: list[str], steps: int) -> dict:
         with torch.no_grad():
             copies = ids.repeat(len(inner), 1)  # [T-2, T]
             copies[torch.arange(len(inner)), inner] = tok.mask_token_id
-            loo = p[label] - probs(copies)[:, label]  # [T-2]
+            loo = p[label] - torch.cat([probs(copies[s])[:, label]
+                                        for s in row_chunks(len(copies), n_tokens, budget)])  # [T-2]
+        loo_rows += len(copies)
         t2 = time.perf_counter()
         with torch.enable_grad():
             x = embed(ids[None]).detach().requires_grad_()  # [1, T, dim]
@@ -130,10 +194,13 @@ def run_floor(folder: str, texts: list[str], steps: int) -> dict:
         with torch.enable_grad():
             base = pad.expand_as(x[0])  # [T, dim]
             diff = x[0].detach() - base  # [T, dim]
-            points = (base + alphas[:, None, None] * diff).requires_grad_()  # [steps, T, dim]
-            values = model(inputs_embeds=points).logits.softmax(-1)[:, label]  # [steps]
-            (grads,) = torch.autograd.grad(values, points, grad_outputs=weights)  # [steps, T, dim]
-        ig = (grads.sum(0) * diff).sum(-1)  # [T]
+            total = 0.0
+            for s in row_chunks(steps, n_tokens, grad_budget):
+                points = (base + alphas[s, None, None] * diff).requires_grad_()  # [chunk of steps, T, dim]
+                values = model(inputs_embeds=points).logits.softmax(-1)[:, label]  # [chunk]
+                (grads,) = torch.autograd.grad(values, points, grad_outputs=weights[s])  # [chunk, T, dim]
+                total = total + grads.sum(0)  # [T, dim]
+        ig = (total * diff).sum(-1)  # [T]
         t4 = time.perf_counter()
         rows = []
         for ranking in (saliency, ixg, ig):
@@ -144,14 +211,11 @@ def run_floor(folder: str, texts: list[str], steps: int) -> dict:
                 top = set(order[:bin_size(frac, n)])
                 rows.append([t for s, t in enumerate(ids.tolist()) if s not in top])
                 rows.append([t for s, t in enumerate(ids.tolist()) if s in top or s in (0, n_tokens - 1)])
-        width = max(len(r) for r in rows)
-        batch = torch.full((len(rows), width), tok.pad_token_id)  # [60, width]
-        mask = torch.zeros(len(rows), width, dtype=torch.long)  # [60, width]
-        for r, row in enumerate(rows):
-            batch[r, : len(row)] = torch.tensor(row)
-            mask[r, : len(row)] = 1
+        batch, mask = pad_rows(rows, tok.pad_token_id)  # [60, width] each
+        width = batch.shape[1]
         with torch.no_grad():
-            curves = p[label] - probs(batch, mask)[:, label]  # [60]: comp, suff alternating per bin
+            curves = p[label] - torch.cat([probs(batch[s], mask[s])[:, label]
+                                           for s in row_chunks(len(rows), width, budget)])  # [60]: comp, suff alternating per bin
         t5 = time.perf_counter()
         reference = loo.numpy()
         taus.append([kendalltau(r[inner].detach().numpy(), reference).statistic for r in (attention, saliency, ixg, ig)])
@@ -161,19 +225,21 @@ def run_floor(folder: str, texts: list[str], steps: int) -> dict:
             timings[key] += b - a
         del curves
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "steps": timings, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist()}
+    return {"seconds": seconds, "steps": timings, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist(),
+            "tokens": tokens, "loo_rows": loo_rows}
 
 
 # --------------------------------------------------------------------------- probe
 
 
-def run_probe(texts: list[str], steps: int, out: str, n: int, model: str) -> dict:
+def run_probe(texts: list[str], steps: int, out: str, n: int, model: str, study_path: str) -> dict:
     import pandas as pd
 
+    from peers_workloads import probe_agreement
     from probe.study.runner import run_study
     from probe.study.spec import load_study, study_from_dict
 
-    study = load_study(STUDY, n=n, out=out)
+    study = load_study(study_path, n=n, out=out)
     if model != study.model.id:
         data = study.to_dict()
         data["model"]["id"] = model
@@ -195,13 +261,26 @@ def run_probe(texts: list[str], steps: int, out: str, n: int, model: str) -> dic
     return {"seconds": float(seconds), "steps": {k: round(v, 2) for k, v in steps_seconds.items()},
             "load_seconds": provenance.get("model_load_seconds"),
             "outside_steps_seconds": total - seconds - provenance.get("model_load_seconds", 0.0),
-            "complete": result.complete, "same_texts": sorted(examples["text"]) == sorted(texts)}
+            "complete": result.complete, "same_texts": sorted(examples["text"]) == sorted(texts),
+            **probe_agreement(root)}
 
 
-def run_probe_cli(n: int, out: str) -> dict:
+def auto_steps_study(study_path: str, out: str) -> str:
+    """A copy of the study whose integrated gradients run ``steps: auto`` (Gauss-Legendre points
+    per example, doubled from 16 until the completeness delta is under 5% of f(x) - f(baseline))."""
+    import yaml
+
+    study = yaml.safe_load(Path(study_path).read_text())
+    study["params"]["integrated_gradients"] = {"steps": "auto"}
+    path = Path(out).with_suffix(".auto.yaml")
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return str(path)
+
+
+def run_probe_cli(n: int, out: str, study_path: str) -> dict:
     """The whole ``probe run`` process: imports, model load, the study, statistics and the report."""
     started = time.perf_counter()
-    cmd = [sys.executable, "-m", "probe", "run", str(STUDY), "--n", str(n), "--out", out, "--no-progress"]
+    cmd = [sys.executable, "-m", "probe", "run", study_path, "--n", str(n), "--out", out, "--no-progress"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
     total = time.perf_counter() - started
     provenance = json.loads((Path(out) / "provenance.json").read_text())
@@ -258,12 +337,7 @@ def run_captum(folder: str, texts: list[str], steps: int) -> dict:
                 top = set(order[:bin_size(frac, len(order))])
                 rows.append([t for s, t in enumerate(ids[0].tolist()) if s not in top])
                 rows.append([t for s, t in enumerate(ids[0].tolist()) if s in top or s in (0, n_tokens - 1)])
-        width = max(len(r) for r in rows)
-        batch = torch.full((len(rows), width), tok.pad_token_id)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, row in enumerate(rows):
-            batch[r, : len(row)] = torch.tensor(row)
-            mask[r, : len(row)] = 1
+        batch, mask = pad_rows(rows, tok.pad_token_id)  # [60, width] each
         with torch.no_grad():
             model(input_ids=batch, attention_mask=mask)
         reference = loo[inner].detach().numpy()
@@ -305,12 +379,18 @@ def run_ferret(folder: str, texts: list[str], steps: int) -> dict:
 def child(args) -> None:
     torch_threads(args.threads)
     texts = json.loads(Path(args.texts).read_text())
-    if args.child == "floor":
-        result = run_floor(args.folder, texts, args.steps)
+    long = args.length is not None  # the long workloads split batches as probe's engine does
+    budgets = (LONG_TOKEN_BUDGET, LONG_GRADIENT_BUDGET) if long else (None, None)
+    if args.child == "floor" and is_causal(args.folder):
+        result = run_floor_causal(args.folder, texts, args.steps, *budgets)
+    elif args.child == "floor":
+        result = run_floor(args.folder, texts, args.steps, *budgets)
     elif args.child in ("probe", "probe_before"):
-        result = run_probe(texts, args.steps, args.out, len(texts), args.model)
+        result = run_probe(texts, args.steps, args.out, len(texts), args.model, args.study)
+    elif args.child == "probe_auto":  # not the workload: IG stops per example at the 5% completeness tolerance
+        result = run_probe(texts, args.steps, args.out, len(texts), args.model, auto_steps_study(args.study, args.out))
     elif args.child == "probe_cli":
-        result = run_probe_cli(len(texts), args.out)
+        result = run_probe_cli(len(texts), args.out, args.study)
     elif args.child == "captum":
         result = run_captum(args.folder, texts, args.steps)
     else:
@@ -324,10 +404,11 @@ def torch_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def spawn(python: str, name: str, args, texts_path: str, folder: str, workdir: str) -> dict | None:
+def spawn(python: str, name: str, args, texts_path: str, folder: str, workdir: str, study: str) -> dict | None:
     out = tempfile.mkdtemp(prefix=f"peers-{name}-", dir=workdir)
     cmd = [python, str(Path(__file__).resolve()), "--child", name, "--texts", texts_path, "--folder", folder,
-           "--steps", str(args.steps), "--threads", str(args.threads), "--out", out, "--model", args.model]
+           "--steps", str(args.steps), "--threads", str(args.threads), "--out", out, "--model", args.model,
+           "--study", study] + (["--length", str(args.length)] if args.length is not None else [])
     env = {**os.environ, **({"PYTHONPATH": args.before} if name == "probe_before" else {}), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -344,8 +425,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default="builtin:minilm-rt")
-    parser.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    parser.add_argument("--model", default="builtin:minilm-rt",
+                        help="builtin:minilm-rt (default), builtin:smollm2-135m (causal LM), or a classifier folder")
+    parser.add_argument("--length", type=int, help="held-out imdb texts cut to this many model tokens "
+                        "(e.g. 128, 512) instead of rotten_tomatoes sentences")
+    parser.add_argument("--only", default=",".join(c for c in CONTENDERS if c != "probe_auto"),
+                        help="comma-separated contenders: " + ", ".join(CONTENDERS))
     parser.add_argument("--cli", action="store_true", help="also time one whole `probe run` process per round")
     parser.add_argument("--ferret-python", default="/work/ferret-venv/bin/python")
     parser.add_argument("--before", help="a checkout of probe to time as probe_before (PYTHONPATH)")
@@ -353,6 +438,7 @@ def main() -> None:
     parser.add_argument("--texts", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--study", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -366,18 +452,29 @@ def main() -> None:
         print(f"ferret: {args.ferret_python} not found, skipped (see the docstring to build its venv)")
         wanted.remove("ferret")
     folder = model_folder(args.model)
-    texts = load_texts(args.n)
+    causal = is_causal(folder)
+    for name in ("ferret", "captum"):
+        if causal and name in wanted:
+            print(f"{name}: skipped for the causal LM ({'ferret explains classifiers only' if name == 'ferret' else 'not written for a causal LM'})")
+            wanted.remove(name)
+    texts = cut_texts(folder, args.n, args.length) if args.length is not None else load_texts(args.n)
+    counts = token_counts(folder, texts)
     workdir = tempfile.mkdtemp(prefix="bench-peers-")
     texts_path = str(Path(workdir) / "texts.json")
     Path(texts_path).write_text(json.dumps(texts))
-    print(f"{args.model}: {len(texts)} rotten_tomatoes sentences, IG {args.steps} steps, {args.threads} threads; "
+    study = str(write_study(STUDY_CAUSAL if causal else STUDY, texts, counts, workdir, args.length is not None))
+    dataset = f"imdb held-out reviews cut to {args.length} tokens" if args.length is not None else "rotten_tomatoes sentences"
+    print(f"workload: {args.model} ({'causal LM, target log p(greedy next token)' if causal else 'classifier, target p(predicted class)'}), "
+          f"{len(texts)} {dataset}: {sum(counts) / len(counts):.1f} tokens on average (min {min(counts)}, max {max(counts)}); "
+          f"study {study}")
+    print(f"{args.model}: {len(texts)} {dataset}, IG {args.steps} steps, {args.threads} threads; "
           f"load {os.getloadavg()[0]:.1f} (1-min average) at start")
     extra = (["probe_before"] if args.before else []) + (["probe_cli"] if args.cli else [])
     runs: dict[str, list[dict]] = {name: [] for name in wanted + extra}
     for round_ in range(args.rounds):
         for name in runs:
             python = args.ferret_python if name == "ferret" else sys.executable
-            result = spawn(python, name, args, texts_path, folder, workdir)
+            result = spawn(python, name, args, texts_path, folder, workdir, study)
             if result is not None:
                 runs[name].append(result)
                 shown = result.get("seconds", result.get("process_seconds"))
