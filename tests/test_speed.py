@@ -24,6 +24,33 @@ TEXTS = ["bad film", "the movie was good and the cast was great , the music too 
          "i loved every minute of it , the acting , the score , the photography , all of it"]
 
 
+# --------------------------------------------------------------------------- prepare
+
+
+@pytest.mark.parametrize("label", [None, 0])
+def test_prepare_labels_and_values_a_classifier_in_one_forward_per_width_group(minilm, monkeypatch, label):
+    """The prediction's logits give the target value: one forward per group of similar widths
+    (not a second pass), each example's label and value those of a forward on it alone."""
+    from probe.rows import target as T
+    from probe.study.batch import ForwardCounter
+
+    monkeypatch.setattr(T, "PREPARE_TOKEN_BUDGET", 64)  # the long text gets a group of its own
+    counter = ForwardCounter(minilm.model)
+    try:
+        examples = prepare(minilm, TEXTS, T.TargetSpec(label=label))
+    finally:
+        counter.close()
+    groups = T._width_groups([len(e.input_ids) for e in examples], 64)
+    assert 1 < len(groups) < len(TEXTS) and counter.calls == len(groups)
+    assert max(len(examples[i].input_ids) for i in groups[-1]) == max(len(e.input_ids) for e in examples)
+    for example in examples:
+        with torch.no_grad():
+            logits = minilm.model(input_ids=torch.tensor([example.input_ids])).logits[0]
+        assert example.label == (label if label is not None else int(logits.argmax()))
+        assert example.original_value == pytest.approx(float(logits.softmax(-1)[example.label]), abs=1e-6)
+        assert example.label_name == str(minilm.model.config.id2label[example.label])
+
+
 # --------------------------------------------------------------------------- width buckets
 
 

@@ -131,11 +131,7 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
         examples = _resolve_encoder_target(pm, examples, target, kind)
     elif pm.task == "classification":
         fixed = _label_index(pm, target.label) if target.label is not None else None
-        with torch.no_grad():
-            predicted = pm.model(**batch).logits.argmax(-1).tolist()
-        names = pm.model.config.id2label or {}
-        chosen = [fixed if fixed is not None else guess for guess in predicted]
-        examples = [dataclasses.replace(e, label=c, label_name=str(names.get(c, c))) for e, c in zip(examples, chosen)]
+        return _classify(pm, examples, fixed)
     elif target.continuation is not None:
         cont = pm.tokenizer(target.continuation, add_special_tokens=pm.task == "seq2seq")["input_ids"]
         if not cont:
@@ -163,6 +159,41 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
                                               label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
+
+
+#: rows x width of one forward when :func:`prepare` labels and values a classifier's examples
+PREPARE_TOKEN_BUDGET = 8192
+
+
+def _width_groups(widths: list[int], budget: int) -> list[list[int]]:
+    """Indices sorted by width, cut into groups of at most ``budget`` padded tokens (rows x widest)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(widths)), key=lambda i: (widths[i], i)):
+        if groups and (len(groups[-1]) + 1) * widths[i] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: int | None) -> list[PreparedExample]:
+    """A classifier's examples with their label (``fixed``, else the predicted class) and their
+    target value, both read from one forward per group of similar widths: the prediction's logits
+    are the ones the target value needs, so no second pass, and no short example is padded to the
+    longest one's width."""
+    names = pm.model.config.id2label or {}
+    done: list[PreparedExample | None] = [None] * len(examples)
+    for group in _width_groups([len(e.input_ids) for e in examples], PREPARE_TOKEN_BUDGET):
+        batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i in group])
+        with torch.no_grad():
+            logits = pm.model(**batch.inputs).logits  # [rows, classes]
+        chosen = [fixed if fixed is not None else int(c) for c in logits.argmax(-1).tolist()]
+        labelled = [dataclasses.replace(examples[i], label=c, label_name=str(names.get(c, c)))
+                    for i, c in zip(group, chosen)]
+        values = target_values(pm, dataclasses.replace(batch, examples=labelled), logits).tolist()
+        for i, example, value in zip(group, labelled, values):
+            done[i] = dataclasses.replace(example, original_value=value)
+    return done
 
 
 def _check_encoder_target(pm: ProbeModel, target: TargetSpec, kind: str) -> None:
