@@ -81,6 +81,28 @@ def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
 
 
+def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
+    """A study already has each method's scores on the trained model: passed in, the scorer runs
+    only on the randomised models, and the checks are the same as when it runs them itself."""
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    calls = []
+
+    def scorer(pm, ex):
+        calls.append(1)
+        return G.input_x_gradient(pm, ex).scores
+
+    alone = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0)
+    assert len(calls) == 3  # trained, half, all layers
+    given = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
+                            trained_scores={"input_x_gradient": G.input_x_gradient(pm, examples).scores})
+    assert len(calls) == 5 and given == alone
+    shifted = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
+                              trained_scores={"input_x_gradient": [torch.arange(len(e.input_ids), dtype=torch.float32)
+                                                                   for e in examples]})
+    assert shifted[0].curve != alone[0].curve  # the given scores are the ones compared
+
+
 def test_randomisation_without_layers_is_not_run(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS[:1], TargetSpec())

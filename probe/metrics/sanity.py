@@ -259,9 +259,11 @@ def output_unit(values: torch.Tensor) -> torch.Tensor:
 
 
 def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
-                  seed: int = 0) -> list[Check]:
+                  seed: int = 0, trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None) -> list[Check]:
     """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
-    list of per-example score tensors``; each one's output unit is compared by Spearman."""
+    list of per-example score tensors``; each one's output unit is compared by Spearman.
+    ``trained_scores``: a scorer's output on the trained model where the caller already has it
+    (the same call, so the same numbers); the others are run first."""
     from probe.metrics.agreement import agreement
 
     layers = layer_stack(pm.model, pm.contract.n_layers)
@@ -273,7 +275,8 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
     checks = {}
     for name, scorer in scorers.items():
         try:
-            trained[name] = [output_unit(v).double().numpy() for v in scorer(pm, examples)]
+            given = (trained_scores or {}).get(name)
+            trained[name] = [output_unit(v).double().numpy() for v in (given if given is not None else scorer(pm, examples))]
         except ProbeError as error:
             checks[name] = Check(name, "randomisation", "not run", None, str(error))
     curves: dict[str, list[tuple[float, float]]] = {name: [(0.0, 1.0)] for name in trained}

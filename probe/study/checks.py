@@ -53,7 +53,8 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
     if spec.randomisation:
         scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
         try:
-            checks += S.randomisation(pm, examples, scorers, fractions=tuple(spec.fractions), seed=study.statistics.seed)
+            checks += S.randomisation(pm, examples, scorers, fractions=tuple(spec.fractions), seed=study.statistics.seed,
+                                      trained_scores={m: r.scores for m, r in results.items()})
         except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
             checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks
