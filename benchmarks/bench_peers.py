@@ -492,6 +492,12 @@ def main() -> None:
         to_floor = ", ".join(f"{a / b:.2f}" for a, b in zip((r["seconds"] for r in results), floor)) if floor else "-"
         from_ferret = ", ".join(f"{b / a:.2f}" for a, b in zip((r["seconds"] for r in results), ferret)) if ferret else "-"
         print(f"{name:<12}{cells}   {to_floor:>10}   {from_ferret:>10}")
+    for round_, (floor, ferret) in enumerate(zip(runs.get("floor", []), runs.get("ferret", []))):
+        # the least any contender doing this work can spend: the floor's IG (one unpadded batch of
+        # the points, one backward) and LOO (one unpadded batch of copies) are that arithmetic alone
+        least = floor["steps"]["integrated_gradients"] + floor["steps"]["loo"]
+        print(f"round {round_ + 1}: the floor's integrated gradients and leave-one-out alone take {least:.1f} s; "
+              f"2.5x faster than ferret means the whole study in {ferret['seconds'] / 2.5:.1f} s")
     for r in runs.get("probe_cli", []):
         overhead = r["process_seconds"] - (r["study_seconds"] or 0.0)
         print(f"probe run process {r['process_seconds']:.1f} s: study steps {r['study_seconds']:.1f} s, model load "

@@ -92,7 +92,10 @@ def write_study(base: Path, texts: list[str], counts: list[int], workdir: str, l
     ``long`` (--length): the dataset becomes a CSV of exactly ``texts`` in the work dir (no labels:
     the target is the predicted class / next token), with ``max_length`` the longest count
     (select_examples drops longer texts), the engine's token budget :data:`LONG_TOKEN_BUDGET`, and as
-    many examples per batch as fit that budget.
+    many examples per batch as fit that budget. Its model runs transformers' default attention
+    (sdpa), not the short sentences' eager: on a 2-core CPU a no-grad pass of MiniLM took 4.4 s eager
+    against 2.9 s sdpa at 32 x 512 tokens and 3.0 against 2.5 s at 128 x 128, while at 280 x 29 eager
+    was 3% ahead. (The floor keeps eager, which its attention step needs for the weights.)
     """
     import yaml
 
@@ -109,6 +112,7 @@ def write_study(base: Path, texts: list[str], counts: list[int], workdir: str, l
     study["dataset"] = {"name": str(data), "n": len(texts), "seed": 0, "max_length": max(longest, 2)}
     study["engine"] = {"batch_size": max(1, min(len(texts), LONG_TOKEN_BUDGET // longest)),
                        "token_budget": LONG_TOKEN_BUDGET}
+    study["model"].pop("attn_implementation", None)
     study["output"] = str(Path(workdir) / "results")
     path = Path(workdir) / f"study_{Path(base).stem}_long.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
