@@ -126,6 +126,37 @@ def pad_rows(rows: list[list[int]], pad_id: int):
     return batch, mask
 
 
+def erasure_rows(ids: list[int], rankings, inner, keep: set[int]) -> list[list[int]]:
+    """Per ranking (each ``[T]``) and bin: the comprehensiveness row (the bin's top scorable tokens
+    removed), then the sufficiency row (only they and the ``keep`` positions left)."""
+    import torch
+
+    rows = []
+    for ranking in rankings:
+        order = (inner[torch.argsort(-ranking[inner].detach(), stable=True)]).tolist()
+        for frac in BINS:
+            top = set(order[:bin_size(frac, len(order))])
+            rows.append([t for s, t in enumerate(ids) if s not in top])
+            rows.append([t for s, t in enumerate(ids) if s in top or s in keep])
+    return rows
+
+
+def taus_against(reference, inner, rankings) -> list[float]:
+    """Kendall tau of each ranking's scorable positions with the reference (LOO) scores."""
+    from scipy.stats import kendalltau
+
+    return [kendalltau(r[inner].detach().numpy(), reference.numpy()).statistic for r in rankings]
+
+
+STEPS = ("attention", "loo", "gradients", "integrated_gradients", "erasure", "tau")
+
+
+def add_step_times(timings: dict[str, float], marks: list[float]) -> None:
+    """Adds the time between consecutive ``marks`` (one more than :data:`STEPS`) to each step."""
+    for key, a, b in zip(STEPS, marks, marks[1:]):
+        timings[key] = timings.get(key, 0.0) + b - a
+
+
 def model_folder(name: str) -> str:
     from probe.models.builtins import materialize_builtin
 
@@ -146,7 +177,6 @@ def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = No
     """
     import numpy as np
     import torch
-    from scipy.stats import kendalltau
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
@@ -161,8 +191,7 @@ def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = No
     def probs(ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return model(input_ids=ids, attention_mask=mask).logits.softmax(-1)  # [rows, classes]
 
-    timings = {"attention": 0.0, "loo": 0.0, "gradients": 0.0, "integrated_gradients": 0.0, "erasure": 0.0,
-               "tau": 0.0}
+    timings = dict.fromkeys(STEPS, 0.0)
     taus, tokens, loo_rows = [], 0, 0
     started = time.perf_counter()
     for text in texts:
@@ -202,27 +231,15 @@ def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = No
                 total = total + grads.sum(0)  # [T, dim]
         ig = (total * diff).sum(-1)  # [T]
         t4 = time.perf_counter()
-        rows = []
-        for ranking in (saliency, ixg, ig):
-            scores = ranking[inner].detach()
-            order = (inner[torch.argsort(-scores, stable=True)]).tolist()
-            n = len(order)
-            for frac in BINS:
-                top = set(order[:bin_size(frac, n)])
-                rows.append([t for s, t in enumerate(ids.tolist()) if s not in top])
-                rows.append([t for s, t in enumerate(ids.tolist()) if s in top or s in (0, n_tokens - 1)])
+        rows = erasure_rows(ids.tolist(), (saliency, ixg, ig), inner, {0, n_tokens - 1})
         batch, mask = pad_rows(rows, tok.pad_token_id)  # [60, width] each
         width = batch.shape[1]
         with torch.no_grad():
             curves = p[label] - torch.cat([probs(batch[s], mask[s])[:, label]
                                            for s in row_chunks(len(rows), width, budget)])  # [60]: comp, suff alternating per bin
         t5 = time.perf_counter()
-        reference = loo.numpy()
-        taus.append([kendalltau(r[inner].detach().numpy(), reference).statistic for r in (attention, saliency, ixg, ig)])
-        t6 = time.perf_counter()
-        for key, a, b in (("attention", t0, t1), ("loo", t1, t2), ("gradients", t2, t3),
-                          ("integrated_gradients", t3, t4), ("erasure", t4, t5), ("tau", t5, t6)):
-            timings[key] += b - a
+        taus.append(taus_against(loo, inner, (attention, saliency, ixg, ig)))
+        add_step_times(timings, [t0, t1, t2, t3, t4, t5, time.perf_counter()])
         del curves
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "steps": timings, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist(),
@@ -296,7 +313,6 @@ def run_captum(folder: str, texts: list[str], steps: int) -> dict:
     import numpy as np
     import torch
     from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, Saliency
-    from scipy.stats import kendalltau
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
@@ -330,18 +346,11 @@ def run_captum(folder: str, texts: list[str], steps: int) -> dict:
             base = embed(torch.tensor([[tok.pad_token_id]])).expand_as(x)
         ig = IntegratedGradients(from_embeds).attribute(x.clone().requires_grad_(), baselines=base, n_steps=steps,
                                                         additional_forward_args=(label,))[0].sum(-1)
-        rows = []
-        for ranking in (saliency, ixg, ig):
-            order = inner[torch.argsort(-ranking[inner].detach(), stable=True)].tolist()
-            for frac in BINS:
-                top = set(order[:bin_size(frac, len(order))])
-                rows.append([t for s, t in enumerate(ids[0].tolist()) if s not in top])
-                rows.append([t for s, t in enumerate(ids[0].tolist()) if s in top or s in (0, n_tokens - 1)])
+        rows = erasure_rows(ids[0].tolist(), (saliency, ixg, ig), inner, {0, n_tokens - 1})
         batch, mask = pad_rows(rows, tok.pad_token_id)  # [60, width] each
         with torch.no_grad():
             model(input_ids=batch, attention_mask=mask)
-        reference = loo[inner].detach().numpy()
-        taus.append([kendalltau(r[inner].detach().numpy(), reference).statistic for r in (attention, saliency, ixg, ig)])
+        taus.append(taus_against(loo[inner].detach(), inner, (attention, saliency, ixg, ig)))
     return {"seconds": time.perf_counter() - started, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist()}
 
 

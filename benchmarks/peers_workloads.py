@@ -151,10 +151,9 @@ def run_floor_causal(folder: str, texts: list[str], steps: int, budget: int | No
     """
     import numpy as np
     import torch
-    from scipy.stats import kendalltau
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bench_peers import BINS, bin_size, gauss_legendre, pad_rows, row_chunks
+    from bench_peers import STEPS, add_step_times, erasure_rows, gauss_legendre, pad_rows, row_chunks, taus_against
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
@@ -177,9 +176,8 @@ def run_floor_causal(folder: str, texts: list[str], steps: int, budget: int | No
         last = hidden[torch.arange(len(ids)), mask.sum(1) - 1]  # [rows, dim]
         return model.lm_head(last).float().log_softmax(-1)  # [rows, vocab]
 
-    timings = {"attention": 0.0, "loo": 0.0, "gradients": 0.0, "integrated_gradients": 0.0, "erasure": 0.0,
-               "tau": 0.0}
-    taus, tokens, loo_rows, erasure_rows = [], 0, 0, 0
+    timings = dict.fromkeys(STEPS, 0.0)
+    taus, tokens, loo_rows, n_erasure_rows = [], 0, 0, 0
     started = time.perf_counter()
     for text in texts:
         ids = torch.tensor(tok(text)["input_ids"])  # [T]
@@ -217,30 +215,19 @@ def run_floor_causal(folder: str, texts: list[str], steps: int, budget: int | No
                 total += grads.sum(0)
         ig = (total * diff).sum(-1)  # [T]
         t4 = time.perf_counter()
-        rows = []
         keep_always = set(range(n_tokens)) - set(inner.tolist())  # special tokens stay in sufficiency rows
-        for ranking in (saliency, ixg, ig):
-            order = (inner[torch.argsort(-ranking[inner].detach(), stable=True)]).tolist()
-            n = len(order)
-            for frac in BINS:
-                top = set(order[:bin_size(frac, n)])
-                rows.append([t for s, t in enumerate(ids.tolist()) if s not in top])
-                rows.append([t for s, t in enumerate(ids.tolist()) if s in top or s in keep_always])
+        rows = erasure_rows(ids.tolist(), (saliency, ixg, ig), inner, keep_always)
         rows = [r for r in rows if r]  # comprehensiveness at 100% of a text without special tokens: empty
-        erasure_rows += len(rows)
+        n_erasure_rows += len(rows)
         batch, mask = pad_rows(rows, pad_id)  # [rows, width] each
         width = batch.shape[1]
         with torch.no_grad():
             curves = value - torch.cat([last_logprobs(batch[s], mask[s])[:, target]
                                         for s in row_chunks(len(rows), width, budget)])  # [rows]
         t5 = time.perf_counter()
-        reference = loo.numpy()
-        taus.append([kendalltau(r[inner].detach().numpy(), reference).statistic for r in (attention, saliency, ixg, ig)])
-        t6 = time.perf_counter()
-        for key, a, b in (("attention", t0, t1), ("loo", t1, t2), ("gradients", t2, t3),
-                          ("integrated_gradients", t3, t4), ("erasure", t4, t5), ("tau", t5, t6)):
-            timings[key] += b - a
+        taus.append(taus_against(loo, inner, (attention, saliency, ixg, ig)))
+        add_step_times(timings, [t0, t1, t2, t3, t4, t5, time.perf_counter()])
         del curves
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "steps": timings, "mean_tau": np.nanmean(np.array(taus), axis=0).tolist(),
-            "tokens": tokens, "loo_rows": loo_rows, "erasure_rows": erasure_rows}
+            "tokens": tokens, "loo_rows": loo_rows, "erasure_rows": n_erasure_rows}
