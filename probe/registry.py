@@ -17,6 +17,9 @@ from typing import Any
 from probe.errors import InputError
 
 FAMILIES = ("attention", "gradient", "intervention")
+#: the kinds of attention explanation the verdict answers for separately, in its order; the first
+#: (the attention weights themselves) is the headline's
+VERDICT_FAMILIES = ("attention weights", "attention-derived", "context mixing", "attention x gradient")
 
 
 # ---------------------------------------------------------------------------
@@ -171,7 +174,10 @@ class Method:
     intervention engine); ``listed`` False for a variant that is
     run by name only and is not one of :data:`METHODS` (its name is still unique here);
     ``per_head`` True where it scores every layer x head (a claim may name one head);
-    ``query_max`` True where it takes ``query: max`` (the maximum over query rows)."""
+    ``query_max`` True where it takes ``query: max`` (the maximum over query rows);
+    ``verdict_family`` the kind of attention explanation the verdict counts it under (one of
+    :data:`VERDICT_FAMILIES`; attention family only); ``signed`` True where the sign of a score says
+    whether the token pushes the target up or down (the sign check compares it with a signed reference)."""
     name: str
     family: str
     group: str
@@ -187,6 +193,8 @@ class Method:
     engine: bool = False
     per_head: bool = False
     query_max: bool = False
+    verdict_family: str | None = None
+    signed: bool = False
 
     def load(self) -> Callable[..., Any]:
         """The implementation function (imports its module, and torch, on first use)."""
@@ -253,13 +261,15 @@ _SUPPORT = "probe.models.architectures:context_mixing_support"
 FLOW_MAX_TOKENS = FlowParams.max_tokens
 
 
-def _attention(name: str, params: type = AttentionParams, **kw: Any) -> Method:
-    return Method(name, "attention", "attention", f"{_ATT}:{name}", params, f"{_ATT}:attention_scores", **kw)
+def _attention(name: str, params: type = AttentionParams, *, verdict_family: str = "attention weights",
+               **kw: Any) -> Method:
+    return Method(name, "attention", "attention", f"{_ATT}:{name}", params, f"{_ATT}:attention_scores",
+                  verdict_family=verdict_family, **kw)
 
 
 def _mixing(name: str, params: type = DecompositionParams) -> Method:
     return Method(name, "attention", "context mixing", f"{_MIX}:{name}", params, f"{_MIX}:context_mixing_scores",
-                  applies=Applies(support=_SUPPORT))
+                  applies=Applies(support=_SUPPORT), verdict_family="context mixing")
 
 
 def _gradient(name: str, params: type = GradientParams, **kw: Any) -> Method:
@@ -268,25 +278,25 @@ def _gradient(name: str, params: type = GradientParams, **kw: Any) -> Method:
 
 def _loo(mode: str, **kw: Any) -> Method:
     return Method(f"loo_{mode}", "intervention", "intervention", _LOO, LeaveOneOutParams, _LOO,
-                  preset=(("mode", mode),), engine=True, **kw)
+                  preset=(("mode", mode),), engine=True, signed=True, **kw)
 
 
 REGISTRY: tuple[Method, ...] = (
     _attention("attention", note="per layer x head", per_head=True),
     _attention("attention_mean", query_max=True),
-    _attention("rollout", query_max=True),
+    _attention("rollout", query_max=True, verdict_family="attention-derived"),
     _attention("flow", FlowParams, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
-               label="attention flow", query_max=True),
-    _attention("attn_norm", AttnNormParams, per_head=True),
-    _attention("attn_grad", AttnGradParams, per_head=True),
+               label="attention flow", query_max=True, verdict_family="attention-derived"),
+    _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing"),
+    _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True),
     _mixing("value_zeroing", ValueZeroingParams),
     _mixing("alti"),
     _mixing("globenc"),
     _gradient("saliency", note="L2"),
-    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name")),
-    _gradient("input_x_gradient"),
-    _gradient("integrated_gradients", IntegratedGradientsParams),
-    _gradient("gradient_shap", GradientShapParams, takes_seed=True),
+    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name"), signed=True),
+    _gradient("input_x_gradient", signed=True),
+    _gradient("integrated_gradients", IntegratedGradientsParams, signed=True),
+    _gradient("gradient_shap", GradientShapParams, takes_seed=True, signed=True),
     _loo("delete"),
     _loo("mask", applies=Applies(token="mask")),
     _loo("unk", applies=Applies(token="unk")),
@@ -296,7 +306,7 @@ REGISTRY: tuple[Method, ...] = (
                                                 task_reason="needs a causal LM to draw in-context replacements")),
     # attn_norm summed over heads: a variant, run by name only (probe.explain.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
-           preset=(("per_head", False),), listed=False),
+           preset=(("per_head", False),), listed=False, verdict_family="context mixing"),
 )
 
 GROUPS: tuple[Group, ...] = (

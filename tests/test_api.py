@@ -280,7 +280,7 @@ def test_verdict_refuses_what_is_not_a_verdict(tmp_path):
 
     with pytest.raises(InputError, match="not a verdict: it lacks answer, headline"):
         Verdict.from_dict({"reference": "loo_delete"})
-    with pytest.raises(InputError, match="unknown answer 'maybe': expected one of yes, heads only, no"):
+    with pytest.raises(InputError, match="unknown answer 'maybe': expected one of yes, heads only, no, undecidable"):
         Verdict.from_dict({"answer": "maybe", "headline": "", "reference": "r", "measure": "m",
                            "layer_units": {}, "head_units": {}})
     with pytest.raises(InputError, match="verdict.json does not exist"):

@@ -36,7 +36,7 @@ def test_the_python_examples_run(tmp_path, monkeypatch, capsys):
     ex, run, audit = namespace["ex"], namespace["run"], namespace["audit"]
     assert ex.methods == ["attention_mean", "rollout", "integrated_gradients", "loo_delete"]
     assert run.complete and (tmp_path / "results" / "readme" / "verdict.json").is_file()
-    assert run.verdict.answer in ("yes", "heads only", "no")
+    assert run.verdict.answer in ("yes", "heads only", "no", "undecidable")
     assert audit.claims[0].verdict in ("supported", "refuted", "inconclusive")
     assert namespace["maps"].weights.shape[3] == 1  # one query row: [CLS]
     assert "random" in set(namespace["curves"].ranking)

@@ -74,8 +74,8 @@ def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
     checks = {c.method: c for c in S.randomisation(pm, examples, scorers, seed=0)}
     assert checks["position"].status == "fail" and checks["position"].value == pytest.approx(1.0)
     assert all(rho == pytest.approx(1.0) for _, rho in checks["position"].curve)
-    curve = checks["input_x_gradient"].curve  # 2 layers: (0, 1), (0.5, .), (1, .)
-    assert [frac for frac, _ in curve] == [0.0, 0.5, 1.0]
+    curve = checks["input_x_gradient"].curve  # 2 layers: trained (0, 1), the head (0, .), (0.5, .), (1, .)
+    assert [frac for frac, _ in curve] == [0.0, 0.0, 0.5, 1.0]
     assert curve[-1][1] < 0.5
     for name, value in pm.model.named_parameters():  # trained weights restored
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
@@ -93,14 +93,66 @@ def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
         return G.input_x_gradient(pm, ex).scores
 
     alone = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0)
-    assert len(calls) == 3  # trained, half, all layers
+    assert len(calls) == 4  # trained, the head, half, all layers
     given = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
                             trained_scores={"input_x_gradient": G.input_x_gradient(pm, examples).scores})
-    assert len(calls) == 5 and given == alone
+    assert len(calls) == 7 and given == alone
     shifted = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
                               trained_scores={"input_x_gradient": [torch.arange(len(e.input_ids), dtype=torch.float32)
                                                                    for e in examples]})
     assert shifted[0].curve != alone[0].curve  # the given scores are the ones compared
+
+
+def test_randomisation_cascades_from_the_head_and_restores_it(loaded):
+    """The classifier and pooler are the cascade's first step (Adebayo et al. go from the logits
+    down): the output moves at that step though no layer changed, and every weight comes back."""
+    from probe.explain.methods import run_method
+
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    layers = S.layer_stack(pm.model, pm.contract.n_layers)
+    head = dict(S.head_parameters(pm.model, layers))
+    assert any(n.startswith("classifier") for n in head) and any("pooler" in n for n in head)
+    assert not any(p is pm.model.get_input_embeddings().weight for p in head.values())
+    before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
+    reference = ("loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
+    checks = {c.method: c for c in S.randomisation(pm, examples, {"position": lambda pm, ex: [
+        torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}, seed=0, reference=reference)}
+    ref = checks["loo_delete"]
+    assert ref.status == "pass" and ref.curve[1][1] < 0.9  # the head alone moved the reference's ranking
+    assert "the target moved by" in ref.detail
+    assert checks["position"].status == "fail"  # the reference changed, the position ranking did not
+    for name, value in pm.model.named_parameters():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def test_randomisation_that_leaves_the_reference_unchanged_is_not_informative(loaded):
+    """Where re-initialising does not change the reference's own ranking, a flat explainer curve
+    says nothing about the explainer: not informative, which is no failure."""
+    from types import SimpleNamespace
+
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    position = lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]  # noqa: E731
+    fixed = ("loo_delete", lambda pm, ex: SimpleNamespace(scores=position(pm, ex), extras={"original_values": [0.5] * len(ex)}))
+    checks = {c.method: c for c in S.randomisation(pm, examples, {"position": position}, seed=0, reference=fixed)}
+    assert checks["loo_delete"].status == "not informative"
+    assert checks["position"].status == "not informative" and "not informative" in checks["position"].detail
+    assert S.failed_methods(list(checks.values())) == {}
+
+
+def test_sign_check_flags_an_inverted_explainer():
+    reference = [torch.tensor([0.9, 0.01, -0.02, 0.0]), torch.tensor([0.0, -0.5, 0.05, 0.01])]
+    scored = [[True, True, True, False], [True, True, True, True]]
+    same = S.sign_check("input_x_gradient", [r * 2 for r in reference], reference, scored)
+    inverted = S.sign_check("input_x_gradient", [-r for r in reference], reference, scored)
+    assert same.status == "pass" and same.value == pytest.approx(1.0)
+    assert inverted.status == "fail" and inverted.value == pytest.approx(0.0) and "inverted" in inverted.detail
+    # only the big effects' signs count: flipping the small ones leaves the check passing
+    small = [torch.tensor([0.9, -0.01, 0.02, 0.0]), torch.tensor([0.0, -0.5, -0.05, 0.01])]
+    assert S.sign_check("x", small, reference, scored).status == "pass"
+    zero = S.sign_check("x", reference, [torch.zeros(4), torch.zeros(4)], scored)
+    assert zero.status == "not run"
 
 
 def test_randomisation_without_layers_is_not_run(loaded):

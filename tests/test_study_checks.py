@@ -44,7 +44,7 @@ def test_sanity_in_verdict_and_table(checked_run):
     # the word-site input x gradient is neither the gradient bar nor a ceiling
     assert verdict["best_gradient"]["explainer"] == "saliency"
     assert verdict["ceiling"]["pair"] == ["loo_mask", "loo_delete"]
-    assert "Failed sanity checks (unreliable here" in verdict["headline"] and "input_x_gradient (degeneracy" in verdict["headline"]
+    assert "Failed sanity checks (their units never track" in verdict["headline"] and "input_x_gradient (degeneracy" in verdict["headline"]
     assert "attention_mean L0 = rollout L0" in verdict["headline"]  # rollout L0 = 0.5 A + 0.5 I: same order off [CLS]
     curves = [c["curve"] for c in verdict["sanity"] if c["check"] == "randomisation" and c["status"] != "not run"]
     assert curves and all(curve[0] == [0.0, 1.0] for curve in curves)

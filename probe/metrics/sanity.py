@@ -19,10 +19,24 @@
                    :data:`MAX_STEPS`: the search reruns IG on the sample at every try, which on a
                    30-layer model took minutes at 1024; past it, ``steps: auto`` finds the steps
                    per example).
-    randomisation  Adebayo et al. 2018: layers re-initialised from the top down (cascading); each
-                   explainer's Spearman correlation with its trained-model scores, mean over a
-                   small sample. One whose correlation stays >= 0.5 once the top half of the layers
-                   is random does not depend on the model (flagged).
+    randomisation  Adebayo et al. 2018, cascading from the logits down: first the output head (the
+                   classifier, score or pooler modules that are not tied to the input embeddings),
+                   then the layers from the top, each re-initialised (matrices N(0, init std),
+                   biases 0, norm scales 1). At each step, each explainer's Spearman correlation
+                   with its trained-model scores, mean over a small sample, and the same for the
+                   study's reference (its own row: how far the step moved what the model does with
+                   its input) with the mean |change| of the target. Judged once the head and the
+                   top half of the layers are random: if the reference's own ranking still has
+                   Spearman >= 0.5 with the trained one, the randomisation did not change the
+                   function the explainers explain, and every explainer is ``not informative``
+                   (not a failure: post-LN blocks at N(0, 0.02) are close to the identity);
+                   otherwise an explainer whose correlation stays >= 0.5 does not depend on the
+                   model (fail).
+    sign           signed explainers (input x gradient, IG, GradientSHAP, attn_grad, saliency_sum):
+                   on each sampled example's top tokens by |reference|, the share of the
+                   reference's |effect| on tokens where the explainer's sign is the reference's;
+                   below :data:`SIGN_LIMIT` the method is inverted (it says "pushes down" where
+                   deleting the token lowers the target): fail.
     redundancy     explainer units whose rankings are identical (tau-b = 1) on >= 95% of the
                    examples form one group (``flow L1-L5 = attention_mean L0``).
 
@@ -50,6 +64,10 @@ COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the
 RANDOMISATION_LIMIT = 0.5  # Spearman with the trained scores once the top half of layers is random
 REDUNDANT_SHARE = 0.95  # share of examples with identical rankings that makes two units one
 MAX_STEPS = 256  # the completeness check's search for the steps that would do stops here
+SIGN_LIMIT = 0.25  # |effect|-weighted share of top tokens whose sign agrees; 0.5 is chance
+SIGN_TOP = 3  # the top tokens by |reference| the sign check reads per example
+#: module names of output heads (classifiers, scorers, poolers, LM heads), randomised first
+HEAD_NAMES = ("classifier", "score", "pooler", "lm_head", "qa_outputs", "pre_classifier", "classification_head")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,29 +242,55 @@ def layer_stack(model, n_layers: int) -> torch.nn.ModuleList | None:
     return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers), None)
 
 
+def head_parameters(model, layers: torch.nn.ModuleList) -> list[tuple[str, torch.nn.Parameter]]:
+    """The output head's parameters (:data:`HEAD_NAMES` modules outside the layer stack), less any
+    shared with the input embeddings (a tied LM head: randomising it would change the input too)."""
+    inside = {id(p) for p in layers.parameters()}
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tied = {id(p) for p in embedding.parameters()} if embedding is not None else set()
+    found: dict[int, tuple[str, torch.nn.Parameter]] = {}
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in HEAD_NAMES:
+            for pname, param in module.named_parameters():
+                if id(param) not in inside and id(param) not in tied:
+                    found.setdefault(id(param), (f"{name}.{pname}", param))
+    return list(found.values())
+
+
 @contextlib.contextmanager
-def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int, std: float) -> Iterator[None]:
-    """Within the block the top ``count`` layers have fresh random weights (matrices ~ N(0, std),
-    biases 0, norm scales 1), drawn with ``seed``; the trained weights come back in ``finally``."""
-    saved = {}
+def randomised(params: Sequence[tuple[str, torch.nn.Parameter]], *, seed: int, std: float) -> Iterator[None]:
+    """Within the block ``params`` have fresh random values (matrices ~ N(0, std), biases 0, norm
+    scales 1), drawn with ``seed``; the trained values come back in ``finally``."""
+    saved = []
     generator = torch.Generator().manual_seed(seed)
     try:
         with torch.no_grad():
-            for index in range(len(layers) - count, len(layers)):
-                for name, param in layers[index].named_parameters():
-                    saved[(index, name)] = param.detach().clone()
-                    if param.ndim >= 2:
-                        fresh = torch.randn(param.shape, generator=generator) * std
-                    elif name.endswith("bias"):
-                        fresh = torch.zeros(param.shape)
-                    else:
-                        fresh = torch.ones(param.shape)
-                    param.copy_(fresh.to(param.dtype))
+            for name, param in params:
+                saved.append((param, param.detach().clone()))
+                if param.ndim >= 2:
+                    fresh = torch.randn(param.shape, generator=generator) * std
+                elif name.endswith("bias"):
+                    fresh = torch.zeros(param.shape)
+                else:
+                    fresh = torch.ones(param.shape)
+                param.copy_(fresh.to(param.dtype))
         yield
     finally:
         with torch.no_grad():
-            for (index, name), value in saved.items():
-                layers[index].get_parameter(name).copy_(value)
+            for param, value in saved:
+                param.copy_(value)
+
+
+@contextlib.contextmanager
+def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int, std: float,
+                   head: bool = False) -> Iterator[None]:
+    """Within the block the top ``count`` layers (and with ``head`` the output head first) have
+    fresh random weights (:func:`randomised`)."""
+    params = head_parameters(model, layers) if head else []
+    for index in range(len(layers) - count, len(layers)):
+        params += [(name, param) for name, param in layers[index].named_parameters()]
+    with randomised(params, seed=seed, std=std):
+        yield
 
 
 def output_unit(values: torch.Tensor) -> torch.Tensor:
@@ -258,48 +302,115 @@ def output_unit(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
+def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> float:
+    from probe.metrics.agreement import agreement
+
+    rhos = []
+    for a, b in zip(trained, values):
+        ok = np.isfinite(a) & np.isfinite(b)
+        if ok.sum() >= 2:
+            rhos.append(float(agreement(b[ok], a[ok], k=1)["spearman"][0]))
+    rhos = [r for r in rhos if np.isfinite(r)]
+    return float(np.mean(rhos)) if rhos else float("nan")
+
+
 def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
-                  seed: int = 0, trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None) -> list[Check]:
+                  seed: int = 0, trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
+                  reference: tuple[str, Callable] | None = None) -> list[Check]:
     """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
     list of per-example score tensors``; each one's output unit is compared by Spearman.
     ``trained_scores``: a scorer's output on the trained model where the caller already has it
-    (the same call, so the same numbers); the others are run first."""
-    from probe.metrics.agreement import agreement
-
+    (the same call, so the same numbers); the others are run first. ``reference``: (name, scorer)
+    of the study's reference, a leave-one-out whose result carries ``original_values``: its own
+    row (first) says whether the randomisation changed the model's function, and where it did not
+    every explainer is ``not informative``."""
     layers = layer_stack(pm.model, pm.contract.n_layers)
+    names = ([reference[0]] if reference else []) + [n for n in scorers if not reference or n != reference[0]]
     if layers is None:
         reason = f"no list of {pm.contract.n_layers} layers found in the model to re-initialise"
-        return [Check(name, "randomisation", "not run", None, reason) for name in scorers]
+        return [Check(name, "randomisation", "not run", None, reason) for name in names]
     std = float(getattr(pm.model.config, "initializer_range", 0.02) or 0.02)
-    trained = {}
-    checks = {}
-    for name, scorer in scorers.items():
+    every = dict(scorers)
+    if reference:
+        every[reference[0]] = lambda pm, ex, f=reference[1]: f(pm, ex)
+    trained, checks, outputs = {}, {}, {}
+
+    def run(name):
+        result = every[name](pm, examples)
+        if name == (reference[0] if reference else None):
+            outputs.setdefault("values", []).append(np.asarray(result.extras.get("original_values", []), dtype=float))
+            result = result.scores
+        return [output_unit(v).double().numpy() for v in result]
+
+    for name in names:
         try:
             given = (trained_scores or {}).get(name)
-            trained[name] = [output_unit(v).double().numpy() for v in (given if given is not None else scorer(pm, examples))]
+            trained[name] = ([output_unit(v).double().numpy() for v in given] if given is not None else run(name))
         except ProbeError as error:
             checks[name] = Check(name, "randomisation", "not run", None, str(error))
-    curves: dict[str, list[tuple[float, float]]] = {name: [(0.0, 1.0)] for name in trained}
+    head = head_parameters(pm.model, layers)
     counts = sorted({max(1, min(len(layers), round(fraction * len(layers)))) for fraction in fractions})
-    for count in counts:
-        with randomised_top(pm.model, layers, count, seed=seed, std=std):
+    steps = ([0] if head else []) + counts
+    curves: dict[str, list[tuple[float, float]]] = {name: [(0.0, 1.0)] for name in trained}
+    changes: list[float] = []
+    for count in steps:
+        with randomised_top(pm.model, layers, count, seed=seed, std=std, head=True):
             for name in trained:
-                values = [output_unit(v).double().numpy() for v in scorers[name](pm, examples)]
-                rhos = []
-                for a, b in zip(trained[name], values):
-                    ok = np.isfinite(a) & np.isfinite(b)
-                    if ok.sum() >= 2:
-                        rhos.append(float(agreement(b[ok], a[ok], k=1)["spearman"][0]))
-                rhos = [r for r in rhos if np.isfinite(r)]
-                curves[name].append((count / len(layers), float(np.mean(rhos)) if rhos else float("nan")))
+                curves[name].append((count / len(layers), _mean_spearman(trained[name], run(name))))
+            if reference and reference[0] in trained and len(outputs.get("values", [])) > 1:
+                first, last = outputs["values"][0], outputs["values"][-1]
+                changes.append(float(np.mean(np.abs(last - first))) if len(first) == len(last) else float("nan"))
+    judged = next((i for i, c in enumerate(steps) if c / len(layers) >= 0.5 - 1e-9), len(steps) - 1) + 1
+    where = ("the head and the top half of the layers" if head else "the top half of the layers")
+    ref_rho = curves[reference[0]][judged][1] if reference and reference[0] in curves else None
+    informative = ref_rho is None or not (ref_rho >= RANDOMISATION_LIMIT)
     for name, curve in curves.items():
-        half = [rho for frac, rho in curve if frac >= 0.5 - 1e-9]
-        at_half = half[0] if half else float("nan")
+        at_half = curve[judged][1]
+        if reference and name == reference[0]:
+            moved = changes[judged - 1] if len(changes) >= judged else float("nan")
+            detail = (f"the reference's own Spearman with its trained ranking once {where} are random: {at_half:+.2f}; "
+                      f"the target moved by {moved:.2g} on average"
+                      + ("" if informative else f" (>= {RANDOMISATION_LIMIT}: the randomisation did not change what the "
+                                                "model does with its input, so the check cannot tell explainers apart)"))
+            checks[name] = Check(name, "randomisation", "pass" if informative else "not informative", at_half, detail,
+                                 tuple(curve))
+            continue
+        if not informative:
+            checks[name] = Check(name, "randomisation", "not informative", at_half,
+                                 f"Spearman with the trained scores {at_half:+.2f} once {where} are random, but the "
+                                 f"reference's own ranking stayed at {ref_rho:+.2f}: not informative", tuple(curve))
+            continue
         bad = bool(at_half >= RANDOMISATION_LIMIT)
-        detail = (f"Spearman with the trained scores {at_half:+.2f} once the top half of the layers is random"
+        detail = (f"Spearman with the trained scores {at_half:+.2f} once {where} are random"
                   + (f" (>= {RANDOMISATION_LIMIT}: the scores do not depend on the model's upper layers)" if bad else ""))
         checks[name] = Check(name, "randomisation", "fail" if bad else "pass", at_half, detail, tuple(curve))
-    return [checks[name] for name in scorers]
+    return [checks[name] for name in names if name in checks]
+
+
+def sign_check(method: str, scores: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
+               scored: Sequence[Sequence[bool]], *, top: int = SIGN_TOP) -> Check:
+    """Does a signed explainer's sign agree with the signed reference's on each example's top tokens
+    (by |reference|)? The share of the reference's |effect| on agreeing tokens (module docstring)."""
+    agree = total = 0.0
+    for values, ref, keep in zip(scores, reference, scored):
+        x = output_unit(values).double().numpy()
+        y = ref.double().numpy()
+        ok = np.asarray(list(keep), dtype=bool) & np.isfinite(x) & np.isfinite(y) & (np.abs(y) > 0)
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            continue
+        chosen = idx[np.argsort(-np.abs(y[idx]), kind="stable")[:top]]
+        weight = np.abs(y[chosen])
+        agree += float((weight * (np.sign(x[chosen]) == np.sign(y[chosen]))).sum())
+        total += float(weight.sum())
+    if total <= 0:
+        return Check(method, "sign", "not run", None, "the reference is zero on every sampled token")
+    share = agree / total
+    bad = share < SIGN_LIMIT
+    return Check(method, "sign", "fail" if bad else "pass", share,
+                 f"{100 * share:.0f}% of the reference's |effect| on the top {top} tokens has this method's sign"
+                 + (f" (< {100 * SIGN_LIMIT:.0f}%: inverted, it scores the tokens that raise the target as lowering "
+                    "it)" if bad else ""))
 
 
 # --------------------------------------------------------------------------- redundancy

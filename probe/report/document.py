@@ -145,7 +145,7 @@ nav.toc a { color: var(--accent); text-decoration: none; }
 .note { color: var(--muted); font-size: 13px; }
 .quote { border-left: 4px solid var(--line); padding: 4px 12px; color: #333; background: var(--soft); }
 .answer { display: inline-block; padding: 2px 10px; border-radius: 4px; color: #fff; font-weight: 700; }
-.answer-yes { background: #2e7d32; } .answer-no { background: #c62828; } .answer-heads-only { background: #b26a00; }
+.answer-yes { background: #2e7d32; } .answer-no { background: #c62828; } .answer-heads-only { background: #b26a00; } .answer-undecidable { background: #546e7a; }
 table { border-collapse: collapse; margin: 8px 0 4px; font-size: 13px; }
 th, td { border: 1px solid var(--line); padding: 3px 8px; vertical-align: top; }
 th { background: var(--soft); text-align: left; }

@@ -299,18 +299,22 @@ def comparison_lines(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray, s
     return _png(fig)
 
 
-def randomisation_curves(curves: dict[str, list]) -> bytes:
+def randomisation_curves(curves: dict[str, list], reference: str | None = None) -> bytes:
     """Cascading randomisation (Adebayo et al. 2018): per explainer, mean Spearman with its trained
-    scores against the fraction of layers re-initialised from the top; the 0.5 limit dashed."""
+    scores against the fraction of layers re-initialised from the top (the output head first, at
+    0); the reference's own curve black and dashed; the 0.5 limit dashed."""
     fig = _figure(6.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     for name, curve in curves.items():
         xs = [float(p[0]) for p in curve]
         ys = [float(p[1]) for p in curve]
-        ax.plot(xs, ys, marker="o", label=name)
+        if name == reference:
+            ax.plot(xs, ys, marker="s", color="black", linestyle="--", linewidth=2, label=f"{name} (reference)")
+        else:
+            ax.plot(xs, ys, marker="o", label=name)
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=1)
     ax.axvline(0.5, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("fraction of layers re-initialised (from the top)")
+    ax.set_xlabel("fraction of layers re-initialised (from the top; the head first, at 0)")
     ax.set_ylabel("Spearman with trained scores")
     ax.set_ylim(-1.05, 1.05)
     ax.legend(fontsize=7, loc="lower left")

@@ -43,18 +43,42 @@ def verdict_section(r: StudyResult) -> Section:
     blocks = [Para(str(v.get("answer", "?")), "answer"), Para(str(v.get("headline", "")), "lead")]
     layer_units, head_units = v.get("layer_units") or {}, v.get("head_units") or {}
     level = v.get("level", 0.95)
+    sign = v.get("reference_sign")
     numbers = [
-        ("verdict reference", str(v.get("reference", r.reference))),
+        ("verdict reference", str(v.get("reference", r.reference)) + (f" ({sign})" if sign else "")),
         ("measure", f"{v.get('measure', r.measure)} (alpha {v.get('alpha', '?')}, {100 * float(level):.0f}% bootstrap "
-                    f"CIs, {v.get('bootstrap', '?')} resamples)"),
-        ("layer-level units that track", f"{layer_units.get('tracking', 0)} of {layer_units.get('total', 0)}"),
+                    f"CIs, {v.get('bootstrap', '?')} resamples)"
+                    + (f"; {v['measure_why']}" if v.get("measure_why") and v.get("measure_requested") == "auto" else "")),
+    ]
+    if v.get("undecidable"):
+        numbers.append(("why undecidable", str(v["undecidable"])))
+    numbers += [
+        ("layer-level units that track", f"{layer_units.get('tracking', 0)} of {layer_units.get('total', 0)}"
+                                         + (f" ({v['headline_family']})" if v.get("headline_family") else "")),
         ("single heads that track", f"{head_units.get('tracking', 0)} of {head_units.get('total', 0)}"),
+    ]
+    for name, info in (v.get("families") or {}).items():
+        lu, hu = info.get("layer_units") or {}, info.get("head_units") or {}
+        numbers.append((f"{name} ({', '.join(info.get('methods') or [])})",
+                        f"{str(info.get('answer', '?')).upper()}: {lu.get('tracking', 0)}/{lu.get('total', 0)} layer-level, "
+                        f"{hu.get('tracking', 0)}/{hu.get('total', 0)} heads"
+                        + (f"; {info['why']}" if info.get("why") else "")))
+    noise = v.get("reference_profile") or {}
+    if noise:
+        numbers.append(("reference's effects", f"largest |effect| {noise.get('max_abs', float('nan')):.2g}, noise floor "
+                        f"{noise.get('noise_floor', float('nan')):.1e} ({noise.get('at_floor', 0)} of "
+                        f"{noise.get('examples', 0)} examples at it)"
+                        + (f"; {100 * noise['top2_share']:.0f}% of |effect| on each example's top two tokens"
+                           if noise.get("top2_share") is not None else "")))
+    numbers += [
         ("random ranking (mean [CI])", stat_text(v.get("random"))),
         ("best gradient", (f"{v['best_gradient']['explainer']}: {stat_text(v['best_gradient'])}" if v.get("best_gradient")
                            else "no gradient explainer in the study (rule 2 not applied)")),
         ("ceiling", (f"{' vs '.join(v['ceiling']['pair'])}: {stat_text(v['ceiling'])}" if v.get("ceiling")
                      else "no ceiling pair in the study")),
     ]
+    if (v.get("gradient_bar") or {}).get("text"):
+        numbers.append(("gradient bar", v["gradient_bar"]["text"]))
     for name, stat in (v.get("baselines") or {}).items():
         if name != "random":
             numbers.append((f"{name} baseline", stat_text(stat)))
@@ -70,8 +94,10 @@ def verdict_section(r: StudyResult) -> Section:
         blocks.append(Table(pd.DataFrame(rows), caption="best and worst units against the verdict reference"))
     notes = []
     for method, checks in (v.get("unreliable") or {}).items():
-        notes.append(f"{method} failed its sanity checks ({', '.join(checks)}): it is neither the best gradient "
-                     "nor part of a ceiling.")
+        notes.append(f"{method} failed its sanity checks ({', '.join(checks)}): its units never track, and it is "
+                     "neither the gradient bar nor part of a ceiling.")
+    for warning in v.get("warnings") or []:
+        notes.append(f"warning: {warning}.")
     for unit in v.get("above_ceiling") or []:
         notes.append(f"{unit['unit']} ({unit['mean']:+.3f}) is above the ceiling: the references agree with each "
                      "other less than this explainer agrees with the verdict reference.")

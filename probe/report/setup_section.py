@@ -204,15 +204,17 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
     if not checks:
         return blocks + [Para("No explainer in this study has a check that applies.", "note")]
     frame = pd.DataFrame([{k: c.get(k) for k in ("method", "check", "status", "value", "detail")} for c in checks])
-    blocks.append(Table(frame, caption="sanity checks of each method (fail: unreliable for this study; not run: why)",
+    blocks.append(Table(frame, caption="sanity checks of each method (fail: unreliable for this study, its units never "
+                                       "track; not informative: the check could not tell; not run: why)",
                         csv=w.csv("sanity", frame)))
     curves = {c["method"]: c["curve"] for c in checks if c.get("check") == "randomisation" and c.get("curve")}
     if curves:
-        blocks.append(w.figure("randomisation", fg.randomisation_curves(curves),
+        blocks.append(w.figure("randomisation", fg.randomisation_curves(curves, r.reference),
                                "Cascading model-parameter randomisation (Adebayo et al. 2018): each explainer's mean "
-                               "Spearman with its trained-model scores as layers are re-initialised from the top. "
-                               "One still at or above 0.5 (dashed) once the top half is random does not depend on "
-                               "the model."))
+                               "Spearman with its trained-model scores as the output head, then the layers from the "
+                               "top, are re-initialised; the reference's own curve (black, dashed) shows whether the "
+                               "model's function changed. An explainer still at or above 0.5 once the head and the "
+                               "top half are random, while the reference moved, does not depend on the model."))
     convergence = an.ig_convergence(r)
     if len(convergence):
         shown = convergence.assign(**{c: [f"{v:.1e}" for v in convergence[c]]

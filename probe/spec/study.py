@@ -207,7 +207,18 @@ class StatisticsSpec(SpecModel):
     seed: Int = 0
     include_special: Bool = False
     reference: str | None = None
-    measure: Literal["kendall_tau", "spearman"] = "kendall_tau"
+    #: the verdict's measure: kendall_tau, spearman, topK (top-k agreement, K one of metrics.top_k),
+    #: or auto (top-1 or top-k when the reference's effect sits on one or two tokens, else kendall_tau:
+    #: probe.study.decide)
+    measure: str = "auto"
+
+    @field_validator("measure")
+    @classmethod
+    def _measure(cls, value: str) -> str:
+        if value in ("auto", "kendall_tau", "spearman") or re.fullmatch(r"top[1-9]\d*", value):
+            return value
+        fail(f"{show(value)} is not a measure: use auto, kendall_tau, spearman or topK (e.g. top1, one of "
+             "metrics.top_k)")
 
 
 class EngineSpec(SpecModel):
@@ -259,6 +270,11 @@ class Study(SpecModel):
             if key not in used:
                 fail(f"parameters for {key!r}, which is not among the study's {listed}; "
                       f"add {key} to explainers or references, or remove its parameters", at=["params", key])
+        measure = self.statistics.measure
+        if measure.startswith("top") and (int(measure[3:]) not in self.metrics.top_k
+                                          or "top_k" not in self.metrics.agreement):
+            fail(f"{measure} is not computed: add {measure[3:]} to metrics.top_k (now {list(self.metrics.top_k)}) "
+                 "and keep top_k in metrics.agreement", at=["statistics", "measure"])
         if self.statistics.reference is not None and self.statistics.reference not in self.references:
             fail(f"{self.statistics.reference!r} is not one of the references ({', '.join(self.references)}); "
                   "give one of them, or leave it out for the first", at=["statistics", "reference"])

@@ -2,8 +2,9 @@
 
 Run once per study, on a small sample of its examples (``metrics.sanity.examples``), after every
 batch is done; the results are ``sanity.parquet`` and ``verdict.json["sanity"]``. A method that
-fails a check is *unreliable* for the study: the verdict uses it neither as the best gradient nor
-in a ceiling, and says so.
+fails a check is *unreliable* for the study: its units never track, the verdict uses it neither as
+the gradient bar nor in a ceiling, and says so. A check that could not tell (randomisation that did
+not change the reference) is ``not informative``, which is no failure.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from probe import registry
 from probe.errors import ProbeError
 from probe.metrics import sanity as S
 from probe.names import method_family as family
@@ -50,11 +52,25 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
     if "integrated_gradients" in results:
         checks.append(S.completeness(pm, examples, results["integrated_gradients"],
                                      params=params.get("integrated_gradients")))
+    ref = study.verdict_reference
+    reference = None
+    if family(ref) == "intervention":
+        try:
+            reference = run_method(pm, examples, ref, params=params.get(ref))
+        except ProbeError as error:
+            checks.append(S.Check(ref, "sign", "not run", None, f"the reference could not run: {error}"))
+    if reference is not None and ref not in set(study.metrics.absolute):
+        for method in results:
+            entry = registry.find(method)
+            if entry is not None and entry.signed and method not in set(study.metrics.absolute):
+                checks.append(S.sign_check(method, results[method].scores, reference.scores, scored))
     if spec.randomisation:
         scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
+        ref_scorer = ((ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref))) if reference is not None
+                      else None)
         try:
             checks += S.randomisation(pm, examples, scorers, fractions=tuple(spec.fractions), seed=study.statistics.seed,
-                                      trained_scores={m: r.scores for m, r in results.items()})
+                                      trained_scores={m: r.scores for m, r in results.items()}, reference=ref_scorer)
         except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
             checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks

@@ -4,25 +4,35 @@ The verdict rule (stored with every result in ``verdict.json``):
 
     An attention explanation unit U (a head, a layer, or a token-level attention method such as
     rollout at a layer) *tracks causal importance* with respect to the study's verdict reference R
-    (an intervention, leave-one-out by default) when both hold, on the study's measure
-    (Kendall tau-b by default), over the examples:
+    (an intervention, leave-one-out by default, signed unless the study compares it by magnitude)
+    when all three hold, on the study's measure (chosen by the reference's concentration with
+    measure auto: top-1 agreement when one token carries the effect, else Kendall tau-b), over
+    the examples:
 
     1. better than chance: the lower bound of the bootstrap CI of U's mean agreement with R is
        above the upper bound of the CI of the random ranking's mean agreement with R;
     2. not worse than gradients: U's agreement is not significantly below that of the best
-       gradient explainer G* (the gradient method with the highest mean agreement with R): a
-       paired two-sided Wilcoxon signed-rank test over the same examples with p <= alpha and a
-       negative mean difference counts as "significantly below". Without a gradient explainer in
-       the study, only rule 1 applies.
+       gradient explainer G* that passed its sanity checks (the bar): a paired two-sided Wilcoxon
+       signed-rank test over the same examples with p <= alpha and a negative mean difference
+       counts as "significantly below". Without such a gradient explainer, only rules 1 and 3 apply;
+    3. reliable: U's method failed none of its sanity checks (constant scores, degeneracy,
+       randomisation, sign).
 
-    The study's answer is "yes" when at least one layer-level unit tracks, "heads only" when only
-    single heads do, "no" when none does.
+    Units are judged per family: the attention weights (attention, attention_mean), attention-derived
+    (rollout, flow), context mixing (attn_norm, value zeroing, ALTI, GlobEnc) and attention x
+    gradient. A family's answer is "yes" when at least one of its layer-level units tracks, "heads
+    only" when only single heads do, "no" when none does. The study's answer is the attention
+    weights' (the first family the study has), or "undecidable" when nothing can be decided: the
+    output does not depend on the input, R's effects are at the numerical noise floor, too few
+    examples were scored, or the references do not agree with each other above random.
 
 Why this rule: rule 1 asks that attention carry real information about which tokens matter (CIs
 that do not overlap is the conservative way to say so); rule 2 asks that it do so about as well as
 the cheap, standard alternative, since an explanation clearly worse than plain gradients is not one
-an auditor should rely on. The paired test is uncorrected across units, which makes "significantly
-below" easier to reach, i.e. errs towards *not* tracking.
+an auditor should rely on; rule 3 keeps a unit whose own assumption failed on this model from
+carrying the answer. The paired test is uncorrected across units, which makes "significantly
+below" easier to reach, i.e. errs towards *not* tracking. Families are answered separately because
+"attention" in a claim means the attention weights; the others are named beside it.
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from probe.names import method_family as family
 from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
+from probe.names import method_family as family
+from probe.registry import VERDICT_FAMILIES, find
+from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.store import ResultStore, write_json, write_table
 
@@ -77,27 +89,38 @@ def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer:
     return sel.set_index("example")[measure]
 
 
+def verdict_family(method: str) -> str | None:
+    """The verdict family of an attention-family method (:data:`probe.registry.VERDICT_FAMILIES`)."""
+    entry = find(method)
+    return entry.verdict_family if entry is not None else None
+
+
+def reference_words(ref: str, study) -> str:
+    """``signed loo_delete`` or ``|loo_delete|``: how the verdict reference is compared."""
+    return f"|{ref}|" if ref in set(study.metrics.absolute) else f"signed {ref}"
+
+
 def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
-            unreliable: dict | None = None) -> tuple[dict, pd.DataFrame]:
+            unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
+            measure: str | None = None, measure_why: str = "set by the study") -> tuple[dict, pd.DataFrame]:
     """Apply the rule (module docstring); returns the verdict and the per-unit paired tests.
 
-    ``unreliable``: methods that failed a sanity check (method -> checks); they are used neither as
-    the best gradient nor in a ceiling. A ceiling is an agreement between references: two
-    interventions, or a reliable gradient method and an intervention."""
+    ``unreliable``: methods that failed a sanity check (method -> checks): their units never track,
+    and they are used neither as the gradient bar nor in a ceiling. A ceiling is an agreement
+    between references: two interventions, or a reliable gradient method and an intervention.
+    ``profile``: the verdict reference's :class:`probe.study.decide.ReferenceProfile` (noise floor,
+    concentration); ``measure``: the measure the verdict uses (default the study's)."""
     unreliable = unreliable or {}
     st = study.statistics
-    ref, measure = study.verdict_reference, st.measure
+    ref = study.verdict_reference
+    measure = measure or (st.measure if st.measure != "auto" else "kendall_tau")
     s = summary[(summary.reference == ref) & (summary.measure == measure)]
     explainers = s[s.role == "explainer"]
     random = s[(s.role == "baseline") & (s.explainer == "random")]
-    grads = explainers[[family(e) == "gradient" and e not in unreliable for e in explainers.explainer]]
+    all_grads = explainers[[family(e) == "gradient" for e in explainers.explainer]]
+    grads = all_grads[[e not in unreliable for e in all_grads.explainer]]
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
-    paired = _paired_tests(agreement, explainers, random, best_grad, ref, study)
-    layer_units = paired[paired["head"] < 0] if len(paired) else paired
-    head_units = paired[paired["head"] >= 0] if len(paired) else paired
-    n_layer_tracks = int(layer_units.tracks.sum()) if len(layer_units) else 0
-    n_head_tracks = int(head_units.tracks.sum()) if len(head_units) else 0
-    answer = "yes" if n_layer_tracks else ("heads only" if n_head_tracks else "no")
+    paired = _paired_tests(agreement, explainers, random, best_grad, ref, measure, study, unreliable)
     n_most = int(paired.n.max()) if len(paired) else 0
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     ceiling = _ceiling(summary, ref, measure, unreliable)
@@ -107,40 +130,91 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
         "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling)} if ceiling is not None else None),
         "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
     }
+    excluded = {e: unreliable[e] for e in dict.fromkeys(all_grads.explainer) if e in unreliable}
+    bar = _gradient_bar(best_grad, excluded, bool(len(all_grads)))
     above = _above_ceiling(ceiling, ordered, grads)
+    n_scored = int(agreement[(agreement.reference == ref) & (agreement.role == "explainer")].example.nunique()) \
+        if len(agreement) else 0
+    reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], numbers["random"])
+
+    families = {}
+    for fam in VERDICT_FAMILIES:
+        rows = paired[[verdict_family(e) == fam for e in paired.explainer]] if len(paired) else paired
+        if len(rows):
+            families[fam] = _family_answer(fam, rows, n_most, reason)
+    headline_family = next(iter(families), None)
+    chosen = families.get(headline_family) if headline_family else None
+    answer = "undecidable" if reason else (chosen["answer"] if chosen else "no")
+    warnings = [w for w in [decide.concentration_warning(measure, profile)] if w]
 
     def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
         return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
 
-    best_layer, best_head = top(layer_units, False), top(head_units, False)
-    headline = _headline(model_name, answer, ref, measure, n_layer_tracks, len(layer_units), n_head_tracks,
-                         len(head_units), best_layer, best_head, numbers)
+    own = paired[[verdict_family(e) == headline_family for e in paired.explainer]] if len(paired) else paired
+    layer_units = own[own["head"] < 0] if len(own) else own
+    head_units = own[own["head"] >= 0] if len(own) else own
     result = {
-        "answer": answer, "headline": headline, "rule": RULE, "reference": ref, "measure": measure,
+        "answer": answer, "rule": RULE, "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute)
+        else "signed", "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
         "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
-        "layer_units": {"tracking": n_layer_tracks, "total": int(len(layer_units))},
-        "head_units": {"tracking": n_head_tracks, "total": int(len(head_units))},
+        "undecidable": reason, "headline_family": headline_family, "families": families,
+        "layer_units": chosen["layer_units"] if chosen else {"tracking": 0, "total": 0},
+        "head_units": chosen["head_units"] if chosen else {"tracking": 0, "total": 0},
         "best": _describe_units(ordered.head(3), n_most) if len(ordered) else [],
         "worst": _describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
-        "best_layers": best_layer, "worst_layers": top(layer_units, True),
-        "best_heads": best_head, "worst_heads": top(head_units, True), **numbers,
-        "above_ceiling": above,
+        "best_layers": top(layer_units, False), "worst_layers": top(layer_units, True),
+        "best_heads": top(head_units, False), "worst_heads": top(head_units, True), **numbers,
+        "gradient_bar": bar, "above_ceiling": above, "warnings": warnings,
+        "reference_profile": profile.to_dict() if profile is not None else None,
         "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
     }
+    result["headline"] = _headline(model_name, result, study)
     if unreliable:
-        result["headline"] += (" Failed sanity checks (unreliable here: never the best gradient nor in a ceiling): "
-                               + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
+        result["headline"] += (" Failed sanity checks (their units never track; never the gradient bar nor in a "
+                               "ceiling): " + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
     if above:
         result["headline"] += " Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + "."
+    for warning in warnings:
+        result["headline"] += f" Warning: {warning}."
     return result, paired
 
 
+def _family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None) -> dict:
+    layers, heads = rows[rows["head"] < 0], rows[rows["head"] >= 0]
+    k_layers, k_heads = int(layers.tracks.sum()), int(heads.tracks.sum())
+    answer = "yes" if k_layers else ("heads only" if k_heads else "no")
+    methods = list(dict.fromkeys(rows.explainer))
+    unreliable = sorted({e for e, ok in zip(rows.explainer, rows.reliable) if not ok})
+    why = None
+    if answer == "no" and unreliable and set(unreliable) == set(methods):
+        why = "every method of this family failed a sanity check: " + ", ".join(unreliable)
+    best = rows.sort_values("mean", ascending=False)
+    return {"answer": "undecidable" if reason else answer, "methods": methods,
+            "layer_units": {"tracking": k_layers, "total": int(len(layers))},
+            "head_units": {"tracking": k_heads, "total": int(len(heads))},
+            "best_layer": (_describe_units(best[best["head"] < 0].head(1), n_most) or [None])[0],
+            "best_head": (_describe_units(best[best["head"] >= 0].head(1), n_most) or [None])[0],
+            "unreliable": unreliable, "why": why}
+
+
+def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: bool) -> dict:
+    """Which gradient explainer rule 2 measured against, and why the others were not."""
+    if best_grad is not None:
+        text = f"rule 2's bar: {best_grad.explainer} {best_grad['mean']:+.3f}, the best gradient that passed its checks"
+    elif any_gradient:
+        text = "rule 2 not applied: no gradient explainer passed its sanity checks"
+    else:
+        text = "rule 2 not applied: no gradient explainer in the study"
+    if excluded:
+        text += "; excluded: " + ", ".join(f"{m} ({', '.join(c)})" for m, c in excluded.items())
+    return {"explainer": best_grad.explainer if best_grad is not None else None, "excluded": excluded, "text": text}
+
+
 def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.DataFrame, best_grad: pd.Series | None,
-                  ref: str, study: Study) -> pd.DataFrame:
-    """One row per attention unit: its mean and CI, rule 1 (above random) and rule 2 (the paired test
-    against the best gradient), and whether it tracks."""
+                  ref: str, measure: str, study: Study, unreliable: dict) -> pd.DataFrame:
+    """One row per attention unit: its mean and CI, rule 1 (above random), rule 2 (the paired test
+    against the best gradient), rule 3 (its method reliable), and whether it tracks."""
     st = study.statistics
-    measure = st.measure
     random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
     attn = explainers[[family(e) == "attention" for e in explainers.explainer]].copy()
     wide = agreement[(agreement.reference == ref)]
@@ -149,7 +223,8 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.
     tests = []
     for _, row in attn.iterrows():
         unit = _per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
-        test = {"explainer": row.explainer, "layer": int(row.layer), "head": int(row["head"]), "unit": _unit_name(row),
+        test = {"explainer": row.explainer, "family": verdict_family(row.explainer), "layer": int(row.layer),
+                "head": int(row["head"]), "unit": _unit_name(row),
                 "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),
                 "n": int(row.n), "above_random": bool(row.ci_low > random_high)}
         if grad_values is not None:
@@ -161,14 +236,16 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.
         else:
             below = False
         test["below_gradient"] = bool(below)
-        test["tracks"] = bool(test["above_random"] and not below)
+        test["reliable"] = row.explainer not in unreliable
+        test["tracks"] = bool(test["above_random"] and not below and test["reliable"])
         tests.append(test)
     return pd.DataFrame(tests)
 
 
 def _describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
     return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
-             "n": int(r.n), **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
+             "n": int(r.n), **({} if r.get("reliable", True) else {"unreliable": True}),
+             **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
             for _, r in rows.iterrows()]
 
 
@@ -197,12 +274,13 @@ def _above_ceiling(ceiling: pd.Series | None, ordered: pd.DataFrame, grads: pd.D
     return above
 
 
-def comparisons(agreement: pd.DataFrame, study) -> pd.DataFrame:
+def comparisons(agreement: pd.DataFrame, study, measure: str | None = None) -> pd.DataFrame:
     """Paired tests between every two explainers, on the study's measure against its verdict
     reference: token-level methods, and per-layer methods at each layer (single heads are
     compared with the best gradient in ``paired.parquet`` only). Holm-adjusted over the table."""
     st = study.statistics
-    ref, measure = study.verdict_reference, st.measure
+    ref = study.verdict_reference
+    measure = measure or (st.measure if st.measure != "auto" else "kendall_tau")
     rows = agreement[(agreement.reference == ref) & (agreement.role == "explainer") & (agreement["head"] < 0)]
     units = {key: frame.set_index("example")[measure] for key, frame in rows.groupby(["explainer", "layer"], sort=True)}
     keys = list(units)
@@ -242,21 +320,44 @@ def _fmt(d: dict) -> str:
     return f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
 
 
-def _headline(model, answer, ref, measure, k_layers, n_layers, k_heads, n_heads, best_layer, best_head, numbers) -> str:
-    words = {"yes": "tracks", "heads only": "tracks in single heads only", "no": "does not track"}[answer]
-    parts = [f"On {model}, attention {words} causal importance ({measure} with {ref}): "
-             f"{k_layers}/{n_layers} layer-level units and {k_heads}/{n_heads} heads pass the rule."]
-    if best_layer:
-        parts.append(f"Best layer-level unit: {best_layer[0]['unit']} {_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
-    if best_head:
-        parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}{_fewer(best_head[0])}.")
-    if numbers["random"]:
-        parts.append(f"Random ranking: {_fmt(numbers['random'])}.")
-    if numbers["best_gradient"]:
-        parts.append(f"Best gradient ({numbers['best_gradient']['explainer']}): {_fmt(numbers['best_gradient'])}.")
-    if numbers["ceiling"]:
-        a, b = numbers["ceiling"]["pair"]
-        parts.append(f"Ceiling ({a} vs {b}): {_fmt(numbers['ceiling'])}.")
+FAMILY_WORDS = {"yes": "tracks", "heads only": "tracks in single heads only", "no": "does not track",
+                "undecidable": "cannot be decided"}
+
+
+def _headline(model: str, v: dict, study) -> str:
+    ref, measure = v["reference"], v["measure"]
+    how = f"{measure} with {reference_words(ref, study)}"
+    fam = v.get("headline_family")
+    if v["answer"] == "undecidable":
+        parts = [f"On {model}, whether attention tracks causal importance cannot be decided ({how}): "
+                 f"{v['undecidable']}."]
+    else:
+        subject = "attention" if fam in (None, "attention weights") else fam
+        lu, hu = v["layer_units"], v["head_units"]
+        parts = [f"On {model}, {subject} {FAMILY_WORDS[v['answer']]} causal importance ({how}): "
+                 f"{lu['tracking']}/{lu['total']} layer-level units and {hu['tracking']}/{hu['total']} heads pass the rule."]
+        why = (v["families"].get(fam) or {}).get("why") if fam else None
+        if why:
+            parts.append(f"({why}.)")
+        best_layer, best_head = v["best_layers"], v["best_heads"]
+        if best_layer:
+            parts.append(f"Best layer-level unit: {best_layer[0]['unit']} {_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
+        if best_head:
+            parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}{_fewer(best_head[0])}.")
+    others = [f"{name}: {info['answer']} ({info['layer_units']['tracking']}/{info['layer_units']['total']} layer-level, "
+              f"{info['head_units']['tracking']}/{info['head_units']['total']} heads)"
+              for name, info in v["families"].items() if name != fam and v["answer"] != "undecidable"]
+    if others:
+        parts.append("Other attention explanations: " + "; ".join(others) + ".")
+    if v["random"]:
+        parts.append(f"Random ranking: {_fmt(v['random'])}.")
+    if v["best_gradient"]:
+        parts.append(f"Best gradient ({v['best_gradient']['explainer']}): {_fmt(v['best_gradient'])}.")
+    if v["gradient_bar"]["excluded"] or (v["best_gradient"] is None and v["gradient_bar"]["text"]):
+        parts.append(v["gradient_bar"]["text"][0].upper() + v["gradient_bar"]["text"][1:] + ".")
+    if v["ceiling"]:
+        a, b = v["ceiling"]["pair"]
+        parts.append(f"Ceiling ({a} vs {b}): {_fmt(v['ceiling'])}.")
     return " ".join(parts)
 
 
@@ -341,21 +442,30 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
     from probe.metrics.sanity import failed_methods
 
     tables = store.merge(n_batches)
-    summary = summary_table(tables["agreement"], study)
-    summary = with_left_out(summary, tables["agreement"], tables.get("left_out"), len(tables["examples"]))
+    found = decide.profiles(tables, study, pm.contract.dtype)
+    agreement, at_floor = decide.without_noise(tables["agreement"], found)
+    if len(at_floor):  # the pairs left out for a reference at its noise floor are left-out rows like any
+        tables["left_out"] = pd.concat([t for t in (tables.get("left_out"), at_floor) if t is not None and len(t)],
+                                       ignore_index=True)
+        write_table(store.root / "left_out.parquet", tables["left_out"])
+    summary = summary_table(agreement, study)
+    summary = with_left_out(summary, agreement, tables.get("left_out"), len(tables["examples"]))
     write_table(store.root / "summary.parquet", summary)
     checks = list(sanity or [])
     write_table(store.root / "sanity.parquet", sanity_table(checks))
     unreliable = failed_methods(checks)
     groups = redundancy(tables, study)
-    result, paired = verdict(tables["agreement"], summary, study, study.model.id, unreliable=unreliable)
+    profile = found.get(study.verdict_reference)
+    measure, why = decide.choose_measure(study.statistics.measure, profile, list(agreement.columns))
+    result, paired = verdict(agreement, summary, study, study.model.id, unreliable=unreliable, profile=profile,
+                             measure=measure, measure_why=why)
     result["sanity"] = [c.to_dict() for c in checks]
     result["unreliable"] = unreliable
     result["redundant"] = groups
     if groups:
         result["headline"] += " Identical rankings: " + "; ".join(g["description"] for g in groups) + "."
     write_table(store.root / "paired.parquet", paired)
-    write_table(store.root / "comparisons.parquet", comparisons(tables["agreement"], study))
+    write_table(store.root / "comparisons.parquet", comparisons(agreement, study, measure))
     write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
     write_json(store.root / "verdict.json", result)
     return result

@@ -12,7 +12,7 @@ from typing import Any
 
 from probe.errors import InputError
 
-ANSWERS = ("yes", "heads only", "no")
+ANSWERS = ("yes", "heads only", "no", "undecidable")
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,11 @@ class UnitCount:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Does attention track the reference? ``answer`` is yes (some layer-level unit tracks it),
-    heads only (only single heads do) or no; ``headline`` says it in a sentence.
+    """Does attention track the reference? ``answer`` is yes (some layer-level unit of the attention
+    weights tracks it), heads only (only single heads do), no, or undecidable (``undecidable`` says
+    why: the output does not depend on the input, the reference is at the noise floor, too few
+    examples, references that do not agree above random); ``headline`` says it in a sentence and
+    ``families`` answers for each kind of attention explanation separately.
 
     ``best`` / ``worst`` (and ``best_layers``, ``best_heads``, ...) are the verdict's unit rows as
     written: ``{"unit", "mean", "ci": [low, high], "tracks"}``. ``random``, ``best_gradient`` and
@@ -51,12 +54,14 @@ class Verdict:
     random: Mapping[str, Any] | None = None
     best_gradient: Mapping[str, Any] | None = None
     ceiling: Mapping[str, Any] | None = None
+    undecidable: str | None = None
+    families: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def tracks(self) -> bool:
         """True when the answer is yes or heads only."""
-        return self.answer != "no"
+        return self.answer in ("yes", "heads only")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "verdict") -> "Verdict":
@@ -87,6 +92,8 @@ class Verdict:
             layer_units=units("layer_units"), head_units=units("head_units"),
             best=rows("best"), worst=rows("worst"), best_layers=rows("best_layers"), best_heads=rows("best_heads"),
             random=entry("random"), best_gradient=entry("best_gradient"), ceiling=entry("ceiling"),
+            undecidable=str(data["undecidable"]) if data.get("undecidable") else None,
+            families=MappingProxyType({str(k): MappingProxyType(dict(v)) for k, v in (data.get("families") or {}).items()}),
             data=MappingProxyType(dict(data)),
         )
 

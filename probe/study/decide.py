@@ -1,0 +1,185 @@
+"""What the verdict needs to know about its reference before it compares anything with it.
+
+A verdict can only be as good as the causal measurement it is judged against. Three questions are
+asked of the verdict reference R (an intervention such as leave-one-out) from the stored scores
+alone, per example, on the scored tokens:
+
+    noise floor     is R's largest |effect| above the numerical noise of the target? The floor of
+                    an example is ``NOISE_ULPS`` machine epsilons of the model's dtype times the
+                    target's scale (its |value|, at least the study's median |value|): two forward
+                    passes that differ only in padding or batch composition differ by about that
+                    much. Pairs whose reference is at the floor on an example are left out of the
+                    statistics (reason ``reference at the noise floor``); when every example is,
+                    nothing can be decided.
+    dependence      did any perturbation change the target at all? If R is exactly 0 on every
+                    token of every example, the output does not depend on the input.
+    concentration   how much of R's total |effect| sits on each example's top 1 and top 2 tokens
+                    (pooled over examples: sum of top-k |effect| / sum of all |effect|). When most
+                    of it does, a rank correlation over all tokens is decided by the many
+                    near-zero effects (their noise), not by the tokens that matter; top-k
+                    agreement asks the right question. ``statistics.measure: auto`` chooses by
+                    this: top-1 when the top token carries at least ``CONCENTRATED`` of the
+                    effect, the smallest computed top-k with k >= 2 when the top two do, else
+                    Kendall's tau.
+
+Torch-free: it reads the tables a study stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from probe.names import method_family
+
+NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
+CONCENTRATED = 0.8  # share of the reference's |effect| on the top 1 (or 2) tokens that makes it sparse
+MIN_EXAMPLES = 5  # fewer scored examples than this and no CI means anything
+
+EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.float32).eps),
+       "bf16": 2.0 ** -7, "bfloat16": 2.0 ** -7, "fp16": float(np.finfo(np.float16).eps),
+       "float16": float(np.finfo(np.float16).eps)}
+
+
+@dataclass(frozen=True)
+class ReferenceProfile:
+    """One reference over a study's examples (module docstring)."""
+
+    method: str
+    n_examples: int  # examples with at least one scored token for this reference
+    max_abs: float  # the largest |effect| over every example and token
+    eps: float
+    scale: float  # the study's median |target value|
+    at_floor: tuple[int, ...]  # examples whose largest |effect| is at or below their floor
+    all_zero: bool  # every effect on every example is exactly 0
+    top1_share: float  # pooled share of |effect| on each example's top token (NaN without effect)
+    top2_share: float
+
+    @property
+    def floor(self) -> float:
+        """The noise floor at the study's median target scale."""
+        return NOISE_ULPS * self.eps * self.scale
+
+    def floor_text(self) -> str:
+        return f"{NOISE_ULPS} x eps {self.eps:.1e} x the target's scale {self.scale:.3g} = {self.floor:.1e}"
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "examples": self.n_examples, "max_abs": self.max_abs, "eps": self.eps,
+                "scale": self.scale, "noise_floor": self.floor, "noise_ulps": NOISE_ULPS,
+                "at_floor": len(self.at_floor), "all_zero": self.all_zero,
+                "top1_share": _none_if_nan(self.top1_share), "top2_share": _none_if_nan(self.top2_share)}
+
+
+def _none_if_nan(x: float) -> float | None:
+    return None if not np.isfinite(x) else float(x)
+
+
+def reference_profile(tables: dict, method: str, dtype: str) -> ReferenceProfile:
+    """The profile of ``method``'s token-level scores (``scores`` table, layer and head -1) on the
+    scored tokens of every example (``tokens`` table)."""
+    eps = EPS.get(str(dtype), EPS["fp32"])
+    examples = tables["examples"]
+    values = examples.set_index("example")["target_value"].abs()
+    scale = float(values.median()) if len(values) else 1.0
+    scale = scale if np.isfinite(scale) and scale > 0 else 1.0
+    scores = tables["scores"]
+    sel = scores[(scores.method == method) & (scores.layer < 0) & (scores["head"] < 0)]
+    scored = tables["tokens"][tables["tokens"].scored][["example", "position"]]
+    sel = sel.merge(scored, on=["example", "position"])
+    sel = sel[np.isfinite(sel.score)]
+    mag = sel.assign(a=sel.score.abs().astype(np.float64))
+    if not len(mag):
+        return ReferenceProfile(method, 0, 0.0, eps, scale, (), True, float("nan"), float("nan"))
+    grouped = mag.groupby("example")["a"]
+    peak = grouped.max()
+    total = grouped.sum()
+    ordered = mag.sort_values(["example", "a"], ascending=[True, False])
+    rank = ordered.groupby("example").cumcount()
+    top1 = ordered[rank < 1].groupby("example")["a"].sum()
+    top2 = ordered[rank < 2].groupby("example")["a"].sum()
+    floors = NOISE_ULPS * eps * np.maximum(values.reindex(peak.index).fillna(scale).to_numpy(), scale)
+    at_floor = tuple(int(e) for e, p, f in zip(peak.index, peak.to_numpy(), floors) if p <= f)
+    live = [e for e in peak.index if int(e) not in set(at_floor)]
+    denominator = float(total.reindex(live).sum())
+    share = (lambda s: float(s.reindex(live).sum()) / denominator) if denominator > 0 else (lambda s: float("nan"))
+    return ReferenceProfile(method, int(len(peak)), float(peak.max()), eps, scale, at_floor,
+                            bool(float(peak.max()) == 0.0), share(top1), share(top2))
+
+
+def profiles(tables: dict, study, dtype: str) -> dict[str, ReferenceProfile]:
+    """A profile per intervention reference of the study."""
+    if "scores" not in tables or "tokens" not in tables:
+        return {}
+    return {ref: reference_profile(tables, ref, dtype) for ref in study.references
+            if method_family(ref) == "intervention"}
+
+
+def without_noise(agreement: pd.DataFrame, found: dict[str, ReferenceProfile]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``agreement`` less the rows compared with a reference at its noise floor on that example (a
+    ceiling row when either side is), and those left out as ``left_out`` rows."""
+    drop = np.zeros(len(agreement), dtype=bool)
+    for ref, profile in found.items():
+        if not profile.at_floor:
+            continue
+        on = agreement.example.isin(profile.at_floor).to_numpy()
+        drop |= on & ((agreement.reference == ref) | ((agreement.role == "ceiling") & (agreement.explainer == ref))
+                      ).to_numpy()
+    left = agreement.loc[drop, ["example", "explainer", "reference", "role"]].drop_duplicates()
+    left = left.assign(reason="reference at the noise floor")
+    return agreement.loc[~drop].reset_index(drop=True), left.reset_index(drop=True)
+
+
+def choose_measure(requested: str, profile: ReferenceProfile | None, computed: list[str]) -> tuple[str, str]:
+    """(the measure the verdict uses, why). ``auto`` chooses by concentration (module docstring);
+    an explicit measure is kept."""
+    if requested != "auto":
+        return requested, "set by the study"
+    if profile is None or not np.isfinite(profile.top2_share):
+        return "kendall_tau", "auto: no intervention reference to profile, Kendall's tau"
+    tops = sorted(int(c[3:]) for c in computed if c.startswith("top") and c[3:].isdigit())
+    share1, share2 = profile.top1_share, profile.top2_share
+    if share1 >= CONCENTRATED and 1 in tops:
+        return "top1", (f"auto: {100 * share1:.0f}% of {profile.method}'s |effect| sits on each example's top token "
+                        f"(>= {100 * CONCENTRATED:.0f}%), so top-1 agreement")
+    wider = [k for k in tops if k >= 2]
+    if share2 >= CONCENTRATED and wider:
+        return f"top{wider[0]}", (f"auto: {100 * share2:.0f}% of {profile.method}'s |effect| sits on each "
+                                  f"example's top two tokens (>= {100 * CONCENTRATED:.0f}%), so top-{wider[0]} agreement")
+    return "kendall_tau", (f"auto: {profile.method}'s |effect| is spread ({100 * share2:.0f}% on the top two tokens), "
+                           "so Kendall's tau")
+
+
+def concentration_warning(measure: str, profile: ReferenceProfile | None) -> str | None:
+    """A warning when a rank correlation over all tokens judges a reference whose effect sits on one
+    or two tokens."""
+    if profile is None or measure not in ("kendall_tau", "spearman") or not np.isfinite(profile.top2_share):
+        return None
+    if profile.top2_share < CONCENTRATED:
+        return None
+    return (f"{100 * profile.top2_share:.0f}% of {profile.method}'s |effect| sits on each example's top two tokens: "
+            f"{measure} over all tokens then mostly ranks the rest's near-zero effects; statistics.measure: top1 "
+            "(or auto) asks whether the tokens that matter agree")
+
+
+def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling: dict | None,
+                       random: dict | None) -> str | None:
+    """Why nothing can be decided about the verdict reference, or None."""
+    if profile is not None:
+        if profile.n_examples == 0 or profile.all_zero:
+            return (f"the output does not depend on the input: no perturbation ({profile.method}) changed the target "
+                    "on any example")
+        if len(profile.at_floor) == profile.n_examples:
+            return (f"the reference's effects are at the numerical noise floor: the largest |{profile.method}| is "
+                    f"{profile.max_abs:.1e}, the floor {profile.floor_text()}")
+    if n_scored < MIN_EXAMPLES:
+        return f"too few scored examples: {n_scored} compared with the reference, at least {MIN_EXAMPLES} needed"
+    if ceiling is not None and random is not None:
+        low, high = ceiling["ci"][0], random["ci"][1]
+        if np.isfinite(low) and np.isfinite(high) and low <= high:
+            a, b = ceiling["pair"]
+            return (f"the references do not agree with each other above random: the best ceiling ({a} vs {b}) is "
+                    f"{ceiling['mean']:+.3f} [{low:+.3f}, {ceiling['ci'][1]:+.3f}], random reaches {high:+.3f}: "
+                    "there is no causal ranking stable enough to track")
+    return None
