@@ -358,6 +358,40 @@ def _audit_folder(folder, wait: bool):
 
 
 @app.command()
+def planted(
+    study: str = typer.Argument("studies/planted.yaml", help="the study to run on every planted model"),
+    only: str = typer.Option(None, "--only", help="comma-separated planted models (default: all of them)"),
+    n: int = typer.Option(None, "--n", min=1, help="examples per model (default: the study's)"),
+    results: str = typer.Option("results/planted", "--results", help="where each model's study result goes"),
+    out: str = typer.Option("reports/planted", "--out", help="where planted.md, planted.csv and planted.json go"),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
+):
+    """The verdict's self-test: the study on every planted-truth model, each answer beside the known truth."""
+    from pathlib import Path
+
+    from probe.spec import load_study
+
+    spec = load_study(study)
+    _quiet_libraries()
+    import torch
+
+    from probe.study.planted import run_planted, write_planted
+
+    _set_threads(torch, threads)
+    names = [x.strip() for x in only.split(",") if x.strip()] if only else None
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_one_line
+        frame = run_planted(spec, names=names, results=Path(results), n=n,
+                            log=lambda text: print(text, file=sys.stderr))
+    paths = write_planted(frame, Path(out), command=f"probe planted {study}" + (f" --n {n}" if n else ""))
+    for r in frame.itertuples():
+        print(f"{'ok   ' if r.right else 'WRONG'} {r.model}: {r.answer} (expected {r.expected})")
+    print(f"{int(frame.right.sum())}/{len(frame)} right; {paths[0]}")
+    if not frame.right.all():
+        raise typer.Exit(1)
+
+
+@app.command()
 def report(
     result_dir: str = typer.Argument(..., help="a study's result folder (written by probe run)"),
     out: str = typer.Option(None, "--out", help="report folder (default: RESULT_DIR/report)"),

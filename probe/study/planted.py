@@ -1,0 +1,128 @@
+"""The planted-truth self-test: one study (``studies/planted.yaml``) run on every planted model of
+:mod:`probe.models.planted`, each verdict set beside the truth it was built to have.
+
+A verdict is tested like a method (DESIGN rule 14): where the truth is known by construction,
+probe must give it, and ``undecidable`` where nothing can be decided. ``probe planted`` runs the
+study on each model (its explainers and references cut to what applies to that model) and writes
+``planted.md``, ``planted.csv`` and ``planted.json``: truth, expected answer, probe's answer,
+whether they match, the measure and the headline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from probe.errors import InputError
+
+if TYPE_CHECKING:
+    from probe.spec.study import Study
+
+PLANTED_PREFIX = "planted:"
+
+
+def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, str], task: str) -> Study:
+    """``template`` aimed at the planted model ``name``: its model and data, its own output folder,
+    the methods that apply to it (``skipped``: method -> why not)."""
+    from probe.spec.study import parse_ranking, study_from_dict
+
+    data = template.to_dict()
+    data["name"] = f"planted-{name}"
+    data["model"]["id"] = PLANTED_PREFIX + name
+    data["dataset"]["name"] = PLANTED_PREFIX + name
+    data["output"] = str(out / name)
+    data["explainers"] = [m for m in data["explainers"] if m not in skipped]
+    data["references"] = [m for m in data["references"] if m not in skipped]
+    if task != "classification" and (data.get("target") or {}).get("label") is not None:
+        data["target"]["label"] = None
+    used = set(data["explainers"]) | set(data["references"])
+    data["params"] = {k: v for k, v in (data.get("params") or {}).items() if k in used}
+    metrics = data["metrics"]
+    if metrics.get("erasure"):
+        metrics["erasure"]["rankings"] = [r for r in metrics["erasure"]["rankings"] if parse_ranking(r)[0] in used]
+    if metrics.get("ceilings"):
+        metrics["ceilings"] = [p for p in metrics["ceilings"] if set(p) <= used]
+    metrics["absolute"] = [m for m in metrics.get("absolute") or [] if m in used]
+    if data["statistics"].get("reference") not in data["references"]:
+        data["statistics"]["reference"] = None
+    return study_from_dict(data, source=f"{template.name} on {PLANTED_PREFIX}{name}")
+
+
+def run_planted(template: Study, *, names: Sequence[str] | None = None, results: Path, n: int | None = None,
+                log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Run ``template`` on every planted model (or ``names``); one row per model."""
+    from probe.models.loading import load_model
+    from probe.models.planted import PLANTED_MODELS
+    from probe.registry import skipped as skipped_methods
+    from probe.study.runner import run_study
+
+    log = log or (lambda text: None)
+    chosen = list(names) if names else list(PLANTED_MODELS)
+    unknown = [x for x in chosen if x not in PLANTED_MODELS]
+    if unknown:
+        raise InputError(f"unknown planted model(s) {', '.join(unknown)}: valid are {', '.join(PLANTED_MODELS)}")
+    if n is not None:
+        template = template.model_copy(update={"dataset": template.dataset.model_copy(update={"n": n})})
+    rows = []
+    for name in chosen:
+        recipe = PLANTED_MODELS[name]
+        pm = load_model(PLANTED_PREFIX + name)
+        study = planted_study(template, name, out=Path(results), skipped=skipped_methods(pm, 64), task=pm.task)
+        del pm
+        log(f"planted {name}: {recipe.truth}")
+        run = run_study(study, progress=False, report=False, log=lambda text: None)
+        v = run.verdict or {}
+        families = {k: f["answer"] for k, f in (v.get("families") or {}).items()}
+        rows.append({"model": name, "task": recipe.task, "truth": recipe.truth, "expected": " or ".join(recipe.expected),
+                     "answer": v.get("answer"), "right": v.get("answer") in recipe.expected,
+                     "measure": v.get("measure"), "undecidable": v.get("undecidable") or "",
+                     "families": "; ".join(f"{k}: {a}" for k, a in families.items()), "why": recipe.why,
+                     "headline": v.get("headline", "")})
+        log(f"planted {name}: {v.get('answer')} (expected {' or '.join(recipe.expected)})")
+    return pd.DataFrame(rows)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def write_planted(frame: pd.DataFrame, out: Path, *, command: str = "probe planted studies/planted.yaml") -> list[Path]:
+    """``planted.md``, ``planted.csv`` and ``planted.json`` in ``out`` (each written atomically)."""
+    out = Path(out)
+    right = int(frame.right.sum()) if len(frame) else 0
+    lines = ["# Planted truths: what probe answers where the answer is known", "",
+             f"Made with `{command}`: the study on every planted model of `probe.models.planted`, "
+             "each built so that its token importance, and what its attention does, is known by construction "
+             f"(the recipes measure and store their facts). **{right} of {len(frame)} answers are right.**", "",
+             "| model | task | truth | expected | probe's answer | right | measure | families | why undecidable |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in frame.itertuples():
+        lines.append(f"| `{r.model}` | {r.task} | {_cell(r.truth)} | {r.expected} | **{r.answer}** | "
+                     f"{'yes' if r.right else 'NO'} | {r.measure} | {_cell(r.families)} | {_cell(r.undecidable)} |")
+    lines += ["", "## Headlines", ""]
+    for r in frame.itertuples():
+        lines += [f"- `{r.model}`: {_cell(r.headline)}"]
+    lines += ["", "## Why each expected answer", ""] + [f"- `{r.model}`: {_cell(r.why)}" for r in frame.itertuples()]
+    paths = [out / "planted.md", out / "planted.csv", out / "planted.json"]
+    _atomic_text(paths[0], "\n".join(lines) + "\n")
+    _atomic_text(paths[1], frame.to_csv(index=False))
+    _atomic_text(paths[2], json.dumps(frame.to_dict(orient="records"), indent=1, ensure_ascii=False) + "\n")
+    return paths
