@@ -5,6 +5,7 @@ re-running the model), never with probe's own methods."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +39,10 @@ def loaded(cache):
         eager = AUTO[task].from_pretrained(pm.path, attn_implementation="eager").eval()
         out[name] = (pm, eager, pm.tokenizer, load_dataset(f"planted:{name}"), pm.metadata)
     return out
+
+
+def _data_file(pm) -> list[dict]:
+    return [json.loads(line) for line in (Path(pm.path) / "data.jsonl").read_text().splitlines()]
 
 
 def _ids(tok, text):
@@ -84,7 +89,7 @@ def test_each_model_loads_with_its_metadata_and_data(loaded):
         assert not pm.random_weights, name  # a full checkpoint, randomised included
         assert meta["name"] == name and meta["expected"] == list(recipe.expected) and meta["facts"]
         assert len(examples) == 64
-        stored = [json.loads(line) for line in open(f"{pm.path}/data.jsonl")]
+        stored = _data_file(pm)
         assert [(s["text"], s.get("label")) for s in stored] == [(e.text, e.label) for e in examples], name
         vocab = pm.tokenizer.get_vocab()
         assert all(w in vocab for e in examples for w in e.text.split()), name  # no unknown words
@@ -184,7 +189,7 @@ def test_randomised_is_untrained(loaded):
 
 def test_copy_lm_copies_the_marked_word(loaded):
     _, model, tok, examples, meta = loaded["copy-lm"]
-    answers = [json.loads(line)["answer"] for line in open(f"{loaded['copy-lm'][0].path}/data.jsonl")]
+    answers = [record["answer"] for record in _data_file(loaded["copy-lm"][0])]
     rows = [_ids(tok, e.text) for e in examples]
     ids, mask = _pad(rows, tok.eos_token_id)
     with torch.no_grad():
@@ -200,7 +205,7 @@ def test_copy_lm_copies_the_marked_word(loaded):
 
 def test_copy_seq2seq_copies_the_marked_word(loaded):
     pm, model, tok, examples, meta = loaded["copy-seq2seq"]
-    answers = [json.loads(line)["answer"] for line in open(f"{pm.path}/data.jsonl")]
+    answers = [record["answer"] for record in _data_file(pm)]
     ids, mask = _pad([_ids(tok, e.text) for e in examples], tok.pad_token_id)
     with torch.no_grad():
         generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
