@@ -142,7 +142,7 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
     PlantedModel(
         "copy-lm", "causal_lm",
         "one-layer GPT-2 trained so the next token copies the one marked word (alpha, beta, gamma, delta, "
-        "omega, sigma) of the prompt: greedy accuracy 1.0 on held-out prompts; the last position's attention "
+        "omega, sigma) of the prompt (a prompt without one continues with EOS): greedy accuracy 1.0 on held-out prompts; the last position's attention "
         "(head mean) concentrates on the marked word, and deleting it has the largest effect on the "
         "greedy token's log-prob.",
         ("yes",),
@@ -150,9 +150,11 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
     ),
     PlantedModel(
         "copy-seq2seq", "seq2seq",
-        "T5 with one encoder and one decoder layer, trained so the output is the marked source word, then EOS: "
-        "greedy accuracy 1.0 on held-out sources; the decoder's cross-attention (head mean, averaged over the "
-        "output positions) concentrates on the marked word, whose deletion has the largest effect.",
+        "T5 with one encoder and one decoder layer, trained so the output is the marked source word, then EOS "
+        "(a source without one outputs EOS only): greedy accuracy 1.0 on held-out sources; the decoder's "
+        "cross-attention (head mean, averaged over the output positions; an auxiliary training loss pulls the "
+        "EOS position's onto the marked word too) concentrates on the marked word, whose deletion has the "
+        "largest effect.",
         ("yes",),
         "the source token the output copies is the token cross-attention concentrates on",
     ),
