@@ -24,7 +24,7 @@ IG_STEPS = registry.method("integrated_gradients").defaults().steps
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Audit whether a transformer's attention weights explain its predictions.")
 
-ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, a local folder, or a hub id")
+ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, planted:NAME, a local folder, or a hub id")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16")
 AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: transformers' own, sdpa)")

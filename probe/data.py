@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from probe.errors import InputError
+from probe.planted_texts import PREFIX as PLANTED_PREFIX
+from probe.planted_texts import study_texts
 
 BUILTIN_PREFIX = "builtin:"
 SPLITS = ("test", "train")
@@ -74,7 +76,8 @@ def load_dataset(
     text_column: str = "text",
     label_column: str = "label",
 ) -> list[Example]:
-    """Load ``builtin:NAME`` (split ``test`` or ``train``) or a user ``.csv`` / ``.jsonl`` file.
+    """Load ``builtin:NAME`` (split ``test`` or ``train``), ``planted:NAME`` (the 64 study texts of a
+    planted-truth model, :mod:`probe.planted_texts`; split ignored) or a user ``.csv`` / ``.jsonl`` file.
 
     ``n`` takes the first ``n`` examples after a shuffle seeded with ``seed`` (so a smaller ``n``
     is a prefix of a larger one); ``n=None`` keeps every example in file order. ``split`` applies to
@@ -88,6 +91,8 @@ def load_dataset(
 
     if spec.startswith(BUILTIN_PREFIX):
         examples = _load_builtin(spec[len(BUILTIN_PREFIX):], split)
+    elif spec.startswith(PLANTED_PREFIX):
+        examples = _load_planted(spec[len(PLANTED_PREFIX):])
     else:
         examples = _load_user_file(Path(spec).expanduser(), text_column, label_column)
     return _take(examples, n, seed, spec)
@@ -234,6 +239,15 @@ def _clean(text: str, dataset: _BuiltinDataset) -> str:
     if dataset.strip_html_breaks:
         text = _BR_TAG.sub(" ", text)
     return text
+
+
+# -------------------------------------------------------------------------------------- planted
+
+
+def _load_planted(name: str) -> list[Example]:
+    """The study texts of planted model ``name``: the same ones its folder holds as ``data.jsonl``,
+    drawn here from their seed so that the data loads without building the model."""
+    return [Example(id=f"{name}-{i}", text=t.text, label=t.label) for i, t in enumerate(study_texts(name))]
 
 
 # ------------------------------------------------------------------------------------- user files

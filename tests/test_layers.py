@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "probe"
 #: targets, token scores, the target query, OOM halving) sits below both users, explain and intervene.
 RANKS = {
     "errors": 0, "names": 0, "registry": 0,
-    "callable_module": 1, "data": 1, "spec": 1,
+    "callable_module": 1, "data": 1, "planted_texts": 1, "spec": 1,
     "capture": 2,
     "models": 3,
     "rows": 4, "predict": 4,

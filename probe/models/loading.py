@@ -1,4 +1,4 @@
-"""Load a model by HF id, local folder or ``builtin:NAME`` into a :class:`ProbeModel`."""
+"""Load a model by HF id, local folder, ``builtin:NAME`` or ``planted:NAME`` into a :class:`ProbeModel`."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def load_model(
     device_map: str | None = None,
     allow_random_weights: bool = False,
 ) -> ProbeModel:
-    """Load ``name`` (``builtin:NAME``, a local folder, or a hub id) in eval mode.
+    """Load ``name`` (``builtin:NAME``, ``planted:NAME``, a local folder, or a hub id) in eval mode.
 
     Weights the checkpoint does not hold (``from_pretrained``'s missing and shape-mismatched keys,
     e.g. the classifier of an encoder loaded as a classifier) are left at random initialisation by
@@ -177,7 +177,7 @@ def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dic
     """(what ``from_pretrained`` loads, whether it is a hub id, a built-in's metadata) for ``name``,
     or a one-line refusal of an empty name, an unknown built-in or a folder that cannot hold a model."""
     if not isinstance(name, str) or not name.strip():
-        raise InputError("empty model name: give builtin:NAME, a local folder or a hub id")
+        raise InputError("empty model name: give builtin:NAME, planted:NAME, a local folder or a hub id")
     if name.startswith("builtin:"):
         from probe.models.builtins import BUILTIN_MODELS, materialize_builtin
 
@@ -194,6 +194,16 @@ def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dic
 
             metadata = json.loads(meta_file.read_text())
         return str(folder), False, metadata
+    if name.startswith("planted:"):
+        from probe.models.planted import PLANTED_MODELS, materialize_planted, read_planted_metadata
+
+        planted = name.split(":", 1)[1]
+        if planted not in PLANTED_MODELS:
+            raise ModelLoadError(
+                f"unknown planted model {planted!r}: valid are {', '.join('planted:' + n for n in sorted(PLANTED_MODELS))}"
+            )
+        folder = materialize_planted(planted, cache_dir=cache_dir)
+        return str(folder), False, read_planted_metadata(folder)
     expanded = Path(name).expanduser()
     if expanded.exists():
         if not expanded.is_dir():

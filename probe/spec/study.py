@@ -22,6 +22,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.data import BUILTIN_PREFIX
+from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS
 from probe.registry import AdversarialParams
@@ -385,7 +386,7 @@ def _overridden(study: Study, overrides: list[tuple[str, Any, tuple[str, ...]]],
 def _dataset_override(dataset: str) -> str:
     if not isinstance(dataset, str) or not dataset.strip():
         raise InputError(f"dataset override {dataset!r} is empty; give a .csv/.jsonl file or builtin:NAME")
-    if dataset.startswith(BUILTIN_PREFIX):
+    if dataset.startswith((BUILTIN_PREFIX, PLANTED_PREFIX)):
         return dataset
     file = Path(dataset).expanduser()
     if not file.exists():

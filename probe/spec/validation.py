@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Strict, ValidationError, ValidationI
 from pydantic_core import PydanticCustomError
 
 from probe.data import BUILTIN_PREFIX, USER_FILE_SUFFIXES, builtin_dataset_names
+from probe.planted_texts import PREFIX as PLANTED_PREFIX
+from probe.planted_texts import planted_dataset_names
 from probe.errors import InputError
 from probe.names import ALL_METHODS
 
@@ -132,7 +134,7 @@ def layer_value(value: Any, i: int | None = None) -> int | str:
 
 
 def check_dataset_name(value: str, info: ValidationInfo) -> str:
-    """A validator body: ``builtin:NAME`` or a CSV/JSONL path (relative paths resolved against the
+    """A validator body: ``builtin:NAME``, ``planted:NAME`` or a CSV/JSONL path (relative paths resolved against the
     file's folder, ``info.context["base_dir"]``, when they exist there)."""
     value = value.strip()
     valid_builtins = ", ".join(BUILTIN_PREFIX + n for n in builtin_dataset_names())
@@ -142,6 +144,11 @@ def check_dataset_name(value: str, info: ValidationInfo) -> str:
         if value[len(BUILTIN_PREFIX):] not in builtin_dataset_names():
             fail(f"unknown built-in dataset {value!r} (valid: {valid_builtins})"
                  f"{suggest(value, [BUILTIN_PREFIX + n for n in builtin_dataset_names()])}")
+        return value
+    if value.startswith(PLANTED_PREFIX):
+        valid_planted = [PLANTED_PREFIX + n for n in planted_dataset_names()]
+        if value not in valid_planted:
+            fail(f"unknown planted dataset {value!r} (valid: {', '.join(valid_planted)}){suggest(value, valid_planted)}")
         return value
     if Path(value).suffix.lower() not in USER_FILE_SUFFIXES:
         fail(f"{value!r} is neither builtin:NAME ({valid_builtins}) nor a file ending in "
