@@ -22,7 +22,7 @@
     randomisation  Adebayo et al. 2018, cascading from the logits down: first the output head (the
                    classifier, score or pooler modules that are not tied to the input embeddings),
                    then the layers from the top, each re-initialised (matrices N(0, init std),
-                   biases 0, norm scales 1). At each step, each explainer's Spearman correlation
+                   biases 0, norm scales 1; three draws per step, averaged). At each step, each explainer's Spearman correlation
                    with its trained-model scores, mean over a small sample, and the same for the
                    study's reference (its own row: how far the step moved what the model does with
                    its input) with the mean |change| of the target. Judged once the head and the
@@ -64,6 +64,7 @@ COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the
 RANDOMISATION_LIMIT = 0.5  # Spearman with the trained scores once the top half of layers is random
 REDUNDANT_SHARE = 0.95  # share of examples with identical rankings that makes two units one
 MAX_STEPS = 256  # the completeness check's search for the steps that would do stops here
+RANDOM_DRAWS = 3  # draws of random weights per cascade step, averaged
 SIGN_LIMIT = 0.25  # |effect|-weighted share of top tokens whose sign agrees; 0.5 is chance
 SIGN_TOP = 3  # the top tokens by |reference| the sign check reads per example
 #: module names of output heads (classifiers, scorers, poolers, LM heads), randomised first
@@ -302,13 +303,24 @@ def output_unit(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
-def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> float:
+def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray],
+                   scored: Sequence[Sequence[bool]] | None = None, top: int | None = None) -> float:
+    """Mean over examples of Spearman's rho between trained and randomised scores (scored tokens);
+    with ``top`` the chance-corrected overlap of their top-``top`` tokens instead ((o - k/n) / (1 - k/n):
+    1 the same top tokens, 0 what chance gives), for a reference whose effect sits on a few tokens."""
     from probe.metrics.agreement import agreement
 
     rhos = []
-    for a, b in zip(trained, values):
+    for i, (a, b) in enumerate(zip(trained, values)):
         ok = np.isfinite(a) & np.isfinite(b)
-        if ok.sum() >= 2:
+        if scored is not None:
+            ok &= np.asarray(list(scored[i]), dtype=bool)
+        n = int(ok.sum())
+        if top is not None and n > top:
+            overlap = float(agreement(b[ok], a[ok], k=top)[f"top{top}"][0])
+            chance = top / n
+            rhos.append((overlap - chance) / (1 - chance))
+        elif top is None and n >= 2:
             rhos.append(float(agreement(b[ok], a[ok], k=1)["spearman"][0]))
     rhos = [r for r in rhos if np.isfinite(r)]
     return float(np.mean(rhos)) if rhos else float("nan")
@@ -316,14 +328,20 @@ def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray]) 
 
 def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
                   seed: int = 0, trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
-                  reference: tuple[str, Callable] | None = None) -> list[Check]:
+                  reference: tuple[str, Callable] | None = None,
+                  scored: Sequence[Sequence[bool]] | None = None, top: int | None = None,
+                  draws: int = RANDOM_DRAWS) -> list[Check]:
     """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
     list of per-example score tensors``; each one's output unit is compared by Spearman.
     ``trained_scores``: a scorer's output on the trained model where the caller already has it
     (the same call, so the same numbers); the others are run first. ``reference``: (name, scorer)
     of the study's reference, a leave-one-out whose result carries ``original_values``: its own
     row (first) says whether the randomisation changed the model's function, and where it did not
-    every explainer is ``not informative``."""
+    every explainer is ``not informative``. ``scored``: per example, the tokens the study scores
+    (special tokens are left out of the correlations as they are of the agreement). ``top``: compare
+    the top-``top`` tokens (chance-corrected overlap) instead of Spearman over every token, as the
+    verdict does where the reference's effect sits on one or two tokens. ``draws``: random weights
+    drawn per step (seeds ``seed``, ``seed + 1``, ...), the correlations averaged over them."""
     layers = layer_stack(pm.model, pm.contract.n_layers)
     names = ([reference[0]] if reference else []) + [n for n in scorers if not reference or n != reference[0]]
     if layers is None:
@@ -354,21 +372,30 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
     curves: dict[str, list[tuple[float, float]]] = {name: [(0.0, 1.0)] for name in trained}
     changes: list[float] = []
     for count in steps:
-        with randomised_top(pm.model, layers, count, seed=seed, std=std, head=True):
-            for name in trained:
-                curves[name].append((count / len(layers), _mean_spearman(trained[name], run(name))))
-            if reference and reference[0] in trained and len(outputs.get("values", [])) > 1:
-                first, last = outputs["values"][0], outputs["values"][-1]
-                changes.append(float(np.mean(np.abs(last - first))) if len(first) == len(last) else float("nan"))
+        sums: dict[str, list[float]] = {name: [] for name in trained}
+        moved = []
+        for draw in range(draws):  # one draw's fixed random function of the inputs can rank like the trained one by luck
+            with randomised_top(pm.model, layers, count, seed=seed + draw, std=std, head=True):
+                for name in trained:
+                    sums[name].append(_mean_spearman(trained[name], run(name), scored, top))
+                if reference and reference[0] in trained and len(outputs.get("values", [])) > 1:
+                    first, last = outputs["values"][0], outputs["values"][-1]
+                    moved.append(float(np.mean(np.abs(last - first))) if len(first) == len(last) else float("nan"))
+        for name in trained:
+            curves[name].append((count / len(layers), float(np.nanmean(sums[name])) if np.isfinite(sums[name]).any()
+                                 else float("nan")))
+        if moved:
+            changes.append(float(np.mean(moved)))
     judged = next((i for i, c in enumerate(steps) if c / len(layers) >= 0.5 - 1e-9), len(steps) - 1) + 1
     where = ("the head and the top half of the layers" if head else "the top half of the layers")
+    word = "Spearman" if top is None else f"top-{top} agreement (chance-corrected)"
     ref_rho = curves[reference[0]][judged][1] if reference and reference[0] in curves else None
     informative = ref_rho is None or not (ref_rho >= RANDOMISATION_LIMIT)
     for name, curve in curves.items():
         at_half = curve[judged][1]
         if reference and name == reference[0]:
             moved = changes[judged - 1] if len(changes) >= judged else float("nan")
-            detail = (f"the reference's own Spearman with its trained ranking once {where} are random: {at_half:+.2f}; "
+            detail = (f"the reference's own {word} with its trained ranking once {where} are random: {at_half:+.2f}; "
                       f"the target moved by {moved:.2g} on average"
                       + ("" if informative else f" (>= {RANDOMISATION_LIMIT}: the randomisation did not change what the "
                                                 "model does with its input, so the check cannot tell explainers apart)"))
@@ -377,11 +404,11 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
             continue
         if not informative:
             checks[name] = Check(name, "randomisation", "not informative", at_half,
-                                 f"Spearman with the trained scores {at_half:+.2f} once {where} are random, but the "
+                                 f"{word} with the trained scores {at_half:+.2f} once {where} are random, but the "
                                  f"reference's own ranking stayed at {ref_rho:+.2f}: not informative", tuple(curve))
             continue
         bad = bool(at_half >= RANDOMISATION_LIMIT)
-        detail = (f"Spearman with the trained scores {at_half:+.2f} once {where} are random"
+        detail = (f"{word} with the trained scores {at_half:+.2f} once {where} are random"
                   + (f" (>= {RANDOMISATION_LIMIT}: the scores do not depend on the model's upper layers)" if bad else ""))
         checks[name] = Check(name, "randomisation", "fail" if bad else "pass", at_half, detail, tuple(curve))
     return [checks[name] for name in names if name in checks]

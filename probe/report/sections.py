@@ -67,7 +67,8 @@ def verdict_section(r: StudyResult) -> Section:
     if noise:
         numbers.append(("reference's effects", f"largest |effect| {noise.get('max_abs', float('nan')):.2g}, noise floor "
                         f"{noise.get('noise_floor', float('nan')):.1e} ({noise.get('at_floor', 0)} of "
-                        f"{noise.get('examples', 0)} examples at it)"
+                        f"{noise.get('examples', 0)} examples at it), effect floor {noise.get('effect_floor', 0.0):.2g} "
+                        f"({noise.get('below_effect_floor', 0)} examples below it: no token matters there)"
                         + (f"; {100 * noise['top2_share']:.0f}% of |effect| on each example's top two tokens"
                            if noise.get("top2_share") is not None else "")))
     numbers += [

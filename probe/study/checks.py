@@ -68,12 +68,35 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
         scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
         ref_scorer = ((ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref))) if reference is not None
                       else None)
+        top = _sample_top(study, reference, scored)
         try:
             checks += S.randomisation(pm, examples, scorers, fractions=tuple(spec.fractions), seed=study.statistics.seed,
-                                      trained_scores={m: r.scores for m, r in results.items()}, reference=ref_scorer)
+                                      trained_scores={m: r.scores for m, r in results.items()}, reference=ref_scorer,
+                                      scored=scored, top=top)
         except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
             checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks
+
+
+def _sample_top(study: Study, reference, scored) -> int | None:
+    """The k of the top-k comparison the randomisation check makes, or None for Spearman: the
+    study's top-k measure, or with measure auto the choice the verdict makes (probe.study.decide),
+    taken on the sample's reference."""
+    from probe.study.decide import CONCENTRATED
+
+    measure = study.statistics.measure
+    if measure.startswith("top"):
+        return int(measure[3:])
+    if measure != "auto" or reference is None:
+        return None
+    total = top1 = top2 = 0.0
+    for values, keep in zip(reference.scores, scored):
+        a = np.abs(values.double().numpy())[np.asarray(list(keep), dtype=bool)]
+        a = np.sort(a[np.isfinite(a)])[::-1]
+        total, top1, top2 = total + a.sum(), top1 + a[:1].sum(), top2 + a[:2].sum()
+    if total <= 0:
+        return None
+    return 1 if top1 / total >= CONCENTRATED else (2 if top2 / total >= CONCENTRATED else None)
 
 
 def sanity_table(checks) -> pd.DataFrame:

@@ -11,6 +11,11 @@ alone, per example, on the scored tokens:
                     much. Pairs whose reference is at the floor on an example are left out of the
                     statistics (reason ``reference at the noise floor``); when every example is,
                     nothing can be decided.
+    effect size     an example whose largest |effect| is below ``EFFECT_SHARE`` of the study's
+                    typical large effect (the 90th percentile over examples of each one's largest
+                    |effect|) has nothing to rank: whatever order its near-zero effects take, no
+                    token matters there. Its pairs are left out too (reason ``reference below the
+                    effect floor``), so that "the token that matters" is judged where one does.
     dependence      did any perturbation change the target at all? If R is exactly 0 on every
                     token of every example, the output does not depend on the input.
     concentration   how much of R's total |effect| sits on each example's top 1 and top 2 tokens
@@ -36,6 +41,7 @@ from probe.names import method_family
 
 NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
 CONCENTRATED = 0.8  # share of the reference's |effect| on the top 1 (or 2) tokens that makes it sparse
+EFFECT_SHARE = 0.01  # an example's largest |effect| below this share of the study's 90th percentile: no effect
 MIN_EXAMPLES = 5  # fewer scored examples than this and no CI means anything
 
 EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.float32).eps),
@@ -52,10 +58,12 @@ class ReferenceProfile:
     max_abs: float  # the largest |effect| over every example and token
     eps: float
     scale: float  # the study's median |target value|
-    at_floor: tuple[int, ...]  # examples whose largest |effect| is at or below their floor
+    at_floor: tuple[int, ...]  # examples whose largest |effect| is at or below their noise floor
     all_zero: bool  # every effect on every example is exactly 0
     top1_share: float  # pooled share of |effect| on each example's top token (NaN without effect)
     top2_share: float
+    effect_floor: float = 0.0  # EFFECT_SHARE x the 90th percentile of the examples' largest |effect|
+    small: tuple[int, ...] = ()  # examples above the noise floor whose largest |effect| is below effect_floor
 
     @property
     def floor(self) -> float:
@@ -68,7 +76,8 @@ class ReferenceProfile:
     def to_dict(self) -> dict:
         return {"method": self.method, "examples": self.n_examples, "max_abs": self.max_abs, "eps": self.eps,
                 "scale": self.scale, "noise_floor": self.floor, "noise_ulps": NOISE_ULPS,
-                "at_floor": len(self.at_floor), "all_zero": self.all_zero,
+                "at_floor": len(self.at_floor), "all_zero": self.all_zero, "effect_floor": self.effect_floor,
+                "effect_share": EFFECT_SHARE, "below_effect_floor": len(self.small),
                 "top1_share": _none_if_nan(self.top1_share), "top2_share": _none_if_nan(self.top2_share)}
 
 
@@ -101,11 +110,14 @@ def reference_profile(tables: dict, method: str, dtype: str) -> ReferenceProfile
     top2 = ordered[rank < 2].groupby("example")["a"].sum()
     floors = NOISE_ULPS * eps * np.maximum(values.reindex(peak.index).fillna(scale).to_numpy(), scale)
     at_floor = tuple(int(e) for e, p, f in zip(peak.index, peak.to_numpy(), floors) if p <= f)
-    live = [e for e in peak.index if int(e) not in set(at_floor)]
+    above = peak[[int(e) not in set(at_floor) for e in peak.index]]
+    effect_floor = EFFECT_SHARE * float(np.quantile(above.to_numpy(), 0.9)) if len(above) else 0.0
+    small = tuple(int(e) for e, p in above.items() if p < effect_floor)
+    live = [e for e in above.index if int(e) not in set(small)]
     denominator = float(total.reindex(live).sum())
     share = (lambda s: float(s.reindex(live).sum()) / denominator) if denominator > 0 else (lambda s: float("nan"))
     return ReferenceProfile(method, int(len(peak)), float(peak.max()), eps, scale, at_floor,
-                            bool(float(peak.max()) == 0.0), share(top1), share(top2))
+                            bool(float(peak.max()) == 0.0), share(top1), share(top2), effect_floor, small)
 
 
 def profiles(tables: dict, study, dtype: str) -> dict[str, ReferenceProfile]:
@@ -117,18 +129,20 @@ def profiles(tables: dict, study, dtype: str) -> dict[str, ReferenceProfile]:
 
 
 def without_noise(agreement: pd.DataFrame, found: dict[str, ReferenceProfile]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``agreement`` less the rows compared with a reference at its noise floor on that example (a
-    ceiling row when either side is), and those left out as ``left_out`` rows."""
+    """``agreement`` less the rows compared with a reference at its noise floor, or below its effect
+    floor, on that example (a ceiling row when either side is), and those left out as ``left_out`` rows."""
     drop = np.zeros(len(agreement), dtype=bool)
+    reasons = np.full(len(agreement), "", dtype=object)
     for ref, profile in found.items():
-        if not profile.at_floor:
-            continue
-        on = agreement.example.isin(profile.at_floor).to_numpy()
-        drop |= on & ((agreement.reference == ref) | ((agreement.role == "ceiling") & (agreement.explainer == ref))
-                      ).to_numpy()
-    left = agreement.loc[drop, ["example", "explainer", "reference", "role"]].drop_duplicates()
-    left = left.assign(reason="reference at the noise floor")
-    return agreement.loc[~drop].reset_index(drop=True), left.reset_index(drop=True)
+        side = ((agreement.reference == ref) | ((agreement.role == "ceiling") & (agreement.explainer == ref))).to_numpy()
+        for examples, reason in ((profile.small, "reference below the effect floor"),
+                                 (profile.at_floor, "reference at the noise floor")):
+            if examples:
+                hit = side & agreement.example.isin(examples).to_numpy()
+                drop |= hit
+                reasons[hit] = reason
+    left = agreement.loc[drop, ["example", "explainer", "reference", "role"]].assign(reason=reasons[drop])
+    return agreement.loc[~drop].reset_index(drop=True), left.drop_duplicates().reset_index(drop=True)
 
 
 def choose_measure(requested: str, profile: ReferenceProfile | None, computed: list[str]) -> tuple[str, str]:

@@ -72,6 +72,9 @@ def summary_table(agreement: pd.DataFrame, study) -> pd.DataFrame:
                                  level=st.level, seed=st.seed)
         frame.insert(len(GROUP), "measure", measure)
         frames.append(frame)
+    if not len(agreement) or not frames:  # nothing compared (every pair left out): the columns, no rows
+        return pd.DataFrame(columns=[*GROUP, "measure", "n", "mean", "std", "ci_low", "ci_high", "sig_frac",
+                                     "sig_pos_frac"])
     return pd.concat(frames, ignore_index=True)
 
 

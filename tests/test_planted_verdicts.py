@@ -1,0 +1,56 @@
+"""The verdict on models whose truth was planted (probe.models.planted): studies/planted.yaml on each
+must give the documented answer, yes where attention is right, no where it is uniform, undecidable
+where the output ignores the input or its effects are at the float noise floor (DESIGN rule 14)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probe.models.planted import PLANTED_MODELS, planted_model_names
+from probe.spec import load_study
+from probe.study.planted import run_planted, write_planted
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", planted_model_names())
+def test_the_verdict_gives_the_planted_answer(name, tmp_path):
+    frame = run_planted(load_study(ROOT / "studies" / "planted.yaml"), names=[name], results=tmp_path)
+    row = frame.iloc[0]
+    assert row.answer in PLANTED_MODELS[name].expected, row.headline
+    verdict = json.loads((tmp_path / name / "verdict.json").read_text())
+    if row.answer == "undecidable":
+        assert verdict["undecidable"] and verdict["undecidable"] in verdict["headline"]
+    if name == "uniform-attention":  # attention is constant: its own check fails, so it cannot carry anything
+        assert "attention_mean" in verdict["unreliable"] and "constant" in verdict["unreliable"]["attention_mean"]
+    if name == "trigger-soft":  # the sign check catches input x gradient scoring zz as lowering the target
+        assert "sign" in verdict["unreliable"].get("input_x_gradient", [])
+    if name in ("trigger-saturated", "trigger-soft", "copy-lm"):  # one token carries the effect: top-1 is the measure
+        assert verdict["measure"] == "top1"
+
+
+def test_probe_planted_writes_the_table_and_fails_on_a_wrong_answer(tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "probe", "planted", str(ROOT / "studies" / "planted.yaml"),
+                           "--only", "constant-output", "--results", str(tmp_path / "res"), "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok    constant-output: undecidable" in proc.stdout and "1/1 right" in proc.stdout
+    text = (out / "planted.md").read_text()
+    assert "constant-output" in text and "**undecidable**" in text and "does not depend on the input" in text
+    rows = json.loads((out / "planted.json").read_text())
+    assert rows[0]["right"] is True
+    # a wrong answer is said, and the command's status says so too
+    frame = run_planted(load_study(ROOT / "studies" / "planted.yaml"), names=["constant-output"],
+                        results=tmp_path / "res")
+    frame.loc[0, "right"] = False
+    write_planted(frame, tmp_path / "wrong")
+    assert "| NO |" in (tmp_path / "wrong" / "planted.md").read_text()
+    bad = subprocess.run([sys.executable, "-m", "probe", "planted", "--only", "nosuch"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode != 0 and "unknown planted model" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,151 @@
+"""The verdict's rules on synthetic tables (no model): an unreliable unit never tracks, families are
+answered separately, and nothing is decided where nothing can be (probe.study.summary, probe.study.decide).
+The planted-truth models test the same rules end to end (tests/test_planted_verdicts.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probe.spec.study import study_from_dict
+from probe.study import decide
+from probe.study.summary import summary_table, verdict
+
+N = 20
+
+
+def _study(**statistics):
+    return study_from_dict({
+        "name": "synthetic", "model": {"id": "x"}, "dataset": {"name": "builtin:rotten_tomatoes", "n": N},
+        "explainers": ["attention_mean", "rollout", "alti", "saliency", "input_x_gradient"],
+        "references": ["loo_delete", "loo_mask"],
+        "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None},
+        "statistics": {"bootstrap": 200, "reference": "loo_delete", **statistics}})
+
+
+def _agreement(means: dict[tuple[str, str, str], float], seed: int = 0) -> pd.DataFrame:
+    """Rows per example for each (role, explainer, reference) at the given mean tau (small noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (role, explainer, reference), mean in means.items():
+        layer = 0 if explainer in ("attention_mean", "rollout", "alti") else -1
+        for e in range(N):
+            tau = float(np.clip(mean + rng.normal(0, 0.05), -1, 1))
+            rows.append({"example": e, "explainer": explainer, "reference": reference, "role": role, "layer": layer,
+                         "head": -1, "n_tokens": 10, "kendall_tau": tau, "kendall_p": 0.5, "top1": tau})
+    return pd.DataFrame(rows)
+
+
+GOOD = {("explainer", "attention_mean", "loo_delete"): 0.6, ("explainer", "rollout", "loo_delete"): 0.1,
+        ("explainer", "alti", "loo_delete"): 0.6, ("explainer", "saliency", "loo_delete"): 0.5,
+        ("explainer", "input_x_gradient", "loo_delete"): 0.55, ("baseline", "random", "loo_delete"): 0.0,
+        ("ceiling", "loo_mask", "loo_delete"): 0.8}
+
+
+def _run(means=GOOD, unreliable=None, profile=None, **statistics):
+    study = _study(**statistics)
+    agreement = _agreement(means)
+    return verdict(agreement, summary_table(agreement, study), study, "m", unreliable=unreliable, profile=profile)[0]
+
+
+def test_families_are_answered_separately_and_the_headline_is_the_attention_weights():
+    v = _run()
+    assert v["answer"] == "yes" and v["headline_family"] == "attention weights"
+    assert v["families"]["attention weights"]["answer"] == "yes"
+    assert v["families"]["attention-derived"]["answer"] == "no"  # rollout at 0.1 is below the bar
+    assert v["families"]["context mixing"]["answer"] == "yes"
+    assert "Other attention explanations: attention-derived: no" in v["headline"]
+    assert "signed loo_delete" in v["headline"] and v["reference_sign"] == "signed"
+
+
+def test_a_unit_whose_method_failed_a_check_never_tracks_and_cannot_carry_the_verdict():
+    v = _run(unreliable={"attention_mean": ["randomisation"]})
+    assert v["answer"] == "no" and v["families"]["attention weights"]["answer"] == "no"
+    assert "every method of this family failed a sanity check" in v["headline"]
+    assert v["families"]["context mixing"]["answer"] == "yes"  # named beside it, not carrying it
+    assert v["best_layers"][0]["unreliable"] and not v["best_layers"][0]["tracks"]
+
+
+def test_the_gradient_bar_says_which_method_it_is_and_why_others_were_excluded():
+    v = _run(unreliable={"input_x_gradient": ["sign"]})
+    assert v["gradient_bar"]["explainer"] == "saliency" and v["gradient_bar"]["excluded"] == {"input_x_gradient": ["sign"]}
+    assert "excluded: input_x_gradient (sign)" in v["headline"]
+    none = _run(unreliable={"input_x_gradient": ["sign"], "saliency": ["randomisation"]})
+    assert none["gradient_bar"]["explainer"] is None and "no gradient explainer passed" in none["gradient_bar"]["text"]
+
+
+def test_references_that_do_not_agree_above_random_are_undecidable():
+    means = {**GOOD, ("ceiling", "loo_mask", "loo_delete"): 0.0}
+    v = _run(means)
+    assert v["answer"] == "undecidable" and "do not agree with each other above random" in v["undecidable"]
+    assert v["headline"].startswith("On m, whether attention tracks causal importance cannot be decided")
+
+
+def _profile(**kw):
+    base = dict(method="loo_delete", n_examples=N, max_abs=0.5, eps=1.19e-7, scale=0.9, at_floor=(), all_zero=False,
+                top1_share=0.3, top2_share=0.5)
+    return decide.ReferenceProfile(**{**base, **kw})
+
+
+def test_an_output_that_ignores_the_input_and_effects_at_the_noise_floor_are_undecidable():
+    zero = _run(profile=_profile(max_abs=0.0, all_zero=True))
+    assert zero["answer"] == "undecidable" and "does not depend on the input" in zero["undecidable"]
+    noise = _run(profile=_profile(max_abs=1e-8, at_floor=tuple(range(N))))
+    assert noise["answer"] == "undecidable" and "noise floor" in noise["undecidable"] and "16 x eps" in noise["undecidable"]
+    assert _run(profile=_profile())["answer"] == "yes"
+
+
+def test_too_few_examples_are_undecidable():
+    study = _study()
+    agreement = _agreement(GOOD)
+    few = agreement[agreement.example < decide.MIN_EXAMPLES - 1]
+    v = verdict(few, summary_table(few, study), study, "m")[0]
+    assert v["answer"] == "undecidable" and "too few scored examples" in v["undecidable"]
+
+
+def _tables(scores_by_example: list[list[float]], target: float = 0.9) -> dict:
+    scores, tokens = [], []
+    for e, values in enumerate(scores_by_example):
+        for p, s in enumerate(values):
+            scores.append({"example": e, "method": "loo_delete", "layer": -1, "head": -1, "position": p, "score": s})
+            tokens.append({"example": e, "position": p, "scored": True})
+    examples = pd.DataFrame({"example": range(len(scores_by_example)), "target_value": target})
+    return {"scores": pd.DataFrame(scores), "tokens": pd.DataFrame(tokens), "examples": examples}
+
+
+def test_profile_floor_concentration_and_the_auto_measure():
+    sparse = decide.reference_profile(_tables([[0.8, 1e-4, -2e-4, 0], [1e-5, 0.7, 1e-4, 0], [1e-9, 0, 0, 0]]),
+                                      "loo_delete", "fp32")
+    assert sparse.at_floor == (2,)  # 1e-9 is below 16 x eps x 0.9
+    assert sparse.floor == pytest.approx(16 * np.finfo(np.float32).eps * 0.9)
+    assert sparse.top1_share > 0.99
+    # an example whose largest effect is under 1% of the study's large effects has no token that matters
+    small = decide.reference_profile(_tables([[0.8, 0.1, 0], [0.7, 0.2, 0], [1e-4, 5e-5, 0]]), "loo_delete", "fp32")
+    assert small.small == (2,) and small.at_floor == () and small.effect_floor == pytest.approx(0.01 * 0.78, rel=1e-6)  # 90th percentile of 0.7, 0.8 and 1e-4: 0.78
+    assert decide.choose_measure("auto", sparse, ["kendall_tau", "top1", "top3"])[0] == "top1"
+    assert "top two tokens" in decide.concentration_warning("kendall_tau", sparse)
+    pair = decide.reference_profile(_tables([[0.5, 0.5, 1e-3, 0], [0.4, 1e-3, 0.45, 0]]), "loo_delete", "fp32")
+    assert decide.choose_measure("auto", pair, ["kendall_tau", "top1", "top3"])[0] == "top3"
+    spread = decide.reference_profile(_tables([[0.3, 0.2, -0.25, 0.1, 0.2]]), "loo_delete", "fp32")
+    assert decide.choose_measure("auto", spread, ["kendall_tau", "top1"])[0] == "kendall_tau"
+    assert decide.concentration_warning("kendall_tau", spread) is None
+    assert decide.choose_measure("spearman", sparse, [])[0] == "spearman"  # an explicit choice is kept
+
+
+def test_pairs_with_a_reference_at_its_floor_are_left_out_with_the_reason():
+    agreement = _agreement(GOOD)
+    profile = _profile(at_floor=(0, 1))
+    kept, left = decide.without_noise(agreement, {"loo_delete": profile})
+    assert set(kept[kept.reference == "loo_delete"].example) == set(range(2, N))
+    assert set(left.reason) == {"reference at the noise floor"} and set(left.example) == {0, 1}
+
+
+def test_measure_is_validated():
+    from probe.errors import InputError
+
+    with pytest.raises(InputError, match="top5 is not computed"):
+        _study(measure="top5")
+    with pytest.raises(InputError, match="is not a measure"):
+        _study(measure="tau")
+    assert _study(measure="top1").statistics.measure == "top1"
