@@ -149,3 +149,10 @@ def test_measure_is_validated():
     with pytest.raises(InputError, match="is not a measure"):
         _study(measure="tau")
     assert _study(measure="top1").statistics.measure == "top1"
+
+
+def test_nothing_compared_at_all_is_undecidable_not_an_error():
+    study = _study()
+    empty = _agreement(GOOD).iloc[0:0]
+    v = verdict(empty, summary_table(empty, study), study, "m", profile=_profile(max_abs=0.0, all_zero=True))[0]
+    assert v["answer"] == "undecidable" and v["families"] == {} and v["best_gradient"] is None

@@ -133,6 +133,9 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
         values = target_values(pm, batch, pm.model(**batch.inputs).logits)  # [rows]
         values.sum().backward()
     pm.model.zero_grad(set_to_none=True)
+    if "x" not in held or held["x"].grad is None:
+        raise ProbeError(f"site {site.name}: the forward pass of the target did not reach it with a gradient "
+                         "(on a seq2seq model the encoder's site may be bypassed), so its degeneracy cannot be measured")
     x, g = held["x"].detach().float(), held["x"].grad.detach().float()  # [rows, seq, dim]
     if "w" in held:
         w, gw = held["w"].detach().float(), held["w"].grad.detach().float()
