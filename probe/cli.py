@@ -13,6 +13,7 @@ import typer
 
 from probe import registry, terminal
 from probe.errors import InputError
+from probe.names import printable
 from probe.terminal import plain as _plain
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def _quiet_libraries() -> None:
 
 
 def _warn_one_line(message, category, filename, lineno, file=None, line=None):
-    print(f"warning: {message}", file=sys.stderr)
+    print(printable(f"warning: {message}"), file=sys.stderr)
 
 
 def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
@@ -286,7 +287,7 @@ def run(
         warnings.showwarning = _warn_one_line
         result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new)
     if result.verdict is not None:
-        print(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}")
+        print(printable(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}"))
         print(f"results: {result.out}")
 
 
@@ -323,9 +324,9 @@ def audit(
         low, high = c.ci
         ci = "n/a" if low != low or high != high else f"[{low:.3g}, {high:.3g}]"
         needed = f", n_needed {c.evidence.get('n_needed')}" if c.verdict == "inconclusive" else ""
-        print(f"{c.verdict.upper():13s} {c.claim}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
+        print(f"{c.verdict.upper():13s} {printable(c.claim)}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
               f"n {c.n}{needed})")
-    print(f"report: {Path(folder) / 'audit.html'}")
+    print(printable(f"report: {Path(folder) / 'audit.html'}"))
 
 
 AUDIT_FILES = {"audit.json", "audit.md", "audit.html"}
@@ -418,7 +419,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except ProbeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -430,7 +431,7 @@ def main() -> None:
 
         if getattr(exc, "errno", None) is None:
             raise
-        print(f"error: {storage_error(exc, exc.filename or 'a file', 'write')}", file=sys.stderr)
+        print(printable(f"error: {storage_error(exc, exc.filename or 'a file', 'write')}"), file=sys.stderr)
         sys.exit(2)
     except MemoryError as exc:  # e.g. --steps 100000000: say so in one line, not 200 lines of traceback
         print(f"error: out of memory ({' '.join(str(exc).split()) or 'MemoryError'}); lower --steps, --n or the "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from probe.audit.context import AuditContext, token_text
 from probe.audit.kinds import KINDS, ClaimResult, _replacement, clean_json
 from probe.errors import InputError
+from probe.names import printable
 from probe.spec.claims import (
     ClaimFile, CounterfactualClaim, FaithfulnessClaim, HeadRoleClaim, SpecificTokensClaim, TokenImportanceClaim,
 )
@@ -154,7 +155,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
         result = KINDS[claim.kind](ctx, claim, index)
         result.seconds = time.perf_counter() - t0
         results.append(result)
-        log(f"[{index + 1}/{len(claim_file.claims)}] {result.verdict.upper()}: {claim.claim} "
+        log(f"[{index + 1}/{len(claim_file.claims)}] {result.verdict.upper()}: {printable(claim.claim)} "
             f"({result.seconds:.1f} s)")
     info = pm.contract.stacks[ctx.stack]
     audit = AuditResult(
