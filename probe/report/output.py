@@ -34,8 +34,10 @@ class Writer:
     folder beside ``out`` (``.NAME.new-PID-XXXX``) that :func:`write_report` swaps into place once the
     report is complete, so the earlier report stays whole until then."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, source: Path | None = None):
         self.out = out
+        #: the result folder the report is of (kept in ``.probe-source`` beside the report)
+        self.source = source
         self.figures: dict[str, bytes] = {}
         self.tables: list[Path] = []
         _remove_stale_staging(out)
@@ -155,12 +157,23 @@ def _incomplete_report(out: Path, entries: list[str], first: str) -> bool:
     return True
 
 
-def prepare_out(out: Path, title: str) -> None:
+#: beside a study's report: the result folder it was rendered from
+SOURCE_FILE = ".probe-source"
+
+
+def prepare_out(out: Path, title: str, source: Path | None = None) -> None:
     """Create ``out``, or accept it when it is empty or holds a report with this ``title`` (this
-    study's report, written before); anything else is refused, so no other report or file is
-    overwritten."""
+    study's report, written before) of the result folder ``source``; anything else is refused, so
+    no other report or file is overwritten (another result's report of a study with the same name
+    included)."""
     if out.exists() and not out.is_dir():
         raise InputError(f"the report folder {out} is a file; give a folder as --out")
+    recorded = out / SOURCE_FILE
+    if source is not None and recorded.is_file():
+        other = recorded.read_text(encoding="utf-8", errors="replace").strip()
+        if other and other != str(Path(source).resolve()):
+            raise InputError(f"the report folder {out} holds the report of another result folder ({other}); give an "
+                             "empty or new --out (or this result's own report folder)")
     if out.is_dir():
         entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
         if entries:
@@ -195,6 +208,8 @@ def write_report(doc: Document, w: Writer, out: Path, partial: bool) -> ReportFi
             written.append(out / "figures" / f"{name}.png")
         atomic_text(w.staging / "report.html", render_html(doc))
         atomic_text(w.staging / "report.md", render_markdown(doc, figure_paths))
+        if w.source is not None:
+            atomic_text(w.staging / SOURCE_FILE, str(Path(w.source).resolve()) + "\n")
         os.chmod(w.staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a report is meant to be shared
         commit_folder(w.staging, out)
     except BaseException:
