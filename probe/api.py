@@ -49,6 +49,76 @@ if TYPE_CHECKING:
 Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation"]
 COUNTERFACTUALS = tuple(c.name for c in registry.COUNTERFACTUALS)
 
+# --------------------------------------------------------------------------------------- checks of arguments
+
+
+def _model(pm: Any, argument: str = "pm") -> ProbeModel:
+    """``pm`` as a :class:`ProbeModel`, or a one-line error naming the argument and the fix."""
+    if isinstance(pm, ProbeModel):
+        return pm
+    if isinstance(pm, (str, Path)):
+        raise InputError(f"{argument} is the name {str(pm)!r}, not a loaded model: load it first, "
+                         f"pm = probe.load_model({str(pm)!r})")
+    raise InputError(f"{argument} must be a ProbeModel from probe.load_model or probe.wrap, got {type(pm).__name__}")
+
+
+def _positive(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{argument}={value!r} is not a positive whole number; give e.g. {argument}=8")
+    return value
+
+
+def _method_names(methods: Any) -> list[str] | None:
+    """``methods`` validated; None for every method that applies (None or ``"all"``)."""
+    from probe.explain.methods import parse_methods
+
+    if methods is None:
+        return None
+    if isinstance(methods, str):
+        if methods.strip() == "all":
+            return None
+        return parse_methods(methods)
+    if not isinstance(methods, Sequence) or not all(isinstance(m, str) for m in methods):
+        raise InputError(f"methods={methods!r} is not a method name, 'a,b', 'all' or a list of names "
+                         f"(valid: {', '.join(registry.names())})")
+    if [m.strip() for m in methods] == ["all"]:
+        return None
+    return parse_methods(list(methods))
+
+
+def _method_params(params: Any) -> dict[str, dict[str, Any]]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise InputError(f"params={params!r} is not a mapping of method to parameters; write e.g. "
+                         "params={'integrated_gradients': {'steps': 32}}")
+    out = {}
+    for method, values in params.items():
+        if registry.find(method) is None:
+            raise InputError(f"params: unknown method {method!r} (valid: {', '.join(registry.names())})")
+        problem = registry.params_problem(method, dict(values) if isinstance(values, Mapping) else values)
+        if problem is not None:
+            raise InputError(f"params[{method!r}]: {problem[1]}")
+        out[method] = dict(values)
+    return out
+
+
+def _in_eval(function):
+    """Run an API function with its model in eval mode (dropout off for every pass, the targets'
+    included); the model's mode is restored afterwards."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(pm, *args, **kwargs):
+        from probe.rows.queries import eval_mode
+
+        pm = _model(pm)
+        with eval_mode(pm.model):
+            return function(pm, *args, **kwargs)
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------------------- models
 
 
@@ -63,7 +133,10 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
     """
     from probe.models.loading import load_model as _load
 
-    return _load(name, device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
+    if not isinstance(name, (str, Path)):
+        raise InputError(f"name must be builtin:NAME, a folder or a hub id, got {type(name).__name__}; a model "
+                         "already in memory is wrapped with probe.wrap(model, tokenizer)")
+    return _load(str(name), device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
                  cache_dir=cache_dir, **options)
 
 
@@ -81,6 +154,7 @@ def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: st
 # --------------------------------------------------------------------------------------- targets
 
 
+@_in_eval
 def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: int | str | None = None,
             continuation: str | None = None, kind: str | None = None,
             strict_length: bool = False) -> list[PreparedExample]:
@@ -90,13 +164,34 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: int | str | No
     language models). ``example.original_value`` is the target on the unperturbed text."""
     from probe.rows.target import prepare as _prepare
 
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
-    if not texts:
-        raise InputError("no text given: give a string or a non-empty list of strings")
+    texts = _text_list(texts)
     return _prepare(pm, texts, TargetSpec(kind=kind, label=label, continuation=continuation),
                     strict_length=strict_length)
+
+
+def _text_list(texts: Any) -> list:
+    if texts is None:
+        raise InputError("texts is None: give a string or a non-empty list of strings")
+    if isinstance(texts, str):
+        return [texts]
+    from collections.abc import Iterable
+
+    if not isinstance(texts, Iterable) or isinstance(texts, (bytes, bytearray, Mapping)):
+        raise InputError(f"texts={texts!r} is not a string or a list of strings; write e.g. texts=['a gripping film']")
+    items = list(texts)
+    if not items:
+        raise InputError("no text given: give a string or a non-empty list of strings")
+    return items
+
+
+def _check_prepared_by(pm: ProbeModel, examples: list[PreparedExample]) -> None:
+    """Refuse examples that another model's tokenizer prepared: their ids and tokens must be this one's."""
+    rows = getattr(pm.model.get_input_embeddings(), "num_embeddings", None)
+    for i, e in enumerate(examples):
+        too_big = isinstance(rows, int) and any(t >= rows for t in e.input_ids)
+        if too_big or list(pm.tokenizer.convert_ids_to_tokens(list(e.input_ids))) != list(e.tokens):
+            raise InputError(f"example #{i} was prepared by another model's tokenizer (its token ids are not "
+                             f"{pm.name}'s): prepare the texts with probe.prepare(pm, texts) for this model")
 
 
 def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
@@ -104,15 +199,12 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
     """Texts prepared with the target options, or prepared examples as they are (then no options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
-    if isinstance(texts, str):
-        texts = [texts]
-    items = list(texts)
-    if not items:
-        raise InputError("no text given: give a string or a non-empty list of strings")
+    items = _text_list(texts)
     if all(isinstance(e, PreparedExample) for e in items):
         if label is not None or continuation is not None or kind is not None:
             raise InputError("label, continuation and kind apply to texts; these examples are prepared already "
                              "(their targets are fixed): pass the texts instead")
+        _check_prepared_by(pm, items)
         return items
     if not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})
@@ -182,6 +274,7 @@ class Explanation:
         return frame.astype({"example": "int64", "position": "int64", "layer": "int64", "head": "int64"})[columns]
 
 
+@_in_eval
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False) -> Explanation:
@@ -191,14 +284,14 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     ``params`` maps a method to its keyword parameters, e.g. ``{"integrated_gradients": {"steps":
     32}, "loo_random": {"k": 3, "seed": 1}}``. Interventions share one engine, so identical rows run once.
     """
-    from probe.explain.methods import applicable_methods, parse_methods, run_methods
+    from probe.explain.methods import applicable_methods, run_methods
 
-    chosen = parse_methods(methods) if methods is not None else None  # validate before tokenising
+    chosen = _method_names(methods)  # validate before tokenising; None or "all": every method that applies
+    params = _method_params(params)
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
-    params = dict(params or {})
     unused = [m for m in params if m not in chosen]
     if unused:
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
@@ -210,6 +303,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
 # --------------------------------------------------------------------------------------- interventions
 
 
+@_in_eval
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
         label: int | str | None = None, continuation: str | None = None, kind: str | None = None) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
@@ -222,6 +316,7 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     return _loo(Engine(pm), examples, mode, k=k, seed=seed)
 
 
+@_in_eval
 def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | Sequence[torch.Tensor]] | None = None,
             *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True) -> pd.DataFrame:
     """Erasure curves (comprehensiveness, sufficiency, AOPC, decision flips) of each ranking, always
@@ -249,6 +344,7 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
                     flips=flips)
 
 
+@_in_eval
 def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, batch_size: int = 32,
                   label: int | str | None = None, continuation: str | None = None,
                   kind: str | None = None) -> HeadEffects:
@@ -257,10 +353,12 @@ def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, bat
     ``[layer, head]``."""
     from probe.intervene.heads import head_ablation_effects
 
+    _positive(batch_size, "batch_size")
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
     return head_ablation_effects(pm, examples, stack=stack, batch_size=batch_size)
 
 
+@_in_eval
 def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, loss: str = "nll",
                     ablation: bool = True, label: int | str | None = None, continuation: str | None = None,
                     kind: str | None = None) -> HeadImportance:
@@ -272,6 +370,7 @@ def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, l
     return _importance(pm, examples, stack=stack, loss=loss, ablation=ablation)
 
 
+@_in_eval
 def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform", *, layer: int = -1,
                              head: int | None = None, label: int | str | None = None,
                              continuation: str | None = None, kind: str | None = None,
@@ -332,6 +431,9 @@ def study_from_dict(data: Mapping[str, Any]) -> Study:
     """Validate a study given as a dict (the YAML's structure)."""
     from probe.study.spec import study_from_dict as _from_dict
 
+    if not isinstance(data, Mapping):
+        raise InputError(f"data must be a dict with the study file's keys (name, model, dataset, ...), got "
+                         f"{type(data).__name__}")
     return _from_dict(dict(data))
 
 
@@ -379,9 +481,17 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
     report is written there once complete. Returns the folder's tables and verdict."""
     from probe.study.runner import run_study as _run
+    from probe.study.spec import Study as _Study
 
     if isinstance(study, (str, Path)):
         study = load_study(study, out=out)
+    elif isinstance(study, Mapping):
+        study = study_from_dict(study)
+        if out is not None:
+            study = study.model_copy(update={"output": str(out)})
+    elif not isinstance(study, _Study):
+        raise InputError(f"study must be a study file's path, a Study or a dict, got {type(study).__name__} "
+                         f"{str(study)[:40]!r}")
     elif out is not None:
         study = study.model_copy(update={"output": str(out)})
     run = _run(study, progress=progress, report=report, log=(lambda _: None) if not progress else None)

@@ -13,6 +13,7 @@ import typer
 
 from probe import registry, terminal
 from probe.errors import InputError
+from probe.names import printable
 from probe.terminal import plain as _plain
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def _quiet_libraries() -> None:
 
 
 def _warn_one_line(message, category, filename, lineno, file=None, line=None):
-    print(f"warning: {message}", file=sys.stderr)
+    print(printable(f"warning: {message}"), file=sys.stderr)
 
 
 def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
@@ -200,7 +201,8 @@ def explain(
     """Explain one prediction with every method side by side (token x method)."""
     from probe.explain.methods import applicable_methods, parse_methods
 
-    chosen = parse_methods(methods) if methods else None  # validate before the slow load
+    # validate before the slow load; "all" is every method that applies to this model, as the default
+    chosen = parse_methods(methods) if methods and methods.strip() != "all" else None
     if seed < 0:
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
@@ -266,6 +268,8 @@ def run(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
     wait: bool = typer.Option(False, "--wait", help="if another run holds the result folder, wait for it instead of exiting"),
+    force_new: bool = typer.Option(False, "--force-new", help="start over in a result folder that holds another study's "
+                                   "results (or this study's on other data, weights or code), removing them"),
 ):
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
     from probe.spec import load_study
@@ -281,9 +285,9 @@ def run(
     _set_threads(torch, threads)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
-        result = run_study(spec, shard=shard_of, progress=progress, wait=wait)
+        result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new)
     if result.verdict is not None:
-        print(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}")
+        print(printable(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}"))
         print(f"results: {result.out}")
 
 
@@ -320,9 +324,9 @@ def audit(
         low, high = c.ci
         ci = "n/a" if low != low or high != high else f"[{low:.3g}, {high:.3g}]"
         needed = f", n_needed {c.evidence.get('n_needed')}" if c.verdict == "inconclusive" else ""
-        print(f"{c.verdict.upper():13s} {c.claim}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
+        print(f"{c.verdict.upper():13s} {printable(c.claim)}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
               f"n {c.n}{needed})")
-    print(f"report: {Path(folder) / 'audit.html'}")
+    print(printable(f"report: {Path(folder) / 'audit.html'}"))
 
 
 AUDIT_FILES = {"audit.json", "audit.md", "audit.html"}
@@ -449,13 +453,20 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except ProbeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
+    except OSError as exc:  # a write or read the code did not wrap: still one line, naming the path
+        from probe.errors import storage_error
+
+        if getattr(exc, "errno", None) is None:
+            raise
+        print(printable(f"error: {storage_error(exc, exc.filename or 'a file', 'write')}"), file=sys.stderr)
+        sys.exit(2)
     except MemoryError as exc:  # e.g. --steps 100000000: say so in one line, not 200 lines of traceback
         print(f"error: out of memory ({' '.join(str(exc).split()) or 'MemoryError'}); lower --steps, --n or the "
               "study's engine.batch_size", file=sys.stderr)

@@ -19,3 +19,26 @@ class InputError(ProbeError):
 
 class CaptureError(ProbeError):
     """Attention could not be captured (or edited) as asked."""
+
+
+class StorageError(InputError):
+    """A file or folder could not be written, read or locked: a full disk, a read-only file system,
+    missing permissions. The message names the path, the cause and what to do; a run stopped by one
+    continues where it stopped once the cause is gone."""
+
+
+def storage_error(err: OSError, path, doing: str = "write") -> StorageError:
+    """``err`` (raised while ``doing`` ``path``) as one line naming the path, the cause and the fix."""
+    import errno
+
+    code = getattr(err, "errno", None)
+    cause = " ".join(str(err.strerror or err).split()) or type(err).__name__
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        fix = "free some space there (or give another --out), then run the same command again to continue"
+    elif code == errno.EROFS:
+        fix = "the file system is read-only: give a writable --out (or remount it writable)"
+    elif code in (errno.EACCES, errno.EPERM):
+        fix = "give a folder you may write as --out (or fix its permissions)"
+    else:
+        fix = "fix the cause, then run the same command again to continue"
+    return StorageError(f"cannot {doing} {path}: {cause}; {fix}")

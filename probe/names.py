@@ -55,3 +55,18 @@ def describe_group(group: Sequence[str]) -> str:
                 start = cur
         parts.append(f"{method} {','.join(runs)}")
     return " = ".join(parts)
+
+
+#: characters that act on a terminal or reorder text instead of showing: C0 and C1 controls (ESC,
+#: NUL, BEL, ...), DEL, and the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+#: U+2066-U+2069)
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0))}
+_CONTROL.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+
+def printable(text, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control character shown as an escape (``ESC`` as ``\\x1b``, a
+    right-to-left override as ``\\u202e``), so text from the data cannot clear a screen, hide
+    itself or reverse what follows. ``keep_newlines`` leaves newlines and tabs as they are."""
+    table = _CONTROL if not keep_newlines else {k: v for k, v in _CONTROL.items() if k not in (0x09, 0x0A)}
+    return str(text).translate(table)

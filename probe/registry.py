@@ -417,8 +417,67 @@ def param_fields(entry: Method | Counterfactual) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(entry.params)}
 
 
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether ``value`` (from YAML or a Python call) is of the parameter's annotated type."""
+    for part in (p.strip() for p in annotation.split("|")):
+        if part == "None" and value is None:
+            return True
+        if part == "bool" and isinstance(value, bool):
+            return True
+        if part == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if part == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if part == "str" and isinstance(value, str):
+            return True
+        if part.startswith("tuple") and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return True
+    return False
+
+
+#: the largest whole number a method parameter takes (seeds excepted): steps, samples, batch sizes
+MAX_PARAM_INT = 1_000_000
+
+
+def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
+    """Why ``values`` are not valid parameters of method ``name``: ``(the bad key or None, the
+    sentence)``, or None when they are. Read from the entry's parameter dataclass (its fields,
+    their annotated types; the preset's keys are fixed by the name)."""
+    entry = find(name)
+    if entry is None:
+        return None, f"unknown method {name!r}"
+    if not isinstance(values, dict):
+        return None, (f"{values!r} is not a mapping of parameters; write e.g. {{{next(iter(param_fields(entry)), 'key')}: "
+                      f"...}} (valid: {', '.join(param_fields(entry)) or 'none'})")
+    fields = {f.name: f for f in dataclasses.fields(entry.params)}
+    preset = dict(entry.preset)
+    settable = [k for k in fields if k not in preset] + (["query"] if getattr(entry, "query_max", False) else [])
+    values = dict(values)
+    if "query" in values and getattr(entry, "query_max", False):
+        if values["query"] not in ("target", "max"):
+            return "query", f"{values['query']!r} is not a query of {name}; give target or max"
+        values.pop("query")
+    for key, value in values.items():
+        if key not in settable:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), settable, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            return key, (f"unknown parameter {key!r} of {name} (valid: {', '.join(settable) or 'none'}){hint}")
+        annotation = str(fields[key].type)
+        if not _fits(value, annotation):
+            return key, f"{value!r} is not valid for {name}.{key}; give a value of type {annotation}"
+        if isinstance(value, int) and not isinstance(value, bool) and key != "seed" and not 0 <= value <= MAX_PARAM_INT:
+            return key, f"{value!r} is out of range for {name}.{key}; give 0..{MAX_PARAM_INT}"
+    try:
+        entry.params(**{**preset, **values})
+    except (TypeError, ValueError) as err:
+        return None, f"invalid parameters for {name}: {err}"
+    return None
+
+
 __all__ = [
     "AdversarialParams", "Applies", "CHECKS", "COUNTERFACTUALS", "Counterfactual", "FAMILIES", "FLOW_MAX_TOKENS",
     "GROUPS", "Group", "Method", "REGISTRY", "counterfactual", "find", "method", "method_table", "methods",
-    "names", "param_fields", "seeded", "skipped",
+    "names", "param_fields", "params_problem", "seeded", "skipped",
 ]

@@ -363,9 +363,16 @@ def test_study_from_dict_errors_have_no_line():
 
 
 def test_params_for_used_methods_pass_through():
-    params = {"rollout": {"discard": 0.1}, "loo_mask": {"batch": 4}}
+    params = {"rollout": {"query": "max"}, "loo_mask": {"k": 4}}
     study = study_from_dict(minimal_dict(params=params))
     assert study.params == params
+
+
+def test_params_are_checked_against_the_registry():  # issue 25: an unknown key was a TypeError after the load
+    with pytest.raises(InputError, match=r"params.rollout.discard: unknown parameter 'discard' of rollout"):
+        study_from_dict(minimal_dict(params={"rollout": {"discard": 0.1}}))
+    with pytest.raises(InputError, match=r"params.loo_mask.mode: unknown parameter 'mode' of loo_mask"):
+        study_from_dict(minimal_dict(params={"loo_mask": {"mode": "pad"}}))  # fixed by the name
 
 
 # ------------------------------------------------------------------------------------------ dataset paths

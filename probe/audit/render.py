@@ -12,8 +12,20 @@ from __future__ import annotations
 
 import math
 
-from probe.report.document import escape_html as _e
-from probe.report.document import html_page, html_table, md_escape, md_table
+from probe.names import printable
+from probe.report.document import escape_html as _escape_html
+from probe.report.document import html_page, html_table, md_table
+from probe.report.document import md_escape as _md_escape
+
+
+def _e(text) -> str:
+    """HTML text with control characters (ESC, NUL, bidi overrides) shown as escapes."""
+    return _escape_html(printable(text))
+
+
+def md_escape(text) -> str:
+    """Markdown text with control characters (ESC, NUL, bidi overrides) shown as escapes."""
+    return _md_escape(printable(text))
 
 __all__ = ["render_html", "render_markdown"]
 

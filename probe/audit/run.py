@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from probe.audit.context import AuditContext, token_text
 from probe.audit.kinds import KINDS, ClaimResult, _replacement, clean_json
 from probe.errors import InputError
+from probe.names import printable
 from probe.spec.claims import (
     ClaimFile, CounterfactualClaim, FaithfulnessClaim, HeadRoleClaim, SpecificTokensClaim, TokenImportanceClaim,
 )
@@ -55,12 +56,42 @@ class AuditResult:
             raise InputError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None
         data = self.to_dict()
         paths = [out / "audit.json", out / "audit.md", out / "audit.html"]
-        paths[0].write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        paths[1].write_text(render_markdown(data), encoding="utf-8")
-        paths[2].write_text(render_html(data), encoding="utf-8")
+        texts = [json.dumps(data, indent=2, ensure_ascii=False) + "\n", render_markdown(data), render_html(data)]
+        _write_all(paths, texts)
         self.out_dir = out
         self.files = [str(p) for p in paths]
         return paths
+
+
+def _write_all(paths: list[Path], texts: list[str]) -> None:
+    """Write every file to a temporary name beside it, and only once all are complete rename them into
+    place: a failure (a full disk, a read-only folder) leaves the earlier audit's files as they were."""
+    import os
+    import tempfile
+
+    from probe.errors import storage_error
+
+    temps: list[str] = []
+    current = paths[0]
+    try:
+        for path, text in zip(paths, texts):
+            current = path
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
+        for path, tmp in zip(paths, temps):
+            current = path
+            os.replace(tmp, path)
+    except OSError as err:
+        raise storage_error(err, current) from None
+    finally:
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -110,6 +141,9 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     pm = model
     _check_target(pm, claim_file)
     items, _ = select_examples(pm, claim_file.data, claim_file.target)
+    from probe.rows import memory
+
+    memory.check_bootstrap_memory(claim_file.statistics.bootstrap, len(items))
     gold = [e.label for e in items]
     examples = prepare_examples(pm, claim_file.target, [e.text for e in items], gold)
     ctx = AuditContext(pm, claim_file, items, examples, progress)
@@ -121,7 +155,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
         result = KINDS[claim.kind](ctx, claim, index)
         result.seconds = time.perf_counter() - t0
         results.append(result)
-        log(f"[{index + 1}/{len(claim_file.claims)}] {result.verdict.upper()}: {claim.claim} "
+        log(f"[{index + 1}/{len(claim_file.claims)}] {result.verdict.upper()}: {printable(claim.claim)} "
             f"({result.seconds:.1f} s)")
     info = pm.contract.stacks[ctx.stack]
     audit = AuditResult(

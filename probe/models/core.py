@@ -129,7 +129,10 @@ def encode_texts(pm: ProbeModel, texts: list[str], *, strict_length: bool = Fals
     if isinstance(texts, str):
         texts = [texts]
     for i, text in enumerate(texts):
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str):
+            raise InputError(f"text #{i} is {type(text).__name__} {str(text)[:40]!r}, not a string: give texts as "
+                             f"strings (e.g. {str(text)[:40]!r} in quotes)")
+        if not text.strip():
             raise InputError(f"text #{i} is empty: give at least one word to explain")
     limit = min(max_length or pm.contract.max_positions, pm.contract.max_positions)
     tok = pm.tokenizer

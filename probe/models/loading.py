@@ -308,6 +308,27 @@ def _with_method_support(pm: ProbeModel) -> ProbeModel:
     return pm
 
 
+def _check_special_tokens(model, tokenizer) -> None:
+    """Refuse a tokenizer of another family: one whose begin/end-of-sequence tokens are other ids than
+    the model's config says, or that has none where the config has both and marks texts with
+    [CLS]/[SEP] instead (an encoder's tokenizer on a decoder)."""
+    config = model.config
+    name = type(tokenizer).__name__
+    fix = "give the tokenizer the model was trained with (AutoTokenizer.from_pretrained of the same checkpoint)"
+    for token in ("bos", "eos"):
+        wanted = getattr(config, f"{token}_token_id", None)
+        have = getattr(tokenizer, f"{token}_token_id", None)
+        if isinstance(wanted, int) and isinstance(have, int) and wanted != have:
+            raise InputError(f"the tokenizer {name} has {token} token id {have} but the model "
+                             f"({config.model_type}) expects {wanted}: {fix}")
+    if (isinstance(getattr(config, "bos_token_id", None), int) and isinstance(getattr(config, "eos_token_id", None), int)
+            and tokenizer.bos_token_id is None and tokenizer.eos_token_id is None
+            and tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None):
+        raise InputError(f"the tokenizer {name} marks texts with {tokenizer.cls_token}/{tokenizer.sep_token} and has no "
+                         f"begin/end-of-sequence tokens, which the model ({config.model_type}) uses "
+                         f"(ids {config.bos_token_id}/{config.eos_token_id}): {fix}")
+
+
 def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
                task: str | None = None) -> ProbeModel:
     """A :class:`ProbeModel` for a Hugging Face model and tokenizer already in memory.
@@ -342,6 +363,7 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
     if isinstance(rows, int) and len(tokenizer) > rows:
         raise InputError(f"the tokenizer has {len(tokenizer)} tokens but {type(model).__name__}'s input embedding has "
                          f"{rows} rows: give the tokenizer the model was trained with")
+    _check_special_tokens(model, tokenizer)
     tokenizer = copy.deepcopy(tokenizer)
     _pad_right(tokenizer)
     if tokenizer.pad_token is None:

@@ -77,8 +77,8 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     ``tables/*.csv``. A run that has not finished gets a PARTIAL banner and no verdict."""
     r = load_result(result_dir)
     out = Path(out_dir) if out_dir is not None else r.root / "report"
-    prepare_out(out, f"probe study report: {r.name}")
-    w = Writer(out)
+    prepare_out(out, f"probe study report: {r.name}", source=r.root)
+    w = Writer(out, source=r.root)
     banner = None
     if not r.complete:
         total = r.batches_total if r.batches_total is not None else "?"

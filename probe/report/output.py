@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.errors import InputError
+from probe.errors import InputError, ProbeError, storage_error
 from probe.report.document import Document, Figure, md_escape, render_html, render_markdown
 
 
@@ -30,22 +30,89 @@ class ReportFiles:
 
 
 class Writer:
-    """Collects figures and tables while sections are built."""
+    """Collects figures and tables while sections are built. Everything is written into a staging
+    folder beside ``out`` (``.NAME.new-PID-XXXX``) that :func:`write_report` swaps into place once the
+    report is complete, so the earlier report stays whole until then."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, source: Path | None = None):
         self.out = out
+        #: the result folder the report is of (kept in ``.probe-source`` beside the report)
+        self.source = source
         self.figures: dict[str, bytes] = {}
         self.tables: list[Path] = []
+        _remove_stale_staging(out)
+        try:
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-{os.getpid()}-", dir=out.parent))
+        except OSError as err:
+            raise storage_error(err, out.parent, "write the report into") from None
 
     def figure(self, name: str, png: bytes, caption: str) -> Figure:
         self.figures[name] = png
         return Figure(name=name, png=png, caption=caption)
 
     def csv(self, name: str, frame: pd.DataFrame) -> str:
-        path = self.out / "tables" / f"{name}.csv"
-        atomic_text(path, frame.to_csv(index=False, float_format="%.6g"))
-        self.tables.append(path)
+        atomic_text(self.staging / "tables" / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g"))
+        self.tables.append(self.out / "tables" / f"{name}.csv")
         return f"tables/{name}.csv"
+
+
+def _remove_stale_staging(out: Path) -> None:
+    """Staging folders of report writers that died (kill -9, a full disk) are removed."""
+    import shutil
+
+    if not out.parent.is_dir():
+        return
+    for entry in out.parent.glob(f".{out.name}.new-*"):
+        pid = entry.name[len(out.name) + 6:].split("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            if int(pid) != os.getpid():
+                continue  # another writer at work
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    import ctypes
+    import errno
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL)):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def commit_folder(staging: Path, out: Path) -> None:
+    """Put the finished ``staging`` folder in the place of ``out`` (the earlier one, if any, is
+    whole until this moment) and remove the earlier one."""
+    import shutil
+
+    try:
+        if not out.exists():
+            os.rename(staging, out)
+            return
+        if _exchange(staging, out):
+            shutil.rmtree(staging, ignore_errors=True)  # it now holds the earlier report
+            return
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:
+        raise storage_error(err, out, "write") from None
 
 
 def _current_umask() -> int:
@@ -58,28 +125,55 @@ _UMASK = _current_umask()
 
 
 def atomic_text(path: Path, text: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8") if isinstance(text, str) else text)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a report is meant to be shared
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as err:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and not isinstance(err, ProbeError):
+            raise storage_error(err, path) from None
         raise
 
 
 REPORT_ENTRIES = {"report.html", "report.md", "figures", "tables"}
 
 
-def prepare_out(out: Path, title: str) -> None:
+def _incomplete_report(out: Path, entries: list[str], first: str) -> bool:
+    """A report folder an earlier probe left half-written: only report entries, the CSVs and PNGs a
+    report writes, and no titled report.md."""
+    if not set(entries) <= REPORT_ENTRIES or first.startswith("# "):
+        return False
+    for folder, suffix in (("figures", ".png"), ("tables", ".csv")):
+        path = out / folder
+        if path.exists() and (not path.is_dir() or any(not p.name.startswith(".") and p.suffix != suffix
+                                                       for p in path.iterdir())):
+            return False
+    return True
+
+
+#: beside a study's report: the result folder it was rendered from
+SOURCE_FILE = ".probe-source"
+
+
+def prepare_out(out: Path, title: str, source: Path | None = None) -> None:
     """Create ``out``, or accept it when it is empty or holds a report with this ``title`` (this
-    study's report, written before); anything else is refused, so no other report or file is
-    overwritten."""
+    study's report, written before) of the result folder ``source``; anything else is refused, so
+    no other report or file is overwritten (another result's report of a study with the same name
+    included)."""
     if out.exists() and not out.is_dir():
         raise InputError(f"the report folder {out} is a file; give a folder as --out")
+    recorded = out / SOURCE_FILE
+    if source is not None and recorded.is_file():
+        other = recorded.read_text(encoding="utf-8", errors="replace").strip()
+        if other and other != str(Path(source).resolve()):
+            raise InputError(f"the report folder {out} holds the report of another result folder ({other}); give an "
+                             "empty or new --out (or this result's own report folder)")
     if out.is_dir():
         entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
         if entries:
@@ -87,6 +181,8 @@ def prepare_out(out: Path, title: str) -> None:
             if (out / "report.md").is_file():
                 with open(out / "report.md", encoding="utf-8", errors="replace") as f:
                     first = f.readline().rstrip("\n")
+            if _incomplete_report(out, entries, first):
+                first = f"# {md_escape(title)}"  # probe's own report, cut short (kill -9, a full disk): rebuilt
             if not set(entries) <= REPORT_ENTRIES or first != f"# {md_escape(title)}":
                 what = (f"the report {first[2:]!r}" if first.startswith("# ") and set(entries) <= REPORT_ENTRIES
                         else f"other files ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''})")
@@ -101,15 +197,24 @@ def prepare_out(out: Path, title: str) -> None:
 
 
 def write_report(doc: Document, w: Writer, out: Path, partial: bool) -> ReportFiles:
-    fig_dir = out / "figures"
+    """Write the report into the writer's staging folder, then swap it into ``out`` whole."""
+    import shutil
+
     figure_paths, written = {}, []
-    for name, png in w.figures.items():
-        path = fig_dir / f"{name}.png"
-        atomic_text(path, png)
-        figure_paths[name] = f"figures/{name}.png"
-        written.append(path)
+    try:
+        for name, png in w.figures.items():
+            atomic_text(w.staging / "figures" / f"{name}.png", png)
+            figure_paths[name] = f"figures/{name}.png"
+            written.append(out / "figures" / f"{name}.png")
+        atomic_text(w.staging / "report.html", render_html(doc))
+        atomic_text(w.staging / "report.md", render_markdown(doc, figure_paths))
+        if w.source is not None:
+            atomic_text(w.staging / SOURCE_FILE, str(Path(w.source).resolve()) + "\n")
+        os.chmod(w.staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a report is meant to be shared
+        commit_folder(w.staging, out)
+    except BaseException:
+        shutil.rmtree(w.staging, ignore_errors=True)
+        raise
     html_path, md_path = out / "report.html", out / "report.md"
-    atomic_text(html_path, render_html(doc))
-    atomic_text(md_path, render_markdown(doc, figure_paths))
     return ReportFiles(out_dir=out, html=html_path, markdown=md_path, figures=written, tables=list(w.tables),
                        sections=[s.id for s in doc.sections], partial=partial)

@@ -56,3 +56,46 @@ def in_halves(items: Sequence, run, device="cpu", what: str = "examples") -> lis
             lambda chosen: parts.append(run([items[i] for i in chosen], chosen[0] if chosen else 0)),
             device=device, what=what)
     return parts
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process could still take (MemAvailable, bounded by a cgroup limit), or None
+    where the platform does not say."""
+    free = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        free = None
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file, encoding="ascii") as f:
+                limit = f.read().strip()
+            with open(usage_file, encoding="ascii") as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            room = max(int(limit) - usage, 0)
+            free = room if free is None else min(free, room)
+        break
+    return free
+
+
+def check_bootstrap_memory(bootstrap: int, n_examples: int, key: str = "statistics.bootstrap") -> None:
+    """Refuse a bootstrap whose resamples cannot be held: it draws ``bootstrap`` resamples of the
+    examples at once (an index and a value each, 16 bytes a cell), within half the free memory."""
+    from probe.errors import InputError
+
+    n = max(int(n_examples), 1)
+    need = 16 * int(bootstrap) * n
+    free = available_memory()
+    if free is not None and need > free // 2:
+        fits = max(100, int(free // 2 // (16 * n)))
+        raise InputError(f"{key}: {bootstrap} resamples of {n} examples need about {need / 2**30:.1f} GiB and this "
+                         f"machine has {free / 2**30:.1f} GiB free; give {key} <= {fits}")

@@ -336,7 +336,7 @@ class DataSpec(SpecModel):
 
 
 class AuditStatistics(SpecModel):
-    bootstrap: Annotated[Int, Field(ge=100)] = 2000
+    bootstrap: Annotated[Int, Field(ge=100, le=1_000_000)] = 2000
     level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
     seed: Int = 0
 

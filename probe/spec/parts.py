@@ -73,7 +73,7 @@ class DatasetSpec(SpecModel):
     seed: Int = 0
     text_column: str = "text"
     label_column: str = "label"
-    max_length: Annotated[Int, Field(ge=2)] | None = None
+    max_length: Annotated[Int, Field(ge=2, le=2**24)] | None = None
     filters: Filters = Field(default_factory=Filters)
 
     @field_validator("name")

@@ -25,7 +25,7 @@ from probe.data import BUILTIN_PREFIX
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS
-from probe.registry import AdversarialParams
+from probe.registry import AdversarialParams, params_problem
 from probe.spec.parts import DatasetSpec, Filters, ModelSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS, Bool, Document, Float, Int, SpecModel, describe, error_context, fail, first_error, layer_value,
@@ -101,12 +101,12 @@ class ErasureSpec(SpecModel):
 class CounterfactualSpec(SpecModel):
     layers: list[int | Literal["first", "last"]] | Literal["all"] = Field(default_factory=lambda: ["last"])
     heads: list[int] | Literal["all", "layer"] = "layer"
-    permutations: Annotated[Int, Field(ge=1)] = 10
+    permutations: Annotated[Int, Field(ge=1, le=10_000)] = 10
     adversarial: Bool = True
     max_output_tvd: Annotated[Float, Field(gt=0, le=1)] = 0.01
     #: adversarial search: attention candidates per example and Adam steps (Jain & Wallace)
-    adversarial_candidates: Annotated[Int, Field(ge=1)] = AdversarialParams.candidates
-    adversarial_steps: Annotated[Int, Field(ge=1)] = AdversarialParams.steps
+    adversarial_candidates: Annotated[Int, Field(ge=1, le=1_000)] = AdversarialParams.candidates
+    adversarial_steps: Annotated[Int, Field(ge=1, le=100_000)] = AdversarialParams.steps
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -163,7 +163,7 @@ class PublishedNumber(SpecModel):
 class MetricsSpec(SpecModel):
     agreement: list[Literal["kendall", "spearman", "top_k"]] = Field(
         default_factory=lambda: ["kendall", "spearman", "top_k"])
-    top_k: list[Annotated[Int, Field(ge=1)]] = Field(default_factory=lambda: [1, 3, 5])
+    top_k: list[Annotated[Int, Field(ge=1, le=100_000)]] = Field(default_factory=lambda: [1, 3, 5])
     baselines: list[Literal["random", "uniform", "position"]] = Field(
         default_factory=lambda: ["random", "uniform", "position"])
     ceilings: list[tuple[str, str]] | None = None
@@ -202,7 +202,8 @@ class MetricsSpec(SpecModel):
 
 
 class StatisticsSpec(SpecModel):
-    bootstrap: Annotated[Int, Field(ge=100)] = 2000
+    #: bounded here and, against the free memory, when the examples are known (probe.rows.memory)
+    bootstrap: Annotated[Int, Field(ge=100, le=1_000_000)] = 2000
     level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
     alpha: Annotated[Float, Field(gt=0, lt=0.5)] = 0.05
     seed: Int = 0
@@ -223,8 +224,8 @@ class StatisticsSpec(SpecModel):
 
 
 class EngineSpec(SpecModel):
-    batch_size: Annotated[Int, Field(ge=1)] = 16
-    token_budget: Annotated[Int, Field(ge=64)] = 8192
+    batch_size: Annotated[Int, Field(ge=1, le=65_536)] = 16
+    token_budget: Annotated[Int, Field(ge=64, le=2**28)] = 8192
 
 
 class Study(SpecModel):
@@ -271,6 +272,10 @@ class Study(SpecModel):
             if key not in used:
                 fail(f"parameters for {key!r}, which is not among the study's {listed}; "
                       f"add {key} to explainers or references, or remove its parameters", at=["params", key])
+            problem = params_problem(key, self.params[key])
+            if problem is not None:
+                bad, sentence = problem
+                fail(sentence, at=["params", key] + ([bad] if bad is not None else []))
         measure = self.statistics.measure
         if measure.startswith("top") and (int(measure[3:]) not in self.metrics.top_k
                                           or "top_k" not in self.metrics.agreement):

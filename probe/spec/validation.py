@@ -27,7 +27,7 @@ from probe.errors import InputError
 from probe.names import ALL_METHODS
 
 __all__ = [
-    "Bool", "Document", "Float", "Int", "LAYER_WORDS", "SpecModel", "check_dataset_name", "check_duplicate_keys",
+    "Bool", "Document", "Float", "Int", "LAYER_WORDS", "SpecModel", "check_dataset_name", "check_duplicate_keys", "check_node_graph",
     "describe", "dotted", "error_context", "error_line", "fail", "find_model", "first_error", "layer_value",
     "line_of", "located_error", "method_list", "model_at", "read_yaml_mapping", "show", "suggest", "unknown_method",
     "walk",
@@ -191,11 +191,57 @@ def read_yaml_mapping(path: Path, what: str, top: str, empty_hint: str, keys_hin
     return data, root
 
 
+#: a study or claim file, with its aliases expanded, holds at most this many YAML nodes (a few
+#: thousand in the largest shipped file); an alias bomb is refused before anything walks it
+MAX_YAML_NODES = 200_000
+#: and is at most this long
+MAX_YAML_BYTES = 16 * 2**20
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def check_node_graph(root: yaml.Node, source: str) -> None:
+    """Refuse a node graph whose aliases make it recursive, or larger than :data:`MAX_YAML_NODES`
+    once expanded; iterative, and each node is visited once however often it is aliased."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+            if sizes[key] > MAX_YAML_NODES:
+                raise InputError(f"{source} line {node.start_mark.line + 1}: the YAML aliases (*name) here expand to "
+                                 f"more than {MAX_YAML_NODES} values; write the values out, or use fewer aliases")
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise InputError(f"{source} line {node.start_mark.line + 1}: a YAML alias refers to a value that holds "
+                             "it (a recursive anchor); write the value out")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+
+
 def _parse_yaml(text: str, path: Path) -> tuple[yaml.Node | None, Any]:
     """(the node tree, the data) of one YAML document; bad YAML is one line with its line number."""
+    if len(text) > MAX_YAML_BYTES:
+        raise InputError(f"{path} is {len(text) / 2**20:.0f} MiB; a study or claim file is at most "
+                         f"{MAX_YAML_BYTES // 2**20} MiB (put long data in a .csv/.jsonl dataset file)")
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
+        if root is not None:
+            check_node_graph(root, str(path))
         return root, (loader.construct_document(root) if root is not None else None)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -212,20 +258,29 @@ def _parse_yaml(text: str, path: Path) -> tuple[yaml.Node | None, Any]:
 
 
 def check_duplicate_keys(node: yaml.Node, source: str, trail: tuple[str | int, ...] = (), top: str = "study") -> None:
-    """YAML keeps the last of two equal keys silently; a study (or claim) file must not have any."""
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key, value in node.value:
-            name = key.value if isinstance(key, yaml.ScalarNode) else None
-            if name is not None and name in seen:
-                raise InputError(f"{source} line {key.start_mark.line + 1}: duplicate key {name!r} in "
-                                 f"{dotted(trail) or top}; keep only one of them")
-            if name is not None:
-                seen.add(name)
-            check_duplicate_keys(value, source, trail + (name if name is not None else "?",), top)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            check_duplicate_keys(item, source, trail + (i,), top)
+    """YAML keeps the last of two equal keys silently; a study (or claim) file must not have any.
+    Iterative, each node checked once (an aliased node is not walked again)."""
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(node, trail)]
+    while stack:
+        current, where = stack.pop()
+        if id(current) in seen_nodes:
+            continue
+        seen_nodes.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            seen: set[str] = set()
+            children = []
+            for key, value in current.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and name in seen:
+                    raise InputError(f"{source} line {key.start_mark.line + 1}: duplicate key {name!r} in "
+                                     f"{dotted(where) or top}; keep only one of them")
+                if name is not None:
+                    seen.add(name)
+                children.append((value, where + (name if name is not None else "?",)))
+            stack.extend(reversed(children))
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(reversed([(item, where + (i,)) for i, item in enumerate(current.value)]))
 
 
 def walk(root: yaml.Node, path: Sequence[str | int]) -> tuple[yaml.Node, yaml.Node | None, bool]:

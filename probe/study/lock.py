@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from probe.errors import InputError
+from probe.errors import InputError, storage_error
 
 LOCK_NAME = ".lock"
 
@@ -48,7 +48,10 @@ def _flock(path: Path, exclusive: bool, wait: bool, what: str, log) -> Iterator[
     import fcntl
 
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    handle = open(path, "a+", encoding="utf-8")
+    try:
+        handle = open(path, "a+", encoding="utf-8")
+    except OSError as err:
+        raise storage_error(err, path, "lock") from None
     try:
         try:
             fcntl.flock(handle, mode | fcntl.LOCK_NB)
@@ -59,16 +62,22 @@ def _flock(path: Path, exclusive: bool, wait: bool, what: str, log) -> Iterator[
                                  "or give another --out") from None
             log(f"{what} is in use by {holder}; waiting for it ...")
             fcntl.flock(handle, mode)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(_holder()))
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(_holder()))
+            handle.flush()
+        except OSError:
+            pass  # who holds the lock is only said to the next one; a full disk must not stop the run here
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
-        handle.close()
+        try:
+            handle.close()
+        except OSError:
+            pass  # the unflushed holder line of a full disk; the lock is released with the file
 
 
 @contextmanager

@@ -82,20 +82,30 @@ def output_folder(study: Study) -> Path:
 
 def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: bool = True,
               log: Callable[[str], None] | None = None, stop_after: int | None = None,
-              report: bool = True, wait: bool = False) -> RunResult:
+              report: bool = True, wait: bool = False, force_new: bool = False) -> RunResult:
     """Run (or continue) ``study``; returns what was computed and, once complete, the verdict.
 
     ``stop_after``: stop after computing that many batches (for tests of resumption).
     ``report``: write the HTML/Markdown report (:mod:`probe.report`) once the study is complete.
     ``wait``: when another process holds the result folder (:mod:`probe.study.lock`), wait for it
     instead of refusing.
+    ``force_new``: start over in a result folder that holds another study's results, or this
+    study's on other data, weights or code (everything it holds is removed once the study has
+    been checked and the model loaded); a folder that is not a probe result is still refused.
     """
+    from probe.study.spec import Study as _Study
+
+    if not isinstance(study, _Study):
+        raise InputError(f"run_study needs a Study (from probe.spec.load_study or study_from_dict), not "
+                         f"{type(study).__name__} {str(study)[:40]!r}")
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 0):
+        raise InputError(f"stop_after={stop_after!r} is not a number of batches; give an integer >= 0 or None")
     with contextlib.ExitStack() as locks:
         return _run_study(study, shard=shard, progress=progress, log=log, stop_after=stop_after, report=report,
-                          wait=wait, locks=locks)
+                          wait=wait, force_new=force_new, locks=locks)
 
 
-def _run_study(study: Study, *, shard, progress, log, stop_after, report, wait,
+def _run_study(study: Study, *, shard, progress, log, stop_after, report, wait, force_new: bool,
                locks: contextlib.ExitStack) -> RunResult:
     log = log or (lambda text: print(text, file=sys.stderr))
     dist_info = _distributed()
@@ -104,22 +114,54 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, report, wait,
     out = output_folder(study)
     store = ResultStore(out)
     record = {"fingerprint": study.fingerprint(), "study": study.to_dict()}
-    store.check(record)  # refuses another study's folder before the model loads, writing nothing
+    if not (force_new and store.is_result()):
+        store.check(record)  # refuses another study's folder before the model loads, writing nothing
     locked = out.is_dir()
     if locked:  # a run to continue: whoever holds the folder is found before the model loads
         locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
-        store.check(record)  # the holder may have started the folder meanwhile
+        if not (force_new and store.is_result()):
+            store.check(record)  # the holder may have started the folder meanwhile
     pm, load_seconds = _load(study, dist_info)
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study.dataset, study.target)
     _check_labels(pm, study, data)
-    store.open(record)
+    _check_memory(study, len(data))
+    from probe.study.identity import study_identity
+
+    record["identity"] = study_identity(pm, data)
+    if force_new and locked and store.is_result():
+        log(f"--force-new: removing the earlier results in {out}")
+        store.clear()
+    store.open(record)  # refuses this study's folder on other data, weights or code, naming what changed
     if not locked:
         locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
+    try:
+        return _run_batches(pm, study, store, data, dropped, load_seconds, shard=shard, dist_info=dist_info,
+                            progress=progress, stop_after=stop_after, report=report, log=log)
+    except BaseException:
+        if not locked:
+            _remove_if_empty(out)
+        raise
+
+
+def _remove_if_empty(out: Path) -> None:
+    """A folder this run made and that holds no finished batch yet is removed again when the run fails
+    before its first batch, so a study that cannot start leaves nothing behind."""
+    import shutil
+
+    done = out / "done"
+    if done.is_dir() and any(done.iterdir()):
+        return
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, dropped: dict, load_seconds: float, *,
+                 shard, dist_info, progress, stop_after, report, log) -> RunResult:
+    out = store.root
     size = study.engine.batch_size
     batches = [data[s: s + size] for s in range(0, len(data), size)]
     mine = [b for b in range(len(batches)) if shard is None or b % shard[1] == shard[0]]
-    done = store.done_batches()
+    done = store.verified_done(log) & set(range(len(batches)))
     todo = [b for b in mine if b not in done]
     where = f" (shard {shard[0]}/{shard[1]})" if shard else ""
     log(f"study {study.name}: {len(data)} examples in {len(batches)} batches{where}; "
@@ -197,12 +239,37 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
                                                             [e.label for e in sample]))
     verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
                        sanity=checks)
+    _record_identity(store)
     if report:
         from probe.report import build_report
 
         files = build_report(store.root)
         log(f"report: {files.html}")
     return verdict
+
+
+def _record_identity(store: ResultStore) -> None:
+    """provenance.json keeps the identity the results were computed under: the hash of the selected
+    examples beside the weights' hash it already records, and the code."""
+    import json
+
+    from probe.study.store import write_json
+
+    identity = (store.read_study() or {}).get("identity")
+    path = store.root / "provenance.json"
+    if identity is None or not path.is_file():
+        return
+    provenance = json.loads(path.read_text(encoding="utf-8"))
+    provenance["dataset_sha256"] = identity.get("data_sha256")
+    provenance["identity"] = identity
+    write_json(path, provenance)
+
+
+def _check_memory(study: Study, n_examples: int) -> None:
+    """Refuse, before anything is written, a bootstrap whose resamples this machine cannot hold."""
+    from probe.rows import memory
+
+    memory.check_bootstrap_memory(study.statistics.bootstrap, n_examples)
 
 
 def _not_done_hint(left: set[int], shard: tuple[int, int] | None) -> str:
@@ -248,6 +315,13 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
 
     if pm.task != "classification":
         return
+    if study.target.label == "gold":
+        unlabelled = [e for e in data if e.label is None]
+        if unlabelled:
+            raise InputError(f"target.label: gold explains each example's dataset label, and {len(unlabelled)} of "
+                             f"{len(data)} selected examples of {study.dataset.name} have none (e.g. "
+                             f"{unlabelled[0].id}); fill in the {study.dataset.label_column} column, or leave "
+                             "target.label out (the predicted class)")
     n_labels = int(getattr(pm.model.config, "num_labels", 0) or 0)
     classes = f"this model has labels 0..{n_labels - 1}"
     names = pm.model.config.id2label or {}

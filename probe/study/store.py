@@ -13,34 +13,56 @@ Layout of ``OUT/``::
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run
 killed at any moment leaves either the old file or the new one, never half of one. A batch without
-its ``done`` marker is recomputed on the next run and its parts overwritten; a batch with one is
-never recomputed. Merged tables are the concatenation of the parts in batch order, so an
-interrupted-and-resumed run gives the same tables as an uninterrupted one.
+its ``done`` marker is recomputed on the next run and its parts overwritten. Merged tables are the
+concatenation of the parts in batch order, so an interrupted-and-resumed run gives the same tables
+as an uninterrupted one.
+
+A folder holds one study on one dataset with one set of weights (DESIGN rule 15): ``study.json``
+keeps the study's fingerprint and its ``identity`` (:mod:`probe.study.identity`: the selected
+examples' hash, the weights' hash, the code that makes the numbers), and every ``done`` marker
+keeps the folder's ``stamp`` (a hash of both) and each part's byte size and sha256. A marker that
+is unreadable, another folder's, or whose parts are missing, of another size or another checksum
+is named in one line and its batch recomputed; the merge verifies every part again. Folders
+written before identities existed (no ``identity``, markers without ``parts``) are still read and
+continued: their parts are checked for presence and readability only.
+
+Every failure to write (a full disk, a read-only file system, missing permissions) is one
+:class:`~probe.errors.StorageError` line naming the path.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from probe.errors import InputError
+from probe.errors import InputError, StorageError, storage_error
 from probe.names import FORMAT_VERSION, TABLES  # noqa: F401  (the reading side, probe.report, needs them too)
 
 
 def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    except BaseException as err:
+        if tmp is not None and os.path.exists(tmp):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(err, OSError) and not isinstance(err, StorageError):
+            raise storage_error(err, path) from None
         raise
 
 
@@ -57,11 +79,56 @@ def write_table(path: Path, frame: pd.DataFrame) -> None:
     _atomic_write(Path(path), lambda tmp: frame.to_parquet(tmp, index=False))
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    _atomic_write(Path(path), write)
+
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    """The Parquet file ``write_table`` writes for ``frame``, as bytes (to checksum what is written)."""
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def folder_stamp(fingerprint: str, identity: dict | None) -> str | None:
+    """What every ``done`` marker of a folder carries: a hash of the study's fingerprint and identity
+    (None for a folder written before identities existed)."""
+    if identity is None:
+        return None
+    text = json.dumps({"fingerprint": fingerprint, "identity": identity}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _part_readable(path: Path) -> str | None:
+    """Why a legacy part (no checksum on record) cannot be merged, or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except Exception as err:  # pyarrow raises several kinds for a damaged file
+        return f"{path} is not a readable Parquet file ({type(err).__name__})"
+    return None
+
+
 class ResultStore:
     """One study's result folder (see the module docstring)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        #: the folder's stamp once :meth:`open` has run (None: a folder from before identities)
+        self.stamp: str | None = None
 
     # ------------------------------------------------------------------ identity
 
@@ -87,13 +154,40 @@ class ResultStore:
         elif existing.get("fingerprint") != study_record["fingerprint"]:
             name = existing.get("study", {}).get("name", "?")
             raise InputError(f"the output folder {self.root} holds results of another study ({name!r}, or the same "
-                             "study with other settings); give another --out, or delete that folder to start over")
+                             "study with other settings); give another --out, or run with --force-new to start over")
+        if existing is not None and study_record.get("identity") is not None and existing.get("identity") is not None:
+            from probe.study.identity import describe_change
+
+            change = describe_change(existing["identity"], study_record["identity"])
+            if change:
+                raise InputError(f"the output folder {self.root} holds this study's results on {change}; resuming "
+                                 "would mix the two: run with --force-new to start over, or give a new --out")
+
+    def is_result(self) -> bool:
+        """Whether the folder holds a probe study (study.json), whatever its state."""
+        return (self.root / "study.json").is_file()
+
+    def clear(self) -> None:
+        """Remove everything a run wrote (``--force-new``); the lock files stay (they are held)."""
+        import shutil
+
+        for entry in self.root.iterdir():
+            if entry.name.startswith(".lock"):
+                continue
+            try:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            except OSError as err:
+                raise storage_error(err, entry, "remove") from None
 
     def open(self, study_record: dict) -> None:
         """Create the folder for this study, or check that it already holds this study.
 
-        ``study_record`` holds at least ``fingerprint``. A folder holding another study's results
-        (or anything that is not a probe result) is refused.
+        ``study_record`` holds at least ``fingerprint``, and ``identity`` for a run that computes. A
+        folder holding another study's results, this study's on other data, weights or code, or
+        anything that is not a probe result is refused.
         """
         self.check(study_record)
         try:
@@ -102,19 +196,31 @@ class ResultStore:
             raise InputError(f"cannot create the output folder {self.root}: {err.strerror}; give a writable --out") from err
         if not os.access(self.root, os.W_OK):
             raise InputError(f"the output folder {self.root} is not writable; give a writable --out")
-        if self.read_study() is None:
+        existing = self.read_study()
+        if existing is None:
             write_json(self.root / "study.json", {"format_version": FORMAT_VERSION, **study_record})
+            existing = study_record
+        self.stamp = folder_stamp(existing["fingerprint"], existing.get("identity"))
 
     def read_study(self) -> dict | None:
         path = self.root / "study.json"
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise InputError(f"{path} is unreadable ({err}); delete the folder to start over") from err
+        if not isinstance(data, dict):
+            raise InputError(f"{path} holds no study record; delete the folder to start over")
+        return data
 
     # ------------------------------------------------------------------ batches
+
+    def _marker(self, index: int) -> Path:
+        return self.root / "done" / f"b{index:05d}.json"
+
+    def _part(self, name: str, index: int) -> Path:
+        return self.root / "parts" / name / f"b{index:05d}.parquet"
 
     def done_batches(self) -> set[int]:
         folder = self.root / "done"
@@ -123,20 +229,106 @@ class ResultStore:
         return {int(p.stem[1:]) for p in folder.glob("b*.json") if p.stem[1:].isdigit()}
 
     def write_batch(self, index: int, tables: dict[str, pd.DataFrame], info: dict) -> None:
-        """Write a batch's parts, then its ``done`` marker (the commit point)."""
+        """Write a batch's parts, then its ``done`` marker (the commit point) with each part's size
+        and checksum and the folder's stamp."""
+        parts = {}
         for name, frame in tables.items():
-            write_table(self.root / "parts" / name / f"b{index:05d}.parquet", frame)
-        write_json(self.root / "done" / f"b{index:05d}.json", info)
+            data = parquet_bytes(frame)
+            write_bytes(self._part(name, index), data)
+            parts[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        write_json(self._marker(index), {**info, "batch": index, "stamp": self.stamp, "parts": parts})
 
     def batch_info(self, index: int) -> dict:
-        return json.loads((self.root / "done" / f"b{index:05d}.json").read_text(encoding="utf-8"))
+        return json.loads(self._marker(index).read_text(encoding="utf-8"))
+
+    def batch_problem(self, index: int) -> str | None:
+        """Why batch ``index``'s marker or parts cannot be merged (one clause naming the file), or None."""
+        marker = self._marker(index)
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            return f"{marker} is unreadable ({type(err).__name__})"
+        if not isinstance(info, dict):
+            return f"{marker} is not a done marker"
+        if info.get("batch", index) != index:
+            return f"{marker} is batch {info.get('batch')}'s marker, copied"
+        parts = info.get("parts")
+        if parts is None:  # a marker from before checksums: only in a folder from before identities
+            if self.stamp is not None:
+                return f"{marker} has no checksums (another folder's, or an older probe's)"
+            for name in ("examples", "agreement"):
+                path = self._part(name, index)
+                if not path.is_file():
+                    return f"{path} is missing"
+                problem = _part_readable(path)
+                if problem:
+                    return problem
+            return None
+        if info.get("stamp") != self.stamp:
+            return f"{marker} belongs to another study, dataset or model (its stamp differs)"
+        if not isinstance(parts, dict) or not {"examples", "agreement"} <= set(parts):
+            return f"{marker} lists no examples/agreement parts"
+        for name, meta in parts.items():
+            path = self._part(name, index)
+            if not path.is_file():
+                return f"{path} is missing"
+            try:
+                size = path.stat().st_size
+                if not isinstance(meta, dict) or size != meta.get("bytes"):
+                    said = meta.get("bytes") if isinstance(meta, dict) else "?"
+                    return (f"{path} is not the part its marker records ({size} bytes, the marker says {said}: "
+                            "truncated, corrupt or another study's)")
+                if file_digest(path) != meta.get("sha256"):
+                    return f"{path} is not the part its marker records (checksum differs: corrupt or another study's)"
+            except OSError as err:
+                return f"{path} is unreadable ({err.strerror or err})"
+        return None
+
+    def discard(self, index: int) -> None:
+        """Remove batch ``index``'s marker, so the next run recomputes it."""
+        try:
+            self._marker(index).unlink(missing_ok=True)
+        except OSError as err:
+            raise storage_error(err, self._marker(index), "remove") from None
+
+    def verified_done(self, log: Callable[[str], None]) -> set[int]:
+        """The done batches whose marker and parts verify; each other one is named in one line and
+        its marker removed (the batch is then recomputed)."""
+        good = set()
+        for index in sorted(self.done_batches()):
+            problem = self.batch_problem(index)
+            if problem is None:
+                good.add(index)
+                continue
+            log(f"batch {index}: {problem}; recomputing it")
+            self.discard(index)
+        return good
 
     def merge(self, n_batches: int) -> dict[str, pd.DataFrame]:
-        """Concatenate each table's parts in batch order and write ``TABLE.parquet``."""
+        """Verify every batch, then concatenate each table's parts in batch order and write
+        ``TABLE.parquet``. A batch that does not verify is refused in one line and set to be
+        recomputed by the next run."""
+        bad = [(b, problem) for b in range(n_batches) if (problem := self.batch_problem(b)) is not None]
+        if bad:
+            for b, _ in bad:
+                self.discard(b)
+            more = f" (and {len(bad) - 1} more batch(es))" if len(bad) > 1 else ""
+            raise InputError(f"batch {bad[0][0]}: {bad[0][1]}{more}; nothing was merged and the batch is set to be "
+                             "recomputed: run the same command again")
         merged = {}
         for name in TABLES:
-            parts = [self.root / "parts" / name / f"b{i:05d}.parquet" for i in range(n_batches)]
-            frames = [pd.read_parquet(p) for p in parts if p.is_file()]
+            parts = [self._part(name, i) for i in range(n_batches)]
+            frames = []
+            for path in parts:
+                if not path.is_file():
+                    continue
+                try:
+                    frames.append(pd.read_parquet(path))
+                except OSError as err:
+                    raise storage_error(err, path, "read") from None
+                except Exception as err:  # pyarrow raises several kinds for a damaged file
+                    raise InputError(f"{path} is unreadable ({type(err).__name__}); delete done/{path.name[:-8]}.json "
+                                     "to recompute its batch, then run the same command again") from None
             frames = [f for f in frames if len(f)]
             if not frames:
                 continue
