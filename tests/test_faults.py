@@ -587,3 +587,12 @@ def test_audit_terminal_output_and_reports_carry_no_control_characters(tiny_dirs
     assert "\\x1b[2J" in outs
     for name in ("audit.md", "audit.html"):
         assert not control.search((out / name).read_text(encoding="utf-8")), name
+
+
+def test_study_report_text_shows_control_characters_as_escapes():
+    """Text from the data reaches report.md and report.html through these two escapes only."""
+    from probe.report.document import escape_html, md_escape
+
+    for escape in (md_escape, escape_html):
+        out = escape("a\x1b[2Jb\x00c\u202ed")
+        assert not any(ch in out for ch in ("\x1b", "\x00", "\u202e")) and "\\x1b" in out and "\\u202e" in out

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from probe.names import printable
+
 # --------------------------------------------------------------------------- blocks
 
 
@@ -112,8 +114,9 @@ def md_escape(text) -> str:
     """Text that Markdown shows as written: HTML-significant characters as entities, Markdown
     punctuation (backslash, backtick, *, _, [, ], |, #, ~) backslash-escaped, a leading list or
     heading marker escaped, bare URLs broken with an entity so GFM does not link them, newlines as
-    spaces. No HTML, image, link or emphasis in ``text`` survives."""
-    s = str(text)
+    spaces. No HTML, image, link or emphasis in ``text`` survives; control characters (ESC, NUL,
+    right-to-left overrides) are shown as escapes."""
+    s = printable(text, keep_newlines=True)
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     s = _MD_SPECIAL.sub(r"\\\1", s)
     s = " ".join(s.splitlines()) if "\n" in s or "\r" in s else s
@@ -167,8 +170,9 @@ figcaption { color: var(--muted); font-size: 13px; }
 
 
 def escape_html(text) -> str:
-    """``text`` (any value, as ``str``) safe as HTML text or as a quoted attribute value."""
-    return html.escape(str(text), quote=True)
+    """``text`` (any value, as ``str``) safe as HTML text or as a quoted attribute value, control
+    characters shown as escapes."""
+    return html.escape(printable(text, keep_newlines=True), quote=True)
 
 
 _h = escape_html
