@@ -64,7 +64,9 @@ class StudyResult:
     def measure(self) -> str:
         if self.verdict and self.verdict.get("measure"):
             return str(self.verdict["measure"])
-        return self.spec.statistics.measure
+        # before the verdict (a partial run) auto has not chosen yet: the rank correlation it starts from
+        measure = self.spec.statistics.measure
+        return "kendall_tau" if measure == "auto" else measure
 
     @property
     def absolute(self) -> set[str]:
