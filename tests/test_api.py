@@ -20,6 +20,27 @@ from probe.errors import InputError
 TEXTS = ["the movie was not good", "a great fun story", "boring plot and very slow acting"]
 
 
+def _assert_explanations_close(a: pd.DataFrame, b: pd.DataFrame, pm, texts) -> None:
+    """Two explanation frames of the same texts (rows in the same order): every column equal, and the
+    scores within fp32 rounding of their passes at their scale (tolerances.py): per example and method,
+    a signed gradient sum at the scale of its per-dim terms, LOO at that of the target values it
+    differences, anything else (attention, norms) at its own."""
+    from tolerances import assert_fp_close, gradient_term_scales, model_depth
+
+    pd.testing.assert_frame_equal(a.drop(columns="score"), b.drop(columns="score"))
+    examples = probe.prepare(pm, texts)
+    for (example, method), rows in a.groupby(["example", "method"], sort=False):
+        got, expected = (torch.tensor(frame.loc[rows.index, "score"].to_numpy()) for frame in (a, b))
+        backward = method in ("saliency", "saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap",
+                              "attn_grad")
+        scale = 0.0
+        if method in ("saliency_sum", "input_x_gradient", "integrated_gradients", "gradient_shap"):
+            scale = gradient_term_scales(pm, [examples[example]], method)[0]
+        elif method.startswith("loo_"):  # f(x) - f(x'): at the scale of f
+            scale = 2 * abs(examples[example].original_value) + float(expected.nan_to_num().abs().max())
+        assert_fp_close(got, expected, depth=model_depth(pm, backward=backward), scale=scale, msg=f"{method} #{example}")
+
+
 def _fresh(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1]).stdout.strip()
@@ -66,7 +87,7 @@ def test_wrap_builds_the_contract_load_model_builds(tiny_dirs, loaded):
     assert tokenizer.padding_side == "left" and pm.tokenizer.padding_side == "right"  # the caller's is left alone
     a = probe.explain(pm, TEXTS[:2], methods=["attention_mean", "saliency", "loo_delete"])
     b = probe.explain(reference, TEXTS[:2], methods=["attention_mean", "saliency", "loo_delete"])
-    pd.testing.assert_frame_equal(a.to_pandas(), b.to_pandas(), check_exact=False, rtol=1e-5, atol=1e-6)
+    _assert_explanations_close(a.to_pandas(), b.to_pandas(), reference, TEXTS[:2])
 
 
 def test_wrap_infers_the_task_of_a_causal_lm(tiny_dirs, loaded):
@@ -154,7 +175,7 @@ def test_explain_batch_of_one_equals_batch_of_n(loaded):
     key = ["example", "method", "layer", "head", "position"]
     a = together.sort_values(key).reset_index(drop=True)
     b = alone.sort_values(key).reset_index(drop=True)
-    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4, atol=1e-5)
+    _assert_explanations_close(a, b, pm, TEXTS)
 
 
 def test_explain_defaults_and_one_line_errors(loaded):
@@ -193,6 +214,7 @@ def test_loo_is_the_hand_computed_change(loaded):
                 continue
             cut = torch.tensor([ids[:t] + ids[t + 1:]])
             value = torch.softmax(pm.model(input_ids=cut).logits, -1)[0, example.label]
+            # a difference of two probabilities (bounded by 1): absolute
             assert float(scores.scores[0][t]) == pytest.approx(float(base - value), abs=1e-5)
 
 
@@ -240,6 +262,7 @@ def test_capture_matches_hf_eager_attentions(loaded):
     real = batch["attention_mask"].bool()
     for i in range(len(TEXTS)):
         n = int(real[i].sum())
+        # attention weights: bounded by 1, absolute
         torch.testing.assert_close(maps.weights[i, :, :, :n, :n], expected[i, :, :, :n, :n], rtol=1e-5, atol=1e-6)
     from probe.capture import installed_wrappers
 
@@ -322,11 +345,12 @@ def test_wrap_and_capture_on_the_real_pretrained_minilm(pretrained_minilm_folder
     assert (pm.contract.n_layers, pm.contract.n_heads) == (6, 12)
     methods = ["attention", "attn_norm", "input_x_gradient", "loo_delete"]
     a, b = probe.explain(pm, TEXTS[:2], methods=methods), probe.explain(loaded_pm, TEXTS[:2], methods=methods)
-    pd.testing.assert_frame_equal(a.to_pandas(), b.to_pandas(), check_exact=False, rtol=1e-5, atol=1e-7)
+    _assert_explanations_close(a.to_pandas(), b.to_pandas(), loaded_pm, TEXTS[:2])
     batch = pm.encode(TEXTS)
     with probe.capture(pm, queries="first", layers=[1, 5], heads=[0, 11], attention_mask=batch["attention_mask"]) as cap:
         with torch.no_grad():
             out = pm.model(**batch, output_attentions=True)
     maps = cap.maps()
     expected = torch.stack([out.attentions[layer][:, [0, 11], :1, :] for layer in (1, 5)], dim=1)
+    # attention weights, bounded by 1: absolute
     torch.testing.assert_close(maps.weights, expected, rtol=1e-5, atol=1e-6)  # [batch, layer, head, query, key]

@@ -139,6 +139,7 @@ def test_inline_attention_is_read_through_its_probability_module(tokenizer):
         with torch.no_grad(), capture_attention(pm, attention_mask=single["attention_mask"]) as cap1:
             pm.model(**single)
         n = lengths[i]
+        # attention weights (bounded by 1): absolute
         torch.testing.assert_close(cap1.maps().weights[0, :, :, :n, :n], maps.weights[i, :, :, :n, :n], atol=1e-6, rtol=0)
 
 
@@ -163,6 +164,7 @@ def test_inline_softmax_is_read_and_edited_at_the_softmax_call(model_type, token
     lengths = batch["attention_mask"].sum(1).tolist()
     for layer in range(info.n_layers):
         for i, n in enumerate(lengths):
+            # attention weights (bounded by 1): absolute
             torch.testing.assert_close(cap.maps().weights[i, layer, :, :n, :n],
                                        plain.attentions[layer][i, :, :n, :n].float(), atol=1e-6, rtol=0)
     # an edit through the same place changes the output; uniform rows over the real keys
@@ -204,7 +206,7 @@ def test_sink_softmax_equals_hand_recomputation():
     weights, has_keys = amath.masked_softmax(scores, allowed, sinks=sinks)
     exp = torch.exp(scores.double()) * allowed
     expected = exp / (exp.sum(-1, keepdim=True) + torch.exp(sinks.double()).view(1, 3, 1, 1))
-    torch.testing.assert_close(weights.double(), expected, atol=1e-7, rtol=0)
+    torch.testing.assert_close(weights.double(), expected, atol=1e-7, rtol=0)  # softmax weights in [0, 1]: absolute
     assert bool((weights.sum(-1) < 1).all()) and bool(has_keys.all())
 
 

@@ -269,6 +269,8 @@ def test_specific_tokens_effect_equals_a_hand_computation(tiny_dirs, loaded):
             base, v_match, v_other = evaluate(pm, [(ids, e), (without_match, e), (without_other, e)]).tolist()
             expected.append(abs(base - v_match) - abs(base - v_other))
         assert claim.n == 3
+        # effects are differences of |changes| of the tiny classifier's class probability (bounded by 1):
+        # absolute tolerances here and below
         assert claim.effect == pytest.approx(np.mean(expected), abs=1e-6)
         for entry in claim.evidence["for"] + claim.evidence["against"]:
             assert entry["effect"] == pytest.approx(expected[texts.index(entry["text"])], abs=1e-6)
@@ -307,7 +309,7 @@ def test_token_importance_and_head_role_match_direct_computations(tiny_dirs, loa
     values = ablate_heads(pm, examples, [[]] + [[(0, h)] for h in range(4)]).numpy()
     change = np.abs(values[:, :1] - values[:, 1:])
     expected = change[:, 1] - change[:, [0, 2, 3]].mean(axis=1)
-    assert result.claims[1].effect == pytest.approx(expected.mean(), abs=1e-6)
+    assert result.claims[1].effect == pytest.approx(expected.mean(), abs=1e-6)  # probability changes: bounded, absolute
     assert result.claims[1].evidence["heads_in_layer"] == 4
 
 

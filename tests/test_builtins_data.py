@@ -375,6 +375,7 @@ def test_packed_prefix_reuse_on_smollm2_equals_full_recomputation(smollm2_folder
     from probe.explain.target import prepare
     from probe.intervene.engine import Engine
     from probe.models import load_model
+    from tolerances import assert_fp_close, model_depth
 
     pm = load_model(str(smollm2_folder))
     examples = prepare(pm, ["a wonderful , moving film .", "the plot is thin and the jokes fall flat , sadly .",
@@ -387,7 +388,8 @@ def test_packed_prefix_reuse_on_smollm2_equals_full_recomputation(smollm2_folder
     full = full_engine.values(rows)
     assert reused_engine.stats.prefix_rows == len(rows) - len(examples)
     assert reused_engine.stats.padded_tokens < 0.8 * full_engine.stats.padded_tokens
-    torch.testing.assert_close(reused, full, rtol=0, atol=1e-4)
+    # log-probs (unbounded) from a cached prefix and from scratch: one forward in another order
+    assert_fp_close(reused, full, depth=model_depth(pm))
 
 
 @pytest.mark.slow

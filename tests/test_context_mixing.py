@@ -17,6 +17,12 @@ from probe.explain.attention import row_batches
 from probe.explain.methods import applicable_methods, parse_methods, run_method
 from probe.explain.target import prepare
 from probe.models import load_model
+from tolerances import assert_fp_close, model_depth
+
+# Tolerances: the scores of value zeroing, ALTI and GlobEnc are rows of row-stochastic matrices (every
+# entry in [0, 1], each row sums to 1) and value zeroing's distances are cosine distances (in [0, 2]):
+# bounded, so their tolerances stay absolute. The decomposition's terms are hidden states (unbounded):
+# compared at the scale of what they sum (tolerances.py).
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun",
          "i loved the acting but the story was slow"]
@@ -64,6 +70,13 @@ def _block_outputs(pm, ids: torch.Tensor, kind: str) -> dict[int, torch.Tensor]:
     return seen
 
 
+def _assert_sums_to(pm, terms, bias, block_output, msg=None):
+    """The per-token terms [n, n, D] and bias sum to the block output the model computed: fp32 rounding
+    of a forward (the layers up to this one) at the scale of the summed terms, sum_j |T_ij| + |bias|."""
+    scale = float((terms.abs().sum(dim=1) + bias.abs()).max().detach())
+    assert_fp_close(terms.sum(dim=1) + bias, block_output, depth=model_depth(pm), scale=scale, msg=msg)
+
+
 def _check_decomposition_sums(pm, examples, kind, layers):
     layout = M.mixing_layout(pm)
     batch, tq = next(row_batches(pm, examples, len(examples)))
@@ -74,7 +87,7 @@ def _check_decomposition_sums(pm, examples, kind, layers):
         for layer in layers:
             terms, bias = M.mixing_terms(pm, records, tq.stack, layer, row, n, layout)
             assert terms.shape == (n, n, truth[layer].shape[-1])
-            assert torch.allclose(terms.sum(dim=1) + bias, truth[layer][:n].float(), atol=2e-4, rtol=1e-4), (kind, layer)
+            _assert_sums_to(pm, terms, bias, truth[layer][:n].float(), msg=f"{kind} layer {layer}")
             if pm.task == "causal_lm":  # no term from a later token
                 later = torch.triu_indices(n, n, 1)  # (i, j) with j > i
                 assert torch.all(terms[later[0], later[1]] == 0)
@@ -91,7 +104,7 @@ def test_alti_and_globenc_matrices_by_hand():
     # two tokens, D = 2: y_0 = (3, 0); T_00 = (2, 0), T_01 = (1, 0) -> distances 1 and 2, ||y||_1 = 3
     terms = torch.tensor([[[2.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [0.0, -4.0]]])
     bias = torch.zeros(2, 2)
-    alti = M.alti_matrix(terms, bias)
+    alti = M.alti_matrix(terms, bias)  # shares in [0, 1]: allclose's default tolerances are relative enough
     # row 0: max(0, 3-1)=2, max(0, 3-2)=1 -> 2/3, 1/3; row 1: y=(0,-3): d=4 -> 0, d=1 -> 2 -> 0, 1
     assert torch.allclose(alti, torch.tensor([[2 / 3, 1 / 3], [0.0, 1.0]]))
     rows = M.rolled_rows([alti, torch.tensor([[0.5, 0.5], [0.0, 1.0]])], target=0)
@@ -134,6 +147,7 @@ def _check_value_zeroing(pm, examples, kind, cases):
         ids = torch.tensor([examples[row].input_ids])
         expected = _zeroed_forward_distances(pm, ids, kind, layer, token)
         got = distances[row][layer, :, token]
+        # cosine distances (in [0, 2]): absolute
         assert torch.allclose(got, expected.clamp(min=0), atol=5e-6), (kind, layer, token, got, expected)
         assert got.abs().sum() > 1e-6  # the zeroing moved something
         if pm.task == "causal_lm":  # zeroing a value moves only the tokens that read it
@@ -154,7 +168,7 @@ def test_value_zeroing_is_the_same_in_one_pass_or_one_variant_per_pass(loaded):
     wide = M.value_zeroing_distances(pm, batch, tq.lengths.tolist(), tq.stack, token_budget=10**6)
     narrow = M.value_zeroing_distances(pm, batch, tq.lengths.tolist(), tq.stack, token_budget=1)
     for a, b in zip(wide, narrow, strict=True):
-        assert torch.allclose(a, b, atol=1e-6)
+        assert torch.allclose(a, b, atol=1e-6)  # cosine distances: bounded (module header)
 
 
 def _globenc_by_hand(model, ids: torch.Tensor) -> torch.Tensor:
@@ -199,7 +213,7 @@ def test_globenc_equals_a_hand_computation_on_a_tiny_bert(loaded):
     scores = M.globenc(pm, examples)
     for i, example in enumerate(examples):
         expected = _globenc_by_hand(pm.model, torch.tensor([example.input_ids]))
-        assert torch.allclose(scores.scores[i], expected, atol=1e-5), i
+        assert torch.allclose(scores.scores[i], expected, atol=1e-5), i  # rolled rows in [0, 1] (module header)
 
 
 #: seq2seq encoders: (layer list, module under a layer, side) whose output/input is the attention block's y
@@ -234,7 +248,7 @@ def test_seq2seq_encoder_decomposition_sums_and_the_cross_hop_uses_hf_cross_atte
         matrices = []
         for layer in range(pm.contract.stacks["encoder"].n_layers):
             terms, bias = M.mixing_terms(pm, records, "encoder", layer, row, n, layout)
-            assert torch.allclose(terms.sum(dim=1) + bias, seen[layer][row, :n].float(), atol=2e-4, rtol=1e-4)
+            _assert_sums_to(pm, terms, bias, seen[layer][row, :n].float(), msg=f"{kind} layer {layer}")
             matrices.append(M.alti_matrix(terms, bias))
         product = matrices[0]
         for matrix in matrices[1:]:
@@ -242,6 +256,7 @@ def test_seq2seq_encoder_decomposition_sums_and_the_cross_hop_uses_hf_cross_atte
         valid = tq.valid[row]
         for layer, cross in enumerate(hf.cross_attentions):  # HF's own [batch, head, target, key]
             row_of_cross = cross[row].float().mean(dim=0)[tq.rows[row][valid]].mean(dim=0)[:n]
+            # rolled rows in [0, 1]
             assert torch.allclose(scores.scores[row][layer], row_of_cross @ product, atol=1e-5), (kind, row, layer)
     assert "cross-attention hop is raw" in scores.params["seq2seq"]
 
@@ -257,9 +272,10 @@ def test_batch_of_one_equals_batch_of_n(loaded, kind, method):
         alone = M.context_mixing_scores(pm, examples[i:i + 1], method, batch_size=1)
         n_layers = pm.contract.stacks["cross" if pm.task == "seq2seq" else pm.contract.primary_stack].n_layers
         assert together.scores[i].shape == (n_layers, len(examples[i].input_ids))
+        # distributions (module header)
         assert torch.allclose(together.scores[i], alone.scores[0], atol=1e-5, rtol=1e-4), (kind, method, i)
         # rows of row-stochastic matrices: every layer's scores are a distribution over the tokens
-        assert torch.allclose(together.scores[i].sum(-1), torch.ones(n_layers), atol=1e-5)
+        assert torch.allclose(together.scores[i].sum(-1), torch.ones(n_layers), atol=1e-5)  # rows sum to 1
         assert (together.scores[i] >= 0).all()
 
 
@@ -296,7 +312,7 @@ def test_registered_like_every_method_and_refused_where_undefined(loaded, monkey
     assert M.context_mixing_support(gpt2, "value_zeroing") is None
     assert "GPT2LMHeadModel" in M.context_mixing_support(gpt2, "globenc")
     zeroed = M.value_zeroing(gpt2, prepare(gpt2, TEXTS[:1]))
-    assert torch.allclose(zeroed.scores[0].sum(-1), torch.ones(gpt2.contract.n_layers), atol=1e-5)
+    assert torch.allclose(zeroed.scores[0].sum(-1), torch.ones(gpt2.contract.n_layers), atol=1e-5)  # rows sum to 1
 
 
 # ---------------------------------------------------------------------------
@@ -312,7 +328,7 @@ def test_on_pretrained_minilm(minilm):
     for method in M.CONTEXT_MIXING_METHODS:
         together = M.context_mixing_scores(pm, examples, method)
         alone = M.context_mixing_scores(pm, examples[1:], method, batch_size=1)
-        assert torch.allclose(together.scores[1], alone.scores[0], atol=1e-5, rtol=1e-4), method
+        assert torch.allclose(together.scores[1], alone.scores[0], atol=1e-5, rtol=1e-4), method  # distributions
 
 
 @pytest.mark.slow
@@ -321,6 +337,7 @@ def test_on_the_trained_minilm_builtin(builtin_cache):
     examples = prepare(pm, MINILM_TEXTS)
     scores = {m: M.context_mixing_scores(pm, examples, m) for m in M.CONTEXT_MIXING_METHODS}
     for method, s in scores.items():
+        # rows sum to 1
         assert torch.isfinite(s.scores[0]).all() and torch.allclose(s.scores[0].sum(-1), torch.ones(6), atol=1e-5)
     _check_decomposition_sums(pm, examples[:1], "minilm", [5])
 
@@ -335,5 +352,6 @@ def test_on_the_smollm2_builtin(builtin_cache):
     for method in M.CONTEXT_MIXING_METHODS:
         together = M.context_mixing_scores(pm, examples, method)
         alone = M.context_mixing_scores(pm, examples[1:], method, batch_size=1)
+        # distributions; 30 layers of SmolLM2 (bounded)
         assert torch.allclose(together.scores[1], alone.scores[0], atol=1e-4, rtol=1e-3), method
-        assert torch.allclose(together.scores[0].sum(-1), torch.ones(pm.contract.n_layers), atol=1e-4)
+        assert torch.allclose(together.scores[0].sum(-1), torch.ones(pm.contract.n_layers), atol=1e-4)  # rows sum to 1

@@ -18,6 +18,7 @@ from probe.explain.target import TargetSpec, build_rows, evaluate, prepare, targ
 from probe.explain.words import aggregate, groups_from_prefixes, word_groups, word_scores
 from probe.models import load_model
 from tiny_models import TINY_KINDS
+from tolerances import assert_fp_close, fp_close, fp_tol, gradient_term_scales, model_depth
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
@@ -25,6 +26,13 @@ MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
 FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
 
 
+
+def _completeness_slack(pm, scores, fx, fb):
+    """The fp32 rounding a convergence delta carries on top of the method's own error: that of the
+    terms it is the difference of (sum |score|, |f(x)|, |f(baseline)|) after a forward and backward
+    pass (tolerances.py). A method tolerance is a fraction of |f(x) - f(baseline)| plus this, never a
+    fixed floor: the gaps of the tiny classifiers are ~3e-3, where a floor of 1 would let any delta pass."""
+    return fp_tol(float(scores.abs().sum()) + abs(fx) + abs(fb), depth=model_depth(pm, backward=True))
 
 
 def _by_hand(pm, examples):
@@ -43,14 +51,19 @@ def _assert_matches_autograd(pm, examples):
     sal = G.saliency(pm, examples, site="word")  # the oracle differentiates the word embeddings
     signed = G.saliency_sum(pm, examples, site="word")
     ixg = G.input_x_gradient(pm, examples, site="word")
+    depth = model_depth(pm, backward=True)
     for i, example in enumerate(examples):
         n = len(example.input_ids)
         g, x = grad[i, :n], embeds[i, :n]  # [tokens, dim]
-        # fp32 rounding, relative as well: with the weights frozen (probe's passes) autograd may order
-        # the backward's sums differently from this oracle's (seen: 4.7e-6 relative on tiny t5)
-        torch.testing.assert_close(sal.scores[i], g.norm(dim=-1), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(signed.scores[i], g.sum(dim=-1), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ixg.scores[i], (x * g).sum(dim=-1), atol=1e-5, rtol=1e-5)
+        # fp32 rounding of a forward and backward pass: with the weights frozen (probe's passes) autograd
+        # may order the backward's sums differently from this oracle's (seen: 4.7e-6 relative on tiny t5).
+        # The signed sums are rounded at the scale of their terms (|g_d|, |x_d g_d|), not of the sum,
+        # which LayerNorm drives to ~0 (tolerances.py)
+        assert_fp_close(sal.scores[i], g.norm(dim=-1), depth=depth, msg=f"saliency #{i}")
+        assert_fp_close(signed.scores[i], g.sum(dim=-1), depth=depth, scale=float(g.abs().sum(-1).max()),
+                        msg=f"saliency_sum #{i}")
+        assert_fp_close(ixg.scores[i], (x * g).sum(dim=-1), depth=depth, scale=float((x * g).abs().sum(-1).max()),
+                        msg=f"input_x_gradient #{i}")
 
 
 # ---------------------------------------------------------------------------
@@ -65,7 +78,7 @@ def test_forward_over_embeddings_equals_evaluate(loaded, kind):
     problem = G._embedding_forward(pm, examples)
     assert problem.embeds.shape == (3, max(len(e.input_ids) for e in examples), pm.model.get_input_embeddings().weight.shape[1])
     expected = evaluate(pm, [(e.input_ids, e) for e in examples])
-    torch.testing.assert_close(G._values(problem, problem.embeds), expected, atol=1e-5, rtol=0)
+    assert_fp_close(G._values(problem, problem.embeds), expected, depth=model_depth(pm))  # target values, one forward
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
@@ -99,8 +112,9 @@ def test_causal_continuation_is_held_fixed(loaded):
     assert not problem.explained[0, len(examples[0].input_ids):].any()
     ig = G.integrated_gradients(pm, examples, steps=64)
     assert [len(s) for s in ig.scores] == [5, 1]
-    for delta, fx, fb in zip(ig.extras["convergence_delta"], ig.extras["target_value"], ig.extras["baseline_value"]):
-        assert abs(delta) <= 1e-3 * max(1.0, abs(fx - fb))
+    for scores, delta, fx, fb in zip(ig.scores, ig.extras["convergence_delta"], ig.extras["target_value"],
+                                     ig.extras["baseline_value"]):
+        assert abs(delta) <= 1e-3 * abs(fx - fb) + _completeness_slack(pm, scores, fx, fb), (delta, fx - fb)
 
 
 # ---------------------------------------------------------------------------
@@ -137,16 +151,23 @@ def test_params_record_the_choices(loaded):
 
 
 def _assert_batch_invariant(pm, examples, method, **params):
+    """Batch of 1 against batch of N: the same arithmetic in another order, so fp32 rounding of a forward
+    and backward pass (tolerances.py) at the scale of what was summed. Scores: one tolerance per example
+    from the largest magnitude of its scores and of their per-dim terms (scores reach ~5-10 on the tiny
+    T5, signed sums over the embedding dim cancel, so rtol per element would not do). The convergence
+    delta, sum of scores - (f(x) - f(baseline)), is a difference of terms ~30x larger than itself (its
+    error is theirs): scale sum |score| + |f(x)| + |f(baseline)|."""
     together = G.gradient_scores(pm, examples, method, **params)
+    terms = gradient_term_scales(pm, examples, method, **params)
+    depth = model_depth(pm, backward=True)
     for i, example in enumerate(examples):
         alone = G.gradient_scores(pm, [example], method, **params)
-        # 1e-5 of the example's score scale: scores reach ~5-10 on the tiny T5, where fp32 summation
-        # order alone moves them by ~1e-5 (a few ulps; signed sums cancel, so rtol per element would not do)
-        scale = max(1.0, float(together.scores[i].abs().max()))
-        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5 * scale, rtol=0, msg=f"{method} #{i}")
+        assert_fp_close(alone.scores[0], together.scores[i], depth=depth, scale=terms[i], msg=f"{method} #{i}")
         if "convergence_delta" in together.extras:
-            assert math.isclose(alone.extras["convergence_delta"][0], together.extras["convergence_delta"][i],
-                                abs_tol=1e-5)
+            extras = together.extras
+            scale = float(together.scores[i].abs().sum()) + abs(extras["target_value"][i]) + abs(extras["baseline_value"][i])
+            assert fp_close(alone.extras["convergence_delta"][0], extras["convergence_delta"][i], depth=depth, scale=scale), \
+                (method, i, alone.extras["convergence_delta"][0], extras["convergence_delta"][i], scale)
 
 
 @pytest.mark.parametrize("method", G.GRADIENT_METHODS)
@@ -167,8 +188,9 @@ def test_ig_internal_batching_does_not_change_results(loaded):
     examples = prepare(pm, TEXTS)
     whole = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=None)
     chunked = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=7)  # 1 step per chunk
-    for a, b in zip(whole.scores, chunked.scores):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    terms = gradient_term_scales(pm, examples, "integrated_gradients", steps=10)
+    for a, b, scale in zip(whole.scores, chunked.scores, terms):
+        assert_fp_close(a, b, depth=model_depth(pm, backward=True), scale=scale)
 
 
 # ---------------------------------------------------------------------------
@@ -184,9 +206,15 @@ def test_ig_completeness_on_tiny_models(loaded, kind):
     ig = G.integrated_gradients(pm, examples, steps=100, baseline="unk")
     for i, example in enumerate(examples):
         fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
-        assert math.isclose(fx, example.original_value, rel_tol=1e-4, abs_tol=1e-5)
-        assert math.isclose(float(ig.scores[i].sum()) - (fx - fb), ig.extras["convergence_delta"][i], abs_tol=1e-5)
-        assert abs(ig.extras["convergence_delta"][i]) <= 0.02 * max(1.0, abs(fx - fb)), (kind, i)
+        # f(x) over the embeddings against prepare's forward over ids: one forward each
+        assert fp_close(fx, example.original_value, depth=model_depth(pm)), (fx, example.original_value)
+        # the delta summed again here, in double, from the fp32 scores (one reduction, at their scale)
+        recomputed = float(ig.scores[i].double().sum()) - (fx - fb)
+        scale = float(ig.scores[i].abs().sum()) + abs(fx) + abs(fb)
+        assert fp_close(recomputed, ig.extras["convergence_delta"][i], depth=1, scale=scale), (recomputed, scale)
+        # measured: |delta| / |gap| <= 8.3e-3 (tiny t5); bert's gap is 3e-3
+        delta = ig.extras["convergence_delta"][i]
+        assert abs(delta) <= 0.02 * abs(fx - fb) + _completeness_slack(pm, ig.scores[i], fx, fb), (kind, i, delta, fx - fb)
 
 
 def test_ig_from_a_zero_pad_row_on_rmsnorm_model_needs_many_steps(loaded):
@@ -209,7 +237,8 @@ def test_ig_completeness_converges_on_minilm(minilm):
     for i in range(len(examples)):
         gap = fine.extras["target_value"][i] - fine.extras["baseline_value"][i]
         # completeness computed here, independently of the extras
-        assert abs(float(fine.scores[i].sum()) - gap) <= 1e-5 + 1e-3 * abs(gap)
+        fx, fb = fine.extras["target_value"][i], fine.extras["baseline_value"][i]
+        assert abs(float(fine.scores[i].sum()) - gap) <= 1e-3 * abs(gap) + _completeness_slack(minilm, fine.scores[i], fx, fb)
         assert abs(fine.extras["convergence_delta"][i]) < abs(coarse.extras["convergence_delta"][i])
 
 
@@ -220,7 +249,8 @@ def test_ig_baselines(loaded, baseline):
     ig = G.integrated_gradients(pm, examples, steps=32, baseline=baseline, site="word")  # from zero at the embeddings output IG needs more steps (the completeness check says how many)
     assert ig.params["baseline"] == baseline
     for i, delta in enumerate(ig.extras["convergence_delta"]):
-        assert abs(delta) <= 0.02 * max(1.0, abs(ig.extras["target_value"][i] - ig.extras["baseline_value"][i]))
+        fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
+        assert abs(delta) <= 0.02 * abs(fx - fb) + _completeness_slack(pm, ig.scores[i], fx, fb), (baseline, i, delta)
 
 
 def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(loaded):
@@ -289,7 +319,7 @@ def test_runs_in_eval_mode_and_restores_the_mode(minilm):
     finally:
         minilm.model.eval()
     for a, b in zip(expected.scores, again.scores):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert_fp_close(a, b, depth=model_depth(minilm, backward=True))  # L2 norms: their own scale
 
 
 def test_parameters_are_left_out_of_the_graph_and_their_flags_restored(loaded, monkeypatch):
@@ -321,8 +351,12 @@ def test_parameters_are_left_out_of_the_graph_and_their_flags_restored(loaded, m
         monkeypatch.setattr(module, "_gradient_mode", lambda model, *, inputs_only=False: plain(model))
     ig_plain, saliency_plain = G.integrated_gradients(pm, examples, steps=8), G.saliency(pm, examples)
     monkeypatch.undo()
-    for a, b in zip(ig.scores + saliency.scores, ig_plain.scores + saliency_plain.scores):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    depth = model_depth(pm, backward=True)
+    terms = gradient_term_scales(pm, examples, "integrated_gradients", steps=8)  # IG sums signed per-dim terms
+    for a, b, scale in zip(ig.scores, ig_plain.scores, terms):
+        assert_fp_close(a, b, depth=depth, scale=scale)
+    for a, b in zip(saliency.scores, saliency_plain.scores):
+        assert_fp_close(a, b, depth=depth)
 
 
 # ---------------------------------------------------------------------------
@@ -375,14 +409,16 @@ def test_groups_from_prefixes_conventions():
 def test_aggregate_tokens_and_heads():
     groups = [[0], [1, 2, 3], [4]]
     scores = torch.tensor([1.0, 2.0, -3.0, 4.0, 5.0])
-    torch.testing.assert_close(aggregate(scores, groups, "sum"), torch.tensor([1.0, 3.0, 5.0]))
-    torch.testing.assert_close(aggregate(scores, groups, "max"), torch.tensor([1.0, 4.0, 5.0]))
-    torch.testing.assert_close(aggregate(scores, groups, "mean"), torch.tensor([1.0, 1.0, 5.0]))
+    # small integers: every sum and mean here is exact in fp32
+    torch.testing.assert_close(aggregate(scores, groups, "sum"), torch.tensor([1.0, 3.0, 5.0]), atol=0, rtol=0)
+    torch.testing.assert_close(aggregate(scores, groups, "max"), torch.tensor([1.0, 4.0, 5.0]), atol=0, rtol=0)
+    torch.testing.assert_close(aggregate(scores, groups, "mean"), torch.tensor([1.0, 1.0, 5.0]), atol=0, rtol=0)
     per_head = torch.randn(2, 3, 5)  # [layer, head, tokens]
     folded = aggregate(per_head, groups, "sum")
     assert folded.shape == (2, 3, 3)
-    torch.testing.assert_close(folded[..., 1], per_head[..., 1:4].sum(-1))
-    torch.testing.assert_close(folded.sum(-1), per_head.sum(-1))  # a sum keeps the total
+    # sums of 3 and 5 terms in another order: one reduction, at the scale of its terms
+    assert_fp_close(folded[..., 1], per_head[..., 1:4].sum(-1), depth=1, scale=float(per_head.abs().sum(-1).max()))
+    assert_fp_close(folded.sum(-1), per_head.sum(-1), depth=1, scale=float(per_head.abs().sum(-1).max()))  # a sum keeps the total
 
 
 def test_aggregate_is_nan_aware():
@@ -410,7 +446,8 @@ def test_word_scores_fold_a_whole_result(minilm):
     assert words.extras["words"][0][:3] == ["[CLS]", "an", "unbelievably"]
     assert words.extras["word_special"][0][0] and not words.extras["word_special"][0][1]
     for t, w in zip(tokens.scores, words.scores):
-        assert math.isclose(float(t.sum()), float(w.sum()), abs_tol=1e-6)
+        # the same fp32 numbers summed in two groupings (one reduction), at the scale of the terms
+        assert fp_close(float(t.sum()), float(w.sum()), depth=1, scale=float(t.abs().sum()))
 
 
 # ---------------------------------------------------------------------------
@@ -424,8 +461,8 @@ def test_ig_on_the_fine_tuned_builtin(builtin_cache):
     examples = prepare(pm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
     ig = G.integrated_gradients(pm, examples, steps=100)
     for i, delta in enumerate(ig.extras["convergence_delta"]):
-        gap = ig.extras["target_value"][i] - ig.extras["baseline_value"][i]
-        assert abs(delta) <= 1e-2 * max(abs(gap), 1e-3)
+        fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
+        assert abs(delta) <= 1e-2 * abs(fx - fb) + _completeness_slack(pm, ig.scores[i], fx, fb), (i, delta, fx - fb)
     _assert_batch_invariant(pm, examples, "saliency")
 
 
@@ -443,8 +480,15 @@ def test_out_of_memory_in_an_explainer_halves_the_examples(loaded, method, simul
         got = run_method(pm, examples, method, params=params)
     assert calls["failed"] == 1 and calls["calls"] > 2
     assert len(got.scores) == len(examples)
-    for a, b in zip(got.scores, expected.scores):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # each half is a smaller batch of the same rows: batch of 1 against N (see _assert_batch_invariant)
+    depth = model_depth(pm, backward=method == "integrated_gradients")
+    terms = (gradient_term_scales(pm, examples, method, **params) if method == "integrated_gradients"
+             else [0.0] * len(examples))  # rollout: rows of attention distributions, their own scale (<= 1)
+    for a, b, scale in zip(got.scores, expected.scores, terms):
+        assert_fp_close(a, b, depth=depth, scale=scale)
     for key, value in expected.extras.items():
-        if isinstance(value, list):
-            assert got.extras[key] == pytest.approx(value, abs=1e-5)
+        if isinstance(value, list):  # IG's delta, f(x), f(baseline): at the scale of f and the scores
+            for i, (x, y) in enumerate(zip(got.extras[key], value)):
+                scale = float(expected.scores[i].abs().sum()) + abs(expected.extras["target_value"][i]) + \
+                    abs(expected.extras["baseline_value"][i])
+                assert fp_close(x, y, depth=depth, scale=scale), (key, i, x, y)

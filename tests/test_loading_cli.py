@@ -141,7 +141,7 @@ def test_cli_inspect_json(tiny_dirs, kind):
     assert all(len(layer) == info.n_heads for layer in data["attention"])
     assert all(len(head) == len(data["tokens"]) for layer in data["attention"] for head in layer)
     row_sums = [sum(head) for layer in data["attention"] for head in layer]
-    assert max(abs(s - 1) for s in row_sums) < 1e-5
+    assert max(abs(s - 1) for s in row_sums) < 1e-5  # attention rows sum to 1: bounded, absolute
 
 
 def test_cli_contract_json(tiny_dirs):

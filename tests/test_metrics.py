@@ -45,6 +45,7 @@ def _reference(fn, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def _assert_close(got: np.ndarray, want: np.ndarray, atol: float) -> None:
+    """Correlations (in [-1, 1]) and p-values (in [0, 1]) in fp64 against scipy: bounded, so absolute."""
     assert got.dtype == np.float64
     assert got.shape == want.shape
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

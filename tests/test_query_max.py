@@ -26,6 +26,7 @@ def test_max_over_queries_equals_eager_oracle(loaded, kind):
         maps = [a[0].float() for a in out.attentions]  # per layer [head, T, T]
         expected_raw = torch.stack([m.mean(0).amax(0) for m in maps])  # [layer, T]
         expected_roll = rollout_matrices(maps).amax(1)  # [layer, T]
+        # attention weights and rollout rows: entries in [0, 1], absolute tolerances
         torch.testing.assert_close(raw.scores[i], expected_raw, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(roll.scores[i], expected_roll, atol=1e-5, rtol=1e-4)
         alone = attention_scores(pm, [example], "rollout", query="max")

@@ -20,6 +20,14 @@ from probe.errors import InputError, ProbeError
 from probe.study.runner import run_study
 from probe.study.spec import study_from_dict
 from probe.study.store import TABLES
+from tolerances import fp_close, fp_tol, model_depth
+
+#: The tolerance of two runs of the tiny study in other processes or threads (other summation orders).
+#: Its target is the tiny classifier's class probability, so every number in its tables is bounded by 1
+#: (scores: attention, gradients of a probability and their per-dim terms; LOO, erasure and head rows:
+#: differences of probabilities; TVD, JSD, correlations, p-values): scale 1, after a forward and backward
+#: pass of the 2-layer bert (depth 2 x (2 + 2), tolerances.py). Absolute, rtol 0.
+TABLE_ATOL = fp_tol(1.0, depth=2 * (2 + 2))
 
 WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting",
          "not", "very", "really", "awful", "excellent", "slow", "funny", "ending"]
@@ -70,9 +78,9 @@ def assert_same_tables(a: Path, b: Path, exact: bool = True) -> None:
         if exact:
             pd.testing.assert_frame_equal(ta[name], tb[name], check_exact=True)
         else:
-            pd.testing.assert_frame_equal(ta[name], tb[name], check_exact=False, rtol=1e-5, atol=1e-6)
+            pd.testing.assert_frame_equal(ta[name], tb[name], check_exact=False, rtol=0, atol=TABLE_ATOL)
     sa, sb = pd.read_parquet(a / "summary.parquet"), pd.read_parquet(b / "summary.parquet")
-    pd.testing.assert_frame_equal(sa, sb, check_exact=exact, **({} if exact else {"rtol": 1e-5, "atol": 1e-6}))
+    pd.testing.assert_frame_equal(sa, sb, check_exact=exact, **({} if exact else {"rtol": 0, "atol": TABLE_ATOL}))
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +132,7 @@ def test_agreement_rows_equal_scipy_on_the_stored_scores(full_run):
                             & (agreement.reference == "loo_mask") & (agreement.layer == layer) & (agreement["head"] == head)]
             tau, p = scipy.stats.kendalltau(att[scored].to_numpy(np.float64), ref[scored].to_numpy(np.float64))
             rho, _ = scipy.stats.spearmanr(att[scored].to_numpy(np.float64), ref[scored].to_numpy(np.float64))
+            # correlations and p-values (bounded by 1) in fp64: absolute
             assert row.kendall_tau.item() == pytest.approx(tau, abs=1e-9)
             assert row.kendall_p.item() == pytest.approx(p, abs=1e-9)
             assert row.spearman.item() == pytest.approx(rho, abs=1e-9)
@@ -313,7 +322,8 @@ def test_causal_lm_choices_mark_the_prompt_and_pick_the_preferred_answer(tiny_di
         values = [prepare(pm, [f"i saw this film , {text} . it was"], TargetSpec(kind="logprob", continuation=c))[0]
                   .original_value for c in (" bad", " good")]
         assert example.label == int(np.argmax(values))
-        assert example.original_value == pytest.approx(max(values), abs=1e-5)
+        # log-probs (unbounded), the study's prompt and prepare's: one forward each, at their scale
+        assert fp_close(example.original_value, max(values), depth=model_depth(pm)), (example.original_value, values)
 
 
 def test_erasure_without_flips_skips_their_rows_and_leaves_the_curves_unchanged(tiny_dirs, tiny_data, tmp_path):
@@ -338,6 +348,7 @@ def test_erasure_without_flips_skips_their_rows_and_leaves_the_curves_unchanged(
     both = full.merge(without, on=keys, suffixes=("", "_without"))
     assert len(both) == len(full) == len(without) == 12 * 3 * 2
     for column in ("comprehensiveness", "sufficiency", "aopc", "aopc_sufficiency"):
+        # differences of class probabilities (bounded by 1): absolute
         np.testing.assert_allclose(both[column + "_without"], both[column], rtol=1e-5, atol=1e-6)
 
 
@@ -392,4 +403,5 @@ def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_
         got = step(pm, study, examples, 10)
     assert calls["failed"] == 1 and calls["calls"] > 2
     assert list(got["example"]) == list(expected["example"])
+    # TVD, JSD, probability changes, normalised importances: bounded by 1 (TABLE_ATOL's reasoning)
     pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-4, atol=1e-5)

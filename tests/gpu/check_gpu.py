@@ -2,8 +2,9 @@
 against the CPU, within stated tolerances, plus study timings GPU vs CPU. Run by tests/gpu/run.sh.
 
 Tolerances (fp32 on both devices; TF32 is switched off so that CUDA matmuls are true fp32):
-capture weights 1e-4 absolute; target values and LOO changes 1e-4; saliency 1e-3 relative to the
-largest score; bf16 on CUDA: ranks only (Spearman >= 0.9 of LOO with the fp32 CPU LOO, checked on the
+capture weights 1e-4 absolute (attention weights are bounded by 1); target values and LOO changes
+(logits, log-probs: unbounded) tests/tolerances.py's fp32 rounding of a forward at their scale (the
+values', for LOO that of the two values differenced); saliency 1e-3 relative to the largest score; bf16 on CUDA: ranks only (Spearman >= 0.9 of LOO with the fp32 CPU LOO, checked on the
 built-ins; on random tiny models bf16 rounding decides the ranks, so it is printed only).
 Prints one line per check and exits non-zero when any fails.
 """
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for tiny_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for tiny_models and tolerances
+
+from tolerances import fp_tol, model_depth  # noqa: E402
 
 TEXTS = ["the movie was good and fun", "bad film , not fun at all , the acting was awful", "i loved it"]
 FAILED: list[str] = []
@@ -51,14 +54,18 @@ def compare_model(label: str, path: str, cuda: str, strict_bf16: bool = False) -
         sal = run_method(pm, examples, "saliency").scores
         deletion = loo(Engine(pm), examples, "delete").scores
         results[device] = (maps, values, sal, deletion)
+        depth = model_depth(pm)
         del pm
     (m0, v0, s0, l0), (m1, v1, s1, l1) = results["cpu"], results[cuda]
     check(f"{label} capture", torch.allclose(m0, m1, atol=1e-4), f"max |diff| {float((m0 - m1).abs().max()):.2e}")
-    check(f"{label} target", torch.allclose(v0, v1, atol=1e-4), f"max |diff| {float((v0 - v1).abs().max()):.2e}")
+    tol = fp_tol(float(v0.abs().max()), depth=depth)
+    check(f"{label} target", bool(((v0 - v1).abs() <= tol).all()),
+          f"max |diff| {float((v0 - v1).abs().max()):.2e} (tolerance {tol:.2e})")
     worst = max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)) for a, b in zip(s0, s1))
     check(f"{label} saliency", worst <= 1e-3, f"max relative diff {worst:.2e}")
     worst = max(float((a - b).nan_to_num().abs().max()) for a, b in zip(l0, l1))
-    check(f"{label} loo_delete", worst <= 1e-4, f"max |diff| {worst:.2e}")
+    tol = fp_tol(2 * float(v0.abs().max()) + max(float(a.nan_to_num().abs().max()) for a in l0), depth=depth)
+    check(f"{label} loo_delete", worst <= tol, f"max |diff| {worst:.2e} (tolerance {tol:.2e})")
     pm = load_model(path, device=cuda, dtype="bf16")
     examples = prepare(pm, TEXTS)
     lb = loo(Engine(pm), examples, "delete").scores
