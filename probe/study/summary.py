@@ -92,6 +92,12 @@ def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer:
     return sel.set_index("example")[measure]
 
 
+def _where(frame: pd.DataFrame, keep) -> pd.DataFrame:
+    """The rows of ``frame`` where ``keep`` (one bool per row) holds; an empty frame keeps its columns
+    (a plain empty list would select no columns instead of no rows)."""
+    return frame.loc[np.asarray(list(keep), dtype=bool)] if len(frame) else frame
+
+
 def verdict_family(method: str) -> str | None:
     """The verdict family of an attention-family method (:data:`probe.registry.VERDICT_FAMILIES`)."""
     entry = find(method)
@@ -120,8 +126,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     s = summary[(summary.reference == ref) & (summary.measure == measure)]
     explainers = s[s.role == "explainer"]
     random = s[(s.role == "baseline") & (s.explainer == "random")]
-    all_grads = explainers[[family(e) == "gradient" for e in explainers.explainer]]
-    grads = all_grads[[e not in unreliable for e in all_grads.explainer]]
+    all_grads = _where(explainers, (family(e) == "gradient" for e in explainers.explainer))
+    grads = _where(all_grads, (e not in unreliable for e in all_grads.explainer))
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
     paired = _paired_tests(agreement, explainers, random, best_grad, ref, measure, study, unreliable)
     n_most = int(paired.n.max()) if len(paired) else 0
@@ -142,7 +148,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
 
     families = {}
     for fam in VERDICT_FAMILIES:
-        rows = paired[[verdict_family(e) == fam for e in paired.explainer]] if len(paired) else paired
+        rows = _where(paired, (verdict_family(e) == fam for e in paired.explainer)) if len(paired) else paired
         if len(rows):
             families[fam] = _family_answer(fam, rows, n_most, reason)
     headline_family = next(iter(families), None)
@@ -153,7 +159,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
         return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
 
-    own = paired[[verdict_family(e) == headline_family for e in paired.explainer]] if len(paired) else paired
+    own = _where(paired, (verdict_family(e) == headline_family for e in paired.explainer)) if len(paired) else paired
     layer_units = own[own["head"] < 0] if len(own) else own
     head_units = own[own["head"] >= 0] if len(own) else own
     result = {
@@ -219,7 +225,7 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.
     against the best gradient), rule 3 (its method reliable), and whether it tracks."""
     st = study.statistics
     random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
-    attn = explainers[[family(e) == "attention" for e in explainers.explainer]].copy()
+    attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
     wide = agreement[(agreement.reference == ref)]
     grad_values = (_per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
                    if best_grad is not None else None)
