@@ -93,10 +93,11 @@ def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
         return G.input_x_gradient(pm, ex).scores
 
     alone = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0)
-    assert len(calls) == 4  # trained, the head, half, all layers
+    steps = 3 * S.RANDOM_DRAWS  # the head, half, all layers; each drawn RANDOM_DRAWS times
+    assert len(calls) == 1 + steps  # and the trained model once
     given = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
                             trained_scores={"input_x_gradient": G.input_x_gradient(pm, examples).scores})
-    assert len(calls) == 7 and given == alone
+    assert len(calls) == 1 + 2 * steps and given == alone
     shifted = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
                               trained_scores={"input_x_gradient": [torch.arange(len(e.input_ids), dtype=torch.float32)
                                                                    for e in examples]})
