@@ -139,7 +139,7 @@ def test_defaults(tmp_path):
                                                               adversarial=True, max_output_tvd=0.01)
     assert study.metrics.heads == HeadsSpec(ablation=True, importance=True)
     assert study.statistics == StatisticsSpec(bootstrap=2000, level=0.95, alpha=0.05, seed=0,
-                                              include_special=False, reference=None, measure="kendall_tau")
+                                              include_special=False, reference=None, measure="auto")
     assert study.verdict_reference == "loo_delete"  # the first reference
     assert study.engine.batch_size == 16 and study.engine.token_budget == 8192
 
@@ -208,7 +208,7 @@ def test_parse_ranking():
     # literal values
     ("metrics:\n  agreement: [kendall, pearson]\n", 9,
      r"metrics\.agreement\[1\]: 'pearson' is not one of kendall, spearman, top_k"),
-    ("statistics:\n  measure: tau\n", 9, r"statistics\.measure: 'tau' is not one of kendall_tau, spearman"),
+    ("statistics:\n  measure: tau\n", 9, r"statistics\.measure: 'tau' is not a measure: use auto, kendall_tau, spearman or topK"),
     ("metrics: {erasure: {mode: zero}}\n", 8, r"metrics\.erasure\.mode: 'zero' is not one of delete"),
     # ranges and types
     ("engine:\n  batch_size: 0\n", 9, r"engine\.batch_size: 0 is out of range; give a value >= 1"),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ def data_digest(examples: Sequence[Example]) -> str:
 
 def weights_hash(pm: ProbeModel) -> str:
     """The weight files' digest (as the provenance records it), else the parameters' and buffers'."""
-    from probe.study.summary import weights_digest
 
     digest = weights_digest(pm.path)
     if digest is not None:
@@ -96,3 +96,20 @@ def describe_change(old: dict, new: dict) -> str | None:
     if moved:
         changes.append(f"other code ({'; '.join(moved)})")
     return " and ".join(changes) or None
+
+
+def weights_digest(path) -> str | None:
+    """sha256 over the model folder's weight files (name and content), or None without a folder."""
+    folder = Path(path) if path else None
+    if folder is None or not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for file in files:
+        h.update(file.name.encode())
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()

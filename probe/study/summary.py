@@ -51,6 +51,7 @@ from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.registry import VERDICT_FAMILIES, find
 from probe.study import decide
+from probe.study.identity import weights_digest
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.store import ResultStore, write_json, write_table
 
@@ -383,23 +384,6 @@ def _versions() -> dict:
     return {"probe": probe.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "captum": captum.__version__, "numpy": np.__version__, "pandas": pd.__version__,
             "python": platform.python_version()}
-
-
-def weights_digest(path) -> str | None:
-    """sha256 over the model folder's weight files (name and content), or None without a folder."""
-    folder = Path(path) if path else None
-    if folder is None or not folder.is_dir():
-        return None
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for file in files:
-        h.update(file.name.encode())
-        with open(file, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict, load_seconds: float) -> dict:
