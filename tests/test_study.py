@@ -364,7 +364,9 @@ def test_real_model_study_ceiling_beats_random(tmp_path):
     verdict = result.verdict
     assert verdict["ceiling"]["pair"] == ["loo_delete", "loo_mask"]
     assert verdict["ceiling"]["ci"][0] > verdict["random"]["ci"][1]
-    assert verdict["layer_units"]["total"] == 12  # attention_mean and rollout at each of 6 layers
+    # the headline counts the attention weights (attention_mean at each of 6 layers); rollout is its own family
+    assert verdict["layer_units"]["total"] == 6 and verdict["headline_family"] == "attention weights"
+    assert verdict["families"]["attention-derived"]["layer_units"]["total"] == 6
     prov = json.loads((tmp_path / "real" / "provenance.json").read_text())
     assert prov["accuracy"] >= 0.6 and prov["model"]["builtin"]
 
