@@ -195,7 +195,8 @@ def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dic
             metadata = json.loads(meta_file.read_text())
         return str(folder), False, metadata
     if name.startswith("planted:"):
-        from probe.models.planted import PLANTED_MODELS, materialize_planted, read_planted_metadata
+        from probe.models.builtins import read_builtin_metadata
+        from probe.models.planted import PLANTED_MODELS, materialize_planted
 
         planted = name.split(":", 1)[1]
         if planted not in PLANTED_MODELS:
@@ -203,7 +204,7 @@ def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dic
                 f"unknown planted model {planted!r}: valid are {', '.join('planted:' + n for n in sorted(PLANTED_MODELS))}"
             )
         folder = materialize_planted(planted, cache_dir=cache_dir)
-        return str(folder), False, read_planted_metadata(folder)
+        return str(folder), False, read_builtin_metadata(folder)
     expanded = Path(name).expanduser()
     if expanded.exists():
         if not expanded.is_dir():

@@ -251,14 +251,6 @@ def build_planted(name: str, out: Path | str) -> dict[str, Any]:
     return {**details, "weights_sha256": weights_sha256(model)}
 
 
-def read_planted_metadata(folder: Path | str) -> dict[str, Any]:
-    path = Path(folder) / METADATA_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is missing or unreadable ({exc}); delete {Path(folder)} to rebuild it") from None
-
-
 def weights_sha256(model) -> str:
     """SHA-256 of every tensor of ``model.state_dict()`` (names and bytes, in name order)."""
     digest = hashlib.sha256()
