@@ -44,6 +44,12 @@ def test_names_derive_the_shared_tuples_in_registry_order():
 def test_every_entry_resolves_and_its_defaults_are_the_implementation_keywords(entry):
     function = entry.load()
     assert callable(function)
+    paths = [entry.implementation] + ([entry.scorer] if isinstance(entry, registry.Method) else [])
+    if isinstance(entry, registry.Method) and entry.applies.support:
+        paths.append(entry.applies.support)
+    for path in paths:  # each names the module that defines the function, not one that re-exports it
+        module, _, name = path.partition(":")
+        assert registry._load(path).__module__ == module, (entry.name, path)
     params = inspect.signature(function).parameters
     fields = dataclasses.fields(entry.params)
     assert entry.params.__dataclass_params__.frozen
@@ -131,7 +137,7 @@ def test_study_and_claim_files_take_the_registry_adversarial_defaults():
 
 
 def test_per_head_and_query_max_methods_are_registry_facts():
-    from probe.explain.attention import QUERY_MAX_METHODS
+    from probe.explainers.attention import QUERY_MAX_METHODS
     from probe.spec.claims import PER_HEAD_METHODS
 
     assert PER_HEAD_METHODS == registry.per_head_methods() and "attention" in PER_HEAD_METHODS

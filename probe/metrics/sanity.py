@@ -54,10 +54,9 @@ import numpy as np
 import torch
 
 from probe.errors import ProbeError
-from probe.names import describe_group  # noqa: F401  (re-exported: the study checks name groups with it)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 DEGENERACY_TOLERANCE = 1e-4  # relative: below this the invariance holds to float precision
 COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the sample
@@ -104,7 +103,13 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     """(site, x [rows, seq, dim] at the site, g = d target / d x, w = the vector a scale invariance
     would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
     g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
-    from probe.explain.gradients import _gradient_mode, _hooked, _is_norm, embeddings_module, resolve_site
+    from probe.explainers.gradient_forward import (
+        gradient_mode,
+        hooked,
+        is_norm,
+        embeddings_module,
+        resolve_site,
+    )
     from probe.rows.target import build_rows, target_values
 
     site = resolve_site(pm, site_name)
@@ -119,14 +124,14 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     norm = None
     if site.name == "word" and site.normalising is not None:
         found = embeddings_module(pm.model)
-        norm = next((m for m in found[1].modules() if _is_norm(m)), None) if found else None
+        norm = next((m for m in found[1].modules() if is_norm(m)), None) if found else None
 
     def keep_norm_input(mod, args):
         args[0].retain_grad()
         held["w"] = args[0]
 
-    with _gradient_mode(pm.model), contextlib.ExitStack() as stack:
-        stack.enter_context(_hooked(module, keep_site))
+    with gradient_mode(pm.model), contextlib.ExitStack() as stack:
+        stack.enter_context(hooked(module, keep_site))
         if norm is not None:
             handle = norm.register_forward_pre_hook(keep_norm_input)
             stack.callback(handle.remove)
@@ -205,7 +210,7 @@ def constant_scores(method: str, scores: Sequence[torch.Tensor], scored: Sequenc
 
 def completeness(pm: ProbeModel, examples, result, *, params: Mapping | None = None) -> Check:
     """IG's completeness on ``result`` (its extras); when too far off, the steps that would do."""
-    from probe.explain.gradients import integrated_gradients
+    from probe.explainers.integrated_gradients import integrated_gradients
 
     relative = _relative_delta(result)
     if relative is None:

@@ -26,20 +26,16 @@ import torch
 from probe.errors import InputError
 from probe.names import method_family as family
 from probe.rows.target import PreparedExample
-from probe.study.batch import ForwardCounter, peak_memory, run_batch  # noqa: F401  (re-exported)
+from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
-from probe.study.examples import model_text, prepare_examples, select_examples  # noqa: F401  (re-exported)
+from probe.study.examples import prepare_examples, select_examples
 from probe.study.lock import folder_lock
-from probe.study.plan import _ceiling_pairs, erasure_rankings, methods_needed, parse_shard  # noqa: F401  (re-exported)
+from probe.study.plan import methods_needed
 from probe.study.store import ResultStore
 from probe.study.summary import finalize
-from probe.study.tables import (  # noqa: F401  (re-exported)
-    BASELINES_DOC, agreement_rows, convergence_rows, counterfactual_rows, head_rows, ranking_vectors, score_rows,
-    token_rows, units,
-)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
 
@@ -93,7 +89,7 @@ def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: b
     study's on other data, weights or code (everything it holds is removed once the study has
     been checked and the model loaded); a folder that is not a probe result is still refused.
     """
-    from probe.study.spec import Study as _Study
+    from probe.spec.study import Study as _Study
 
     if not isinstance(study, _Study):
         raise InputError(f"run_study needs a Study (from probe.spec.load_study or study_from_dict), not "
@@ -179,7 +175,7 @@ def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, d
     elif not all_done:
         log(_not_done_hint(set(range(len(batches))) - store.done_batches(), shard))
     if all_done and (dist_info is None or dist_info[0] == 0):
-        _warn_about_ties(out, study)
+        warn_about_ties(out, study)
     return RunResult(out=out, n_examples=len(data), n_batches=len(batches), computed=computed,
                      skipped=[b for b in mine if b in done], complete=all_done, verdict=verdict)
 
@@ -241,7 +237,7 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
                        sanity=checks)
     _record_identity(store)
     if report:
-        from probe.report import build_report
+        from probe.report.build import build_report
 
         files = build_report(store.root)
         log(f"report: {files.html}")
@@ -283,7 +279,7 @@ def _not_done_hint(left: set[int], shard: tuple[int, int] | None) -> str:
             f"command with {commands} to continue (or without --shard for all of them)")
 
 
-def _warn_about_ties(out: Path, study: Study) -> None:
+def warn_about_ties(out: Path, study: Study) -> None:
     """Warn when a reference scores many tokens exactly 0: in bf16/fp16 small target changes round
     to zero, and those ties make the rank correlations with it less informative."""
     import warnings
@@ -311,7 +307,7 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
     label. Without ``gold`` a dataset label outside the classes is only stored: a warning says so."""
     import warnings
 
-    from probe.rows.target import _label_index
+    from probe.rows.target import label_index
 
     if pm.task != "classification":
         return
@@ -329,7 +325,7 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
         classes += " (" + ", ".join(f"{int(k)} = {v}" for k, v in sorted(names.items(), key=lambda kv: int(kv[0]))) + ")"
     if study.target.label is not None and study.target.label != "gold":
         try:
-            _label_index(pm, study.target.label)
+            label_index(pm, study.target.label)
         except InputError as err:
             raise InputError(f"target.label: {err}") from None
     wrong = [label for label in (study.dataset.filters.labels or []) if not 0 <= label < n_labels]
@@ -362,5 +358,4 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
 
 
-__all__ = ["RunResult", "run_study", "run_batch", "select_examples", "prepare_study_examples", "parse_shard",
-           "output_folder"]
+__all__ = ["RunResult", "run_study", "prepare_study_examples", "output_folder"]

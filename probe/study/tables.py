@@ -16,10 +16,10 @@ import torch
 from probe.errors import InputError
 from probe.metrics.agreement import agreement
 from probe.rows.scores import TokenScores
-from probe.study.plan import _ceiling_pairs
+from probe.study.plan import ceiling_pairs
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
 __all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_rows", "ranking_vectors",
@@ -99,7 +99,7 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
                 pairs.append((name, ref, "explainer"))
         for name in baselines:
             pairs.append((name, ref, "baseline"))
-    for a, b in _ceiling_pairs(study):
+    for a, b in ceiling_pairs(study):
         pairs.append((a, b, "ceiling"))
     columns = _Columns()
     for i, example in enumerate(examples):
@@ -197,7 +197,7 @@ def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame
     it runs on each half of the examples in turn (:func:`probe.intervene.engine.in_halves`) and
     the parts are joined in example order; every intervention seeds per example, so the halves
     give what one call gives."""
-    from probe.intervene.engine import in_halves
+    from probe.rows.memory import in_halves
 
     parts = in_halves(examples, lambda part, start: make(part, first_index + start), device=pm.device)
     return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
