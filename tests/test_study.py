@@ -231,6 +231,15 @@ def test_bad_inputs_are_one_line_errors(tiny_dirs, tiny_data, tmp_path):
         run_study(study_from_dict(tiny_study(tmp_path / "no-such-model", tiny_data, tmp_path / "c")),
                   progress=False, log=lambda _: None)
     assert not (tmp_path / "c").exists()  # nothing written for a study that cannot start
+    # what a method applies to is read from its registry entry: loo_lm needs a causal LM, loo_mask a
+    # mask token (the tiny GPT-2 has none); the alternatives named are the family's methods that apply
+    with pytest.raises(InputError, match=r"loo_lm cannot run on .*: needs a causal LM.*; use loo_delete, loo_mask"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "d",
+                                             references=["loo_delete", "loo_lm"])), progress=False, log=lambda _: None)
+    with pytest.raises(InputError, match=r"loo_mask cannot run on .*: the tokenizer has no mask token; use loo_delete"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["gpt2"], tiny_data, tmp_path / "e",
+                                             references=["loo_delete", "loo_mask"])), progress=False, log=lambda _: None)
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.names import method_family as family
 from probe.rows.target import PreparedExample
@@ -344,14 +345,20 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
 
 
 def _check_methods(pm: ProbeModel, study: Study) -> None:
-    """Refuse methods this model cannot run before any batch starts."""
-    if pm.tokenizer.mask_token_id is None and "loo_mask" in methods_needed(study):
-        raise InputError("loo_mask needs a mask token and this tokenizer has none: use loo_unk, loo_pad, loo_random"
-                         + (" or loo_lm" if pm.task == "causal_lm" else "") + " instead")
-    if pm.tokenizer.unk_token_id is None and "loo_unk" in methods_needed(study):
-        raise InputError("loo_unk needs an unknown token and this tokenizer has none: use loo_pad or loo_random instead")
-    if pm.task != "causal_lm" and "loo_lm" in methods_needed(study):
-        raise InputError("loo_lm draws replacements from the model itself and needs a causal LM: use loo_random instead")
+    """Refuse methods this model cannot run before any batch starts: what each registry entry
+    applies to (its task and the tokens it needs), with the registered methods of its family that do
+    apply named as the alternatives."""
+    for name in methods_needed(study):
+        entry = registry.find(name)
+        if entry is None:
+            continue
+        why = entry.skip_reason("task", pm, 0) or entry.skip_reason("token", pm, 0)
+        if why is None:
+            continue
+        others = [m.name for m in registry.methods(family=entry.family)
+                  if m.name != name and m.skip_reason("task", pm, 0) is None and m.skip_reason("token", pm, 0) is None
+                  and m.applies.by_name is None]
+        raise InputError(f"{name} cannot run on {pm.name!r}: {why}; use {', '.join(others) or 'another method'} instead")
     if study.target.label == "gold" and pm.task != "classification":
         raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
     if study.target.choices and pm.task != "causal_lm":
