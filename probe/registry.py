@@ -177,7 +177,14 @@ class Method:
     ``query_max`` True where it takes ``query: max`` (the maximum over query rows);
     ``verdict_family`` the kind of attention explanation the verdict counts it under (one of
     :data:`VERDICT_FAMILIES`; attention family only); ``signed`` True where the sign of a score says
-    whether the token pushes the target up or down (the sign check compares it with a signed reference)."""
+    whether the token pushes the target up or down (the sign check compares it with a signed reference).
+
+    Gradient methods: ``reduction`` (``"l2"`` or ``"sum"`` over the embedding axis) marks one computed
+    from a single gradient of the target, shared between such methods, with ``times_input`` True
+    where it is embedding x gradient; ``points`` names the parameter that says how many inputs one
+    example becomes (IG's steps, GradientSHAP's samples; ``"auto"`` there: the method picks, and
+    buckets its own rounds); ``completeness`` True where the scores should sum to f(x) - f(baseline)
+    (the completeness check runs on them)."""
     name: str
     family: str
     group: str
@@ -195,6 +202,10 @@ class Method:
     query_max: bool = False
     verdict_family: str | None = None
     signed: bool = False
+    reduction: str | None = None
+    times_input: bool = False
+    points: str | None = None
+    completeness: bool = False
 
     def load(self) -> Callable[..., Any]:
         """The implementation function (imports its module, and torch, on first use)."""
@@ -294,11 +305,13 @@ REGISTRY: tuple[Method, ...] = (
     _mixing("value_zeroing", ValueZeroingParams),
     _mixing("alti"),
     _mixing("globenc"),
-    _gradient("saliency", note="L2"),
-    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name"), signed=True),
-    _gradient("input_x_gradient", signed=True),
-    _gradient("integrated_gradients", IntegratedGradientsParams, signed=True, module=_IG),
-    _gradient("gradient_shap", GradientShapParams, takes_seed=True, signed=True, module=_IG),
+    _gradient("saliency", note="L2", reduction="l2"),
+    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name"), signed=True,
+              reduction="sum"),
+    _gradient("input_x_gradient", signed=True, reduction="sum", times_input=True),
+    _gradient("integrated_gradients", IntegratedGradientsParams, signed=True, module=_IG, points="steps",
+              completeness=True),
+    _gradient("gradient_shap", GradientShapParams, takes_seed=True, signed=True, module=_IG, points="n_samples"),
     _loo("delete"),
     _loo("mask", applies=Applies(token="mask")),
     _loo("unk", applies=Applies(token="unk")),

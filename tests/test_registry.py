@@ -144,3 +144,21 @@ def test_per_head_and_query_max_methods_are_registry_facts():
     assert "attention_mean" not in PER_HEAD_METHODS
     assert QUERY_MAX_METHODS == registry.query_max_methods() and "flow" in QUERY_MAX_METHODS
     assert all(registry.method(m).family == "attention" for m in PER_HEAD_METHODS + QUERY_MAX_METHODS)
+
+
+def test_gradient_capability_fields_agree_with_the_parameter_classes():
+    """A method shared from one gradient takes no parameter but its site; ``points`` names one of its
+    parameters; only a method with a completeness check is IG-like (its params have steps)."""
+    for entry in registry.methods(family="gradient", listed=False):
+        fields = {f.name for f in dataclasses.fields(entry.params)}
+        if entry.reduction is not None:
+            assert entry.reduction in ("l2", "sum") and fields == {"site"}, entry.name
+            assert entry.points is None and not entry.completeness, entry.name
+        else:
+            assert not entry.times_input, entry.name
+        if entry.points is not None:
+            assert entry.points in fields, entry.name
+        if entry.completeness:
+            assert "steps" in fields and "baseline" in fields, entry.name
+    assert [m.name for m in registry.methods(family="gradient") if m.reduction] == \
+        ["saliency", "saliency_sum", "input_x_gradient"]

@@ -110,25 +110,27 @@ def input_x_gradient(pm: ProbeModel, examples: Sequence[PreparedExample], *, sit
     return _from_gradients(pm, "input_x_gradient", products, problem, times_input=True)
 
 
-#: Methods computed from one gradient of the target (those whose only parameter is the site,
-#: registry.GradientParams): :func:`shared_gradient_scores` runs one forward/backward for any set of them.
-SHARED_GRADIENT_METHODS = tuple(m.name for m in registry.methods(family="gradient") if m.params is registry.GradientParams)
+#: Methods computed from one gradient of the target (a ``reduction`` in their registry entry):
+#: :func:`shared_gradient_scores` runs one forward/backward for any set of them.
+SHARED_GRADIENT_METHODS = tuple(m.name for m in registry.methods(family="gradient", listed=False)
+                                if m.reduction is not None)
+
+#: what each reduction records in the scores' params
+REDUCTIONS = {"l2": "l2 norm over embedding dim", "sum": "signed sum over embedding dim"}
 
 
 def _from_gradients(pm: ProbeModel, method: str, values: torch.Tensor, problem: EmbeddingForward, *,
                     times_input: bool = False) -> TokenScores:
-    """``method``'s TokenScores from ``[rows, width, dim]`` gradients (embedding x gradient when
-    ``times_input``; input_x_gradient takes the product, the saliencies the gradient)."""
-    if method == "input_x_gradient":
-        products = values if times_input else values * problem.embeds
-        params = {**common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True,
-                  "note": "Jain & Wallace 2019 take |score|"}
-        return TokenScores(method=method, scores=per_example(products.sum(dim=-1), problem), params=params)
-    if method == "saliency":
-        params = {**common_params(pm, problem), "reduction": "l2 norm over embedding dim", "signed": False}
-        return TokenScores(method=method, scores=per_example(values.norm(dim=-1), problem), params=params)
-    params = {**common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True}
-    return TokenScores(method=method, scores=per_example(values.sum(dim=-1), problem), params=params)
+    """``method``'s TokenScores from ``[rows, width, dim]`` gradients (or, with ``times_input``,
+    embedding x gradient products), reduced over the embedding axis as its registry entry says."""
+    entry = registry.method(method)
+    if entry.times_input and not times_input:
+        values = values * problem.embeds
+    reduced = values.norm(dim=-1) if entry.reduction == "l2" else values.sum(dim=-1)
+    params = {**common_params(pm, problem), "reduction": REDUCTIONS[entry.reduction], "signed": entry.signed}
+    if entry.times_input:
+        params["note"] = "Jain & Wallace 2019 take |score|"
+    return TokenScores(method=method, scores=per_example(reduced, problem), params=params)
 
 
 def shared_gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str], *,
@@ -163,7 +165,7 @@ def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
     if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown gradient method {method!r}: use one of {', '.join(GRADIENT_METHODS)}")
     explainer = entry.load()
-    if method == "integrated_gradients" and params.get("steps") == "auto":
+    if entry.points is not None and params.get(entry.points) == "auto":
         return explainer(pm, examples, **params)  # buckets each round of its own
     buckets = width_buckets(pm, examples, points=_points_per_example(method, params))
     if len(buckets) == 1:
@@ -172,12 +174,10 @@ def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
 
 
 def _points_per_example(method: str, params: dict) -> int:
-    """Model inputs one example becomes in a gradient method (interpolation points, draws)."""
-    defaults = registry.method(method).defaults()
-    if method == "integrated_gradients":
-        steps = params.get("steps", defaults.steps)
-        return (steps if isinstance(steps, int) else 1) + 2
-    if method == "gradient_shap":
-        n_samples = params.get("n_samples", defaults.n_samples)
-        return (n_samples if isinstance(n_samples, int) else 1) + 2
-    return 1
+    """Model inputs one example becomes in a gradient method (interpolation points, draws: the
+    parameter its registry entry names as ``points``, plus the input and the baseline)."""
+    entry = registry.method(method)
+    if entry.points is None:
+        return 1
+    points = params.get(entry.points, getattr(entry.defaults(), entry.points))
+    return (points if isinstance(points, int) else 1) + 2

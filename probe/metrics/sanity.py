@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from probe import registry
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -166,7 +167,8 @@ def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapp
             continue
         site, x, g, w, gw, mask = probes[site_name]
         m = mask[..., None]
-        if method == "input_x_gradient":
+        entry = registry.method(method)
+        if entry.reduction == "sum" and entry.times_input:  # x . grad: zero where the model ignores |x|
             scale = float(((w * gw).sum(-1).abs() * mask).sum() / ((w.norm(dim=-1) * gw.norm(dim=-1)) * mask).sum()
                           .clamp_min(1e-30))
             bad = scale <= DEGENERACY_TOLERANCE
@@ -175,7 +177,7 @@ def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapp
                       + (f"; the model is invariant to scaling it, so x . grad = -(rest of the sum) . grad: "
                          f"use site embeddings" if bad else ""))
             checks.append(Check(method, "degeneracy", "fail" if bad else "pass", scale, detail))
-        elif method == "saliency_sum":
+        elif entry.reduction == "sum":  # sum_d grad: zero where a mean-subtracting norm follows
             cancel = float(((g * m).sum(-1).abs()).sum() / (g.abs() * m).sum().clamp_min(1e-30))
             bad = cancel <= DEGENERACY_TOLERANCE
             detail = (f"site {site.name}: sum|sum_d g| / sum|g| = {cancel:.1e}"
@@ -500,10 +502,10 @@ def explain_checks(pm: ProbeModel, examples, results: Mapping, params: Mapping[s
               for name, r in results.items() if method_family(name) != "intervention"]
     gradients = [m for m in results if method_family(m) == "gradient"]
     checks += degeneracy(pm, examples, gradients, params={m: {"site": results[m].params.get("site")} for m in gradients})
-    if "integrated_gradients" in results:
-        checks.append(completeness(pm, examples, results["integrated_gradients"],
-                                   params={k: v for k, v in (params.get("integrated_gradients") or {}).items()
-                                           if k != "steps"}))
+    for name in results:
+        if registry.method(name).completeness:
+            checks.append(completeness(pm, examples, results[name],
+                                       params={k: v for k, v in (params.get(name) or {}).items() if k != "steps"}))
     return checks
 
 

@@ -50,9 +50,9 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
         checks.append(S.constant_scores(method, [S.output_unit(v) for v in results[method].scores], scored))
     gradients = [m for m in results if family(m) == "gradient"]
     checks += S.degeneracy(pm, examples, gradients, params=params)
-    if "integrated_gradients" in results:
-        checks.append(S.completeness(pm, examples, results["integrated_gradients"],
-                                     params=params.get("integrated_gradients")))
+    for name in results:
+        if registry.method(name).completeness:
+            checks.append(S.completeness(pm, examples, results[name], params=params.get(name)))
     ref = study.verdict_reference
     reference = None
     if family(ref) == "intervention":

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.metrics.agreement import agreement
 from probe.rows.scores import TokenScores
@@ -282,7 +283,8 @@ def convergence_rows(first_index: int, scores: dict[str, TokenScores]) -> pd.Dat
     frames = []
     for name, result in scores.items():
         deltas = result.extras.get("convergence_delta")
-        if name != "integrated_gradients" or deltas is None:
+        entry = registry.find(name)
+        if entry is None or not entry.completeness or deltas is None:
             continue
         history = result.extras.get("delta_by_steps") or [[[result.params.get("steps"), d]] for d in deltas]
         gaps = [t - b for t, b in zip(result.extras["target_value"], result.extras["baseline_value"])]
