@@ -207,23 +207,22 @@ def explain(
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
     _check_continuation(pm, continuation)
-    from probe.methods import run_methods
+    from probe import api
     from probe.rows.target import TargetSpec, prepare
 
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension),
                        strict_length=strict_length)
-    skipped = {}
-    if chosen is None:
-        chosen, skipped = applicable_methods(pm, examples)
+    names = chosen if chosen is not None else applicable_methods(pm, examples)[0]
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
         raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
     if site is not None:
         from probe.explainers.gradient_forward import resolve_site
 
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
-    params = terminal.explain_params(chosen, steps=steps, seed=seed, site=site)
-    results = run_methods(pm, examples, chosen, params={m: p for m, p in params.items() if m in chosen})
+    params = terminal.explain_params(names, steps=steps, seed=seed, site=site)
+    explanation = api.explain(pm, examples, chosen, params={m: p for m, p in params.items() if m in names})
+    results, skipped = dict(explanation.scores), dict(explanation.skipped)
     from probe.metrics.sanity import explain_checks
 
     checks = explain_checks(pm, examples, results, params)
