@@ -32,7 +32,7 @@ RANKS = {
     "report": 8,
     "study": 9,
     "claims": 10, "terminal": 10,
-    "api": 11, "cli": 11, "__main__": 12,
+    "api": 11, "cli": 12, "__main__": 13,  # the CLI calls the Python API
 }
 
 
