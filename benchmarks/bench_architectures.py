@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import signal
-import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
 
@@ -142,7 +139,11 @@ def tiny_config(model_type: str):
 
 def build(model_type: str, task: str, implementation: str):
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
 
     auto = {"seq2seq": AutoModelForSeq2SeqLM, "causal_lm": AutoModelForCausalLM,
             "classification": AutoModelForSequenceClassification}[task]
@@ -158,7 +159,7 @@ def build(model_type: str, task: str, implementation: str):
 
 def wrap(model, tok, task):
     from probe.models.contract import build_contract
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
     return ProbeModel(name=f"tiny:{model.config.model_type}", path="", model=model, tokenizer=tok, task=task,
                       contract=build_contract(model, tok, task), load_seconds=0.0)
@@ -173,10 +174,10 @@ def _oracle(pm, inputs):
     """HF eager output_attentions per stack: {stack: [layer tensors]}, or a reason string."""
     import torch
 
-    from probe.models.checks import _eager_attentions
+    from probe.models.checks import eager_attentions
 
     try:
-        eager = _eager_attentions(pm, inputs)
+        eager = eager_attentions(pm, inputs)
     except Exception as exc:  # noqa: BLE001 - the sweep records every failure
         return f"output_attentions: {_first_line(exc)}"
     eager = {s: [a for a in (layers or ()) if isinstance(a, torch.Tensor)] for s, layers in eager.items()}
@@ -187,12 +188,11 @@ def _oracle(pm, inputs):
 def check_read(pm, inputs, oracle, tol) -> str:
     import torch
 
-    from probe.capture import capture_attention
-    from probe.models.checks import _capture_all, layer_weights
+    from probe.models.checks import capture_all, layer_weights
 
     with torch.no_grad():
         plain = pm.model(**inputs).logits.float()
-    logits, maps, calls = _capture_all(pm, inputs)
+    logits, maps, calls = capture_all(pm, inputs)
     if (logits - plain).abs().max().item() > 1e-6:
         return "capture changed the output"
     gap = 0.0
@@ -219,7 +219,7 @@ def check_read(pm, inputs, oracle, tol) -> str:
 def check_edit(pm, inputs) -> str:
     import torch
 
-    from probe.capture import capture_attention
+    from probe.hooks.capture import capture_attention
 
     with torch.no_grad():
         plain = pm.model(**inputs).logits.float()
@@ -255,8 +255,8 @@ def check_contract(pm) -> str:
 def check_explain(pm) -> str:
     import torch
 
-    from probe.explain.methods import run_methods
-    from probe.explain.target import TargetSpec, prepare
+    from probe.methods import run_methods
+    from probe.rows.target import TargetSpec, prepare
 
     examples = prepare(pm, [TEXTS[0]], TargetSpec(), max_new_tokens=3)
     results = run_methods(pm, examples, ["attention", "rollout", "loo_delete", "integrated_gradients"],

@@ -21,9 +21,9 @@ import time
 def _timing(n: int, batch_size: int, repeats: int) -> dict:
     import torch
 
-    from probe.capture import capture_attention
     from probe.data import load_dataset
-    from probe.models import load_model
+    from probe.hooks.capture import capture_attention
+    from probe.models.loading import load_model
 
     started = time.perf_counter()
     pm = load_model("builtin:minilm-rt")
@@ -57,8 +57,8 @@ def _timing(n: int, batch_size: int, repeats: int) -> dict:
 def _memory_child(mode: str, length: int, batch_size: int) -> None:
     import torch
 
-    from probe.capture import capture_attention
-    from probe.models import load_model
+    from probe.hooks.capture import capture_attention
+    from probe.models.loading import load_model
 
     pm = load_model("builtin:minilm-rt")
     ids = torch.randint(1000, 20000, (batch_size, length))

@@ -27,10 +27,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from probe.explain.target import evaluate, prepare  # noqa: E402
-from probe.intervene.engine import Engine, common_prefix  # noqa: E402
+from probe.intervene.engine import Engine  # noqa: E402
+from probe.intervene.rowcache import common_prefix  # noqa: E402
 from probe.intervene.tokens import loo, scorable_positions  # noqa: E402
 from probe.models.loading import load_model  # noqa: E402
+from probe.rows.target import evaluate, prepare  # noqa: E402
+
 
 def load_texts(n: int) -> list[str]:
     """N held-out rotten_tomatoes sentences."""

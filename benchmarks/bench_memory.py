@@ -36,8 +36,8 @@ QUADRATIC = ("stream", "full")
 
 def build_model(folder: str) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -62,10 +62,10 @@ def peak_bytes(device: str) -> int:
 def child(folder: str, mode: str, length: int, device: str) -> None:
     import torch
 
-    from probe.explain.attention import rollout
-    from probe.explain.target import PreparedExample
-    from probe.capture import capture_attention
-    from probe.models import load_model
+    from probe.explainers.rollout import rollout
+    from probe.hooks.capture import capture_attention
+    from probe.models.loading import load_model
+    from probe.rows.target import PreparedExample
 
     pm = load_model(folder, device=device)
     ids = torch.randint(3, 512, (1, length), generator=torch.Generator().manual_seed(length), device=pm.device)
@@ -86,12 +86,13 @@ def child(folder: str, mode: str, length: int, device: str) -> None:
                 weights = cap.maps().weights  # [1, layer, head, rows, T]
             held = weights.numel() * weights.element_size()
         elif mode == "stream":
-            from probe.explain.attention import _encoder_stream, row_batches
+            from probe.explainers.rollout import encoder_stream
+            from probe.rows.queries import row_batches
 
             example = PreparedExample(text="", input_ids=ids[0].tolist(), special=[False] * length, tokens=[""] * length,
                                       kind="logprob", target_ids=[3])
             for batch, tq in row_batches(pm, [example], 1):
-                _encoder_stream(pm, batch, tq)
+                encoder_stream(pm, batch, tq)
         else:
             example = PreparedExample(text="", input_ids=ids[0].tolist(), special=[False] * length, tokens=[""] * length,
                                       kind="logprob", target_ids=[3])

@@ -27,11 +27,11 @@ def main() -> None:
     import torch
 
     from probe.data import load_dataset
-    from probe.explain.methods import run_method
-    from probe.explain.target import prepare
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import erasure
-    from probe.models import load_model
+    from probe.methods import run_method
+    from probe.models.loading import load_model
+    from probe.rows.target import prepare
 
     torch.manual_seed(0)
     pm = load_model(args.model)

@@ -71,8 +71,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # peers_workloads beside this file, however the script is started
-from peers_workloads import (LONG_GRADIENT_BUDGET, LONG_TOKEN_BUDGET, cut_texts, is_causal,  # noqa: E402
-                             run_floor_causal, token_counts, write_study)
+from peers_workloads import (  # noqa: E402
+    LONG_GRADIENT_BUDGET,
+    LONG_TOKEN_BUDGET,
+    cut_texts,
+    is_causal,
+    run_floor_causal,
+    token_counts,
+    write_study,
+)
+
 STUDY = HERE / "peers_study.yaml"
 STUDY_CAUSAL = HERE / "peers_study_smollm2.yaml"  # --model builtin:smollm2-135m
 CONTENDERS = ("floor", "probe", "ferret", "captum", "probe_auto")
@@ -251,10 +259,10 @@ def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = No
 
 def run_probe(texts: list[str], steps: int, out: str, n: int, model: str, study_path: str) -> dict:
     import pandas as pd
-
     from peers_workloads import probe_agreement
+
+    from probe.spec.study import load_study, study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import load_study, study_from_dict
 
     study = load_study(study_path, n=n, out=out)
     if model != study.model.id:
@@ -312,7 +320,12 @@ def run_captum(folder: str, texts: list[str], steps: int) -> dict:
     """The same work with captum's classes, one sentence at a time (its usual use)."""
     import numpy as np
     import torch
-    from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, Saliency
+    from captum.attr import (
+        FeatureAblation,
+        InputXGradient,
+        IntegratedGradients,
+        Saliency,
+    )
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
@@ -361,8 +374,14 @@ def run_ferret(folder: str, texts: list[str], steps: int) -> dict:
     if steps != 50:
         raise SystemExit("ferret's IntegratedGradientExplainer runs captum's default, 50 steps: use --steps 50")
     import torch
-    from ferret import AOPC_Comprehensiveness_Evaluation, AOPC_Sufficiency_Evaluation, Benchmark, TauLOO_Evaluation
-    from ferret import GradientExplainer, IntegratedGradientExplainer
+    from ferret import (
+        AOPC_Comprehensiveness_Evaluation,
+        AOPC_Sufficiency_Evaluation,
+        Benchmark,
+        GradientExplainer,
+        IntegratedGradientExplainer,
+        TauLOO_Evaluation,
+    )
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)

@@ -151,9 +151,16 @@ def run_floor_causal(folder: str, texts: list[str], steps: int, budget: int | No
     """
     import numpy as np
     import torch
+    from bench_peers import (
+        STEPS,
+        add_step_times,
+        erasure_rows,
+        gauss_legendre,
+        pad_rows,
+        row_chunks,
+        taus_against,
+    )
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from bench_peers import STEPS, add_step_times, erasure_rows, gauss_legendre, pad_rows, row_chunks, taus_against
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()

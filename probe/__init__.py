@@ -9,23 +9,23 @@ From Python (every name loads on first use, so ``import probe`` does not import 
 
 The functions live in :mod:`probe.api`. ``probe.explain``, ``probe.capture`` and ``probe.audit``
 are the subpackages of those names, made callable (:mod:`probe.callable_module`), so both
-``probe.explain(pm, texts)`` and ``probe.explain.methods`` work.
+``probe.explain(pm, texts)`` and ``probe.methods`` work.
 """
 
 __version__ = "0.1.0"
 
-# name -> module that defines it; the subpackages that are also functions map to themselves
+# name -> module that defines it
 _EXPORTS = {
     "load_model": "probe.api", "wrap": "probe.api", "prepare": "probe.api", "loo": "probe.api",
     "erasure": "probe.api", "head_ablation": "probe.api", "head_importance": "probe.api",
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
     "Explanation": "probe.api", "StudyRun": "probe.api",
-    "explain": "probe.explain", "capture": "probe.capture", "audit": "probe.audit", "api": "probe.api",
+    "explain": "probe.api", "capture": "probe.api", "audit": "probe.api", "api": "probe.api",
     "registry": "probe.registry", "spec": "probe.spec",
-    "ProbeModel": "probe.models.loading", "TokenScores": "probe.rows.scores",
+    "ProbeModel": "probe.models.core", "TokenScores": "probe.rows.scores",
     "PreparedExample": "probe.rows.target", "TargetSpec": "probe.rows.target",
-    "AttentionContract": "probe.models.contract", "Verdict": "probe.study.verdict",
+    "AttentionContract": "probe.models.core", "Verdict": "probe.study.verdict",
     "ProbeError": "probe.errors", "InputError": "probe.errors",
 }
 

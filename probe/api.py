@@ -29,21 +29,22 @@ import torch
 
 from probe import registry
 from probe.errors import InputError
+from probe.models.core import ProbeModel
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, TargetSpec
-from probe.models.loading import ProbeModel
 from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from probe.audit.claims import ClaimFile
-    from probe.audit.run import AuditResult
-    from probe.capture.hooks import Capture, Editor
+    from probe.claims.run import AuditResult
+    from probe.hooks.capture import Capture
+    from probe.hooks.types import Editor
     from probe.intervene.counterfactual import CounterfactualResult
     from probe.intervene.heads import HeadEffects, HeadImportance
     from probe.report.results import StudyResult
-    from probe.study.spec import Study
+    from probe.spec.claims import ClaimFile
+    from probe.spec.study import Study
 
 # a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
 Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation"]
@@ -70,7 +71,7 @@ def _positive(value: Any, argument: str) -> int:
 
 def _method_names(methods: Any) -> list[str] | None:
     """``methods`` validated; None for every method that applies (None or ``"all"``)."""
-    from probe.explain.methods import parse_methods
+    from probe.methods import parse_methods
 
     if methods is None:
         return None
@@ -284,7 +285,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     ``params`` maps a method to its keyword parameters, e.g. ``{"integrated_gradients": {"steps":
     32}, "loo_random": {"k": 3, "seed": 1}}``. Interventions share one engine, so identical rows run once.
     """
-    from probe.explain.methods import applicable_methods, run_methods
+    from probe.methods import applicable_methods, run_methods
 
     chosen = _method_names(methods)  # validate before tokenising; None or "all": every method that applies
     params = _method_params(params)
@@ -401,14 +402,14 @@ def capture(pm: ProbeModel, *, queries: Any = None, layers: Sequence[int] | Mapp
             keep_grad: bool = False) -> AbstractContextManager[Capture]:
     """``with probe.capture(pm, ...) as cap:`` records the attention of every forward pass of
     ``pm.model`` run inside the block; ``cap.maps(stack)`` then gives
-    :class:`~probe.capture.hooks.AttentionMaps` with ``weights [batch, layer, head, query, key]``.
+    :class:`~probe.hooks.capture.AttentionMaps` with ``weights [batch, layer, head, query, key]``.
     Hooks are removed when the block ends, also on an exception.
 
     ``queries``: None/"all", "first", "last" (needs ``attention_mask`` [batch, seq]), a list of
     positions or a long tensor ``[batch, rows]``. ``editors`` ``{(stack, layer): fn(weights,
     context)}`` replace attention weights ``[batch, head, query, key]`` before they mix the values.
     """
-    from probe.capture.hooks import capture_attention
+    from probe.hooks.capture import capture_attention
 
     return capture_attention(pm, queries=queries, layers=layers, heads=heads, stacks=stacks,
                              attention_mask=attention_mask, decoder_attention_mask=decoder_attention_mask,
@@ -422,14 +423,14 @@ def load_study(path: str | Path, *, n: int | None = None, dataset: str | None = 
                dtype: str | None = None, out: str | Path | None = None) -> Study:
     """Read and validate a study file (YAML), with the command line's overrides (``n``,
     ``dataset``, ``device``, ``dtype``, ``out``)."""
-    from probe.study.spec import load_study as _load
+    from probe.spec.study import load_study as _load
 
     return _load(path, n=n, dataset=dataset, device=device, dtype=dtype, out=None if out is None else str(out))
 
 
 def study_from_dict(data: Mapping[str, Any]) -> Study:
     """Validate a study given as a dict (the YAML's structure)."""
-    from probe.study.spec import study_from_dict as _from_dict
+    from probe.spec.study import study_from_dict as _from_dict
 
     if not isinstance(data, Mapping):
         raise InputError(f"data must be a dict with the study file's keys (name, model, dataset, ...), got "
@@ -480,8 +481,8 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
     report is written there once complete. Returns the folder's tables and verdict."""
+    from probe.spec.study import Study as _Study
     from probe.study.runner import run_study as _run
-    from probe.study.spec import Study as _Study
 
     if isinstance(study, (str, Path)):
         study = load_study(study, out=out)
@@ -505,7 +506,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
 
 def load_claims(path: str | Path) -> ClaimFile:
     """Read and validate a claim file (YAML)."""
-    from probe.audit.claims import load_claims as _load
+    from probe.spec.claims import load_claims as _load
 
     return _load(path)
 
@@ -516,8 +517,8 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
     YAML's structure) by intervention: ``result.claims[i].verdict`` is supported, refuted or
     inconclusive, with effect, CI and evidence. ``model``: an already loaded :class:`ProbeModel`
     to audit instead of the file's. With ``out``, audit.json/.md/.html are written there."""
-    from probe.audit.claims import ClaimFile, claims_from_dict
-    from probe.audit.run import run_audit
+    from probe.claims.run import run_audit
+    from probe.spec.claims import ClaimFile, claims_from_dict
 
     if isinstance(claims, (str, Path)):
         claim_file = load_claims(claims)
@@ -531,7 +532,7 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
 
 
 __all__ = [
-    "COUNTERFACTUALS", "Explanation", "StudyRun", "Texts", "Verdict", "audit", "capture", "counterfactual_attention",
+    "COUNTERFACTUALS", "Explanation", "StudyRun", "Texts", "audit", "capture", "counterfactual_attention",
     "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_model", "load_results",
     "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
 ]

@@ -17,7 +17,7 @@ from probe.names import printable
 from probe.terminal import plain as _plain
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 #: ``--steps``' default: integrated gradients' registered default
 IG_STEPS = registry.method("integrated_gradients").defaults().steps
@@ -51,7 +51,7 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None):
 def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
           allow_random_weights: bool = False):
     _quiet_libraries()
-    from probe.models import load_model
+    from probe.models.loading import load_model
 
     return load_model(model, device=device, dtype=dtype, attn_implementation=attn, task=task,
                       allow_random_weights=allow_random_weights)
@@ -199,7 +199,7 @@ def explain(
     allow_random_weights: bool = AllowRandomOpt,
 ) -> None:
     """Explain one prediction with every method side by side (token x method)."""
-    from probe.explain.methods import applicable_methods, parse_methods
+    from probe.methods import applicable_methods, parse_methods
 
     # validate before the slow load; "all" is every method that applies to this model, as the default
     chosen = parse_methods(methods) if methods and methods.strip() != "all" else None
@@ -207,23 +207,22 @@ def explain(
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
     _check_continuation(pm, continuation)
-    from probe.explain.methods import run_methods
+    from probe import api
     from probe.rows.target import TargetSpec, prepare
 
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension),
                        strict_length=strict_length)
-    skipped = {}
-    if chosen is None:
-        chosen, skipped = applicable_methods(pm, examples)
+    names = chosen if chosen is not None else applicable_methods(pm, examples)[0]
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
         raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
     if site is not None:
-        from probe.explain.gradients import resolve_site
+        from probe.explainers.gradient_forward import resolve_site
 
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
-    params = terminal.explain_params(chosen, steps=steps, seed=seed, site=site)
-    results = run_methods(pm, examples, chosen, params={m: p for m, p in params.items() if m in chosen})
+    params = terminal.explain_params(names, steps=steps, seed=seed, site=site)
+    explanation = api.explain(pm, examples, chosen, params={m: p for m, p in params.items() if m in names})
+    results, skipped = dict(explanation.scores), dict(explanation.skipped)
     from probe.metrics.sanity import explain_checks
 
     checks = explain_checks(pm, examples, results, params)
@@ -272,7 +271,7 @@ def run(
                                    "results (or this study's on other data, weights or code), removing them"),
 ):
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
-    from probe.spec import load_study
+    from probe.spec.study import load_study
     from probe.study.plan import parse_shard
 
     shard_of = parse_shard(shard)  # both checked before the slow imports
@@ -303,7 +302,7 @@ def audit(
     """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
     from pathlib import Path
 
-    from probe.spec import load_claims
+    from probe.spec.claims import load_claims
 
     spec = load_claims(claims)  # validate before the slow imports and the model load
     folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")
@@ -311,7 +310,7 @@ def audit(
         _quiet_libraries()
         import torch
 
-        from probe.audit import run_audit
+        from probe.claims.run import run_audit
 
         _set_threads(torch, threads)
         with warnings.catch_warnings():
@@ -373,7 +372,7 @@ def planted(
     """The verdict's self-test: the study on every planted-truth model, each answer beside the known truth."""
     from pathlib import Path
 
-    from probe.spec import load_study
+    from probe.spec.study import load_study
 
     spec = load_study(study)
     _quiet_libraries()
@@ -401,7 +400,7 @@ def report(
     out: str = typer.Option(None, "--out", help="report folder (default: RESULT_DIR/report)"),
 ):
     """Render a study's stored results: one self-contained HTML file, Markdown with figures, CSV tables."""
-    from probe.report import build_report
+    from probe.report.build import build_report
 
     files = build_report(result_dir, out)
     if files.partial:
@@ -416,14 +415,14 @@ def compare(
     out: str = typer.Option(None, "--out", help="report folder (default: ./comparison)"),
 ):
     """Several studies side by side: verdicts, headline numbers and per-layer agreement."""
-    from probe.report import build_comparison
+    from probe.report.build import build_comparison
 
     files = build_comparison(result_dirs, out)
     print(f"report: {files.html}")
     print(f"markdown: {files.markdown}")
 
 
-def _usage_error_classes() -> tuple[type, ...]:
+def usage_error_classes() -> tuple[type, ...]:
     """The usage-error roots of the click that typer uses: typer >= 0.25 ships its own copy
     (``typer._click``); older typers use the ``click`` package. Both are caught, whichever is present."""
     import importlib
@@ -472,7 +471,7 @@ def main() -> None:
               "study's engine.batch_size", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # usage errors arrive here in standalone_mode=False
-        if not isinstance(exc, _usage_error_classes()):
+        if not isinstance(exc, usage_error_classes()):
             raise
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command: its help, as click shows it
             exc.show()

@@ -95,7 +95,7 @@ def load_dataset(
         examples = _load_planted(spec[len(PLANTED_PREFIX):])
     else:
         examples = _load_user_file(Path(spec).expanduser(), text_column, label_column)
-    return _take(examples, n, seed, spec)
+    return take(examples, n, seed, spec)
 
 
 def builtin_dataset_names() -> list[str]:
@@ -403,7 +403,7 @@ def _parse_label(value: Any, path: Path, row: int, where: str, label_column: str
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def _take(examples: list[Example], n: int | None, seed: int, spec: str) -> list[Example]:
+def take(examples: list[Example], n: int | None, seed: int, spec: str) -> list[Example]:
     if n is None:
         return examples
     if n > len(examples):

@@ -8,7 +8,7 @@ from probe import registry
 
 #: derived from :mod:`probe.registry` (the one list of methods), in its order
 ATTENTION_METHODS = registry.names(family="attention")
-#: attention measures that also account for values, residual and norms (probe.explain.context_mixing)
+#: attention measures that also account for values, residual and norms (probe.explainers.context_mixing)
 CONTEXT_MIXING_METHODS = registry.names(group="context mixing")
 GRADIENT_METHODS = registry.names(family="gradient")
 INTERVENTION_METHODS = registry.names(family="intervention")

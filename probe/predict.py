@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.capture import capture_attention
-from probe.models.text import encode_texts, forward_inputs
+from probe.hooks.capture import capture_attention
+from probe.models.core import encode_texts
+from probe.models.text import forward_inputs
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 def _label_name(pm: ProbeModel, index: int) -> str:

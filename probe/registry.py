@@ -2,7 +2,7 @@
 
 An entry owns its name, family, what it applies to, whether it takes a seed, its implementation
 (a lazy ``module:function`` path, so importing this module imports no torch) and a frozen
-dataclass of its parameters with their defaults. :mod:`probe.names`, :mod:`probe.explain.methods`,
+dataclass of its parameters with their defaults. :mod:`probe.names`, :mod:`probe.methods`,
 the CLI and the README's method table read it; nothing else lists method names.
 """
 
@@ -177,7 +177,14 @@ class Method:
     ``query_max`` True where it takes ``query: max`` (the maximum over query rows);
     ``verdict_family`` the kind of attention explanation the verdict counts it under (one of
     :data:`VERDICT_FAMILIES`; attention family only); ``signed`` True where the sign of a score says
-    whether the token pushes the target up or down (the sign check compares it with a signed reference)."""
+    whether the token pushes the target up or down (the sign check compares it with a signed reference).
+
+    Gradient methods: ``reduction`` (``"l2"`` or ``"sum"`` over the embedding axis) marks one computed
+    from a single gradient of the target, shared between such methods, with ``times_input`` True
+    where it is embedding x gradient; ``points`` names the parameter that says how many inputs one
+    example becomes (IG's steps, GradientSHAP's samples; ``"auto"`` there: the method picks, and
+    buckets its own rounds); ``completeness`` True where the scores should sum to f(x) - f(baseline)
+    (the completeness check runs on them)."""
     name: str
     family: str
     group: str
@@ -195,6 +202,10 @@ class Method:
     query_max: bool = False
     verdict_family: str | None = None
     signed: bool = False
+    reduction: str | None = None
+    times_input: bool = False
+    points: str | None = None
+    completeness: bool = False
 
     def load(self) -> Callable[..., Any]:
         """The implementation function (imports its module, and torch, on first use)."""
@@ -253,17 +264,19 @@ class Counterfactual:
 # the entries
 # ---------------------------------------------------------------------------
 
-_ATT = "probe.explain.attention"
-_MIX = "probe.explain.context_mixing"
-_GRAD = "probe.explain.gradients"
+_ATT = "probe.explainers.attention"
+_ROLL = "probe.explainers.rollout"
+_MIX = "probe.explainers.context_mixing"
+_GRAD = "probe.explainers.gradients"
+_IG = "probe.explainers.integrated_gradients"
 _LOO = "probe.intervene.tokens:loo"
 _SUPPORT = "probe.models.architectures:context_mixing_support"
 FLOW_MAX_TOKENS = FlowParams.max_tokens
 
 
 def _attention(name: str, params: type = AttentionParams, *, verdict_family: str = "attention weights",
-               **kw: Any) -> Method:
-    return Method(name, "attention", "attention", f"{_ATT}:{name}", params, f"{_ATT}:attention_scores",
+               module: str = _ATT, **kw: Any) -> Method:
+    return Method(name, "attention", "attention", f"{module}:{name}", params, f"{_ATT}:attention_scores",
                   verdict_family=verdict_family, **kw)
 
 
@@ -272,8 +285,8 @@ def _mixing(name: str, params: type = DecompositionParams) -> Method:
                   applies=Applies(support=_SUPPORT), verdict_family="context mixing")
 
 
-def _gradient(name: str, params: type = GradientParams, **kw: Any) -> Method:
-    return Method(name, "gradient", "gradient", f"{_GRAD}:{name}", params, f"{_GRAD}:gradient_scores", **kw)
+def _gradient(name: str, params: type = GradientParams, *, module: str = _GRAD, **kw: Any) -> Method:
+    return Method(name, "gradient", "gradient", f"{module}:{name}", params, f"{_GRAD}:gradient_scores", **kw)
 
 
 def _loo(mode: str, **kw: Any) -> Method:
@@ -284,19 +297,21 @@ def _loo(mode: str, **kw: Any) -> Method:
 REGISTRY: tuple[Method, ...] = (
     _attention("attention", note="per layer x head", per_head=True),
     _attention("attention_mean", query_max=True),
-    _attention("rollout", query_max=True, verdict_family="attention-derived"),
-    _attention("flow", FlowParams, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
+    _attention("rollout", query_max=True, verdict_family="attention-derived", module=_ROLL),
+    _attention("flow", FlowParams, module=_ROLL, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
                label="attention flow", query_max=True, verdict_family="attention-derived"),
     _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing"),
     _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True),
     _mixing("value_zeroing", ValueZeroingParams),
     _mixing("alti"),
     _mixing("globenc"),
-    _gradient("saliency", note="L2"),
-    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name"), signed=True),
-    _gradient("input_x_gradient", signed=True),
-    _gradient("integrated_gradients", IntegratedGradientsParams, signed=True),
-    _gradient("gradient_shap", GradientShapParams, takes_seed=True, signed=True),
+    _gradient("saliency", note="L2", reduction="l2"),
+    _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name"), signed=True,
+              reduction="sum"),
+    _gradient("input_x_gradient", signed=True, reduction="sum", times_input=True),
+    _gradient("integrated_gradients", IntegratedGradientsParams, signed=True, module=_IG, points="steps",
+              completeness=True),
+    _gradient("gradient_shap", GradientShapParams, takes_seed=True, signed=True, module=_IG, points="n_samples"),
     _loo("delete"),
     _loo("mask", applies=Applies(token="mask")),
     _loo("unk", applies=Applies(token="unk")),
@@ -304,7 +319,7 @@ REGISTRY: tuple[Method, ...] = (
     _loo("random", takes_seed=True),
     _loo("lm", takes_seed=True, applies=Applies(tasks=("causal_lm",),
                                                 task_reason="needs a causal LM to draw in-context replacements")),
-    # attn_norm summed over heads: a variant, run by name only (probe.explain.attention.attention_scores)
+    # attn_norm summed over heads: a variant, run by name only (probe.explainers.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
            preset=(("per_head", False),), listed=False, verdict_family="context mixing"),
 )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from probe import registry
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 def plain(value) -> str:

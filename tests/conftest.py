@@ -30,7 +30,6 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 import pytest  # noqa: E402
-
 from tiny_models import TINY_KINDS, build_tiny  # noqa: E402
 
 
@@ -63,7 +62,7 @@ def pretrained_minilm_folder() -> str:
 
 @pytest.fixture(scope="session")
 def minilm(pretrained_minilm_folder):
-    from probe.models import load_model
+    from probe.models.loading import load_model
 
     # loaded as a classifier on purpose: its random head is allowed explicitly (equality tests only)
     return load_model(pretrained_minilm_folder, task="classification", allow_random_weights=True)
@@ -73,7 +72,7 @@ def minilm(pretrained_minilm_folder):
 def loaded(tiny_dirs):
     """``loaded(kind, implementation="sdpa", dtype="fp32")``: a tiny model loaded once per session and shared;
     a test that changes its mode (train/eval) restores it."""
-    from probe.models import load_model
+    from probe.models.loading import load_model
 
     cache = {}
 

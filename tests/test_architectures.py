@@ -108,7 +108,7 @@ def _tiny(model_type, tokenizer, implementation="eager"):
 
 def test_watched_forward_finds_the_layout_tables_layers_on_minilm(minilm):
     """The real built-in: the forward-pass discovery and the layout table agree, layer for layer."""
-    from probe.capture.sites import discover_sites
+    from probe.hooks.sites import discover_sites
 
     sites, unreadable = discover_sites(minilm.model, minilm.tokenizer, minilm.task)
     assert {(s.stack, s.layer): s.path for s in sites} == minilm.contract.module_paths
@@ -117,7 +117,7 @@ def test_watched_forward_finds_the_layout_tables_layers_on_minilm(minilm):
 
 
 def test_inline_attention_is_read_through_its_probability_module(tokenizer):
-    from probe.capture import capture_attention
+    from probe.hooks.capture import capture_attention
 
     pm = _tiny("bloom", tokenizer)
     info = pm.contract.stacks["decoder"]
@@ -145,7 +145,7 @@ def test_inline_attention_is_read_through_its_probability_module(tokenizer):
 
 @pytest.mark.parametrize("model_type", ["xlm", "xglm"])
 def test_inline_softmax_is_read_and_edited_at_the_softmax_call(model_type, tokenizer):
-    from probe.capture import capture_attention
+    from probe.hooks.capture import capture_attention
 
     pm = _tiny(model_type, tokenizer)
     stack = pm.contract.primary_stack
@@ -182,7 +182,8 @@ def test_inline_softmax_is_read_and_edited_at_the_softmax_call(model_type, token
 
 
 def test_probability_hooks_are_removed_when_the_block_raises(tokenizer):
-    from probe.capture import capture_attention, installed_wrappers
+    from probe.hooks.capture import capture_attention
+    from probe.hooks.registry import installed_wrappers
 
     pm = _tiny("bloom", tokenizer)
     batch = pm.encode(["the movie was great"])
@@ -196,7 +197,7 @@ def test_probability_hooks_are_removed_when_the_block_raises(tokenizer):
 
 
 def test_sink_softmax_equals_hand_recomputation():
-    from probe.capture import math as amath
+    from probe.hooks import math as amath
 
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(2, 3, 4, 5, generator=gen)
@@ -219,7 +220,7 @@ def test_a_module_called_for_every_layer_is_one_layer_per_call(tokenizer):
 
 
 def test_hybrid_attention_layers_are_keyed_by_their_own_index(tokenizer):
-    from probe.capture import capture_attention
+    from probe.hooks.capture import capture_attention
 
     pm = _tiny("jamba", tokenizer)
     assert pm.contract.stacks["decoder"].n_layers == 1  # layer 1 of the model, attention layer 0
@@ -232,7 +233,8 @@ def test_hybrid_attention_layers_are_keyed_by_their_own_index(tokenizer):
 
 @pytest.mark.parametrize("model_type", ["mbart", "blenderbot"])
 def test_seq2seq_decoder_inputs_do_not_depend_on_padding(model_type, tokenizer):
-    from probe.models.text import encode_texts, forward_inputs
+    from probe.models.core import encode_texts
+    from probe.models.text import forward_inputs
 
     pm = _tiny(model_type, tokenizer)
     batch = forward_inputs(pm, encode_texts(pm, list(sweep.TEXTS)))
@@ -251,7 +253,7 @@ def test_a_check_that_raises_is_a_failed_row_not_a_traceback(tokenizer, monkeypa
     def broken(*args, **kwargs):
         raise KeyError(("decoder", 0))
 
-    monkeypatch.setattr(checks, "_eager_attentions", broken)
+    monkeypatch.setattr(checks, "eager_attentions", broken)
     results = {r.name: r for r in checks.run_checks(pm)}
     row = results["capture_equals_eager_output_attentions"]
     assert not row.passed and row.detail.startswith("could not run: KeyError")
@@ -260,7 +262,7 @@ def test_a_check_that_raises_is_a_failed_row_not_a_traceback(tokenizer, monkeypa
 
 def test_a_model_without_softmax_attention_is_refused_in_one_line(tokenizer, tmp_path):
     from probe.errors import ModelLoadError
-    from probe.models import load_model
+    from probe.models.loading import load_model
 
     model = sweep.build("mamba", "causal_lm", "eager")
     model.save_pretrained(tmp_path)

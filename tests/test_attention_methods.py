@@ -11,15 +11,18 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_models import TINY_KINDS
+from tolerances import assert_fp_close, fp_tol, model_depth
+from tolerances import eps as fp_eps
 
-from probe.capture import capture_attention
-from probe.explain import attention as A
-from probe.explain.target import build_rows, prepare, target_values
+import probe.explainers.rollout as RO
+import probe.rows.queries as Q
+from probe.explainers import attention as A
+from probe.hooks.capture import capture_attention
 from probe.intervene import counterfactual as C
 from probe.intervene import heads as H
-from probe.models import load_model
-from tiny_models import TINY_KINDS
-from tolerances import assert_fp_close, eps as fp_eps, fp_tol, model_depth
+from probe.models.loading import load_model
+from probe.rows.target import build_rows, prepare, target_values
 
 #: methods whose scores are distributions over the tokens or attention weights (entries in [0, 1]):
 #: their tolerances stay absolute. attn_norm (norms of value vectors) and attn_grad (alpha x gradient)
@@ -80,7 +83,7 @@ def test_rollout_matches_a_hand_computed_two_layer_example():
     #          A1 = [[.75,.25,0],[0,1,0],[.125,.125,.75]]
     #          A1 A0 row 0 = .75*[1,0,0] + .25*[.25,.75,0]                          = [.8125, .1875, 0]
     #          A1 A0 row 2 = .125*[1,0,0] + .125*[.25,.75,0] + .75*[.1,.15,.75]     = [.23125, .20625, .5625]
-    out = A.rollout_matrices([layer0, layer1])
+    out = RO.rollout_matrices([layer0, layer1])
     assert out.shape == (2, 3, 3)
     # row-stochastic products: entries in [0, 1], allclose's default (1e-5 relative) is relative here
     assert torch.allclose(out[0], torch.tensor([[1.0, 0, 0], [0.25, 0.75, 0], [0.1, 0.15, 0.75]]))
@@ -95,7 +98,7 @@ def test_flow_matches_a_hand_computed_example():
     # (1,1) (min(.5, .5)): flow 1.0. Token 1 only through (1,1): flow .5. Normalised: [2/3, 1/3]
     # (rollout would say [.75, .25]).
     residual = np.array([[[1.0, 0.0], [0.5, 0.5]], [[0.5, 0.5], [0.0, 1.0]]])
-    raw = A.flow_to_sinks(residual, [(0, residual[0, 0]), (1, residual[1, 0])])
+    raw = RO.flow_to_sinks(residual, [(0, residual[0, 0]), (1, residual[1, 0])])
     # flows through capacities <= 1 (attention weights): bounded by 1, so absolute tolerances
     assert np.allclose(raw[0], [1.0, 0.0], atol=1e-6)  # layer 0: the attention row itself
     assert np.allclose(raw[1], [1.0, 0.5], atol=1e-6)
@@ -120,7 +123,7 @@ def test_flow_max_over_rows_equals_networkx_as_the_authors_compute_it():
                                                 flow_func=nx.algorithms.flow.edmonds_karp)
                           for k in range(width)] for i in range(width)])
         expected[level] = (rows / rows.sum(axis=1, keepdims=True)).max(axis=0)
-    assert np.allclose(A.flow_max_over_rows(residual), expected, atol=1e-5)  # normalised rows: in [0, 1]
+    assert np.allclose(RO.flow_max_over_rows(residual), expected, atol=1e-5)  # normalised rows: in [0, 1]
 
 
 def test_flow_query_max_is_at_least_the_target_row_flow(prepared):
@@ -135,15 +138,15 @@ def test_flow_query_max_is_at_least_the_target_row_flow(prepared):
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama_gqa"])
 def test_streaming_rollout_equals_rollout_of_full_maps(prepared, kind):
     pm, examples = prepared(kind)
-    scores = A.rollout(pm, examples, batch_size=3)
+    scores = RO.rollout(pm, examples, batch_size=3)
     batch = build_rows(pm, [(e.input_ids, e) for e in examples])
-    tq = A.target_queries(pm, batch)
+    tq = Q.target_queries(pm, batch)
     with torch.no_grad(), capture_attention(pm, attention_mask=batch.inputs["attention_mask"]) as capture:
         pm.model(**batch.inputs)
     full = capture.maps().weights  # [batch, layer, head, T, T]
     for i, example in enumerate(examples):
         n = len(example.input_ids)
-        expected = A.rollout_matrices(list(full[i, :, :, :n, :n]))[:, int(tq.rows[i, 0])]  # [layer, n]
+        expected = RO.rollout_matrices(list(full[i, :, :, :n, :n]))[:, int(tq.rows[i, 0])]  # [layer, n]
         # rollout rows are distributions over the tokens (entries in [0, 1]): absolute tolerances
         assert torch.allclose(scores.scores[i], expected, atol=1e-5)
         assert torch.allclose(scores.scores[i].sum(-1), torch.ones(pm.contract.n_layers), atol=1e-5)
@@ -272,7 +275,7 @@ def test_attn_grad_matches_finite_differences(prepared, kind):
             bump = torch.zeros_like(weights)
             bump[:, head, t, key] = delta
             return weights + bump
-        return _values_with(pm, [example], {(A.target_queries(pm, build_rows(pm, [(example.input_ids, example)])).stack,
+        return _values_with(pm, [example], {(Q.target_queries(pm, build_rows(pm, [(example.input_ids, example)])).stack,
                                              layer): edit})[0]
 
     finite = (bumped(eps) - bumped(-eps)) / (2 * eps)

@@ -12,9 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probe.audit import claims_from_dict, load_claims, run_audit
-from probe.audit.rules import RULES, Rule, conjunction, counterfactual_rule, faithfulness_rule, judge, n_needed, verdict
+from probe.claims.rules import (
+    RULES,
+    Rule,
+    conjunction,
+    counterfactual_rule,
+    faithfulness_rule,
+    judge,
+    n_needed,
+    verdict,
+)
+from probe.claims.run import run_audit
 from probe.errors import InputError
+from probe.spec.claims import claims_from_dict, load_claims
 
 TEXTS = [
     "the movie was not good",
@@ -248,7 +258,7 @@ def test_report_files_are_self_contained_and_escaped(tiny_dirs, loaded, tmp_path
 
 def test_specific_tokens_effect_equals_a_hand_computation(tiny_dirs, loaded):
     """With one matching and one other scored token, the 'random' set is the other token itself."""
-    from probe.explain.target import evaluate
+    from probe.rows.target import evaluate
 
     pm = loaded("bert")
     texts = ["not good", "never bad", "not funny"]
@@ -281,13 +291,13 @@ def test_specific_tokens_effect_equals_a_hand_computation(tiny_dirs, loaded):
 
 
 def result_examples(pm, texts):
-    from probe.explain.target import prepare
+    from probe.rows.target import prepare
 
     return prepare(pm, texts)
 
 
 def test_token_importance_and_head_role_match_direct_computations(tiny_dirs, loaded):
-    from probe.explain.attention import attention
+    from probe.explainers.attention import attention
     from probe.intervene.engine import Engine
     from probe.intervene.heads import ablate_heads
     from probe.intervene.tokens import loo

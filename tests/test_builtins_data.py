@@ -30,8 +30,6 @@ from probe.models.builtins import (
     read_builtin_metadata,
 )
 
-
-
 # ------------------------------------------------------------------------------ built-in datasets
 
 
@@ -324,7 +322,11 @@ def smollm2_folder(builtin_cache) -> Path:
 @pytest.mark.slow
 def test_minilm_rt_is_an_accurate_held_out_classifier(minilm_folder):
     import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     metadata = read_builtin_metadata(minilm_folder)
     assert metadata["heldout_accuracy"] >= 0.80
@@ -370,12 +372,12 @@ def test_smollm2_knows_the_capital_of_italy(smollm2_folder):
 def test_packed_prefix_reuse_on_smollm2_equals_full_recomputation(smollm2_folder):
     """LOO by replacement on the real SmolLM2: the packed prefix-reuse passes give the values of
     recomputing every row in full (GQA, RoPE, 30 layers), for far fewer tokens."""
-    import torch
 
-    from probe.explain.target import prepare
-    from probe.intervene.engine import Engine
-    from probe.models import load_model
     from tolerances import assert_fp_close, model_depth
+
+    from probe.intervene.engine import Engine
+    from probe.models.loading import load_model
+    from probe.rows.target import prepare
 
     pm = load_model(str(smollm2_folder))
     examples = prepare(pm, ["a wonderful , moving film .", "the plot is thin and the jokes fall flat , sadly .",

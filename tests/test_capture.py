@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from probe.capture import capture_attention, installed_wrappers
-from probe.errors import CaptureError
-from probe.models.checks import run_checks
-from probe.models.text import encode_texts, forward_inputs
 from tiny_models import TINY_KINDS
 from tolerances import assert_fp_close, model_depth
+
+from probe.errors import CaptureError
+from probe.hooks.capture import capture_attention
+from probe.hooks.registry import installed_wrappers
+from probe.models.checks import run_checks
+from probe.models.core import encode_texts
+from probe.models.text import forward_inputs
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 IMPLEMENTATIONS = ("eager", "sdpa")
@@ -244,7 +246,7 @@ def test_all_masked_rows_are_zero_and_flagged(loaded):
 
 
 def test_open_session_leaves_no_wrapper_and_no_session_when_its_block_raises():
-    from probe.capture import registry
+    from probe.hooks import registry
 
     class Session:
         where: dict = {}

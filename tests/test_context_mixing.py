@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import assert_fp_close, model_depth
 
 from probe.errors import InputError
-from probe.explain import attention as A
-from probe.explain import context_mixing as M
-from probe.explain.attention import row_batches
-from probe.explain.methods import applicable_methods, parse_methods, run_method
-from probe.explain.target import prepare
-from probe.models import load_model
-from tolerances import assert_fp_close, model_depth
+from probe.explainers import attention as A
+from probe.explainers import context_mixing as M
+from probe.methods import applicable_methods, parse_methods, run_method
+from probe.models.loading import load_model
+from probe.rows.queries import row_batches
+from probe.rows.target import prepare
 
 # Tolerances: the scores of value zeroing, ALTI and GlobEnc are rows of row-stochastic matrices (every
 # entry in [0, 1], each row sums to 1) and value zeroing's distances are cosine distances (in [0, 2]):
@@ -302,15 +302,15 @@ def test_registered_like_every_method_and_refused_where_undefined(loaded, monkey
             M.context_mixing_scores(bart, bart_examples, method)
         assert "\n" not in str(error.value)
     monkeypatch.undo()
-    monkeypatch.delitem(M.MIXING_LAYOUTS, "gpt2")
+    monkeypatch.delitem(layouts.MIXING_LAYOUTS, "gpt2")
     gpt2 = loaded("gpt2")
     with pytest.raises(InputError, match=r"GPT2LMHeadModel \(model type 'gpt2'\).*supported model types are") as error:
         M.alti(gpt2, prepare(gpt2, TEXTS[:1]))
     assert "\n" not in str(error.value)
     # value zeroing needs neither the norm layout nor the value/output table
     monkeypatch.delitem(A.VALUE_OUTPUT_LAYOUTS, "gpt2")
-    assert M.context_mixing_support(gpt2, "value_zeroing") is None
-    assert "GPT2LMHeadModel" in M.context_mixing_support(gpt2, "globenc")
+    assert layouts.context_mixing_support(gpt2, "value_zeroing") is None
+    assert "GPT2LMHeadModel" in layouts.context_mixing_support(gpt2, "globenc")
     zeroed = M.value_zeroing(gpt2, prepare(gpt2, TEXTS[:1]))
     assert torch.allclose(zeroed.scores[0].sum(-1), torch.ones(gpt2.contract.n_layers), atol=1e-5)  # rows sum to 1
 

@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from probe.errors import InputError
-from probe.explain.methods import ALL_METHODS, applicable_methods, parse_methods, run_methods
-from probe.explain.target import prepare
-from probe.models import load_model
+from probe.methods import applicable_methods, parse_methods, run_methods
+from probe.models.loading import load_model
+from probe.names import ALL_METHODS
+from probe.rows.target import prepare
 
 
 def _cli(*args, timeout=600):

@@ -40,8 +40,8 @@ def _study(model, data, out, **overrides) -> dict:
 
 
 def _run(study: dict, logs: list | None = None, **kwargs):
+    from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
 
     return run_study(study_from_dict(study), progress=False,
                      log=(logs.append if logs is not None else (lambda _: None)), **kwargs)
@@ -218,13 +218,13 @@ def test_an_incomplete_report_folder_is_recognised_and_rebuilt(bert, tmp_path, m
     code, outs, err = _cli(monkeypatch, capsys, "report", out)
     assert code == 0 and (report / "report.md").read_text().startswith("# probe study report: faults"), err
     (report / "report.md").unlink()  # a report whose last file never came: probe run rebuilds it too
-    from probe.report import build_report
+    from probe.report.build import build_report
 
     assert build_report(out).markdown.is_file()
 
 
 def test_a_failed_report_leaves_the_earlier_one_whole(bert, tmp_path, monkeypatch):
-    from probe.report import build_report
+    from probe.report.build import build_report
 
     data, out = _dataset(tmp_path / "d.csv"), tmp_path / "out"
     _run(_study(bert, data, out))
@@ -329,7 +329,8 @@ def test_an_unwrapped_os_error_is_still_one_line(monkeypatch, capsys, tmp_path):
 
 
 def test_a_failed_audit_rerun_keeps_the_earlier_audit(tiny_dirs, loaded, tmp_path, monkeypatch):
-    from probe.audit import claims_from_dict, run_audit
+    from probe.claims.run import run_audit
+    from probe.spec.claims import claims_from_dict
 
     spec = claims_from_dict({"model": {"id": str(tiny_dirs["bert"])}, "data": {"texts": ["good film", "bad movie"]},
                              "claims": [{"claim": "faithful", "kind": "faithfulness", "threshold": 0.5}]})
@@ -363,7 +364,7 @@ def test_a_failed_audit_rerun_keeps_the_earlier_audit(tiny_dirs, loaded, tmp_pat
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
-    from probe.spec import load_study
+    from probe.spec.study import load_study
 
     lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
     for prev, name in zip("abcdefgh", "bcdefghi"):
@@ -396,7 +397,7 @@ def test_the_duplicate_key_check_is_iterative():
 
 @pytest.mark.parametrize("bootstrap", [10**9, 1e9])
 def test_a_bootstrap_larger_than_memory_is_refused(bert, tmp_path, bootstrap):
-    from probe.spec import study_from_dict
+    from probe.spec.study import study_from_dict
 
     data, out = _dataset(tmp_path / "d.csv"), tmp_path / "out"
     with pytest.raises(InputError, match="statistics.bootstrap"):
@@ -413,7 +414,7 @@ def test_a_bootstrap_that_does_not_fit_the_free_memory_is_refused_before_writing
 
 
 def test_claim_file_numbers_are_bounded():
-    from probe.audit import claims_from_dict
+    from probe.spec.claims import claims_from_dict
 
     with pytest.raises(InputError, match="bootstrap"):
         claims_from_dict({"model": {"id": "x"}, "data": {"texts": ["a b"]}, "statistics": {"bootstrap": 10**9},
@@ -424,7 +425,7 @@ def test_claim_file_numbers_are_bounded():
 
 
 def test_unknown_method_params_are_refused_when_the_study_is_read(tmp_path):
-    from probe.spec import study_from_dict
+    from probe.spec.study import study_from_dict
 
     study = _study("builtin:minilm-rt", "builtin:rotten_tomatoes", tmp_path / "out", explainers=["integrated_gradients"],
                    params={"integrated_gradients": {"stepz": 8}})
@@ -543,7 +544,7 @@ def test_wrap_refuses_a_tokenizer_of_another_family(tiny_dirs):
 
 
 def test_report_out_into_another_results_report_of_the_same_name_is_refused(bert, tmp_path, monkeypatch, capsys):
-    from probe.report import build_report
+    from probe.report.build import build_report
 
     a, b = tmp_path / "a", tmp_path / "b"
     _run(_study(bert, _dataset(tmp_path / "d.csv"), a))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from probe.errors import InputError
-from probe.explain import gradients as G
-from probe.explain.target import TargetSpec, build_rows, prepare, target_values
 from tolerances import assert_fp_close, fp_tol, gradient_term_scales, model_depth
+
+import probe.explainers.gradient_forward as GF
+import probe.explainers.integrated_gradients as IG
+from probe.errors import InputError
+from probe.explainers import gradients as G
+from probe.rows.target import TargetSpec, build_rows, prepare, target_values
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
@@ -18,7 +20,7 @@ FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
 
 def _oracle_at_embeddings_output(pm, examples):
     """(e, d target / d e) with e the output of the embeddings module, by plain autograd: [rows, seq, dim]."""
-    name, module = G.embeddings_module(pm.model)
+    name, module = GF.embeddings_module(pm.model)
     batch = build_rows(pm, [(e.input_ids, e) for e in examples])
     held = {}
 
@@ -47,13 +49,13 @@ def _assert_equals_oracle(pm, got, e, grad, n, times_input, msg=None):
 
 def test_default_site_is_detected_from_structure(loaded):
     bert = loaded("bert")
-    assert G.embeddings_module(bert.model)[0].endswith("embeddings")
-    assert G.normalising_module(bert.model) is not None
-    assert G.default_site(bert) == "embeddings"
+    assert GF.embeddings_module(bert.model)[0].endswith("embeddings")
+    assert GF.normalising_module(bert.model) is not None
+    assert GF.default_site(bert) == "embeddings"
     for kind in ("gpt2", "llama_gqa", "bart", "t5"):
         pm = loaded(kind)
-        assert G.embeddings_module(pm.model) is None, kind
-        assert G.default_site(pm) == "word", kind
+        assert GF.embeddings_module(pm.model) is None, kind
+        assert GF.default_site(pm) == "word", kind
 
 
 @pytest.mark.parametrize("site", ["word", "embeddings"])
@@ -64,7 +66,7 @@ def test_site_recorded_in_params(loaded, site):
         result = G.gradient_scores(pm, examples, method, site=site, **FAST.get(method, {}))
         assert result.params["site"] == site
         assert result.params["site_default"] == "embeddings"
-        assert result.params["space"] == G.SITE_SPACES[site][0]
+        assert result.params["space"] == GF.SITE_SPACES[site][0]
 
 
 def test_embeddings_site_equals_oracle_tiny_bert(loaded):
@@ -114,7 +116,7 @@ def test_sites_batch_of_one_equals_batch_of_n(loaded, site):
 def test_ig_completeness_at_embeddings_site(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
-    result = G.integrated_gradients(pm, examples, steps=64)
+    result = IG.integrated_gradients(pm, examples, steps=64)
     extras = result.extras
     for scores, delta, fx, fb in zip(result.scores, extras["convergence_delta"], extras["target_value"],
                                      extras["baseline_value"]):
@@ -137,7 +139,7 @@ def test_unknown_site_and_missing_module(loaded):
 def test_builtin_default_site_matches_oracle(builtin_cache):
     """On the real fine-tuned MiniLM: input x gradient at the default site is e . d target / d e with e
     the embeddings module's output, and is far from zero (the word site gives -(position + type) . grad)."""
-    from probe.models import load_model
+    from probe.models.loading import load_model
 
     pm = load_model("builtin:minilm-rt")
     examples = prepare(pm, ["an unbelievably wonderful film", "a dull mess , and far too long"], TargetSpec())
@@ -157,7 +159,7 @@ def test_pretrained_minilm_default_site_matches_oracle(minilm):
     bert.embeddings makes embeddings the default, input x gradient there equals e . d target / d e, and
     the word site's signed gradient sum vanishes while the embeddings site's does not."""
     pm = minilm
-    assert G.resolve_site(pm).module_name == "bert.embeddings" and G.normalising_module(pm.model) == "LayerNorm"
+    assert GF.resolve_site(pm).module_name == "bert.embeddings" and GF.normalising_module(pm.model) == "LayerNorm"
     examples = prepare(pm, ["an unbelievably wonderful film", "a dull mess"], TargetSpec())
     e, grad = _oracle_at_embeddings_output(pm, examples)
     ixg = G.input_x_gradient(pm, examples)

@@ -10,15 +10,27 @@ import math
 
 import pytest
 import torch
+from tiny_models import TINY_KINDS
+from tolerances import (
+    assert_fp_close,
+    fp_close,
+    fp_tol,
+    gradient_term_scales,
+    model_depth,
+)
 
 from probe.errors import InputError
-from probe.explain import gradients as G
-from probe.explain.scores import TokenScores
-from probe.explain.target import TargetSpec, build_rows, evaluate, prepare, target_values
-from probe.explain.words import aggregate, groups_from_prefixes, word_groups, word_scores
-from probe.models import load_model
-from tiny_models import TINY_KINDS
-from tolerances import assert_fp_close, fp_close, fp_tol, gradient_term_scales, model_depth
+from probe.explainers import gradients as G
+from probe.explainers import integrated_gradients as IG
+from probe.explainers.words import (
+    aggregate,
+    groups_from_prefixes,
+    word_groups,
+    word_scores,
+)
+from probe.models.loading import load_model
+from probe.rows.scores import TokenScores
+from probe.rows.target import TargetSpec, build_rows, evaluate, prepare, target_values
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
@@ -75,10 +87,10 @@ def _assert_matches_autograd(pm, examples):
 def test_forward_over_embeddings_equals_evaluate(loaded, kind):
     pm = loaded(kind)
     examples = prepare(pm, TEXTS)
-    problem = G._embedding_forward(pm, examples)
+    problem = G.embedding_forward(pm, examples)
     assert problem.embeds.shape == (3, max(len(e.input_ids) for e in examples), pm.model.get_input_embeddings().weight.shape[1])
     expected = evaluate(pm, [(e.input_ids, e) for e in examples])
-    assert_fp_close(G._values(problem, problem.embeds), expected, depth=model_depth(pm))  # target values, one forward
+    assert_fp_close(IG._values(problem, problem.embeds), expected, depth=model_depth(pm))  # target values, one forward
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
@@ -87,14 +99,14 @@ def test_padding_and_continuation_positions_are_inert(loaded, kind):
     causal LM the continuation) never reaches the model, so its gradient and attribution are 0."""
     pm = loaded(kind)
     examples = prepare(pm, TEXTS)
-    problem = G._embedding_forward(pm, examples)
+    problem = G.embedding_forward(pm, examples)
     outside = ~problem.mask  # [rows, width]
     assert outside.any()  # "bad film" is padded
     noisy = problem.embeds + torch.randn_like(problem.embeds) * outside[..., None] * 10
-    torch.testing.assert_close(G._values(problem, noisy), G._values(problem, problem.embeds), atol=0, rtol=0)
+    torch.testing.assert_close(IG._values(problem, noisy), IG._values(problem, problem.embeds), atol=0, rtol=0)
     grads, _ = G._gradients(pm, examples, times_input=False)  # [rows, width, dim]
     assert torch.count_nonzero(grads[outside]) == 0
-    ig = G.integrated_gradients(pm, examples, steps=4)
+    ig = IG.integrated_gradients(pm, examples, steps=4)
     assert [len(s) for s in ig.scores] == [len(e.input_ids) for e in examples]
     assert all(torch.isfinite(s).all() for s in ig.scores)
 
@@ -105,12 +117,12 @@ def test_causal_continuation_is_held_fixed(loaded):
     pm = loaded("gpt2")
     examples = prepare(pm, ["the cat sat on the", "hello"], TargetSpec(continuation="mat . the dog"))
     assert len(examples[0].target_ids) == 4
-    problem = G._embedding_forward(pm, examples)
+    problem = G.embedding_forward(pm, examples)
     seq = problem.fixed.shape[1]
     # the continuation but its last token is fed: no target reads the logits after it
     assert seq == len(examples[0].input_ids) + 3 and problem.embeds.shape[1] == len(examples[0].input_ids)
     assert not problem.explained[0, len(examples[0].input_ids):].any()
-    ig = G.integrated_gradients(pm, examples, steps=64)
+    ig = IG.integrated_gradients(pm, examples, steps=64)
     assert [len(s) for s in ig.scores] == [5, 1]
     for scores, delta, fx, fb in zip(ig.scores, ig.extras["convergence_delta"], ig.extras["target_value"],
                                      ig.extras["baseline_value"]):
@@ -140,7 +152,7 @@ def test_params_record_the_choices(loaded):
     assert sal.params["space"] == "word_embeddings" and "position" in sal.params["space_note"]
     assert sal.params["site"] == "word" and G.saliency(pm, examples).params["site"] == "embeddings"
     assert "Jain" in G.input_x_gradient(pm, examples).params["note"]
-    ig = G.integrated_gradients(pm, examples, steps=4, baseline="unk")
+    ig = IG.integrated_gradients(pm, examples, steps=4, baseline="unk")
     assert ig.params["baseline"] == "unk" and ig.params["steps"] == 4 and ig.params["rule"] == "gausslegendre"
     assert len(ig.extras["convergence_delta"]) == 3
 
@@ -186,8 +198,8 @@ def test_batch_of_one_equals_batch_of_n_on_minilm(minilm):
 def test_ig_internal_batching_does_not_change_results(loaded):
     pm = loaded("llama_gqa")
     examples = prepare(pm, TEXTS)
-    whole = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=None)
-    chunked = G.integrated_gradients(pm, examples, steps=10, internal_batch_size=7)  # 1 step per chunk
+    whole = IG.integrated_gradients(pm, examples, steps=10, internal_batch_size=None)
+    chunked = IG.integrated_gradients(pm, examples, steps=10, internal_batch_size=7)  # 1 step per chunk
     terms = gradient_term_scales(pm, examples, "integrated_gradients", steps=10)
     for a, b, scale in zip(whole.scores, chunked.scores, terms):
         assert_fp_close(a, b, depth=model_depth(pm, backward=True), scale=scale)
@@ -203,7 +215,7 @@ def test_ig_completeness_on_tiny_models(loaded, kind):
     """From the unk embedding (non-zero in every tiny model; see the next test for zero)."""
     pm = loaded(kind)
     examples = prepare(pm, TEXTS)
-    ig = G.integrated_gradients(pm, examples, steps=100, baseline="unk")
+    ig = IG.integrated_gradients(pm, examples, steps=100, baseline="unk")
     for i, example in enumerate(examples):
         fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
         # f(x) over the embeddings against prepare's forward over ids: one forward each
@@ -222,8 +234,8 @@ def test_ig_from_a_zero_pad_row_on_rmsnorm_model_needs_many_steps(loaded):
     baseline: 50 steps leave a large delta that 400 steps remove. The delta is what tells."""
     pm = loaded("llama_gqa")
     examples = prepare(pm, ["bad film"])
-    few = G.integrated_gradients(pm, examples, steps=50)
-    many = G.integrated_gradients(pm, examples, steps=400)
+    few = IG.integrated_gradients(pm, examples, steps=50)
+    many = IG.integrated_gradients(pm, examples, steps=400)
     assert few.params["baseline_norm"] == 0.0
     gap = abs(many.extras["target_value"][0] - many.extras["baseline_value"][0])
     assert abs(few.extras["convergence_delta"][0]) > 0.1 * gap
@@ -232,8 +244,8 @@ def test_ig_from_a_zero_pad_row_on_rmsnorm_model_needs_many_steps(loaded):
 
 def test_ig_completeness_converges_on_minilm(minilm):
     examples = prepare(minilm, MINILM_TEXTS[:2], TargetSpec(kind="logit"))
-    coarse = G.integrated_gradients(minilm, examples, steps=10)
-    fine = G.integrated_gradients(minilm, examples, steps=200)
+    coarse = IG.integrated_gradients(minilm, examples, steps=10)
+    fine = IG.integrated_gradients(minilm, examples, steps=200)
     for i in range(len(examples)):
         gap = fine.extras["target_value"][i] - fine.extras["baseline_value"][i]
         # completeness computed here, independently of the extras
@@ -242,11 +254,11 @@ def test_ig_completeness_converges_on_minilm(minilm):
         assert abs(fine.extras["convergence_delta"][i]) < abs(coarse.extras["convergence_delta"][i])
 
 
-@pytest.mark.parametrize("baseline", G.BASELINES)
+@pytest.mark.parametrize("baseline", IG.BASELINES)
 def test_ig_baselines(loaded, baseline):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS)
-    ig = G.integrated_gradients(pm, examples, steps=32, baseline=baseline, site="word")  # from zero at the embeddings output IG needs more steps (the completeness check says how many)
+    ig = IG.integrated_gradients(pm, examples, steps=32, baseline=baseline, site="word")  # from zero at the embeddings output IG needs more steps (the completeness check says how many)
     assert ig.params["baseline"] == baseline
     for i, delta in enumerate(ig.extras["convergence_delta"]):
         fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
@@ -256,9 +268,9 @@ def test_ig_baselines(loaded, baseline):
 def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(loaded):
     pm = loaded("gpt2")  # no [MASK]
     with pytest.raises(InputError, match="mask.*zero"):
-        G.integrated_gradients(pm, prepare(pm, TEXTS), baseline="mask", steps=2)
+        IG.integrated_gradients(pm, prepare(pm, TEXTS), baseline="mask", steps=2)
     with pytest.raises(InputError, match="pad, zero, mask, unk"):
-        G.integrated_gradients(pm, prepare(pm, TEXTS), baseline="blank", steps=2)
+        IG.integrated_gradients(pm, prepare(pm, TEXTS), baseline="blank", steps=2)
     with pytest.raises(InputError, match="saliency"):
         G.gradient_scores(pm, prepare(pm, TEXTS), "deeplift")
 
@@ -266,7 +278,7 @@ def test_ig_baseline_the_tokenizer_lacks_is_a_user_error(loaded):
 def test_ig_baseline_keeping_special_tokens_gives_them_zero(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS)
-    ig = G.integrated_gradients(pm, examples, steps=16, keep_special=True)
+    ig = IG.integrated_gradients(pm, examples, steps=16, keep_special=True)
     for example, scores in zip(examples, ig.scores):
         special = torch.tensor(example.special)
         assert special.any() and torch.count_nonzero(scores[special]) == 0
@@ -281,9 +293,9 @@ def test_ig_baseline_keeping_special_tokens_gives_them_zero(loaded):
 def test_gradient_shap_is_seeded(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS)
-    a = G.gradient_shap(pm, examples, n_samples=4, seed=1)
-    b = G.gradient_shap(pm, examples, n_samples=4, seed=1)
-    c = G.gradient_shap(pm, examples, n_samples=4, seed=2)
+    a = IG.gradient_shap(pm, examples, n_samples=4, seed=1)
+    b = IG.gradient_shap(pm, examples, n_samples=4, seed=1)
+    c = IG.gradient_shap(pm, examples, n_samples=4, seed=2)
     assert all(torch.equal(x, y) for x, y in zip(a.scores, b.scores))
     assert not all(torch.equal(x, y) for x, y in zip(a.scores, c.scores))
     assert a.params["seed"] == 1 and a.params["n_samples"] == 4
@@ -293,8 +305,8 @@ def test_gradient_shap_without_noise_approaches_ig(loaded):
     """With one baseline and no noise GradientSHAP is IG with random alphas: many samples agree."""
     pm = loaded("bert")
     examples = prepare(pm, TEXTS[:1])
-    shap = G.gradient_shap(pm, examples, n_samples=400, noise=0.0, internal_batch_size=None)
-    ig = G.integrated_gradients(pm, examples, steps=50)
+    shap = IG.gradient_shap(pm, examples, n_samples=400, noise=0.0, internal_batch_size=None)
+    ig = IG.integrated_gradients(pm, examples, steps=50)
     scale = float(ig.scores[0].abs().max())
     assert float((shap.scores[0] - ig.scores[0]).abs().max()) <= 0.15 * scale
 
@@ -334,7 +346,7 @@ def test_parameters_are_left_out_of_the_graph_and_their_flags_restored(loaded, m
     seen = []
     handle = pm.model.register_forward_pre_hook(lambda *_: seen.append(any(p.requires_grad for p in parameters)))
     try:
-        ig = G.integrated_gradients(pm, examples, steps=8)
+        ig = IG.integrated_gradients(pm, examples, steps=8)
         saliency = G.saliency(pm, examples)
         assert [p.requires_grad for p in parameters] == [False] + [True] * (len(parameters) - 1)
         assert all(p.grad is None for p in parameters)
@@ -343,13 +355,12 @@ def test_parameters_are_left_out_of_the_graph_and_their_flags_restored(loaded, m
         handle.remove()
         by_hand.requires_grad_(True)
     # the same scores from an autograd graph that includes the parameters
-    import probe.explain.gradient_forward as forward
-    import probe.explain.integrated_gradients as integrated
+    import probe.explainers.gradient_forward as forward
 
-    plain = forward._gradient_mode
-    for module in (G, integrated):  # the modules that call it with inputs_only=True
-        monkeypatch.setattr(module, "_gradient_mode", lambda model, *, inputs_only=False: plain(model))
-    ig_plain, saliency_plain = G.integrated_gradients(pm, examples, steps=8), G.saliency(pm, examples)
+    plain = forward.gradient_mode
+    for module in (G, IG):  # the modules that call it with inputs_only=True
+        monkeypatch.setattr(module, "gradient_mode", lambda model, *, inputs_only=False: plain(model))
+    ig_plain, saliency_plain = IG.integrated_gradients(pm, examples, steps=8), G.saliency(pm, examples)
     monkeypatch.undo()
     depth = model_depth(pm, backward=True)
     terms = gradient_term_scales(pm, examples, "integrated_gradients", steps=8)  # IG sums signed per-dim terms
@@ -459,7 +470,7 @@ def test_word_scores_fold_a_whole_result(minilm):
 def test_ig_on_the_fine_tuned_builtin(builtin_cache):
     pm = load_model("builtin:minilm-rt", cache_dir=str(builtin_cache))
     examples = prepare(pm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
-    ig = G.integrated_gradients(pm, examples, steps=100)
+    ig = IG.integrated_gradients(pm, examples, steps=100)
     for i, delta in enumerate(ig.extras["convergence_delta"]):
         fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
         assert abs(delta) <= 1e-2 * abs(fx - fb) + _completeness_slack(pm, ig.scores[i], fx, fb), (i, delta, fx - fb)
@@ -470,7 +481,7 @@ def test_ig_on_the_fine_tuned_builtin(builtin_cache):
 def test_out_of_memory_in_an_explainer_halves_the_examples(loaded, method, simulated_oom):
     """An explainer that runs out of memory is rerun on each half of its examples: the scores and
     per-example extras equal an uninterrupted run, in order, each example once."""
-    from probe.explain.methods import run_method
+    from probe.methods import run_method
 
     pm = loaded("llama_gqa")
     examples = prepare(pm, ["the movie was good and fun", "bad film , not fun at all", "i loved the acting"])

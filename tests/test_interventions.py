@@ -7,14 +7,21 @@ import math
 
 import pytest
 import torch
+from tolerances import assert_fp_close, fp_close, gradient_term_scales, model_depth
 
 from probe.errors import InputError
-from probe.explain.target import TargetSpec, evaluate, prepare
-from probe.intervene.engine import Engine, common_prefix
-from probe.intervene.erasure import ERASURE_BINS, bin_size, erasure, random_ranking, ranked_positions
+from probe.intervene.engine import Engine
+from probe.intervene.erasure import (
+    ERASURE_BINS,
+    bin_size,
+    erasure,
+    random_ranking,
+    ranked_positions,
+)
+from probe.intervene.rowcache import common_prefix
 from probe.intervene.tokens import LOO_MODES, loo
 from probe.models.loading import load_model
-from tolerances import assert_fp_close, fp_close, gradient_term_scales, model_depth
+from probe.rows.target import TargetSpec, evaluate, prepare
 
 TINY_TEXTS = [
     "the movie was very good",
@@ -587,10 +594,10 @@ def test_a_single_row_that_does_not_fit_is_a_clear_error(loaded):
 def test_device_map_auto_gives_the_same_results(tiny_dirs, loaded, kind):
     """Loaded with accelerate's device_map="auto" (all on the CPU here), capture, gradients and
     interventions give what the plain load gives. Spreading over several GPUs is left to the GPU check."""
-    from probe.explain.methods import run_methods
     from probe.intervene.counterfactual import permuted_attention
     from probe.intervene.heads import head_ablation_effects
-    from probe.models import load_model
+    from probe.methods import run_methods
+    from probe.models.loading import load_model
 
     plain = loaded(kind)
     mapped = load_model(str(tiny_dirs[kind]), device_map="auto")

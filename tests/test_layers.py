@@ -16,24 +16,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "probe"
 
-#: bottom to top; a package may import from its own rank or below. ``rows`` (prepared examples,
-#: targets, token scores, the target query, OOM halving) sits below both users, explain and intervene.
+#: bottom to top; a package may import from its own rank or below, never a sibling of its rank.
+#: ``rows`` (prepared examples, targets, token scores, the target query, OOM halving) sits below both
+#: of its users, the explainers and the interventions; ``methods`` (the dispatcher that runs any
+#: registered method by name) sits above both.
 RANKS = {
     "errors": 0, "names": 0, "registry": 0,
-    "callable_module": 1, "data": 1, "planted_texts": 1, "spec": 1,
-    "capture": 2,
+    "data": 1, "planted_texts": 1, "spec": 1,
+    "hooks": 2,
     "models": 3,
     "rows": 4, "predict": 4,
-    "intervene": 5,
-    "explain": 6,
+    "intervene": 5, "explainers": 5,
+    "methods": 6,
     "metrics": 7,
     "report": 8,
     "study": 9,
-    "audit": 10, "terminal": 10,
-    "api": 11, "cli": 11, "__main__": 12,
+    "claims": 10, "terminal": 10,
+    "api": 11, "cli": 12, "__main__": 13,  # the CLI calls the Python API
 }
-#: the one upward edge allowed: calling a subpackage (``probe.explain(...)``) runs probe.api
-ALLOWED_UP = {("callable_module", "probe.api")}
 
 
 def _modules() -> dict[str, Path]:
@@ -85,7 +85,7 @@ def test_imports_only_point_down():
             continue
         for target, line in _imports(path):
             there = _package(target)
-            if there == "probe" or (here, ".".join(target.split(".")[:2])) in ALLOWED_UP:
+            if there == "probe":
                 continue
             if RANKS[there] > RANKS[here] or (RANKS[there] == RANKS[here] and there != here and RANKS[here] > 1):
                 wrong.append(f"{path.relative_to(ROOT.parent)}:{line} {here} -> {target}")
@@ -107,8 +107,6 @@ def test_no_module_imports_itself_round_a_circle():
         stack.append(v)
         on_stack.add(v)
         for w in graph.get(v, ()):
-            if w.endswith("callable_module") or v.endswith("callable_module"):
-                continue
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -131,7 +129,7 @@ def test_no_module_imports_itself_round_a_circle():
     assert not cycles, f"import circles: {cycles}"
 
 
-@pytest.mark.parametrize("package", ["capture", "models", "rows", "intervene", "explain", "metrics", "report"])
+@pytest.mark.parametrize("package", ["hooks", "models", "rows", "intervene", "explainers", "methods", "metrics", "report"])
 def test_importing_a_package_loads_nothing_above_it(package):
     code = ("import sys, importlib; importlib.import_module('probe.%s'); "
             "print(' '.join(sorted({m.split('.')[1] for m in sys.modules if m.startswith('probe.')})))" % package)
@@ -139,3 +137,79 @@ def test_importing_a_package_loads_nothing_above_it(package):
                             cwd=ROOT.parent).stdout.split()
     above = [p for p in loaded if RANKS.get(p, -1) > RANKS[package]]
     assert not above, f"importing probe.{package} loaded {above}"
+
+
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names a module defines at top level, names it only imports there)."""
+    defined, imported = set(), set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text()).body)
+    return defined, imported - defined
+
+
+def _import_froms():
+    """(file, line, module, name) for every ``from probe... import name`` in the package, tests and benchmarks."""
+    for folder in ("probe", "tests", "benchmarks"):
+        for path in sorted((ROOT.parent / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "probe":
+                    for alias in node.names:
+                        yield path.relative_to(ROOT.parent), node.lineno, node.module, alias.name
+
+
+def test_no_private_name_is_imported_from_another_module():
+    private = [f"{path}:{line} from {module} import {name}" for path, line, module, name in _import_froms()
+               if name.startswith("_") and not name.startswith("__")]
+    assert not private, "private names imported across modules (make them public where they are defined):\n" + \
+        "\n".join(private)
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it():
+    modules = _modules()
+    wrong = []
+    for path, line, module, name in _import_froms():
+        if f"{module}.{name}" in modules or module == "probe":  # a submodule; probe's lazy top-level names
+            continue
+        if module not in modules:
+            wrong.append(f"{path}:{line} from {module} import {name}: no such module")
+            continue
+        defined, imported = _top_level_names(modules[module])
+        if name not in defined:
+            where = "re-exported there" if name in imported else "not defined there"
+            wrong.append(f"{path}:{line} from {module} import {name}: {where}")
+    assert not wrong, "import every name from its defining module:\n" + "\n".join(wrong)
+
+
+def test_probe_top_level_names_point_at_their_defining_modules():
+    import importlib
+
+    import probe
+
+    for name, module_name in probe._EXPORTS.items():
+        module = importlib.import_module(module_name)
+        if module_name == f"probe.{name}":
+            continue
+        defined, _ = _top_level_names(Path(module.__file__))
+        assert name in defined, f"probe.{name} is re-exported by {module_name}, not defined there"
+        value = getattr(probe, name)
+        assert not isinstance(value, type(probe)), f"probe.{name} is a module, not the function or class"
+
+
+def test_the_package_is_typed():
+    assert (ROOT / "py.typed").is_file()
+    assert "py.typed" in (ROOT.parent / "pyproject.toml").read_text()

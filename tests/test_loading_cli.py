@@ -11,8 +11,8 @@ import time
 import pytest
 
 from probe.errors import InputError, ModelLoadError
-from probe.models import load_model
-from probe.models.text import TruncationWarning
+from probe.models.core import TruncationWarning
+from probe.models.loading import load_model
 
 
 def _cli(*args, timeout=120):
@@ -164,21 +164,21 @@ def test_help_is_fast():
 
 
 def test_moved_model_types_keep_their_old_import_paths():
-    from probe.models import contract, core, loading, text
+    from probe.models import contract, core, loading
 
     assert loading.ProbeModel is core.ProbeModel
     assert (contract.AttentionContract, contract.StackContract) == (core.AttentionContract, core.StackContract)
-    assert text.encode_texts is core.encode_texts and text.TruncationWarning is core.TruncationWarning
+    assert core.encode_texts is core.encode_texts and core.TruncationWarning is core.TruncationWarning
 
 
 def test_task_inference_reads_the_causal_model_types_from_the_architecture_table(monkeypatch):
     from types import SimpleNamespace
 
     from probe.models import architectures
-    from probe.models.tasks import _infer_task
+    from probe.models.tasks import infer_task
 
     config = SimpleNamespace(model_type="newlm", architectures=["NewLMModel"], is_decoder=False,
                              is_encoder_decoder=False)
-    assert _infer_task(config) == "encoder"  # a bare *Model of an unknown type: a headless encoder
+    assert infer_task(config) == "encoder"  # a bare *Model of an unknown type: a headless encoder
     monkeypatch.setattr(architectures, "CAUSAL_LM_TYPES", ("newlm",))
-    assert _infer_task(config) == "causal_lm"
+    assert infer_task(config) == "causal_lm"

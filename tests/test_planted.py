@@ -15,7 +15,12 @@ from probe.data import load_dataset
 from probe.errors import InputError, ModelLoadError, ProbeError
 from probe.models import planted
 from probe.models.loading import load_model
-from probe.models.planted import ANSWERS, PLANTED_MODELS, build_planted, planted_model_names
+from probe.models.planted import (
+    ANSWERS,
+    PLANTED_MODELS,
+    build_planted,
+    planted_model_names,
+)
 from probe.planted_texts import planted_dataset_names
 
 AUTO = {"classification": transformers.AutoModelForSequenceClassification,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from probe.models.planted import PLANTED_MODELS, planted_model_names
-from probe.spec import load_study
+from probe.spec.study import load_study
 from probe.study.planted import run_planted, write_planted
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from probe.errors import InputError
-from probe.explain.attention import attention_scores, rollout_matrices
-from probe.explain.target import TargetSpec, prepare
+from probe.explainers.attention import attention_scores
+from probe.explainers.rollout import rollout_matrices
+from probe.rows.target import TargetSpec, prepare
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 from probe.errors import InputError, ModelLoadError
-from probe.explain.methods import run_methods
-from probe.explain.target import TargetSpec, prepare
-from probe.models import load_model
-from tolerances import assert_fp_close, gradient_term_scales, model_depth
+from probe.methods import run_methods
+from probe.models.loading import load_model
+from probe.rows.target import TargetSpec, prepare
 
 TEXTS = ["a gripping, funny and warm film", "dull", "the plot drags but the acting is superb"]
 REFERENCE = "a great movie"
@@ -113,8 +113,8 @@ def test_cli_contract_lists_random_weights_and_explain_refuses_them(pretrained_m
 
 
 def test_the_option_is_recorded_in_provenance_and_shown_in_the_report(headless, tmp_path):
+    from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
 
     data = tmp_path / "data.csv"
     pd.DataFrame({"text": ["good film", "bad plot , slow", "funny and warm"], "label": [1, 0, 1]}).to_csv(data,
@@ -135,7 +135,7 @@ def test_the_option_is_recorded_in_provenance_and_shown_in_the_report(headless, 
 
 
 def test_studies_without_the_new_keys_keep_their_fingerprint():
-    from probe.study.spec import study_from_dict
+    from probe.spec.study import study_from_dict
 
     base = {"name": "f", "model": {"id": "builtin:minilm-rt"}, "dataset": {"name": "builtin:rotten_tomatoes"},
             "explainers": ["attention_mean"], "references": ["loo_delete"]}
@@ -270,7 +270,7 @@ def test_encoder_targets_are_checked(encoder, loaded):
 
 def test_study_spec_validates_encoder_targets():
     from probe.errors import ProbeError
-    from probe.study.spec import study_from_dict
+    from probe.spec.study import study_from_dict
 
     base = {"name": "s", "model": {"id": "builtin:minilm-rt"}, "dataset": {"name": "builtin:rotten_tomatoes"},
             "explainers": ["attention_mean"], "references": ["loo_delete"]}
@@ -296,8 +296,8 @@ def test_cli_explains_the_encoder_similarity(pretrained_minilm_folder):
 
 
 def test_a_study_on_the_encoder_runs(pretrained_minilm_folder, tmp_path):
+    from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
 
     data = tmp_path / "data.csv"
     pd.DataFrame({"text": ["a good film", "the plot is slow and dull", "funny , warm and sharp"],

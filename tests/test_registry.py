@@ -44,6 +44,12 @@ def test_names_derive_the_shared_tuples_in_registry_order():
 def test_every_entry_resolves_and_its_defaults_are_the_implementation_keywords(entry):
     function = entry.load()
     assert callable(function)
+    paths = [entry.implementation] + ([entry.scorer] if isinstance(entry, registry.Method) else [])
+    if isinstance(entry, registry.Method) and entry.applies.support:
+        paths.append(entry.applies.support)
+    for path in paths:  # each names the module that defines the function, not one that re-exports it
+        module, _, name = path.partition(":")
+        assert registry._load(path).__module__ == module, (entry.name, path)
     params = inspect.signature(function).parameters
     fields = dataclasses.fields(entry.params)
     assert entry.params.__dataclass_params__.frozen
@@ -131,10 +137,28 @@ def test_study_and_claim_files_take_the_registry_adversarial_defaults():
 
 
 def test_per_head_and_query_max_methods_are_registry_facts():
-    from probe.explain.attention import QUERY_MAX_METHODS
+    from probe.explainers.attention import QUERY_MAX_METHODS
     from probe.spec.claims import PER_HEAD_METHODS
 
     assert PER_HEAD_METHODS == registry.per_head_methods() and "attention" in PER_HEAD_METHODS
     assert "attention_mean" not in PER_HEAD_METHODS
     assert QUERY_MAX_METHODS == registry.query_max_methods() and "flow" in QUERY_MAX_METHODS
     assert all(registry.method(m).family == "attention" for m in PER_HEAD_METHODS + QUERY_MAX_METHODS)
+
+
+def test_gradient_capability_fields_agree_with_the_parameter_classes():
+    """A method shared from one gradient takes no parameter but its site; ``points`` names one of its
+    parameters; only a method with a completeness check is IG-like (its params have steps)."""
+    for entry in registry.methods(family="gradient", listed=False):
+        fields = {f.name for f in dataclasses.fields(entry.params)}
+        if entry.reduction is not None:
+            assert entry.reduction in ("l2", "sum") and fields == {"site"}, entry.name
+            assert entry.points is None and not entry.completeness, entry.name
+        else:
+            assert not entry.times_input, entry.name
+        if entry.points is not None:
+            assert entry.points in fields, entry.name
+        if entry.completeness:
+            assert "steps" in fields and "baseline" in fields, entry.name
+    assert [m.name for m in registry.methods(family="gradient") if m.reduction] == \
+        ["saliency", "saliency_sum", "input_x_gradient"]

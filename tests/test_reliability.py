@@ -59,8 +59,8 @@ def _study(model, data, out, **overrides) -> dict:
 
 
 def _run(study: dict, **kwargs):
+    from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
 
     return run_study(study_from_dict(study), progress=False, log=lambda _: None, **kwargs)
 
@@ -87,9 +87,9 @@ def test_usage_errors_are_one_line_and_exit_2(args, needles):
 def test_the_usage_error_classes_are_those_typer_raises():
     import typer
 
-    from probe.cli import _usage_error_classes
+    from probe.cli import usage_error_classes
 
-    with pytest.raises(_usage_error_classes()):
+    with pytest.raises(usage_error_classes()):
         typer.main.get_command(__import__("probe.cli", fromlist=["app"]).app).main(["frobnicate"], standalone_mode=False)
 
 
@@ -111,7 +111,8 @@ def _assert_inert_markdown(md: str) -> None:
 
 
 def test_audit_markdown_escapes_claims_and_data(tiny_dirs, loaded, tmp_path):
-    from probe.audit import claims_from_dict, run_audit
+    from probe.claims.run import run_audit
+    from probe.spec.claims import claims_from_dict
 
     texts = [f"the film was good {SHORT}", "a bad movie", f"- {SHORT} boring film", "# great | movie"]
     spec = claims_from_dict({"model": {"id": str(tiny_dirs["bert"])}, "data": {"texts": texts},
@@ -159,7 +160,7 @@ def finished(tiny_dirs, tmp_path_factory):
 def test_study_report_and_comparison_markdown_are_inert(finished, tmp_path):
     import shutil
 
-    from probe.report import build_comparison
+    from probe.report.build import build_comparison
 
     _assert_inert_markdown((finished / "report" / "report.md").read_text(encoding="utf-8"))
     other = tmp_path / "other"
@@ -206,7 +207,7 @@ def test_study_labels_are_checked_against_the_model(tiny_dirs, tmp_path, overrid
 
 
 def test_report_out_refuses_another_reports_folder_and_other_files(finished, tmp_path):
-    from probe.report import build_report
+    from probe.report.build import build_report
 
     theirs = tmp_path / "theirs"
     theirs.mkdir()
@@ -364,8 +365,8 @@ def test_dataset_file_problems_are_said(tmp_path):
 def test_the_hint_after_a_shard_names_the_missing_shard(tiny_dirs, tmp_path):
     data = _dataset(tmp_path / "d.csv")
     said = []
+    from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
 
     run_study(study_from_dict(_study(tiny_dirs["bert"], data, tmp_path / "out")), shard=(0, 2), progress=False,
               log=said.append)
@@ -373,8 +374,8 @@ def test_the_hint_after_a_shard_names_the_missing_shard(tiny_dirs, tmp_path):
 
 
 def test_many_exact_zero_references_get_a_note_about_ties(tmp_path):
-    from probe.study.runner import _warn_about_ties
-    from probe.study.spec import study_from_dict
+    from probe.spec.study import study_from_dict
+    from probe.study.runner import warn_about_ties
 
     spec = _study("m", tmp_path / "d.csv", tmp_path)
     spec["model"]["dtype"] = "bf16"
@@ -382,7 +383,7 @@ def test_many_exact_zero_references_get_a_note_about_ties(tmp_path):
     scores = [0.0] * 11 + [0.1 * i for i in range(1, 9)] + [float("nan")] * 3
     pd.DataFrame({"method": "loo_delete", "score": scores}).to_parquet(tmp_path / "scores.parquet")
     with pytest.warns(UserWarning, match=r"loo_delete: 11 of 19 token scores are exactly 0 \(in bf16"):
-        _warn_about_ties(tmp_path, study)
+        warn_about_ties(tmp_path, study)
 
 
 # --------------------------------------------------------------------------- found by the adversarial pass
@@ -391,7 +392,8 @@ def test_many_exact_zero_references_get_a_note_about_ties(tmp_path):
 @pytest.mark.parametrize("args, needles", [
     (["explain", "{bert}", "good", "--seed", "-5", "--methods", "loo_random"], ["--seed -5", ">= 0"]),
     (["explain", "{bert}", "good", "--continuation", " x"], ["--continuation", "classifier", "--label"]),
-    (["explain", "{bert}", "good", "--steps", "100000000", "--methods", "integrated_gradients"], ["out of memory"]),
+    (["explain", "{bert}", "good", "--steps", "100000000", "--methods", "integrated_gradients"],
+     ["100000000 is out of range", "integrated_gradients.steps"]),  # refused before any pass (the API's check)
     (["run", "{study}", "--threads", "100000"], ["--threads 100000", "CPUs"]),
 ])
 def test_adversarial_values_are_one_line_errors(tiny_dirs, tmp_path, args, needles):

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from probe.errors import InputError
-from probe.report import build_comparison, build_report
-from probe.study.store import FORMAT_VERSION
+from probe.names import FORMAT_VERSION
+from probe.report.build import build_comparison, build_report
 
 ALL_SECTIONS = ["verdict", "setup", "agreement", "erasure", "counterfactual", "heads", "tokens", "limitations"]
 INJECTED = "<script>alert(1)</script>"
@@ -36,8 +36,8 @@ def _dataset(path: Path, n: int = 12) -> Path:
 @pytest.fixture(scope="module")
 def result(tiny_dirs, tmp_path_factory) -> Path:
     """A finished tiny study with every table: 12 examples in 3 batches of 4."""
+    from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
 
     root = tmp_path_factory.mktemp("report")
     study = study_from_dict({
@@ -389,7 +389,7 @@ def test_compare_puts_studies_side_by_side(result, tmp_path):
 
 def test_report_bootstrap_equals_the_metrics_bootstrap():
     from probe.metrics.statistics import bootstrap_ci
-    from probe.report.analysis import bootstrap_ci as report_ci
+    from probe.metrics.statistics import bootstrap_ci as report_ci
 
     values = np.random.default_rng(2).normal(size=41)
     values[[3, 9]] = np.nan
@@ -461,8 +461,8 @@ def _audit_data(text: str) -> dict:
 
 
 def test_reports_and_audits_share_one_page_shell_and_escape_everything():
-    from probe.audit.render import render_html as audit_html
-    from probe.audit.render import render_markdown as audit_markdown
+    from probe.claims.render import render_html as audit_html
+    from probe.claims.render import render_markdown as audit_markdown
     from probe.report.document import Document, Para, Section, render_html
 
     nasty = INJECTED + ' & "quoted" [x](javascript:y)'

@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from probe.explain import gradients as G
-from probe.explain.target import TargetSpec, prepare
+import probe.explainers.gradient_forward as GF
+import probe.explainers.integrated_gradients as IG
+from probe.explainers import gradients as G
 from probe.metrics import sanity as S
+from probe.names import describe_group
+from probe.rows.target import TargetSpec, prepare
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 
@@ -58,10 +61,10 @@ def test_constant_scores():
 def test_completeness_reports_steps_needed(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS[:2], TargetSpec())
-    coarse = G.integrated_gradients(pm, examples, steps=2, rule="riemann_left")
+    coarse = IG.integrated_gradients(pm, examples, steps=2, rule="riemann_left")
     check = S.completeness(pm, examples, coarse, params={"rule": "riemann_left"})
     assert check.status == "fail" and "steps bring it under" in check.detail
-    fine = G.integrated_gradients(pm, examples, steps=64)
+    fine = IG.integrated_gradients(pm, examples, steps=64)
     assert S.completeness(pm, examples, fine).status == "pass"
 
 
@@ -107,7 +110,7 @@ def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
 def test_randomisation_cascades_from_the_head_and_restores_it(loaded):
     """The classifier and pooler are the cascade's first step (Adebayo et al. go from the logits
     down): the output moves at that step though no layer changed, and every weight comes back."""
-    from probe.explain.methods import run_method
+    from probe.methods import run_method
 
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
@@ -173,8 +176,8 @@ def test_redundancy_finds_a_constructed_duplicate():
                 "rollout L1": [rng.normal(size=len(b)) for b in base]}
     groups = S.redundancy_groups(rankings)
     assert groups == [["attention_mean L0", "flow L1", "flow L2"]]
-    assert S.describe_group(groups[0]) == "attention_mean L0 = flow L1-L2"
-    assert S.describe_group(["flow L1", "flow L2", "flow L3", "flow L5", "attention_mean L0"]) == \
+    assert describe_group(groups[0]) == "attention_mean L0 = flow L1-L2"
+    assert describe_group(["flow L1", "flow L2", "flow L3", "flow L5", "attention_mean L0"]) == \
         "flow L1-L3,L5 = attention_mean L0"
 
 
@@ -213,10 +216,10 @@ def test_probe_explain_bad_sites_are_one_line(tiny_dirs):
 def test_randomisation_on_the_builtin_llama(builtin_cache):
     """Real model (SmolLM2, 30 layers): input x gradient's curve falls, a position ranking stays at 1;
     no norm inside an embeddings module, so the default site is word and nothing is degenerate."""
-    from probe.models import load_model
+    from probe.models.loading import load_model
 
     pm = load_model("builtin:smollm2-135m")
-    assert G.default_site(pm) == "word"
+    assert GF.default_site(pm) == "word"
     examples = prepare(pm, ["The movie was wonderful. Sentiment:", "A dull and tedious film. Sentiment:"],
                        TargetSpec(continuation=" positive"))
     assert [c.status for c in S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"])] == ["pass", "pass"]

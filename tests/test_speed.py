@@ -11,13 +11,21 @@ import math
 
 import pytest
 import torch
+from tiny_models import TINY_KINDS
+from tolerances import (
+    assert_fp_close,
+    fp_close,
+    fp_tol,
+    gradient_term_scales,
+    model_depth,
+)
 
+import probe.explainers.integrated_gradients as IG
+import probe.explainers.rollout as RO
 from probe import registry
 from probe.errors import InputError
-from probe.explain import gradients as G
-from probe.explain.target import prepare
-from tiny_models import TINY_KINDS
-from tolerances import assert_fp_close, fp_close, fp_tol, gradient_term_scales, model_depth
+from probe.explainers import gradients as G
+from probe.rows.target import prepare
 
 # widths from 4 to ~40 tokens: buckets are cut between the short and the long ones
 TEXTS = ["bad film", "the movie was good and the cast was great , the music too , and the story moved me "
@@ -77,7 +85,7 @@ def test_bucketed_integrated_gradients_equal_one_call(loaded, kind):
     examples = prepare(pm, TEXTS)
     assert len(G.width_buckets(pm, examples, points=10)) > 1 or kind == "t5"
     bucketed = G.gradient_scores(pm, examples, "integrated_gradients", steps=8)
-    whole = G.integrated_gradients(pm, examples, steps=8)
+    whole = IG.integrated_gradients(pm, examples, steps=8)
     # buckets are smaller batches of the same rows: fp32 rounding of a forward and backward pass at the
     # scale of the summed per-dim terms; the extras at that of f and the scores (tolerances.py)
     terms = gradient_term_scales(pm, examples, "integrated_gradients", steps=8)
@@ -135,21 +143,21 @@ def _assert_auto_is_honest(pm, examples, result, tolerance, **params):
     for i, example in enumerate(examples):
         used = result.extras["steps_used"][i]
         history = result.extras["delta_by_steps"][i]
-        assert used in G.AUTO_STEPS and history[-1][0] == used
-        assert [h[0] for h in history] == list(G.AUTO_STEPS[: len(history)])
+        assert used in IG.AUTO_STEPS and history[-1][0] == used
+        assert [h[0] for h in history] == list(IG.AUTO_STEPS[: len(history)])
         delta = result.extras["convergence_delta"][i]
         assert delta == history[-1][1]
         gap = result.extras["target_value"][i] - result.extras["baseline_value"][i]
-        ok = abs(delta) <= max(tolerance * abs(gap), G.AUTO_ABSOLUTE_TOLERANCE)
+        ok = abs(delta) <= max(tolerance * abs(gap), IG.AUTO_ABSOLUTE_TOLERANCE)
         assert result.extras["converged"][i] == ok
         # every earlier try missed the tolerance (else it would have stopped there); that try compared
         # with its own gap, which another batch's rounding moves by fp_tol of |f(x)| + |f(baseline)|
         fx, fb = result.extras["target_value"][i], result.extras["baseline_value"][i]
         slack = tolerance * fp_tol(abs(fx) + abs(fb), depth=model_depth(pm))
         for _, earlier in history[:-1]:
-            assert abs(earlier) > max(tolerance * abs(gap), G.AUTO_ABSOLUTE_TOLERANCE) - slack
+            assert abs(earlier) > max(tolerance * abs(gap), IG.AUTO_ABSOLUTE_TOLERANCE) - slack
         # the scores are IG at the steps it settled on, computed alone (independent of the batch)
-        fixed = G.integrated_gradients(pm, [example], steps=used, **params)
+        fixed = IG.integrated_gradients(pm, [example], steps=used, **params)
         terms = gradient_term_scales(pm, [example], "integrated_gradients", steps=used, **params)[0]
         assert_fp_close(result.scores[i], fixed.scores[0], depth=model_depth(pm, backward=True), scale=terms)
 
@@ -165,7 +173,7 @@ def test_ig_auto_steps_stop_when_complete(loaded, kind):
 
 def test_ig_auto_steps_on_minilm_converge(minilm):
     examples = prepare(minilm, ["a gorgeous , witty , seductive movie .", "the plot is a dull , lifeless mess ."])
-    result = G.integrated_gradients(minilm, examples, steps="auto", tolerance=0.05)
+    result = IG.integrated_gradients(minilm, examples, steps="auto", tolerance=0.05)
     assert all(result.extras["converged"])
     _assert_auto_is_honest(minilm, examples, result, 0.05)
 
@@ -175,10 +183,10 @@ def test_ig_auto_steps_raise_the_points_where_the_path_is_hard(loaded):
     auto keeps doubling until the delta is within tolerance, and says where it stopped."""
     pm = loaded("llama_gqa")
     examples = prepare(pm, ["bad film"])
-    short = G.integrated_gradients(pm, examples, steps="auto", max_steps=32)
+    short = IG.integrated_gradients(pm, examples, steps="auto", max_steps=32)
     assert short.params["max_steps"] == 32 and short.params["auto_steps"] == [16, 32]
     assert short.extras["converged"] == [False] and short.extras["steps_used"] == [32]
-    full = G.integrated_gradients(pm, examples, steps="auto")
+    full = IG.integrated_gradients(pm, examples, steps="auto")
     assert full.extras["converged"] == [True] and full.extras["steps_used"][0] >= 64
     _assert_auto_is_honest(pm, examples, full, 0.05)
 
@@ -201,7 +209,7 @@ def test_ig_auto_batch_of_one_equals_batch_of_n(loaded):
 def test_ig_steps_user_errors(loaded, params, word):
     pm = loaded("bert")
     with pytest.raises(InputError, match=word):
-        G.integrated_gradients(pm, prepare(pm, TEXTS[:1]), **params)
+        IG.integrated_gradients(pm, prepare(pm, TEXTS[:1]), **params)
 
 
 # --------------------------------------------------------------------------- rollout linear in T
@@ -212,30 +220,30 @@ def test_ig_steps_user_errors(loaded, params, word):
 def test_row_only_rollout_equals_the_streamed_product(loaded, kind, block):
     """The oracle: the [T, T] product streamed through the layers (the rollout before issue 18),
     on a padded batch, for blocks smaller than, not dividing, and larger than T."""
-    from probe.explain import attention as A
+    from probe.explainers import attention as A
 
     pm = loaded(kind)
     examples = prepare(pm, TEXTS)
     with A.eval_mode(pm.model):
         for batch, tq in A.row_batches(pm, examples, 5):
-            streamed, _ = A._encoder_stream(pm, batch, tq)
+            streamed, _ = RO.encoder_stream(pm, batch, tq)
             expected = torch.stack(streamed.rows, dim=1)  # [batch, layer, T]
-            got = A._rollout_target_rows(pm, batch, tq, block=block)
+            got = RO._rollout_target_rows(pm, batch, tq, block=block)
             # rows of products of row-stochastic matrices: entries in [0, 1], an absolute tolerance is relative
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_row_only_rollout_on_minilm_is_batch_invariant(minilm):
-    from probe.explain import attention as A
+    from probe.explainers import attention as A
 
     examples = prepare(minilm, ["an unbelievably wonderful film", "a dull mess"])
-    together = A.rollout(minilm, examples)
+    together = RO.rollout(minilm, examples)
     # rollout rows are distributions over the tokens (entries in [0, 1]): absolute tolerances below
     for i, example in enumerate(examples):
-        torch.testing.assert_close(A.rollout(minilm, [example]).scores[0], together.scores[i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(RO.rollout(minilm, [example]).scores[0], together.scores[i], atol=1e-5, rtol=0)
         with A.eval_mode(minilm.model):
             (batch, tq), = A.row_batches(minilm, [example], 1)
-            streamed, _ = A._encoder_stream(minilm, batch, tq)
+            streamed, _ = RO.encoder_stream(minilm, batch, tq)
         torch.testing.assert_close(together.scores[i], torch.stack(streamed.rows, dim=1)[0], atol=1e-5, rtol=0)
 
 
@@ -277,11 +285,11 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
     entry, the same scores as each method alone), and IG steps: auto leaves its delta against
     steps in the convergence table."""
     import pandas as pd
-
-    from probe.models import load_model
-    from probe.study.runner import run_study
-    from probe.study.spec import study_from_dict
     from test_study import tiny_study, write_dataset
+
+    from probe.models.loading import load_model
+    from probe.spec.study import study_from_dict
+    from probe.study.runner import run_study
 
     data = write_dataset(tmp_path / "data.csv")
     spec = tiny_study(tiny_dirs["bert"], data, tmp_path / "out",
@@ -295,12 +303,12 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
     info = __import__("json").loads((out / "done" / "b00000.json").read_text())
     assert "saliency+input_x_gradient" in info["timings"] and "saliency" not in info["timings"]
     convergence = pd.read_parquet(out / "convergence.parquet")
-    assert set(convergence["steps"]) <= set(G.AUTO_STEPS)
+    assert set(convergence["steps"]) <= set(IG.AUTO_STEPS)
     assert convergence.groupby("example")["final"].sum().eq(1).all()
     assert convergence["example"].nunique() == 12
     # the report shows delta against steps: a table by number of points and a figure
-    from probe.report import build_report
     from probe.report import analysis as an
+    from probe.report.build import build_report
     from probe.report.results import load_result
 
     table = an.ig_convergence(load_result(out))

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+from tolerances import fp_close, fp_tol, model_depth
 
 from probe.errors import InputError, ProbeError
+from probe.names import TABLES
+from probe.spec.study import study_from_dict
 from probe.study.runner import run_study
-from probe.study.spec import study_from_dict
-from probe.study.store import TABLES
-from tolerances import fp_close, fp_tol, model_depth
 
 #: The tolerance of two runs of the tiny study in other processes or threads (other summation orders).
 #: Its target is the tiny classifier's class probability, so every number in its tables is bounded by 1
@@ -231,6 +231,15 @@ def test_bad_inputs_are_one_line_errors(tiny_dirs, tiny_data, tmp_path):
         run_study(study_from_dict(tiny_study(tmp_path / "no-such-model", tiny_data, tmp_path / "c")),
                   progress=False, log=lambda _: None)
     assert not (tmp_path / "c").exists()  # nothing written for a study that cannot start
+    # what a method applies to is read from its registry entry: loo_lm needs a causal LM, loo_mask a
+    # mask token (the tiny GPT-2 has none); the alternatives named are the family's methods that apply
+    with pytest.raises(InputError, match=r"loo_lm cannot run on .*: needs a causal LM.*; use loo_delete, loo_mask"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "d",
+                                             references=["loo_delete", "loo_lm"])), progress=False, log=lambda _: None)
+    with pytest.raises(InputError, match=r"loo_mask cannot run on .*: the tokenizer has no mask token; use loo_delete"):
+        run_study(study_from_dict(tiny_study(tiny_dirs["gpt2"], tiny_data, tmp_path / "e",
+                                             references=["loo_delete", "loo_mask"])), progress=False, log=lambda _: None)
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -306,8 +315,8 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_causal_lm_choices_mark_the_prompt_and_pick_the_preferred_answer(tiny_dirs, tiny_data, tmp_path):
-    from probe.explain.target import TargetSpec, prepare
-    from probe.models import load_model
+    from probe.models.loading import load_model
+    from probe.rows.target import TargetSpec, prepare
     from probe.study.runner import prepare_study_examples
 
     pm = load_model(str(tiny_dirs["llama_gqa"]))
@@ -392,8 +401,8 @@ def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
 def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_data, tmp_path, table, simulated_oom):
     """A counterfactual or head step that runs out of memory reruns on each half of the batch's
     examples: the same rows, in the same order, as an uninterrupted step."""
-    from probe.explain.target import prepare
-    from probe.study.runner import counterfactual_rows, head_rows
+    from probe.rows.target import prepare
+    from probe.study.tables import counterfactual_rows, head_rows
 
     pm = loaded("bert")
     study = study_from_dict(tiny_study(Path("unused"), tiny_data, tmp_path / "out"))

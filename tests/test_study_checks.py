@@ -7,10 +7,10 @@ import json
 
 import pandas as pd
 import pytest
-
-from probe.study.runner import run_study
-from probe.study.spec import study_from_dict
 from test_study import tiny_study, write_dataset
+
+from probe.spec.study import study_from_dict
+from probe.study.runner import run_study
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_left_out_examples_are_counted_with_the_reason(checked_run):
 
 
 def test_report_shows_checks_left_out_and_flags(checked_run, tmp_path):
-    from probe.report import build_report
+    from probe.report.build import build_report
 
     files = build_report(checked_run, tmp_path / "report")
     text = files.markdown.read_text().replace("\\_", "_")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from probe.errors import InputError
-from probe.explain.methods import ALL_METHODS
-from probe.study.spec import (
+from probe.names import ALL_METHODS
+from probe.spec.study import (
     CounterfactualSpec,
     ErasureSpec,
     HeadsSpec,
@@ -499,8 +499,9 @@ def test_validating_study_and_claim_files_imports_no_torch():
     code = (
         "import sys\n"
         "from probe.errors import InputError\n"
-        "from probe.study.spec import load_study\n"
-        "from probe.spec import load_claims, study_from_dict\n"
+        "from probe.spec.study import load_study\n"
+        "from probe.spec.claims import load_claims\n"
+        "from probe.spec.study import study_from_dict\n"
         "study = load_study('studies/quickstart.yaml')\n"
         "claims = load_claims('data/claims/minilm_rt.yaml')\n"
         "try:\n"

@@ -107,7 +107,9 @@ def _word_level_tokenizer(
 
 
 def _wrap(tok: Tokenizer, **special_tokens):
-    from transformers import PreTrainedTokenizerFast  # alias of TokenizersBackend in transformers 5
+    from transformers import (
+        PreTrainedTokenizerFast,  # alias of TokenizersBackend in transformers 5
+    )
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

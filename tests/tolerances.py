@@ -124,8 +124,8 @@ def gradient_term_scales(pm, examples, method: str, **params) -> list[float]:
     the per-dim IG attributions of the same call for IG, and the per-dim GradientSHAP attributions
     of the same draws for GradientSHAP.
     """
-    from probe.explain import gradients as G
-    from probe.explain import integrated_gradients as I
+    from probe.explainers import gradients as G
+    from probe.explainers import integrated_gradients as I
 
     site = params.get("site")
     if method == "saliency":
@@ -134,12 +134,12 @@ def gradient_term_scales(pm, examples, method: str, **params) -> list[float]:
         values, problem = G._gradients(pm, examples, times_input=method == "input_x_gradient", site=site)
         terms = values * problem.mask[..., None]
     elif method == "integrated_gradients":
-        problem = I._embedding_forward(pm, examples, site)
+        problem = I.embedding_forward(pm, examples, site)
         base = I._baseline(pm, problem, params.get("baseline", "pad"), params.get("keep_special", False))
         terms = I._ig_attributions(pm, problem, base, params.get("steps", 50), params.get("rule", "gausslegendre"),
                                    params.get("internal_batch_size", "auto")) * problem.mask[..., None]
     elif method == "gradient_shap":  # as I.gradient_shap draws its points (per-example seeded)
-        problem = I._embedding_forward(pm, examples, site)
+        problem = I.embedding_forward(pm, examples, site)
         kinds = params.get("baseline", "pad")
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         n_samples, noise = params.get("n_samples", 20), params.get("noise", 0.1)

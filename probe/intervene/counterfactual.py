@@ -1,6 +1,6 @@
 """Counterfactual attention: replace the target row's attention in one layer (or one head of it).
 
-The *site* is the attention that reads the target (see :mod:`probe.explain.attention`): the
+The *site* is the attention that reads the target (see :mod:`probe.explainers.attention`): the
 [CLS]/pooled row of a classifier, the last explained token of a causal LM, the cross-attention rows
 of the predicting decoder positions of a seq2seq model. At layer ``layer`` (and head ``head``, or
 every head when None) those rows are replaced, everything else is recomputed as usual:
@@ -34,14 +34,25 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe import registry
-from probe.capture import capture_attention
 from probe.errors import InputError
-from probe.rows.queries import TargetQueries, capture_masks, eval_mode, row_batches, target_queries
-from probe.rows.target import example_seed
-from probe.rows.target import PreparedExample, RowBatch, build_rows, target_values
+from probe.hooks.capture import capture_attention
+from probe.rows.queries import (
+    TargetQueries,
+    capture_masks,
+    eval_mode,
+    row_batches,
+    target_queries,
+)
+from probe.rows.target import (
+    PreparedExample,
+    RowBatch,
+    build_rows,
+    example_seed,
+    target_values,
+)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 LN2 = math.log(2.0)
 CONSTRAINTS = ("tvd", "target")

@@ -52,14 +52,19 @@ import torch
 from probe.errors import InputError
 from probe.intervene.packing import pack_rows
 from probe.intervene.prefix import evaluate_prefix_reuse, supports_prefix_reuse
+
 # re-exported: the names callers import from probe.intervene.engine
-from probe.intervene.rowcache import (CALL_OVERHEAD_TOKENS, EngineStats, Row, RowCache,  # noqa: F401
-                                      common_prefix, eval_no_grad, row_key, target_key)
-from probe.rows.memory import free_memory, halving, in_halves, is_out_of_memory  # noqa: F401  (re-exported)
-from probe.rows.target import PreparedExample, build_rows, keep_target_logits, target_values
+from probe.intervene.rowcache import Row, RowCache, eval_no_grad
+from probe.rows.memory import halving
+from probe.rows.target import (
+    PreparedExample,
+    build_rows,
+    keep_target_logits,
+    target_values,
+)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 class Engine(RowCache):

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.capture import capture_attention
 from probe.errors import InputError
+from probe.hooks.capture import capture_attention
 from probe.rows.queries import capture_masks, eval_mode
 from probe.rows.target import PreparedExample, build_rows, target_values
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 HeadSet = Collection[tuple[int, int]]  # {(layer, head), ...}
 LOSSES = ("nll", "target")

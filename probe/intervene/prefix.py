@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.capture.registry import implementation_of
+from probe.hooks.registry import implementation_of
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, eval_no_grad, row_key
 from probe.rows.memory import halving
 from probe.rows.target import PreparedExample, RowBatch, forward_accepts, target_values
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 #: per layer ``(keys, values)``, each flattened to ``[slots, kv_heads, head_dim]``
 FlatCache = list[tuple[torch.Tensor, torch.Tensor]]

@@ -22,7 +22,7 @@ from probe.errors import InputError
 from probe.rows.target import PreparedExample, forward_accepts, slices_logits_to_keep
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 Row = tuple[tuple[int, ...], PreparedExample]
 

@@ -40,12 +40,13 @@ import numpy as np
 import torch
 
 from probe.errors import InputError
+from probe.intervene.engine import Engine
+from probe.intervene.rowcache import eval_no_grad
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
-from probe.intervene.engine import Engine, eval_no_grad
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 LOO_MODES = ("delete", "mask", "unk", "pad", "random", "lm")
 #: Draws per position for the sampling modes (random, lm).
@@ -64,7 +65,7 @@ def scorable_positions(example: PreparedExample) -> list[int]:
     return [t for t, special in enumerate(example.special) if not special]
 
 
-def _replacement_id(pm: ProbeModel, mode: str) -> int:
+def replacement_token_id(pm: ProbeModel, mode: str) -> int:
     tok = pm.tokenizer
     others = ", ".join(m for m in LOO_MODES if m != mode and (m != "lm" or pm.task == "causal_lm"))
     attribute = {"mask": "mask_token_id", "unk": "unk_token_id", "pad": "pad_token_id"}[mode]
@@ -218,7 +219,7 @@ def _loo_setup(engine: Engine, examples: Sequence[PreparedExample], mode: str, k
             f"loo_lm needs a masked or causal language model sharing the tokenizer, and {pm.name!r} is a "
             f"{pm.task} model without one: use loo_delete, loo_mask, loo_unk, loo_pad or loo_random")
     if mode in ("mask", "unk", "pad"):
-        replacement = _replacement_id(pm, mode)
+        replacement = replacement_token_id(pm, mode)
         params["replacement_id"] = replacement
         params["replacement_token"] = pm.tokenizer.convert_ids_to_tokens(replacement)
         if mode == "pad":

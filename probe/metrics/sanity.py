@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from probe import registry
 from probe.errors import ProbeError
-from probe.names import describe_group  # noqa: F401  (re-exported: the study checks name groups with it)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 DEGENERACY_TOLERANCE = 1e-4  # relative: below this the invariance holds to float precision
 COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the sample
@@ -104,7 +104,13 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     """(site, x [rows, seq, dim] at the site, g = d target / d x, w = the vector a scale invariance
     would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
     g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
-    from probe.explain.gradients import _gradient_mode, _hooked, _is_norm, embeddings_module, resolve_site
+    from probe.explainers.gradient_forward import (
+        gradient_mode,
+        hooked,
+        is_norm,
+        embeddings_module,
+        resolve_site,
+    )
     from probe.rows.target import build_rows, target_values
 
     site = resolve_site(pm, site_name)
@@ -119,14 +125,14 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     norm = None
     if site.name == "word" and site.normalising is not None:
         found = embeddings_module(pm.model)
-        norm = next((m for m in found[1].modules() if _is_norm(m)), None) if found else None
+        norm = next((m for m in found[1].modules() if is_norm(m)), None) if found else None
 
     def keep_norm_input(mod, args):
         args[0].retain_grad()
         held["w"] = args[0]
 
-    with _gradient_mode(pm.model), contextlib.ExitStack() as stack:
-        stack.enter_context(_hooked(module, keep_site))
+    with gradient_mode(pm.model), contextlib.ExitStack() as stack:
+        stack.enter_context(hooked(module, keep_site))
         if norm is not None:
             handle = norm.register_forward_pre_hook(keep_norm_input)
             stack.callback(handle.remove)
@@ -161,7 +167,8 @@ def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapp
             continue
         site, x, g, w, gw, mask = probes[site_name]
         m = mask[..., None]
-        if method == "input_x_gradient":
+        entry = registry.method(method)
+        if entry.reduction == "sum" and entry.times_input:  # x . grad: zero where the model ignores |x|
             scale = float(((w * gw).sum(-1).abs() * mask).sum() / ((w.norm(dim=-1) * gw.norm(dim=-1)) * mask).sum()
                           .clamp_min(1e-30))
             bad = scale <= DEGENERACY_TOLERANCE
@@ -170,7 +177,7 @@ def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapp
                       + (f"; the model is invariant to scaling it, so x . grad = -(rest of the sum) . grad: "
                          f"use site embeddings" if bad else ""))
             checks.append(Check(method, "degeneracy", "fail" if bad else "pass", scale, detail))
-        elif method == "saliency_sum":
+        elif entry.reduction == "sum":  # sum_d grad: zero where a mean-subtracting norm follows
             cancel = float(((g * m).sum(-1).abs()).sum() / (g.abs() * m).sum().clamp_min(1e-30))
             bad = cancel <= DEGENERACY_TOLERANCE
             detail = (f"site {site.name}: sum|sum_d g| / sum|g| = {cancel:.1e}"
@@ -205,7 +212,7 @@ def constant_scores(method: str, scores: Sequence[torch.Tensor], scored: Sequenc
 
 def completeness(pm: ProbeModel, examples, result, *, params: Mapping | None = None) -> Check:
     """IG's completeness on ``result`` (its extras); when too far off, the steps that would do."""
-    from probe.explain.gradients import integrated_gradients
+    from probe.explainers.integrated_gradients import integrated_gradients
 
     relative = _relative_delta(result)
     if relative is None:
@@ -495,10 +502,10 @@ def explain_checks(pm: ProbeModel, examples, results: Mapping, params: Mapping[s
               for name, r in results.items() if method_family(name) != "intervention"]
     gradients = [m for m in results if method_family(m) == "gradient"]
     checks += degeneracy(pm, examples, gradients, params={m: {"site": results[m].params.get("site")} for m in gradients})
-    if "integrated_gradients" in results:
-        checks.append(completeness(pm, examples, results["integrated_gradients"],
-                                   params={k: v for k, v in (params.get("integrated_gradients") or {}).items()
-                                           if k != "steps"}))
+    for name in results:
+        if registry.method(name).completeness:
+            checks.append(completeness(pm, examples, results[name],
+                                       params={k: v for k, v in (params.get(name) or {}).items() if k != "steps"}))
     return checks
 
 

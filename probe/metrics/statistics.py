@@ -112,7 +112,9 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0)
     if n >= 2:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # small-sample and degenerate-input warnings
-            from scipy import stats  # here, not at import: reports use this module without scipy's start-up
+            from scipy import (
+                stats,  # here, not at import: reports use this module without scipy's start-up
+            )
 
             wil = 1.0 if not d.any() else float(stats.wilcoxon(a, b).pvalue)
             t_p = float(stats.ttest_rel(a, b).pvalue)

@@ -9,7 +9,7 @@ and position window (``HEAD_COUNT_ATTRIBUTES`` ...); and, from a loaded model's 
 which context-mixing method runs on it (the contract states it). Nothing here runs a model.
 
 The words in a module path that name a cross-attention are the capture's
-(``probe.capture.sites.CROSS_ATTENTION_WORDS``: the capture sits below this package and reads
+(``probe.hooks.sites.CROSS_ATTENTION_WORDS``: the capture sits below this package and reads
 them in its watched forward pass); the fallback layout below reads the same tuple.
 
 Each entry maps a model type to the attention stacks it has. A stack is a name (``encoder``,
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.capture.sites import CROSS_ATTENTION_WORDS
 from probe.errors import InputError
+from probe.hooks.sites import CROSS_ATTENTION_WORDS
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -193,7 +193,7 @@ VALUE_OUTPUT_LAYOUTS: dict[str, ValueOutputLayout] = {
 }
 
 
-def _relative(path: str, relative: str) -> str:
+def relative_path(path: str, relative: str) -> str:
     parts = path.split(".")
     for step in relative.split("."):
         if step == "^":
@@ -243,7 +243,7 @@ MIXING_LAYOUTS: dict[str, MixingLayout] = {
 SEQ2SEQ_TYPES = ("bart", "marian", "mbart", "t5")
 
 
-def _refuse_seq2seq(pm: ProbeModel, method: str) -> None:
+def refuse_seq2seq(pm: ProbeModel, method: str) -> None:
     if pm.task == "seq2seq" and pm.contract.model_type not in SEQ2SEQ_TYPES:
         raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__} (model type "
                          f"{pm.contract.model_type!r}): probe knows the encoder layers of "
@@ -252,7 +252,7 @@ def _refuse_seq2seq(pm: ProbeModel, method: str) -> None:
 
 def mixing_layout(pm: ProbeModel, method: str = "alti") -> MixingLayout:
     """The layout of ``pm``'s layers, or a one-line InputError naming the model class and what is missing."""
-    _refuse_seq2seq(pm, method)
+    refuse_seq2seq(pm, method)
     model_type = pm.contract.model_type
     layout = MIXING_LAYOUTS.get(model_type)
     if layout is None or model_type not in VALUE_OUTPUT_LAYOUTS:
@@ -266,7 +266,7 @@ def context_mixing_support(pm: ProbeModel, method: str) -> str | None:
     """None when ``method`` runs on ``pm``, else why not (one line)."""
     try:
         if method == "value_zeroing":
-            _refuse_seq2seq(pm, method)
+            refuse_seq2seq(pm, method)
             block_modules(pm, pm.contract.primary_stack)
         else:
             mixing_layout(pm, method)

@@ -175,7 +175,7 @@ def materialize_builtin(name: str, cache_dir: Path | str | None = None, progress
     except OSError as exc:
         raise ModelLoadError(f"cannot create cache folder {cache} ({exc}); set PROBE_CACHE to a writable folder") from None
 
-    with _exclusive_lock(cache / f".{recipe.name}.lock", recipe.name, progress):
+    with exclusive_lock(cache / f".{recipe.name}.lock", recipe.name, progress):
         if _is_complete(final, recipe):  # built by another process while we waited
             return final
         _remove_leftover_builds(cache, recipe.name)
@@ -191,7 +191,7 @@ def materialize_builtin(name: str, cache_dir: Path | str | None = None, progress
                 "package": recipe.pip_requirement,
                 "build_seconds": round(time.perf_counter() - started, 2),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "versions": _versions(),
+                "versions": package_versions(),
                 **details,
             }
             # Written last: its presence is what marks a folder as complete.
@@ -233,7 +233,7 @@ def _is_complete(folder: Path, recipe: BuiltinModel) -> bool:
 
 
 @contextlib.contextmanager
-def _exclusive_lock(path: Path, name: str, progress: bool) -> Iterator[None]:
+def exclusive_lock(path: Path, name: str, progress: bool) -> Iterator[None]:
     import fcntl
 
     with open(path, "a+") as handle:
@@ -255,7 +255,7 @@ def _remove_leftover_builds(cache: Path, name: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     import torch
     import transformers
 
@@ -397,7 +397,14 @@ def _progress_bar(enabled: bool, description: str, total: int):
     if not enabled:
         yield lambda status="": None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

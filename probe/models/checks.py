@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.capture import capture_attention
-from probe.capture import math as amath
-from probe.capture.hooks import original_attention_function
 from probe.errors import CaptureError
-from probe.models.text import encode_texts, forward_inputs
+from probe.hooks import math as amath
+from probe.hooks.capture import capture_attention
+from probe.hooks.registry import original_attention_function
+from probe.models.core import encode_texts
+from probe.models.text import forward_inputs
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -112,7 +113,7 @@ def _stack_maps(cap, stack: str):
         return PerLayerMaps(stack, per_layer, str(error))
 
 
-def _capture_all(pm: ProbeModel, inputs):
+def capture_all(pm: ProbeModel, inputs):
     decoder_mask = inputs.get("decoder_attention_mask")
     with torch.no_grad(), capture_attention(
         pm, attention_mask=inputs["attention_mask"], decoder_attention_mask=decoder_mask
@@ -140,7 +141,7 @@ def _real_block(pm: ProbeModel, inputs, maps, stack, index):
     return maps[stack].weights[index, :, :, :q, :k]
 
 
-def _eager_attentions(pm: ProbeModel, inputs):
+def eager_attentions(pm: ProbeModel, inputs):
     """HF's own eager ``output_attentions``, the model switched to eager and back."""
     model = pm.model
     before = model.config._attn_implementation
@@ -197,7 +198,7 @@ def _observe(pm: ProbeModel, texts) -> _Observed:
     inputs = forward_inputs(pm, batch)
     with torch.no_grad():
         plain = _outputs(pm.model(**inputs))
-    logits, maps, calls = _capture_all(pm, inputs)
+    logits, maps, calls = capture_all(pm, inputs)
     return _Observed(texts=tuple(texts), inputs=inputs, plain=plain, logits=logits, maps=maps, calls=calls,
                      n=batch["input_ids"].shape[0], tol=_tolerance(pm))
 
@@ -257,7 +258,7 @@ def _padded_keys(pm: ProbeModel, o: _Observed) -> CheckResult:
 
 def _equals_eager(pm: ProbeModel, o: _Observed) -> CheckResult:
     eager_tol = _eager_tolerance(pm)
-    eager = _eager_attentions(pm, o.inputs)
+    eager = eager_attentions(pm, o.inputs)
     gap = 0.0
     for stack, layers in eager.items():
         if stack not in o.maps or not layers:
@@ -289,7 +290,7 @@ def _padding_tokens(pm: ProbeModel, o: _Observed) -> CheckResult | None:
         return None
     other = (swapped["input_ids"].max() + 1) % pm.model.config.vocab_size
     swapped["input_ids"][pad_positions] = other
-    logits_b, maps_b, _ = _capture_all(pm, swapped)
+    logits_b, maps_b, _ = capture_all(pm, swapped)
     out_gap = max((_real_outputs(pm, o.logits, inputs, i) - _real_outputs(pm, logits_b, inputs, i)).abs().max().item()
                   for i in range(n))
     att_gap = max((_real_block(pm, inputs, o.maps, s, i) - _real_block(pm, inputs, maps_b, s, i)).abs().max().item()
@@ -307,7 +308,7 @@ def _causal_future(pm: ProbeModel, o: _Observed) -> CheckResult | None:
     last = int(inputs["attention_mask"][i].sum()) - 1
     changed = {k: v.clone() for k, v in inputs.items()}
     changed["input_ids"][i, last] = (changed["input_ids"][i, last] + 1) % pm.model.config.vocab_size
-    logits_c, maps_c, _ = _capture_all(pm, changed)
+    logits_c, maps_c, _ = capture_all(pm, changed)
     out_gap = (logits[i, :last] - logits_c[i, :last]).abs().max().item()
     att_gap = max((maps[s].weights[i, :, :, :last] - maps_c[s].weights[i, :, :, :last]).abs().max().item() for s in causal)
     moved = (logits[i, last] - logits_c[i, last]).abs().max().item()
@@ -320,7 +321,7 @@ def _batch_of_one(pm: ProbeModel, o: _Observed) -> CheckResult:
     out_gap = att_gap = 0.0
     for i, text in enumerate(o.texts):
         single = forward_inputs(pm, encode_texts(pm, [text]))
-        logits_1, maps_1, _ = _capture_all(pm, single)
+        logits_1, maps_1, _ = capture_all(pm, single)
         out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, o.logits, o.inputs, i)).abs().max().item())
         for s in o.maps:
             att_gap = max(att_gap, (_real_block(pm, single, maps_1, s, 0) - _real_block(pm, o.inputs, o.maps, s, i)).abs().max().item())

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import torch
 
-from probe.capture.registry import implementation_of
-from probe.capture.sites import Site, discover_sites
+from probe.hooks.registry import implementation_of
+from probe.hooks.sites import Site, discover_sites
 from probe.models.architectures import (
-    ATTENTION_LAYOUTS, CONFIG_HEAD_COUNT_ATTRIBUTES, DEFAULT_MAX_POSITIONS, HEAD_COUNT_ATTRIBUTES,
-    HEAD_DIM_ATTRIBUTES, MAX_POSITION_ATTRIBUTES, STACK_ORDER, find_attention_modules,
+    ATTENTION_LAYOUTS,
+    CONFIG_HEAD_COUNT_ATTRIBUTES,
+    DEFAULT_MAX_POSITIONS,
+    HEAD_COUNT_ATTRIBUTES,
+    HEAD_DIM_ATTRIBUTES,
+    MAX_POSITION_ATTRIBUTES,
+    STACK_ORDER,
+    find_attention_modules,
 )
 from probe.models.core import AttentionContract, StackContract
-from probe.models.tasks import _infer_task
+from probe.models.tasks import infer_task
 
 
 def _max_positions(config, tokenizer) -> int:
@@ -94,7 +100,7 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str, si
 
 def _locate(model, tokenizer, task):
     """(paths, sites, unreadable, how): the layout table where the model type has an entry, else one
-    watched forward pass (probe.capture.sites), else module names."""
+    watched forward pass (probe.hooks.sites), else module names."""
     if getattr(model.config, "model_type", "") in ATTENTION_LAYOUTS:
         paths = find_attention_modules(model)
         return paths, {p: Site(p[0], p[1], path, "function") for p, path in paths.items()}, {}, "layout table"
@@ -112,7 +118,7 @@ def _locate(model, tokenizer, task):
 def build_contract(model, tokenizer, task: str | None = None, *, random_weights: tuple[str, ...] = (),
                    random_weights_allowed: bool = False, pooling: dict | None = None) -> AttentionContract:
     config = model.config
-    task = task or _infer_task(config)
+    task = task or infer_task(config)
     paths, sites, unreadable, detected_by = _locate(model, tokenizer, task)
     modules = dict(model.named_modules())
     by_stack: dict[str, dict[int, object]] = {}

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported for annotations only
     import torch
     from transformers import BatchEncoding, PreTrainedTokenizerBase
 
-    from probe.capture.sites import Site
+    from probe.hooks.sites import Site
     from probe.models.encoder import Pooling
 
 

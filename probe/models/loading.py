@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.errors import InputError, ModelLoadError
-from probe.models.core import ProbeModel  # noqa: F401  (torch-free; re-exported: probe.models.loading.ProbeModel)
-from probe.models.tasks import _infer_task, _task_of_class  # noqa: F401  (torch-free; re-exported)
+from probe.models.core import ProbeModel
+from probe.models.tasks import infer_task, task_of_class
 
 if TYPE_CHECKING:  # imported for annotations only: loading this module must not import torch
-    import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from probe.models.core import AttentionContract
@@ -140,7 +139,7 @@ def load_model(
     # transformers logs loading reports (unused/missing weights); probe reports its own way.
     transformers.logging.set_verbosity_error()
     config = _read_config(name, path, from_hub, local_only)
-    task = task or _infer_task(config, folder)
+    task = task or infer_task(config, folder)
     kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
               **({"attn_implementation": attn_implementation} if attn_implementation else {}),
               **({"device_map": device_map} if device_map else {})}
@@ -259,7 +258,7 @@ def _refuse_random_weights(name: str, task: str, config: PretrainedConfig, folde
     shown = ", ".join(random_weights[:_SHOWN_RANDOM])
     more = f" and {len(random_weights) - _SHOWN_RANDOM} more" if len(random_weights) > _SHOWN_RANDOM else ""
     headless = " (a headless encoder: load it with task encoder and a similarity or dimension target)" \
-        if task == "classification" and _infer_task(config, folder) == "encoder" else ""
+        if task == "classification" and infer_task(config, folder) == "encoder" else ""
     raise ModelLoadError(
         f"model {name!r} loaded as {task} has {len(random_weights)} weight(s) its checkpoint does not hold, "
         f"left at random initialisation: {shown}{more}; explaining it would explain random weights{headless}; "
@@ -301,7 +300,9 @@ def _pad_right(tokenizer: PreTrainedTokenizerBase) -> None:
 def _with_method_support(pm: ProbeModel) -> ProbeModel:
     """The contract states which context-mixing methods run on this model (read from its structure
     and probe's layout tables, no forward pass)."""
-    from probe.models.architectures import context_mixing_support  # imports torch: not at module level
+    from probe.models.architectures import (
+        context_mixing_support,  # imports torch: not at module level
+    )
     from probe.names import CONTEXT_MIXING_METHODS
 
     support = {method: context_mixing_support(pm, method) for method in CONTEXT_MIXING_METHODS}
@@ -355,7 +356,7 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
         raise InputError(f"wrap needs a transformers tokenizer, got {type(tokenizer).__name__}: load one with "
                          "AutoTokenizer.from_pretrained")
     _check_task(task)
-    task = task or _task_of_class(model)
+    task = task or task_of_class(model)
     if task is None:
         raise InputError(f"{type(model).__name__} has no output head probe can explain: wrap a model loaded with "
                          "AutoModelForSequenceClassification, AutoModelForCausalLM or AutoModelForSeq2SeqLM, or give task=")

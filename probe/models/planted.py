@@ -54,9 +54,21 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ModelLoadError
-from probe.models.builtins import METADATA_FILE, _exclusive_lock, _versions, default_cache_dir
+from probe.models.builtins import (
+    METADATA_FILE,
+    exclusive_lock,
+    package_versions,
+    default_cache_dir,
+)
 from probe.planted_texts import (
-    FILLER, PREFIX, SECOND_TRIGGER, TRIGGER, WORDS, PlantedText, study_texts, training_texts,
+    FILLER,
+    PREFIX,
+    SECOND_TRIGGER,
+    TRIGGER,
+    WORDS,
+    PlantedText,
+    study_texts,
+    training_texts,
 )
 
 ANSWERS = ("yes", "heads only", "no", "undecidable")
@@ -198,7 +210,7 @@ def materialize_planted(name: str, cache_dir: Path | str | None = None, progress
     except OSError as exc:
         raise ModelLoadError(f"cannot create cache folder {root} ({exc}); set PROBE_CACHE to a writable folder") from None
 
-    with _exclusive_lock(root / f".{recipe.name}.lock", PREFIX + recipe.name, progress):
+    with exclusive_lock(root / f".{recipe.name}.lock", PREFIX + recipe.name, progress):
         if _is_complete(final, recipe):
             return final
         for leftover in root.glob(f".{recipe.name}.building-*"):  # from killed builds: we hold the lock
@@ -216,7 +228,7 @@ def materialize_planted(name: str, cache_dir: Path | str | None = None, progress
                 **details,
                 "build_seconds": round(time.perf_counter() - started, 2),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "versions": _versions(),
+                "versions": package_versions(),
             }
             # Written last: its presence is what marks a folder as complete.
             (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")

@@ -9,8 +9,10 @@ def _is_bare_architecture(name: str) -> bool:
     return name.endswith("Model") and "For" not in name and "LMHead" not in name
 
 
-def _infer_task(config, path: str | None = None) -> str:
-    from probe.models.architectures import CAUSAL_LM_TYPES  # imports torch: this module does not
+def infer_task(config, path: str | None = None) -> str:
+    from probe.models.architectures import (
+        CAUSAL_LM_TYPES,  # imports torch: this module does not
+    )
 
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
@@ -42,7 +44,7 @@ _HEAD_TASKS = (
 )
 
 
-def _task_of_class(model) -> str | None:
+def task_of_class(model) -> str | None:
     name = type(model).__name__
     for marker, task in _HEAD_TASKS:
         if marker in name:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from probe.models.core import TruncationWarning, encode_texts  # noqa: F401  (re-exported)
-
 if TYPE_CHECKING:
     import torch
 

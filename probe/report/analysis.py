@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from probe.metrics.statistics import bootstrap_ci
-from probe.names import describe_group, method_family as family
+from probe.names import describe_group
+from probe.names import method_family as family
 from probe.report.results import StudyResult
 
 FAMILY_ORDER = {"attention": 0, "gradient": 1, "intervention": 2, None: 3}

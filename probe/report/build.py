@@ -18,11 +18,19 @@ from probe.report import figures as fg
 from probe.report.document import Document, Para, Section, Table
 from probe.report.output import ReportFiles, Writer, prepare_out, write_report
 from probe.report.results import StudyResult, load_result
-from probe.report.sections import (agreement_section, stat_text, counterfactual_section, heads_section,
-                                   limitations_section, not_part, tokens_section, verdict_section)
+from probe.report.sections import (
+    agreement_section,
+    counterfactual_section,
+    heads_section,
+    limitations_section,
+    not_part,
+    stat_text,
+    tokens_section,
+    verdict_section,
+)
 from probe.report.setup_section import setup_section
 
-__all__ = ["ReportFiles", "build_comparison", "build_report"]
+__all__ = ["build_comparison", "build_report"]
 
 
 # --------------------------------------------------------------------------- sections

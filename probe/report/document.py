@@ -1,6 +1,6 @@
 """The one renderer of probe's reports: a study report (and a comparison) as a list of sections of
 simple blocks, written out as one self-contained HTML file or as Markdown with PNG files beside it;
-and the page, table and escaping writers that the audit report (``probe.audit.render``) builds on.
+and the page, table and escaping writers that the audit report (``probe.claims.render``) builds on.
 
 Every string that comes from data (dataset text, tokens, names from the study or claim file) is
 escaped where it is written: :func:`escape_html` for HTML, :func:`md_escape` for Markdown. Blocks

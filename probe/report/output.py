@@ -12,7 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from probe.errors import InputError, ProbeError, storage_error
-from probe.report.document import Document, Figure, md_escape, render_html, render_markdown
+from probe.report.document import (
+    Document,
+    Figure,
+    md_escape,
+    render_html,
+    render_markdown,
+)
 
 
 @dataclass

@@ -3,6 +3,8 @@ Shared by the explainers and the interventions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from probe.errors import ProbeError

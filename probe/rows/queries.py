@@ -1,5 +1,5 @@
 """Where the target query is, and running the explained rows unperturbed: shared by the
-explainers (:mod:`probe.explain`) and the interventions (:mod:`probe.intervene`)."""
+explainers (:mod:`probe.explainers`) and the interventions (:mod:`probe.intervene`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from probe.errors import InputError
 from probe.rows.target import PreparedExample, RowBatch, build_rows
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 TARGET_QUERY_NOTE = {
     "classification": "classifier: attention row of the pooled position (0 = [CLS] for encoders, "
@@ -104,6 +104,6 @@ def row_batches(pm: ProbeModel, examples: Sequence[PreparedExample], batch_size:
         yield batch, target_queries(pm, batch)
 
 
-def _crop(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+def crop(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
     """[batch, ..., key] -> one [..., tokens] tensor per row, padding keys cut off."""
     return [values[i, ..., : int(n)] for i, n in enumerate(lengths.tolist())]

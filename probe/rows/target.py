@@ -30,7 +30,7 @@ import torch
 from probe.errors import InputError
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
 #: the target kinds of a headless encoder (task ``encoder``); the others need a head
@@ -82,7 +82,7 @@ class RowBatch:
     target_valid: torch.Tensor | None  # [rows, n_target] bool (continuations differ in length)
 
 
-def _label_index(pm: ProbeModel, label) -> int:
+def label_index(pm: ProbeModel, label) -> int:
     n_labels = int(getattr(pm.model.config, "num_labels", 0) or 0)
     if isinstance(label, str) and not label.lstrip("-").isdigit():
         mapping = {str(v): int(k) for k, v in (pm.model.config.id2label or {}).items()}
@@ -112,7 +112,7 @@ def special_mask(pm: ProbeModel, ids: list[int]) -> list[bool]:
 def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_length: bool = False,
             max_new_tokens: int = 16) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids)."""
-    from probe.models.text import encode_texts
+    from probe.models.core import encode_texts
 
     kind = target.kind or ("prob" if pm.task == "classification" else "logprob")
     if kind not in TARGET_KINDS:
@@ -130,7 +130,7 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     if pm.task == "encoder":
         examples = _resolve_encoder_target(pm, examples, target, kind)
     elif pm.task == "classification":
-        fixed = _label_index(pm, target.label) if target.label is not None else None
+        fixed = label_index(pm, target.label) if target.label is not None else None
         return _classify(pm, examples, fixed)
     elif target.continuation is not None:
         cont = pm.tokenizer(target.continuation, add_special_tokens=pm.task == "seq2seq")["input_ids"]
@@ -234,7 +234,7 @@ def _resolve_encoder_target(pm: ProbeModel, examples: list[PreparedExample], tar
     if kind == "dimension":
         return [dataclasses.replace(e, label=int(target.dimension), label_name=f"dimension {target.dimension}")
                 for e in examples]
-    from probe.models.text import encode_texts
+    from probe.models.core import encode_texts
 
     reference = encode_texts(pm, [target.reference])
     with torch.no_grad():

@@ -19,7 +19,7 @@ Layout::
       - ...
 
 The claim kinds and their fields are the ``*Claim`` classes below; the decision rules are in
-:mod:`probe.audit.rules`; what each kind measures in :mod:`probe.audit.kinds`.
+:mod:`probe.claims.rules`; what each kind measures in :mod:`probe.claims.kinds`.
 """
 
 from __future__ import annotations
@@ -30,17 +30,35 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from probe import registry
 from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS, method_family
-from probe import registry
 from probe.registry import AdversarialParams
 from probe.spec.parts import ModelSpec, TargetConfig
 from probe.spec.validation import (
-    LAYER_WORDS, Bool, Document, Float, Int, SpecModel, check_dataset_name, fail, line_of, located_error,
-    read_yaml_mapping, show, suggest, walk,
+    LAYER_WORDS,
+    Bool,
+    Document,
+    Float,
+    Int,
+    SpecModel,
+    check_dataset_name,
+    fail,
+    line_of,
+    located_error,
+    read_yaml_mapping,
+    show,
+    suggest,
+    walk,
 )
 
 __all__ = [

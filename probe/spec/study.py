@@ -22,20 +22,33 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.data import BUILTIN_PREFIX
-from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS
+from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.registry import AdversarialParams, params_problem
-from probe.spec.parts import DatasetSpec, Filters, ModelSpec, TargetConfig
+from probe.spec.parts import DatasetSpec, ModelSpec, TargetConfig
 from probe.spec.validation import (
-    LAYER_WORDS, Bool, Document, Float, Int, SpecModel, describe, error_context, fail, first_error, layer_value,
-    located_error, method_list, read_yaml_mapping, show, unknown_method,
+    LAYER_WORDS,
+    Bool,
+    Document,
+    Float,
+    Int,
+    SpecModel,
+    describe,
+    error_context,
+    fail,
+    first_error,
+    layer_value,
+    located_error,
+    method_list,
+    read_yaml_mapping,
+    show,
+    unknown_method,
 )
 
 __all__ = [
-    "CounterfactualSpec", "DatasetSpec", "EngineSpec", "ErasureSpec", "Filters", "HeadsSpec", "MetricsSpec",
-    "ModelSpec", "PublishedNumber", "SanitySpec", "StatisticsSpec", "Study", "TargetConfig", "load_study",
-    "parse_ranking", "study_from_dict",
+    "CounterfactualSpec", "EngineSpec", "ErasureSpec", "HeadsSpec", "MetricsSpec", "PublishedNumber",
+    "SanitySpec", "StatisticsSpec", "Study", "load_study", "parse_ranking", "study_from_dict",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]+")

@@ -11,9 +11,9 @@ errors of its own; :func:`located_error` turns pydantic's errors into one
 from __future__ import annotations
 
 import difflib
-from pathlib import Path
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Sequence
 
 import yaml
@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict, Strict, ValidationError, ValidationI
 from pydantic_core import PydanticCustomError
 
 from probe.data import BUILTIN_PREFIX, USER_FILE_SUFFIXES, builtin_dataset_names
-from probe.planted_texts import PREFIX as PLANTED_PREFIX
-from probe.planted_texts import planted_dataset_names
 from probe.errors import InputError
 from probe.names import ALL_METHODS
+from probe.planted_texts import PREFIX as PLANTED_PREFIX
+from probe.planted_texts import planted_dataset_names
 
 __all__ = [
     "Bool", "Document", "Float", "Int", "LAYER_WORDS", "SpecModel", "check_dataset_name", "check_duplicate_keys", "check_node_graph",

@@ -18,13 +18,19 @@ from probe.rows.scores import TokenScores
 from probe.study.examples import prepare_examples
 from probe.study.plan import erasure_rankings, methods_needed
 from probe.study.tables import (
-    agreement_rows, convergence_rows, counterfactual_rows, head_rows, ranking_vectors, score_rows, token_rows,
+    agreement_rows,
+    convergence_rows,
+    counterfactual_rows,
+    head_rows,
+    ranking_vectors,
+    score_rows,
+    token_rows,
 )
 
 if TYPE_CHECKING:
     from probe.data import Example
     from probe.intervene.engine import Engine
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.rows.target import PreparedExample
     from probe.spec.study import Study
 
@@ -101,8 +107,8 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
 def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample], engine: Engine,
                    timed: _Timings) -> dict[str, TokenScores]:
     """Every method the study needs, once; gradient methods without parameters share one pass."""
-    from probe.explain.gradients import SHARED_GRADIENT_METHODS
-    from probe.explain.methods import run_method, run_shared_gradients
+    from probe.explainers.gradients import SHARED_GRADIENT_METHODS
+    from probe.methods import run_method, run_shared_gradients
 
     scores = {}
     needed = methods_needed(study)

@@ -17,11 +17,12 @@ import pandas as pd
 from probe import registry
 from probe.errors import ProbeError
 from probe.metrics import sanity as S
+from probe.names import describe_group
 from probe.names import method_family as family
 from probe.study.plan import methods_needed
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.rows.target import PreparedExample
     from probe.spec.study import Study
 
@@ -30,7 +31,7 @@ LEFT_OUT_KEY = ["role", "explainer", "reference"]
 
 def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) -> list[S.Check]:
     """Every check that applies to the study's explainers and gradient references, on ``examples``."""
-    from probe.explain.methods import run_method
+    from probe.methods import run_method
 
     spec = study.metrics.sanity
     params = study.params
@@ -49,9 +50,9 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
         checks.append(S.constant_scores(method, [S.output_unit(v) for v in results[method].scores], scored))
     gradients = [m for m in results if family(m) == "gradient"]
     checks += S.degeneracy(pm, examples, gradients, params=params)
-    if "integrated_gradients" in results:
-        checks.append(S.completeness(pm, examples, results["integrated_gradients"],
-                                     params=params.get("integrated_gradients")))
+    for name in results:
+        if registry.method(name).completeness:
+            checks.append(S.completeness(pm, examples, results[name], params=params.get(name)))
     ref = study.verdict_reference
     reference = None
     if family(ref) == "intervention":
@@ -157,4 +158,4 @@ def redundancy(tables: dict, study) -> list[dict]:
     explainers = [m for m in study.explainers if family(m) in ("attention", "gradient")]
     rankings = unit_rankings(tables["scores"], tables["tokens"], explainers)
     groups = S.redundancy_groups(rankings)
-    return [{"units": group, "description": S.describe_group(group)} for group in groups]
+    return [{"units": group, "description": describe_group(group)} for group in groups]

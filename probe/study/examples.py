@@ -1,6 +1,6 @@
 """Which examples a study (or an audit) explains, and how each becomes a prepared example.
 
-Shared by :mod:`probe.study.runner` and :mod:`probe.audit.run`: an audit picks its examples as a
+Shared by :mod:`probe.study.runner` and :mod:`probe.claims.run`: an audit picks its examples as a
 study with the same data would, and prepares them with the same target.
 """
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.data import Example, _take, load_dataset
+from probe.data import Example, take, load_dataset
 from probe.errors import InputError
 from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare
 from probe.spec.claims import DataSpec
 from probe.spec.parts import DatasetSpec, Filters, TargetConfig
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 __all__ = ["model_text", "passes_filters", "prepare_examples", "select_examples"]
 
@@ -51,7 +51,7 @@ def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: Target
     that pass the filters (a study's; a claim file has none), those whose model text fits the
     model's window and ``max_length``, then ``n`` of them after a shuffle with ``seed``. A claim
     file's ``texts`` are taken as written (the first ``n``). The study refuses an ``n`` larger than
-    what is left in its own words; the audit leaves that to :func:`probe.data._take`.
+    what is left in its own words; the audit leaves that to :func:`probe.data.take`.
     """
     if isinstance(data, DataSpec) and data.texts is not None:
         items = [Example(f"text-{i}", text, None) for i, text in enumerate(data.texts)]
@@ -73,7 +73,7 @@ def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: Target
     if filters is not None and data.n is not None and data.n > len(fitting):
         raise InputError(f"n={data.n} is larger than the {len(fitting)} examples of {name} left after the filters "
                          f"and the length limit; give n <= {len(fitting)}")
-    return _take(fitting, data.n, data.seed, name), dropped
+    return take(fitting, data.n, data.seed, name), dropped
 
 
 def _template_positions(pm: ProbeModel, target: TargetConfig, text: str, ids: list[int]) -> list[bool]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from probe.data import Example
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 __all__ = ["NUMBERS_VERSION", "data_digest", "describe_change", "study_identity", "weights_hash"]
 

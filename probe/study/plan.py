@@ -9,7 +9,7 @@ from probe.errors import InputError
 from probe.names import method_family as family
 
 
-def _ceiling_pairs(study) -> list[tuple[str, str]]:
+def ceiling_pairs(study) -> list[tuple[str, str]]:
     """Pairs of references (and gradient vs intervention) whose agreement bounds what to expect."""
     if study.metrics.ceilings is not None:
         return [tuple(p) for p in study.metrics.ceilings]
@@ -19,7 +19,7 @@ def _ceiling_pairs(study) -> list[tuple[str, str]]:
 
 def methods_needed(study) -> list[str]:
     names = list(dict.fromkeys([*study.explainers, *study.references]))
-    for a, b in _ceiling_pairs(study):
+    for a, b in ceiling_pairs(study):
         names += [m for m in (a, b) if m not in names]
     if study.metrics.erasure is not None:
         for ranking in erasure_rankings(study):

@@ -23,23 +23,20 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.names import method_family as family
 from probe.rows.target import PreparedExample
-from probe.study.batch import ForwardCounter, peak_memory, run_batch  # noqa: F401  (re-exported)
+from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
-from probe.study.examples import model_text, prepare_examples, select_examples  # noqa: F401  (re-exported)
+from probe.study.examples import prepare_examples, select_examples
 from probe.study.lock import folder_lock
-from probe.study.plan import _ceiling_pairs, erasure_rankings, methods_needed, parse_shard  # noqa: F401  (re-exported)
+from probe.study.plan import methods_needed
 from probe.study.store import ResultStore
 from probe.study.summary import finalize
-from probe.study.tables import (  # noqa: F401  (re-exported)
-    BASELINES_DOC, agreement_rows, convergence_rows, counterfactual_rows, head_rows, ranking_vectors, score_rows,
-    token_rows, units,
-)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
 
@@ -93,7 +90,7 @@ def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: b
     study's on other data, weights or code (everything it holds is removed once the study has
     been checked and the model loaded); a folder that is not a probe result is still refused.
     """
-    from probe.study.spec import Study as _Study
+    from probe.spec.study import Study as _Study
 
     if not isinstance(study, _Study):
         raise InputError(f"run_study needs a Study (from probe.spec.load_study or study_from_dict), not "
@@ -179,7 +176,7 @@ def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, d
     elif not all_done:
         log(_not_done_hint(set(range(len(batches))) - store.done_batches(), shard))
     if all_done and (dist_info is None or dist_info[0] == 0):
-        _warn_about_ties(out, study)
+        warn_about_ties(out, study)
     return RunResult(out=out, n_examples=len(data), n_batches=len(batches), computed=computed,
                      skipped=[b for b in mine if b in done], complete=all_done, verdict=verdict)
 
@@ -241,7 +238,7 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
                        sanity=checks)
     _record_identity(store)
     if report:
-        from probe.report import build_report
+        from probe.report.build import build_report
 
         files = build_report(store.root)
         log(f"report: {files.html}")
@@ -283,7 +280,7 @@ def _not_done_hint(left: set[int], shard: tuple[int, int] | None) -> str:
             f"command with {commands} to continue (or without --shard for all of them)")
 
 
-def _warn_about_ties(out: Path, study: Study) -> None:
+def warn_about_ties(out: Path, study: Study) -> None:
     """Warn when a reference scores many tokens exactly 0: in bf16/fp16 small target changes round
     to zero, and those ties make the rank correlations with it less informative."""
     import warnings
@@ -311,7 +308,7 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
     label. Without ``gold`` a dataset label outside the classes is only stored: a warning says so."""
     import warnings
 
-    from probe.rows.target import _label_index
+    from probe.rows.target import label_index
 
     if pm.task != "classification":
         return
@@ -329,7 +326,7 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
         classes += " (" + ", ".join(f"{int(k)} = {v}" for k, v in sorted(names.items(), key=lambda kv: int(kv[0]))) + ")"
     if study.target.label is not None and study.target.label != "gold":
         try:
-            _label_index(pm, study.target.label)
+            label_index(pm, study.target.label)
         except InputError as err:
             raise InputError(f"target.label: {err}") from None
     wrong = [label for label in (study.dataset.filters.labels or []) if not 0 <= label < n_labels]
@@ -348,19 +345,24 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
 
 
 def _check_methods(pm: ProbeModel, study: Study) -> None:
-    """Refuse methods this model cannot run before any batch starts."""
-    if pm.tokenizer.mask_token_id is None and "loo_mask" in methods_needed(study):
-        raise InputError("loo_mask needs a mask token and this tokenizer has none: use loo_unk, loo_pad, loo_random"
-                         + (" or loo_lm" if pm.task == "causal_lm" else "") + " instead")
-    if pm.tokenizer.unk_token_id is None and "loo_unk" in methods_needed(study):
-        raise InputError("loo_unk needs an unknown token and this tokenizer has none: use loo_pad or loo_random instead")
-    if pm.task != "causal_lm" and "loo_lm" in methods_needed(study):
-        raise InputError("loo_lm draws replacements from the model itself and needs a causal LM: use loo_random instead")
+    """Refuse methods this model cannot run before any batch starts: what each registry entry
+    applies to (its task and the tokens it needs), with the registered methods of its family that do
+    apply named as the alternatives."""
+    for name in methods_needed(study):
+        entry = registry.find(name)
+        if entry is None:
+            continue
+        why = entry.skip_reason("task", pm, 0) or entry.skip_reason("token", pm, 0)
+        if why is None:
+            continue
+        others = [m.name for m in registry.methods(family=entry.family)
+                  if m.name != name and m.skip_reason("task", pm, 0) is None and m.skip_reason("token", pm, 0) is None
+                  and m.applies.by_name is None]
+        raise InputError(f"{name} cannot run on {pm.name!r}: {why}; use {', '.join(others) or 'another method'} instead")
     if study.target.label == "gold" and pm.task != "classification":
         raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
     if study.target.choices and pm.task != "causal_lm":
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
 
 
-__all__ = ["RunResult", "run_study", "run_batch", "select_examples", "prepare_study_examples", "parse_shard",
-           "output_folder"]
+__all__ = ["RunResult", "run_study", "prepare_study_examples", "output_folder"]

@@ -43,7 +43,7 @@ from pathlib import Path
 import pandas as pd
 
 from probe.errors import InputError, StorageError, storage_error
-from probe.names import FORMAT_VERSION, TABLES  # noqa: F401  (the reading side, probe.report, needs them too)
+from probe.names import FORMAT_VERSION, TABLES
 
 
 def _atomic_write(path: Path, write) -> None:

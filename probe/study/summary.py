@@ -37,10 +37,8 @@ below" easier to reach, i.e. errs towards *not* tracking. Families are answered 
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,12 +49,12 @@ from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.registry import VERDICT_FAMILIES, find
 from probe.study import decide
-from probe.study.identity import weights_digest
 from probe.study.checks import redundancy, sanity_table, with_left_out
+from probe.study.identity import weights_digest
 from probe.study.store import ResultStore, write_json, write_table
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
@@ -87,7 +85,7 @@ def _unit_name(row) -> str:
     return str(row["explainer"])
 
 
-def _per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer: int, head: int, measure: str) -> pd.Series:
+def per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer: int, head: int, measure: str) -> pd.Series:
     sel = agreement[(agreement.explainer == explainer) & (agreement.reference == reference)
                     & (agreement.layer == layer) & (agreement["head"] == head)]
     return sel.set_index("example")[measure]
@@ -228,11 +226,11 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.
     random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
     attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
     wide = agreement[(agreement.reference == ref)]
-    grad_values = (_per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
+    grad_values = (per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
                    if best_grad is not None else None)
     tests = []
     for _, row in attn.iterrows():
-        unit = _per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
+        unit = per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
         test = {"explainer": row.explainer, "family": verdict_family(row.explainer), "layer": int(row.layer),
                 "head": int(row["head"]), "unit": _unit_name(row),
                 "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),

@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.metrics.agreement import agreement
 from probe.rows.scores import TokenScores
-from probe.study.plan import _ceiling_pairs
+from probe.study.plan import ceiling_pairs
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
 __all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_rows", "ranking_vectors",
@@ -99,7 +100,7 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
                 pairs.append((name, ref, "explainer"))
         for name in baselines:
             pairs.append((name, ref, "baseline"))
-    for a, b in _ceiling_pairs(study):
+    for a, b in ceiling_pairs(study):
         pairs.append((a, b, "ceiling"))
     columns = _Columns()
     for i, example in enumerate(examples):
@@ -197,7 +198,7 @@ def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame
     it runs on each half of the examples in turn (:func:`probe.intervene.engine.in_halves`) and
     the parts are joined in example order; every intervention seeds per example, so the halves
     give what one call gives."""
-    from probe.intervene.engine import in_halves
+    from probe.rows.memory import in_halves
 
     parts = in_halves(examples, lambda part, start: make(part, first_index + start), device=pm.device)
     return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
@@ -282,7 +283,8 @@ def convergence_rows(first_index: int, scores: dict[str, TokenScores]) -> pd.Dat
     frames = []
     for name, result in scores.items():
         deltas = result.extras.get("convergence_delta")
-        if name != "integrated_gradients" or deltas is None:
+        entry = registry.find(name)
+        if entry is None or not entry.completeness or deltas is None:
             continue
         history = result.extras.get("delta_by_steps") or [[[result.params.get("steps"), d]] for d in deltas]
         gaps = [t - b for t, b in zip(result.extras["target_value"], result.extras["baseline_value"])]

@@ -35,12 +35,12 @@ def check(name: str, ok: bool, detail: str) -> None:
 def compare_model(label: str, path: str, cuda: str, strict_bf16: bool = False) -> None:
     from scipy.stats import spearmanr
 
-    from probe.capture import capture_attention
-    from probe.explain.methods import run_method
-    from probe.explain.target import build_rows, prepare
+    from probe.hooks.capture import capture_attention
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo
-    from probe.models import load_model
+    from probe.methods import run_method
+    from probe.models.loading import load_model
+    from probe.rows.target import build_rows, prepare
 
     results = {}
     for device in ("cpu", cuda):
@@ -102,9 +102,9 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     cuda = "cuda:0"
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
-    from tiny_models import TINY_KINDS, build_tiny
-
     import tempfile
+
+    from tiny_models import TINY_KINDS, build_tiny
 
     root = Path(tempfile.mkdtemp())
     for kind in TINY_KINDS:

@@ -51,21 +51,30 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe import registry
-from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
-from probe.explain.attention import (
-    _crop, _in_out_weight, _params, _relative, capture_masks, eval_mode, head_value_norms,
-    record_value_inputs, row_batches, value_output_modules,
+from probe.explainers.attention import (
+    in_out_weight,
+    head_value_norms,
+    record_value_inputs,
+    value_output_modules,
 )
-from probe.rows.scores import TokenScores
-from probe.models.architectures import (  # noqa: F401  (re-exported: part of probe.explain.context_mixing's names)
-    MIXING_LAYOUTS, SEQ2SEQ_TYPES, MixingLayout, _refuse_seq2seq, block_modules, context_mixing_support, mixing_layout,
+from probe.explainers.attention_params import attention_params as _params
+from probe.hooks.capture import capture_attention
+from probe.hooks.types import EditContext
+from probe.models.architectures import (
+    MixingLayout,
+    refuse_seq2seq,
+    relative_path,
+    block_modules,
+    mixing_layout,
 )
 from probe.names import CONTEXT_MIXING_METHODS
+from probe.rows.queries import capture_masks, eval_mode, row_batches
+from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, RowBatch
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 
@@ -142,7 +151,7 @@ def record_layers(pm: ProbeModel, batch: RowBatch, stack: str, *, norms: MixingL
         for layer in blocks:
             path = pm.contract.module_paths[(stack, layer)]
             for which in ("ln1", "ln2"):
-                norm_modules[(layer, which)] = named[_relative(path, getattr(norms, which))]
+                norm_modules[(layer, which)] = named[relative_path(path, getattr(norms, which))]
     block_ins: dict = {}
     block_outs: dict = {}
     ln_ins: dict = {}
@@ -199,10 +208,10 @@ def mixing_terms(pm: ProbeModel, records: LayerRecords, stack: str, layer: int, 
     idx = torch.arange(n)
     terms[idx, idx] += residual
     _, _, output_module = value_output_modules(pm, stack, layer)
-    _, out_bias = _in_out_weight(output_module)
+    _, out_bias = in_out_weight(output_module)
     bias = (out_bias if out_bias is not None else torch.zeros(terms.shape[-1])).expand(n, -1).clone()  # [n, D]
     if layout.placement == "post":
-        ln = dict(pm.model.named_modules())[_relative(pm.contract.module_paths[(stack, layer)], layout.ln1)]
+        ln = dict(pm.model.named_modules())[relative_path(pm.contract.module_paths[(stack, layer)], layout.ln1)]
         gamma, beta, eps = _layer_norm_parts(ln)
         scale = _scale(records.ln_inputs[(layer, "ln1")][row, :n], eps)  # [n, 1]
         terms = gamma * _centre(terms) * scale[:, None]
@@ -229,7 +238,7 @@ def globenc_matrix(pm: ProbeModel, records: LayerRecords, stack: str, layer: int
     """GlobEnc's ||T_i(x_j)|| [n, n], through LN2 for a post-LN layer (the FFN left out), rows normalised."""
     if layout.placement == "post":
         n = terms.shape[0]
-        ln = dict(pm.model.named_modules())[_relative(pm.contract.module_paths[(stack, layer)], layout.ln2)]
+        ln = dict(pm.model.named_modules())[relative_path(pm.contract.module_paths[(stack, layer)], layout.ln2)]
         gamma, _, eps = _layer_norm_parts(ln)
         scale = _scale(records.ln_inputs[(layer, "ln2")][row, :n], eps)  # [n, 1]
         terms = gamma * _centre(terms) * scale[:, None]
@@ -372,7 +381,7 @@ def value_zeroing_distances(pm: ProbeModel, batch: RowBatch, lengths: Sequence[i
 def value_zeroing(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8,
                   token_budget: int = 8192) -> TokenScores:
     """Value zeroing (Mohebbi et al. 2023): [layer, tokens], the target row of the rolled-out matrices."""
-    _refuse_seq2seq(pm, "value_zeroing")
+    refuse_seq2seq(pm, "value_zeroing")
     scores: list[torch.Tensor] = []
     stack = None
     if not isinstance(token_budget, int) or token_budget < 1:
@@ -409,7 +418,6 @@ def context_mixing_scores(pm: ProbeModel, examples: Sequence[PreparedExample], m
 
 
 __all__ = [
-    "CONTEXT_MIXING_METHODS", "MIXING_LAYOUTS", "MixingLayout", "alti",
-    "alti_matrix", "block_modules", "context_mixing_scores", "context_mixing_support", "globenc", "globenc_matrix",
-    "mixing_layout", "mixing_terms", "record_layers", "rolled_rows", "value_zeroing", "value_zeroing_distances",
+    "alti", "alti_matrix", "context_mixing_scores", "globenc", "globenc_matrix", "mixing_terms",
+    "record_layers", "rolled_rows", "value_zeroing", "value_zeroing_distances",
 ]

@@ -22,7 +22,7 @@ from probe.errors import InputError
 from probe.rows.scores import TokenScores
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 AGGREGATIONS = ("sum", "max", "mean")
 CONTINUATION_PREFIX = "##"  # WordPiece: this piece continues the previous word

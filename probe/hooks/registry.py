@@ -6,8 +6,8 @@ name of the implementation the model was loaded with. :func:`open_session` puts 
 that name in the registry's local mapping, for as long as any session is open; the wrapper hands
 each call to the newest session that knows the calling module (``session.where.get(id(module))``
 -> ``session.call(place, original, module, ...)``), and every other call straight to the model's
-own function. A session is a :class:`probe.capture.hooks._Session` or the watched forward pass
-of :mod:`probe.capture.sites`. Only this module touches transformers' private
+own function. A session is a :class:`probe.hooks.capture._Session` or the watched forward pass
+of :mod:`probe.hooks.sites`. Only this module touches transformers' private
 ``_local_mapping`` / ``_global_mapping``: expect a transformers upgrade to hit it first.
 """
 
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import torch
 
-from probe.capture import math as amath
+from probe.hooks import math as amath
 
 _MISSING = object()
 _LOCK = threading.RLock()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from probe.rows.queries import TARGET_QUERY_NOTE
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 def attention_params(pm: ProbeModel, stack: str, **extra) -> dict:

@@ -37,25 +37,31 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe import registry
-from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
-from probe.rows.queries import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
-    TARGET_QUERY_NOTE, TargetQueries, _crop, capture_masks, eval_mode, row_batches, target_queries,
+from probe.explainers.attention_params import attention_params as _params
+from probe.explainers.rollout import (
+    add_residual_,
+    flow,
 )
-from probe.models.architectures import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
-    VALUE_OUTPUT_LAYOUTS, ValueOutputLayout, _relative,
+from probe.hooks.capture import capture_attention
+from probe.hooks.types import EditContext
+from probe.models.architectures import (
+    VALUE_OUTPUT_LAYOUTS,
+    ValueOutputLayout,
+    relative_path,
 )
-from probe.explain.attention_params import attention_params as _params
-from probe.explain.rollout import (  # noqa: F401  (re-exported: part of probe.explain.attention's names)
-    FLOW_CAPACITY_SCALE, FLOW_MAX_TOKENS, ROLLOUT_BLOCK, _add_residual_, _encoder_stream, _ResidualStream,
-    _rollout_target_rows, _rows_recomputable, flow, flow_max_over_rows, flow_to_sinks, residual_attention,
-    rollout, rollout_matrices,
+from probe.rows.queries import (
+    TargetQueries,
+    crop,
+    capture_masks,
+    eval_mode,
+    row_batches,
 )
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, RowBatch, build_rows, example_seed, target_values
+from probe.rows.target import PreparedExample, RowBatch, target_values
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 def target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, layers: Sequence[int] | None = None) -> torch.Tensor:
@@ -80,7 +86,7 @@ def attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size
         for batch, tq in row_batches(pm, examples, batch_size):
             stack = tq.stack
             weights = tq.mean_over_rows(target_rows(pm, batch, tq))  # [batch, layer, head, key]
-            scores += _crop(weights, tq.lengths)
+            scores += crop(weights, tq.lengths)
     return TokenScores("attention", scores, params=_params(pm, stack), per_head=True)
 
 
@@ -106,13 +112,13 @@ def value_output_modules(pm: ProbeModel, stack: str, layer: int):
     path = pm.contract.module_paths[(stack, layer)]
     modules = dict(pm.model.named_modules())
     try:
-        return layout, modules[_relative(path, layout.value)], modules[_relative(path, layout.output)]
+        return layout, modules[relative_path(path, layout.value)], modules[relative_path(path, layout.output)]
     except KeyError as missing:
         raise InputError(f"model type {model_type!r}: no module {missing} next to {path}; "
                          "the value/output layout table does not match this model") from None
 
 
-def _in_out_weight(module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def in_out_weight(module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight [in, out], bias [out] or None) of a Linear or a transformers Conv1D, fp32."""
     from transformers.pytorch_utils import Conv1D
 
@@ -123,7 +129,7 @@ def _in_out_weight(module) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def value_vectors(layout: ValueOutputLayout, value_module, inputs: torch.Tensor) -> torch.Tensor:
     """x W_V + b_V from the value projection's input: [batch, key, in] -> [batch, key, kv_head * dim] fp32."""
-    weight, bias = _in_out_weight(value_module)
+    weight, bias = in_out_weight(value_module)
     index, chunks = layout.value_chunk
     size = weight.shape[1] // chunks
     weight = weight[:, index * size: (index + 1) * size]
@@ -172,7 +178,7 @@ def head_value_norms(pm: ProbeModel, stack: str, layer: int, inputs: torch.Tenso
     values = values.view(batch, keys, info.n_kv_heads, info.head_dim)
     kv_index = torch.tensor(info.kv_head_of_query, device=values.device)
     per_query = values.index_select(2, kv_index)  # [batch, key, head, dim]
-    out_weight, _ = _in_out_weight(output_module)  # [head * dim, out]
+    out_weight, _ = in_out_weight(output_module)  # [head * dim, out]
     out_weight = out_weight.view(info.n_heads, info.head_dim, -1)  # [head, dim, out]
     gram = out_weight @ out_weight.transpose(1, 2)  # [head, dim, dim]
     norms = torch.einsum("bkhd,hde,bkhe->bkh", per_query, gram, per_query).clamp(min=0).sqrt()
@@ -206,7 +212,7 @@ def attn_norm(pm: ProbeModel, examples: Sequence[PreparedExample], *, per_head: 
                     mixed = (a.transpose(1, 2)[..., None] * per_query)  # [batch, key, head, dim]
                     summed = torch.einsum("bkhd,hdo->bko", mixed, out_weight)  # [batch, key, out]
                     per_layer.append(summed.norm(dim=-1))  # [batch, key]
-            scores += _crop(torch.stack(per_layer, dim=1), tq.lengths)
+            scores += crop(torch.stack(per_layer, dim=1), tq.lengths)
     return TokenScores("attn_norm" if per_head else "attn_norm_sum", scores, per_head=per_head,
                        per_layer=not per_head, params=_params(
                            pm, stack, formula="||alpha_ij (x_j W_V + b_V) W_O^h||" if per_head
@@ -254,7 +260,7 @@ def attn_grad(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size
                 product = w.detach() * (g if g is not None else torch.zeros_like(w))  # [batch, head, query, key]
                 index = tq.rows[:, None, :, None].expand(-1, product.shape[1], -1, product.shape[-1])
                 per_layer.append(tq.mean_over_rows(torch.gather(product, 2, index)))  # [batch, head, key]
-            scores += _crop(torch.stack(per_layer, dim=1), tq.lengths)
+            scores += crop(torch.stack(per_layer, dim=1), tq.lengths)
     return TokenScores("attn_grad", scores, per_head=True, params=_params(
         pm, stack, target_kind=examples[0].kind, gradient="total derivative of the target w.r.t. the layer's weights"))
 
@@ -285,7 +291,7 @@ class _RowMax:
         with torch.no_grad():
             values = mean.float().clone()  # [batch, T, T]
             if self.rollout:
-                augmented = _add_residual_(values)
+                augmented = add_residual_(values)
                 self.product = augmented if self.product is None else augmented @ self.product
                 values = self.product
             real = torch.arange(values.shape[1], device=values.device)[None, :] < self.lengths[:, None]  # [batch, T]
@@ -311,7 +317,7 @@ def max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], method
                 pm.model(**batch.inputs)
             if observer.next_layer != n_layers:
                 raise CaptureError(f"saw {observer.next_layer} of {n_layers} {stack} layers")
-            scores += _crop(torch.stack(observer.rows, dim=1), tq.lengths)  # [batch, layer, T]
+            scores += crop(torch.stack(observer.rows, dim=1), tq.lengths)  # [batch, layer, T]
     extra = {"residual": "A = 0.5 W + 0.5 I, rows renormalised, head mean"} if method == "rollout" else {}
     return TokenScores(method, scores, per_layer=True, params={
         **_params(pm, stack, **extra), "heads": "mean over query heads", "query": "max",
@@ -339,8 +345,6 @@ def attention_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method
 SCORER = f"{__name__}:attention_scores"
 
 __all__ = [
-    "FLOW_MAX_TOKENS", "TargetQueries", "VALUE_OUTPUT_LAYOUTS", "ValueOutputLayout",
-    "attention", "attention_mean", "attention_scores", "attn_grad", "attn_norm", "example_seed", "flow",
-    "flow_max_over_rows", "flow_to_sinks", "record_value_inputs", "residual_attention", "rollout", "rollout_matrices",
-    "row_batches", "target_queries", "target_rows", "value_output_modules",
+    "attention", "attention_mean", "attention_scores", "attn_grad", "attn_norm", "record_value_inputs",
+    "target_rows", "value_output_modules",
 ]

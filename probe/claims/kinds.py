@@ -1,6 +1,6 @@
 """The claim kinds: what each measures, per example, and the verdict it gets.
 
-What each kind measures (the decision rules are in :mod:`probe.audit.rules`):
+What each kind measures (the decision rules are in :mod:`probe.claims.rules`):
 
 token_importance  per example, over the scored tokens (special and prompt-template tokens excluded):
                   does the argmax of the attention ranking equal the argmax of the *signed*
@@ -38,23 +38,32 @@ f is the explained target: the predicted class probability by default (``target`
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from probe.audit.context import AuditContext
-from probe.audit.rules import LN2_HALF, RULES, Judgement, conjunction, counterfactual_rule, faithfulness_rule
+from probe.claims.context import AuditContext
+from probe.claims.rules import (
+    LN2_HALF,
+    RULES,
+    Judgement,
+    conjunction,
+    counterfactual_rule,
+    faithfulness_rule,
+)
 from probe.errors import InputError
 from probe.spec.claims import (
-    CounterfactualClaim, FaithfulnessClaim, HeadRoleClaim, SpecificTokensClaim, TokenImportanceClaim,
+    CounterfactualClaim,
+    FaithfulnessClaim,
+    HeadRoleClaim,
+    SpecificTokensClaim,
+    TokenImportanceClaim,
 )
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 __all__ = ["ClaimResult", "EVIDENCE_EXAMPLES", "KINDS", "clean_json"]
 
@@ -212,12 +221,12 @@ def _removed(ids: tuple[int, ...], positions, replacement: int | None) -> tuple[
     return tuple(replacement if p in drop else t for p, t in enumerate(ids))
 
 
-def _replacement(pm: ProbeModel, mode: str) -> int | None:
+def replacement_token(pm: ProbeModel, mode: str) -> int | None:
     if mode == "delete":
         return None
-    from probe.intervene.tokens import _replacement_id
+    from probe.intervene.tokens import replacement_token_id
 
-    return _replacement_id(pm, mode)
+    return replacement_token_id(pm, mode)
 
 
 def specific_tokens(ctx: AuditContext, claim: SpecificTokensClaim, index: int) -> ClaimResult:
@@ -262,7 +271,7 @@ def _removal_rows(ctx: AuditContext, claim: SpecificTokensClaim, matched: list[n
     positions, draws, attention-chosen positions)`` to read their values back."""
     from probe.intervene.tokens import example_seed
 
-    replacement = _replacement(ctx.pm, claim.intervention)
+    replacement = replacement_token(ctx.pm, claim.intervention)
     plan = []
     rows: list = []
     for i in with_match:

@@ -1,6 +1,6 @@
 """Attention rollout and attention flow (Abnar & Zuidema 2020): token scores from the residual
 attention of every layer up to the target query, by matrix product (rollout) or max-flow (flow).
-Run by name through :func:`probe.explain.attention.attention_scores`, which re-exports them."""
+Run by name through :func:`probe.explainers.attention.attention_scores`, which re-exports them."""
 
 from __future__ import annotations
 
@@ -11,15 +11,22 @@ import numpy as np
 import torch
 
 from probe import registry
-from probe.capture import EditContext, capture_attention
 from probe.errors import CaptureError, InputError
-from probe.explain.attention_params import attention_params as _params
-from probe.rows.queries import TargetQueries, _crop, capture_masks, eval_mode, row_batches
+from probe.explainers.attention_params import attention_params as _params
+from probe.hooks.capture import capture_attention
+from probe.hooks.types import EditContext
+from probe.rows.queries import (
+    TargetQueries,
+    crop,
+    capture_masks,
+    eval_mode,
+    row_batches,
+)
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, RowBatch
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 #: Attention flow solves (layers x tokens) max-flow problems per example on a graph of
 #: layers x tokens^2 edges; beyond this many explained tokens an example is skipped (NaN scores).
@@ -39,10 +46,10 @@ def residual_attention(weights: torch.Tensor) -> torch.Tensor:
     A = 0.5 W + 0.5 I with rows renormalised (Abnar & Zuidema). Renormalising matters where W's row
     is not a distribution: a row with no allowed key becomes the identity row (the residual alone).
     """
-    return _add_residual_(weights.float().mean(dim=-3))  # [..., T, T]
+    return add_residual_(weights.float().mean(dim=-3))  # [..., T, T]
 
 
-def _add_residual_(mean: torch.Tensor) -> torch.Tensor:
+def add_residual_(mean: torch.Tensor) -> torch.Tensor:
     """0.5 W + 0.5 I with rows renormalised, in place on the head-mean ``mean`` [..., T, T] (fp32)."""
     mean.mul_(0.5).diagonal(dim1=-2, dim2=-1).add_(0.5)
     return mean.div_(mean.sum(dim=-1, keepdim=True))
@@ -90,7 +97,7 @@ class _ResidualStream:
         self.next_layer += 1
         with torch.no_grad():
             # in place on the observer's own copy: no [T, T] temporaries beyond the product
-            augmented = _add_residual_(mean.float())  # [batch, T, T]
+            augmented = add_residual_(mean.float())  # [batch, T, T]
             self.product = augmented if self.product is None else augmented @ self.product
             if self.target is not None:
                 index = self.target[:, :, None].expand(-1, -1, self.product.shape[-1])  # [batch, rows, T]
@@ -100,7 +107,7 @@ class _ResidualStream:
                 self.kept.append(augmented[:, : self.keep_width, : self.keep_width].clone())
 
 
-def _encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_width: int | None = None):
+def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_width: int | None = None):
     """One pass with a residual stream on the attention that carries the explained tokens.
 
     Returns (stream, cross) where cross is the head-mean cross-attention at the target rows
@@ -146,7 +153,7 @@ def _rollout_target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, 
     queries and keys the forward pass handed the attention function (kept per layer, linear in T).
     Equal to the streamed [T, T] product (:class:`_ResidualStream`) up to float rounding.
     """
-    from probe.capture import math as amath
+    from probe.hooks import math as amath
 
     stack = tq.stack
     n_layers = pm.contract.stacks[stack].n_layers
@@ -218,15 +225,15 @@ def rollout(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: 
             stack = tq.stack
             if pm.task != "seq2seq" and tq.rows.shape[1] == 1 and _rows_recomputable(pm, tq.stack):
                 rows = _rollout_target_rows(pm, batch, tq)  # [batch, layer, T]
-                scores += _crop(rows, tq.lengths)
+                scores += crop(rows, tq.lengths)
                 continue
-            stream, cross = _encoder_stream(pm, batch, tq)
+            stream, cross = encoder_stream(pm, batch, tq)
             if cross is None:
                 rows = torch.stack(stream.rows, dim=1)  # [batch, layer, T]
             else:
                 encoder = stream.product  # [batch, K, K] full encoder rollout
                 rows = cross @ encoder  # [batch, layer, K]
-            scores += _crop(rows, tq.lengths)
+            scores += crop(rows, tq.lengths)
     return TokenScores("rollout", scores, per_layer=True, params=_params(
         pm, stack, residual="A = 0.5 W + 0.5 I, rows renormalised, head mean", dtype="float32",
         product_stack="encoder" if pm.task == "seq2seq" else stack))
@@ -323,7 +330,7 @@ def flow(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int
         done = 0
         for batch, tq in (row_batches(pm, [examples[i] for i in short], batch_size) if short else ()):
             stack = tq.stack
-            stream, cross = _encoder_stream(pm, batch, tq, keep_width=int(tq.lengths.max()))
+            stream, cross = encoder_stream(pm, batch, tq, keep_width=int(tq.lengths.max()))
             kept = torch.stack(stream.kept, dim=1).double().cpu().numpy()  # [batch, layer, W, W]
             for r, n in enumerate(tq.lengths.tolist()):
                 residual = kept[r, :, :n, :n]

@@ -10,14 +10,14 @@ itself when it returns them (eager), or are recomputed from the query and key it
 Modules of other models pass straight through. Everything is undone in ``finally``.
 
 A second path serves modules that compute attention inline (bloom, deberta, xlnet, ...): where the
-contract found a child module whose output is the layer's probabilities (``probe.capture.sites``),
+contract found a child module whose output is the layer's probabilities (``probe.hooks.sites``),
 a forward hook on that child reads them and, for interventions, returns edited ones in their place.
 A third path serves inline attention that hands its probabilities to no module (xlm, xglm, fsmt,
 mvp, ...): while such a module runs, a torch function mode takes the result of its first softmax
-over [batch, head, query, key] (``probe.capture.modes.SoftmaxWatch``) and treats it the same way.
+over [batch, head, query, key] (``probe.hooks.modes.SoftmaxWatch``) and treats it the same way.
 A module the model calls several times in one forward (a shared layer) is one layer per call.
 
-The registry wrapper itself, the one piece of process-global state, is :mod:`probe.capture.registry`.
+The registry wrapper itself, the one piece of process-global state, is :mod:`probe.hooks.registry`.
 """
 
 from __future__ import annotations
@@ -28,15 +28,24 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.capture import math as amath
-from probe.capture.modes import ModuleModes, SoftmaxWatch
-from probe.capture.registry import (  # noqa: F401  (installed_wrappers, original_attention_function: re-exported)
-    implementation_of, installed_wrappers, open_session, original_attention_function, sink_logits,
-)
-from probe.capture.types import (  # noqa: F401  (re-exported: probe.capture.hooks' names)
-    AttentionInputs, AttentionMaps, EditContext, Editor, Observer, QuerySpec, Reader, for_stack,
-)
 from probe.errors import CaptureError
+from probe.hooks import math as amath
+from probe.hooks.modes import ModuleModes, SoftmaxWatch
+from probe.hooks.registry import (
+    implementation_of,
+    open_session,
+    sink_logits,
+)
+from probe.hooks.types import (
+    AttentionInputs,
+    AttentionMaps,
+    EditContext,
+    Editor,
+    Observer,
+    QuerySpec,
+    Reader,
+    for_stack,
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ class _Session:
             self.where[module_id] = places[0]
         self._module_calls: dict[object, int] = {}
         self._handles: list = []
-        self._modes = None  # probe.capture.modes.ModuleModes of the softmax path, while attached
+        self._modes = None  # probe.hooks.modes.ModuleModes of the softmax path, while attached
         self.stacks = tuple(stacks)
         self.layers = layers
         self.heads = heads

@@ -7,14 +7,15 @@ from typing import TYPE_CHECKING
 
 from probe import registry
 from probe.errors import InputError
+from probe.names import ALL_METHODS
 from probe.rows.scores import TokenScores
-from probe.names import ALL_METHODS, ATTENTION_METHODS, GRADIENT_METHODS, INTERVENTION_METHODS
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
-__all__ = ["ALL_METHODS", "ATTENTION_METHODS", "GRADIENT_METHODS", "INTERVENTION_METHODS", "family", "parse_methods",
-           "applicable_methods", "run_method", "run_methods", "run_shared_gradients"]
+__all__ = [
+    "family", "parse_methods", "applicable_methods", "run_method", "run_methods", "run_shared_gradients",
+]
 
 
 def family(method: str) -> str:
@@ -80,8 +81,8 @@ def _join_parts(parts: Sequence[TokenScores]) -> TokenScores:
 
 def run_shared_gradients(pm: ProbeModel, examples, methods: Sequence[str]) -> dict[str, TokenScores]:
     """Saliency, saliency_sum and input x gradient (any of them, default parameters) from one
-    gradient pass (:func:`probe.explain.gradients.shared_gradient_scores`), halving on OOM."""
-    from probe.explain.gradients import shared_gradient_scores
+    gradient pass (:func:`probe.explainers.gradients.shared_gradient_scores`), halving on OOM."""
+    from probe.explainers.gradients import shared_gradient_scores
     from probe.rows.memory import in_halves
 
     parts = in_halves(examples, lambda part, _: shared_gradient_scores(pm, part, methods), device=pm.device)

@@ -1,8 +1,8 @@
 """Run an audit: load the model and the examples once, measure every claim, decide, write the report.
 
 The examples are those a study with the same data would explain (:func:`probe.study.examples.select_examples`),
-prepared with the claim file's target; what each claim kind measures is in :mod:`probe.audit.kinds`,
-the decision rules in :mod:`probe.audit.rules`.
+prepared with the claim file's target; what each claim kind measures is in :mod:`probe.claims.kinds`,
+the decision rules in :mod:`probe.claims.rules`.
 """
 
 from __future__ import annotations
@@ -14,19 +14,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.audit.context import AuditContext, token_text
-from probe.audit.kinds import KINDS, ClaimResult, _replacement, clean_json
+from probe.claims.context import AuditContext
+from probe.claims.kinds import KINDS, ClaimResult, replacement_token, clean_json
 from probe.errors import InputError
 from probe.names import printable
 from probe.spec.claims import (
-    ClaimFile, CounterfactualClaim, FaithfulnessClaim, HeadRoleClaim, SpecificTokensClaim, TokenImportanceClaim,
+    ClaimFile,
+    CounterfactualClaim,
+    FaithfulnessClaim,
+    HeadRoleClaim,
+    SpecificTokensClaim,
+    TokenImportanceClaim,
 )
 from probe.study.examples import prepare_examples, select_examples
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
-__all__ = ["AuditResult", "ClaimResult", "run_audit", "token_text"]
+__all__ = ["AuditResult", "run_audit"]
 
 
 @dataclass
@@ -47,7 +52,7 @@ class AuditResult:
 
     def write(self, out_dir: str | Path) -> list[Path]:
         """audit.json, audit.md and audit.html in ``out_dir`` (created)."""
-        from probe.audit.render import render_html, render_markdown
+        from probe.claims.render import render_html, render_markdown
 
         out = Path(out_dir)
         try:
@@ -110,7 +115,7 @@ def _check_sites(ctx: AuditContext) -> None:
             ctx.layer(claim.layer, index, "layer")
             ctx.head(claim.head, index, "head")
         if isinstance(claim, SpecificTokensClaim) and claim.intervention != "delete":
-            _replacement(ctx.pm, claim.intervention)
+            replacement_token(ctx.pm, claim.intervention)
 
 
 def _check_target(pm: ProbeModel, claim_file: ClaimFile) -> None:

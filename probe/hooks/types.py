@@ -1,6 +1,6 @@
 """The capture's public types: what a capture returns (:class:`AttentionMaps`), what an editor,
 observer or reader is handed (:class:`EditContext`, :class:`AttentionInputs`), and the shapes of
-the options of :func:`probe.capture.hooks.capture_attention` (re-exported there)."""
+the options of :func:`probe.hooks.capture.capture_attention` (re-exported there)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ Observer = Callable[[torch.Tensor, EditContext], None]
 @dataclass(frozen=True)
 class AttentionInputs:
     """What one attention call was given, for a reader to recompute any block of its weights later
-    with :mod:`probe.capture.math` (``allowed_keys``, ``head_mean_weights``): nothing is computed
+    with :mod:`probe.hooks.math` (``allowed_keys``, ``head_mean_weights``): nothing is computed
     during the forward pass, and a reader that keeps these holds memory linear in the length."""
 
     query: torch.Tensor  # [batch, head, query, head_dim] as the attention function received it

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from probe.audit.rules import Judgement, judge
 from probe import registry
+from probe.claims.rules import Judgement, judge
 from probe.errors import InputError
 from probe.spec.claims import AttentionRanking, ClaimFile
 
 if TYPE_CHECKING:
     from probe.data import Example
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
     from probe.rows.target import PreparedExample
 
 __all__ = ["AuditContext", "WORD_PIECE_MARKERS", "token_text"]
@@ -58,7 +58,7 @@ class AuditContext:
 
     def scores(self, method: str):
         if method not in self._scores:
-            from probe.explain.methods import run_method
+            from probe.methods import run_method
 
             params = {"seed": self.seed} if method in registry.seeded() else None
             self._scores[method] = run_method(self.pm, self.examples, method, engine=self.engine, params=params)

@@ -1,6 +1,6 @@
 """Integrated gradients (Sundararajan et al. 2017) and GradientSHAP (Lundberg & Lee 2017) through
 captum, interpolating at the gradient site from a baseline embedding (pad, zero, mask or unk);
-see :mod:`probe.explain.gradients` for the sites and what is attributed."""
+see :mod:`probe.explainers.gradients` for the sites and what is attributed."""
 
 from __future__ import annotations
 
@@ -10,14 +10,22 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import InputError
-from probe.explain.gradient_forward import (GRADIENT_TOKEN_BUDGET, _common_params, _EmbeddingForward,
-                                            _embedding_forward, _gradient_mode, _per_example, join_buckets,
-                                            site_values, width_buckets)
+from probe.explainers.gradient_forward import (
+    GRADIENT_TOKEN_BUDGET,
+    common_params,
+    embedding_forward,
+    EmbeddingForward,
+    gradient_mode,
+    per_example,
+    join_buckets,
+    site_values,
+    width_buckets,
+)
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, example_seed
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 BASELINES = ("pad", "zero", "mask", "unk")
 AUTO_STEPS = (16, 32, 64, 128, 256, 512)  # Gauss-Legendre points tried by steps="auto", in order
@@ -48,7 +56,7 @@ def _baseline_vector(pm: ProbeModel, kind: str) -> torch.Tensor:
         return embedding(ids)[0].float()  # through the module: keeps any scaling it applies
 
 
-def _baseline(pm: ProbeModel, problem: _EmbeddingForward, kind: str, keep_special: bool) -> torch.Tensor:
+def _baseline(pm: ProbeModel, problem: EmbeddingForward, kind: str, keep_special: bool) -> torch.Tensor:
     """[rows, width, dim] baseline: ``kind``'s embedding at explained positions, zero at padding.
 
     ``keep_special`` leaves special tokens at their own embedding (captum's BERT tutorial keeps
@@ -67,7 +75,7 @@ def _baseline(pm: ProbeModel, problem: _EmbeddingForward, kind: str, keep_specia
     return baseline.clone()
 
 
-def _site_baseline(pm: ProbeModel, problem: _EmbeddingForward, kind: str) -> torch.Tensor:
+def _site_baseline(pm: ProbeModel, problem: EmbeddingForward, kind: str) -> torch.Tensor:
     """[rows, width, dim] at a module site: the module's output when every explained token is
     ``kind``'s token (each keeps its position and type embedding), zero for ``zero``; zero at padding."""
     vector = _baseline_vector(pm, kind)  # validates kind against the tokenizer
@@ -78,19 +86,19 @@ def _site_baseline(pm: ProbeModel, problem: _EmbeddingForward, kind: str) -> tor
     del vector
     ids = problem.batch.inputs["input_ids"]  # [rows, seq]
     replaced = torch.where(problem.explained, torch.full_like(ids, token_id), ids)  # [rows, seq]
-    with _gradient_mode(pm.model):
+    with gradient_mode(pm.model):
         values = site_values(pm, problem.site, {**problem.batch.inputs, "input_ids": replaced})  # [rows, seq, dim]
     return values[:, : problem.embeds.shape[1]] * problem.mask[..., None]
 
 
-def _baseline_norm(pm: ProbeModel, problem: _EmbeddingForward, baseline: str, base: torch.Tensor) -> float:
+def _baseline_norm(pm: ProbeModel, problem: EmbeddingForward, baseline: str, base: torch.Tensor) -> float:
     """Norm of the baseline embedding (word site), or its mean over explained tokens (module site)."""
     if problem.site.module is None:
         return float(_baseline_vector(pm, baseline).norm())
     return float(base.norm(dim=-1)[problem.mask].mean())
 
 
-def _values(problem: _EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
+def _values(problem: EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
     """[len(embeds) * rows] target at each ``[rows, width, dim]`` set of embeddings, in one forward."""
     with torch.no_grad():
         return problem(torch.cat(embeds), problem.rows.repeat(len(embeds)))
@@ -140,7 +148,7 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
     if rule not in IG_RULES:
         raise InputError(f"unknown integration rule {rule!r}: use one of {', '.join(IG_RULES)}")
     _check_internal_batch_size(internal_batch_size)
-    problem = _embedding_forward(pm, examples, site)
+    problem = embedding_forward(pm, examples, site)
     base = _baseline(pm, problem, baseline, keep_special)  # [rows, width, dim]
     rows = len(examples)
     attributions = _ig_attributions(pm, problem, base, steps, rule, internal_batch_size)  # [rows, width, dim]
@@ -149,23 +157,23 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
     both = _values(problem, problem.embeds, base)  # [2 * rows]
     target, at_baseline = both[:rows], both[rows:]
     delta = scores.sum(dim=1) - (target - at_baseline)  # [rows]
-    params = {**_common_params(pm, problem), "baseline": baseline,
+    params = {**common_params(pm, problem), "baseline": baseline,
               "baseline_norm": _baseline_norm(pm, problem, baseline, base), "steps": steps, "rule": rule,
               "internal_batch_size": internal_batch_size, "baseline_keeps_special": keep_special,
               "reduction": "signed sum over embedding dim", "signed": True}
     extras = {"convergence_delta": delta.tolist(), "target_value": target.tolist(),
               "baseline_value": at_baseline.tolist()}
-    return TokenScores(method="integrated_gradients", scores=_per_example(scores, problem), params=params,
+    return TokenScores(method="integrated_gradients", scores=per_example(scores, problem), params=params,
                        extras=extras)
 
 
-def _ig_attributions(pm: ProbeModel, problem: _EmbeddingForward, base: torch.Tensor, steps: int, rule: str,
+def _ig_attributions(pm: ProbeModel, problem: EmbeddingForward, base: torch.Tensor, steps: int, rule: str,
                      internal_batch_size: int | str | None) -> torch.Tensor:
     """captum ``IntegratedGradients`` of ``problem`` from ``base``: [rows, width, dim] fp32."""
     from captum.attr import IntegratedGradients
 
     rows = problem.embeds.shape[0]
-    with _gradient_mode(pm.model, inputs_only=True):
+    with gradient_mode(pm.model, inputs_only=True):
         ig = IntegratedGradients(problem)
         return ig.attribute(
             problem.embeds.clone().requires_grad_(), baselines=base, additional_forward_args=(problem.rows,), n_steps=steps,
@@ -224,7 +232,7 @@ def _integrated_gradients_auto(pm: ProbeModel, examples: Sequence[PreparedExampl
                        params=params_out, extras=extras)
 
 
-def _chunk(problem: "_EmbeddingForward", internal_batch_size: int | str) -> int:
+def _chunk(problem: "EmbeddingForward", internal_batch_size: int | str) -> int:
     if internal_batch_size == "auto":
         return max(1, GRADIENT_TOKEN_BUDGET // max(1, problem.fixed.shape[1]))
     return int(internal_batch_size)
@@ -266,7 +274,7 @@ def gradient_shap(pm: ProbeModel, examples: Sequence[PreparedExample], *, baseli
     """
     kinds = (baseline,) if isinstance(baseline, str) else tuple(baseline)
     _check_shap_args(kinds, n_samples, noise, internal_batch_size)
-    problem = _embedding_forward(pm, examples, site)
+    problem = embedding_forward(pm, examples, site)
     rows, width, dim = problem.embeds.shape
     bases = torch.stack([_baseline(pm, problem, kind, keep_special) for kind in kinds])  # [kinds, rows, width, dim]
     stdev = noise * float(pm.model.get_input_embeddings().weight.detach().float().std())
@@ -286,13 +294,13 @@ def gradient_shap(pm: ProbeModel, examples: Sequence[PreparedExample], *, baseli
     target, at_bases = values[0], values[1:]  # [rows], [kinds, rows]
     expected_base = at_bases.gather(0, which.T).mean(dim=0)  # [rows] mean over each row's draws
     delta = scores.sum(dim=1) - (target - expected_base)
-    params = {**_common_params(pm, problem), "baseline": list(kinds), "n_samples": n_samples, "noise": noise,
+    params = {**common_params(pm, problem), "baseline": list(kinds), "n_samples": n_samples, "noise": noise,
               "noise_std": stdev, "seed": seed, "internal_batch_size": internal_batch_size,
               "baseline_keeps_special": keep_special, "estimator": "captum GradientShap, per-example seeded draws",
               "reduction": "signed sum over embedding dim", "signed": True}
     extras = {"convergence_delta": delta.tolist(), "target_value": target.tolist(),
               "baseline_value": expected_base.tolist()}
-    return TokenScores(method="gradient_shap", scores=_per_example(scores, problem), params=params, extras=extras)
+    return TokenScores(method="gradient_shap", scores=per_example(scores, problem), params=params, extras=extras)
 
 
 def _check_shap_args(kinds: tuple, n_samples, noise, internal_batch_size) -> None:
@@ -305,7 +313,7 @@ def _check_shap_args(kinds: tuple, n_samples, noise, internal_batch_size) -> Non
     _check_internal_batch_size(internal_batch_size)
 
 
-def _shap_draws(problem: _EmbeddingForward, n_kinds: int, n_samples: int, stdev: float | list[float],
+def _shap_draws(problem: EmbeddingForward, n_kinds: int, n_samples: int, stdev: float | list[float],
                 seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-example draws from a generator seeded by the example's content: [rows, samples]
     baseline kinds and alphas, [rows, samples, width, dim] noise (zero beyond each example)."""
@@ -323,7 +331,7 @@ def _shap_draws(problem: _EmbeddingForward, n_kinds: int, n_samples: int, stdev:
     return which.to(device), alpha.to(device), eps.to(device)
 
 
-def _gradients_at(pm: ProbeModel, problem: _EmbeddingForward, points: torch.Tensor, row_of: torch.Tensor,
+def _gradients_at(pm: ProbeModel, problem: EmbeddingForward, points: torch.Tensor, row_of: torch.Tensor,
                   internal_batch_size: int | str | None) -> torch.Tensor:
     """captum ``Saliency`` (signed) at each of ``points`` [n, width, dim], ``row_of`` [n] saying
     whose row each is, in chunks of ``internal_batch_size``: [n, width, dim] fp32."""
@@ -331,7 +339,7 @@ def _gradients_at(pm: ProbeModel, problem: _EmbeddingForward, points: torch.Tens
 
     chunk = len(points) if internal_batch_size is None else _chunk(problem, internal_batch_size)
     grads = []
-    with _gradient_mode(pm.model, inputs_only=True):
+    with gradient_mode(pm.model, inputs_only=True):
         saliency_method = Saliency(problem)
         for start in range(0, len(points), chunk):
             part = slice(start, start + chunk)

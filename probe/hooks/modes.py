@@ -1,6 +1,6 @@
 """The softmax capture path's machinery: a torch function mode that is active while one
 attention module runs and sees its softmax calls (used by the watched forward in
-:mod:`probe.capture.sites` and by the capture session in :mod:`probe.capture.hooks`)."""
+:mod:`probe.hooks.sites` and by the capture session in :mod:`probe.hooks.capture`)."""
 
 from __future__ import annotations
 

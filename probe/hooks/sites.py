@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.capture.modes import ModuleModes, SoftmaxWatch
-from probe.capture.registry import implementation_of, open_session, sink_logits
+from probe.hooks.modes import ModuleModes, SoftmaxWatch
+from probe.hooks.registry import implementation_of, open_session, sink_logits
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
 #: words in a module path that name a cross-attention (read here and by the fallback layout of

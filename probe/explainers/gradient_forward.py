@@ -1,8 +1,8 @@
 """Where gradients are taken (the *site*) and the one forward function every gradient method
 differentiates, the per-example TokenScores it turns into, and the width buckets that keep gradient
-passes free of padding waste. Shared by :mod:`probe.explain.gradients` (saliency, input x gradient)
-and :mod:`probe.explain.integrated_gradients` (integrated gradients, GradientSHAP); the module
-docstring of :mod:`probe.explain.gradients` says what the sites and the attributed tokens are."""
+passes free of padding waste. Shared by :mod:`probe.explainers.gradients` (saliency, input x gradient)
+and :mod:`probe.explainers.integrated_gradients` (integrated gradients, GradientSHAP); the module
+docstring of :mod:`probe.explainers.gradients` says what the sites and the attributed tokens are."""
 
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ import torch.nn.functional as F
 
 from probe.errors import InputError, ProbeError
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, RowBatch, build_rows, keep_target_logits, target_values
+from probe.rows.target import (
+    PreparedExample,
+    RowBatch,
+    build_rows,
+    keep_target_logits,
+    target_values,
+)
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 SITES = ("word", "embeddings")
 SPACE = "word_embeddings"  # params["space"] of the word site (the only site before sites were named)
@@ -47,7 +53,7 @@ class Site:
     normalising: str | None = None  # class name of the norm inside the embeddings module, if any
 
 
-def _is_norm(module) -> bool:
+def is_norm(module) -> bool:
     return isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) or "norm" in type(module).__name__.lower()
 
 
@@ -79,7 +85,7 @@ def normalising_module(model) -> str | None:
     found = embeddings_module(model)
     if found is None:
         return None
-    return next((type(m).__name__ for m in found[1].modules() if _is_norm(m)), None)
+    return next((type(m).__name__ for m in found[1].modules() if is_norm(m)), None)
 
 
 def default_site(pm: ProbeModel) -> str:
@@ -110,7 +116,7 @@ class _StopForward(Exception):
 
 
 @contextlib.contextmanager
-def _hooked(module, hook) -> Iterator[None]:
+def hooked(module, hook) -> Iterator[None]:
     handle = module.register_forward_hook(hook)
     try:
         yield
@@ -149,7 +155,7 @@ def site_values(pm: ProbeModel, site: Site, inputs: dict) -> torch.Tensor:
         held["output"] = _site_tensor(site, output)
         raise _StopForward
 
-    with torch.no_grad(), _hooked(site.module, keep):
+    with torch.no_grad(), hooked(site.module, keep):
         try:
             pm.model(**inputs)
         except _StopForward:
@@ -163,7 +169,7 @@ def site_values(pm: ProbeModel, site: Site, inputs: dict) -> torch.Tensor:
 
 
 @dataclasses.dataclass
-class _EmbeddingForward:
+class EmbeddingForward:
     """The target as a function of the explained tokens' word embeddings, for a fixed set of rows.
 
     ``embeds`` (what captum differentiates) covers only the explained positions ``[rows, width, dim]``
@@ -200,7 +206,7 @@ class _EmbeddingForward:
             logits = self.pm.model(**inputs).logits
         else:
             replaced = full.to(_model_dtype(self.pm))
-            with _hooked(self.site.module, _replace_site_output(replaced)):
+            with hooked(self.site.module, _replace_site_output(replaced)):
                 logits = self.pm.model(**inputs).logits
         return target_values(self.pm, selected, logits)  # [n] fp32
 
@@ -226,13 +232,13 @@ def _model_dtype(pm: ProbeModel) -> torch.dtype:
     return next(pm.model.parameters()).dtype
 
 
-def _embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site: str | None = None) -> _EmbeddingForward:
+def embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site: str | None = None) -> EmbeddingForward:
     where = resolve_site(pm, site)
     if not examples:
         raise InputError("no examples to explain: give at least one prepared example")
     batch = build_rows(pm, [(example.input_ids, example) for example in examples])
     input_ids = batch.inputs["input_ids"]  # [rows, seq]
-    with _gradient_mode(pm.model):
+    with gradient_mode(pm.model):
         fixed = site_values(pm, where, batch.inputs)  # [rows, seq, dim]
     seq = input_ids.shape[1]
     lengths = batch.input_lengths  # [rows]
@@ -240,12 +246,12 @@ def _embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site
     width = int(lengths.max())
     embeds = fixed[:, :width] * explained[:, :width, None]  # [rows, width, dim]
     rows = torch.arange(len(examples), device=input_ids.device)  # [rows]
-    return _EmbeddingForward(pm=pm, batch=batch, embeds=embeds, fixed=fixed, explained=explained, rows=rows,
+    return EmbeddingForward(pm=pm, batch=batch, embeds=embeds, fixed=fixed, explained=explained, rows=rows,
                              site=where)
 
 
 @contextlib.contextmanager
-def _gradient_mode(model, *, inputs_only: bool = False) -> Iterator[None]:
+def gradient_mode(model, *, inputs_only: bool = False) -> Iterator[None]:
     """Eval mode (no dropout: attributions must be deterministic) with autograd on, restored after.
 
     ``inputs_only``: the pass differentiates only a tensor it feeds in (the attributed
@@ -272,13 +278,13 @@ def _gradient_mode(model, *, inputs_only: bool = False) -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-def _per_example(values: torch.Tensor, problem: _EmbeddingForward) -> list[torch.Tensor]:
+def per_example(values: torch.Tensor, problem: EmbeddingForward) -> list[torch.Tensor]:
     """[rows, width] -> one ``[tokens]`` tensor per example; padding is zeroed, then cut off."""
     values = values * problem.mask
     return [values[r, : int(n)] for r, n in enumerate(problem.batch.input_lengths.tolist())]
 
 
-def _common_params(pm: ProbeModel, problem: _EmbeddingForward) -> dict:
+def common_params(pm: ProbeModel, problem: EmbeddingForward) -> dict:
     examples = problem.batch.examples
     space, note = SITE_SPACES[problem.site.name]
     return {

@@ -30,7 +30,7 @@ Padding is never attributed: the forward function takes padded positions from fi
 
 Every method evaluates its target with :func:`probe.rows.target.target_values` on the rows of
 :func:`probe.rows.target.build_rows`, so gradients explain exactly the number interventions change.
-captum is used at one boundary, :class:`_EmbeddingForward` (house rule 5): it sees a plain function
+captum is used at one boundary, :class:`EmbeddingForward` (house rule 5): it sees a plain function
 ``f(embeddings [n, tokens, dim], row [n]) -> target [n]`` and its outputs become ``TokenScores`` here.
 Gradients are taken in fp32: the attributed embeddings are fp32 and are cast to the model's dtype
 only when they enter the model, so a bf16 model still gives fp32 scores (of bf16 precision).
@@ -44,25 +44,24 @@ import torch
 
 from probe import registry
 from probe.errors import InputError
-# re-exported: probe.explain.gradients is the one public face of the gradient methods (probe.metrics.sanity,
+
+# re-exported: probe.explainers.gradients is the one public face of the gradient methods (probe.metrics.sanity,
 # the tests and older callers import these from here)
-from probe.explain.gradient_forward import (  # noqa: F401
-    GRADIENT_CALL_OVERHEAD_TOKENS, GRADIENT_TOKEN_BUDGET, SITE_SPACES, SITES, SPACE, SPACE_NOTE, Site,
-    _common_params, _EmbeddingForward, _embedding_forward, _gradient_mode, _hooked, _is_norm, _model_dtype,
-    _per_example, _row_width, _select_rows, default_site, embeddings_module, join_buckets, normalising_module,
-    resolve_site, site_values, width_buckets,
+from probe.explainers.gradient_forward import (
+    common_params,
+    embedding_forward,
+    EmbeddingForward,
+    gradient_mode,
+    per_example,
+    join_buckets,
+    width_buckets,
 )
-from probe.explain.integrated_gradients import (  # noqa: F401
-    AUTO_ABSOLUTE_TOLERANCE, AUTO_STEPS, BASELINES, IG_RULES, _baseline, _baseline_norm, _baseline_vector,
-    _check_internal_batch_size, _chunk, _integrated_gradients_auto, _site_baseline, _values, gradient_shap,
-    integrated_gradients,
-)
-from probe.names import GRADIENT_METHODS  # noqa: F401  (derived from the registry)
+from probe.names import GRADIENT_METHODS
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 
 if TYPE_CHECKING:
-    from probe.models.loading import ProbeModel
+    from probe.models.core import ProbeModel
 
 
 # ---------------------------------------------------------------------------
@@ -71,13 +70,13 @@ if TYPE_CHECKING:
 
 
 def _gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *, times_input: bool,
-               site: str | None = None) -> tuple[torch.Tensor, _EmbeddingForward]:
+               site: str | None = None) -> tuple[torch.Tensor, EmbeddingForward]:
     """Gradient (captum ``Saliency``, signed) or embedding x gradient (``InputXGradient``) of every
     example in one forward/backward. Returns ``[rows, width, dim]`` fp32 and the forward used."""
     from captum.attr import InputXGradient, Saliency
 
-    problem = _embedding_forward(pm, examples, site)
-    with _gradient_mode(pm.model, inputs_only=True):
+    problem = embedding_forward(pm, examples, site)
+    with gradient_mode(pm.model, inputs_only=True):
         if times_input:
             attributions = InputXGradient(problem).attribute(problem.embeds.clone().requires_grad_(),
                                                              additional_forward_args=(problem.rows,))
@@ -111,25 +110,27 @@ def input_x_gradient(pm: ProbeModel, examples: Sequence[PreparedExample], *, sit
     return _from_gradients(pm, "input_x_gradient", products, problem, times_input=True)
 
 
-#: Methods computed from one gradient of the target (those whose only parameter is the site,
-#: registry.GradientParams): :func:`shared_gradient_scores` runs one forward/backward for any set of them.
-SHARED_GRADIENT_METHODS = tuple(m.name for m in registry.methods(family="gradient") if m.params is registry.GradientParams)
+#: Methods computed from one gradient of the target (a ``reduction`` in their registry entry):
+#: :func:`shared_gradient_scores` runs one forward/backward for any set of them.
+SHARED_GRADIENT_METHODS = tuple(m.name for m in registry.methods(family="gradient", listed=False)
+                                if m.reduction is not None)
+
+#: what each reduction records in the scores' params
+REDUCTIONS = {"l2": "l2 norm over embedding dim", "sum": "signed sum over embedding dim"}
 
 
-def _from_gradients(pm: ProbeModel, method: str, values: torch.Tensor, problem: _EmbeddingForward, *,
+def _from_gradients(pm: ProbeModel, method: str, values: torch.Tensor, problem: EmbeddingForward, *,
                     times_input: bool = False) -> TokenScores:
-    """``method``'s TokenScores from ``[rows, width, dim]`` gradients (embedding x gradient when
-    ``times_input``; input_x_gradient takes the product, the saliencies the gradient)."""
-    if method == "input_x_gradient":
-        products = values if times_input else values * problem.embeds
-        params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True,
-                  "note": "Jain & Wallace 2019 take |score|"}
-        return TokenScores(method=method, scores=_per_example(products.sum(dim=-1), problem), params=params)
-    if method == "saliency":
-        params = {**_common_params(pm, problem), "reduction": "l2 norm over embedding dim", "signed": False}
-        return TokenScores(method=method, scores=_per_example(values.norm(dim=-1), problem), params=params)
-    params = {**_common_params(pm, problem), "reduction": "signed sum over embedding dim", "signed": True}
-    return TokenScores(method=method, scores=_per_example(values.sum(dim=-1), problem), params=params)
+    """``method``'s TokenScores from ``[rows, width, dim]`` gradients (or, with ``times_input``,
+    embedding x gradient products), reduced over the embedding axis as its registry entry says."""
+    entry = registry.method(method)
+    if entry.times_input and not times_input:
+        values = values * problem.embeds
+    reduced = values.norm(dim=-1) if entry.reduction == "l2" else values.sum(dim=-1)
+    params = {**common_params(pm, problem), "reduction": REDUCTIONS[entry.reduction], "signed": entry.signed}
+    if entry.times_input:
+        params["note"] = "Jain & Wallace 2019 take |score|"
+    return TokenScores(method=method, scores=per_example(reduced, problem), params=params)
 
 
 def shared_gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str], *,
@@ -164,7 +165,7 @@ def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
     if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown gradient method {method!r}: use one of {', '.join(GRADIENT_METHODS)}")
     explainer = entry.load()
-    if method == "integrated_gradients" and params.get("steps") == "auto":
+    if entry.points is not None and params.get(entry.points) == "auto":
         return explainer(pm, examples, **params)  # buckets each round of its own
     buckets = width_buckets(pm, examples, points=_points_per_example(method, params))
     if len(buckets) == 1:
@@ -173,12 +174,10 @@ def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
 
 
 def _points_per_example(method: str, params: dict) -> int:
-    """Model inputs one example becomes in a gradient method (interpolation points, draws)."""
-    defaults = registry.method(method).defaults()
-    if method == "integrated_gradients":
-        steps = params.get("steps", defaults.steps)
-        return (steps if isinstance(steps, int) else 1) + 2
-    if method == "gradient_shap":
-        n_samples = params.get("n_samples", defaults.n_samples)
-        return (n_samples if isinstance(n_samples, int) else 1) + 2
-    return 1
+    """Model inputs one example becomes in a gradient method (interpolation points, draws: the
+    parameter its registry entry names as ``points``, plus the input and the baseline)."""
+    entry = registry.method(method)
+    if entry.points is None:
+        return 1
+    points = params.get(entry.points, getattr(entry.defaults(), entry.points))
+    return (points if isinstance(points, int) else 1) + 2

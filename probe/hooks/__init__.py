@@ -1,0 +1,6 @@
+"""Read and write attention per layer and head through the attention-function registry.
+
+:mod:`.capture` holds the hooks (``capture_attention``, ``Capture``, ``EditContext``), :mod:`.registry`
+the attention functions they wrap, :mod:`.math` the recomputations they check against. The public
+entry is :func:`probe.api.capture` (``with probe.capture(pm, ...) as cap:``).
+"""
