@@ -213,7 +213,7 @@ def explain(
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension),
                        strict_length=strict_length)
-    names = chosen if chosen is not None else applicable_methods(pm, examples)[0]
+    names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
         raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
     if site is not None:
@@ -221,8 +221,8 @@ def explain(
 
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
     params = terminal.explain_params(names, steps=steps, seed=seed, site=site)
-    explanation = api.explain(pm, examples, chosen, params={m: p for m, p in params.items() if m in names})
-    results, skipped = dict(explanation.scores), dict(explanation.skipped)
+    explanation = api.explain(pm, examples, names, params={m: p for m, p in params.items() if m in names})
+    results = dict(explanation.scores)
     from probe.metrics.sanity import explain_checks
 
     checks = explain_checks(pm, examples, results, params)

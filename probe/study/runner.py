@@ -348,17 +348,14 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
     """Refuse methods this model cannot run before any batch starts: what each registry entry
     applies to (its task and the tokens it needs), with the registered methods of its family that do
     apply named as the alternatives."""
+    cannot = registry.skipped(pm, 0, checks=("task", "token"))
     for name in methods_needed(study):
-        entry = registry.find(name)
-        if entry is None:
-            continue
-        why = entry.skip_reason("task", pm, 0) or entry.skip_reason("token", pm, 0)
-        if why is None:
-            continue
-        others = [m.name for m in registry.methods(family=entry.family)
-                  if m.name != name and m.skip_reason("task", pm, 0) is None and m.skip_reason("token", pm, 0) is None
-                  and m.applies.by_name is None]
-        raise InputError(f"{name} cannot run on {pm.name!r}: {why}; use {', '.join(others) or 'another method'} instead")
+        if name in cannot:
+            family = registry.method(name).family
+            left_out = registry.skipped(pm, 0, checks=("task", "token", "by_name"))
+            others = [m.name for m in registry.methods(family=family) if m.name != name and m.name not in left_out]
+            raise InputError(f"{name} cannot run on {pm.name!r}: {cannot[name]}; use "
+                             f"{', '.join(others) or 'another method'} instead")
     if study.target.label == "gold" and pm.task != "classification":
         raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
     if study.target.choices and pm.task != "causal_lm":
