@@ -384,7 +384,7 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     ``steps``, ``bound``, ``seed``, ...)."""
     if how not in COUNTERFACTUALS:
         raise InputError(f"unknown counterfactual attention {how!r}: use one of {', '.join(COUNTERFACTUALS)}")
-    stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+    stack = pm.task.target_stack(pm.contract)
     n_layers = pm.contract.stacks[stack].n_layers
     if isinstance(layer, int) and -n_layers <= layer < 0:
         layer += n_layers

@@ -14,6 +14,7 @@ import typer
 from probe import registry, terminal
 from probe.errors import InputError
 from probe.names import printable
+from probe.tasks import TASKS
 from probe.terminal import plain as _plain
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, pl
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16")
 AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: transformers' own, sdpa)")
-TaskOpt = typer.Option(None, "--task", help="load as classification, causal_lm, seq2seq or encoder (default: read from the model)")
+TaskOpt = typer.Option(None, "--task", help=f"load as {', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]} "
+                                                "(default: read from the model)")
 AllowRandomOpt = typer.Option(False, "--allow-random-weights",
                               help="explain a model even though its checkpoint leaves some weights random (e.g. a missing head)")
 
@@ -139,7 +141,7 @@ def inspect(
 ) -> None:
     """Predict TEXT and show where the target query's attention goes, per layer and head."""
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
-    if pm.task == "encoder":
+    if pm.task.embeds:
         raise InputError("inspect shows one target query's attention and a headless encoder pools every position: "
                          "use probe explain MODEL TEXT --target similarity --reference TEXT")
     from probe.predict import target_attention
@@ -179,7 +181,8 @@ def inspect(
 def explain(
     model: str = ModelArg,
     text: str = typer.Argument(..., help="the text to explain"),
-    methods: str | None = typer.Option(None, "--methods", help="comma-separated method names, or all (default: every method that applies)"),
+    methods: str | None = typer.Option(None, "--methods", help=f"comma-separated method names ({', '.join(registry.names())}), or all "
+                                         "(default: every method that applies)"),
     label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
     target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
@@ -235,10 +238,10 @@ def explain(
 
 def _check_continuation(pm: ProbeModel, continuation: str | None) -> None:
     """``--continuation`` names a language model's output: refused in one line for other models."""
-    if continuation is not None and pm.task in ("classification", "encoder"):
-        instead = "--label (index or name)" if pm.task == "classification" else "--target similarity or dimension"
-        raise InputError(f"--continuation applies to language models; this model is a "
-                           f"{'classifier' if pm.task == 'classification' else 'headless encoder'}: give {instead} instead")
+    if continuation is not None and not pm.task.continuations:
+        instead = "--label (index or name)" if pm.task.labels else "--target similarity or dimension"
+        raise InputError(f"--continuation applies to language models; this model is a {pm.task.head}: "
+                         f"give {instead} instead")
 
 
 def _set_threads(torch, threads: int) -> None:

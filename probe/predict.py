@@ -30,7 +30,7 @@ def target_attention(pm: ProbeModel, text: str, *, strict_length: bool = False, 
     ids = batch["input_ids"][0].tolist()
     tokens = pm.tokenizer.convert_ids_to_tokens(ids)
     with torch.no_grad():
-        if pm.task == "seq2seq":
+        if pm.task.encoder_decoder:
             generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
             decoder = {"input_ids": generated, "attention_mask": torch.ones_like(generated)}
             inputs = {**batch, "decoder_input_ids": generated, "decoder_attention_mask": decoder["attention_mask"]}
@@ -41,12 +41,12 @@ def target_attention(pm: ProbeModel, text: str, *, strict_length: bool = False, 
             prediction = {"kind": "seq2seq", "output": pm.tokenizer.decode(generated[0], skip_special_tokens=True)}
         else:
             inputs = forward_inputs(pm, batch)
-            queries = "first" if pm.task == "classification" else "last"
+            queries = "first" if pm.task.labels else "last"
             with capture_attention(pm, queries=queries, stacks=(pm.contract.primary_stack,),
                                    attention_mask=batch["attention_mask"]) as cap:
                 out = pm.model(**inputs)
             maps = cap.maps()
-            if pm.task == "classification":
+            if pm.task.labels:
                 probs = torch.softmax(out.logits[0].float(), dim=-1)
                 label = int(probs.argmax())
                 prediction = {"kind": "classification", "label": _label_name(pm, label), "label_id": label,

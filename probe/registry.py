@@ -174,7 +174,8 @@ class Method:
     intervention engine); ``listed`` False for a variant that is
     run by name only and is not one of :data:`METHODS` (its name is still unique here);
     ``per_head`` True where it scores every layer x head (a claim may name one head);
-    ``query_max`` True where it takes ``query: max`` (the maximum over query rows);
+    ``query_max`` the function (``module:function(pm, examples, **params)``) that computes it with
+    ``query: max`` (the maximum over every query row), None where it takes only the target query;
     ``verdict_family`` the kind of attention explanation the verdict counts it under (one of
     :data:`VERDICT_FAMILIES`; attention family only); ``signed`` True where the sign of a score says
     whether the token pushes the target up or down (the sign check compares it with a signed reference).
@@ -199,7 +200,7 @@ class Method:
     listed: bool = True
     engine: bool = False
     per_head: bool = False
-    query_max: bool = False
+    query_max: str | None = None
     verdict_family: str | None = None
     signed: bool = False
     reduction: str | None = None
@@ -214,6 +215,12 @@ class Method:
     def load_scorer(self) -> Callable[..., Any]:
         return _load(self.scorer)
 
+    def load_query_max(self) -> Callable[..., Any]:
+        """The function computing this method with ``query: max`` (an error where it takes none)."""
+        if self.query_max is None:
+            raise ValueError(f"{self.name} takes only the target query")
+        return _load(self.query_max)
+
     def defaults(self) -> Any:
         """The frozen parameters with their defaults (the preset applied)."""
         return self.params(**dict(self.preset))
@@ -221,7 +228,7 @@ class Method:
     def skip_reason(self, check: str, pm: Any, longest: int) -> str | None:
         """Why ``check`` (one of :data:`CHECKS`) leaves this method out for ``pm``, or None."""
         a = self.applies
-        if check == "task" and a.tasks is not None and pm.task not in a.tasks:
+        if check == "task" and a.tasks is not None and pm.task.name not in a.tasks:
             return a.task_reason
         if check == "token" and a.token is not None and getattr(pm.tokenizer, TOKEN_ATTRIBUTES[a.token]) is None:
             return f"the tokenizer has no {TOKEN_WORDS[a.token]}"
@@ -280,9 +287,9 @@ def _attention(name: str, params: type = AttentionParams, *, verdict_family: str
                   verdict_family=verdict_family, **kw)
 
 
-def _mixing(name: str, params: type = DecompositionParams) -> Method:
+def _mixing(name: str, params: type = DecompositionParams, *, support: str = _SUPPORT) -> Method:
     return Method(name, "attention", "context mixing", f"{_MIX}:{name}", params, f"{_MIX}:context_mixing_scores",
-                  applies=Applies(support=_SUPPORT), verdict_family="context mixing")
+                  applies=Applies(support=support), verdict_family="context mixing")
 
 
 def _gradient(name: str, params: type = GradientParams, *, module: str = _GRAD, **kw: Any) -> Method:
@@ -296,13 +303,14 @@ def _loo(mode: str, **kw: Any) -> Method:
 
 REGISTRY: tuple[Method, ...] = (
     _attention("attention", note="per layer x head", per_head=True),
-    _attention("attention_mean", query_max=True),
-    _attention("rollout", query_max=True, verdict_family="attention-derived", module=_ROLL),
+    _attention("attention_mean", query_max=f"{_ATT}:attention_mean_max_over_queries"),
+    _attention("rollout", query_max=f"{_ATT}:rollout_max_over_queries", verdict_family="attention-derived",
+               module=_ROLL),
     _attention("flow", FlowParams, module=_ROLL, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
-               label="attention flow", query_max=True, verdict_family="attention-derived"),
+               label="attention flow", query_max=f"{_ROLL}:flow_max_over_queries", verdict_family="attention-derived"),
     _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing"),
     _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True),
-    _mixing("value_zeroing", ValueZeroingParams),
+    _mixing("value_zeroing", ValueZeroingParams, support="probe.models.architectures:value_zeroing_support"),
     _mixing("alti"),
     _mixing("globenc"),
     _gradient("saliency", note="L2", reduction="l2"),
@@ -379,7 +387,7 @@ def per_head_methods() -> tuple[str, ...]:
 
 def query_max_methods() -> tuple[str, ...]:
     """The listed methods that take ``query: max`` (the maximum over query rows)."""
-    return tuple(m.name for m in methods() if m.query_max)
+    return tuple(m.name for m in methods() if m.query_max is not None)
 
 
 def find(name: str) -> Method | None:
@@ -466,9 +474,9 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
                       f"...}} (valid: {', '.join(param_fields(entry)) or 'none'})")
     fields = {f.name: f for f in dataclasses.fields(entry.params)}
     preset = dict(entry.preset)
-    settable = [k for k in fields if k not in preset] + (["query"] if getattr(entry, "query_max", False) else [])
+    settable = [k for k in fields if k not in preset] + (["query"] if getattr(entry, "query_max", None) else [])
     values = dict(values)
-    if "query" in values and getattr(entry, "query_max", False):
+    if "query" in values and getattr(entry, "query_max", None):
         if values["query"] not in ("target", "max"):
             return "query", f"{values['query']!r} is not a query of {name}; give target or max"
         values.pop("query")

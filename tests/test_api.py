@@ -82,7 +82,7 @@ def test_wrap_builds_the_contract_load_model_builds(tiny_dirs, loaded):
     tokenizer.padding_side = "left"
     pm = probe.wrap(model, tokenizer)
     reference = loaded("bert")
-    assert pm.task == "classification" and pm.metadata == {"wrapped": True}
+    assert pm.task.name == "classification" and pm.metadata == {"wrapped": True}
     assert pm.contract.to_dict() == reference.contract.to_dict()
     assert pm.contract.module_paths == reference.contract.module_paths
     assert not model.training and pm.model is model
@@ -97,7 +97,7 @@ def test_wrap_infers_the_task_of_a_causal_lm(tiny_dirs, loaded):
 
     folder = str(tiny_dirs["llama_gqa"])
     pm = probe.wrap(AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), name="llama")
-    assert pm.task == "causal_lm" and pm.name == "llama"
+    assert pm.task.name == "causal_lm" and pm.name == "llama"
     assert pm.contract.to_dict() == loaded("llama_gqa").contract.to_dict()
     assert pm.contract.n_kv_heads < pm.contract.n_heads  # GQA read from the model
 

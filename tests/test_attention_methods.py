@@ -154,7 +154,7 @@ def test_streaming_rollout_equals_rollout_of_full_maps(prepared, kind):
 
 def test_flow_layer_zero_is_the_residual_attention_row_and_long_inputs_are_skipped(prepared):
     pm, examples = prepared("bert")
-    flows = A.flow(pm, examples)
+    flows = RO.flow(pm, examples)
     rows = A.attention_mean(pm, examples)
     for i, example in enumerate(examples):
         n = len(example.input_ids)
@@ -162,7 +162,7 @@ def test_flow_layer_zero_is_the_residual_attention_row_and_long_inputs_are_skipp
         # flow rows are normalised distributions (entries in [0, 1]): absolute tolerances
         assert torch.allclose(flows.scores[i][0], residual, atol=1e-5)
         assert torch.allclose(flows.scores[i].sum(-1), torch.ones(pm.contract.n_layers), atol=1e-5)
-    limited = A.flow(pm, examples, max_tokens=5)
+    limited = RO.flow(pm, examples, max_tokens=5)
     long = [i for i, e in enumerate(examples) if len(e.input_ids) > 5]
     assert limited.params["skipped"] == long and long
     assert "limited to 5" in limited.params["limit_note"]

@@ -27,7 +27,7 @@ def test_every_contract_check_passes(loaded, kind, implementation):
     assert not failed, failed
     names = {r.name for r in results}
     assert "capture_equals_eager_output_attentions" in names
-    assert ("causal_future_changes_nothing_earlier" in names) == (pm.task == "causal_lm")
+    assert ("causal_future_changes_nothing_earlier" in names) == (pm.task.name == "causal_lm")
 
 
 def _full_and_rows(pm, queries):
@@ -50,7 +50,7 @@ def test_row_capture_equals_rows_of_full_capture(loaded, kind):
     for stack in pm.contract.stacks:
         whole, picked = full.maps(stack), rows.maps(stack)
         assert picked.weights.shape[3] == 1  # only the asked row is held
-        mask = inputs["decoder_attention_mask"] if pm.task == "seq2seq" and stack != "encoder" else batch["attention_mask"]
+        mask = inputs["decoder_attention_mask"] if pm.task.name == "seq2seq" and stack != "encoder" else batch["attention_mask"]
         last = mask.sum(1) - 1
         assert torch.equal(picked.query_index[:, 0], last)
         expected = whole.weights[torch.arange(len(TEXTS)), :, :, last]

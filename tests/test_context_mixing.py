@@ -11,6 +11,7 @@ import pytest
 import torch
 from tolerances import assert_fp_close, model_depth
 
+from probe import registry
 from probe.errors import InputError
 from probe.explainers import attention as A
 from probe.explainers import context_mixing as M
@@ -88,7 +89,7 @@ def _check_decomposition_sums(pm, examples, kind, layers):
             terms, bias = M.mixing_terms(pm, records, tq.stack, layer, row, n, layout)
             assert terms.shape == (n, n, truth[layer].shape[-1])
             _assert_sums_to(pm, terms, bias, truth[layer][:n].float(), msg=f"{kind} layer {layer}")
-            if pm.task == "causal_lm":  # no term from a later token
+            if pm.task.name == "causal_lm":  # no term from a later token
                 later = torch.triu_indices(n, n, 1)  # (i, j) with j > i
                 assert torch.all(terms[later[0], later[1]] == 0)
 
@@ -150,7 +151,7 @@ def _check_value_zeroing(pm, examples, kind, cases):
         # cosine distances (in [0, 2]): absolute
         assert torch.allclose(got, expected.clamp(min=0), atol=5e-6), (kind, layer, token, got, expected)
         assert got.abs().sum() > 1e-6  # the zeroing moved something
-        if pm.task == "causal_lm":  # zeroing a value moves only the tokens that read it
+        if pm.task.name == "causal_lm":  # zeroing a value moves only the tokens that read it
             assert torch.all(got[:token] <= 1e-12)
 
 
@@ -270,7 +271,7 @@ def test_batch_of_one_equals_batch_of_n(loaded, kind, method):
     assert together.per_layer and not together.per_head
     for i in range(len(examples)):
         alone = M.context_mixing_scores(pm, examples[i:i + 1], method, batch_size=1)
-        n_layers = pm.contract.stacks["cross" if pm.task == "seq2seq" else pm.contract.primary_stack].n_layers
+        n_layers = pm.contract.stacks["cross" if pm.task.name == "seq2seq" else pm.contract.primary_stack].n_layers
         assert together.scores[i].shape == (n_layers, len(examples[i].input_ids))
         # distributions (module header)
         assert torch.allclose(together.scores[i], alone.scores[0], atol=1e-5, rtol=1e-4), (kind, method, i)
@@ -309,7 +310,8 @@ def test_registered_like_every_method_and_refused_where_undefined(loaded, monkey
     assert "\n" not in str(error.value)
     # value zeroing needs neither the norm layout nor the value/output table
     monkeypatch.delitem(A.VALUE_OUTPUT_LAYOUTS, "gpt2")
-    assert layouts.context_mixing_support(gpt2, "value_zeroing") is None
+    assert layouts.value_zeroing_support(gpt2, "value_zeroing") is None
+    assert registry.find("value_zeroing").skip_reason("support", gpt2, 0) is None
     assert "GPT2LMHeadModel" in layouts.context_mixing_support(gpt2, "globenc")
     zeroed = M.value_zeroing(gpt2, prepare(gpt2, TEXTS[:1]))
     assert torch.allclose(zeroed.scores[0].sum(-1), torch.ones(gpt2.contract.n_layers), atol=1e-5)  # rows sum to 1

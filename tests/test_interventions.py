@@ -54,10 +54,10 @@ def models(tiny_dirs):
 
 
 def _examples(pm, kind: str | None = None):
-    if pm.task == "classification":
+    if pm.task.name == "classification":
         # logits of the tiny random classifier move more than its near-0.5 probabilities
         return prepare(pm, TINY_TEXTS, TargetSpec(kind="logit"))
-    if pm.task == "causal_lm":
+    if pm.task.name == "causal_lm":
         return prepare(pm, LM_TEXTS, TargetSpec(continuation="it was good"))
     return prepare(pm, TINY_TEXTS)
 

@@ -163,6 +163,22 @@ def test_help_is_fast():
     assert time.perf_counter() - started < 10
 
 
+def test_explain_help_names_the_registry_methods_and_the_tasks():
+    import re
+
+    from probe import registry
+    from probe.tasks import TASKS
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "400", "TERMINAL_WIDTH": "400"}
+    result = subprocess.run([sys.executable, "-m", "probe.cli", "explain", "--help"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0
+    text = re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", result.stdout))
+    listed = re.search(r"comma-separated method names \(([^)]*)\)", text)
+    assert listed and [m.strip() for m in listed.group(1).split(",")] == list(registry.names())
+    assert "load as " + ", ".join(list(TASKS)[:-1]) + " or encoder" in text
+
+
 def test_moved_model_types_keep_their_old_import_paths():
     from probe.models import contract, core, loading
 
@@ -179,6 +195,6 @@ def test_task_inference_reads_the_causal_model_types_from_the_architecture_table
 
     config = SimpleNamespace(model_type="newlm", architectures=["NewLMModel"], is_decoder=False,
                              is_encoder_decoder=False)
-    assert infer_task(config) == "encoder"  # a bare *Model of an unknown type: a headless encoder
+    assert infer_task(config).name == "encoder"  # a bare *Model of an unknown type: a headless encoder
     monkeypatch.setattr(architectures, "CAUSAL_LM_TYPES", ("newlm",))
-    assert infer_task(config) == "causal_lm"
+    assert infer_task(config).name == "causal_lm"

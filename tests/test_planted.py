@@ -90,7 +90,7 @@ def test_every_recipe_is_documented_and_has_data():
 def test_each_model_loads_with_its_metadata_and_data(loaded):
     for name, (pm, _, _, examples, meta) in loaded.items():
         recipe = PLANTED_MODELS[name]
-        assert pm.task == recipe.task, name
+        assert pm.task.name == recipe.task, name
         assert not pm.random_weights, name  # a full checkpoint, randomised included
         assert meta["name"] == name and meta["expected"] == list(recipe.expected) and meta["facts"]
         assert len(examples) == 64

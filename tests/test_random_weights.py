@@ -93,7 +93,7 @@ def test_trained_models_have_no_random_weights(loaded, tiny_dirs, builtin_cache)
     for name in ("builtin:minilm-rt", "builtin:smollm2-135m"):
         pm = load_model(name, cache_dir=str(builtin_cache))
         assert pm.random_weights == () and pm.contract.to_dict()["random_weights"] == [], name
-        assert pm.task in ("classification", "causal_lm")
+        assert pm.task.name in ("classification", "causal_lm")
 
 
 def test_cli_contract_lists_random_weights_and_explain_refuses_them(pretrained_minilm_folder):
@@ -167,7 +167,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_base_minilm_loads_as_an_encoder_with_its_own_pooling(encoder):
-    assert encoder.task == "encoder" and encoder.random_weights == ()
+    assert encoder.task.name == "encoder" and encoder.random_weights == ()
     assert encoder.pooling.mode == "mean" and encoder.pooling.normalize  # modules.json lists Normalize
     assert encoder.contract.to_dict()["pooling"]["source"].endswith("config.json")
     from probe.models.checks import run_checks
@@ -245,7 +245,7 @@ def test_encoder_attention_reads_every_pooled_row(headless):
     import transformers
 
     pm = load_model(str(headless["bert"]))
-    assert pm.task == "encoder" and pm.pooling.mode == "mean" and not pm.pooling.normalize
+    assert pm.task.name == "encoder" and pm.pooling.mode == "mean" and not pm.pooling.normalize
     examples = prepare(pm, ["the movie was good", "bad"], TargetSpec(kind="dimension", dimension=0))
     scores = run_methods(pm, examples, ["attention_mean"])["attention_mean"]
     model = transformers.AutoModel.from_pretrained(headless["bert"], attn_implementation="eager").eval()

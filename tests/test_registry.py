@@ -13,6 +13,7 @@ import pytest
 
 from probe import names, registry
 from probe.errors import InputError
+from probe.tasks import task_named
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 ENTRIES = registry.REGISTRY + registry.COUNTERFACTUALS
@@ -47,6 +48,9 @@ def test_every_entry_resolves_and_its_defaults_are_the_implementation_keywords(e
     paths = [entry.implementation] + ([entry.scorer] if isinstance(entry, registry.Method) else [])
     if isinstance(entry, registry.Method) and entry.applies.support:
         paths.append(entry.applies.support)
+    if isinstance(entry, registry.Method) and entry.query_max:
+        paths.append(entry.query_max)
+        assert callable(entry.load_query_max())
     for path in paths:  # each names the module that defines the function, not one that re-exports it
         module, _, name = path.partition(":")
         assert registry._load(path).__module__ == module, (entry.name, path)
@@ -96,7 +100,7 @@ class _Tokenizer:
 
 class _Model:
     def __init__(self, task, mask=None, unk=None):
-        self.task, self.tokenizer = task, _Tokenizer(mask, unk)
+        self.task, self.tokenizer = task_named(task), _Tokenizer(mask, unk)
 
 
 def test_skipped_reasons_come_in_check_order():

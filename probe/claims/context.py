@@ -45,7 +45,7 @@ class AuditContext:
         self.engine = Engine(pm)
         self.seed = claim_file.statistics.seed
         self.progress = progress
-        self.stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+        self.stack = pm.task.target_stack(pm.contract)
         info = pm.contract.stacks[self.stack]
         self.n_layers, self.n_heads = info.n_layers, info.n_heads
         self._scores: dict = {}

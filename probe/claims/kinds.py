@@ -240,7 +240,7 @@ def specific_tokens(ctx: AuditContext, claim: SpecificTokensClaim, index: int) -
                          "check the pattern or use more data")
     attention = ctx.attention_vectors(claim.ranking, index)
     plan, rows = _removal_rows(ctx, claim, matched, with_match, attention)
-    values = ctx.engine.values(rows, reuse_prefix=ctx.pm.task == "causal_lm").double().numpy() if rows else np.array([])
+    values = ctx.engine.values(rows, reuse_prefix=ctx.pm.task.next_token).double().numpy() if rows else np.array([])
     effects, versus_attention, share, uniform, details = _removal_effects(ctx, claim, plan, values, attention)
     j = ctx.judge(effects, RULES["specific_tokens"])
     what = {"delete": "deleted", "mask": "replaced by the mask token", "unk": "replaced by the unknown token",

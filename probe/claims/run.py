@@ -120,9 +120,9 @@ def _check_sites(ctx: AuditContext) -> None:
 
 def _check_target(pm: ProbeModel, claim_file: ClaimFile) -> None:
     t = claim_file.target
-    if t.choices and pm.task != "causal_lm":
+    if t.choices and not pm.task.next_token:
         raise InputError(f"{claim_file.source}: target.choices applies to causal LMs; {pm.name} is a {pm.task} model")
-    if t.label == "gold" and pm.task != "classification":
+    if t.label == "gold" and not pm.task.labels:
         raise InputError(f"{claim_file.source}: target.label: gold applies to classifiers; {pm.name} is a {pm.task} model")
 
 
@@ -165,7 +165,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     info = pm.contract.stacks[ctx.stack]
     audit = AuditResult(
         claims=results,
-        model={"id": claim_file.model.id, "name": pm.name, "path": pm.path, "task": pm.task, "stack": ctx.stack,
+        model={"id": claim_file.model.id, "name": pm.name, "path": pm.path, "task": pm.task.name, "stack": ctx.stack,
                "layers": info.n_layers, "heads": info.n_heads, "device": str(pm.device), "dtype": pm.contract.dtype,
                "random_weights": list(pm.random_weights), "allow_random_weights": pm.allow_random_weights},
         data={**claim_file.data.model_dump(mode="json", exclude={"texts"}), "n_examples": len(items),

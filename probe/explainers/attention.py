@@ -39,10 +39,7 @@ import torch
 from probe import registry
 from probe.errors import CaptureError, InputError
 from probe.explainers.attention_params import attention_params as _params
-from probe.explainers.rollout import (
-    add_residual_,
-    flow,
-)
+from probe.explainers.rollout import add_residual_
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import EditContext
 from probe.models.architectures import (
@@ -298,29 +295,41 @@ class _RowMax:
             self.rows.append(values.masked_fill(~real[:, :, None], float("-inf")).amax(dim=1))  # [batch, T]
 
 
-def max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, *, batch_size: int = 16) -> TokenScores:
-    """``attention_mean`` or ``rollout`` scored as Abnar & Zuidema's code does: for each key token
-    and layer, the maximum over every real query row ([CLS] and [SEP] included) of the head-mean
-    attention or of the rollout, ``.max(axis=0)``, instead of the target query's row: [layer, tokens]."""
-    if method not in QUERY_MAX_METHODS:
-        raise InputError(f"query: max applies to {', '.join(QUERY_MAX_METHODS)}, not {method!r}")
-    if pm.task == "seq2seq":
+def attention_mean_max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], *,
+                                    batch_size: int = 16) -> TokenScores:
+    """``attention_mean`` with ``query: max`` (:func:`max_over_queries`)."""
+    return max_over_queries(pm, examples, "attention_mean", batch_size=batch_size, rollout=False)
+
+
+def rollout_max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], *,
+                             batch_size: int = 16) -> TokenScores:
+    """``rollout`` with ``query: max`` (:func:`max_over_queries`)."""
+    return max_over_queries(pm, examples, "rollout", batch_size=batch_size, rollout=True,
+                            residual="A = 0.5 W + 0.5 I, rows renormalised, head mean")
+
+
+def max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, *, batch_size: int = 16,
+                     rollout: bool, **params: str) -> TokenScores:
+    """Scores named ``method`` as Abnar & Zuidema's code computes them: for each key token and layer,
+    the maximum over every real query row ([CLS] and [SEP] included) of the head-mean attention (or,
+    with ``rollout``, of the rollout), ``.max(axis=0)``, instead of the target query's row:
+    [layer, tokens]. ``params``: more notes stored with the result."""
+    if pm.task.encoder_decoder:
         raise InputError("query: max reads one self-attention stack; for a seq2seq model use query: target")
     scores: list[torch.Tensor] = []
     stack = pm.contract.primary_stack
     n_layers = pm.contract.stacks[stack].n_layers
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
-            observer = _RowMax(tq.lengths, rollout=method == "rollout")
+            observer = _RowMax(tq.lengths, rollout=rollout)
             with torch.no_grad(), capture_attention(pm, observers={(stack, layer): observer for layer in range(n_layers)},
                                                     layers={stack: ()}, stacks=[stack], **capture_masks(batch)):
                 pm.model(**batch.inputs)
             if observer.next_layer != n_layers:
                 raise CaptureError(f"saw {observer.next_layer} of {n_layers} {stack} layers")
             scores += crop(torch.stack(observer.rows, dim=1), tq.lengths)  # [batch, layer, T]
-    extra = {"residual": "A = 0.5 W + 0.5 I, rows renormalised, head mean"} if method == "rollout" else {}
     return TokenScores(method, scores, per_layer=True, params={
-        **_params(pm, stack, **extra), "heads": "mean over query heads", "query": "max",
+        **_params(pm, stack, **params), "heads": "mean over query heads", "query": "max",
         "target_query": "maximum over every real query row (Abnar & Zuidema 2020, .max(axis=0))"})
 
 
@@ -330,14 +339,14 @@ def attention_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method
     query = params.pop("query", "target")
     if query not in QUERIES:
         raise InputError(f"unknown query {query!r}: use one of {', '.join(QUERIES)}")
-    if query == "max" and method == "flow":
-        return flow(pm, examples, query="max", **params)
-    if query == "max":
-        return max_over_queries(pm, examples, method, **params)
     entry = registry.find(method)
     if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown attention method {method!r}: use one of "
                          f"{', '.join(m.name for m in registry.methods(listed=False) if m.scorer == SCORER)}")
+    if query == "max":
+        if entry.query_max is None:
+            raise InputError(f"query: max applies to {', '.join(QUERY_MAX_METHODS)}, not {method!r}")
+        return entry.load_query_max()(pm, examples, **params)
     return entry.load()(pm, examples, **{**dict(entry.preset), **params})
 
 
@@ -345,6 +354,7 @@ def attention_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method
 SCORER = f"{__name__}:attention_scores"
 
 __all__ = [
-    "attention", "attention_mean", "attention_scores", "attn_grad", "attn_norm", "record_value_inputs",
+    "attention", "attention_mean", "attention_mean_max_over_queries", "attention_scores", "attn_grad", "attn_norm",
+    "max_over_queries", "record_value_inputs", "rollout_max_over_queries",
     "target_rows", "value_output_modules",
 ]

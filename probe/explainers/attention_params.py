@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from probe.rows.queries import TARGET_QUERY_NOTE
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -15,7 +14,7 @@ def attention_params(pm: ProbeModel, stack: str, **extra) -> dict:
     info = pm.contract.stacks[stack]
     return {
         "stack": stack,
-        "target_query": TARGET_QUERY_NOTE[pm.task],
+        "target_query": pm.task.target_query_note,
         "n_layers": info.n_layers,
         "n_heads": info.n_heads,
         "kv_head_of_query": list(info.kv_head_of_query),

@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 
 def _mixing_stack(pm: ProbeModel, tq) -> str:
     """The stack the matrices are built on: the encoder for seq2seq, else the target's stack."""
-    return "encoder" if pm.task == "seq2seq" else tq.stack
+    return pm.task.input_stack(pm.contract)
 
 
 def _cross_rows(pm: ProbeModel, batch: RowBatch, tq) -> torch.Tensor:
@@ -255,7 +255,28 @@ def rolled_rows(matrices: Sequence[torch.Tensor], target: int) -> torch.Tensor:
     return torch.stack(rows).float()
 
 
-def _decomposition_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, batch_size: int) -> TokenScores:
+def _alti_layer(pm, records, stack, layer, row, terms, bias, layout) -> torch.Tensor:
+    return alti_matrix(terms, bias)
+
+
+def _globenc_layer(pm, records, stack, layer, row, terms, bias, layout) -> torch.Tensor:
+    return globenc_matrix(pm, records, stack, layer, row, terms, layout)
+
+
+def _alti_formula(layout: MixingLayout) -> str:
+    return "c_ij = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised"
+
+
+def _globenc_formula(layout: MixingLayout) -> str:
+    return ("||T_i(x_j)||_2" + (" through LN1 and LN2 (FFN left out)" if layout.placement == "post"
+                                else " of the residual stream after attention (pre-LN: the norms act "
+                                     "inside f(x_j); no LayerNorm on the stream)") + ", rows normalised")
+
+
+def _decomposition_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, batch_size: int, *,
+                          matrix, formula) -> TokenScores:
+    """A decomposition method's scores: ``matrix`` builds one layer's [n, n] contributions from its
+    terms, ``formula(layout)`` says how (stored with the result)."""
     layout = mixing_layout(pm, method)
     scores: list[torch.Tensor] = []
     stack = None
@@ -263,21 +284,16 @@ def _decomposition_scores(pm: ProbeModel, examples: Sequence[PreparedExample], m
         for batch, tq in row_batches(pm, examples, batch_size):
             stack = _mixing_stack(pm, tq)
             records = record_layers(pm, batch, stack, norms=layout)
-            cross = _cross_rows(pm, batch, tq) if pm.task == "seq2seq" else None
+            cross = _cross_rows(pm, batch, tq) if pm.task.encoder_decoder else None
             n_layers = pm.contract.stacks[stack].n_layers
             for row, n in enumerate(tq.lengths.tolist()):
                 matrices = []
                 for layer in range(n_layers):
                     terms, bias = mixing_terms(pm, records, stack, layer, row, n, layout)
-                    matrices.append(alti_matrix(terms, bias) if method == "alti"
-                                    else globenc_matrix(pm, records, stack, layer, row, terms, layout))
+                    matrices.append(matrix(pm, records, stack, layer, row, terms, bias, layout))
                 scores.append(_scores_from_matrices(matrices, tq, row, cross))
-    formula = ("c_ij = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised" if method == "alti"
-               else "||T_i(x_j)||_2" + (" through LN1 and LN2 (FFN left out)" if layout.placement == "post"
-                                        else " of the residual stream after attention (pre-LN: the norms act "
-                                             "inside f(x_j); no LayerNorm on the stream)") + ", rows normalised")
     return TokenScores(method, scores, per_layer=True, params=_params(
-        pm, "cross" if pm.task == "seq2seq" else stack, layer_norm=layout.placement, formula=formula,
+        pm, pm.task.target_stack(pm.contract), layer_norm=layout.placement, formula=formula(layout),
         **_seq2seq_params(pm),
         decomposition="T_i(x_j) = sum_h alpha_h,ij (x_j W_V + b_V) W_O^h + [i=j] x_i" +
                       (", times LN1's linear part (the token's own std)" if layout.placement == "post" else ""),
@@ -285,7 +301,7 @@ def _decomposition_scores(pm: ProbeModel, examples: Sequence[PreparedExample], m
 
 
 def _seq2seq_params(pm: ProbeModel) -> dict:
-    if pm.task != "seq2seq":
+    if not pm.task.encoder_decoder:
         return {}
     return {"seq2seq": "encoder layers decomposed and rolled out over the whole encoder; decoder layer l = its "
                        "head-mean cross-attention at the target rows times that product (the cross-attention "
@@ -294,12 +310,13 @@ def _seq2seq_params(pm: ProbeModel) -> dict:
 
 def alti(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
     """ALTI (Ferrando et al. 2022): [layer, tokens], the target row of the rolled-out contributions."""
-    return _decomposition_scores(pm, examples, "alti", batch_size)
+    return _decomposition_scores(pm, examples, "alti", batch_size, matrix=_alti_layer, formula=_alti_formula)
 
 
 def globenc(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8) -> TokenScores:
     """GlobEnc (Modarressi et al. 2022): [layer, tokens], the target row of the rolled-out norms."""
-    return _decomposition_scores(pm, examples, "globenc", batch_size)
+    return _decomposition_scores(pm, examples, "globenc", batch_size, matrix=_globenc_layer,
+                                 formula=_globenc_formula)
 
 
 # ---------------------------------------------------------------------------
@@ -391,13 +408,13 @@ def value_zeroing(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_
             stack = _mixing_stack(pm, tq)
             lengths = tq.lengths.tolist()
             distances = value_zeroing_distances(pm, batch, lengths, stack, token_budget=token_budget)
-            cross = _cross_rows(pm, batch, tq) if pm.task == "seq2seq" else None
+            cross = _cross_rows(pm, batch, tq) if pm.task.encoder_decoder else None
             for row, matrices in enumerate(distances):
                 scores.append(_scores_from_matrices([_normalise_rows(m) for m in matrices], tq, row, cross))
-    block = next(iter(block_modules(pm, "encoder" if pm.task == "seq2seq" else pm.contract.primary_stack).values()),
+    block = next(iter(block_modules(pm, pm.task.input_stack(pm.contract)).values()),
                  None)
     return TokenScores("value_zeroing", scores, per_layer=True, params=_params(
-        pm, "cross" if pm.task == "seq2seq" else stack, **_seq2seq_params(pm),
+        pm, pm.task.target_stack(pm.contract), **_seq2seq_params(pm),
         formula="C_ij = cosine distance of token i's layer output when v_j is zeroed in every head, "
                 "rows normalised", layer_output=f"the output of the block holding the attention "
                                                 f"({type(block).__name__ if block is not None else '?'})",

@@ -295,9 +295,7 @@ def common_params(pm: ProbeModel, problem: EmbeddingForward) -> dict:
         "space": space,
         "space_note": note,
         "target_kind": examples[0].kind,
-        "attributed": {"classification": "input tokens", "causal_lm": "prompt tokens (continuation held fixed)",
-                       "seq2seq": "encoder input tokens (decoder inputs held fixed)",
-                       "encoder": "input tokens (a similarity target's reference held fixed)"}[pm.task],
+        "attributed": pm.task.attributed,
         "gradient_dtype": "float32",
         "model_dtype": str(_model_dtype(pm)).replace("torch.", ""),
     }

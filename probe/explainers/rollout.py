@@ -113,10 +113,8 @@ def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_w
     Returns (stream, cross) where cross is the head-mean cross-attention at the target rows
     [batch, layer, key] for seq2seq (None otherwise).
     """
-    if pm.task == "seq2seq":
-        stack, target = "encoder", None
-    else:
-        stack, target = tq.stack, tq.rows
+    cross_target = pm.task.encoder_decoder  # the target reads the encoder's stream through cross-attention
+    stack, target = pm.task.input_stack(pm.contract), (None if cross_target else tq.rows)
     if stack not in pm.contract.stacks:
         from probe.errors import CaptureError
 
@@ -127,7 +125,7 @@ def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_w
     observers = {(stack, layer): stream for layer in range(n_layers)}
     record = {stack: ()}
     queries = None
-    if pm.task == "seq2seq":
+    if cross_target:
         record, queries = {"cross": None}, {"cross": tq.rows}
     with torch.no_grad(), capture_attention(pm, observers=observers, layers=record, queries=queries,
                                             stacks=list(record), **capture_masks(batch)) as capture:
@@ -135,7 +133,7 @@ def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_w
     if stream.next_layer != n_layers:
         raise CaptureError(f"rollout saw {stream.next_layer} of {n_layers} {stack} layers")
     cross = None
-    if pm.task == "seq2seq":
+    if cross_target:
         cross = tq.mean_over_rows(capture.maps("cross").weights.mean(dim=2))  # [batch, layer, key]
     return stream, cross
 
@@ -223,7 +221,7 @@ def rollout(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: 
     with eval_mode(pm.model):
         for batch, tq in row_batches(pm, examples, batch_size):
             stack = tq.stack
-            if pm.task != "seq2seq" and tq.rows.shape[1] == 1 and _rows_recomputable(pm, tq.stack):
+            if not pm.task.encoder_decoder and tq.rows.shape[1] == 1 and _rows_recomputable(pm, tq.stack):
                 rows = _rollout_target_rows(pm, batch, tq)  # [batch, layer, T]
                 scores += crop(rows, tq.lengths)
                 continue
@@ -236,7 +234,7 @@ def rollout(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: 
             scores += crop(rows, tq.lengths)
     return TokenScores("rollout", scores, per_layer=True, params=_params(
         pm, stack, residual="A = 0.5 W + 0.5 I, rows renormalised, head mean", dtype="float32",
-        product_stack="encoder" if pm.task == "seq2seq" else stack))
+        product_stack=pm.task.input_stack(pm.contract)))
 
 
 def flow_to_sinks(residual: np.ndarray, sinks: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
@@ -307,6 +305,12 @@ def flow_max_over_rows(residual: np.ndarray) -> np.ndarray:
     return out
 
 
+def flow_max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8,
+                          max_tokens: int = FLOW_MAX_TOKENS) -> TokenScores:
+    """``flow`` with ``query: max``: Abnar & Zuidema's own importance (:func:`flow`)."""
+    return flow(pm, examples, batch_size=batch_size, max_tokens=max_tokens, query="max")
+
+
 def flow(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 8,
          max_tokens: int = FLOW_MAX_TOKENS, query: str = "target") -> TokenScores:
     """Attention flow (Abnar & Zuidema): [layer, tokens] max-flow from each token to the target.
@@ -319,7 +323,7 @@ def flow(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int
     Zuidema's own importance, the maximum over every query row (:func:`flow_max_over_rows`,
     layers x tokens x tokens solves: tokens times the cost of the target row).
     """
-    if query == "max" and pm.task == "seq2seq":
+    if query == "max" and pm.task.encoder_decoder:
         raise InputError("query: max reads one self-attention stack; for a seq2seq model use query: target")
     scores: list[torch.Tensor] = []
     short = [i for i, e in enumerate(examples) if len(e.input_ids) <= max_tokens]
@@ -348,7 +352,7 @@ def flow(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int
                 total = raw.sum(axis=1, keepdims=True)
                 by_index[short[done + r]] = torch.from_numpy(raw / np.where(total > 0, total, 1.0))
             done += len(tq.lengths)
-    stack = stack or ("cross" if pm.task == "seq2seq" else pm.contract.primary_stack)
+    stack = stack or pm.task.target_stack(pm.contract)
     n_layers = pm.contract.stacks[stack].n_layers
     for i, example in enumerate(examples):
         scores.append(by_index.get(i, torch.full((n_layers, len(example.input_ids)), float("nan"))))

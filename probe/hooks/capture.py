@@ -467,7 +467,7 @@ def capture_attention(
     stacks = tuple(stacks) if stacks is not None else tuple(contract.stacks)
     _validate(contract, stacks, layers, heads, editors, observers, readers)
     # The 2-D padding mask that tells where each stack's query rows end ("last").
-    if contract.task == "seq2seq":
+    if contract.task.encoder_decoder:
         masks = {"encoder": attention_mask, "decoder": decoder_attention_mask, "cross": decoder_attention_mask}
     else:
         masks = {stack: attention_mask for stack in contract.stacks}

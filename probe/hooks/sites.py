@@ -30,6 +30,7 @@ import torch
 
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import implementation_of, open_session, sink_logits
+from probe.tasks import Task
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
 #: words in a module path that name a cross-attention (read here and by the fallback layout of
@@ -77,7 +78,7 @@ def attention_candidates(model) -> dict[str, torch.nn.Module]:
     return {p: m for p, m in named if not any(other.startswith(p + ".") for other in paths)}
 
 
-def probe_inputs(model, tokenizer, task: str) -> dict:
+def probe_inputs(model, tokenizer, task: Task) -> dict:
     """A one-example batch of six tokens: enough to see which modules run and what they hand on."""
     vocab = int(getattr(model.config, "vocab_size", None) or 100)
     ids = None
@@ -90,7 +91,7 @@ def probe_inputs(model, tokenizer, task: str) -> dict:
         ids = torch.arange(1, 7, dtype=torch.long)[None] % vocab
     device = next(model.parameters()).device
     inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
-    if task == "seq2seq":
+    if task.encoder_decoder:
         start = getattr(model.config, "decoder_start_token_id", None)
         start = start if isinstance(start, int) else (getattr(model.config, "pad_token_id", None) or 0)
         decoder = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)
@@ -141,7 +142,7 @@ class _Watch:
         return original(module, query, key, *args, **kwargs)
 
 
-def discover_sites(model, tokenizer, task: str) -> tuple[list[Site], dict[str, str]]:
+def discover_sites(model, tokenizer, task: Task) -> tuple[list[Site], dict[str, str]]:
     """Every readable attention layer of ``model`` and, by path, the modules that cannot be read and why."""
     watched = _WatchedPass(model, tokenizer, task)
     watched.run(model)
@@ -154,7 +155,7 @@ class _WatchedPass:
     attention-function registry (and over how many keys), which hand probabilities through a child
     module or compute them with a softmax call, and in which order the modules run."""
 
-    def __init__(self, model, tokenizer, task: str):
+    def __init__(self, model, tokenizer, task: Task):
         self.named = dict(model.named_modules())
         self.candidates = attention_candidates(model)
         self.modules_by_id = {id(m): p for p, m in self.named.items()}

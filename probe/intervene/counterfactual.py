@@ -68,7 +68,7 @@ class Site:
 
 
 def _site(pm: ProbeModel, layer: int, head: int | None) -> Site:
-    stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+    stack = pm.task.target_stack(pm.contract)
     info = pm.contract.stacks[stack]
     if not isinstance(layer, int) or not 0 <= layer < info.n_layers:
         raise InputError(f"layer {layer!r} does not exist in the {stack}: it has layers 0..{info.n_layers - 1}")

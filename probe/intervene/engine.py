@@ -94,7 +94,7 @@ class Engine(RowCache):
         the result is the same within float rounding.
         """
         rows = [(tuple(int(i) for i in ids), example) for ids, example in rows]
-        if reuse_prefix and self.pm.task == "causal_lm":
+        if reuse_prefix and self.pm.task.next_token:
             self._evaluate_prefix_reuse(rows)
         else:
             self._evaluate_missing(rows)
@@ -106,7 +106,7 @@ class Engine(RowCache):
 
         Shares the cache and the passes of :meth:`values` (the argmax is kept when a row is run).
         """
-        if self.pm.task != "classification":
+        if not self.pm.task.labels:
             raise InputError(f"predicted labels need a classifier; this model is a {self.pm.task} model")
         rows = [(tuple(int(i) for i in ids), example) for ids, example in rows]
         # a re-read of rows usually just asked for by values(): not counted as requests or hits again
@@ -122,7 +122,7 @@ class Engine(RowCache):
         for row in rows:
             ids = row[0] if (isinstance(row, tuple) and len(row) == 2 and isinstance(row[1], PreparedExample)) else row
             pairs.append((tuple(int(i) for i in ids), example))
-        if self.pm.task != "causal_lm":
+        if not self.pm.task.next_token:
             self._evaluate_missing(pairs)
         else:
             self._evaluate_prefix_reuse(pairs)
@@ -133,11 +133,7 @@ class Engine(RowCache):
 
     def _padded_length(self, row: Row) -> int:
         ids, example = row
-        if self.pm.task == "classification":
-            return len(ids)
-        if self.pm.task == "causal_lm":
-            return len(ids) + len(example.target_ids) - 1  # the last continuation token is not fed
-        return len(ids) + len(example.target_ids)  # encoder + decoder (seq2seq)
+        return self.pm.task.row_length(len(ids), len(example.target_ids))
 
     def _evaluate_missing(self, rows: Sequence[Row], count_hits: bool = True) -> None:
         missing = self._missing(rows, count_hits)
@@ -164,7 +160,7 @@ class Engine(RowCache):
         """One model call on ``rows``: ``([rows] values, [rows] argmax class or None)``."""
         batch = build_rows(self.pm, [(list(ids), example) for ids, example in rows])
         kwargs = dict(batch.inputs)
-        if self.pm.task != "classification":
+        if self.pm.task.continuations:  # a decoder's cache is never read again here
             kwargs["use_cache"] = False
         batch = keep_target_logits(self.pm, batch, kwargs)
         started = time.perf_counter()
@@ -173,7 +169,7 @@ class Engine(RowCache):
         self._count(started, batch.inputs["input_ids"].numel()
                     + (batch.inputs["decoder_input_ids"].numel() if "decoder_input_ids" in batch.inputs else 0))
         values = target_values(self.pm, batch, logits).float().cpu()
-        labels = logits.argmax(-1).cpu() if self.pm.task == "classification" else None
+        labels = logits.argmax(-1).cpu() if self.pm.task.labels else None
         return values, labels
 
     # ------------------------------------------------------------------ prefix reuse (causal LMs)

@@ -112,10 +112,10 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
         if len(scores) != len(examples):
             raise InputError(f"ranking {name!r} has scores for {len(scores)} examples, expected {len(examples)}")
     named[RANDOM_RANKING] = random_ranking(examples, seed).scores
-    do_flips = flips and engine.pm.task == "classification"
+    do_flips = flips and engine.pm.task.labels
 
     rows, originals, plan = _erasure_rows(examples, named, bins, do_flips)
-    values = engine.values(rows, reuse_prefix=engine.pm.task == "causal_lm").double()  # [rows]
+    values = engine.values(rows, reuse_prefix=engine.pm.task.next_token).double()  # [rows]
     labels = engine.predicted_labels(rows) if do_flips else None  # [rows], from the same passes
 
     records = []

@@ -105,7 +105,7 @@ class RowCache:
         self.stats = EngineStats()
         # row key -> (target value, predicted class or -1)
         self._cache: dict[tuple, tuple[float, int]] = {}
-        self._trim_logits = pm.task == "causal_lm" and forward_accepts(pm.model, "logits_to_keep")
+        self._trim_logits = pm.task.next_token and forward_accepts(pm.model, "logits_to_keep")
         # packed passes keep ragged positions per bin: a boolean logits_to_keep, which transformers'
         # slice_logits_to_keep flattens to the kept positions (a model slicing its own way projects all)
         self._packed_logits = self._trim_logits and slices_logits_to_keep(pm.model)

@@ -67,7 +67,7 @@ def scorable_positions(example: PreparedExample) -> list[int]:
 
 def replacement_token_id(pm: ProbeModel, mode: str) -> int:
     tok = pm.tokenizer
-    others = ", ".join(m for m in LOO_MODES if m != mode and (m != "lm" or pm.task == "causal_lm"))
+    others = ", ".join(m for m in LOO_MODES if m != mode and (m != "lm" or pm.task.next_token))
     attribute = {"mask": "mask_token_id", "unk": "unk_token_id", "pad": "pad_token_id"}[mode]
     token_id = getattr(tok, attribute, None)
     if token_id is None:
@@ -187,7 +187,7 @@ def loo(engine: Engine, examples: Sequence[PreparedExample], mode: str = "delete
     rows, spans, originals = _loo_rows(examples, replacements, seed)
 
     before = engine.stats.as_dict()
-    values = engine.values(rows, reuse_prefix=engine.pm.task == "causal_lm").double()  # [rows]
+    values = engine.values(rows, reuse_prefix=engine.pm.task.next_token).double()  # [rows]
     after = engine.stats.as_dict()
 
     scores = [torch.full((len(e.input_ids),), float("nan"), dtype=torch.float64) for e in examples]
@@ -214,7 +214,7 @@ def _loo_setup(engine: Engine, examples: Sequence[PreparedExample], mode: str, k
         if int(k) < 1:
             raise InputError(f"loo_{mode} needs k >= 1 draws per token, got {k!r}")
         params.update(k=int(k), seed=int(seed))
-    if mode == "lm" and pm.task != "causal_lm":
+    if mode == "lm" and not pm.task.next_token:
         raise InputError(
             f"loo_lm needs a masked or causal language model sharing the tokenizer, and {pm.name!r} is a "
             f"{pm.task} model without one: use loo_delete, loo_mask, loo_unk, loo_pad or loo_random")

@@ -211,29 +211,33 @@ def constant_scores(method: str, scores: Sequence[torch.Tensor], scored: Sequenc
 
 
 def completeness(pm: ProbeModel, examples, result, *, params: Mapping | None = None) -> Check:
-    """IG's completeness on ``result`` (its extras); when too far off, the steps that would do."""
-    from probe.explainers.integrated_gradients import integrated_gradients
-
+    """Completeness of a path method (registry ``completeness``: integrated gradients) on ``result``
+    (its convergence deltas in ``extras``); when too far off, the steps that would do, found by
+    running the method's own registry entry with more steps."""
+    name = result.method
+    entry = registry.method(name)
     relative = _relative_delta(result)
     if relative is None:
-        return Check("integrated_gradients", "completeness", "not run", None,
+        return Check(name, "completeness", "not run", None,
                      "f(x) = f(baseline) on every example: the relative delta is undefined")
-    steps = int(result.params.get("steps", 50)) if isinstance(result.params.get("steps"), int) else 50
+    default = entry.defaults().steps
+    steps = int(result.params.get("steps", default)) if isinstance(result.params.get("steps"), int) else default
     if relative <= COMPLETENESS_TOLERANCE:
-        return Check("integrated_gradients", "completeness", "pass", relative,
+        return Check(name, "completeness", "pass", relative,
                      f"median |delta| / |f(x) - f(baseline)| = {relative:.3f} at {steps} steps")
     needed = None
-    kwargs = {k: v for k, v in dict(params or {}).items() if k != "steps"}
+    kwargs = {**dict(entry.preset), **{k: v for k, v in dict(params or {}).items() if k != "steps"}}
+    compute = entry.load()
     trial = steps
     while trial * 2 <= MAX_STEPS:
         trial *= 2
-        again = _relative_delta(integrated_gradients(pm, examples, steps=trial, **kwargs))
+        again = _relative_delta(compute(pm, examples, steps=trial, **kwargs))
         if again is not None and again <= COMPLETENESS_TOLERANCE:
             needed = trial
             break
     more = f"; {needed} steps bring it under {COMPLETENESS_TOLERANCE}" if needed else \
         f"; still above {COMPLETENESS_TOLERANCE} at {trial} steps (steps: auto finds them per example)"
-    return Check("integrated_gradients", "completeness", "fail", relative,
+    return Check(name, "completeness", "fail", relative,
                  f"median |delta| / |f(x) - f(baseline)| = {relative:.3f} at {steps} steps{more}")
 
 
@@ -503,7 +507,7 @@ def explain_checks(pm: ProbeModel, examples, results: Mapping, params: Mapping[s
     gradients = [m for m in results if method_family(m) == "gradient"]
     checks += degeneracy(pm, examples, gradients, params={m: {"site": results[m].params.get("site")} for m in gradients})
     for name in results:
-        if registry.method(name).completeness:
+        if registry.find(name).completeness:
             checks.append(completeness(pm, examples, results[name],
                                        params={k: v for k, v in (params.get(name) or {}).items() if k != "steps"}))
     return checks

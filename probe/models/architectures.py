@@ -244,7 +244,7 @@ SEQ2SEQ_TYPES = ("bart", "marian", "mbart", "t5")
 
 
 def refuse_seq2seq(pm: ProbeModel, method: str) -> None:
-    if pm.task == "seq2seq" and pm.contract.model_type not in SEQ2SEQ_TYPES:
+    if pm.task.encoder_decoder and pm.contract.model_type not in SEQ2SEQ_TYPES:
         raise InputError(f"{method} is not defined for encoder-decoder model {type(pm.model).__name__} (model type "
                          f"{pm.contract.model_type!r}): probe knows the encoder layers of "
                          f"{', '.join(SEQ2SEQ_TYPES)} only")
@@ -263,13 +263,20 @@ def mixing_layout(pm: ProbeModel, method: str = "alti") -> MixingLayout:
 
 
 def context_mixing_support(pm: ProbeModel, method: str) -> str | None:
-    """None when ``method`` runs on ``pm``, else why not (one line)."""
+    """None when the decomposition ``method`` (ALTI, GlobEnc: they read the LayerNorms and the
+    value/output projections) runs on ``pm``, else why not (one line)."""
     try:
-        if method == "value_zeroing":
-            refuse_seq2seq(pm, method)
-            block_modules(pm, pm.contract.primary_stack)
-        else:
-            mixing_layout(pm, method)
+        mixing_layout(pm, method)
+    except InputError as error:
+        return str(error)
+    return None
+
+
+def value_zeroing_support(pm: ProbeModel, method: str) -> str | None:
+    """None when value zeroing (it reads only each layer's block output) runs on ``pm``, else why not."""
+    try:
+        refuse_seq2seq(pm, method)
+        block_modules(pm, pm.contract.primary_stack)
     except InputError as error:
         return str(error)
     return None

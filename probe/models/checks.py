@@ -73,9 +73,9 @@ def _outputs(out):
 
 def _real_outputs(pm: ProbeModel, logits: torch.Tensor, inputs: dict, index: int) -> torch.Tensor:
     """Logits of example ``index`` at its real positions only."""
-    if pm.task in ("classification", "encoder"):  # [batch, classes] or [batch, hidden] pooled
+    if pm.task.pooled:  # [batch, classes] or [batch, hidden] pooled
         return logits[index]
-    mask = inputs["decoder_attention_mask"] if pm.task == "seq2seq" else inputs["attention_mask"]
+    mask = inputs["decoder_attention_mask"] if pm.task.encoder_decoder else inputs["attention_mask"]
     return logits[index, : int(mask[index].sum())]
 
 
@@ -123,13 +123,13 @@ def capture_all(pm: ProbeModel, inputs):
 
 
 def _lengths(pm: ProbeModel, inputs, stack):
-    if pm.task == "seq2seq" and stack in ("decoder", "cross"):
+    if pm.task.encoder_decoder and stack in ("decoder", "cross"):
         return inputs["decoder_attention_mask"].sum(1)
     return inputs["attention_mask"].sum(1)
 
 
 def _key_lengths(pm: ProbeModel, inputs, stack):
-    if pm.task == "seq2seq" and stack == "decoder":
+    if pm.task.encoder_decoder and stack == "decoder":
         return inputs["decoder_attention_mask"].sum(1)
     return inputs["attention_mask"].sum(1)
 
@@ -153,7 +153,7 @@ def eager_attentions(pm: ProbeModel, inputs):
     finally:
         if before != "eager":
             model.set_attn_implementation(before)
-    if pm.task == "seq2seq":
+    if pm.task.encoder_decoder:
         found = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
     else:
         found = {pm.contract.primary_stack: out.attentions}
@@ -301,7 +301,7 @@ def _padding_tokens(pm: ProbeModel, o: _Observed) -> CheckResult | None:
 
 def _causal_future(pm: ProbeModel, o: _Observed) -> CheckResult | None:
     causal = [s for s, c in pm.contract.stacks.items() if c.mask_kind.startswith(("causal", "sliding"))]
-    if not (causal and pm.task == "causal_lm"):
+    if not (causal and pm.task.next_token):
         return None
     inputs, logits, maps = o.inputs, o.logits, o.maps
     i = int(inputs["attention_mask"].sum(1).argmax())

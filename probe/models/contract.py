@@ -22,6 +22,7 @@ from probe.models.architectures import (
 )
 from probe.models.core import AttentionContract, StackContract
 from probe.models.tasks import infer_task
+from probe.tasks import Task, task_named
 
 
 def _max_positions(config, tokenizer) -> int:
@@ -54,7 +55,7 @@ def _heads_and_dim(module, config) -> tuple[int | None, int | None]:
     return (n_heads if isinstance(n_heads, int) else None), (head_dim if isinstance(head_dim, int) else None)
 
 
-def _stack_contract(stack: str, layers: dict[int, object], config, task: str, sites: dict | None = None) -> StackContract:
+def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, sites: dict | None = None) -> StackContract:
     module = layers[min(layers)]
     sub = getattr(module, "config", config)
     n_heads, head_dim = _heads_and_dim(module, config)
@@ -67,9 +68,9 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: str, si
     seen = [site.causal for (s, _), site in (sites or {}).items() if s == stack and site.causal is not None]
     if stack == "cross":
         mask_kind = "cross"
-    elif stack == "encoder" and task != "causal_lm":
+    elif stack == "encoder" and not task.next_token:
         mask_kind = "bidirectional"
-    elif seen and not all(seen) and task != "causal_lm":
+    elif seen and not all(seen) and not task.next_token:
         # a stack named neither encoder nor decoder (xlm's "attentions") whose maps, watched, look ahead
         mask_kind = "bidirectional"
     else:
@@ -115,10 +116,10 @@ def _locate(model, tokenizer, task):
     return {p: site.path for p, site in sites.items()}, sites, unreadable, "a watched forward pass"
 
 
-def build_contract(model, tokenizer, task: str | None = None, *, random_weights: tuple[str, ...] = (),
+def build_contract(model, tokenizer, task: Task | str | None = None, *, random_weights: tuple[str, ...] = (),
                    random_weights_allowed: bool = False, pooling: dict | None = None) -> AttentionContract:
     config = model.config
-    task = task or infer_task(config)
+    task = task_named(task) if task is not None else infer_task(config)
     paths, sites, unreadable, detected_by = _locate(model, tokenizer, task)
     modules = dict(model.named_modules())
     by_stack: dict[str, dict[int, object]] = {}

@@ -3,7 +3,8 @@ contract), :class:`AttentionContract` and :class:`StackContract`, and the tokeni
 does (:func:`encode_texts`).
 
 At the bottom of :mod:`probe.models`: every other module here (and every layer above) may name
-these types, and this module imports no other module of the package outside ``TYPE_CHECKING``, so
+these types, and this module imports no other module of the package outside ``TYPE_CHECKING`` (but the
+rank-0 :mod:`probe.errors` and :mod:`probe.tasks`), so
 no annotation makes an import circle. Loading it imports neither torch nor transformers.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from probe.errors import InputError
+from probe.tasks import Task, task_named
 
 if TYPE_CHECKING:  # imported for annotations only
     import torch
@@ -49,7 +51,7 @@ class StackContract:
 @dataclass(frozen=True)
 class AttentionContract:
     model_type: str
-    task: str
+    task: Task
     stacks: dict[str, StackContract]
     implementation: str  # the attention implementation the model was loaded with
     dtype: str
@@ -69,6 +71,9 @@ class AttentionContract:
     pooling: dict | None = None
     #: context-mixing method -> None when it runs on this model, else why not (one line)
     context_mixing: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "task", task_named(self.task))  # a task's name is read as its Task
 
     @property
     def primary_stack(self) -> str:
@@ -95,7 +100,7 @@ class AttentionContract:
         primary = self.stacks[self.primary_stack]
         return {
             "model_type": self.model_type,
-            "task": self.task,
+            "task": self.task.name,
             "n_layers": primary.n_layers,
             "n_heads": primary.n_heads,
             "n_kv_heads": primary.n_kv_heads,
@@ -165,7 +170,7 @@ class ProbeModel:
     path: str  # a folder (or hub id) that ``from_pretrained`` loads; for a wrapped model, its config's name_or_path
     model: torch.nn.Module  # a transformers PreTrainedModel in eval mode
     tokenizer: PreTrainedTokenizerBase  # right padding, with a pad token
-    task: str  # one of TASKS
+    task: Task  # what kind of prediction it makes (:mod:`probe.tasks`)
     contract: AttentionContract
     load_seconds: float
     metadata: dict = field(default_factory=dict)
@@ -175,6 +180,9 @@ class ProbeModel:
     allow_random_weights: bool = False
     #: a headless encoder's pooling; None for other tasks
     pooling: Pooling | None = None
+
+    def __post_init__(self):
+        self.task = task_named(self.task)  # a task's name is read as its Task
 
     @property
     def device(self) -> torch.device:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from probe.errors import InputError, ModelLoadError
 from probe.models.core import ProbeModel
 from probe.models.tasks import infer_task, task_of_class
+from probe.tasks import Task, task_named
 
 if TYPE_CHECKING:  # imported for annotations only: loading this module must not import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -21,7 +22,6 @@ if TYPE_CHECKING:  # imported for annotations only: loading this module must not
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
-TASKS = ("classification", "causal_lm", "seq2seq", "encoder")
 #: random weights named in a refusal before "and N more"
 _SHOWN_RANDOM = 6
 
@@ -82,10 +82,10 @@ def _hub_unreachable() -> bool:
     return False
 
 
-def _auto_class(task: str, config=None):
+def _auto_class(task: Task, config=None):
     import transformers
 
-    if task == "encoder":
+    if task.embeds:
         from probe.models.encoder import pooled_encoder_class
 
         try:
@@ -94,11 +94,7 @@ def _auto_class(task: str, config=None):
             raise ModelLoadError(f"transformers has no bare encoder class for model type {config.model_type!r}: "
                                  "load it as classification, causal_lm or seq2seq") from None
         return pooled_encoder_class(base)
-    return {
-        "classification": transformers.AutoModelForSequenceClassification,
-        "causal_lm": transformers.AutoModelForCausalLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-    }[task]
+    return getattr(transformers, task.auto_class)
 
 
 def load_model(
@@ -128,7 +124,7 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     check_dtype_on_device(torch_dtype, torch_device)
-    _check_task(task)
+    asked = task_named(task) if task is not None else None
     path, from_hub, metadata = _find_model(name, cache_dir)
     folder = None if from_hub else path  # where a sentence-transformers configuration may sit
 
@@ -139,7 +135,7 @@ def load_model(
     # transformers logs loading reports (unused/missing weights); probe reports its own way.
     transformers.logging.set_verbosity_error()
     config = _read_config(name, path, from_hub, local_only)
-    task = task or infer_task(config, folder)
+    task = asked or infer_task(config, folder)
     kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
               **({"attn_implementation": attn_implementation} if attn_implementation else {}),
               **({"device_map": device_map} if device_map else {})}
@@ -165,11 +161,6 @@ def load_model(
         load_seconds=time.perf_counter() - started, metadata=metadata, random_weights=random_weights,
         allow_random_weights=bool(allow_random_weights), pooling=pooling,
     ))
-
-
-def _check_task(task: str | None) -> None:
-    if task is not None and task not in TASKS:
-        raise InputError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
 
 
 def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dict]:
@@ -238,7 +229,7 @@ def _read_config(name: str, path: str, from_hub: bool, local_only: bool) -> Pret
         ) from None
 
 
-def _from_pretrained(name: str, path: str, task: str, config: PretrainedConfig,
+def _from_pretrained(name: str, path: str, task: Task, config: PretrainedConfig,
                      kwargs: dict) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """(model, tokenizer, ``from_pretrained``'s loading info), or one line saying why not."""
     import transformers
@@ -253,22 +244,22 @@ def _from_pretrained(name: str, path: str, task: str, config: PretrainedConfig,
     return model, tokenizer, loading_info
 
 
-def _refuse_random_weights(name: str, task: str, config: PretrainedConfig, folder: str | None,
+def _refuse_random_weights(name: str, task: Task, config: PretrainedConfig, folder: str | None,
                            random_weights: tuple[str, ...]) -> None:
     shown = ", ".join(random_weights[:_SHOWN_RANDOM])
     more = f" and {len(random_weights) - _SHOWN_RANDOM} more" if len(random_weights) > _SHOWN_RANDOM else ""
     headless = " (a headless encoder: load it with task encoder and a similarity or dimension target)" \
-        if task == "classification" and infer_task(config, folder) == "encoder" else ""
+        if task.labels and infer_task(config, folder).embeds else ""
     raise ModelLoadError(
         f"model {name!r} loaded as {task} has {len(random_weights)} weight(s) its checkpoint does not hold, "
         f"left at random initialisation: {shown}{more}; explaining it would explain random weights{headless}; "
         "pass --allow-random-weights (study/claim file: model.allow_random_weights: true) to go on anyway")
 
 
-def _attach_pooling(model: PreTrainedModel, task: str, folder: str | None) -> Pooling | None:
+def _attach_pooling(model: PreTrainedModel, task: Task, folder: str | None) -> Pooling | None:
     """A headless encoder's pooling, read from its folder (a hub id: mean, said so) and set on the
     model (its forward pools with it); None for other tasks."""
-    if task != "encoder":
+    if not task.embeds:
         return None
     from probe.models.encoder import Pooling, read_pooling
 
@@ -300,12 +291,9 @@ def _pad_right(tokenizer: PreTrainedTokenizerBase) -> None:
 def _with_method_support(pm: ProbeModel) -> ProbeModel:
     """The contract states which context-mixing methods run on this model (read from its structure
     and probe's layout tables, no forward pass)."""
-    from probe.models.architectures import (
-        context_mixing_support,  # imports torch: not at module level
-    )
-    from probe.names import CONTEXT_MIXING_METHODS
+    from probe import registry
 
-    support = {method: context_mixing_support(pm, method) for method in CONTEXT_MIXING_METHODS}
+    support = {m.name: m.skip_reason("support", pm, 0) for m in registry.methods(group="context mixing")}
     pm.contract = replace(pm.contract, context_mixing=support)
     return pm
 
@@ -338,7 +326,7 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
     Builds the same contract :func:`load_model` does. The model is put in eval mode (in place, as
     probe needs); the tokenizer is copied, then given right padding and a pad token (the eos or unk
     token) when it has none, so the caller's tokenizer is left as it was. ``task`` (one of
-    ``TASKS``) is read from the model's class (``...ForSequenceClassification``,
+    ``probe.tasks.TASKS``) is read from the model's class (``...ForSequenceClassification``,
     ``...ForCausalLM``, ``...ForConditionalGeneration``) when not given. Refused, in one line: a
     model that is not a transformers model, a model without an output head, a tokenizer with more
     tokens than the model's input embedding has rows, or a model without attention modules probe
@@ -355,8 +343,7 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise InputError(f"wrap needs a transformers tokenizer, got {type(tokenizer).__name__}: load one with "
                          "AutoTokenizer.from_pretrained")
-    _check_task(task)
-    task = task or task_of_class(model)
+    task = task_named(task) if task is not None else task_of_class(model)
     if task is None:
         raise InputError(f"{type(model).__name__} has no output head probe can explain: wrap a model loaded with "
                          "AutoModelForSequenceClassification, AutoModelForCausalLM or AutoModelForSeq2SeqLM, or give task=")

@@ -3,13 +3,20 @@ Below :mod:`probe.models.loading` and :mod:`probe.models.contract`, which both n
 
 from __future__ import annotations
 
+from probe.tasks import TASKS, Task
+
 
 def _is_bare_architecture(name: str) -> bool:
     """``BertModel``, ``RobertaModel``: a base class with no task head (``*For*``, ``*LMHead*``)."""
     return name.endswith("Model") and "For" not in name and "LMHead" not in name
 
 
-def infer_task(config, path: str | None = None) -> str:
+def infer_task(config, path: str | None = None) -> Task:
+    """The task a checkpoint's config (and its folder) says it is."""
+    return TASKS[_infer_name(config, path)]
+
+
+def _infer_name(config, path: str | None) -> str:
     from probe.models.architectures import (
         CAUSAL_LM_TYPES,  # imports torch: this module does not
     )
@@ -44,11 +51,13 @@ _HEAD_TASKS = (
 )
 
 
-def task_of_class(model) -> str | None:
+def task_of_class(model) -> Task | None:
+    """The task a model's class name says it is; None for a class with no head probe explains."""
     name = type(model).__name__
-    for marker, task in _HEAD_TASKS:
+    for marker, task_name in _HEAD_TASKS:
         if marker in name:
-            if task == "seq2seq" and not getattr(model.config, "is_encoder_decoder", False):
+            task = TASKS[task_name]
+            if task.encoder_decoder and not getattr(model.config, "is_encoder_decoder", False):
                 return None  # e.g. a vision-language "...ForConditionalGeneration" that is not text-to-text
             return task
     return None

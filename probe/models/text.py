@@ -21,7 +21,7 @@ def forward_inputs(pm: ProbeModel, batch, decoder_batch=None) -> dict:
     source itself shifted right, which is enough for checks that only need a decoder to run.
     """
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    if pm.task != "seq2seq":
+    if not pm.task.encoder_decoder:
         return inputs
     target = decoder_batch if decoder_batch is not None else batch
     inputs["decoder_input_ids"] = shift_right(pm, target["input_ids"], target["attention_mask"])

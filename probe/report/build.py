@@ -29,6 +29,7 @@ from probe.report.sections import (
     verdict_section,
 )
 from probe.report.setup_section import setup_section
+from probe.tasks import task_named
 
 __all__ = ["build_comparison", "build_report"]
 
@@ -61,7 +62,7 @@ def _ci_text(frame: pd.DataFrame, col: str) -> list[str]:
 def _is_classifier(r: StudyResult) -> bool:
     contract = r.contract
     if contract and contract.get("task"):
-        return contract["task"] == "classification"
+        return task_named(contract["task"]).labels
     target = r.spec.target
     return not (target.choices or target.continuation or target.prompt or target.kind == "logprob")
 

@@ -16,17 +16,6 @@ from probe.rows.target import PreparedExample, RowBatch, build_rows
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-TARGET_QUERY_NOTE = {
-    "classification": "classifier: attention row of the pooled position (0 = [CLS] for encoders, "
-                      "last token for decoders)",
-    "causal_lm": "causal LM: attention row of the last explained token (position len(input_ids)-1), "
-                 "which predicts the first continuation token",
-    "encoder": "headless encoder: attention rows of the positions its pooling reads (every explained "
-               "token, averaged, for mean/max pooling; position 0 for cls pooling)",
-    "seq2seq": "seq2seq: cross-attention rows of the decoder positions that predict the output tokens, "
-               "averaged over those positions; keys are the encoder (explained) tokens",
-}
-
 
 # ---------------------------------------------------------------------------
 # where the target query is, and running the explained rows
@@ -54,7 +43,7 @@ def target_queries(pm: ProbeModel, batch: RowBatch) -> TargetQueries:
     """Where the target query row(s) of every row of ``batch`` are (see the module docstring)."""
     lengths = batch.input_lengths
     n_rows = lengths.shape[0]
-    if pm.task == "seq2seq":
+    if pm.task.encoder_decoder:
         valid = batch.target_valid  # [batch, n_target]
         positions = torch.arange(valid.shape[1], device=valid.device).expand(n_rows, -1)
         # Padded output positions point at 0 (always a real decoder position) and are masked by `valid`.
@@ -62,13 +51,13 @@ def target_queries(pm: ProbeModel, batch: RowBatch) -> TargetQueries:
         return TargetQueries("cross", rows, valid, lengths)
     stack = pm.contract.primary_stack
     bidirectional = pm.contract.stacks[stack].mask_kind == "bidirectional"
-    if pm.task == "encoder" and pm.pooling.mode != "cls":
+    if pm.task.embeds and pm.pooling.mode != "cls":
         # the pooled embedding reads every explained position: all their rows, averaged
         width = int(lengths.max())
         positions = torch.arange(width, device=lengths.device).expand(n_rows, -1)  # [batch, width]
         valid = positions < lengths[:, None]
         return TargetQueries(stack, torch.where(valid, positions, torch.zeros_like(positions)), valid, lengths)
-    if pm.task in ("classification", "encoder") and bidirectional:
+    if pm.task.pooled and bidirectional:
         rows = torch.zeros((n_rows, 1), dtype=torch.long, device=lengths.device)
     else:
         rows = (lengths - 1).view(n_rows, 1)

@@ -32,9 +32,8 @@ from probe.errors import InputError
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
+#: every target kind; which a model takes is its task's (:attr:`probe.tasks.Task.kinds`)
 TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
-#: the target kinds of a headless encoder (task ``encoder``); the others need a head
-ENCODER_KINDS = ("similarity", "dimension")
 
 
 @dataclass(frozen=True)
@@ -114,11 +113,12 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids)."""
     from probe.models.core import encode_texts
 
-    kind = target.kind or ("prob" if pm.task == "classification" else "logprob")
-    if kind not in TARGET_KINDS:
+    task = pm.task
+    kind = target.kind or task.default_kind
+    if kind is not None and kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {kind!r}: use one of {', '.join(TARGET_KINDS)}")
     _check_encoder_target(pm, target, kind)
-    if pm.task != "classification" and target.label is not None:
+    if not task.labels and target.label is not None:
         raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
     batch = encode_texts(pm, texts, strict_length=strict_length)
     lengths = batch["attention_mask"].sum(1).tolist()
@@ -127,17 +127,18 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
         ids = batch["input_ids"][i, : lengths[i]].tolist()
         examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
                                         tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
-    if pm.task == "encoder":
+    if task.embeds:
         examples = _resolve_encoder_target(pm, examples, target, kind)
-    elif pm.task == "classification":
+    elif task.labels:
         fixed = label_index(pm, target.label) if target.label is not None else None
         return _classify(pm, examples, fixed)
     elif target.continuation is not None:
-        cont = pm.tokenizer(target.continuation, add_special_tokens=pm.task == "seq2seq")["input_ids"]
+        # a decoder's output is a whole sequence (its end token included); a continuation goes on the input
+        cont = pm.tokenizer(target.continuation, add_special_tokens=task.encoder_decoder)["input_ids"]
         if not cont:
             raise InputError(f"target continuation {target.continuation!r} tokenises to nothing: give a non-empty text")
         examples = [dataclasses.replace(e, target_ids=list(cont), label_name=target.continuation) for e in examples]
-    elif pm.task == "causal_lm":
+    elif task.next_token:
         with torch.no_grad():
             logits = pm.model(**batch).logits
         next_ids = [[int(logits[i, lengths[i] - 1].argmax())] for i in range(len(examples))]
@@ -198,16 +199,17 @@ def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: int | None
 
 def _check_encoder_target(pm: ProbeModel, target: TargetSpec, kind: str) -> None:
     """Encoder targets only on encoders, with what they need; nothing else on an encoder."""
-    if pm.task != "encoder":
-        if kind in ENCODER_KINDS:
+    if not pm.task.embeds:
+        if kind not in pm.task.kinds:
             raise InputError(f"target {kind!r} applies to a headless encoder (task encoder); this is a {pm.task} "
-                             f"model: use one of {', '.join(k for k in TARGET_KINDS if k not in ENCODER_KINDS)}")
+                             f"model: use one of {', '.join(pm.task.kinds)}")
         if target.reference is not None or target.dimension is not None:
             raise InputError("--reference / --dimension apply to a headless encoder's similarity / dimension target; "
                              f"this is a {pm.task} model")
         return
-    if kind not in ENCODER_KINDS:
-        raise InputError(f"a headless encoder has no class or next token to explain (target {kind!r}): use "
+    if kind not in pm.task.kinds:
+        asked = f"target {kind!r}" if kind is not None else "no target kind given"
+        raise InputError(f"a headless encoder has no class or next token to explain ({asked}): use "
                          "--target similarity --reference TEXT or --target dimension --dimension N")
     if target.label is not None or target.continuation is not None:
         raise InputError("--label / --continuation need a task head; a headless encoder explains "
@@ -248,7 +250,7 @@ def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *,
     pad = pm.tokenizer.pad_token_id if pm.tokenizer.pad_token_id is not None else 0
     examples = [example for _, example in rows]
     input_lengths = torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long)
-    if pm.task == "causal_lm":
+    if pm.task.next_token:
         # the last continuation token is never fed: no target reads the logits after it
         sequences = [list(ids) + list(example.target_ids[:-1]) for ids, example in rows]
     else:
@@ -261,7 +263,7 @@ def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *,
         attention_mask[r, : len(seq)] = 1
     inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
     positions = tokens = valid = None
-    if pm.task in ("causal_lm", "seq2seq"):
+    if pm.task.continuations:
         n_target = max(len(example.target_ids) for example in examples)
         positions = torch.zeros((len(rows), n_target), dtype=torch.long)
         tokens = torch.zeros((len(rows), n_target), dtype=torch.long)
@@ -271,9 +273,9 @@ def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *,
             tokens[r, :n] = torch.tensor(example.target_ids)
             valid[r, :n] = True
             # causal: the token at position len+j is predicted by the logits at len+j-1
-            offset = len(ids) - 1 if pm.task == "causal_lm" else 0
+            offset = len(ids) - 1 if pm.task.next_token else 0
             positions[r, :n] = torch.arange(n) + offset
-        if pm.task == "seq2seq":
+        if pm.task.encoder_decoder:
             from probe.models.text import decoder_start_id
 
             start = decoder_start_id(pm)
@@ -327,7 +329,7 @@ def keep_target_logits(pm: ProbeModel, batch: RowBatch, kwargs: dict) -> RowBatc
     come back as ``[rows, n_target, vocab]``, so the returned batch's target positions are
     ``0..n_target-1``. Any other model: the batch unchanged.
     """
-    if pm.task != "causal_lm" or not forward_accepts(pm.model, "logits_to_keep"):
+    if not pm.task.next_token or not forward_accepts(pm.model, "logits_to_keep"):
         return batch
     kwargs["logits_to_keep"] = batch.target_positions  # [rows, n_target]
     n_rows, n_target = batch.target_positions.shape
@@ -338,13 +340,13 @@ def keep_target_logits(pm: ProbeModel, batch: RowBatch, kwargs: dict) -> RowBatc
 def target_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
     """[rows] target value of each row from the model's logits (fp32)."""
     logits = logits.float()
-    if pm.task == "encoder":  # logits: [rows, hidden] pooled embeddings
+    if pm.task.embeds:  # logits: [rows, hidden] pooled embeddings
         if batch.examples[0].kind == "similarity":
             reference = torch.stack([e.reference_embedding for e in batch.examples]).to(logits.device)  # [rows, hidden]
             return torch.nn.functional.cosine_similarity(logits, reference, dim=-1)
         dims = torch.tensor([e.label for e in batch.examples], device=logits.device)
         return logits.gather(1, dims[:, None])[:, 0]
-    if pm.task == "classification":
+    if pm.task.labels:
         labels = torch.tensor([e.label for e in batch.examples], device=logits.device)
         kind = batch.examples[0].kind
         if kind == "logit":

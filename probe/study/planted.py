@@ -23,11 +23,12 @@ from probe.errors import InputError
 
 if TYPE_CHECKING:
     from probe.spec.study import Study
+    from probe.tasks import Task
 
 PLANTED_PREFIX = "planted:"
 
 
-def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, str], task: str) -> Study:
+def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, str], task: Task) -> Study:
     """``template`` aimed at the planted model ``name``: its model and data, its own output folder,
     the methods that apply to it (``skipped``: method -> why not)."""
     from probe.spec.study import parse_ranking, study_from_dict
@@ -39,7 +40,7 @@ def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, s
     data["output"] = str(out / name)
     data["explainers"] = [m for m in data["explainers"] if m not in skipped]
     data["references"] = [m for m in data["references"] if m not in skipped]
-    if task != "classification" and (data.get("target") or {}).get("label") is not None:
+    if not task.labels and (data.get("target") or {}).get("label") is not None:
         data["target"]["label"] = None
     used = set(data["explainers"]) | set(data["references"])
     data["params"] = {k: v for k, v in (data.get("params") or {}).items() if k in used}

@@ -310,7 +310,7 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
 
     from probe.rows.target import label_index
 
-    if pm.task != "classification":
+    if not pm.task.labels:
         return
     if study.target.label == "gold":
         unlabelled = [e for e in data if e.label is None]
@@ -356,9 +356,9 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
             others = [m.name for m in registry.methods(family=family) if m.name != name and m.name not in left_out]
             raise InputError(f"{name} cannot run on {pm.name!r}: {cannot[name]}; use "
                              f"{', '.join(others) or 'another method'} instead")
-    if study.target.label == "gold" and pm.task != "classification":
+    if study.target.label == "gold" and not pm.task.labels:
         raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
-    if study.target.choices and pm.task != "causal_lm":
+    if study.target.choices and not pm.task.next_token:
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
 
 

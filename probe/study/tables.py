@@ -174,7 +174,7 @@ def ranking_vectors(scores: TokenScores, spec: str) -> list[torch.Tensor]:
 
 def _sites(pm: ProbeModel, study: Study) -> list[tuple[int, int | None]]:
     spec = study.metrics.counterfactual
-    stack = "cross" if pm.task == "seq2seq" else pm.contract.primary_stack
+    stack = pm.task.target_stack(pm.contract)
     info = pm.contract.stacks[stack]
     layers = range(info.n_layers) if spec.layers == "all" else [
         {"first": 0, "last": info.n_layers - 1}.get(layer, layer) for layer in spec.layers]
