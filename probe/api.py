@@ -32,7 +32,6 @@ from probe.errors import InputError
 from probe.models.core import ProbeModel
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, TargetSpec
-from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -438,49 +437,23 @@ def study_from_dict(data: Mapping[str, Any]) -> Study:
     return _from_dict(dict(data))
 
 
-@dataclass(frozen=True)
-class StudyRun:
-    """A study's result folder after :func:`run_study` (or read by :func:`load_results`).
-
-    ``tables``: the stored tables by name (examples, tokens, scores, agreement, erasure,
-    counterfactual, heads: those the study computes) plus ``summary`` and, once complete,
-    ``paired``; ``verdict``: None until every batch is done.
-    """
-
-    out: Path
-    complete: bool
-    result: StudyResult = field(repr=False)
-    verdict: Verdict | None
-    computed: tuple[int, ...] = ()  # batches this call computed (empty when read from disk)
-
-    @property
-    def tables(self) -> dict[str, pd.DataFrame]:
-        tables = dict(self.result.tables)
-        if self.result.summary is not None:
-            tables["summary"] = self.result.summary
-        if self.result.paired is not None:
-            tables["paired"] = self.result.paired
-        return tables
-
-    @property
-    def provenance(self) -> dict | None:
-        return self.result.provenance
-
-
-def load_results(folder: str | Path) -> StudyRun:
-    """Read a study's result folder (finished, or part-way through its batches) without a model."""
+def load_results(folder: str | Path) -> StudyResult:
+    """Read a study's result folder (finished, or part-way through its batches) without a model:
+    its tables, typed verdict and provenance (:class:`~probe.report.results.StudyResult`)."""
     from probe.report.results import load_result
 
-    result = load_result(folder)
-    verdict = Verdict.from_dict(result.verdict, source=str(Path(folder) / "verdict.json")) if result.verdict else None
-    return StudyRun(out=Path(folder), complete=result.complete, result=result, verdict=verdict)
+    return load_result(folder)
 
 
 def run_study(study: Study | str | Path, *, out: str | Path | None = None, progress: bool = False,
-              report: bool = True) -> StudyRun:
+              report: bool = True) -> StudyResult:
     """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
-    report is written there once complete. Returns the folder's tables and verdict."""
+    report is written there once complete. Returns the folder as :func:`load_results` reads it
+    (tables, typed verdict, provenance), with ``computed`` the batches this call ran."""
+    import dataclasses
+
+    from probe.report.results import load_result
     from probe.spec.study import Study as _Study
     from probe.study.runner import run_study as _run
 
@@ -496,9 +469,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     elif out is not None:
         study = study.model_copy(update={"output": str(out)})
     run = _run(study, progress=progress, report=report, log=(lambda _: None) if not progress else None)
-    loaded = load_results(run.out)
-    return StudyRun(out=Path(run.out), complete=run.complete, result=loaded.result, verdict=loaded.verdict,
-                    computed=tuple(run.computed))
+    return dataclasses.replace(load_result(run.out), computed=tuple(run.computed))
 
 
 # --------------------------------------------------------------------------------------- audits
@@ -532,7 +503,7 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
 
 
 __all__ = [
-    "COUNTERFACTUALS", "Explanation", "StudyRun", "Texts", "audit", "capture", "counterfactual_attention",
+    "COUNTERFACTUALS", "Explanation", "Texts", "audit", "capture", "counterfactual_attention",
     "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_model", "load_results",
     "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
 ]

@@ -58,7 +58,7 @@ def test_import_probe_stays_light_and_its_verbs_are_plain_functions():
     assert light == "[]"
     # importing the subpackages (explainers, hooks, claims) leaves the functions of the same verbs in place
     assert kinds == "function function function probe.methods"
-    assert names == "probe.study.verdict probe.api True"
+    assert names == "probe.report.verdict probe.api True"
     import inspect
 
     assert list(inspect.signature(probe.explain).parameters)[:3] == ["pm", "texts", "methods"]
@@ -288,16 +288,35 @@ def test_run_study_returns_tables_and_a_typed_verdict(tiny_dirs, tmp_path):
         references=["loo_delete", "loo_mask"], metrics={"erasure": None, "counterfactual": None, "heads": None},
         dataset={"name": str(data), "n": 6, "seed": 1}))
     run = probe.run_study(study, out=tmp_path / "run", report=False)
-    assert run.complete and run.out == tmp_path / "run" and run.computed == (0, 1)
+    assert isinstance(run, probe.StudyResult) and not hasattr(probe, "StudyRun")  # one result type
+    assert run.complete and run.root == tmp_path / "run" and run.computed == (0, 1)
     on_disk = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert isinstance(run.verdict, probe.Verdict)
     assert run.verdict.answer == on_disk["answer"] and run.verdict.headline == on_disk["headline"]
     assert run.verdict.layer_units.total == on_disk["layer_units"]["total"] == pm_layers(tiny_dirs)
+    assert run.verdict.to_dict() == on_disk
     assert {"examples", "agreement", "scores", "summary", "paired"} <= set(run.tables)
     assert len(run.tables["examples"]) == 6 and run.provenance is not None
+    assert run.summary is run.tables["summary"] and run.paired is run.tables["paired"]
+    # to_pandas is the summary table, as stored
+    pd.testing.assert_frame_equal(run.to_pandas(), pd.read_parquet(tmp_path / "run" / "summary.parquet"),
+                                  check_dtype=False)
+    families = run.verdict.to_pandas()
+    assert list(families.columns) == ["family", "answer", "layer_tracking", "layer_total", "head_tracking",
+                                      "head_total", "best_layer", "best_layer_mean", "best_head", "best_head_mean"]
+    weights = families.set_index("family").loc["attention weights"]
+    info = on_disk["families"]["attention weights"]
+    assert weights.layer_total == info["layer_units"]["total"] == pm_layers(tiny_dirs)
+    assert weights.best_layer == info["best_layer"]["unit"] and weights.best_layer_mean == info["best_layer"]["mean"]
     again = probe.load_results(tmp_path / "run")
+    assert isinstance(again, probe.StudyResult)
     assert again.verdict == run.verdict and again.computed == ()
     with pytest.raises(AttributeError):
         run.verdict.answer = "yes"  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.computed = ()  # the result is frozen too
+    with pytest.raises(TypeError):
+        run.tables["summary"] = None  # a read-only view
 
 
 def pm_layers(tiny_dirs) -> int:
@@ -306,7 +325,7 @@ def pm_layers(tiny_dirs) -> int:
 
 
 def test_verdict_refuses_what_is_not_a_verdict(tmp_path):
-    from probe.study.verdict import Verdict
+    from probe.report.verdict import Verdict
 
     with pytest.raises(InputError, match="not a verdict: it lacks answer, headline"):
         Verdict.from_dict({"reference": "loo_delete"})
