@@ -244,34 +244,25 @@ class Explanation:
         (-1 where the method has none), ``score`` (float64; NaN where a method does not score the
         token, e.g. special tokens under leave-one-out). The ``scores`` table a study stores, with
         the token text beside each position."""
+        columns = ["example", "position", "token", "special", "method", "layer", "head", "score"]
+        tokens = np.array([t for e in self.examples for t in e.tokens], dtype=object)
+        special = np.array([bool(s) for e in self.examples for s in e.special], dtype=bool)
+        starts = np.cumsum([0] + [len(e.tokens) for e in self.examples])[:-1]
         frames = []
         for method, result in self.scores.items():
-            for i, example in enumerate(self.examples):
-                values = result.scores[i].double().numpy()
-                n_tokens = values.shape[-1]
-                if values.ndim == 3:  # [layer, head, tokens]
-                    n_layers, n_heads, _ = values.shape
-                    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-                elif values.ndim == 2:  # [layer, tokens]
-                    layer, head = np.arange(values.shape[0]), np.full(values.shape[0], -1)
-                else:  # [tokens]
-                    layer, head = np.array([-1]), np.array([-1])
-                n_units = len(layer)
-                frames.append(pd.DataFrame({
-                    "example": i,
-                    "position": np.tile(np.arange(n_tokens), n_units),
-                    "token": np.tile(np.array(example.tokens, dtype=object), n_units),
-                    "special": np.tile(np.array(example.special, dtype=bool), n_units),
-                    "method": method,
-                    "layer": np.repeat(layer, n_tokens),
-                    "head": np.repeat(head, n_tokens),
-                    "score": values.reshape(n_units, n_tokens).ravel(),
-                }))
-        columns = ["example", "position", "token", "special", "method", "layer", "head", "score"]
+            if not len(result.scores):
+                continue
+            for i, values in enumerate(result.scores):
+                if values.shape[-1] != len(self.examples[i].tokens):
+                    raise ValueError(f"{method} scores {values.shape[-1]} tokens of example #{i}, which has "
+                                     f"{len(self.examples[i].tokens)}")
+            frame = result.to_pandas()
+            at = starts[frame["example"].to_numpy()] + frame["position"].to_numpy()
+            frame["token"], frame["special"], frame["method"] = tokens[at], special[at], method
+            frames.append(frame[columns])
         if not frames:
             return pd.DataFrame(columns=columns)
-        frame = pd.concat(frames, ignore_index=True)
-        return frame.astype({"example": "int64", "position": "int64", "layer": "int64", "head": "int64"})[columns]
+        return pd.concat(frames, ignore_index=True)
 
 
 @_in_eval
