@@ -238,6 +238,18 @@ def test_erasure_from_an_explanation_and_head_ablation(loaded):
     assert effects.change.shape == (len(TEXTS), info.n_layers, info.n_heads)
     values = [e.original_value for e in ex.examples]
     np.testing.assert_allclose(effects.original.numpy(), values, rtol=1e-5)
+    table = effects.to_pandas()
+    assert list(table.columns) == ["example", "layer", "head", "original", "ablated", "change"]
+    assert len(table) == len(TEXTS) * info.n_layers * info.n_heads
+    row = table[(table.example == 2) & (table.layer == info.n_layers - 1) & (table["head"] == 1)].iloc[0]
+    assert row.change == pytest.approx(float(effects.change[2, -1, 1]), abs=1e-7)
+    assert row.original - row.ablated == pytest.approx(row.change, abs=1e-7) and row.original == float(effects.original[2])
+    importance = probe.head_importance(pm, ex)
+    grid = importance.to_pandas()
+    assert list(grid.columns) == ["layer", "head", "importance", "raw", "mean_abs_change"]
+    cell = grid[(grid.layer == 1) & (grid["head"] == 2)].iloc[0]
+    assert cell.importance == float(importance.importance[1, 2]) and cell.raw == float(importance.raw[1, 2])
+    assert cell.mean_abs_change == float(importance.ablation.mean_abs_change[1, 2])
 
 
 def test_counterfactual_attention_counts_layers_from_the_end(loaded):
@@ -249,6 +261,13 @@ def test_counterfactual_attention_counts_layers_from_the_end(loaded):
     assert a.site.layer == last and torch.equal(a.output_tvd, b.output_tvd)
     permuted = probe.counterfactual_attention(pm, examples, "permuted", layer=0, head=1, n=3, seed=2)
     assert permuted.output_tvd.shape == (len(TEXTS), 3)
+    table = permuted.to_pandas()
+    assert list(table.columns) == ["example", "sample", "original_value", "counterfactual_value", "target_change",
+                                   "output_tvd", "output_jsd", "attention_jsd", "max_attention"]
+    assert len(table) == len(TEXTS) * 3 and table["sample"].tolist()[:4] == [0, 1, 2, 0]
+    row = table[(table.example == 1) & (table["sample"] == 2)].iloc[0]
+    assert row.output_tvd == float(permuted.output_tvd[1, 2]) and row.original_value == float(permuted.original_value[1])
+    assert row.target_change == pytest.approx(row.original_value - row.counterfactual_value, abs=1e-7)
     with pytest.raises(InputError, match=r"unknown counterfactual attention 'random': use one of uniform, permuted"):
         probe.counterfactual_attention(pm, examples, "random")
 
@@ -271,6 +290,16 @@ def test_capture_matches_hf_eager_attentions(loaded):
         n = int(real[i].sum())
         # attention weights: bounded by 1, absolute
         torch.testing.assert_close(maps.weights[i, :, :, :n, :n], expected[i, :, :, :n, :n], rtol=1e-5, atol=1e-6)
+    table = maps.to_pandas()
+    assert list(table.columns) == ["batch", "layer", "head", "query", "key", "weight"]
+    assert len(table) == maps.weights.numel()
+    cell = table[(table.batch == 1) & (table.layer == 1) & (table["head"] == 3) & (table["query"] == 2) & (table.key == 1)]
+    assert cell.weight.tolist() == [float(maps.weights[1, 1, 3, 2, 1])]
+    with probe.capture(pm, queries="first", layers=[1], heads=[2], attention_mask=batch["attention_mask"]) as cap, \
+            torch.no_grad():
+        pm.model(**batch)
+    first = cap.maps().to_pandas()  # the captured layer and head keep the model's indices
+    assert set(first.layer) == {1} and set(first["head"]) == {2} and set(first["query"]) == {0}
     from probe.hooks.registry import installed_wrappers
 
     assert installed_wrappers() == []  # the block removed its hooks
@@ -346,6 +375,11 @@ def test_audit_from_a_dict_with_a_loaded_model(tiny_dirs, loaded):
     }, model=pm)
     (claim,) = result.claims
     assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 3
+    table = result.to_pandas()
+    assert list(table.columns) == ["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n", "threshold",
+                                   "measure", "intervention", "seconds"]
+    assert table.claim.tolist() == ["head 0.1 matters"] and table.verdict.tolist() == [claim.verdict]
+    assert table.effect.iloc[0] == claim.effect and table.ci_high.iloc[0] == claim.ci[1] and table.n.iloc[0] == claim.n
     with pytest.raises(InputError, match="claims must be a claim file's path, a ClaimFile or a dict, got int"):
         probe.audit(3)
 
