@@ -20,12 +20,12 @@ _EXPORTS = {
     "erasure": "probe.api", "head_ablation": "probe.api", "head_importance": "probe.api",
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
-    "Explanation": "probe.api", "StudyRun": "probe.api",
+    "Explanation": "probe.api", "StudyResult": "probe.report.results",
     "explain": "probe.api", "capture": "probe.api", "audit": "probe.api", "api": "probe.api",
     "registry": "probe.registry", "spec": "probe.spec",
     "ProbeModel": "probe.models.core", "TokenScores": "probe.rows.scores",
     "PreparedExample": "probe.rows.target", "TargetSpec": "probe.rows.target",
-    "AttentionContract": "probe.models.core", "Verdict": "probe.study.verdict",
+    "AttentionContract": "probe.models.core", "Verdict": "probe.report.verdict",
     "ProbeError": "probe.errors", "InputError": "probe.errors",
 }
 

@@ -32,7 +32,6 @@ from probe.errors import InputError
 from probe.models.core import ProbeModel
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, TargetSpec
-from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -245,34 +244,25 @@ class Explanation:
         (-1 where the method has none), ``score`` (float64; NaN where a method does not score the
         token, e.g. special tokens under leave-one-out). The ``scores`` table a study stores, with
         the token text beside each position."""
+        columns = ["example", "position", "token", "special", "method", "layer", "head", "score"]
+        tokens = np.array([t for e in self.examples for t in e.tokens], dtype=object)
+        special = np.array([bool(s) for e in self.examples for s in e.special], dtype=bool)
+        starts = np.cumsum([0] + [len(e.tokens) for e in self.examples])[:-1]
         frames = []
         for method, result in self.scores.items():
-            for i, example in enumerate(self.examples):
-                values = result.scores[i].double().numpy()
-                n_tokens = values.shape[-1]
-                if values.ndim == 3:  # [layer, head, tokens]
-                    n_layers, n_heads, _ = values.shape
-                    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-                elif values.ndim == 2:  # [layer, tokens]
-                    layer, head = np.arange(values.shape[0]), np.full(values.shape[0], -1)
-                else:  # [tokens]
-                    layer, head = np.array([-1]), np.array([-1])
-                n_units = len(layer)
-                frames.append(pd.DataFrame({
-                    "example": i,
-                    "position": np.tile(np.arange(n_tokens), n_units),
-                    "token": np.tile(np.array(example.tokens, dtype=object), n_units),
-                    "special": np.tile(np.array(example.special, dtype=bool), n_units),
-                    "method": method,
-                    "layer": np.repeat(layer, n_tokens),
-                    "head": np.repeat(head, n_tokens),
-                    "score": values.reshape(n_units, n_tokens).ravel(),
-                }))
-        columns = ["example", "position", "token", "special", "method", "layer", "head", "score"]
+            if not len(result.scores):
+                continue
+            for i, values in enumerate(result.scores):
+                if values.shape[-1] != len(self.examples[i].tokens):
+                    raise ValueError(f"{method} scores {values.shape[-1]} tokens of example #{i}, which has "
+                                     f"{len(self.examples[i].tokens)}")
+            frame = result.to_pandas()
+            at = starts[frame["example"].to_numpy()] + frame["position"].to_numpy()
+            frame["token"], frame["special"], frame["method"] = tokens[at], special[at], method
+            frames.append(frame[columns])
         if not frames:
             return pd.DataFrame(columns=columns)
-        frame = pd.concat(frames, ignore_index=True)
-        return frame.astype({"example": "int64", "position": "int64", "layer": "int64", "head": "int64"})[columns]
+        return pd.concat(frames, ignore_index=True)
 
 
 @_in_eval
@@ -438,49 +428,23 @@ def study_from_dict(data: Mapping[str, Any]) -> Study:
     return _from_dict(dict(data))
 
 
-@dataclass(frozen=True)
-class StudyRun:
-    """A study's result folder after :func:`run_study` (or read by :func:`load_results`).
-
-    ``tables``: the stored tables by name (examples, tokens, scores, agreement, erasure,
-    counterfactual, heads: those the study computes) plus ``summary`` and, once complete,
-    ``paired``; ``verdict``: None until every batch is done.
-    """
-
-    out: Path
-    complete: bool
-    result: StudyResult = field(repr=False)
-    verdict: Verdict | None
-    computed: tuple[int, ...] = ()  # batches this call computed (empty when read from disk)
-
-    @property
-    def tables(self) -> dict[str, pd.DataFrame]:
-        tables = dict(self.result.tables)
-        if self.result.summary is not None:
-            tables["summary"] = self.result.summary
-        if self.result.paired is not None:
-            tables["paired"] = self.result.paired
-        return tables
-
-    @property
-    def provenance(self) -> dict | None:
-        return self.result.provenance
-
-
-def load_results(folder: str | Path) -> StudyRun:
-    """Read a study's result folder (finished, or part-way through its batches) without a model."""
+def load_results(folder: str | Path) -> StudyResult:
+    """Read a study's result folder (finished, or part-way through its batches) without a model:
+    its tables, typed verdict and provenance (:class:`~probe.report.results.StudyResult`)."""
     from probe.report.results import load_result
 
-    result = load_result(folder)
-    verdict = Verdict.from_dict(result.verdict, source=str(Path(folder) / "verdict.json")) if result.verdict else None
-    return StudyRun(out=Path(folder), complete=result.complete, result=result, verdict=verdict)
+    return load_result(folder)
 
 
 def run_study(study: Study | str | Path, *, out: str | Path | None = None, progress: bool = False,
-              report: bool = True) -> StudyRun:
+              report: bool = True) -> StudyResult:
     """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
-    report is written there once complete. Returns the folder's tables and verdict."""
+    report is written there once complete. Returns the folder as :func:`load_results` reads it
+    (tables, typed verdict, provenance), with ``computed`` the batches this call ran."""
+    import dataclasses
+
+    from probe.report.results import load_result
     from probe.spec.study import Study as _Study
     from probe.study.runner import run_study as _run
 
@@ -496,9 +460,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     elif out is not None:
         study = study.model_copy(update={"output": str(out)})
     run = _run(study, progress=progress, report=report, log=(lambda _: None) if not progress else None)
-    loaded = load_results(run.out)
-    return StudyRun(out=Path(run.out), complete=run.complete, result=loaded.result, verdict=loaded.verdict,
-                    computed=tuple(run.computed))
+    return dataclasses.replace(load_result(run.out), computed=tuple(run.computed))
 
 
 # --------------------------------------------------------------------------------------- audits
@@ -532,7 +494,7 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
 
 
 __all__ = [
-    "COUNTERFACTUALS", "Explanation", "StudyRun", "Texts", "audit", "capture", "counterfactual_attention",
+    "COUNTERFACTUALS", "Explanation", "Texts", "audit", "capture", "counterfactual_attention",
     "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_model", "load_results",
     "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
 ]

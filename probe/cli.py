@@ -289,7 +289,7 @@ def run(
         warnings.showwarning = _warn_one_line
         result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new)
     if result.verdict is not None:
-        print(printable(f"{result.verdict['answer'].upper()}: {result.verdict['headline']}"))
+        print(printable(f"{result.verdict.answer.upper()}: {result.verdict.headline}"))
         print(f"results: {result.out}")
 
 

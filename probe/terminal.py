@@ -69,7 +69,7 @@ def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict,
             scores[name] = [None if example.special[i] else v for i, v in enumerate(nan_to_none(values))]
     print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
                       "target": example.describe(), "scores": scores,
-                      "params": {name: r.params for name, r in results.items()},
+                      "params": {name: dict(r.params) for name, r in results.items()},
                       "skipped": skipped, "sanity": [c.to_dict() for c in checks],
                       "random_weights": list(pm.random_weights),
                       "allow_random_weights": pm.allow_random_weights}, default=str))

@@ -58,7 +58,7 @@ def test_import_probe_stays_light_and_its_verbs_are_plain_functions():
     assert light == "[]"
     # importing the subpackages (explainers, hooks, claims) leaves the functions of the same verbs in place
     assert kinds == "function function function probe.methods"
-    assert names == "probe.study.verdict probe.api True"
+    assert names == "probe.report.verdict probe.api True"
     import inspect
 
     assert list(inspect.signature(probe.explain).parameters)[:3] == ["pm", "texts", "methods"]
@@ -238,6 +238,18 @@ def test_erasure_from_an_explanation_and_head_ablation(loaded):
     assert effects.change.shape == (len(TEXTS), info.n_layers, info.n_heads)
     values = [e.original_value for e in ex.examples]
     np.testing.assert_allclose(effects.original.numpy(), values, rtol=1e-5)
+    table = effects.to_pandas()
+    assert list(table.columns) == ["example", "layer", "head", "original", "ablated", "change"]
+    assert len(table) == len(TEXTS) * info.n_layers * info.n_heads
+    row = table[(table.example == 2) & (table.layer == info.n_layers - 1) & (table["head"] == 1)].iloc[0]
+    assert row.change == pytest.approx(float(effects.change[2, -1, 1]), abs=1e-7)
+    assert row.original - row.ablated == pytest.approx(row.change, abs=1e-7) and row.original == float(effects.original[2])
+    importance = probe.head_importance(pm, ex)
+    grid = importance.to_pandas()
+    assert list(grid.columns) == ["layer", "head", "importance", "raw", "mean_abs_change"]
+    cell = grid[(grid.layer == 1) & (grid["head"] == 2)].iloc[0]
+    assert cell.importance == float(importance.importance[1, 2]) and cell.raw == float(importance.raw[1, 2])
+    assert cell.mean_abs_change == float(importance.ablation.mean_abs_change[1, 2])
 
 
 def test_counterfactual_attention_counts_layers_from_the_end(loaded):
@@ -249,6 +261,13 @@ def test_counterfactual_attention_counts_layers_from_the_end(loaded):
     assert a.site.layer == last and torch.equal(a.output_tvd, b.output_tvd)
     permuted = probe.counterfactual_attention(pm, examples, "permuted", layer=0, head=1, n=3, seed=2)
     assert permuted.output_tvd.shape == (len(TEXTS), 3)
+    table = permuted.to_pandas()
+    assert list(table.columns) == ["example", "sample", "original_value", "counterfactual_value", "target_change",
+                                   "output_tvd", "output_jsd", "attention_jsd", "max_attention"]
+    assert len(table) == len(TEXTS) * 3 and table["sample"].tolist()[:4] == [0, 1, 2, 0]
+    row = table[(table.example == 1) & (table["sample"] == 2)].iloc[0]
+    assert row.output_tvd == float(permuted.output_tvd[1, 2]) and row.original_value == float(permuted.original_value[1])
+    assert row.target_change == pytest.approx(row.original_value - row.counterfactual_value, abs=1e-7)
     with pytest.raises(InputError, match=r"unknown counterfactual attention 'random': use one of uniform, permuted"):
         probe.counterfactual_attention(pm, examples, "random")
 
@@ -271,6 +290,16 @@ def test_capture_matches_hf_eager_attentions(loaded):
         n = int(real[i].sum())
         # attention weights: bounded by 1, absolute
         torch.testing.assert_close(maps.weights[i, :, :, :n, :n], expected[i, :, :, :n, :n], rtol=1e-5, atol=1e-6)
+    table = maps.to_pandas()
+    assert list(table.columns) == ["batch", "layer", "head", "query", "key", "weight"]
+    assert len(table) == maps.weights.numel()
+    cell = table[(table.batch == 1) & (table.layer == 1) & (table["head"] == 3) & (table["query"] == 2) & (table.key == 1)]
+    assert cell.weight.tolist() == [float(maps.weights[1, 1, 3, 2, 1])]
+    with probe.capture(pm, queries="first", layers=[1], heads=[2], attention_mask=batch["attention_mask"]) as cap, \
+            torch.no_grad():
+        pm.model(**batch)
+    first = cap.maps().to_pandas()  # the captured layer and head keep the model's indices
+    assert set(first.layer) == {1} and set(first["head"]) == {2} and set(first["query"]) == {0}
     from probe.hooks.registry import installed_wrappers
 
     assert installed_wrappers() == []  # the block removed its hooks
@@ -288,16 +317,35 @@ def test_run_study_returns_tables_and_a_typed_verdict(tiny_dirs, tmp_path):
         references=["loo_delete", "loo_mask"], metrics={"erasure": None, "counterfactual": None, "heads": None},
         dataset={"name": str(data), "n": 6, "seed": 1}))
     run = probe.run_study(study, out=tmp_path / "run", report=False)
-    assert run.complete and run.out == tmp_path / "run" and run.computed == (0, 1)
+    assert isinstance(run, probe.StudyResult) and not hasattr(probe, "StudyRun")  # one result type
+    assert run.complete and run.root == tmp_path / "run" and run.computed == (0, 1)
     on_disk = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert isinstance(run.verdict, probe.Verdict)
     assert run.verdict.answer == on_disk["answer"] and run.verdict.headline == on_disk["headline"]
     assert run.verdict.layer_units.total == on_disk["layer_units"]["total"] == pm_layers(tiny_dirs)
+    assert run.verdict.to_dict() == on_disk
     assert {"examples", "agreement", "scores", "summary", "paired"} <= set(run.tables)
     assert len(run.tables["examples"]) == 6 and run.provenance is not None
+    assert run.summary is run.tables["summary"] and run.paired is run.tables["paired"]
+    # to_pandas is the summary table, as stored
+    pd.testing.assert_frame_equal(run.to_pandas(), pd.read_parquet(tmp_path / "run" / "summary.parquet"),
+                                  check_dtype=False)
+    families = run.verdict.to_pandas()
+    assert list(families.columns) == ["family", "answer", "layer_tracking", "layer_total", "head_tracking",
+                                      "head_total", "best_layer", "best_layer_mean", "best_head", "best_head_mean"]
+    weights = families.set_index("family").loc["attention weights"]
+    info = on_disk["families"]["attention weights"]
+    assert weights.layer_total == info["layer_units"]["total"] == pm_layers(tiny_dirs)
+    assert weights.best_layer == info["best_layer"]["unit"] and weights.best_layer_mean == info["best_layer"]["mean"]
     again = probe.load_results(tmp_path / "run")
+    assert isinstance(again, probe.StudyResult)
     assert again.verdict == run.verdict and again.computed == ()
     with pytest.raises(AttributeError):
         run.verdict.answer = "yes"  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.computed = ()  # the result is frozen too
+    with pytest.raises(TypeError):
+        run.tables["summary"] = None  # a read-only view
 
 
 def pm_layers(tiny_dirs) -> int:
@@ -306,7 +354,7 @@ def pm_layers(tiny_dirs) -> int:
 
 
 def test_verdict_refuses_what_is_not_a_verdict(tmp_path):
-    from probe.study.verdict import Verdict
+    from probe.report.verdict import Verdict
 
     with pytest.raises(InputError, match="not a verdict: it lacks answer, headline"):
         Verdict.from_dict({"reference": "loo_delete"})
@@ -327,6 +375,11 @@ def test_audit_from_a_dict_with_a_loaded_model(tiny_dirs, loaded):
     }, model=pm)
     (claim,) = result.claims
     assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 3
+    table = result.to_pandas()
+    assert list(table.columns) == ["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n", "threshold",
+                                   "measure", "intervention", "seconds"]
+    assert table.claim.tolist() == ["head 0.1 matters"] and table.verdict.tolist() == [claim.verdict]
+    assert table.effect.iloc[0] == claim.effect and table.ci_high.iloc[0] == claim.ci[1] and table.n.iloc[0] == claim.n
     with pytest.raises(InputError, match="claims must be a claim file's path, a ClaimFile or a dict, got int"):
         probe.audit(3)
 

@@ -116,6 +116,26 @@ def test_run_writes_every_table_and_a_verdict(full_run):
     assert set(prov["versions"]) >= {"probe", "torch", "transformers", "captum"}
 
 
+def test_finalize_returns_the_frozen_verdict_it_wrote(full_run, tmp_path):
+    import dataclasses
+
+    from probe.report.verdict import Verdict
+    from probe.study.store import write_json
+
+    _, result, out = full_run
+    verdict = result.verdict
+    assert isinstance(verdict, Verdict) and verdict == Verdict.read(out)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        verdict.answer = "no"
+    # the verdict was complete before it was made: sanity, unreliable and redundant are in it, last
+    data = verdict.to_dict()
+    assert list(data)[-4:] == ["headline", "sanity", "unreliable", "redundant"] and data["sanity"]
+    write_json(tmp_path / "again.json", data)
+    assert (tmp_path / "again.json").read_bytes() == (out / "verdict.json").read_bytes()
+    data["answer"], data["families"] = "changed", {}
+    assert verdict.to_dict()["answer"] == verdict.answer != "changed" and verdict.to_dict()["families"]
+
+
 def test_agreement_rows_equal_scipy_on_the_stored_scores(full_run):
     """The independent oracle: recompute tau/rho from the stored score table with scipy."""
     _, _, out = full_run
@@ -371,11 +391,11 @@ def test_real_model_study_ceiling_beats_random(tmp_path):
         "statistics": {"bootstrap": 500}, "engine": {"batch_size": 8}, "output": str(tmp_path / "real")})
     result = run_study(study, progress=False, log=lambda _: None)
     verdict = result.verdict
-    assert verdict["ceiling"]["pair"] == ["loo_delete", "loo_mask"]
-    assert verdict["ceiling"]["ci"][0] > verdict["random"]["ci"][1]
+    assert verdict.ceiling["pair"] == ["loo_delete", "loo_mask"]
+    assert verdict.ceiling["ci"][0] > verdict.random["ci"][1]
     # the headline counts the attention weights (attention_mean at each of 6 layers); rollout is its own family
-    assert verdict["layer_units"]["total"] == 6 and verdict["headline_family"] == "attention weights"
-    assert verdict["families"]["attention-derived"]["layer_units"]["total"] == 6
+    assert verdict.layer_units.total == 6 and verdict.data["headline_family"] == "attention weights"
+    assert verdict.families["attention-derived"]["layer_units"]["total"] == 6
     prov = json.loads((tmp_path / "real" / "provenance.json").read_text())
     assert prov["accuracy"] >= 0.6 and prov["model"]["builtin"]
 

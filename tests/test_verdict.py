@@ -156,3 +156,30 @@ def test_nothing_compared_at_all_is_undecidable_not_an_error():
     empty = _agreement(GOOD).iloc[0:0]
     v = verdict(empty, summary_table(empty, study), study, "m", profile=_profile(max_abs=0.0, all_zero=True))[0]
     assert v["answer"] == "undecidable" and v["families"] == {} and v["best_gradient"] is None
+
+
+def test_the_verdict_is_whole_when_built_and_its_table_has_a_row_per_family():
+    from probe.metrics.sanity import Check
+    from probe.report.verdict import Verdict
+
+    study = _study()
+    agreement = _agreement(GOOD)
+    check = Check(method="rollout", check="randomisation", status="fail", value=0.99, detail="unchanged")
+    groups = [{"description": "attention_mean L0 = alti L0", "units": ["attention_mean L0", "alti L0"]}]
+    v, _ = verdict(agreement, summary_table(agreement, study), study, "m", unreliable={"rollout": ["randomisation"]},
+                   sanity=[check], redundant=groups)
+    assert list(v)[-4:] == ["headline", "sanity", "unreliable", "redundant"]
+    assert v["sanity"] == [check.to_dict()] and v["redundant"] == groups
+    assert v["headline"].endswith("rollout (randomisation). Identical rankings: attention_mean L0 = alti L0.")
+    decided = Verdict.from_dict(v)
+    assert decided.to_dict() == v and decided.to_dict() is not decided.data
+    table = decided.to_pandas()
+    assert list(table.family) == list(v["families"]) == ["attention weights", "attention-derived", "context mixing"]
+    derived = table.set_index("family").loc["attention-derived"]
+    assert derived.answer == "no" and derived.layer_tracking == 0 and derived.layer_total == 1  # rollout failed its check
+    weights = table.set_index("family").loc["attention weights"]
+    assert weights.best_layer == "attention_mean L0" and weights.layer_tracking == 1
+    assert weights.best_layer_mean == pytest.approx(v["families"]["attention weights"]["best_layer"]["mean"])
+    assert weights.best_head is None and np.isnan(weights.best_head_mean)  # this study has no single heads
+    empty = Verdict.from_dict({**v, "families": {}}).to_pandas()
+    assert not len(empty) and "best_head_mean" in empty.columns

@@ -29,6 +29,8 @@ from probe.spec.claims import (
 from probe.study.examples import prepare_examples, select_examples
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from probe.models.core import ProbeModel
 
 __all__ = ["AuditResult", "run_audit"]
@@ -49,6 +51,18 @@ class AuditResult:
     def to_dict(self) -> dict:
         return clean_json({"source": self.source, "description": self.description, "model": self.model, "data": self.data, "statistics": self.statistics,
                        "claims": [c.to_dict() for c in self.claims], "seconds": round(self.seconds, 3)})
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per claim, in the claim file's order: ``claim``, ``kind``, ``verdict`` (supported,
+        refuted or inconclusive), ``effect`` with its CI ``ci_low`` / ``ci_high``, ``n``,
+        ``threshold``, ``measure``, ``intervention``, ``seconds``."""
+        import pandas as pd
+
+        columns = ["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n", "threshold", "measure",
+                   "intervention", "seconds"]
+        rows = [(c.claim, c.kind, c.verdict, float(c.effect), float(c.ci[0]), float(c.ci[1]), int(c.n),
+                 float(c.threshold), c.measure, c.intervention, float(c.seconds)) for c in self.claims]
+        return pd.DataFrame.from_records(rows, columns=columns)
 
     def write(self, out_dir: str | Path) -> list[Path]:
         """audit.json, audit.md and audit.html in ``out_dir`` (created)."""

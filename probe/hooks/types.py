@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 QuerySpec = None | str | Sequence[int] | torch.Tensor
 
@@ -33,6 +36,19 @@ class AttentionMaps:
     def shape(self) -> dict[str, int]:
         b, l, h, q, k = self.weights.shape
         return {"batch": b, "layer": l, "head": h, "query": q, "key": k}
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (batch, layer, head, query row, key): ``layer`` and ``head`` as captured (the
+        model's indices), ``query`` the row's position (``query_index``), ``weight``. B x L x H x Q x K rows."""
+        import pandas as pd
+
+        b, _, _, q, k = self.weights.shape
+        index = pd.MultiIndex.from_product([range(b), self.layers, self.heads, range(q), range(k)],
+                                           names=["batch", "layer", "head", "row", "key"])
+        weights = self.weights.detach().cpu().double().reshape(-1).numpy()
+        frame = pd.DataFrame({"weight": weights}, index=index).reset_index()
+        frame.insert(4, "query", self.query_index.cpu().numpy()[frame["batch"], frame["row"]])
+        return frame.drop(columns="row")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import torch
 from probe import registry
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
+from probe.rows.frames import grid_frame
 from probe.rows.queries import (
     TargetQueries,
     capture_masks,
@@ -52,6 +53,8 @@ from probe.rows.target import (
 )
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from probe.models.core import ProbeModel
 
 LN2 = math.log(2.0)
@@ -109,6 +112,15 @@ class CounterfactualResult:
             jsd = torch.where(self.feasible, self.attention_jsd, torch.zeros_like(self.attention_jsd))
             out["max_attention_jsd"] = jsd.max(dim=1).values
         return out
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (example, sample): the ``[example, sample]`` fields, ``target_change``, the
+        example's ``original_value`` and ``max_attention`` and (adversarial) ``feasible``."""
+        extra = {"feasible": self.feasible} if self.feasible is not None else {}
+        return grid_frame(("example", "sample"), {
+            "original_value": self.original_value[:, None], "counterfactual_value": self.counterfactual_value,
+            "target_change": self.target_change, "output_tvd": self.output_tvd, "output_jsd": self.output_jsd,
+            "attention_jsd": self.attention_jsd, "max_attention": self.max_attention[:, None], **extra})
 
 
 # ---------------------------------------------------------------------------

@@ -21,10 +21,13 @@ import torch
 
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
+from probe.rows.frames import grid_frame
 from probe.rows.queries import capture_masks, eval_mode
 from probe.rows.target import PreparedExample, build_rows, target_values
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from probe.models.core import ProbeModel
 
 HeadSet = Collection[tuple[int, int]]  # {(layer, head), ...}
@@ -106,6 +109,11 @@ class HeadEffects:
         """[layer, head] mean over examples of |change|."""
         return self.change.abs().mean(dim=0)
 
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (example, layer, head): ``original``, ``ablated``, ``change``."""
+        return grid_frame(("example", "layer", "head"), {"original": self.original[:, None, None],
+                                                         "ablated": self.ablated, "change": self.change})
+
 
 def head_ablation_effects(pm: ProbeModel, examples: Sequence[PreparedExample], *, stack: str | None = None,
                           batch_size: int = 32) -> HeadEffects:
@@ -130,6 +138,11 @@ class HeadImportance:
     per_example: torch.Tensor  # [example, layer, head] |dL/dxi_h|
     ablation: HeadEffects | None
     params: dict = dataclasses.field(default_factory=dict)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (layer, head): ``importance``, ``raw`` and, with the ablation, its ``mean_abs_change``."""
+        extra = {"mean_abs_change": self.ablation.mean_abs_change} if self.ablation is not None else {}
+        return grid_frame(("layer", "head"), {"importance": self.importance, "raw": self.raw, **extra})
 
 
 def _loss_rows(examples: Sequence[PreparedExample], loss: str) -> list[PreparedExample]:

@@ -28,7 +28,7 @@ def redundant_units(r: StudyResult) -> dict[str, list[str]]:
     """Unit name -> the units of its group (the verdict's ``redundant``: identical rankings on
     >= 95% of the examples), for units in a group of two or more; {} when none or no verdict."""
     out: dict[str, list[str]] = {}
-    for group in (r.verdict or {}).get("redundant") or []:
+    for group in (r.verdict.data.get("redundant") if r.verdict is not None else None) or []:
         units = [str(u) for u in group.get("units") or []]
         for unit in units:
             out[unit] = units

@@ -107,7 +107,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
 
 
 def _study_row(r: StudyResult) -> dict:
-    v = r.verdict or {}
+    v = r.verdict.data if r.verdict is not None else {}
     lu, hu = v.get("layer_units") or {}, v.get("head_units") or {}
     best_layer = (v.get("best_layers") or [None])[0]
     best_head = (v.get("best_heads") or [None])[0]
@@ -158,8 +158,8 @@ def _studies_section(results: list[StudyResult], labels: list[str], w: Writer) -
                    "studies: compare numbers only where they match)."),
               Table(side_by_side.reset_index(), caption="verdicts and headline numbers, one column per study", csv=csv)]
     for label, r in zip(labels, results):
-        if r.verdict:
-            blocks.append(Para(f"{label}: {r.verdict.get('headline', '')}"))
+        if r.verdict is not None:
+            blocks.append(Para(f"{label}: {r.verdict.headline}"))
         elif not r.complete:
             blocks.append(Para(f"{label}: PARTIAL ({r.batches_done} of {r.batches_total or '?'} batches); "
                                "no verdict yet.", "note"))

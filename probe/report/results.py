@@ -9,35 +9,63 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION, TABLES, measure_columns
+from probe.report.verdict import Verdict
 from probe.spec.study import StatisticsSpec, Study
 
 
-@dataclass
+@dataclass(frozen=True)
 class StudyResult:
-    """One result folder, read. ``complete`` is False for a run whose batches are not all done:
-    its tables then hold the finished batches only, and it has no verdict, paired tests or
-    provenance (``summary`` is computed from the parts)."""
+    """One study's result folder, read: what :func:`probe.run_study` and :func:`probe.load_results`
+    return, and what a report is rendered from.
+
+    ``root``: the folder. ``tables``: the stored tables by name (examples, tokens, scores,
+    agreement, erasure, counterfactual, heads, ...: those the study computes) plus ``summary`` and,
+    once complete, ``paired``. ``verdict``: the typed :class:`~probe.report.verdict.Verdict` (its
+    ``data`` / ``to_dict()`` is the whole ``verdict.json``), None until every batch is done.
+    ``computed``: the batches the call that returned this computed (empty when read from disk).
+
+    ``complete`` is False for a run whose batches are not all done: its tables then hold the
+    finished batches only, and it has no verdict, paired tests or provenance (``summary`` is
+    computed from the parts)."""
 
     root: Path
     spec: Study
     fingerprint: str | None
-    tables: dict[str, pd.DataFrame]
-    summary: pd.DataFrame | None
-    paired: pd.DataFrame | None
-    verdict: dict | None
+    tables: Mapping[str, pd.DataFrame]
+    verdict: Verdict | None
     provenance: dict | None
     complete: bool
     batches_done: int
     batches_total: int | None
     batch_infos: list[dict] = field(default_factory=list)
+    computed: tuple[int, ...] = ()
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The summary table (a copy): one row per (role, explainer, reference, layer, head,
+        measure) with ``n``, ``mean``, ``std``, the bootstrap CI ``ci_low`` / ``ci_high`` and
+        ``sig_frac``: each unit's agreement with each reference, what one reads first. The
+        per-example rows behind it are ``tables["agreement"]``."""
+        summary = self.summary
+        return pd.DataFrame() if summary is None else summary.copy()
+
+    @property
+    def summary(self) -> pd.DataFrame | None:
+        return self.tables.get("summary")
+
+    @property
+    def paired(self) -> pd.DataFrame | None:
+        """The per-unit paired tests of the verdict (``paired.parquet``); None before it."""
+        return self.tables.get("paired")
 
     # ---------------------------------------------------------------- the study's settings
 
@@ -56,14 +84,14 @@ class StudyResult:
     @property
     def reference(self) -> str:
         """The verdict reference: the verdict's, else ``statistics.reference`` or the first reference."""
-        if self.verdict and self.verdict.get("reference"):
-            return str(self.verdict["reference"])
+        if self.verdict is not None and self.verdict.reference:
+            return self.verdict.reference
         return self.spec.verdict_reference
 
     @property
     def measure(self) -> str:
-        if self.verdict and self.verdict.get("measure"):
-            return str(self.verdict["measure"])
+        if self.verdict is not None and self.verdict.measure:
+            return self.verdict.measure
         # before the verdict (a partial run) auto has not chosen yet: the rank correlation it starts from
         measure = self.spec.statistics.measure
         return "kendall_tau" if measure == "auto" else measure
@@ -150,15 +178,16 @@ def load_result(path: str | Path) -> StudyResult:
     total = _batches_total(study, done)
     if complete:
         tables = {name: _tidy(_read_parquet(p, root)) for name, p in merged.items() if p.is_file()}
-        summary = _tidy(_read_parquet(root / "summary.parquet", root))
+        tables["summary"] = _tidy(_read_parquet(root / "summary.parquet", root))
         paired_path = root / "paired.parquet"
-        paired = _tidy(_read_parquet(paired_path, root)) if paired_path.is_file() else None
-        verdict = _read_json(root / "verdict.json", root)
+        if paired_path.is_file():
+            tables["paired"] = _tidy(_read_parquet(paired_path, root))
+        verdict = Verdict.from_dict(_read_json(root / "verdict.json", root), source=str(root / "verdict.json"))
         prov_path = root / "provenance.json"
         provenance = _read_json(prov_path, root) if prov_path.is_file() else None
         n_batches = int((provenance or {}).get("batches") or len(done) or 1)
-        return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"), tables=tables,
-                           summary=summary, paired=paired, verdict=verdict, provenance=provenance, complete=True,
+        return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"),
+                           tables=MappingProxyType(tables), verdict=verdict, provenance=provenance, complete=True,
                            batches_done=n_batches, batches_total=n_batches, batch_infos=infos)
     if not done:
         raise InputError(f"{root} holds the study {study.name!r} but no finished batch yet: "
@@ -173,9 +202,9 @@ def load_result(path: str | Path) -> StudyResult:
     if "examples" not in tables or "agreement" not in tables:
         raise InputError(f"{root} has done markers but no examples/agreement parts under parts/; "
                          "the folder is damaged: rerun the study")
-    summary = partial_summary(tables["agreement"], study.statistics)
-    return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"), tables=tables, summary=summary,
-                       paired=None, verdict=None, provenance=None, complete=False, batches_done=len(done),
+    tables["summary"] = partial_summary(tables["agreement"], study.statistics)
+    return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"), tables=MappingProxyType(tables),
+                       verdict=None, provenance=None, complete=False, batches_done=len(done),
                        batches_total=total, batch_infos=infos)
 
 

@@ -39,7 +39,7 @@ def _kv_map(r: StudyResult) -> list[int] | None:
 
 
 def verdict_section(r: StudyResult) -> Section:
-    v = r.verdict or {}
+    v = r.verdict.data if r.verdict is not None else {}
     blocks = [Para(str(v.get("answer", "?")), "answer"), Para(str(v.get("headline", "")), "lead")]
     layer_units, head_units = v.get("layer_units") or {}, v.get("head_units") or {}
     level = v.get("level", 0.95)

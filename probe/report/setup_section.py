@@ -196,7 +196,7 @@ def _provenance_rows(r: StudyResult, p: dict) -> list[tuple[str, str]]:
 
 def _sanity_blocks(r: StudyResult, w: Writer) -> list:
     """The sanity checks (verdict.json's ``sanity``): a table, and the randomisation curves."""
-    checks = (r.verdict or {}).get("sanity")
+    checks = (r.verdict.data.get("sanity") if r.verdict is not None else None)
     if checks is None:
         return [Para("Sanity checks", "h3"), Para("This result has no sanity checks (run before they existed, or "
                                                   "not complete).", "note")]

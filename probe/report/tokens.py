@@ -50,7 +50,7 @@ def token_examples(r: StudyResult, n: int = 3) -> tuple[dict | None, list[TokenE
     high = list(per.index[:n])
     low = [e for e in per.index[::-1] if e not in high][:n]
     chosen = high + low
-    grad = (r.verdict or {}).get("best_gradient") or best_gradient(r, r.reference)
+    grad = (r.verdict.best_gradient if r.verdict is not None else None) or best_gradient(r, r.reference)
     grad_name = grad["explainer"] if grad else next((m for m in r.explainers + r.references
                                                       if family(m) == "gradient"), None)
     methods = [unit["explainer"], grad_name, r.reference]

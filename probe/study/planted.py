@@ -78,14 +78,16 @@ def run_planted(template: Study, *, names: Sequence[str] | None = None, results:
         del pm
         log(f"planted {name}: {recipe.truth}")
         run = run_study(study, progress=False, report=False, log=lambda text: None)
-        v = run.verdict or {}
-        families = {k: f["answer"] for k, f in (v.get("families") or {}).items()}
+        v = run.verdict
+        answer = v.answer if v is not None else None
+        families = {k: f["answer"] for k, f in v.families.items()} if v is not None else {}
         rows.append({"model": name, "task": recipe.task, "truth": recipe.truth, "expected": " or ".join(recipe.expected),
-                     "answer": v.get("answer"), "right": v.get("answer") in recipe.expected,
-                     "measure": v.get("measure"), "undecidable": v.get("undecidable") or "",
+                     "answer": answer, "right": answer in recipe.expected,
+                     "measure": v.measure if v is not None else None,
+                     "undecidable": (v.undecidable if v is not None else None) or "",
                      "families": "; ".join(f"{k}: {a}" for k, a in families.items()), "why": recipe.why,
-                     "headline": v.get("headline", "")})
-        log(f"planted {name}: {v.get('answer')} (expected {' or '.join(recipe.expected)})")
+                     "headline": v.headline if v is not None else ""})
+        log(f"planted {name}: {answer} (expected {' or '.join(recipe.expected)})")
     return pd.DataFrame(rows)
 
 

@@ -26,6 +26,7 @@ import torch
 from probe import registry
 from probe.errors import InputError
 from probe.names import method_family as family
+from probe.report.verdict import Verdict
 from probe.rows.target import PreparedExample
 from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
@@ -40,15 +41,20 @@ if TYPE_CHECKING:
     from probe.spec.study import Study
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
+    """What one call of :func:`run_study` did: the batches it computed and found done, and once every
+    batch is done the verdict (None on a shard other than the one that merges). The runner's own
+    answer, for the CLI; the result a user reads is :class:`probe.report.results.StudyResult`, which
+    :func:`probe.api.run_study` returns."""
+
     out: Path
     n_examples: int
     n_batches: int
     computed: list[int]
     skipped: list[int]
     complete: bool
-    verdict: dict | None = None
+    verdict: Verdict | None = None
 
 
 def prepare_study_examples(pm: ProbeModel, study: Study, texts: Sequence[str],
@@ -229,7 +235,7 @@ def _barrier(dist_info: tuple[int, int] | None) -> None:
 
 
 def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_batches: int, dropped: dict,
-            load_seconds: float, report: bool, log: Callable[[str], None]) -> dict:
+            load_seconds: float, report: bool, log: Callable[[str], None]) -> Verdict:
     """Every batch is done: the sanity checks, the statistics and the verdict, then the report."""
     sample = data[: study.metrics.sanity.examples]
     checks = study_sanity(pm, study, prepare_study_examples(pm, study, [e.text for e in sample],
@@ -362,4 +368,4 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
 
 
-__all__ = ["RunResult", "run_study", "prepare_study_examples", "output_folder"]
+__all__ = ["run_study", "prepare_study_examples", "output_folder"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,12 +49,14 @@ from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.registry import VERDICT_FAMILIES, find
+from probe.report.verdict import Verdict
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.identity import weights_digest
 from probe.study.store import ResultStore, write_json, write_table
 
 if TYPE_CHECKING:
+    from probe.metrics.sanity import Check
     from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
@@ -110,14 +113,18 @@ def reference_words(ref: str, study) -> str:
 
 def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
             unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
-            measure: str | None = None, measure_why: str = "set by the study") -> tuple[dict, pd.DataFrame]:
-    """Apply the rule (module docstring); returns the verdict and the per-unit paired tests.
+            measure: str | None = None, measure_why: str = "set by the study", sanity: Sequence[Check] = (),
+            redundant: Sequence[dict] = ()) -> tuple[dict, pd.DataFrame]:
+    """Apply the rule (module docstring); returns the whole verdict (what ``verdict.json`` holds)
+    and the per-unit paired tests.
 
     ``unreliable``: methods that failed a sanity check (method -> checks): their units never track,
     and they are used neither as the gradient bar nor in a ceiling. A ceiling is an agreement
     between references: two interventions, or a reliable gradient method and an intervention.
     ``profile``: the verdict reference's :class:`probe.study.decide.ReferenceProfile` (noise floor,
-    concentration); ``measure``: the measure the verdict uses (default the study's)."""
+    concentration); ``measure``: the measure the verdict uses (default the study's).
+    ``sanity``: the study's checks (the verdict's ``sanity``); ``redundant``: the groups of units
+    with identical rankings (:func:`probe.study.checks.redundancy`), named in the headline."""
     unreliable = unreliable or {}
     st = study.statistics
     ref = study.verdict_reference
@@ -161,7 +168,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     own = _where(paired, (verdict_family(e) == headline_family for e in paired.explainer)) if len(paired) else paired
     layer_units = own[own["head"] < 0] if len(own) else own
     head_units = own[own["head"] >= 0] if len(own) else own
-    result = {
+    fields = {
         "answer": answer, "rule": RULE, "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute)
         else "signed", "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
         "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
@@ -176,14 +183,17 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
         "reference_profile": profile.to_dict() if profile is not None else None,
         "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
     }
-    result["headline"] = _headline(model_name, result, study)
+    headline = [_headline(model_name, fields, study)]
     if unreliable:
-        result["headline"] += (" Failed sanity checks (their units never track; never the gradient bar nor in a "
-                               "ceiling): " + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
+        headline.append(" Failed sanity checks (their units never track; never the gradient bar nor in a ceiling): "
+                        + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
     if above:
-        result["headline"] += " Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + "."
-    for warning in warnings:
-        result["headline"] += f" Warning: {warning}."
+        headline.append(" Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + ".")
+    headline += [f" Warning: {warning}." for warning in warnings]
+    if redundant:
+        headline.append(" Identical rankings: " + "; ".join(g["description"] for g in redundant) + ".")
+    result = {**fields, "headline": "".join(headline), "sanity": [c.to_dict() for c in sanity],
+              "unreliable": unreliable, "redundant": list(redundant)}
     return result, paired
 
 
@@ -426,8 +436,9 @@ def _accuracy(examples: pd.DataFrame) -> float | None:
 
 
 def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
-             sanity=None) -> dict:
-    """Merge the parts, compute the statistics and the verdict, write them; returns the verdict.
+             sanity: Sequence[Check] | None = None) -> Verdict:
+    """Merge the parts, compute the statistics and the verdict, write them; returns the verdict
+    (frozen; ``verdict.json`` holds its :meth:`~probe.report.verdict.Verdict.to_dict`).
     ``sanity``: the study's :class:`probe.metrics.sanity.Check` list (``sanity.parquet``, and the
     verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
     from probe.metrics.sanity import failed_methods
@@ -449,14 +460,10 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
     profile = found.get(study.verdict_reference)
     measure, why = decide.choose_measure(study.statistics.measure, profile, list(agreement.columns))
     result, paired = verdict(agreement, summary, study, study.model.id, unreliable=unreliable, profile=profile,
-                             measure=measure, measure_why=why)
-    result["sanity"] = [c.to_dict() for c in checks]
-    result["unreliable"] = unreliable
-    result["redundant"] = groups
-    if groups:
-        result["headline"] += " Identical rankings: " + "; ".join(g["description"] for g in groups) + "."
+                             measure=measure, measure_why=why, sanity=checks, redundant=groups)
+    decided = Verdict.from_dict(result)
     write_table(store.root / "paired.parquet", paired)
     write_table(store.root / "comparisons.parquet", comparisons(agreement, study, measure))
     write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
-    write_json(store.root / "verdict.json", result)
-    return result
+    write_json(store.root / "verdict.json", decided.to_dict())
+    return decided

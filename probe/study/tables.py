@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from probe.spec.study import Study
 
 __all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_rows", "ranking_vectors",
-           "score_rows", "token_rows", "units"]
+           "score_rows", "token_rows"]
 
 BASELINES_DOC = {
     "random": "a seeded random permutation of the scored tokens",
@@ -34,18 +34,6 @@ BASELINES_DOC = {
 
 
 # --------------------------------------------------------------------------- agreement
-
-
-def units(scores: TokenScores, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An example's score rows ``[M, T]`` with the layer and head of each row (-1: not applicable)."""
-    s = scores.scores[index].double().numpy()
-    if s.ndim == 3:
-        n_layers, n_heads, _ = s.shape
-        layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-        return s.reshape(n_layers * n_heads, -1), layer, head
-    if s.ndim == 2:
-        return s, np.arange(s.shape[0]), np.full(s.shape[0], -1)
-    return s[None], np.array([-1]), np.array([-1])
 
 
 class _Columns:
@@ -115,7 +103,7 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
                 x, layer, head = np.zeros((1, len(y))), np.array([-1]), np.array([-1])
             else:
                 source = baselines[explainer] if role == "baseline" else scores[explainer]
-                x, layer, head = units(source, i)
+                x, layer, head = source.unit_rows(i)
                 if explainer in absolute:
                     x = np.abs(x)
             keep = scorable & np.isfinite(y) & np.isfinite(x).all(axis=0)
@@ -266,13 +254,10 @@ def _head_frame(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.
 def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
     frames = []
     for name, result in scores.items():
-        for i in range(len(examples)):
-            x, layer, head = units(result, i)
-            m, t = x.shape
-            frames.append(pd.DataFrame({
-                "example": first_index + i, "method": name,
-                "layer": np.repeat(layer, t).astype(np.int16), "head": np.repeat(head, t).astype(np.int16),
-                "position": np.tile(np.arange(t), m).astype(np.int32), "score": x.ravel().astype(np.float32)}))
+        frame = result.to_pandas()
+        frame["example"] += first_index
+        frame.insert(1, "method", name)
+        frames.append(frame.astype({"layer": np.int16, "head": np.int16, "position": np.int32, "score": np.float32}))
     return pd.concat(frames, ignore_index=True)
 
 

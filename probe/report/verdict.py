@@ -1,16 +1,22 @@
-"""The study's verdict as a typed, frozen object, read from ``verdict.json`` (written by
-:func:`probe.study.summary.verdict`). Torch-free: a report or a notebook reads it without a model."""
+"""The study's verdict as a typed, frozen object: :func:`probe.study.summary.finalize` makes it from
+the verdict :func:`probe.study.summary.verdict` builds and writes its :meth:`Verdict.to_dict` to
+``verdict.json``; :meth:`Verdict.read` reads it back. Torch-free: a report or a notebook reads it
+without a model."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ANSWERS = ("yes", "heads only", "no", "undecidable")
 
@@ -21,6 +27,11 @@ class UnitCount:
 
     tracking: int
     total: int
+
+
+def _mean(unit: Mapping[str, Any]) -> float:
+    mean = unit.get("mean")
+    return float("nan") if mean is None else float(mean)
 
 
 @dataclass(frozen=True)
@@ -63,8 +74,34 @@ class Verdict:
         """True when the answer is yes or heads only."""
         return self.answer in ("yes", "heads only")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The whole verdict as plain dicts and lists, keys in the order they were built: what
+        ``verdict.json`` holds (a copy; changing it changes nothing here)."""
+        return copy.deepcopy(dict(self.data))
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per family of attention explanation (the order of ``families``; the headline's
+        family first): ``family``, ``answer``, ``layer_tracking`` / ``layer_total`` and
+        ``head_tracking`` / ``head_total`` (units that track the reference, of how many),
+        ``best_layer`` / ``best_layer_mean`` and ``best_head`` / ``best_head_mean`` (the family's best
+        unit by mean agreement; None and NaN where it has none)."""
+        import pandas as pd
+
+        columns = ["family", "answer", "layer_tracking", "layer_total", "head_tracking", "head_total",
+                   "best_layer", "best_layer_mean", "best_head", "best_head_mean"]
+        rows = []
+        for name, info in self.families.items():
+            layers, heads = info.get("layer_units") or {}, info.get("head_units") or {}
+            best_layer, best_head = info.get("best_layer") or {}, info.get("best_head") or {}
+            rows.append((name, info.get("answer"), int(layers.get("tracking", 0)), int(layers.get("total", 0)),
+                         int(heads.get("tracking", 0)), int(heads.get("total", 0)), best_layer.get("unit"),
+                         _mean(best_layer), best_head.get("unit"), _mean(best_head)))
+        frame = pd.DataFrame.from_records(rows, columns=columns)
+        return frame.astype({"layer_tracking": "int64", "layer_total": "int64", "head_tracking": "int64",
+                             "head_total": "int64", "best_layer_mean": "float64", "best_head_mean": "float64"})
+
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "verdict") -> "Verdict":
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "verdict") -> Verdict:
         """A :class:`Verdict` from the dict ``verdict.json`` holds; one-line :class:`InputError` if it is not one."""
         if not isinstance(data, Mapping):
             raise InputError(f"{source} is not a verdict: expected a mapping with answer, headline, reference, measure")
@@ -98,7 +135,7 @@ class Verdict:
         )
 
     @classmethod
-    def read(cls, path: str | Path) -> "Verdict":
+    def read(cls, path: str | Path) -> Verdict:
         """Read ``verdict.json``, or the one in a result folder."""
         path = Path(path)
         if path.is_dir():
