@@ -262,7 +262,7 @@ def run_probe(texts: list[str], steps: int, out: str, n: int, model: str, study_
     from peers_workloads import probe_agreement
 
     from probe.spec.study import load_study, study_from_dict
-    from probe.study.runner import run_study
+    from probe.api import run_study
 
     study = load_study(study_path, n=n, out=out)
     if model != study.model.id:
@@ -272,7 +272,7 @@ def run_probe(texts: list[str], steps: int, out: str, n: int, model: str, study_
     if steps != 50:
         raise SystemExit("the study file fixes 50 steps; use --steps 50 for probe")
     started = time.perf_counter()
-    result = run_study(study, progress=False, log=lambda _: None, report=True)
+    result = run_study(study, progress=False, report=True)
     total = time.perf_counter() - started
     root = Path(out)
     infos = [json.loads(p.read_text()) for p in sorted((root / "done").glob("b*.json"))]

@@ -25,7 +25,7 @@ _EXPORTS = {
     "registry": "probe.registry", "spec": "probe.spec",
     "ProbeModel": "probe.models.core", "TokenScores": "probe.rows.scores",
     "PreparedExample": "probe.rows.target", "TargetSpec": "probe.rows.target",
-    "AttentionContract": "probe.models.core", "Verdict": "probe.report.verdict",
+    "AttentionContract": "probe.models.core", "Verdict": "probe.study.verdict",
     "ProbeError": "probe.errors", "InputError": "probe.errors",
 }
 

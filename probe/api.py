@@ -16,7 +16,8 @@ This module imports torch; ``import probe`` does not (its names load on first us
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -437,11 +438,19 @@ def load_results(folder: str | Path) -> StudyResult:
 
 
 def run_study(study: Study | str | Path, *, out: str | Path | None = None, progress: bool = False,
-              report: bool = True) -> StudyResult:
+              report: bool = True, shard: tuple[int, int] | None = None, wait: bool = False,
+              force_new: bool = False, log: Callable[[str], None] | None = None) -> StudyResult:
     """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
     report is written there once complete. Returns the folder as :func:`load_results` reads it
-    (tables, typed verdict, provenance), with ``computed`` the batches this call ran."""
+    (tables, typed verdict, provenance), with ``computed`` the batches this call ran.
+
+    ``shard`` ``(i, n)``: compute only every n-th batch from batch i (several processes share a
+    study; the one that finds every batch done merges them). ``wait``: when another process holds
+    the folder, wait for it instead of refusing. ``force_new``: start over in a folder that holds
+    another study's results, or this study's on other data, weights or code. ``log``: where the
+    run's one-line messages go (resuming, waiting, the report's path; default: standard error with
+    ``progress``, else nowhere)."""
     import dataclasses
 
     from probe.report.results import load_result
@@ -459,7 +468,17 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
                          f"{str(study)[:40]!r}")
     elif out is not None:
         study = study.model_copy(update={"output": str(out)})
-    run = _run(study, progress=progress, report=report, log=(lambda _: None) if not progress else None)
+
+    if log is None:
+        log = (lambda text: print(text, file=sys.stderr)) if progress else (lambda _: None)
+
+    def write_report(root: Path) -> None:
+        from probe.report.build import build_report
+
+        log(f"report: {build_report(root).html}")
+
+    run = _run(study, shard=shard, progress=progress, log=log,
+               on_complete=write_report if report else None, wait=wait, force_new=force_new)
     return dataclasses.replace(load_result(run.out), computed=tuple(run.computed))
 
 

@@ -226,7 +226,7 @@ def explain(
     params = terminal.explain_params(names, steps=steps, seed=seed, site=site)
     explanation = api.explain(pm, examples, names, params={m: p for m, p in params.items() if m in names})
     results = dict(explanation.scores)
-    from probe.metrics.sanity import explain_checks
+    from probe.study.sanity import explain_checks
 
     checks = explain_checks(pm, examples, results, params)
     terminal.no_score_reasons(results, skipped)  # a method that gave no score for this input is listed, with why
@@ -282,15 +282,16 @@ def run(
     _quiet_libraries()
     import torch
 
-    from probe.study.runner import run_study
+    from probe.api import run_study
 
     _set_threads(torch, threads)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
-        result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new)
+        result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new,
+                           log=lambda text: print(text, file=sys.stderr))
     if result.verdict is not None:
         print(printable(f"{result.verdict.answer.upper()}: {result.verdict.headline}"))
-        print(f"results: {result.out}")
+        print(f"results: {result.root}")
 
 
 @app.command()

@@ -80,7 +80,7 @@ def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dic
     """The target line, what was skipped, the sanity summary and one table per family."""
     from rich.console import Console
 
-    from probe.metrics.sanity import summary_lines
+    from probe.study.sanity import summary_lines
 
     console = Console()
     target = example.describe()

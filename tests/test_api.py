@@ -58,7 +58,7 @@ def test_import_probe_stays_light_and_its_verbs_are_plain_functions():
     assert light == "[]"
     # importing the subpackages (explainers, hooks, claims) leaves the functions of the same verbs in place
     assert kinds == "function function function probe.methods"
-    assert names == "probe.report.verdict probe.api True"
+    assert names == "probe.study.verdict probe.api True"
     import inspect
 
     assert list(inspect.signature(probe.explain).parameters)[:3] == ["pm", "texts", "methods"]
@@ -354,7 +354,7 @@ def pm_layers(tiny_dirs) -> int:
 
 
 def test_verdict_refuses_what_is_not_a_verdict(tmp_path):
-    from probe.report.verdict import Verdict
+    from probe.study.verdict import Verdict
 
     with pytest.raises(InputError, match="not a verdict: it lacks answer, headline"):
         Verdict.from_dict({"reference": "loo_delete"})

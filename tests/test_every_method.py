@@ -67,7 +67,7 @@ def test_a_batch_of_one_equals_a_batch_of_several(loaded, kind, name):
 
 @pytest.mark.parametrize("name", [m.name for m in ENTRIES])
 def test_every_method_gets_the_sanity_checks_that_fit_it(loaded, name):
-    from probe.metrics.sanity import explain_checks
+    from probe.study.sanity import explain_checks
 
     pm, examples = _prepared(loaded, "bert")  # a norm right after its embeddings: degeneracy applies
     reason = _skip_reason(pm, examples, name)

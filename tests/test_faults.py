@@ -39,12 +39,15 @@ def _study(model, data, out, **overrides) -> dict:
     return study
 
 
-def _run(study: dict, logs: list | None = None, **kwargs):
+def _run(study: dict, logs: list | None = None, report: bool = True, **kwargs):
+    from probe.report.build import build_report
     from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
 
+    # the runner's own answer (RunResult), with the report written as probe.run_study writes it
     return run_study(study_from_dict(study), progress=False,
-                     log=(logs.append if logs is not None else (lambda _: None)), **kwargs)
+                     log=(logs.append if logs is not None else (lambda _: None)),
+                     on_complete=build_report if report else None, **kwargs)
 
 
 def _cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
@@ -592,7 +595,7 @@ def test_audit_terminal_output_and_reports_carry_no_control_characters(tiny_dirs
 
 def test_study_report_text_shows_control_characters_as_escapes():
     """Text from the data reaches report.md and report.html through these two escapes only."""
-    from probe.report.document import escape_html, md_escape
+    from probe.document import escape_html, md_escape
 
     for escape in (md_escape, escape_html):
         out = escape("a\x1b[2Jb\x00c\u202ed")

@@ -22,16 +22,16 @@ ROOT = Path(__file__).resolve().parents[1] / "probe"
 #: registered method by name) sits above both.
 RANKS = {
     "errors": 0, "names": 0, "registry": 0, "tasks": 0,
-    "data": 1, "planted_texts": 1, "spec": 1,
+    "data": 1, "planted_texts": 1, "spec": 1, "document": 1,
     "hooks": 2,
     "models": 3,
     "rows": 4, "predict": 4,
     "intervene": 5, "explainers": 5,
     "methods": 6,
     "metrics": 7,
-    "report": 8,
-    "study": 9,
-    "claims": 10, "terminal": 10,
+    "study": 8,
+    "report": 9, "claims": 9,  # siblings: the study report and the audit
+    "terminal": 10,
     "api": 11, "cli": 12, "__main__": 13,  # the CLI calls the Python API
 }
 

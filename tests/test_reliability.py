@@ -58,11 +58,14 @@ def _study(model, data, out, **overrides) -> dict:
     return study
 
 
-def _run(study: dict, **kwargs):
+def _run(study: dict, report: bool = True, **kwargs):
+    from probe.report.build import build_report
     from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
 
-    return run_study(study_from_dict(study), progress=False, log=lambda _: None, **kwargs)
+    # the runner's own answer (RunResult), with the report written as probe.run_study writes it
+    return run_study(study_from_dict(study), progress=False, log=lambda _: None,
+                     on_complete=build_report if report else None, **kwargs)
 
 
 # --------------------------------------------------------------------------- 1, 4: usage errors
@@ -135,7 +138,7 @@ def test_audit_markdown_escapes_claims_and_data(tiny_dirs, loaded, tmp_path):
 
 
 def test_md_escape_breaks_every_construct():
-    from probe.report.document import md_escape
+    from probe.document import md_escape
 
     for text in (HOSTILE, "- item", "1. item", "+ x", "`code`", "**bold** ~~gone~~", "a\nb\r\nc", "&lt;b&gt;"):
         out = md_escape(text)

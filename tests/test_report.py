@@ -463,7 +463,7 @@ def _audit_data(text: str) -> dict:
 def test_reports_and_audits_share_one_page_shell_and_escape_everything():
     from probe.claims.render import render_html as audit_html
     from probe.claims.render import render_markdown as audit_markdown
-    from probe.report.document import Document, Para, Section, render_html
+    from probe.document import Document, Para, Section, render_html
 
     nasty = INJECTED + ' & "quoted" [x](javascript:y)'
     audit = audit_html(_audit_data(nasty))

@@ -1,4 +1,4 @@
-"""Sanity checks (probe.metrics.sanity): degeneracy, IG completeness, cascading randomisation,
+"""Sanity checks (probe.study.sanity): degeneracy, IG completeness, cascading randomisation,
 redundancy; each can fail, and each says why when it cannot run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import probe.explainers.gradient_forward as GF
 import probe.explainers.integrated_gradients as IG
 from probe.explainers import gradients as G
-from probe.metrics import sanity as S
+from probe.study import sanity as S
 from probe.names import describe_group
 from probe.rows.target import TargetSpec, prepare
 

@@ -297,7 +297,7 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
                       params={"integrated_gradients": {"steps": "auto", "baseline": "unk"}})
     spec["metrics"] = {"top_k": [1], "erasure": {"rankings": ["saliency"], "bins": [50]}, "counterfactual": None,
                        "heads": None}
-    result = run_study(study_from_dict(spec), progress=False, log=lambda _: None, report=False)
+    result = run_study(study_from_dict(spec), progress=False, log=lambda _: None)
     assert result.complete
     out = tmp_path / "out"
     info = __import__("json").loads((out / "done" / "b00000.json").read_text())

@@ -119,7 +119,7 @@ def test_run_writes_every_table_and_a_verdict(full_run):
 def test_finalize_returns_the_frozen_verdict_it_wrote(full_run, tmp_path):
     import dataclasses
 
-    from probe.report.verdict import Verdict
+    from probe.study.verdict import Verdict
     from probe.study.store import write_json
 
     _, result, out = full_run

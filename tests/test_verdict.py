@@ -159,8 +159,8 @@ def test_nothing_compared_at_all_is_undecidable_not_an_error():
 
 
 def test_the_verdict_is_whole_when_built_and_its_table_has_a_row_per_family():
-    from probe.metrics.sanity import Check
-    from probe.report.verdict import Verdict
+    from probe.study.sanity import Check
+    from probe.study.verdict import Verdict
 
     study = _study()
     agreement = _agreement(GOOD)

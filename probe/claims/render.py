@@ -2,9 +2,9 @@
 (or from a stored ``audit.json``: ``render_html(json.load(f))``).
 
 Only the audit's own sections are written here; the page, its tables and the escaping are the
-report renderer's (:mod:`probe.report.document`), so every string that comes from the data
-(claims, texts, tokens, ids, paths) goes through :func:`~probe.report.document.escape_html` or
-:func:`~probe.report.document.md_escape`. Numbers are shown to 3 significant digits (effects of
+report renderer's (:mod:`probe.document`), so every string that comes from the data
+(claims, texts, tokens, ids, paths) goes through :func:`~probe.document.escape_html` or
+:func:`~probe.document.md_escape`. Numbers are shown to 3 significant digits (effects of
 any size side by side), not the study report's 3 decimals.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 
 from probe.names import printable
-from probe.report.document import escape_html as _escape_html
-from probe.report.document import html_page, html_table, md_table
-from probe.report.document import md_escape as _md_escape
+from probe.document import escape_html as _escape_html
+from probe.document import html_page, html_table, md_table
+from probe.document import md_escape as _md_escape
 
 
 def _e(text) -> str:

@@ -45,7 +45,7 @@ import torch
 from probe import registry
 from probe.errors import InputError
 
-# re-exported: probe.explainers.gradients is the one public face of the gradient methods (probe.metrics.sanity,
+# re-exported: probe.explainers.gradients is the one public face of the gradient methods (probe.study.sanity,
 # the tests and older callers import these from here)
 from probe.explainers.gradient_forward import (
     common_params,

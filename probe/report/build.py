@@ -3,7 +3,7 @@
 Rendered from the result folder alone: nothing here imports torch or transformers or loads a
 model, so a report can be made anywhere the folder is copied to. The sections are built in
 :mod:`probe.report.sections` and :mod:`probe.report.setup_section`, written by
-:mod:`probe.report.output` through the renderer in :mod:`probe.report.document`.
+:mod:`probe.report.output` through the renderer in :mod:`probe.document`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 from probe.errors import InputError
 from probe.report import analysis as an
 from probe.report import figures as fg
-from probe.report.document import Document, Para, Section, Table
+from probe.document import Document, Para, Section, Table
 from probe.report.output import ReportFiles, Writer, prepare_out, write_report
 from probe.report.results import StudyResult, load_result
 from probe.report.sections import (

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from probe.errors import InputError, ProbeError, storage_error
-from probe.report.document import (
+from probe.document import (
     Document,
     Figure,
     md_escape,

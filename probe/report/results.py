@@ -19,7 +19,7 @@ import pandas as pd
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION, TABLES, measure_columns
-from probe.report.verdict import Verdict
+from probe.study.verdict import Verdict
 from probe.spec.study import StatisticsSpec, Study
 
 
@@ -30,7 +30,7 @@ class StudyResult:
 
     ``root``: the folder. ``tables``: the stored tables by name (examples, tokens, scores,
     agreement, erasure, counterfactual, heads, ...: those the study computes) plus ``summary`` and,
-    once complete, ``paired``. ``verdict``: the typed :class:`~probe.report.verdict.Verdict` (its
+    once complete, ``paired``. ``verdict``: the typed :class:`~probe.study.verdict.Verdict` (its
     ``data`` / ``to_dict()`` is the whole ``verdict.json``), None until every batch is done.
     ``computed``: the batches the call that returned this computed (empty when read from disk).
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from probe.report import analysis as an
 from probe.report import figures as fg
-from probe.report.document import Bullets, KeyValues, Para, Section, Table, TokenView
+from probe.document import Bullets, KeyValues, Para, Section, Table, TokenView
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.report.tokens import token_examples

@@ -8,7 +8,7 @@ import pandas as pd
 
 from probe.report import analysis as an
 from probe.report import figures as fg
-from probe.report.document import KeyValues, Para, Section, Table, fmt
+from probe.document import KeyValues, Para, Section, Table, fmt
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.spec.parts import TargetConfig

@@ -154,7 +154,7 @@ class HeadsSpec(SpecModel):
 
 
 class SanitySpec(SpecModel):
-    """Sanity checks (probe.metrics.sanity), always run: how many examples they use, and the
+    """Sanity checks (probe.study.sanity), always run: how many examples they use, and the
     cascading randomisation (fractions of the layers re-initialised from the top)."""
 
     examples: Annotated[Int, Field(ge=1, le=64)] = 4

@@ -1,4 +1,4 @@
-"""A study's sanity checks (:mod:`probe.metrics.sanity`) and its accounting of left-out examples.
+"""A study's sanity checks (:mod:`probe.study.sanity`) and its accounting of left-out examples.
 
 Run once per study, on a small sample of its examples (``metrics.sanity.examples``), after every
 batch is done; the results are ``sanity.parquet`` and ``verdict.json["sanity"]``. A method that
@@ -16,7 +16,7 @@ import pandas as pd
 
 from probe import registry
 from probe.errors import ProbeError
-from probe.metrics import sanity as S
+from probe.study import sanity as S
 from probe.names import describe_group
 from probe.names import method_family as family
 from probe.study.plan import methods_needed

@@ -77,7 +77,7 @@ def run_planted(template: Study, *, names: Sequence[str] | None = None, results:
         study = planted_study(template, name, out=Path(results), skipped=skipped_methods(pm, 64), task=pm.task)
         del pm
         log(f"planted {name}: {recipe.truth}")
-        run = run_study(study, progress=False, report=False, log=lambda text: None)
+        run = run_study(study, progress=False, log=lambda text: None)
         v = run.verdict
         answer = v.answer if v is not None else None
         families = {k: f["answer"] for k, f in v.families.items()} if v is not None else {}

@@ -26,7 +26,7 @@ import torch
 from probe import registry
 from probe.errors import InputError
 from probe.names import method_family as family
-from probe.report.verdict import Verdict
+from probe.study.verdict import Verdict
 from probe.rows.target import PreparedExample
 from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 class RunResult:
     """What one call of :func:`run_study` did: the batches it computed and found done, and once every
     batch is done the verdict (None on a shard other than the one that merges). The runner's own
-    answer, for the CLI; the result a user reads is :class:`probe.report.results.StudyResult`, which
+    answer; the result a user reads is :class:`probe.report.results.StudyResult`, which
     :func:`probe.api.run_study` returns."""
 
     out: Path
@@ -85,11 +85,14 @@ def output_folder(study: Study) -> Path:
 
 def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: bool = True,
               log: Callable[[str], None] | None = None, stop_after: int | None = None,
-              report: bool = True, wait: bool = False, force_new: bool = False) -> RunResult:
+              on_complete: Callable[[Path], None] | None = None, wait: bool = False,
+              force_new: bool = False) -> RunResult:
     """Run (or continue) ``study``; returns what was computed and, once complete, the verdict.
 
     ``stop_after``: stop after computing that many batches (for tests of resumption).
-    ``report``: write the HTML/Markdown report (:mod:`probe.report`) once the study is complete.
+    ``on_complete``: called with the result folder once every batch is done and the verdict is
+    written, while this run still holds the folder (:func:`probe.api.run_study` writes the report
+    with it: the runner itself knows nothing of reports).
     ``wait``: when another process holds the result folder (:mod:`probe.study.lock`), wait for it
     instead of refusing.
     ``force_new``: start over in a result folder that holds another study's results, or this
@@ -104,11 +107,11 @@ def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: b
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 0):
         raise InputError(f"stop_after={stop_after!r} is not a number of batches; give an integer >= 0 or None")
     with contextlib.ExitStack() as locks:
-        return _run_study(study, shard=shard, progress=progress, log=log, stop_after=stop_after, report=report,
+        return _run_study(study, shard=shard, progress=progress, log=log, stop_after=stop_after, on_complete=on_complete,
                           wait=wait, force_new=force_new, locks=locks)
 
 
-def _run_study(study: Study, *, shard, progress, log, stop_after, report, wait, force_new: bool,
+def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, wait, force_new: bool,
                locks: contextlib.ExitStack) -> RunResult:
     log = log or (lambda text: print(text, file=sys.stderr))
     dist_info = _distributed()
@@ -140,7 +143,7 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, report, wait, 
         locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
     try:
         return _run_batches(pm, study, store, data, dropped, load_seconds, shard=shard, dist_info=dist_info,
-                            progress=progress, stop_after=stop_after, report=report, log=log)
+                            progress=progress, stop_after=stop_after, on_complete=on_complete, log=log)
     except BaseException:
         if not locked:
             _remove_if_empty(out)
@@ -159,7 +162,7 @@ def _remove_if_empty(out: Path) -> None:
 
 
 def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, dropped: dict, load_seconds: float, *,
-                 shard, dist_info, progress, stop_after, report, log) -> RunResult:
+                 shard, dist_info, progress, stop_after, on_complete, log) -> RunResult:
     out = store.root
     size = study.engine.batch_size
     batches = [data[s: s + size] for s in range(0, len(data), size)]
@@ -176,7 +179,7 @@ def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, d
     verdict = None
     if all_done and (dist_info is None or dist_info[0] == 0):
         verdict = _finish(pm, study, store, data, n_batches=len(batches), dropped=dropped,
-                          load_seconds=load_seconds, report=report, log=log)
+                          load_seconds=load_seconds, on_complete=on_complete)
     if dist_info is not None:
         _barrier(dist_info)
     elif not all_done:
@@ -235,19 +238,16 @@ def _barrier(dist_info: tuple[int, int] | None) -> None:
 
 
 def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_batches: int, dropped: dict,
-            load_seconds: float, report: bool, log: Callable[[str], None]) -> Verdict:
-    """Every batch is done: the sanity checks, the statistics and the verdict, then the report."""
+            load_seconds: float, on_complete: Callable[[Path], None] | None) -> Verdict:
+    """Every batch is done: the sanity checks, the statistics and the verdict, then ``on_complete``."""
     sample = data[: study.metrics.sanity.examples]
     checks = study_sanity(pm, study, prepare_study_examples(pm, study, [e.text for e in sample],
                                                             [e.label for e in sample]))
     verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
                        sanity=checks)
     _record_identity(store)
-    if report:
-        from probe.report.build import build_report
-
-        files = build_report(store.root)
-        log(f"report: {files.html}")
+    if on_complete is not None:
+        on_complete(store.root)
     return verdict
 
 

@@ -49,14 +49,14 @@ from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.registry import VERDICT_FAMILIES, find
-from probe.report.verdict import Verdict
+from probe.study.verdict import Verdict
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.identity import weights_digest
 from probe.study.store import ResultStore, write_json, write_table
 
 if TYPE_CHECKING:
-    from probe.metrics.sanity import Check
+    from probe.study.sanity import Check
     from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
@@ -438,10 +438,10 @@ def _accuracy(examples: pd.DataFrame) -> float | None:
 def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
              sanity: Sequence[Check] | None = None) -> Verdict:
     """Merge the parts, compute the statistics and the verdict, write them; returns the verdict
-    (frozen; ``verdict.json`` holds its :meth:`~probe.report.verdict.Verdict.to_dict`).
-    ``sanity``: the study's :class:`probe.metrics.sanity.Check` list (``sanity.parquet``, and the
+    (frozen; ``verdict.json`` holds its :meth:`~probe.study.verdict.Verdict.to_dict`).
+    ``sanity``: the study's :class:`probe.study.sanity.Check` list (``sanity.parquet``, and the
     verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
-    from probe.metrics.sanity import failed_methods
+    from probe.study.sanity import failed_methods
 
     tables = store.merge(n_batches)
     found = decide.profiles(tables, study, pm.contract.dtype)
