@@ -45,8 +45,6 @@ import torch
 from probe import registry
 from probe.errors import InputError
 
-# re-exported: probe.explainers.gradients is the one public face of the gradient methods (probe.study.sanity,
-# the tests and older callers import these from here)
 from probe.explainers.gradient_forward import (
     common_params,
     embedding_forward,
