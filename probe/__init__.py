@@ -7,10 +7,11 @@ From Python (every name loads on first use, so ``import probe`` does not import 
     ex = probe.explain(pm, ["a gripping film"], methods="attention_mean,loo_delete")
     ex.to_pandas()
 
-The functions live in :mod:`probe.api`. ``probe.explain``, ``probe.capture`` and ``probe.audit``
-are the subpackages of those names, made callable (:mod:`probe.callable_module`), so both
-``probe.explain(pm, texts)`` and ``probe.methods`` work.
+The functions live in :mod:`probe.api` (plain functions: ``help(probe.explain)`` shows their
+parameters); every other name here is imported from the module that defines it.
 """
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,7 @@ _EXPORTS = {
     "erasure": "probe.api", "head_ablation": "probe.api", "head_importance": "probe.api",
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
+    "build_report": "probe.api", "compare_studies": "probe.api",
     "Explanation": "probe.api", "StudyResult": "probe.report.results",
     "explain": "probe.api", "capture": "probe.api", "audit": "probe.api", "api": "probe.api",
     "registry": "probe.registry", "spec": "probe.spec",
@@ -30,6 +32,36 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use (__getattr__)
+    from probe import api, registry, spec
+    from probe.api import (
+        Explanation,
+        audit,
+        build_report,
+        capture,
+        compare_studies,
+        counterfactual_attention,
+        erasure,
+        explain,
+        head_ablation,
+        head_importance,
+        load_claims,
+        load_model,
+        load_results,
+        load_study,
+        loo,
+        prepare,
+        run_study,
+        study_from_dict,
+        wrap,
+    )
+    from probe.errors import InputError, ProbeError
+    from probe.models.core import AttentionContract, ProbeModel
+    from probe.report.results import StudyResult
+    from probe.rows.scores import TokenScores
+    from probe.rows.target import PreparedExample, TargetSpec
+    from probe.study.verdict import Verdict
 
 
 def __getattr__(name: str):

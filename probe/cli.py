@@ -314,12 +314,12 @@ def audit(
         _quiet_libraries()
         import torch
 
-        from probe.claims.run import run_audit
+        from probe.api import audit as run_audit
 
         _set_threads(torch, threads)
         with warnings.catch_warnings():
             warnings.showwarning = _warn_one_line
-            result = run_audit(spec, out_dir=folder, progress=progress and not as_json)
+            result = run_audit(spec, out=folder, progress=progress and not as_json)
     if as_json:
         print(json.dumps(result.to_dict()))
         return
@@ -404,9 +404,9 @@ def report(
     out: str = typer.Option(None, "--out", help="report folder (default: RESULT_DIR/report)"),
 ):
     """Render a study's stored results: one self-contained HTML file, Markdown with figures, CSV tables."""
-    from probe.report.build import build_report
+    from probe.api import build_report
 
-    files = build_report(result_dir, out)
+    files = build_report(result_dir, out=out)
     if files.partial:
         print("PARTIAL: the run has not finished; the report covers its finished batches", file=sys.stderr)
     print(f"report: {files.html}")
@@ -419,9 +419,9 @@ def compare(
     out: str = typer.Option(None, "--out", help="report folder (default: ./comparison)"),
 ):
     """Several studies side by side: verdicts, headline numbers and per-layer agreement."""
-    from probe.report.build import build_comparison
+    from probe.api import compare_studies
 
-    files = build_comparison(result_dirs, out)
+    files = compare_studies(result_dirs, out=out)
     print(f"report: {files.html}")
     print(f"markdown: {files.markdown}")
 

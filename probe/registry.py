@@ -185,7 +185,9 @@ class Method:
     where it is embedding x gradient; ``points`` names the parameter that says how many inputs one
     example becomes (IG's steps, GradientSHAP's samples; ``"auto"`` there: the method picks, and
     buckets its own rounds); ``completeness`` True where the scores should sum to f(x) - f(baseline)
-    (the completeness check runs on them)."""
+    (the completeness check runs on them). ``needs_gradients`` True where it runs a backward pass
+    (every gradient method, and attention x gradient): not under ``torch.no_grad`` or
+    ``inference_mode``."""
     name: str
     family: str
     group: str
@@ -207,6 +209,12 @@ class Method:
     times_input: bool = False
     points: str | None = None
     completeness: bool = False
+    needs_gradients: bool = False
+
+    @property
+    def reads_attention(self) -> bool:
+        """Whether it reads (or edits) the model's attention modules through probe's hooks."""
+        return self.family == "attention"
 
     def load(self) -> Callable[..., Any]:
         """The implementation function (imports its module, and torch, on first use)."""
@@ -293,7 +301,8 @@ def _mixing(name: str, params: type = DecompositionParams, *, support: str = _SU
 
 
 def _gradient(name: str, params: type = GradientParams, *, module: str = _GRAD, **kw: Any) -> Method:
-    return Method(name, "gradient", "gradient", f"{module}:{name}", params, f"{_GRAD}:gradient_scores", **kw)
+    return Method(name, "gradient", "gradient", f"{module}:{name}", params, f"{_GRAD}:gradient_scores",
+                  needs_gradients=True, **kw)
 
 
 def _loo(mode: str, **kw: Any) -> Method:
@@ -309,7 +318,8 @@ REGISTRY: tuple[Method, ...] = (
     _attention("flow", FlowParams, module=_ROLL, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
                label="attention flow", query_max=f"{_ROLL}:flow_max_over_queries", verdict_family="attention-derived"),
     _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing"),
-    _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True),
+    _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True,
+               needs_gradients=True),
     _mixing("value_zeroing", ValueZeroingParams, support="probe.models.architectures:value_zeroing_support"),
     _mixing("alti"),
     _mixing("globenc"),

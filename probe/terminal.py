@@ -39,9 +39,10 @@ def summary_column(scores, layer: int | None):
 
 
 def explain_params(chosen, *, steps: int, seed: int, site: str | None) -> dict[str, dict]:
-    """``probe explain``'s keyword parameters per method: ``--steps`` for integrated gradients,
-    ``--seed`` for every method the registry says takes one, ``--site`` for the gradient methods."""
-    params: dict[str, dict] = {"integrated_gradients": {"steps": steps}}
+    """``probe explain``'s keyword parameters per method: ``--steps`` for the path methods whose
+    points the registry counts in steps (integrated gradients), ``--seed`` for every method the
+    registry says takes one, ``--site`` for the gradient methods."""
+    params: dict[str, dict] = {m.name: {"steps": steps} for m in registry.methods() if m.points == "steps"}
     params.update({name: {"seed": seed} for name in registry.seeded()})
     if site is not None:
         for name in chosen:

@@ -54,7 +54,7 @@ def test_a_batch_of_one_equals_a_batch_of_several(loaded, kind, name):
         pytest.skip(f"{name} does not apply to the tiny {kind}: {reason}")
     entry = registry.find(name)
     together = _run(pm, examples, entry)
-    depth = model_depth(pm, backward=entry.family == "gradient" or name == "attn_grad")
+    depth = model_depth(pm, backward=entry.needs_gradients)
     if name == "integrated_gradients":
         depth *= 4  # a sum over the path's points: each point's rounding adds up
     for i in (1, 2):

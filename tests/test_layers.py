@@ -213,3 +213,11 @@ def test_probe_top_level_names_point_at_their_defining_modules():
 def test_the_package_is_typed():
     assert (ROOT / "py.typed").is_file()
     assert "py.typed" in (ROOT.parent / "pyproject.toml").read_text()
+
+
+def test_the_version_the_provenance_records_is_the_package_version():
+    from importlib.metadata import version
+
+    import probe
+
+    assert version("probe") == probe.__version__

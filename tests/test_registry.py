@@ -166,3 +166,10 @@ def test_gradient_capability_fields_agree_with_the_parameter_classes():
             assert "steps" in fields and "baseline" in fields, entry.name
     assert [m.name for m in registry.methods(family="gradient") if m.reduction] == \
         ["saliency", "saliency_sum", "input_x_gradient"]
+
+
+def test_the_capability_fields_say_what_each_method_needs():
+    needs = {m.name for m in registry.methods(listed=False) if m.needs_gradients}
+    assert needs == set(registry.names(family="gradient")) | {"attn_grad"}
+    assert {m.name for m in registry.methods() if m.reads_attention} == set(names.ATTENTION_METHODS)
+    assert all(not m.needs_gradients for m in registry.methods(family="intervention"))

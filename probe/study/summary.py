@@ -383,13 +383,17 @@ def _headline(model: str, v: dict, study) -> str:
 
 
 def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     import captum
     import torch
     import transformers
 
-    import probe
-
-    return {"probe": probe.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+    try:  # the installed distribution's (probe.__version__ is the same number: a test holds them equal)
+        own = version("probe")
+    except PackageNotFoundError:
+        own = "unknown (probe is not installed: run from a source tree)"
+    return {"probe": own, "torch": torch.__version__, "transformers": transformers.__version__,
             "captum": captum.__version__, "numpy": np.__version__, "pandas": pd.__version__,
             "python": platform.python_version()}
 
