@@ -21,7 +21,7 @@ _EXPORTS = {
     "erasure": "probe.api", "head_ablation": "probe.api", "head_importance": "probe.api",
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
-    "build_report": "probe.api", "compare_studies": "probe.api",
+    "build_report": "probe.report.build", "build_comparison": "probe.report.build",
     "Explanation": "probe.api", "StudyResult": "probe.report.results",
     "explain": "probe.api", "capture": "probe.api", "audit": "probe.api", "api": "probe.api",
     "registry": "probe.registry", "spec": "probe.spec",
@@ -38,9 +38,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on fi
     from probe.api import (
         Explanation,
         audit,
-        build_report,
         capture,
-        compare_studies,
         counterfactual_attention,
         erasure,
         explain,
@@ -58,6 +56,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on fi
     )
     from probe.errors import InputError, ProbeError
     from probe.models.core import AttentionContract, ProbeModel
+    from probe.report.build import build_comparison, build_report
     from probe.report.results import StudyResult
     from probe.rows.scores import TokenScores
     from probe.rows.target import PreparedExample, TargetSpec

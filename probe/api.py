@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from probe.hooks.types import Editor
     from probe.intervene.counterfactual import CounterfactualResult
     from probe.intervene.heads import HeadEffects, HeadImportance
-    from probe.report.output import ReportFiles
     from probe.report.results import StudyResult
     from probe.spec.claims import ClaimFile
     from probe.spec.study import Study
@@ -513,30 +512,8 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
     return run_audit(claim_file, out_dir=out, progress=progress, model=model)
 
 
-# --------------------------------------------------------------------------------------- reports
-
-
-def build_report(results: str | Path, *, out: str | Path | None = None) -> ReportFiles:
-    """Render a study's result folder (finished, or part-way: then a PARTIAL banner and no verdict)
-    into ``out`` (default ``results/report``): one self-contained HTML file, Markdown with its
-    figures, CSV tables. Reads the stored tables only; no model is loaded."""
-    from probe.report.build import build_report as _build
-
-    return _build(results, out)
-
-
-def compare_studies(results: Sequence[str | Path], *, out: str | Path | None = None) -> ReportFiles:
-    """Two or more studies side by side (verdicts, headline numbers, the per-layer agreement of the
-    explainers they share) in ``out`` (default ``./comparison``)."""
-    from probe.report.build import build_comparison
-
-    if isinstance(results, (str, Path)):
-        raise InputError(f"compare_studies needs two or more result folders, got one: {results}")
-    return build_comparison(list(results), out)
-
-
 __all__ = [
-    "COUNTERFACTUALS", "Explanation", "Texts", "audit", "build_report", "capture", "compare_studies",
-    "counterfactual_attention", "erasure", "explain", "head_ablation", "head_importance", "load_claims",
-    "load_model", "load_results", "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
+    "COUNTERFACTUALS", "Explanation", "Texts", "audit", "capture", "counterfactual_attention",
+    "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_model", "load_results",
+    "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
 ]

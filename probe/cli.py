@@ -404,9 +404,9 @@ def report(
     out: str = typer.Option(None, "--out", help="report folder (default: RESULT_DIR/report)"),
 ):
     """Render a study's stored results: one self-contained HTML file, Markdown with figures, CSV tables."""
-    from probe.api import build_report
+    from probe.report.build import build_report  # probe.build_report: torch-free, no model
 
-    files = build_report(result_dir, out=out)
+    files = build_report(result_dir, out)
     if files.partial:
         print("PARTIAL: the run has not finished; the report covers its finished batches", file=sys.stderr)
     print(f"report: {files.html}")
@@ -419,9 +419,9 @@ def compare(
     out: str = typer.Option(None, "--out", help="report folder (default: ./comparison)"),
 ):
     """Several studies side by side: verdicts, headline numbers and per-layer agreement."""
-    from probe.api import compare_studies
+    from probe.report.build import build_comparison  # probe.build_comparison: torch-free
 
-    files = compare_studies(result_dirs, out=out)
+    files = build_comparison(result_dirs, out)
     print(f"report: {files.html}")
     print(f"markdown: {files.markdown}")
 

@@ -114,7 +114,7 @@ def test_cli_contract_lists_random_weights_and_explain_refuses_them(pretrained_m
 
 def test_the_option_is_recorded_in_provenance_and_shown_in_the_report(headless, tmp_path):
     from probe.spec.study import study_from_dict
-    from probe.study.runner import run_study
+    from probe.api import run_study  # the user's front door: it writes the report too
 
     data = tmp_path / "data.csv"
     pd.DataFrame({"text": ["good film", "bad plot , slow", "funny and warm"], "label": [1, 0, 1]}).to_csv(data,
@@ -297,7 +297,7 @@ def test_cli_explains_the_encoder_similarity(pretrained_minilm_folder):
 
 def test_a_study_on_the_encoder_runs(pretrained_minilm_folder, tmp_path):
     from probe.spec.study import study_from_dict
-    from probe.study.runner import run_study
+    from probe.api import run_study  # the user's front door: it writes the report too
 
     data = tmp_path / "data.csv"
     pd.DataFrame({"text": ["a good film", "the plot is slow and dull", "funny , warm and sharp"],
