@@ -216,19 +216,26 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
 # --------------------------------------------------------------------------------------- explain
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Explanation:
     """Token scores of several methods on the same prepared examples.
 
     ``scores[method]`` is that method's :class:`TokenScores` (per example ``[tokens]``,
     ``[layer, head, tokens]`` or ``[layer, tokens]``); ``skipped`` says why default methods were
-    left out (only when the methods were not chosen).
+    left out (only when the methods were not chosen). ``words``: per example, each word's text and
+    the positions of its tokens, as the tokenizer's offsets and word ids (:func:`explain` fills it)
+    split them; None when made without a tokenizer (then the token markers decide, see
+    :meth:`to_pandas`).
+
+    In a notebook it shows itself as a token x method table (``_repr_html_``); :meth:`plot` draws
+    one example's scores.
     """
 
     model: str
     examples: tuple[PreparedExample, ...]
     scores: Mapping[str, TokenScores]
     skipped: Mapping[str, str] = field(default_factory=dict)
+    words: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] | None = field(default=None, compare=False)
 
     @property
     def methods(self) -> list[str]:
@@ -239,17 +246,59 @@ class Explanation:
             raise InputError(f"method {method!r} was not run: this explanation has {', '.join(self.scores)}")
         return self.scores[method]
 
-    def to_pandas(self) -> pd.DataFrame:
-        """One row per (example, method, layer, head, token): columns ``example`` (index into
-        ``examples``), ``position``, ``token``, ``special``, ``method``, ``layer``, ``head``
-        (-1 where the method has none), ``score`` (float64; NaN where a method does not score the
-        token, e.g. special tokens under leave-one-out). The ``scores`` table a study stores, with
-        the token text beside each position."""
-        columns = ["example", "position", "token", "special", "method", "layer", "head", "score"]
+    def __repr__(self) -> str:
+        from probe.display import name_list
+
+        n = len(self.examples)
+        text = f"<Explanation {self.model}: {n} text{'s' if n != 1 else ''} x {len(self.scores)} method"
+        text += f"{'s' if len(self.scores) != 1 else ''} ({name_list(self.scores)})"
+        return text + (f", {len(self.skipped)} skipped>" if self.skipped else ">")
+
+    def to_pandas(self, level: str = "token", *, agg: str = "sum") -> pd.DataFrame:
+        """The scores as a tidy table.
+
+        ``level="token"`` (default): one row per (example, method, layer, head, token): columns
+        ``example`` (index into ``examples``), ``position``, ``token`` (the tokenizer's string),
+        ``clean_token`` (the same without the ``##`` / ``Ġ`` / ``▁`` markers), ``special``,
+        ``method``, ``layer``, ``head`` (-1 where the method has none), ``score`` (float64; NaN
+        where a method does not score the token, e.g. special tokens under leave-one-out). The
+        ``scores`` table a study stores, with the token text beside each position.
+
+        ``level="word"``: one row per (example, method, layer, head, word), the sub-word scores of
+        each word folded by ``agg`` (``sum``, ``max`` or ``mean``): columns ``example``, ``word_index``,
+        ``word`` (its text), ``first_position`` and ``n_tokens`` (its tokens), ``special``,
+        ``method``, ``layer``, ``head``, ``score``. Words are split as :func:`explain` recorded them
+        from the tokenizer's offsets and word ids (``words``); an explanation without them splits at
+        the token markers (a ``##`` piece continues a word; a ``Ġ`` / ``▁`` piece starts one). A
+        special token is always a word of its own (``special`` True, its score as the token's).
+        NaN-aware: NaN tokens are left out of a word's sum, max or mean, and a word whose tokens
+        are all NaN is NaN (not 0, which would read as unimportant). ``max`` is the largest
+        signed value.
+        """
+        if level == "word":
+            return self._word_frame(agg)
+        if level != "token":
+            raise InputError(f"level={level!r} is not a level of the table: use 'token' or 'word'")
+        from probe.display import clean_token
+
+        columns = ["example", "position", "token", "clean_token", "special", "method", "layer", "head", "score"]
         tokens = np.array([t for e in self.examples for t in e.tokens], dtype=object)
+        clean = np.array([clean_token(t) for t in tokens], dtype=object)
         special = np.array([bool(s) for e in self.examples for s in e.special], dtype=bool)
         starts = np.cumsum([0] + [len(e.tokens) for e in self.examples])[:-1]
         frames = []
+        for method, result in self._checked_scores():
+            frame = result.to_pandas()
+            at = starts[frame["example"].to_numpy()] + frame["position"].to_numpy()
+            frame["token"], frame["clean_token"], frame["special"] = tokens[at], clean[at], special[at]
+            frame["method"] = method
+            frames.append(frame[columns])
+        if not frames:
+            return pd.DataFrame(columns=columns)
+        return pd.concat(frames, ignore_index=True)
+
+    def _checked_scores(self):
+        """(method, TokenScores) of the methods that scored something, each tensor's length checked."""
         for method, result in self.scores.items():
             if not len(result.scores):
                 continue
@@ -257,13 +306,90 @@ class Explanation:
                 if values.shape[-1] != len(self.examples[i].tokens):
                     raise ValueError(f"{method} scores {values.shape[-1]} tokens of example #{i}, which has "
                                      f"{len(self.examples[i].tokens)}")
-            frame = result.to_pandas()
-            at = starts[frame["example"].to_numpy()] + frame["position"].to_numpy()
-            frame["token"], frame["special"], frame["method"] = tokens[at], special[at], method
-            frames.append(frame[columns])
+            yield method, result
+
+    def word_groups(self, index: int) -> list[tuple[str, tuple[int, ...]]]:
+        """Example ``index``'s words: each one's text and the positions of its tokens (see :meth:`to_pandas`)."""
+        if self.words is not None:
+            return [(text, tuple(group)) for text, group in self.words[index]]
+        from probe.display import clean_token
+        from probe.explainers.words import groups_from_prefixes
+
+        example = self.examples[index]
+        groups = groups_from_prefixes(list(example.tokens), [bool(s) for s in example.special])
+        return [(example.tokens[g[0]] if example.special[g[0]] else "".join(clean_token(example.tokens[i]) for i in g),
+                 tuple(g)) for g in groups]
+
+    def _word_frame(self, agg: str) -> pd.DataFrame:
+        from probe.explainers.words import AGGREGATIONS, aggregate
+
+        if agg not in AGGREGATIONS:
+            raise InputError(f"agg={agg!r} is not a word aggregation: use one of {', '.join(AGGREGATIONS)}")
+        columns = ["example", "word_index", "word", "first_position", "n_tokens", "special", "method", "layer",
+                   "head", "score"]
+        words = [self.word_groups(i) for i in range(len(self.examples))]
+        frames = []
+        for method, result in self._checked_scores():
+            for i in range(len(result.scores)):
+                groups = [list(g) for _, g in words[i]]
+                folded = TokenScores(method, [aggregate(result.scores[i], groups, agg)],
+                                     per_head=result.per_head, per_layer=result.per_layer)
+                frame = folded.to_pandas().rename(columns={"position": "word_index"})
+                at = frame["word_index"].to_numpy()
+                frame["example"] = i
+                frame["word"] = np.array([text for text, _ in words[i]], dtype=object)[at]
+                frame["first_position"] = np.array([g[0] for _, g in words[i]], dtype=np.int64)[at]
+                frame["n_tokens"] = np.array([len(g) for _, g in words[i]], dtype=np.int64)[at]
+                frame["special"] = np.array([len(g) == 1 and bool(self.examples[i].special[g[0]])
+                                             for _, g in words[i]], dtype=bool)[at]
+                frame["method"] = method
+                frames.append(frame[columns])
         if not frames:
             return pd.DataFrame(columns=columns)
         return pd.concat(frames, ignore_index=True)
+
+    def _rows(self, index: int, methods: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Method label -> example ``index``'s ``[tokens]`` row (per-layer and per-head methods: their
+        last layer, heads averaged; the label says so)."""
+        from probe.display import unit_row
+
+        chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
+        rows = {}
+        for method in chosen:
+            values, what = unit_row(self[method].scores[index].double().numpy())
+            rows[f"{method} ({what})" if what else method] = values
+        return rows
+
+    def _repr_html_(self) -> str:
+        from probe.display import MAX_EXAMPLES, block_html, clip, token_table_html
+
+        parts = [block_html(repr(self), "", "cells shaded by each method's score over the text's scored tokens "
+                            "(red positive, blue negative); grey: special tokens")]
+        for i, example in enumerate(self.examples[:MAX_EXAMPLES]):
+            target = example.label_name if example.label_name is not None else example.label
+            value = "" if example.original_value is None else f" = {example.original_value:.4g}"
+            title = f"example {i}: {clip(example.text, 120)}"
+            note = f"explained: {example.kind} of {target if target is not None else 'the continuation'}{value}"
+            parts.append(block_html(title, token_table_html(example.tokens, example.special, self._rows(i)), note))
+        more = len(self.examples) - MAX_EXAMPLES
+        if more > 0:
+            parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
+                                    "(ex.to_pandas() has them all)", ""))
+        return "<div>" + "".join(parts) + "</div>"
+
+    def plot(self, example: int = 0, methods: str | Sequence[str] | None = None):
+        """Example ``example``'s token scores, one bar panel per method (default: all), the tokens
+        on the x axis; per-layer and per-head methods show their last layer (heads averaged).
+        Returns a :class:`matplotlib.figure.Figure` (on its own Agg canvas; nothing global changed)."""
+        from probe.display import clean_token, clip
+        from probe.plots import token_scores_figure
+
+        if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < len(self.examples):
+            raise InputError(f"example={example!r} is not an example of this explanation: use 0..{len(self.examples) - 1}")
+        e = self.examples[example]
+        return token_scores_figure([clean_token(t) for t in e.tokens], self._rows(example, methods),
+                                   [bool(s) for s in e.special], title=f"{self.model}, example {example}: "
+                                   f"{clip(e.text, 70)}")
 
 
 @_in_eval
@@ -289,7 +415,21 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
     results = run_methods(pm, examples, chosen, params=params)
     return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)),
-                       skipped=MappingProxyType(skipped))
+                       skipped=MappingProxyType(skipped), words=_words(pm, examples))
+
+
+def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
+    """Per example, each word's text and its token positions, from the tokenizer (see
+    :func:`probe.explainers.words.word_groups`)."""
+    from probe.explainers.words import word_groups
+
+    out = []
+    for e in examples:
+        groups = word_groups(pm, e)
+        out.append(tuple((e.tokens[g[0]] if e.special[g[0]] else
+                          pm.tokenizer.convert_tokens_to_string([e.tokens[i] for i in g]).strip(), tuple(g))
+                         for g in groups))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------- interventions

@@ -227,14 +227,16 @@ def _looks_numeric(value) -> bool:
     return isinstance(value, str) and bool(re.fullmatch(r"[+-]?\d[\d.]*( \[[^\]]*\])?", value))
 
 
-def _token_colour(value: float) -> str:
+def token_colour(value: float) -> str:
     """Background for a normalised score in [-1, 1]: red for positive, blue for negative."""
     v = max(-1.0, min(1.0, value))
     alpha = round(abs(v) * 0.85, 3)
     return f"rgba(214, 69, 65, {alpha})" if v >= 0 else f"rgba(49, 110, 200, {alpha})"
 
 
-def _normalised(values: np.ndarray, scored: np.ndarray) -> np.ndarray:
+def normalised_scores(values: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """``values`` divided by their largest magnitude over the ``scored`` positions (finite ones), so
+    that they lie in [-1, 1]; NaN where a position is not scored (or its value is not finite)."""
     v = np.where(scored & np.isfinite(values), values, np.nan)
     scale = np.nanmax(np.abs(v)) if np.isfinite(v).any() else 0.0
     return v / scale if scale > 0 else np.where(np.isfinite(v), 0.0, np.nan)
@@ -252,7 +254,7 @@ def _html_tokens(block: TokenView) -> str:
                     f"{ex.target}")
             parts.append(f'<div class="tokens"><div class="head">{_h(head)}</div><p class="text">{_h(ex.text)}</p>')
             for row in ex.rows:
-                norm = _normalised(row.values[: len(ex.tokens)], ex.scored[: len(row.values)])
+                norm = normalised_scores(row.values[: len(ex.tokens)], ex.scored[: len(row.values)])
                 spans = []
                 for i, token in enumerate(ex.tokens):
                     value = norm[i] if i < len(norm) else np.nan
@@ -260,7 +262,7 @@ def _html_tokens(block: TokenView) -> str:
                     if not np.isfinite(value):
                         spans.append(f'<span class="tok unscored" title="not scored">{_h(token)}</span>')
                     else:
-                        spans.append(f'<span class="tok" style="background: {_token_colour(float(value))}" '
+                        spans.append(f'<span class="tok" style="background: {token_colour(float(value))}" '
                                      f'title="{_h(f"{raw:.4g}")}">{_h(token)}</span>')
                 parts.append(f'<div class="row"><div class="label">{_h(row.label)}</div><div>{"".join(spans)}</div></div>')
             parts.append("</div>")
@@ -340,7 +342,7 @@ def _md_tokens(block: TokenView) -> list[str]:
             lines.append("")
             lines += ["| method | top-5 tokens (score / largest abs score) |", "|---|---|"]
             for row in ex.rows:
-                norm = _normalised(row.values[: len(ex.tokens)], ex.scored[: len(row.values)])
+                norm = normalised_scores(row.values[: len(ex.tokens)], ex.scored[: len(row.values)])
                 finite = np.flatnonzero(np.isfinite(norm))
                 top = finite[np.argsort(-norm[finite], kind="stable")][:5]
                 cells = ", ".join(f"{md_escape(ex.tokens[i])} {norm[i]:+.2f}" for i in top)

@@ -152,7 +152,8 @@ def test_explanation_table_is_the_study_scores_table(loaded):
     ex = probe.explain(pm, TEXTS, methods="attention,rollout,integrated_gradients,loo_delete",
                        params={"integrated_gradients": {"steps": 8}})
     frame = ex.to_pandas()
-    assert list(frame.columns) == ["example", "position", "token", "special", "method", "layer", "head", "score"]
+    assert list(frame.columns) == ["example", "position", "token", "clean_token", "special", "method", "layer", "head",
+                                    "score"]
     stored = score_rows(list(ex.examples), 0, dict(ex.scores))
     pd.testing.assert_frame_equal(
         frame[["example", "method", "layer", "head", "position"]].reset_index(drop=True),

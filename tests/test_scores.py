@@ -72,7 +72,8 @@ def test_explanation_to_pandas_adds_the_tokens_to_the_scores_table():
                 SimpleNamespace(tokens=["[CLS]", "c", "[SEP]"], special=[True, False, True]))
     ex = Explanation(model="m", examples=examples, scores={"attention": _per_head()})
     frame = ex.to_pandas()
-    assert list(frame.columns) == ["example", "position", "token", "special", "method", "layer", "head", "score"]
+    assert list(frame.columns) == ["example", "position", "token", "clean_token", "special", "method", "layer", "head",
+                                    "score"]
     pd.testing.assert_frame_equal(frame[["example", "layer", "head", "position", "score"]],
                                   _per_head().to_pandas()[["example", "layer", "head", "position", "score"]])
     second = frame[frame.example == 1]

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["AuditResult", "run_audit"]
 
 
-@dataclass
+@dataclass(repr=False)
 class AuditResult:
     claims: list[ClaimResult]
     model: dict
@@ -47,6 +47,21 @@ class AuditResult:
     seconds: float = 0.0
     out_dir: Path | None = None
     files: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        from collections import Counter
+
+        counts = Counter(c.verdict for c in self.claims)
+        tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+        n = len(self.claims)
+        return (f"<AuditResult {(self.model or {}).get('id', '?')}: {n} claim{'s' if n != 1 else ''}"
+                f"{f' ({tally})' if tally else ''}>")
+
+    def _repr_html_(self) -> str:
+        from probe.display import block_html, frame_html
+
+        frame = self.to_pandas()[["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n"]]
+        return "<div>" + block_html(repr(self), frame_html(frame, max_rows=max(len(frame), 1))) + "</div>"
 
     def to_dict(self) -> dict:
         return clean_json({"source": self.source, "description": self.description, "model": self.model, "data": self.data, "statistics": self.statistics,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from probe.display import CONTINUATION_PREFIX, WORD_START_PREFIXES
 from probe.errors import InputError
 from probe.rows.scores import TokenScores
 
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 AGGREGATIONS = ("sum", "max", "mean")
-CONTINUATION_PREFIX = "##"  # WordPiece: this piece continues the previous word
-WORD_START_PREFIXES = ("Ġ", "▁")  # byte-level BPE / sentencepiece: this piece starts a word
 
 
 def word_groups(pm: ProbeModel, example) -> list[list[int]]:

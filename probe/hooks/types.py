@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 QuerySpec = None | str | Sequence[int] | torch.Tensor
 
 
-@dataclass
+@dataclass(repr=False)
 class AttentionMaps:
     """Captured attention of one stack.
 
@@ -36,6 +36,50 @@ class AttentionMaps:
     def shape(self) -> dict[str, int]:
         b, l, h, q, k = self.weights.shape
         return {"batch": b, "layer": l, "head": h, "query": q, "key": k}
+
+    def __repr__(self) -> str:
+        from probe.display import name_list
+
+        shape = " x ".join(f"{k} {v}" for k, v in self.shape.items())
+        return (f"<AttentionMaps {self.stack}: {shape}; layers {name_list(map(str, self.layers), 6)}, "
+                f"heads {name_list(map(str, self.heads), 6)}>")
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from probe.display import block_html, frame_html
+
+        rows = [("weights", "[batch, layer, head, query, key]", " x ".join(map(str, self.weights.shape)),
+                 str(self.weights.dtype).removeprefix("torch.")),
+                ("query_index", "[batch, query]", " x ".join(map(str, self.query_index.shape)), "long"),
+                ("row_has_keys", "[batch, layer, query]", " x ".join(map(str, self.row_has_keys.shape)), "bool")]
+        frame = pd.DataFrame(rows, columns=["field", "axes", "shape", "dtype"])
+        empty = int((~self.row_has_keys).sum())
+        return "<div>" + block_html(repr(self), frame_html(frame), f"{empty} query rows with every key masked") + "</div>"
+
+    def plot(self, layer: int, head: int, example: int = 0, tokens: Sequence[str] | None = None):
+        """The ``[query, key]`` map of ``layer`` and ``head`` (the model's indices, as captured) for
+        batch row ``example``, as a heatmap; ``tokens`` (that row's token strings) label the axes.
+        Returns a :class:`matplotlib.figure.Figure`."""
+        from probe.display import clean_token
+        from probe.errors import InputError
+        from probe.plots import attention_figure
+
+        if layer not in self.layers:
+            raise InputError(f"layer {layer!r} was not captured: these maps hold layers {list(self.layers)}")
+        if head not in self.heads:
+            raise InputError(f"head {head!r} was not captured: these maps hold heads {list(self.heads)}")
+        if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < self.weights.shape[0]:
+            raise InputError(f"example={example!r} is not a batch row: use 0..{self.weights.shape[0] - 1}")
+        weights = self.weights[example, self.layers.index(layer), self.heads.index(head)]  # [query, key]
+        labels = None
+        if tokens is not None:
+            labels = [clean_token(t) for t in tokens]
+            if len(labels) < weights.shape[-1]:  # padding keys beyond the row's tokens
+                labels += [""] * (weights.shape[-1] - len(labels))
+        return attention_figure(weights.detach().cpu().double().numpy(),
+                                [int(q) for q in self.query_index[example].tolist()], labels,
+                                title=f"{self.stack} L{layer}.H{head}, example {example}")
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per (batch, layer, head, query row, key): ``layer`` and ``head`` as captured (the

@@ -80,7 +80,7 @@ def _site(pm: ProbeModel, layer: int, head: int | None) -> Site:
     return Site(stack, layer, tuple(range(info.n_heads)) if head is None else (head,))
 
 
-@dataclass
+@dataclass(repr=False)
 class CounterfactualResult:
     """Output change caused by counterfactual attention; ``[example, sample]`` unless stated."""
 
@@ -94,6 +94,14 @@ class CounterfactualResult:
     max_attention: torch.Tensor  # [example] largest original weight of the row (mean over edited heads/rows)
     feasible: torch.Tensor | None = None  # adversarial: [example, candidate] a state within the bound was found
     params: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        n, samples = self.output_tvd.shape
+        heads = self.site.heads
+        where = f"H{heads[0]}" if len(heads) == 1 else f"heads {heads[0]}-{heads[-1]}" if heads else "no head"
+        median = float(self.output_tvd.nanmedian()) if self.output_tvd.numel() else float("nan")
+        return (f"<CounterfactualResult {self.method} at {self.site.stack} L{self.site.layer} {where}: {n} examples "
+                f"x {samples} samples; median output TVD {median:.4g}>")
 
     @property
     def target_change(self) -> torch.Tensor:

@@ -90,7 +90,7 @@ def ablate_heads(pm: ProbeModel, examples: Sequence[PreparedExample], ablations:
     return torch.cat(values).view(len(examples), len(ablations))
 
 
-@dataclass
+@dataclass(repr=False)
 class HeadEffects:
     """Target with each single head ablated; ``change`` = original - ablated (the sign TokenScores use)."""
 
@@ -98,6 +98,15 @@ class HeadEffects:
     original: torch.Tensor  # [example]
     ablated: torch.Tensor  # [example, layer, head]
     params: dict = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        n, n_layers, n_heads = self.ablated.shape
+        text = f"<HeadEffects {self.stack}: {n} examples x {n_layers} layers x {n_heads} heads"
+        mean = self.mean_abs_change
+        if mean.numel() and bool(torch.isfinite(mean).any()):
+            layer, head = divmod(int(torch.nan_to_num(mean, nan=-1.0).argmax()), n_heads)
+            text += f"; largest mean |change| {float(mean[layer, head]):.4g} at L{layer}.H{head}"
+        return text + ">"
 
     @property
     def change(self) -> torch.Tensor:
@@ -128,7 +137,7 @@ def head_ablation_effects(pm: ProbeModel, examples: Sequence[PreparedExample], *
                                "target_kind": examples[0].kind})
 
 
-@dataclass
+@dataclass(repr=False)
 class HeadImportance:
     """Michel et al. head importance, with the ablation effect beside it."""
 
@@ -138,6 +147,14 @@ class HeadImportance:
     per_example: torch.Tensor  # [example, layer, head] |dL/dxi_h|
     ablation: HeadEffects | None
     params: dict = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        n_layers, n_heads = self.importance.shape
+        text = f"<HeadImportance {self.stack}: {n_layers} layers x {n_heads} heads"
+        if self.importance.numel() and bool(torch.isfinite(self.importance).any()):
+            layer, head = divmod(int(torch.nan_to_num(self.importance, nan=-1.0).argmax()), n_heads)
+            text += f"; most important L{layer}.H{head} ({float(self.importance[layer, head]):.3g})"
+        return text + ("; with single-head ablation>" if self.ablation is not None else ">")
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per (layer, head): ``importance``, ``raw`` and, with the ablation, its ``mean_abs_change``."""

@@ -48,7 +48,7 @@ class StackContract:
     shared_layers: int = 0  # layers served by a module the model calls more than once per forward
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AttentionContract:
     model_type: str
     task: Task
@@ -74,6 +74,12 @@ class AttentionContract:
 
     def __post_init__(self):
         object.__setattr__(self, "task", task_named(self.task))  # a task's name is read as its Task
+
+    def __repr__(self) -> str:
+        stacks = "; ".join(f"{s.stack} {s.n_layers} layers x {s.n_heads} heads ({s.n_kv_heads} kv, head dim "
+                           f"{s.head_dim}, {s.mask_kind})" for s in self.stacks.values())
+        return (f"<AttentionContract {self.model_type} {self.task.name}: {stacks}; {self.implementation} "
+                f"{self.dtype} on {self.device}>")
 
     @property
     def primary_stack(self) -> str:
@@ -161,7 +167,7 @@ def encode_texts(pm: ProbeModel, texts: list[str], *, strict_length: bool = Fals
     return batch.to(pm.device)
 
 
-@dataclass
+@dataclass(repr=False)
 class ProbeModel:
     """A loaded model with its tokenizer and attention contract. Made only by :func:`load_model`
     (a model by name or folder) or :func:`wrap_model` (a model and tokenizer already in memory)."""
@@ -183,6 +189,12 @@ class ProbeModel:
 
     def __post_init__(self):
         self.task = task_named(self.task)  # a task's name is read as its Task
+
+    def __repr__(self) -> str:
+        c = self.contract
+        kind = "MHA" if c.n_kv_heads == c.n_heads else "MQA" if c.n_kv_heads == 1 else "GQA"
+        return (f"<ProbeModel {self.name}: {c.model_type} {self.task.name}, {c.n_layers} layers x {c.n_heads} heads "
+                f"({kind}), {c.implementation} {c.dtype} on {c.device}>")
 
     @property
     def device(self) -> torch.device:

@@ -3,17 +3,22 @@ pandas/numpy (group-bys, never a Python loop over table rows)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from probe.metrics.statistics import bootstrap_ci
 from probe.names import describe_group
 from probe.names import method_family as family
+from probe.plots import Band
+from probe.report.lines import (
+    finite_or_none,
+    ordered_explainers,
+    select_rows,
+    summary_bands,
+    summary_best_gradient,
+    summary_layer_lines,
+)
 from probe.report.results import StudyResult
-
-FAMILY_ORDER = {"attention": 0, "gradient": 1, "intervention": 2, None: 3}
 
 
 def unit_name(explainer: str, layer: int, head: int) -> str:
@@ -35,28 +40,12 @@ def redundant_units(r: StudyResult) -> dict[str, list[str]]:
     return out
 
 
-def ordered_explainers(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return sorted(names, key=lambda n: (FAMILY_ORDER[family(n)], names.index(n)))
-
-
 # --------------------------------------------------------------------------- agreement
 
 
 def summary_rows(r: StudyResult, *, role: str | None = None, reference: str | None = None,
                  measure: str | None = None) -> pd.DataFrame:
-    s = r.summary
-    if s is None or not len(s):
-        return pd.DataFrame(columns=["role", "explainer", "reference", "layer", "head", "measure", "n", "mean",
-                                     "std", "ci_low", "ci_high"])
-    keep = np.ones(len(s), dtype=bool)
-    if role is not None:
-        keep &= (s["role"] == role).to_numpy()
-    if reference is not None:
-        keep &= (s["reference"] == reference).to_numpy()
-    if measure is not None:
-        keep &= (s["measure"] == measure).to_numpy()
-    return s[keep]
+    return select_rows(r.summary, role=role, reference=reference, measure=measure)
 
 
 def agreement_by_layer(r: StudyResult) -> pd.DataFrame:
@@ -152,38 +141,9 @@ def token_level_explainers(r: StudyResult) -> list[str]:
     return ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] < 0), "explainer"])
 
 
-@dataclass
-class Band:
-    label: str
-    mean: float
-    low: float | None
-    high: float | None
-
-
 def reference_bands(r: StudyResult, reference: str) -> dict[str, Band]:
     """Random, uniform and position baselines and the ceiling, against ``reference`` (study measure)."""
-    s = summary_rows(r, reference=None, measure=r.measure)
-    out = {}
-    base = s[(s["role"] == "baseline") & (s["reference"] == reference)]
-    for _, row in base.iterrows():  # at most three rows
-        out[str(row["explainer"])] = Band(str(row["explainer"]), float(row["mean"]), _finite(row["ci_low"]),
-                                          _finite(row["ci_high"]))
-    ceil = s[s["role"] == "ceiling"]
-    involving = ceil[(ceil["explainer"] == reference) | (ceil["reference"] == reference)]
-    ceil = (involving if len(involving) else ceil).sort_values("mean", ascending=False)
-    if len(ceil):
-        row = ceil.iloc[0]
-        out["ceiling"] = Band(f"ceiling ({row['explainer']} vs {row['reference']})", float(row["mean"]),
-                              _finite(row["ci_low"]), _finite(row["ci_high"]))
-    return out
-
-
-def _finite(x) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
+    return summary_bands(r.summary, reference, r.measure)
 
 
 def distribution_units(r: StudyResult) -> list[dict]:
@@ -216,7 +176,7 @@ def distribution_units(r: StudyResult) -> list[dict]:
         if mates:
                 label += f"\n= {describe_group(mates)}"
         units.append({"label": label, "explainer": explainer, "family": family(explainer), "values": values[
-            np.isfinite(values)], "mean": float(best["mean"]), "ci": (_finite(best["ci_low"]), _finite(best["ci_high"]))})
+            np.isfinite(values)], "mean": float(best["mean"]), "ci": (finite_or_none(best["ci_low"]), finite_or_none(best["ci_high"]))})
     return units
 
 
@@ -240,22 +200,12 @@ def layer_line_notes(r: StudyResult) -> dict[str, str]:
 
 def layer_lines(r: StudyResult, reference: str) -> dict[str, pd.DataFrame]:
     """Per-layer explainers: layer, mean, ci_low, ci_high against ``reference`` (study measure)."""
-    s = summary_rows(r, role="explainer", reference=reference, measure=r.measure)
-    s = s[(s["head"] < 0) & (s["layer"] >= 0)]
-    return {e: s[s["explainer"] == e].sort_values("layer")[["layer", "mean", "ci_low", "ci_high"]]
-            for e in ordered_explainers(s["explainer"])}
+    return summary_layer_lines(r.summary, reference, r.measure)
 
 
 def best_gradient(r: StudyResult, reference: str) -> dict | None:
     """The gradient explainer with the highest mean agreement with ``reference`` (token level)."""
-    s = summary_rows(r, role="explainer", reference=reference, measure=r.measure)
-    s = s[(s["head"] < 0) & (s["layer"] < 0)]
-    s = s[[family(e) == "gradient" for e in s["explainer"]]]
-    if not len(s):
-        return None
-    row = s.sort_values("mean", ascending=False).iloc[0]
-    return {"explainer": str(row["explainer"]), "mean": float(row["mean"]), "ci": (_finite(row["ci_low"]),
-                                                                                  _finite(row["ci_high"]))}
+    return summary_best_gradient(r.summary, reference, r.measure)
 
 
 # --------------------------------------------------------------------------- erasure

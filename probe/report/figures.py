@@ -7,56 +7,19 @@ import io
 import math
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from probe.report.analysis import Band
+from probe.plots import COLORS, DPI, Band, draw_bands, layer_lines_figure, measure_label, new_figure
 
-DPI = 100
-LN2 = math.log(2)
 ANNOTATE_MAX = 100  # heatmap cells (all panels of a figure) written as numbers; more would be slow and unreadable
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-          "#7f7f7f"]
-MEASURE_LABEL = {"kendall_tau": "Kendall tau-b", "spearman": "Spearman rho"}
-
-
-def measure_label(measure: str) -> str:
-    if measure.startswith("top") and measure[3:].isdigit():
-        return f"top-{measure[3:]} overlap"
-    return MEASURE_LABEL.get(measure, measure)
-
-
-def _figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+LN2 = math.log(2)
 
 
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
-
-
-def _band(ax, band: Band | None, color: str, label: str, *, alpha: float = 0.18, style: str = "--") -> None:
-    if band is None:
-        return
-    if band.low is not None and band.high is not None and band.high > band.low:
-        ax.axhspan(band.low, band.high, color=color, alpha=alpha, lw=0,
-                   label=f"{label} {band.mean:+.3f} [{band.low:+.3f}, {band.high:+.3f}]")
-        ax.axhline(band.mean, color=color, lw=0.8, ls=style)
-    else:
-        ax.axhline(band.mean, color=color, lw=1.2, ls=style, label=f"{label} {band.mean:+.3f}")
-
-
-def _bands(ax, bands: dict[str, Band]) -> None:
-    _band(ax, bands.get("random"), "#7f7f7f", "random")
-    _band(ax, bands.get("uniform"), "#000000", "uniform", style=":")
-    _band(ax, bands.get("position"), "#ff7f0e", "position", alpha=0.10, style="-.")
-    ceiling = bands.get("ceiling")
-    if ceiling is not None:
-        _band(ax, ceiling, "#2ca02c", ceiling.label, alpha=0.15, style="-")
 
 
 def _kv_lines(ax, kv_of_query, n_heads: int) -> None:
@@ -79,7 +42,7 @@ def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_q
     rows = math.ceil(len(refs) / cols)
     cell_w = max(3.2, min(6.0, 0.45 * n_heads + 1.4))
     cell_h = max(2.6, min(7.5, 0.28 * n_layers + 1.2))
-    fig = _figure(cell_w * cols + 0.8, cell_h * rows + 0.5)
+    fig = new_figure(cell_w * cols + 0.8, cell_h * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
     image = None
     annotate = n_layers * n_heads * len(refs) <= ANNOTATE_MAX
@@ -109,48 +72,17 @@ def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_q
 
 def layer_lines(lines_by_ref: dict[str, dict], bands_by_ref: dict[str, dict[str, Band]],
                 gradients: dict[str, dict | None], measure: str, notes: dict[str, str] | None = None) -> bytes:
-    """Per reference: mean agreement per layer (with CI) of each per-layer explainer, beside the
-    baselines, the ceiling and the best gradient (a token-level method: a horizontal line).
-    ``notes``: explainer -> a remark put in its legend entry (its redundant layers)."""
-    notes = notes or {}
-    refs = list(lines_by_ref)
-    cols = min(len(refs), 2)
-    rows = math.ceil(len(refs) / cols)
-    fig = _figure(6.2 * cols, 5.0 * rows)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for i, ref in enumerate(refs):
-        ax = axes[i // cols][i % cols]
-        _bands(ax, bands_by_ref.get(ref, {}))
-        grad = gradients.get(ref)
-        if grad is not None:
-            ax.axhline(grad["mean"], color="#9467bd", lw=1.4, ls="--",
-                       label=f"best gradient ({grad['explainer']}) {grad['mean']:+.3f}")
-        for j, (explainer, frame) in enumerate(lines_by_ref[ref].items()):
-            color = COLORS[j % len(COLORS)]
-            x = frame["layer"].to_numpy()
-            label = f"{explainer} ({notes[explainer]})" if explainer in notes else explainer
-            ax.plot(x, frame["mean"].to_numpy(), marker="o", ms=3.5, color=color, label=label)
-            low, high = frame["ci_low"].to_numpy(dtype=float), frame["ci_high"].to_numpy(dtype=float)
-            if np.isfinite(low).any():
-                ax.fill_between(x, low, high, color=color, alpha=0.15, lw=0)
-        ax.set_title(f"vs {ref}", fontsize=10)
-        ax.set_xlabel("layer")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(f"mean {measure_label(measure)}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
-    for j in range(len(refs), rows * cols):
-        axes[j // cols][j % cols].set_visible(False)
-    return _png(fig)
+    """:func:`probe.plots.layer_lines_figure` as PNG bytes."""
+    return _png(layer_lines_figure(lines_by_ref, bands_by_ref, gradients, measure, notes))
 
 
 def distribution(units: list[dict], bands: dict[str, Band], reference: str, measure: str) -> bytes:
     """Per explainer unit: a box of the per-example values, the points, and mean with its CI beside
     it; the baselines and the ceiling as horizontal bands."""
     n = len(units)
-    fig = _figure(max(6.0, 0.85 * n + 3.5), 4.6)
+    fig = new_figure(max(6.0, 0.85 * n + 3.5), 4.6)
     ax = fig.subplots()
-    _bands(ax, bands)
+    draw_bands(ax, bands)
     positions = np.arange(n, dtype=float)
     family_color = {"attention": "#1f77b4", "gradient": "#9467bd", "intervention": "#8c564b"}
     data = [u["values"] if len(u["values"]) else np.array([np.nan]) for u in units]
@@ -181,7 +113,7 @@ def distribution(units: list[dict], bands: dict[str, Band], reference: str, meas
 
 def erasure_curves(curves, aopc) -> bytes:
     """Comprehensiveness vs % removed and sufficiency vs % kept, one line per ranking."""
-    fig = _figure(11.0, 4.2)
+    fig = new_figure(11.0, 4.2)
     ax_c, ax_s = fig.subplots(1, 2)
     aopc = aopc.set_index("ranking") if len(aopc) else aopc
     for j, (ranking, frame) in enumerate(curves.groupby("ranking", sort=False)):
@@ -211,7 +143,7 @@ def erasure_curves(curves, aopc) -> bytes:
 def permutation_scatter(frame) -> bytes:
     """Jain & Wallace's plot: each example's maximum attention against the median output change
     when the attention weights are permuted."""
-    fig = _figure(6.2, 4.4)
+    fig = new_figure(6.2, 4.4)
     ax = fig.subplots()
     sites = frame.groupby(["layer", "head"], sort=True)
     for j, ((layer, head), f) in enumerate(sites):
@@ -230,7 +162,7 @@ def permutation_scatter(frame) -> bytes:
 
 def adversarial_histogram(frame) -> bytes:
     """Distribution of the largest attention JSD found within the output bound, ln 2 marked."""
-    fig = _figure(6.2, 4.0)
+    fig = new_figure(6.2, 4.0)
     ax = fig.subplots()
     values = frame["adv_max_attention_jsd"].to_numpy(dtype=float)
     values = values[np.isfinite(values)]
@@ -252,7 +184,7 @@ def head_maps(maps: dict[str, np.ndarray], kv_of_query=None) -> bytes:
     n_layers, n_heads = next(iter(maps.values())).shape
     cell_w = max(3.4, min(5.0, 0.32 * n_heads + 1.6))
     cell_h = max(3.2, min(7.5, 0.28 * n_layers + 1.2))
-    fig = _figure(cell_w * len(names) + 0.5, cell_h + 0.4)
+    fig = new_figure(cell_w * len(names) + 0.5, cell_h + 0.4)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     annotate = n_layers * n_heads * len(names) <= ANNOTATE_MAX
     for ax, name in zip(axes, names):
@@ -280,7 +212,7 @@ def comparison_lines(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray, s
     names = list(panels)
     cols = min(len(names), 2)
     rows = math.ceil(len(names) / cols)
-    fig = _figure(6.2 * cols, 3.9 * rows)
+    fig = new_figure(6.2 * cols, 3.9 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
     for i, name in enumerate(names):
         ax = axes[i // cols][i % cols]
@@ -303,7 +235,7 @@ def randomisation_curves(curves: dict[str, list], reference: str | None = None) 
     """Cascading randomisation (Adebayo et al. 2018): per explainer, mean Spearman with its trained
     scores against the fraction of layers re-initialised from the top (the output head first, at
     0); the reference's own curve black and dashed; the 0.5 limit dashed."""
-    fig = _figure(6.4, 3.6)
+    fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     for name, curve in curves.items():
         xs = [float(p[0]) for p in curve]
@@ -324,7 +256,7 @@ def randomisation_curves(curves: dict[str, list], reference: str | None = None) 
 def convergence_curves(frame) -> bytes:
     """Integrated gradients: |delta| / |f(x) - f(baseline)| against the Gauss-Legendre points tried,
     one thin line per example, the median per number of points thick."""
-    fig = _figure(6.4, 3.6)
+    fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     relative = (frame["delta"].abs() / frame["gap"].abs().clip(lower=1e-12)).clip(lower=1e-8)
     frame = frame.assign(relative=relative)

@@ -23,7 +23,7 @@ from probe.study.verdict import Verdict
 from probe.spec.study import StatisticsSpec, Study
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StudyResult:
     """One study's result folder, read: what :func:`probe.run_study` and :func:`probe.load_results`
     return, and what a report is rendered from.
@@ -49,6 +49,52 @@ class StudyResult:
     batches_total: int | None
     batch_infos: list[dict] = field(default_factory=list)
     computed: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        from probe.display import clip
+
+        state = "complete" if self.complete else f"partial: {self.batches_done}/{self.batches_total or '?'} batches"
+        answer = f", verdict {self.verdict.answer!r}" if self.verdict is not None else ""
+        return clip(f"<StudyResult {self.name} ({self.model_id}): {self.n_examples} examples, {state}{answer}; "
+                    f"{self.root}", 280) + ">"
+
+    def _repr_html_(self) -> str:
+        from probe.display import MAX_ROWS, block_html, frame_html
+
+        parts = [block_html(repr(self), "")]
+        if self.verdict is not None:
+            parts.append(self.verdict._repr_html_())
+        summary = self.summary
+        if summary is not None and len(summary):
+            top = summary[(summary["role"] == "explainer") & (summary["reference"] == self.reference)
+                          & (summary["measure"] == self.measure)] if "role" in summary else summary
+            top = top.sort_values("mean", ascending=False) if "mean" in top else top
+            shown = [c for c in ("explainer", "layer", "head", "n", "mean", "ci_low", "ci_high", "sig_frac") if c in top]
+            parts.append(block_html(f"summary: highest mean {self.measure} with {self.reference}",
+                                    frame_html(top[shown] if shown else top, max_rows=MAX_ROWS),
+                                    "layer/head -1: none; every row: run.to_pandas()"))
+        return "<div>" + "".join(parts) + "</div>"
+
+    def plot(self, references: str | list[str] | None = None):
+        """Mean agreement per layer (with its CI band) of each per-layer explainer against each of
+        ``references`` (default: every reference), beside the random, uniform and position
+        baselines, the ceiling and the best gradient: the report's per-layer figure, from the
+        summary table. Returns a :class:`matplotlib.figure.Figure`."""
+        from probe.plots import layer_lines_figure
+        from probe.report.lines import summary_bands, summary_best_gradient, summary_layer_lines
+
+        refs = self.references if references is None else [references] if isinstance(references, str) else list(references)
+        unknown = [r for r in refs if r not in self.references]
+        if unknown:
+            raise InputError(f"reference {unknown[0]!r} is not one of this study's ({', '.join(self.references)})")
+        lines = {r: summary_layer_lines(self.summary, r, self.measure) for r in refs}
+        lines = {r: v for r, v in lines.items() if v}
+        if not lines:
+            raise InputError(f"the study {self.name!r} has no per-layer explainer to plot (its explainers: "
+                             f"{', '.join(self.explainers)})")
+        return layer_lines_figure(lines, {r: summary_bands(self.summary, r, self.measure) for r in lines},
+                                  {r: summary_best_gradient(self.summary, r, self.measure) for r in lines},
+                                  self.measure, title=f"{self.name} ({self.model_id})")
 
     def to_pandas(self) -> pd.DataFrame:
         """The summary table (a copy): one row per (role, explainer, reference, layer, head,

@@ -10,6 +10,7 @@ import pandas as pd
 from probe.report import analysis as an
 from probe.report import figures as fg
 from probe.document import Bullets, KeyValues, Para, Section, Table, TokenView
+from probe.plots import measure_label
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.report.tokens import token_examples
@@ -120,7 +121,7 @@ def agreement_section(r: StudyResult, w: Writer) -> Section:
     csv = w.csv("agreement_by_layer", by_layer)
     base = an.baselines_and_ceilings(r)
     csv_base = w.csv("baselines_and_ceiling", base)
-    mlabel = fg.measure_label(measure)
+    mlabel = measure_label(measure)
     blocks = [Para(f"Mean {mlabel} over examples between each explainer's token ranking and each reference's, "
                    f"with {100 * r.spec.statistics.level:.0f}% bootstrap CIs. Agreement is computed "
                    "on scored tokens only.")]
@@ -145,7 +146,7 @@ def _agreement_figures(r: StudyResult, w: Writer) -> list:
     distribution against the verdict reference."""
     blocks = []
     ref, measure = r.reference, r.measure
-    mlabel = fg.measure_label(measure)
+    mlabel = measure_label(measure)
     for explainer in an.per_head_explainers(r):
         grids = {ref_: g for ref_ in r.references if (g := an.head_grid(r, explainer, ref_)) is not None}
         if grids:

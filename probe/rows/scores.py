@@ -15,7 +15,7 @@ import torch
 SCORE_COLUMNS = ("example", "layer", "head", "position", "score")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TokenScores:
     """One method's scores for a list of examples; frozen (a changed result is a new TokenScores).
 
@@ -38,6 +38,20 @@ class TokenScores:
         object.__setattr__(self, "scores", tuple(s.detach().float().cpu() for s in self.scores))
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
         object.__setattr__(self, "extras", MappingProxyType(dict(self.extras)))
+
+    def __repr__(self) -> str:
+        import dataclasses
+
+        from probe import registry
+        from probe.display import clip, name_list, shape_text
+
+        n = len(self.scores)
+        shapes = name_list((shape_text(t.shape) for t in self.scores), limit=3)
+        entry = registry.find(self.method)  # its parameters only; params also holds the method's diagnostics
+        names = [f.name for f in dataclasses.fields(entry.defaults())] if entry is not None else []
+        params = ", ".join(f"{k}={self.params[k]}" for k in names if k in self.params)
+        text = f"<TokenScores {self.method}: {n} example{'s' if n != 1 else ''}, [{', '.join(self.axes)}] ({shapes})"
+        return clip(text + (f", {params}" if params else ""), 280) + ">"
 
     @property
     def axes(self) -> tuple[str, ...]:

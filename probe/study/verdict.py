@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,16 @@ def _mean(unit: Mapping[str, Any]) -> float:
     return float("nan") if mean is None else float(mean)
 
 
-@dataclass(frozen=True)
+def _number(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _finite(value: Any) -> float | None:
+    number = _number(value)
+    return number if math.isfinite(number) else None
+
+
+@dataclass(frozen=True, repr=False)
 class Verdict:
     """Does attention track the reference? ``answer`` is yes (some layer-level unit of the attention
     weights tracks it), heads only (only single heads do), no, or undecidable (``undecidable`` says
@@ -68,6 +78,61 @@ class Verdict:
     undecidable: str | None = None
     families: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        from probe.display import clip
+
+        why = f" ({clip(self.undecidable, 90)})" if self.undecidable else ""
+        return (f"<Verdict {self.answer}{why}: {self.measure} with {self.reference}; "
+                f"{self.layer_units.tracking}/{self.layer_units.total} layer-level units and "
+                f"{self.head_units.tracking}/{self.head_units.total} heads track>")
+
+    def _repr_html_(self) -> str:
+        from probe.display import block_html, frame_html
+
+        numbers = []
+        for name, entry in (("random", self.random), ("best gradient", self.best_gradient), ("ceiling", self.ceiling)):
+            if entry and entry.get("mean") is not None:
+                ci = entry.get("ci") or (None, None)
+                interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if None not in ci else ""
+                numbers.append(f"{name} {float(entry['mean']):+.3f}{interval}")
+        note = f"{self.measure} with {self.reference}" + (": " + "; ".join(numbers) if numbers else "")
+        table = frame_html(self.to_pandas(), caption="per family of attention explanation")
+        return ("<div>" + block_html(f"Does attention track {self.reference}? {self.answer}", "", self.headline)
+                + block_html("", table, note) + "</div>")
+
+    def plot(self):
+        """The layer-level units the verdict records (its best and worst, ``best_layers`` /
+        ``worst_layers`` in ``data``) as points with their CIs per layer, beside the random baseline, the
+        ceiling and the best gradient. A verdict holds a few units only: a study's
+        :meth:`~probe.report.results.StudyResult.plot` draws every layer from the summary table.
+        Returns a :class:`matplotlib.figure.Figure`."""
+        import pandas as pd
+
+        from probe.plots import Band, layer_lines_figure
+
+        rows: dict[str, dict[int, tuple]] = {}
+        for unit in (*self.best_layers, *(self.data.get("worst_layers") or ())):
+            explainer, _, layer = str(unit.get("unit", "")).rpartition(" L")
+            if not explainer or not layer.isdigit():
+                continue
+            ci = unit.get("ci") or (None, None)
+            rows.setdefault(explainer, {})[int(layer)] = (_mean(unit), _number(ci[0]), _number(ci[1]))
+        if not rows:
+            raise InputError(f"this verdict records no layer-level unit to plot (answer {self.answer!r})")
+        lines = {e: pd.DataFrame([(layer, *v) for layer, v in sorted(points.items())],
+                                 columns=["layer", "mean", "ci_low", "ci_high"]) for e, points in rows.items()}
+        bands = {}
+        for name, entry in {**(self.data.get("baselines") or {}), "random": self.random,
+                            "ceiling": self.ceiling}.items():
+            if isinstance(entry, Mapping) and entry.get("mean") is not None:
+                ci = entry.get("ci") or (None, None)
+                label = f"ceiling ({' vs '.join(entry.get('pair') or ())})" if name == "ceiling" else name
+                bands[name] = Band(label, _mean(entry), _finite(ci[0]), _finite(ci[1]))
+        gradient = dict(self.best_gradient) if self.best_gradient and self.best_gradient.get("mean") is not None else None
+        return layer_lines_figure({self.reference: lines}, {self.reference: bands}, {self.reference: gradient},
+                                  self.measure, points_only=True,
+                                  title=f"verdict: {self.answer} (its best and worst layer-level units)")
 
     @property
     def tracks(self) -> bool:

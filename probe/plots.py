@@ -1,0 +1,179 @@
+"""Figures any result draws: matplotlib's Agg canvas (no pyplot, no GUI backend, nothing global
+changed), the baseline bands, the per-layer agreement lines, token scores and attention heatmaps.
+
+The report (:mod:`probe.report.figures`) turns these figures into PNG bytes; the results' own
+``.plot()`` methods hand them back as :class:`matplotlib.figure.Figure` for a notebook to show.
+This module imports matplotlib, so the results import it only inside ``.plot()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+DPI = 100
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+          "#7f7f7f"]
+MEASURE_LABEL = {"kendall_tau": "Kendall tau-b", "spearman": "Spearman rho"}
+
+
+@dataclass
+class Band:
+    """A baseline (or the ceiling) drawn across a panel: its mean and, where known, its CI."""
+
+    label: str
+    mean: float
+    low: float | None
+    high: float | None
+
+
+def measure_label(measure: str) -> str:
+    if measure.startswith("top") and measure[3:].isdigit():
+        return f"top-{measure[3:]} overlap"
+    return MEASURE_LABEL.get(measure, measure)
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure on its own Agg canvas, laid out by constrained layout (legends and labels inside)."""
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def set_title(fig: Figure, text: str) -> None:
+    """``text`` as the figure's title, cut to what its width holds (a model's path can be long)."""
+    limit = max(int(fig.get_figwidth() * 11), 20)
+    fig.suptitle(text if len(text) <= limit else text[: limit - 1] + "\u2026", fontsize=10)
+
+
+def draw_band(ax, band: Band | None, color: str, label: str, *, alpha: float = 0.18, style: str = "--") -> None:
+    if band is None:
+        return
+    if band.low is not None and band.high is not None and band.high > band.low:
+        ax.axhspan(band.low, band.high, color=color, alpha=alpha, lw=0,
+                   label=f"{label} {band.mean:+.3f} [{band.low:+.3f}, {band.high:+.3f}]")
+        ax.axhline(band.mean, color=color, lw=0.8, ls=style)
+    else:
+        ax.axhline(band.mean, color=color, lw=1.2, ls=style, label=f"{label} {band.mean:+.3f}")
+
+
+def draw_bands(ax, bands: Mapping[str, Band]) -> None:
+    """The random, uniform and position baselines and the ceiling, those of ``bands`` that exist."""
+    draw_band(ax, bands.get("random"), "#7f7f7f", "random")
+    draw_band(ax, bands.get("uniform"), "#000000", "uniform", style=":")
+    draw_band(ax, bands.get("position"), "#ff7f0e", "position", alpha=0.10, style="-.")
+    ceiling = bands.get("ceiling")
+    if ceiling is not None:
+        draw_band(ax, ceiling, "#2ca02c", ceiling.label, alpha=0.15, style="-")
+
+
+def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mapping[str, Mapping[str, Band]],
+                       gradients: Mapping[str, dict | None], measure: str, notes: Mapping[str, str] | None = None,
+                       *, points_only: bool = False, title: str = "") -> Figure:
+    """Per reference: mean agreement per layer (with CI) of each per-layer explainer, beside the
+    baselines, the ceiling and the best gradient (a token-level method: a horizontal line).
+
+    ``lines_by_ref``: reference -> explainer -> a frame with ``layer``, ``mean``, ``ci_low``,
+    ``ci_high``. ``notes``: explainer -> a remark put in its legend entry (its redundant layers).
+    ``points_only``: the layers given are a selection (a verdict's best and worst units), drawn as
+    points with CI bars and not joined into a line."""
+    notes = notes or {}
+    refs = list(lines_by_ref)
+    cols = min(len(refs), 2)
+    rows = math.ceil(len(refs) / cols)
+    fig = new_figure(6.2 * cols, 5.0 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for i, ref in enumerate(refs):
+        ax = axes[i // cols][i % cols]
+        draw_bands(ax, bands_by_ref.get(ref, {}))
+        grad = gradients.get(ref)
+        if grad is not None:
+            ax.axhline(grad["mean"], color="#9467bd", lw=1.4, ls="--",
+                       label=f"best gradient ({grad['explainer']}) {grad['mean']:+.3f}")
+        for j, (explainer, frame) in enumerate(lines_by_ref[ref].items()):
+            color = COLORS[j % len(COLORS)]
+            x = frame["layer"].to_numpy()
+            label = f"{explainer} ({notes[explainer]})" if explainer in notes else explainer
+            mean = frame["mean"].to_numpy(dtype=float)
+            low, high = frame["ci_low"].to_numpy(dtype=float), frame["ci_high"].to_numpy(dtype=float)
+            if points_only:
+                bars = np.vstack([mean - np.where(np.isfinite(low), low, mean),
+                                  np.where(np.isfinite(high), high, mean) - mean])
+                ax.errorbar(x, mean, yerr=bars, fmt="o", ms=4, color=color, capsize=3, lw=1.2, label=label)
+                continue
+            ax.plot(x, mean, marker="o", ms=3.5, color=color, label=label)
+            if np.isfinite(low).any():
+                ax.fill_between(x, low, high, color=color, alpha=0.15, lw=0)
+        ax.set_title(f"vs {ref}", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(f"mean {measure_label(measure)}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    for j in range(len(refs), rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    if title:
+        set_title(fig, title)
+    return fig
+
+
+def token_scores_figure(tokens: Sequence[str], rows: Mapping[str, np.ndarray], special: Sequence[bool],
+                        title: str = "") -> Figure:
+    """One bar panel per method (``rows``: label -> ``[tokens]`` scores, NaN: not scored), the
+    tokens on the shared x axis of the bottom panel, rotated; special tokens' labels grey."""
+    n_tokens = len(tokens)
+    names = list(rows)
+    width = min(max(4.5, 0.32 * n_tokens + 2.0), 30.0)
+    fig = new_figure(width, 1.5 * len(names) + 1.4)
+    axes = fig.subplots(len(names), 1, squeeze=False, sharex=True)[:, 0]
+    x = np.arange(n_tokens)
+    for j, (ax, name) in enumerate(zip(axes, names)):
+        values = np.asarray(rows[name], dtype=float)
+        shown = np.where(np.isfinite(values), values, 0.0)
+        colors = ["#d6d6d6" if special[i] else ("#d64541" if shown[i] >= 0 else "#316ec8") for i in range(n_tokens)]
+        ax.bar(x, shown, color=colors, width=0.8)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_ylabel(name, fontsize=8, rotation=0, ha="right", va="center")
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    bottom = axes[-1]
+    bottom.set_xticks(x, list(tokens), rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
+    bottom.set_xlim(-0.6, n_tokens - 0.4)
+    for i, label in enumerate(bottom.get_xticklabels()):
+        if special[i]:
+            label.set_color("#8a8a8a")
+    if title:
+        set_title(fig, title)
+    return fig
+
+
+def attention_figure(weights: np.ndarray, query_positions: Sequence[int], tokens: Sequence[str] | None = None,
+                     title: str = "") -> Figure:
+    """A ``[query, key]`` attention map as a heatmap, with the token texts on both axes when given."""
+    n_query, n_key = weights.shape
+    side = min(max(4.0, 0.3 * n_key + 2.5), 16.0)
+    fig = new_figure(side + 1.2, min(max(2.2, 0.3 * n_query + 2.5), 16.0))
+    ax = fig.subplots()
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=max(float(np.nanmax(weights)), 1e-9) if weights.size else 1.0,
+                      aspect="auto", interpolation="nearest")
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    if tokens is not None:
+        ax.set_xticks(range(n_key), [tokens[k] for k in range(n_key)], rotation=60, ha="right",
+                      rotation_mode="anchor", fontsize=7)
+        ax.set_yticks(range(n_query), [tokens[q] if 0 <= q < len(tokens) else str(q) for q in query_positions],
+                      fontsize=7)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if n_query <= 40:
+            ax.set_yticks(range(n_query), [str(q) for q in query_positions])
+    fig.colorbar(image, ax=ax, shrink=0.85, label="attention weight")
+    if title:
+        set_title(fig, title)
+    return fig

@@ -1,0 +1,335 @@
+"""How results show themselves in a notebook: short reprs, self-contained HTML, matplotlib figures
+with nothing outside the canvas, and word-level tables whose numbers are the token-level ones summed."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import probe
+from probe.api import Explanation
+from probe.display import clean_token
+from probe.errors import InputError
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample
+from probe.study.verdict import Verdict
+
+HTML_TEXT = "a gripping <b>& unwatchable film"
+TEXTS = [HTML_TEXT, "the plot is not good and the acting is worse"]
+METHODS = ["attention_mean", "integrated_gradients", "loo_delete"]
+TAG = re.compile(r"<[^>]*>")
+
+
+def _inside_canvas(fig, slack: float = 1.0) -> list[str]:
+    """The texts drawn (titles, labels, tick labels in view, legend entries) whose window extent
+    leaves the figure's canvas; [] when everything is inside."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    ticks = set()
+    shown = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update((tick.label1, tick.label2))
+                if low - 1e-9 <= tick.get_loc() <= high + 1e-9 and ax.get_visible():
+                    shown += [t for t in (tick.label1, tick.label2) if t.get_visible()]
+    shown += [t for t in fig.findobj(Text) if t not in ticks and t.get_visible()
+              and (t.axes is None or t.axes.get_visible())]
+    outside = []
+    for text in shown:
+        if not text.get_text().strip():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.x0 < -slack or box.y0 < -slack or box.x1 > width + slack or box.y1 > height + slack:
+            outside.append(f"{text.get_text()!r} at {box.bounds}")
+    tight = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
+    if tight.x0 < -slack or tight.y0 < -slack or tight.x1 > width + slack or tight.y1 > height + slack:
+        outside.append(f"the drawn artists' box {tight.bounds}")
+    return outside
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return probe.load_model("builtin:minilm-rt")
+
+
+@pytest.fixture(scope="module")
+def ex(pm):
+    return probe.explain(pm, TEXTS, methods=METHODS, params={"integrated_gradients": {"steps": 8}})
+
+
+# --------------------------------------------------------------------------- reprs
+
+
+def test_explanation_and_model_reprs_are_short_and_say_what_they_hold(ex, pm):
+    text = repr(ex)
+    assert text == ("<Explanation builtin:minilm-rt: 2 texts x 3 methods (attention_mean, integrated_gradients, "
+                    "loo_delete)>")
+    assert str(ex) == text
+    for value in (pm, pm.contract, ex["integrated_gradients"], ex["attention_mean"]):
+        shown = repr(value)
+        assert len(shown) < 300 and shown.count("\n") <= 2, shown
+    assert repr(pm).startswith("<ProbeModel builtin:minilm-rt: bert classification, 6 layers x 12 heads (MHA)")
+    assert "encoder 6 layers x 12 heads" in repr(pm.contract)
+    assert repr(ex["attention_mean"]).startswith("<TokenScores attention_mean: 2 examples, [layer, token] (6x")
+    assert "steps=8" in repr(ex["integrated_gradients"])
+
+
+def test_intervention_and_capture_reprs(pm, ex):
+    heads = probe.head_ablation(pm, ex)
+    importance = probe.head_importance(pm, ex, ablation=False)
+    uniform = probe.counterfactual_attention(pm, ex, "uniform", layer=-1)
+    batch = pm.encode(TEXTS)
+    with probe.capture(pm, queries="first", attention_mask=batch["attention_mask"]) as cap:
+        pm.model(**batch)
+    maps = cap.maps()
+    for value in (heads, importance, uniform, maps):
+        shown = repr(value)
+        assert len(shown) < 300 and shown.count("\n") <= 2, shown
+    mean = heads.mean_abs_change
+    layer, head = divmod(int(mean.argmax()), mean.shape[1])
+    assert repr(heads).startswith("<HeadEffects encoder: 2 examples x 6 layers x 12 heads")
+    assert f"L{layer}.H{head}" in repr(heads)
+    assert "with single-head ablation" not in repr(importance)
+    assert repr(uniform).startswith("<CounterfactualResult uniform at encoder L5 heads 0-11: 2 examples x 1 samples")
+    assert repr(maps).startswith("<AttentionMaps encoder: batch 2 x layer 6 x head 12 x query 1 x key ")
+
+
+def test_a_hundred_heads_and_long_params_stay_short():
+    scores = TokenScores("x", [torch.zeros(40, 100, 7)] * 50, params={"note": "y" * 400}, per_head=True)
+    assert len(repr(scores)) < 300
+    assert repr(scores).endswith(">")
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+def test_explanation_html_escapes_tokens_and_shades_by_score(ex):
+    html = ex._repr_html_()
+    assert "<script" not in html and "src=" not in html and "href=" not in html
+    assert "&lt;b&gt;&amp; unwatchable" in html  # the text, escaped
+    assert "<b>& unwatchable" not in html
+    text_of_cells = TAG.sub("|", html)
+    for token in ("&lt;", "&amp;", "gripping", "un", "watch"):
+        assert f"|{token}|" in text_of_cells or token in text_of_cells
+    # one block per example, tokens cleaned of "##", special tokens greyed
+    assert html.count("example 0:") == 1 and html.count("example 1:") == 1
+    assert "##" not in TAG.sub("", html).replace('title="##', "")
+    assert re.search(r'<td style="color:#9a9a9a;font-style:italic" title="\[CLS\]">\[CLS\]</td>', html)
+    # shading follows the scores: the loo_delete column of example 0, the cells' alpha ranks as the scores do
+    block = html.split("example 0:")[1].split("example 1:")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", block)[1:]  # the header row first
+    column = 1 + 1 + METHODS.index("loo_delete")
+    values, alphas = [], []
+    for row in rows:
+        cells = re.findall(r"<td([^>]*)>(.*?)</td>", row)
+        style, number = cells[column]
+        if "background" in style:
+            values.append(float(number))
+            alphas.append(float(re.search(r"rgba\([^)]*, ([0-9.]+)\)", style).group(1))
+                          * (1 if "214, 69, 65" in style else -1))
+    scores = ex["loo_delete"].scores[0].numpy()
+    assert len(values) == int(np.isfinite(scores).sum())
+    assert np.all(np.diff(np.array(alphas)[np.argsort(values, kind="stable")]) >= -1e-9)
+    assert max(abs(a) for a in alphas) == pytest.approx(0.85)
+
+
+def test_explanation_html_shows_five_examples_and_counts_the_rest():
+    examples = tuple(PreparedExample(text=f"text {i}", input_ids=[1, 2, 3], special=[True, False, True],
+                                     tokens=["[CLS]", "##x", "[SEP]"], kind="prob", label=0) for i in range(8))
+    ex = Explanation(model="m", examples=examples, scores={"s": TokenScores("s", [torch.tensor([0.0, 1.0, 2.0])] * 8)})
+    html = ex._repr_html_()
+    assert html.count("<table") == 5 and "and 3 more examples" in html
+    assert "example 5:" not in html
+
+
+def test_verdict_study_and_audit_html(study_result, pm):
+    verdict = study_result.verdict
+    html = verdict._repr_html_()
+    assert verdict.answer in html and TAG.sub("", html).count(verdict.headline.split(":")[0].replace("'", "&#x27;")) >= 1
+    table = verdict.to_pandas()
+    for family in table["family"]:
+        assert family in html
+    assert f"{table['best_layer_mean'].iloc[0]:.3f}" in html
+    assert len(repr(verdict)) < 300 and repr(verdict).startswith(f"<Verdict {verdict.answer}")
+    study_html = study_result._repr_html_()
+    assert html in study_html and "summary: highest mean" in study_html
+    assert len(repr(study_result)) < 300 and repr(study_result).startswith("<StudyResult tiny-display")
+
+    audit = probe.audit({"model": {"id": "builtin:minilm-rt"}, "data": {"texts": TEXTS * 2},
+                         "claims": [{"claim": "Head 5.9 <matters>", "kind": "head_role", "head": "5.9"}]}, model=pm)
+    shown = audit._repr_html_()
+    claim = audit.claims[0]
+    assert "Head 5.9 &lt;matters&gt;" in shown and "<matters>" not in shown
+    assert claim.verdict in shown and f"{claim.effect:.3f}" in shown
+    assert repr(audit) == f"<AuditResult builtin:minilm-rt: 1 claim (1 {claim.verdict})>"
+
+
+def test_attention_maps_html_gives_the_shapes(pm):
+    batch = pm.encode(TEXTS)
+    with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:
+        pm.model(**batch)
+    maps = cap.maps()
+    html = maps._repr_html_()
+    assert " x ".join(map(str, maps.weights.shape)) in html and "[batch, layer, head, query, key]" in html
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def test_explanation_plot_has_a_panel_per_method_and_the_tokens(ex):
+    fig = ex.plot(0)
+    assert len(fig.axes) == len(METHODS)
+    labels = [t.get_text() for t in fig.axes[-1].get_xticklabels()]
+    assert labels == [clean_token(t) for t in ex.examples[0].tokens]
+    assert "##" not in "".join(labels) and "<" in labels
+    assert fig.axes[0].get_ylabel() == "attention_mean (last layer)"
+    assert _inside_canvas(fig) == []
+    fig = ex.plot(1, methods=["loo_delete"])
+    assert len(fig.axes) == 1 and _inside_canvas(fig) == []
+    with pytest.raises(InputError, match="example=7"):
+        ex.plot(7)
+
+
+def test_attention_maps_plot_is_a_query_key_heatmap(pm):
+    batch = pm.encode(TEXTS)
+    with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:
+        pm.model(**batch)
+    maps = cap.maps()
+    tokens = pm.tokenizer.convert_ids_to_tokens(batch["input_ids"][1].tolist())
+    fig = maps.plot(layer=2, head=3, example=1, tokens=tokens)
+    image = fig.axes[0].get_images()[0]
+    assert np.allclose(image.get_array(), maps.weights[1, 2, 3].numpy())
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [clean_token(t) for t in tokens]
+    assert len(fig.axes) == 2  # the map and its colour bar
+    assert _inside_canvas(fig) == []
+    assert _inside_canvas(maps.plot(0, 0)) == []
+    with pytest.raises(InputError, match="layer 9"):
+        maps.plot(9, 0)
+
+
+def test_gpt2_maps_and_scores_plot_inside_the_canvas(loaded):
+    pm = loaded("gpt2")
+    ex = probe.explain(pm, ["hello world, this is a test"], methods=["attention_mean", "saliency"])
+    assert _inside_canvas(ex.plot()) == [] and len(ex.plot().axes) == 2
+    batch = pm.encode(["hello world"])
+    with probe.capture(pm, queries="last", attention_mask=batch["attention_mask"]) as cap:
+        pm.model(**batch)
+    fig = cap.maps().plot(0, 0, tokens=pm.tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist()))
+    assert _inside_canvas(fig) == []
+
+
+@pytest.fixture(scope="module")
+def study_result(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("display")
+    texts = ["good movie", "bad film", "great story", "terrible acting", "fun plot", "boring ending",
+             "very funny film", "awful slow movie"]
+    pd.DataFrame({"text": texts, "label": [i % 2 for i in range(8)]}).to_csv(root / "d.csv", index=False)
+    study = probe.study_from_dict({
+        "name": "tiny-display", "model": {"id": str(tiny_dirs["bert"])},
+        "dataset": {"name": str(root / "d.csv"), "n": 8, "seed": 0},
+        "explainers": ["attention_mean", "rollout", "saliency"], "references": ["loo_delete"],
+        "metrics": {"erasure": None, "counterfactual": None, "heads": None}, "statistics": {"bootstrap": 100},
+    })
+    return probe.run_study(study, out=root / "out", report=False)
+
+
+def test_study_and_verdict_plots_draw_the_layers_and_the_random_baseline(study_result):
+    fig = study_result.plot()
+    assert len(fig.axes) == 1
+    ax = fig.axes[0]
+    labels = ax.get_legend().get_texts()
+    names = [t.get_text() for t in labels]
+    assert any(n.startswith("attention_mean") for n in names) and any(n.startswith("rollout") for n in names)
+    assert any(n.startswith("random ") for n in names) and any("best gradient (saliency)" in n for n in names)
+    n_layers = study_result.contract["n_layers"]
+    line = next(line for line in ax.get_lines() if line.get_label() == "attention_mean")
+    assert list(line.get_xdata()) == list(range(n_layers))
+    assert _inside_canvas(fig) == []
+
+    verdict = study_result.verdict
+    fig = verdict.plot()
+    names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(n.startswith("random ") for n in names)
+    recorded = {u["unit"] for u in (*verdict.best_layers, *verdict.data["worst_layers"])}
+    drawn = sum(len(c.lines[0].get_xdata()) for c in fig.axes[0].containers)  # one errorbar per explainer
+    assert drawn == len(recorded) >= 1
+    assert _inside_canvas(fig) == []
+    with pytest.raises(InputError, match="loo_mask"):
+        study_result.plot("loo_mask")
+
+
+def test_a_verdict_without_layer_units_says_so():
+    verdict = Verdict.from_dict({"answer": "undecidable", "headline": "h", "reference": "loo_delete",
+                                 "measure": "kendall_tau", "layer_units": {}, "head_units": {}})
+    with pytest.raises(InputError, match="no layer-level unit"):
+        verdict.plot()
+    assert "undecidable" in verdict._repr_html_()
+
+
+# --------------------------------------------------------------------------- word level
+
+
+def test_word_level_sums_the_tokens_of_each_word(ex, pm):
+    tokens = ex.to_pandas()
+    assert list(tokens.columns) == ["example", "position", "token", "clean_token", "special", "method", "layer",
+                                    "head", "score"]
+    assert (tokens["clean_token"] == [clean_token(t) for t in tokens["token"]]).all()
+    words = ex.to_pandas(level="word")
+    assert list(words.columns) == ["example", "word_index", "word", "first_position", "n_tokens", "special", "method",
+                                   "layer", "head", "score"]
+    first = ex.examples[0].tokens
+    assert any(t.startswith("##") for t in first), first  # the text has a word of several pieces
+    assert "unwatchable" in set(words[words.example == 0]["word"])
+    # every (example, method, layer, head) total is the same at both levels (NaN-aware sums)
+    keys = ["example", "method", "layer", "head"]
+    t = tokens.groupby(keys)["score"].sum(min_count=1)
+    w = words.groupby(keys)["score"].sum(min_count=1)
+    pd.testing.assert_series_equal(t, w, check_exact=False, rtol=1e-5, atol=1e-6)
+    # and word by word: the word's tokens' scores summed
+    for (_, row) in words[(words.method == "integrated_gradients")].iterrows():
+        span = tokens[(tokens.method == "integrated_gradients") & (tokens.example == row.example)
+                      & (tokens.position >= row.first_position) & (tokens.position < row.first_position + row.n_tokens)]
+        assert row.score == pytest.approx(span.score.sum(), abs=1e-6)
+    # special tokens are words of their own; a word whose tokens are all NaN is NaN
+    loo = words[words.method == "loo_delete"]
+    assert loo[loo.special]["word"].isin(["[CLS]", "[SEP]"]).all() and loo[loo.special]["score"].isna().all()
+    assert loo[~loo.special]["score"].notna().all()
+    maxed = ex.to_pandas(level="word", agg="max")
+    row = maxed[(maxed.method == "integrated_gradients") & (maxed.word == "unwatchable")].iloc[0]
+    span = tokens[(tokens.method == "integrated_gradients") & (tokens.example == 0)
+                  & (tokens.position >= row.first_position) & (tokens.position < row.first_position + row.n_tokens)]
+    assert row.score == pytest.approx(span.score.max())
+    with pytest.raises(InputError, match="level="):
+        ex.to_pandas(level="sentence")
+    with pytest.raises(InputError, match="agg="):
+        ex.to_pandas(level="word", agg="median")
+
+
+def test_word_level_without_the_tokenizer_splits_at_the_markers():
+    example = PreparedExample(text="un bel ievable x", input_ids=[1, 2, 3, 4, 5, 6], special=[True] + [False] * 4 + [True],
+                              tokens=["[CLS]", "un", "##bel", "##ievable", "x", "[SEP]"], kind="prob", label=0)
+    scores = TokenScores("s", [torch.tensor([float("nan"), 1.0, float("nan"), 2.0, 5.0, 0.5])])
+    words = Explanation(model="m", examples=(example,), scores={"s": scores}).to_pandas(level="word")
+    assert list(words["word"]) == ["[CLS]", "unbelievable", "x", "[SEP]"]
+    assert list(words["n_tokens"]) == [1, 3, 1, 1]
+    assert math.isnan(words["score"].iloc[0]) and list(words["score"].iloc[1:]) == [3.0, 5.0, 0.5]
+    assert list(words["special"]) == [True, False, False, True]
+
+
+def test_gpt2_words_from_the_tokenizer(loaded):
+    pm = loaded("gpt2")
+    ex = probe.explain(pm, ["hello wonderful world"], methods=["saliency"])
+    words = ex.to_pandas(level="word")
+    tokens = ex.to_pandas()
+    assert words["score"].sum() == pytest.approx(tokens["score"].sum(), rel=1e-5)
+    assert "Ġ" not in "".join(words["word"]) and "Ġ" not in "".join(tokens["clean_token"])
