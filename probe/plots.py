@@ -39,6 +39,17 @@ def measure_label(measure: str) -> str:
     return MEASURE_LABEL.get(measure, measure)
 
 
+#: characters per line of a legend entry: two columns of them fit under a report panel
+LEGEND_WIDTH = 44
+
+
+def wrap_label(text: str, width: int = LEGEND_WIDTH) -> str:
+    """``text`` broken into lines of at most ``width`` characters (a legend entry that stays in its panel)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)) or text
+
+
 def new_figure(width: float, height: float) -> Figure:
     """A figure on its own Agg canvas, laid out by constrained layout (legends and labels inside)."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
@@ -99,7 +110,7 @@ def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mappin
         for j, (explainer, frame) in enumerate(lines_by_ref[ref].items()):
             color = COLORS[j % len(COLORS)]
             x = frame["layer"].to_numpy()
-            label = f"{explainer} ({notes[explainer]})" if explainer in notes else explainer
+            label = wrap_label(f"{explainer} ({notes[explainer]})" if explainer in notes else explainer)
             mean = frame["mean"].to_numpy(dtype=float)
             low, high = frame["ci_low"].to_numpy(dtype=float), frame["ci_high"].to_numpy(dtype=float)
             if points_only:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from figure_checks import texts_outside_canvas
 
 import probe
 from probe.api import Explanation
@@ -23,38 +24,6 @@ HTML_TEXT = "a gripping <b>& unwatchable film"
 TEXTS = [HTML_TEXT, "the plot is not good and the acting is worse"]
 METHODS = ["attention_mean", "integrated_gradients", "loo_delete"]
 TAG = re.compile(r"<[^>]*>")
-
-
-def _inside_canvas(fig, slack: float = 1.0) -> list[str]:
-    """The texts drawn (titles, labels, tick labels in view, legend entries) whose window extent
-    leaves the figure's canvas; [] when everything is inside."""
-    from matplotlib.text import Text
-
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    width, height = fig.bbox.width, fig.bbox.height
-    ticks = set()
-    shown = []
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            low, high = sorted(axis.get_view_interval())
-            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
-                ticks.update((tick.label1, tick.label2))
-                if low - 1e-9 <= tick.get_loc() <= high + 1e-9 and ax.get_visible():
-                    shown += [t for t in (tick.label1, tick.label2) if t.get_visible()]
-    shown += [t for t in fig.findobj(Text) if t not in ticks and t.get_visible()
-              and (t.axes is None or t.axes.get_visible())]
-    outside = []
-    for text in shown:
-        if not text.get_text().strip():
-            continue
-        box = text.get_window_extent(renderer)
-        if box.x0 < -slack or box.y0 < -slack or box.x1 > width + slack or box.y1 > height + slack:
-            outside.append(f"{text.get_text()!r} at {box.bounds}")
-    tight = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
-    if tight.x0 < -slack or tight.y0 < -slack or tight.x1 > width + slack or tight.y1 > height + slack:
-        outside.append(f"the drawn artists' box {tight.bounds}")
-    return outside
 
 
 @pytest.fixture(scope="module")
@@ -193,9 +162,9 @@ def test_explanation_plot_has_a_panel_per_method_and_the_tokens(ex):
     assert labels == [clean_token(t) for t in ex.examples[0].tokens]
     assert "##" not in "".join(labels) and "<" in labels
     assert fig.axes[0].get_ylabel() == "attention_mean (last layer)"
-    assert _inside_canvas(fig) == []
+    assert texts_outside_canvas(fig) == []
     fig = ex.plot(1, methods=["loo_delete"])
-    assert len(fig.axes) == 1 and _inside_canvas(fig) == []
+    assert len(fig.axes) == 1 and texts_outside_canvas(fig) == []
     with pytest.raises(InputError, match="example=7"):
         ex.plot(7)
 
@@ -211,8 +180,8 @@ def test_attention_maps_plot_is_a_query_key_heatmap(pm):
     assert np.allclose(image.get_array(), maps.weights[1, 2, 3].numpy())
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [clean_token(t) for t in tokens]
     assert len(fig.axes) == 2  # the map and its colour bar
-    assert _inside_canvas(fig) == []
-    assert _inside_canvas(maps.plot(0, 0)) == []
+    assert texts_outside_canvas(fig) == []
+    assert texts_outside_canvas(maps.plot(0, 0)) == []
     with pytest.raises(InputError, match="layer 9"):
         maps.plot(9, 0)
 
@@ -220,12 +189,12 @@ def test_attention_maps_plot_is_a_query_key_heatmap(pm):
 def test_gpt2_maps_and_scores_plot_inside_the_canvas(loaded):
     pm = loaded("gpt2")
     ex = probe.explain(pm, ["hello world, this is a test"], methods=["attention_mean", "saliency"])
-    assert _inside_canvas(ex.plot()) == [] and len(ex.plot().axes) == 2
+    assert texts_outside_canvas(ex.plot()) == [] and len(ex.plot().axes) == 2
     batch = pm.encode(["hello world"])
     with probe.capture(pm, queries="last", attention_mask=batch["attention_mask"]) as cap:
         pm.model(**batch)
     fig = cap.maps().plot(0, 0, tokens=pm.tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist()))
-    assert _inside_canvas(fig) == []
+    assert texts_outside_canvas(fig) == []
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +223,7 @@ def test_study_and_verdict_plots_draw_the_layers_and_the_random_baseline(study_r
     n_layers = study_result.contract["n_layers"]
     line = next(line for line in ax.get_lines() if line.get_label() == "attention_mean")
     assert list(line.get_xdata()) == list(range(n_layers))
-    assert _inside_canvas(fig) == []
+    assert texts_outside_canvas(fig) == []
 
     verdict = study_result.verdict
     fig = verdict.plot()
@@ -263,7 +232,7 @@ def test_study_and_verdict_plots_draw_the_layers_and_the_random_baseline(study_r
     recorded = {u["unit"] for u in (*verdict.best_layers, *verdict.data["worst_layers"])}
     drawn = sum(len(c.lines[0].get_xdata()) for c in fig.axes[0].containers)  # one errorbar per explainer
     assert drawn == len(recorded) >= 1
-    assert _inside_canvas(fig) == []
+    assert texts_outside_canvas(fig) == []
     with pytest.raises(InputError, match="loo_mask"):
         study_result.plot("loo_mask")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from figure_checks import texts_outside_canvas
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION
@@ -479,3 +480,35 @@ def test_reports_and_audits_share_one_page_shell_and_escape_everything():
     tables = [line for line in markdown.splitlines() if line.startswith("|")]
     columns = [len(re.findall(r"(?<!\\)\|", row)) - 1 for row in tables]
     assert columns == [8, 8, 8, 4, 4, 4]  # the summary (head, rule, one claim) and the evidence rows
+
+
+# --------------------------------------------------------------------------- every figure readable
+
+
+def test_every_report_figure_keeps_its_texts_inside_the_canvas(result, tmp_path, monkeypatch):
+    from probe.report import figures
+
+    drawn = []
+    original = figures._png
+    monkeypatch.setattr(figures, "_png", lambda fig: (drawn.append(fig), original(fig))[1])
+    files = build_report(result, tmp_path / "report")
+    assert len(drawn) == len(files.figures) >= 5
+    outside = {fig.get_suptitle() or f"figure {i}": texts_outside_canvas(fig) for i, fig in enumerate(drawn)}
+    assert not any(outside.values()), {k: v[:3] for k, v in outside.items() if v}
+
+
+def test_long_legend_entries_are_wrapped_inside_their_panel():
+    """The quickstart's front-page figure: redundancy notes made legend entries run off the left
+    edge and over each other; they are wrapped and stay inside."""
+    from probe.plots import layer_lines_figure
+
+    frame = pd.DataFrame({"layer": range(6), "mean": np.linspace(0, 0.2, 6), "ci_low": np.linspace(-0.05, 0.15, 6),
+                          "ci_high": np.linspace(0.05, 0.25, 6)})
+    lines = {ref: {m: frame for m in ("attention_mean", "rollout", "flow", "alti", "globenc")}
+             for ref in ("loo_delete", "loo_mask", "loo_pad", "loo_random")}
+    note = "attention_mean L0 = rollout L0 = flow L0-L4: one ranking"
+    fig = layer_lines_figure(lines, {}, {}, "kendall_tau", {"attention_mean": note, "rollout": note, "flow": note})
+    assert texts_outside_canvas(fig) == []
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("\n" in label for label in labels) and max(len(line) for label in labels
+                                                            for line in label.split("\n")) <= 44

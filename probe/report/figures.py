@@ -104,7 +104,7 @@ def distribution(units: list[dict], bands: dict[str, Band], reference: str, meas
             ax.plot(i + 0.32, unit["mean"], "D", ms=4, color="black")
     ax.set_xticks(positions, [u["label"] for u in units], rotation=35, ha="right", fontsize=8)
     ax.set_xlim(-0.7, n - 0.3)
-    ax.set_ylabel(f"{measure_label(measure)} with {reference} (per example)")
+    ax.set_ylabel(f"{measure_label(measure)} with {reference}\n(per example)")
     ax.grid(axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mean [CI]", title_fontsize=7)
