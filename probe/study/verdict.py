@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import InputError
+from probe.frozen import PicklableFrozen
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,7 +36,7 @@ def _mean(unit: Mapping[str, Any]) -> float:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(PicklableFrozen):
     """Does attention track the reference? ``answer`` is yes (some layer-level unit of the attention
     weights tracks it), heads only (only single heads do), no, or undecidable (``undecidable`` says
     why: the output does not depend on the input, the reference is at the noise floor, too few
