@@ -54,6 +54,10 @@ def test_last_query_rows_come_from_the_mask_the_forward_is_handed(smollm):
     assert from_forward.query_index.tolist() == (lengths - 1).view(-1, 1).tolist()
     assert torch.equal(from_forward.weights, given.weights)
     assert not smollm.model._forward_pre_hooks  # the mask reader is gone with the block
+    left = batch["attention_mask"].flip(1)  # a left-padded batch's mask: each row's last real token is the last
+    with probe.capture(smollm, queries="last", layers=[0], attention_mask=left) as cap:
+        smollm.model(input_ids=batch["input_ids"].flip(1), attention_mask=left)
+    assert cap.maps().query_index.tolist() == [[batch["input_ids"].shape[1] - 1]] * 2
 
 
 def test_last_query_without_any_mask_is_refused_for_a_batch_and_fine_for_one_row(smollm):

@@ -151,7 +151,9 @@ class _Session:
                                      "attention_mask=batch['attention_mask'] to probe.capture or to the model")
                 if mask is None or mask.dim() != 2 or mask.shape[1] != q_len:
                     return torch.full((batch, 1), q_len - 1, dtype=torch.long, device=device)
-                return (mask.sum(dim=1).long() - 1).clamp(min=0).view(batch, 1).to(device)
+                # the last position the mask keeps: with right padding its length - 1, and right with left padding too
+                positions = torch.arange(q_len, device=mask.device).expand(batch, q_len)
+                return (positions * mask.bool()).amax(dim=1).long().view(batch, 1).to(device)
             raise CaptureError(f"unknown query selection {spec!r}: use all, first, last, a list of positions or a tensor")
         rows = torch.as_tensor(spec, dtype=torch.long, device=device)
         if rows.dim() == 1:
