@@ -30,12 +30,13 @@ import torch
 
 from probe import registry
 from probe.errors import InputError
+from probe.frozen import PicklableFrozen
 from probe.models.core import ProbeModel
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, TargetSpec
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import Pipeline, PreTrainedModel, PreTrainedTokenizerBase
 
     from probe.claims.run import AuditResult
     from probe.hooks.capture import Capture
@@ -47,7 +48,9 @@ if TYPE_CHECKING:
     from probe.spec.study import Study
 
 # a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
-Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation"]
+Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation", pd.Series, pd.DataFrame]
+# a class index or name
+Label = int | str
 COUNTERFACTUALS = tuple(c.name for c in registry.COUNTERFACTUALS)
 
 # --------------------------------------------------------------------------------------- checks of arguments
@@ -60,7 +63,26 @@ def _model(pm: Any, argument: str = "pm") -> ProbeModel:
     if isinstance(pm, (str, Path)):
         raise InputError(f"{argument} is the name {str(pm)!r}, not a loaded model: load it first, "
                          f"pm = probe.load_model({str(pm)!r})")
+    if _is_pipeline(pm):
+        raise InputError(f"{argument} is a transformers pipeline, not a ProbeModel: wrap it first, "
+                         f"pm = probe.wrap(pipeline)")
+    if isinstance(pm, torch.nn.Module):
+        raise InputError(f"{argument} is a {type(pm).__name__} (a model in memory), not a ProbeModel: wrap it with "
+                         f"its tokenizer first, pm = probe.wrap(model, tokenizer)")
     raise InputError(f"{argument} must be a ProbeModel from probe.load_model or probe.wrap, got {type(pm).__name__}")
+
+
+def _is_pipeline(value: Any) -> bool:
+    """Whether ``value`` is a transformers Pipeline (checked only where transformers is imported already)."""
+    pipelines = sys.modules.get("transformers.pipelines.base")
+    return pipelines is not None and isinstance(value, pipelines.Pipeline)
+
+
+def _no_gradients_here(methods: Sequence[str], doing: str = "probe.explain") -> None:
+    """Refuse, in one line, methods that need gradients under ``torch.inference_mode()``."""
+    from probe.methods import refuse_gradients_under_inference_mode
+
+    refuse_gradients_under_inference_mode(methods, doing)
 
 
 def _positive(value: Any, argument: str) -> int:
@@ -135,20 +157,30 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
     from probe.models.loading import load_model as _load
 
     if not isinstance(name, (str, Path)):
-        raise InputError(f"name must be builtin:NAME, a folder or a hub id, got {type(name).__name__}; a model "
-                         "already in memory is wrapped with probe.wrap(model, tokenizer)")
+        raise InputError(f"load_model takes a name or folder, got a {type(name).__name__}; for a model in memory "
+                         "use probe.wrap(model, tokenizer)")
     return _load(str(name), device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
                  cache_dir=cache_dir, **options)
 
 
-def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
-         task: str | None = None) -> ProbeModel:
+def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase | None = None, *,
+         name: str | None = None, task: str | None = None) -> ProbeModel:
     """A :class:`ProbeModel` for a Hugging Face model and tokenizer already in memory, with the
-    same contract :func:`load_model` builds. The model is switched to eval mode; the tokenizer is
+    same contract :func:`load_model` builds; or for a transformers ``Pipeline`` (its ``model`` and
+    ``tokenizer``; then no ``tokenizer``). The model is switched to eval mode; the tokenizer is
     copied (right padding, a pad token). A pair that does not fit (a tokenizer larger than the
     model's embedding, a model without a head or without attention) is refused in one line."""
     from probe.models.loading import wrap_model
 
+    if _is_pipeline(model):
+        if tokenizer is not None:
+            raise InputError("a pipeline brings its own tokenizer: call probe.wrap(pipeline) without one")
+        if getattr(model, "tokenizer", None) is None:
+            raise InputError(f"this {type(model).__name__} has no tokenizer: use probe.wrap(model, tokenizer)")
+        model, tokenizer = model.model, model.tokenizer
+    elif tokenizer is None:
+        raise InputError(f"probe.wrap needs the model's tokenizer: probe.wrap(model, tokenizer) (got the "
+                         f"{type(model).__name__} alone)")
     return wrap_model(model, tokenizer, name=name, task=task)
 
 
@@ -156,18 +188,28 @@ def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: st
 
 
 @_in_eval
-def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: int | str | None = None,
-            continuation: str | None = None, kind: str | None = None,
+def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequence[Label] | None = None,
+            continuation: str | Sequence[str] | None = None, kind: str | None = None,
             strict_length: bool = False) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
-    language models). ``example.original_value`` is the target on the unperturbed text."""
+    language models). ``example.original_value`` is the target on the unperturbed text.
+
+    ``label`` and ``continuation`` are one value for every text, or a list with one per text.
+    ``texts`` may be a pandas Series (its values) or a DataFrame with a ``text`` column."""
     from probe.rows.target import prepare as _prepare
 
     texts = _text_list(texts)
-    return _prepare(pm, texts, TargetSpec(kind=kind, label=label, continuation=continuation),
+    return _prepare(pm, texts, TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation)),
                     strict_length=strict_length)
+
+
+def _one_or_each(value: Any) -> Any:
+    """A list of per-text targets as a tuple (a TargetSpec is frozen); one value as it is."""
+    if isinstance(value, (list, tuple, np.ndarray, pd.Series, pd.Index)):
+        return tuple(value.tolist() if hasattr(value, "tolist") else value)
+    return value
 
 
 def _text_list(texts: Any) -> list:
@@ -175,6 +217,15 @@ def _text_list(texts: Any) -> list:
         raise InputError("texts is None: give a string or a non-empty list of strings")
     if isinstance(texts, str):
         return [texts]
+    if isinstance(texts, pd.DataFrame):
+        # iterating a DataFrame gives its column names, never its rows
+        if "text" not in texts.columns:
+            columns = ", ".join(repr(c) for c in texts.columns) or "none"
+            raise InputError(f"texts is a DataFrame without a 'text' column (its columns: {columns}): pass the "
+                             "column of texts, e.g. texts=df['review']")
+        texts = texts["text"]
+    if isinstance(texts, pd.Series):
+        texts = texts.tolist()
     from collections.abc import Iterable
 
     if not isinstance(texts, Iterable) or isinstance(texts, (bytes, bytearray, Mapping)):
@@ -217,7 +268,7 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
 
 
 @dataclass(frozen=True, repr=False)
-class Explanation:
+class Explanation(PicklableFrozen):
     """Token scores of several methods on the same prepared examples.
 
     ``scores[method]`` is that method's :class:`TokenScores` (per example ``[tokens]``,
@@ -229,6 +280,12 @@ class Explanation:
 
     In a notebook it shows itself as a token x method table (``_repr_html_``); :meth:`plot` draws
     one example's scores.
+
+    A score is NaN where the method does not score the token: special tokens ([CLS], [SEP], <s>,
+    ...; ``examples[i].special``) under the interventions, which never delete them. Attention and
+    gradient methods do score special tokens. So ``scores.argmax()`` and ``topk`` can return a
+    special token (torch sorts NaN above every number): :meth:`top_tokens` ranks real tokens only.
+    An explanation pickles, and :meth:`save` / :func:`load_explanation` keep it in a folder.
     """
 
     model: str
@@ -240,6 +297,74 @@ class Explanation:
     @property
     def methods(self) -> list[str]:
         return list(self.scores)
+
+    def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
+                   head: int | None = None) -> list[tuple[int, str, float]]:
+        """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
+        by ``method`` (default: the only method), highest first: special tokens and NaN scores are
+        left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
+        last), a per-head one at ``layer`` and ``head``."""
+        _positive(k, "k")
+        if method is None:
+            if len(self.scores) != 1:
+                raise InputError(f"this explanation has {len(self.scores)} methods ({', '.join(self.scores)}): "
+                                 "give method=NAME")
+            method = next(iter(self.scores))
+        result = self[method]
+        if isinstance(example, bool) or not isinstance(example, int) or not -len(self.examples) <= example < len(self.examples):
+            raise InputError(f"example={example!r} does not exist: this explanation has examples "
+                             f"0..{len(self.examples) - 1}")
+        values = result.scores[example]
+        if result.per_head or result.per_layer:
+            n_layers = values.shape[0]
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} "
+                                 "(-1 is the last)")
+            values = values[layer]
+        if result.per_head:
+            n_heads = values.shape[0]
+            if head is None:
+                raise InputError(f"{method} scores every head: give head=H (0..{n_heads - 1}), or use "
+                                 "attention_mean for the head mean")
+            if isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
+                raise InputError(f"head={head!r} does not exist: {method} has heads 0..{n_heads - 1}")
+            values = values[head]
+        chosen = self.examples[example]
+        scores = values.double().numpy()
+        real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
+        ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
+        return [(p, chosen.tokens[p], float(scores[p])) for p in ranked]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the explanation into the folder ``path`` (made if missing): ``scores.parquet``
+        (:meth:`to_pandas`) and ``explanation.json`` (model, examples, methods with their
+        parameters, flags, extras and score shapes, skipped); :func:`load_explanation` reads it
+        back equal, every score exactly. Returns the folder."""
+        import json
+        import os
+
+        from probe.errors import storage_error
+
+        folder = Path(path)
+        record = {
+            "format": EXPLANATION_FORMAT, "model": self.model,
+            "examples": [_example_record(e) for e in self.examples],
+            "methods": [{"name": m, "per_head": s.per_head, "per_layer": s.per_layer, "params": _json_value(s.params),
+                         "extras": _json_value(s.extras), "shapes": [list(v.shape) for v in s.scores]}
+                        for m, s in self.scores.items()],
+            "skipped": dict(self.skipped),
+        }
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, write in (("scores.parquet", lambda f: self.to_pandas().to_parquet(f, index=False)),
+                                ("explanation.json", lambda f: Path(f).write_text(json.dumps(record, indent=1),
+                                                                                  encoding="utf-8"))):
+                partial = folder / f".{name}.partial"
+                write(partial)
+                os.replace(partial, folder / name)
+        except OSError as err:
+            raise storage_error(err, folder) from None
+        return folder
 
     def __getitem__(self, method: str) -> TokenScores:
         if method not in self.scores:
@@ -392,6 +517,80 @@ class Explanation:
                                    f"{clip(e.text, 70)}")
 
 
+#: the version of the folder :meth:`Explanation.save` writes
+EXPLANATION_FORMAT = 1
+_TENSOR = "__tensor__"
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON: tensors (and numpy arrays) as ``{"__tensor__": values, "dtype": ...}``."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor):
+        return {_TENSOR: value.detach().cpu().tolist(), "dtype": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape)}
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict) and _TENSOR in value:
+        return torch.tensor(value[_TENSOR], dtype=getattr(torch, value["dtype"])).reshape(value["shape"])
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _example_record(example: PreparedExample) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: _json_value(getattr(example, f.name)) for f in dataclasses.fields(example)}
+
+
+def load_explanation(path: str | Path) -> Explanation:
+    """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, equal to
+    the one saved (every score exactly; no model is loaded)."""
+    import json
+
+    folder = Path(path)
+    files = [folder / "explanation.json", folder / "scores.parquet"]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise InputError(f"{folder} is not a saved explanation (it lacks {', '.join(missing)}): give the folder "
+                         "Explanation.save(path) wrote")
+    try:
+        record = json.loads(files[0].read_text(encoding="utf-8"))
+        table = pd.read_parquet(files[1], columns=["example", "method", "layer", "head", "position", "score"])
+    except (OSError, ValueError) as err:
+        raise InputError(f"{folder} holds an unreadable explanation ({' '.join(str(err).split())[:120]}); "
+                         "save it again") from None
+    if record.get("format") != EXPLANATION_FORMAT:
+        raise InputError(f"{folder}: explanation format {record.get('format')!r} is not {EXPLANATION_FORMAT}, the one "
+                         "this probe reads; save it again with this version")
+    examples = tuple(PreparedExample(**_from_json(e)) for e in record["examples"])
+    table = table.sort_values(["method", "example", "layer", "head", "position"], kind="stable")
+    grouped = {key: part["score"].to_numpy() for key, part in table.groupby(["method", "example"], sort=False)}
+    scores = {}
+    for entry in record["methods"]:
+        name = entry["name"]
+        values = [torch.from_numpy(grouped[(name, i)].astype(np.float32)).reshape(shape)
+                  for i, shape in enumerate(entry["shapes"])]
+        scores[name] = TokenScores(method=name, scores=values, params=_from_json(entry["params"]),
+                                   per_head=entry["per_head"], per_layer=entry["per_layer"],
+                                   extras=_from_json(entry["extras"]))
+    return Explanation(model=record["model"], examples=examples, scores=MappingProxyType(scores),
+                       skipped=MappingProxyType(dict(record.get("skipped") or {})))
+
+
 @_in_eval
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
@@ -406,10 +605,13 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
 
     chosen = _method_names(methods)  # validate before tokenising; None or "all": every method that applies
     params = _method_params(params)
+    if chosen is not None:
+        _no_gradients_here(chosen)
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
+        _no_gradients_here(chosen)
     unused = [m for m in params if m not in chosen]
     if unused:
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
@@ -498,6 +700,9 @@ def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, l
     with the single-head ablation effect beside it when ``ablation``."""
     from probe.intervene.heads import head_importance as _importance
 
+    if torch.is_inference_mode_enabled():
+        raise InputError("head importance needs gradients, which torch.inference_mode() switches off: call "
+                         "probe.head_importance outside the `with torch.inference_mode():` block")
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
     return _importance(pm, examples, stack=stack, loss=loss, ablation=ablation)
 
@@ -515,10 +720,9 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     ``steps``, ``bound``, ``seed``, ...)."""
     if how not in COUNTERFACTUALS:
         raise InputError(f"unknown counterfactual attention {how!r}: use one of {', '.join(COUNTERFACTUALS)}")
-    stack = pm.task.target_stack(pm.contract)
-    n_layers = pm.contract.stacks[stack].n_layers
-    if isinstance(layer, int) and -n_layers <= layer < 0:
-        layer += n_layers
+    if registry.counterfactual(how).needs_gradients and torch.is_inference_mode_enabled():
+        raise InputError(f"{how} attention searches by gradient, which torch.inference_mode() switches off: call "
+                         "probe.counterfactual_attention outside the `with torch.inference_mode():` block")
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
     return registry.counterfactual(how).load()(pm, examples, layer=layer, head=head, **options)
 
@@ -536,8 +740,10 @@ def capture(pm: ProbeModel, *, queries: Any = None, layers: Sequence[int] | Mapp
     :class:`~probe.hooks.capture.AttentionMaps` with ``weights [batch, layer, head, query, key]``.
     Hooks are removed when the block ends, also on an exception.
 
-    ``queries``: None/"all", "first", "last" (needs ``attention_mask`` [batch, seq]), a list of
-    positions or a long tensor ``[batch, rows]``. ``editors`` ``{(stack, layer): fn(weights,
+    ``queries``: None/"all", "first", "last" (each row's last real token, from ``attention_mask``
+    [batch, seq] or else the mask the forward is handed: ``pm.model(**batch)``), a list of
+    positions or a long tensor ``[batch, rows]``. ``layers``: indices, negative ones from the last
+    (-1 = the last layer). ``editors`` ``{(stack, layer): fn(weights,
     context)}`` replace attention weights ``[batch, head, query, key]`` before they mix the values.
     """
     from probe.hooks.capture import capture_attention
@@ -654,6 +860,6 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
 
 __all__ = [
     "COUNTERFACTUALS", "Explanation", "Texts", "audit", "capture", "counterfactual_attention",
-    "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_model", "load_results",
-    "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
+    "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_explanation", "load_model",
+    "load_results", "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
 ]

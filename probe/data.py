@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from probe.errors import InputError
+from probe.errors import InputError, warn_at_caller
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.planted_texts import study_texts
 
@@ -296,8 +296,6 @@ def _load_user_file(path: Path, text_column: str, label_column: str) -> list[Exa
 
 def _warn_about_duplicates(path: Path, examples: list[Example], where) -> None:
     """Rows whose text repeats an earlier row's are kept (each is an example) but said: they inflate n."""
-    import warnings
-
     first: dict[str, int] = {}
     repeats = []
     for row, example in enumerate(examples):
@@ -310,9 +308,9 @@ def _warn_about_duplicates(path: Path, examples: list[Example], where) -> None:
     row, earlier = repeats[0]
     conflicting = sum(1 for r, e in repeats if examples[r].label != examples[e].label)
     detail = f"; {conflicting} of them with another label" if conflicting else ""
-    warnings.warn(f"{path}: {len(repeats)} rows repeat the text of an earlier row (first: row {row} ({where(row)}) = "
-                  f"row {earlier} ({where(earlier)})){detail}; each counts as an example, so n counts them twice: "
-                  "drop the duplicates to avoid that", stacklevel=3)
+    warn_at_caller(f"{path}: {len(repeats)} rows repeat the text of an earlier row (first: row {row} ({where(row)}) = "
+                   f"row {earlier} ({where(earlier)})){detail}; each counts as an example, so n counts them twice: "
+                   "drop the duplicates to avoid that")
 
 
 def _read_csv(path: Path):

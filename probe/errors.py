@@ -42,3 +42,20 @@ def storage_error(err: OSError, path, doing: str = "write") -> StorageError:
     else:
         fix = "fix the cause, then run the same command again to continue"
     return StorageError(f"cannot {doing} {path}: {cause}; {fix}")
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the first frame outside the probe package:
+    the line of the user's code (a script, a notebook cell, a test) that called into probe, whatever
+    depth probe called it from."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(1)
+    level = 2  # stacklevel 2 = the frame that called this function
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

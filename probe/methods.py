@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 __all__ = [
-    "family", "parse_methods", "applicable_methods", "run_method", "run_methods", "run_shared_gradients",
+    "family", "parse_methods", "applicable_methods", "refuse_gradients_under_inference_mode", "run_method",
+    "run_methods", "run_shared_gradients",
 ]
 
 
@@ -44,11 +45,28 @@ def applicable_methods(pm: ProbeModel, examples) -> tuple[list[str], dict[str, s
     return [m for m in ALL_METHODS if m not in skipped], skipped
 
 
+def refuse_gradients_under_inference_mode(methods: Sequence[str], doing: str = "probe.explain") -> None:
+    """One line refusing the first of ``methods`` that needs gradients (its registry entry's
+    ``needs_gradients``) while ``torch.inference_mode()`` is on: no backward pass can run there."""
+    import torch
+
+    if not torch.is_inference_mode_enabled():
+        return
+    needing = [m for m in methods if registry.method(m).needs_gradients]
+    if needing:
+        free = [m for m in methods if m not in needing][:2]
+        also = f", or run only methods without gradients (e.g. {', '.join(free)})" if free else ""
+        raise InputError(f"{', '.join(needing)} {'needs' if len(needing) == 1 else 'need'} gradients, which "
+                         f"torch.inference_mode() switches off: call {doing} outside the "
+                         f"`with torch.inference_mode():` block{also}")
+
+
 def run_method(pm: ProbeModel, examples, method: str, *, engine=None, params: Mapping | None = None) -> TokenScores:
     """One method on every example, through its registry entry's scorer; interventions share
     ``engine`` (and so its cache), the others halve the examples when memory runs out."""
     params = dict(params or {})
     entry = registry.method(method)
+    refuse_gradients_under_inference_mode([method], "it")
     score = entry.load_scorer()
     if entry.engine:
         from probe.intervene.engine import Engine
@@ -85,6 +103,7 @@ def run_shared_gradients(pm: ProbeModel, examples, methods: Sequence[str]) -> di
     from probe.explainers.gradients import shared_gradient_scores
     from probe.rows.memory import in_halves
 
+    refuse_gradients_under_inference_mode(methods, "it")
     parts = in_halves(examples, lambda part, _: shared_gradient_scores(pm, part, methods), device=pm.device)
     return {m: _join_parts([part[m] for part in parts]) for m in methods}
 

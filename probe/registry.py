@@ -262,11 +262,13 @@ class Group:
 
 @dataclass(frozen=True)
 class Counterfactual:
-    """Counterfactual attention injected at one layer (and head): not a token-scoring method."""
+    """Counterfactual attention injected at one layer (and head): not a token-scoring method.
+    ``needs_gradients`` True where it runs a backward pass (the adversarial search)."""
     name: str
     implementation: str
     params: type
     takes_seed: bool = False
+    needs_gradients: bool = False
 
     def load(self) -> Callable[..., Any]:
         return _load(self.implementation)
@@ -370,7 +372,7 @@ COUNTERFACTUALS: tuple[Counterfactual, ...] = (
     Counterfactual("uniform", "probe.intervene.counterfactual:uniform_attention", UniformParams),
     Counterfactual("permuted", "probe.intervene.counterfactual:permuted_attention", PermutedParams, takes_seed=True),
     Counterfactual("adversarial", "probe.intervene.counterfactual:adversarial_attention", AdversarialParams,
-                   takes_seed=True),
+                   takes_seed=True, needs_gradients=True),
 )
 
 _BY_NAME = {m.name: m for m in REGISTRY}

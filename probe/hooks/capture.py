@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.errors import CaptureError
+from probe.errors import CaptureError, InputError
 from probe.hooks import math as amath
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import (
@@ -45,6 +45,7 @@ from probe.hooks.types import (
     QuerySpec,
     Reader,
     for_stack,
+    python_layer,
 )
 
 
@@ -122,6 +123,9 @@ class _Session:
         # model spread over devices (device_map="auto") gives maps on one device and editors whose
         # own tensors (gates, replacement rows) meet the weights on the device they were made on
         self.home = next(model.parameters()).device
+        self.model = model
+        # the 2-D masks the model's own forward was handed, read where "last" has no mask given
+        self.forward_masks: dict[str, torch.Tensor | None] = {}
 
     def _wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
@@ -138,9 +142,18 @@ class _Session:
                 return torch.zeros(batch, 1, dtype=torch.long, device=device)
             if spec == "last":
                 mask = self.masks.get(stack)
-                if mask is None or mask.shape[1] != q_len:
+                if mask is None:
+                    mask = self.forward_masks.get(stack)
+                if mask is None and batch > 1:
+                    # rows of different lengths end at different positions: without the mask the
+                    # shorter ones' last row would be padding
+                    raise InputError("queries='last' needs attention_mask=... (the padded batch's mask): pass "
+                                     "attention_mask=batch['attention_mask'] to probe.capture or to the model")
+                if mask is None or mask.dim() != 2 or mask.shape[1] != q_len:
                     return torch.full((batch, 1), q_len - 1, dtype=torch.long, device=device)
-                return (mask.sum(dim=1).long() - 1).clamp(min=0).view(batch, 1).to(device)
+                # the last position the mask keeps: with right padding its length - 1, and right with left padding too
+                positions = torch.arange(q_len, device=mask.device).expand(batch, q_len)
+                return (positions * mask.bool()).amax(dim=1).long().view(batch, 1).to(device)
             raise CaptureError(f"unknown query selection {spec!r}: use all, first, last, a list of positions or a tensor")
         rows = torch.as_tensor(spec, dtype=torch.long, device=device)
         if rows.dim() == 1:
@@ -157,8 +170,30 @@ class _Session:
         self._module_calls[key] = count + 1
         return places[count % len(places)]
 
+    def _wants_forward_masks(self) -> bool:
+        """Whether some stack asks for its "last" query rows without a mask given to the capture."""
+        return any(isinstance(spec, str) and spec == "last" and self.masks.get(stack) is None
+                   for stack in self.stacks for spec in [for_stack(self.queries, stack)])
+
+    def _read_forward_masks(self, module, args, kwargs) -> None:
+        """Pre-hook of the model's forward: keep the padding masks it was handed (keyword or positional)."""
+        import inspect
+
+        try:
+            bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            bound = kwargs
+        encoder, decoder = bound.get("attention_mask"), bound.get("decoder_attention_mask")
+        if self.contract.task.encoder_decoder:
+            self.forward_masks = {"encoder": encoder, "decoder": decoder, "cross": decoder}
+        else:
+            self.forward_masks = {stack: encoder for stack in self.contract.stacks}
+
     def attach(self) -> None:
-        """Forward hooks on the probability modules of inline-attention layers (removed by :meth:`detach`)."""
+        """Forward hooks on the probability modules of inline-attention layers, and on the model's
+        forward where "last" reads its mask (removed by :meth:`detach`)."""
+        if self._wants_forward_masks():
+            self._handles.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True))
         for path, places in self._probability_places.items():
             def hook(module, args, output, path=path, places=places):
                 return self.on_probabilities(self._next_place(path, places), output)
@@ -414,6 +449,21 @@ class Capture:
         return out
 
 
+def _python_layers(contract, stacks, layers):
+    """``layers`` (validated) with negative indices counted from each stack's last layer: per stack
+    where any is negative, else as given."""
+    if layers is None:
+        return None
+    chosen = {stack: for_stack(layers, stack) for stack in stacks}
+    if not any(layer < 0 for values in chosen.values() for layer in values or ()):
+        return layers
+    resolved = dict(layers) if isinstance(layers, Mapping) else {}
+    for stack, values in chosen.items():
+        if values is not None:
+            resolved[stack] = [python_layer(layer, contract.stacks[stack].n_layers) for layer in values]
+    return resolved
+
+
 def _validate(contract, stacks, layers, heads, editors, observers, readers):
     """One line naming the first stack, layer, head or hooked layer the model does not have."""
     for stack in stacks:
@@ -423,8 +473,9 @@ def _validate(contract, stacks, layers, heads, editors, observers, readers):
         info = contract.stacks[stack]
         chosen_layers = for_stack(layers, stack)
         for layer in chosen_layers or ():
-            if not 0 <= layer < info.n_layers:
-                raise CaptureError(f"layer {layer} does not exist in the {stack}: it has layers 0..{info.n_layers - 1}")
+            if python_layer(layer, info.n_layers) is None:
+                raise CaptureError(f"layer {layer} does not exist in the {stack}: it has layers 0..{info.n_layers - 1} "
+                                   "(-1 is the last)")
         chosen_heads = for_stack(heads, stack)
         for head in chosen_heads or ():
             if not 0 <= head < info.n_heads:
@@ -452,8 +503,9 @@ def capture_attention(
 ):
     """Record attention of ``probe_model`` during the forward passes run inside the block.
 
-    queries: ``None``/"all" every row, "first" ([CLS]), "last" (last real token, needs the padding
-    mask), a list of positions, or a long tensor ``[batch, rows]``; or a dict per stack.
+    queries: ``None``/"all" every row, "first" ([CLS]), "last" (last real token: read from
+    ``attention_mask``, else from the mask the model's forward is handed; a batch of several rows
+    with neither is refused), a list of positions, or a long tensor ``[batch, rows]``; or a dict per stack.
     editors: ``{(stack, layer): fn}`` replaces that layer's attention weights (all rows) by
     ``fn(weights, context)`` before they mix the values: the hook interventions use.
     observers: ``{(stack, layer): fn}`` calls ``fn(head_mean, context)`` with the head mean of that
@@ -466,6 +518,7 @@ def capture_attention(
     model = probe_model.model
     stacks = tuple(stacks) if stacks is not None else tuple(contract.stacks)
     _validate(contract, stacks, layers, heads, editors, observers, readers)
+    layers = _python_layers(contract, stacks, layers)
     # The 2-D padding mask that tells where each stack's query rows end ("last").
     if contract.task.encoder_decoder:
         masks = {"encoder": attention_mask, "decoder": decoder_attention_mask, "cross": decoder_attention_mask}

@@ -138,3 +138,19 @@ _Option = TypeVar("_Option")
 def for_stack(option: _Option | Mapping[str, _Option], stack: str) -> _Option | None:
     """A capture option (queries, layers, heads) for one stack: its entry when given per stack."""
     return option.get(stack) if isinstance(option, Mapping) else option
+
+
+def python_layer(layer: object, n_layers: int) -> int | None:
+    """``layer`` as an index 0..n_layers-1, negative ones counted from the last as Python does
+    (-1 = the last layer); None where it is not a whole number in -n_layers..n_layers-1.
+    (The stored tables' -1 means "no layer" and never comes here.)"""
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        try:
+            import operator
+
+            layer = operator.index(layer)  # numpy and torch integers
+        except TypeError:
+            return None
+    if not -n_layers <= layer < n_layers:
+        return None
+    return layer + n_layers if layer < 0 else layer

@@ -36,6 +36,7 @@ import torch
 from probe import registry
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
+from probe.hooks.types import python_layer
 from probe.rows.frames import grid_frame
 from probe.rows.queries import (
     TargetQueries,
@@ -73,8 +74,11 @@ class Site:
 def _site(pm: ProbeModel, layer: int, head: int | None) -> Site:
     stack = pm.task.target_stack(pm.contract)
     info = pm.contract.stacks[stack]
-    if not isinstance(layer, int) or not 0 <= layer < info.n_layers:
-        raise InputError(f"layer {layer!r} does not exist in the {stack}: it has layers 0..{info.n_layers - 1}")
+    index = python_layer(layer, info.n_layers)
+    if index is None:
+        raise InputError(f"layer {layer!r} does not exist in the {stack}: it has layers 0..{info.n_layers - 1} "
+                         f"(-1 is the last)")
+    layer = index
     if head is not None and (not isinstance(head, int) or not 0 <= head < info.n_heads):
         raise InputError(f"head {head!r} does not exist in the {stack}: it has heads 0..{info.n_heads - 1} (or None = all)")
     return Site(stack, layer, tuple(range(info.n_heads)) if head is None else (head,))

@@ -26,7 +26,7 @@ ranking must beat. All rows of all rankings go through the engine in one call, s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -104,9 +104,18 @@ def erasure(engine: Engine, examples: Sequence[PreparedExample], rankings: Ranki
     ``flip`` (fraction removed at the first decision flip; None when none, or not a classifier).
     Examples without scorable tokens get NaN rows.
     """
-    bins = tuple(float(b) for b in bins)
+    if isinstance(bins, (str, bytes)) or not isinstance(bins, Iterable):
+        raise InputError(f"erasure bins={bins!r} is not a list of fractions: give e.g. bins=[0.1, 0.5] for 10% and 50%")
+    try:
+        bins = tuple(float(b) for b in bins)
+    except (TypeError, ValueError):
+        raise InputError(f"erasure bins {list(bins)!r} are not all numbers: give fractions, e.g. 0.1 for 10%") from None
+    above = [b for b in bins if b > 1.0]
+    if above:
+        raise InputError(f"erasure bins are fractions of the scorable tokens in (0, 1], got {above[0]:g}: give "
+                         f"fractions, e.g. 0.1 for 10% (study files give percentages)")
     if not bins or any(not 0.0 < b <= 1.0 for b in bins):
-        raise InputError(f"erasure bins must be fractions in (0, 1], got {bins!r}")
+        raise InputError(f"erasure bins must be fractions in (0, 1], got {bins!r}: give fractions, e.g. 0.1 for 10%")
     named = _as_rankings(rankings)
     for name, scores in named.items():
         if len(scores) != len(examples):

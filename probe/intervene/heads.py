@@ -21,6 +21,7 @@ import torch
 
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
+from probe.hooks.types import python_layer
 from probe.rows.frames import grid_frame
 from probe.rows.queries import capture_masks, eval_mode
 from probe.rows.target import PreparedExample, build_rows, target_values
@@ -47,10 +48,11 @@ def _keep_masks(pm: ProbeModel, stack: str, ablations: Sequence[HeadSet]) -> tor
     keep = torch.ones((len(ablations), info.n_layers, info.n_heads))
     for a, heads in enumerate(ablations):
         for layer, head in heads:
-            if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads):
+            index = python_layer(layer, info.n_layers)
+            if index is None or not 0 <= head < info.n_heads:
                 raise InputError(f"head ({layer}, {head}) does not exist in the {stack}: it has layers "
-                                 f"0..{info.n_layers - 1} and heads 0..{info.n_heads - 1}")
-            keep[a, layer, head] = 0.0
+                                 f"0..{info.n_layers - 1} (-1 is the last) and heads 0..{info.n_heads - 1}")
+            keep[a, index, head] = 0.0
     return keep
 
 

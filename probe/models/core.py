@@ -10,11 +10,10 @@ no annotation makes an import circle. Loading it imports neither torch nor trans
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from probe.errors import InputError
+from probe.errors import InputError, warn_at_caller
 from probe.tasks import Task, task_named
 
 if TYPE_CHECKING:  # imported for annotations only
@@ -147,7 +146,8 @@ def encode_texts(pm: ProbeModel, texts: list[str], *, strict_length: bool = Fals
             raise InputError(f"text #{i} is empty: give at least one word to explain")
     limit = min(max_length or pm.contract.max_positions, pm.contract.max_positions)
     tok = pm.tokenizer
-    lengths = [len(ids) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
+    # verbose=False: an over-long text is said once, by probe's own warning below
+    lengths = [len(ids) for ids in tok(list(texts), add_special_tokens=True, verbose=False)["input_ids"]]
     too_long = [(i, n) for i, n in enumerate(lengths) if n > limit]
     if too_long:
         i, n = too_long[0]
@@ -156,10 +156,9 @@ def encode_texts(pm: ProbeModel, texts: list[str], *, strict_length: bool = Fals
                 f"text #{i} has {n} tokens, more than the model's window of {limit}: shorten it, "
                 "or drop --strict-length to truncate"
             )
-        warnings.warn(
+        warn_at_caller(
             f"{len(too_long)} text(s) longer than the model's window of {limit} tokens were truncated (first: #{i}, {n} tokens)",
             TruncationWarning,
-            stacklevel=3,
         )
     batch = tok(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
     if batch["input_ids"].shape[1] == 0 or bool((batch["attention_mask"].sum(dim=1) == 0).any()):

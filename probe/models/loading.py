@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -128,18 +130,15 @@ def load_model(
     path, from_hub, metadata = _find_model(name, cache_dir)
     folder = None if from_hub else path  # where a sentence-transformers configuration may sit
 
-    import transformers
-
     # Only a hub id needs the network; check it up front so an offline run fails at once.
     local_only = not from_hub or _hub_unreachable()
-    # transformers logs loading reports (unused/missing weights); probe reports its own way.
-    transformers.logging.set_verbosity_error()
-    config = _read_config(name, path, from_hub, local_only)
-    task = asked or infer_task(config, folder)
-    kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
-              **({"attn_implementation": attn_implementation} if attn_implementation else {}),
-              **({"device_map": device_map} if device_map else {})}
-    model, tokenizer, loading_info = _from_pretrained(name, path, task, config, kwargs)
+    with quiet_transformers():
+        config = _read_config(name, path, from_hub, local_only)
+        task = asked or infer_task(config, folder)
+        kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
+                  **({"attn_implementation": attn_implementation} if attn_implementation else {}),
+                  **({"device_map": device_map} if device_map else {})}
+        model, tokenizer, loading_info = _from_pretrained(name, path, task, config, kwargs)
     random_weights = _random_weights(loading_info)
     if random_weights and not allow_random_weights:
         _refuse_random_weights(name, task, config, folder, random_weights)
@@ -163,10 +162,42 @@ def load_model(
     ))
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' log at ERROR and its progress bars ("Loading weights") off while the block
+    runs, both as they were afterwards: transformers logs loading reports (unused or missing
+    weights) that probe reports its own way, and the user's own process keeps its settings."""
+    import importlib
+
+    from transformers.utils import logging as hf_logging
+
+    hub_bars = importlib.import_module("huggingface_hub.utils.tqdm")  # the module; the package exports a function
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hub_states = dict(hub_bars.progress_bar_states)
+    hf_logging.set_verbosity_error()
+    if bars:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # huggingface_hub warns where its environment variable decides
+                hf_logging.enable_progress_bar()
+        # transformers switches huggingface_hub's bars with its own: put the hub's back as they were
+        hub_bars.progress_bar_states.clear()
+        hub_bars.progress_bar_states.update(hub_states)
+
+
 def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dict]:
     """(what ``from_pretrained`` loads, whether it is a hub id, a built-in's metadata) for ``name``,
     or a one-line refusal of an empty name, an unknown built-in or a folder that cannot hold a model."""
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str):
+        raise InputError(f"load_model takes a name or folder, got a {type(name).__name__}; for a model in memory "
+                         "use probe.wrap(model, tokenizer)")
+    if not name.strip():
         raise InputError("empty model name: give builtin:NAME, planted:NAME, a local folder or a hub id")
     if name.startswith("builtin:"):
         from probe.models.builtins import BUILTIN_MODELS, materialize_builtin

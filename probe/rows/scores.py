@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -11,12 +12,30 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe.frozen import PicklableFrozen
+
 #: the columns of :meth:`TokenScores.to_pandas`
 SCORE_COLUMNS = ("example", "layer", "head", "position", "score")
 
 
+def same_values(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` hold the same values: tensors of one shape and dtype equal element by
+    element (NaN equal to NaN), mappings and sequences item by item, anything else by ``==``."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point()
+                                                 else (a == b)).all()))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f"))
+    return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
 @dataclass(frozen=True, repr=False)
-class TokenScores:
+class TokenScores(PicklableFrozen):
     """One method's scores for a list of examples; frozen (a changed result is a new TokenScores).
 
     scores[i] is a float tensor over example i's explained tokens: ``[tokens]`` for token-level
@@ -24,7 +43,12 @@ class TokenScores:
     for per-layer ones (``per_layer=True``); :attr:`axes` names them. Higher means more important;
     interventions store the signed change f(x) - f(x perturbed). ``extras`` holds method
     diagnostics (e.g. IG's convergence delta per example). ``scores`` is kept as a tuple of cpu
-    fp32 tensors, ``params`` and ``extras`` as read-only mappings.
+    fp32 tensors, ``params`` and ``extras`` as read-only mappings; it pickles.
+
+    NaN marks a token the method does not score: special tokens ([CLS], [SEP], <s>, ...) under the
+    interventions (leave-one-out never deletes them) and wherever a method leaves a token out. So
+    ``scores[i].argmax()`` or ``topk`` may return a special token (NaN sorts above every number in
+    torch); rank with NaN removed, e.g. :meth:`probe.api.Explanation.top_tokens`.
     """
 
     method: str
@@ -52,6 +76,14 @@ class TokenScores:
         params = ", ".join(f"{k}={self.params[k]}" for k in names if k in self.params)
         text = f"<TokenScores {self.method}: {n} example{'s' if n != 1 else ''}, [{', '.join(self.axes)}] ({shapes})"
         return clip(text + (f", {params}" if params else ""), 280) + ">"
+
+    def __eq__(self, other: object) -> bool:
+        """Equal method, flags, parameters, extras and scores (NaN equal to NaN, same shapes)."""
+        if not isinstance(other, TokenScores):
+            return NotImplemented
+        return (self.method == other.method and self.per_head == other.per_head
+                and self.per_layer == other.per_layer and same_values(self.params, other.params)
+                and same_values(self.extras, other.extras) and same_values(self.scores, other.scores))
 
     @property
     def axes(self) -> tuple[str, ...]:

@@ -40,11 +40,12 @@ TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
 class TargetSpec:
     """What to explain. ``label``: class index or name (default: the predicted class).
     ``continuation``: text whose log-prob a causal LM / seq2seq model explains (default: the
-    greedy next token for a causal LM, the greedy output for seq2seq)."""
+    greedy next token for a causal LM, the greedy output for seq2seq). Either may be a tuple
+    with one value per text (:func:`prepare` checks the count)."""
 
     kind: str | None = None  # default: prob for classifiers, logprob for language models
-    label: int | str | None = None
-    continuation: str | None = None
+    label: int | str | tuple[int | str, ...] | None = None
+    continuation: str | tuple[str, ...] | None = None
     reference: str | None = None  # kind similarity: the text whose pooled embedding is compared
     dimension: int | None = None  # kind dimension: which component of the pooled embedding
 
@@ -120,6 +121,8 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     _check_encoder_target(pm, target, kind)
     if not task.labels and target.label is not None:
         raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
+    labels = _per_text(target.label, texts, "label")
+    continuations = _per_text(target.continuation, texts, "continuation")
     batch = encode_texts(pm, texts, strict_length=strict_length)
     lengths = batch["attention_mask"].sum(1).tolist()
     examples = []
@@ -130,14 +133,19 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     if task.embeds:
         examples = _resolve_encoder_target(pm, examples, target, kind)
     elif task.labels:
-        fixed = label_index(pm, target.label) if target.label is not None else None
+        fixed = [label_index(pm, label) if label is not None else None for label in labels]
         return _classify(pm, examples, fixed)
     elif target.continuation is not None:
         # a decoder's output is a whole sequence (its end token included); a continuation goes on the input
-        cont = pm.tokenizer(target.continuation, add_special_tokens=task.encoder_decoder)["input_ids"]
-        if not cont:
-            raise InputError(f"target continuation {target.continuation!r} tokenises to nothing: give a non-empty text")
-        examples = [dataclasses.replace(e, target_ids=list(cont), label_name=target.continuation) for e in examples]
+        ids = {}
+        for text in dict.fromkeys(continuations):
+            if not isinstance(text, str):
+                raise InputError(f"continuation {text!r} is not a text: give a string, or a list with one per text")
+            ids[text] = pm.tokenizer(text, add_special_tokens=task.encoder_decoder)["input_ids"]
+            if not ids[text]:
+                raise InputError(f"target continuation {text!r} tokenises to nothing: give a non-empty text")
+        examples = [dataclasses.replace(e, target_ids=list(ids[text]), label_name=text)
+                    for e, text in zip(examples, continuations)]
     elif task.next_token:
         with torch.no_grad():
             logits = pm.model(**batch).logits
@@ -177,8 +185,18 @@ def _width_groups(widths: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
-def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: int | None) -> list[PreparedExample]:
-    """A classifier's examples with their label (``fixed``, else the predicted class) and their
+def _per_text(value, texts: list[str], name: str) -> list:
+    """``value`` for each text: one value repeated, or a tuple/list with exactly one per text."""
+    if not isinstance(value, (tuple, list)):
+        return [value] * len(texts)
+    if len(value) != len(texts):
+        raise InputError(f"{name} has {len(value)} value(s) for {len(texts)} texts: give one {name} per text, "
+                         f"or a single {name} for all of them")
+    return list(value)
+
+
+def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: list[int | None]) -> list[PreparedExample]:
+    """A classifier's examples with their label (``fixed[i]``, else the predicted class) and their
     target value, both read from one forward per group of similar widths: the prediction's logits
     are the ones the target value needs, so no second pass, and no short example is padded to the
     longest one's width."""
@@ -188,7 +206,7 @@ def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: int | None
         batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i in group])
         with torch.no_grad():
             logits = pm.model(**batch.inputs).logits  # [rows, classes]
-        chosen = [fixed if fixed is not None else int(c) for c in logits.argmax(-1).tolist()]
+        chosen = [fixed[i] if fixed[i] is not None else int(c) for i, c in zip(group, logits.argmax(-1).tolist())]
         labelled = [dataclasses.replace(examples[i], label=c, label_name=str(names.get(c, c)))
                     for i, c in zip(group, chosen)]
         values = target_values(pm, dataclasses.replace(batch, examples=labelled), logits).tolist()

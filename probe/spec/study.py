@@ -84,7 +84,8 @@ def parse_ranking(text: str) -> tuple[str, int | str | None]:
 
 class ErasureSpec(SpecModel):
     rankings: list[str] = Field(default_factory=list)
-    bins: list[Annotated[Float, Field(gt=0, le=100)]] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0])
+    #: percentages of the scorable tokens (the Python API's probe.erasure takes fractions)
+    bins: list[Float] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0])
     #: tokens are removed (ids deleted), as ERASER does; no other mode is offered
     mode: Literal["delete"] = "delete"
     #: decision flips (Serrano & Smith 2019): the fraction removed at the first change of the
@@ -108,6 +109,10 @@ class ErasureSpec(SpecModel):
     def _some_bins(cls, value: list[float]) -> list[float]:
         if not value:
             fail("is empty; give erasure percentages such as [1, 5, 10, 20, 50]")
+        for i, percent in enumerate(value):
+            if not 0 < percent <= 100:
+                fail(f"{percent:g} is out of range; erasure bins are percentages in (0, 100] of the scorable "
+                     "tokens, e.g. 10 for 10%", at=[i])
         return value
 
 
@@ -187,6 +192,18 @@ class MetricsSpec(SpecModel):
     absolute: list[str] = Field(default_factory=list)
     sanity: SanitySpec = Field(default_factory=SanitySpec)
     published: list[PublishedNumber] = Field(default_factory=list)
+
+    @field_validator("erasure", "counterfactual", "heads", mode="before")
+    @classmethod
+    def _false_is_off(cls, value: Any) -> Any:
+        """``false`` switches the metric off, as ``null`` does."""
+        return None if value is False else value
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _no_ceilings(cls, value: Any) -> Any:
+        """``false`` (or ``[]``) computes no ceiling; ``null`` (the default) every pair of references."""
+        return [] if value is False else value
 
     @field_validator("absolute", mode="before")
     @classmethod

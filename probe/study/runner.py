@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from probe import registry
-from probe.errors import InputError
+from probe.errors import InputError, warn_at_caller
 from probe.names import method_family as family
 from probe.study.verdict import Verdict
 from probe.rows.target import PreparedExample
@@ -289,8 +289,6 @@ def _not_done_hint(left: set[int], shard: tuple[int, int] | None) -> str:
 def warn_about_ties(out: Path, study: Study) -> None:
     """Warn when a reference scores many tokens exactly 0: in bf16/fp16 small target changes round
     to zero, and those ties make the rank correlations with it less informative."""
-    import warnings
-
     path = out / "scores.parquet"
     if not path.is_file():
         return
@@ -304,16 +302,14 @@ def warn_about_ties(out: Path, study: Study) -> None:
         if len(values) and zeros / len(values) >= 0.1:
             why = (f"in {study.model.dtype} small changes of the target round to zero; fp32 resolves them"
                    if study.model.dtype != "fp32" else "the target did not change when those tokens were perturbed")
-            warnings.warn(f"{method}: {zeros} of {len(values)} token scores are exactly 0 ({why}); rank agreement with "
-                          f"{method} is computed over these ties", stacklevel=2)
+            warn_at_caller(f"{method}: {zeros} of {len(values)} token scores are exactly 0 ({why}); rank agreement "
+                           f"with {method} is computed over these ties")
 
 
 def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
     """Refuse, before anything is written, labels the model has no class for: ``target.label`` (index
     or name), the labels of ``dataset.filters``, and with ``target.label: gold`` every example's
     label. Without ``gold`` a dataset label outside the classes is only stored: a warning says so."""
-    import warnings
-
     from probe.rows.target import label_index
 
     if not pm.task.labels:
@@ -347,7 +343,7 @@ def _check_labels(pm: ProbeModel, study: Study, data: list) -> None:
     if study.target.label == "gold":
         raise InputError(f"target.label: gold explains each example's label, and {message}; fix the labels or the "
                          "label column, or leave target.label out (the predicted class)")
-    warnings.warn(f"{message}; they are stored as they are", stacklevel=2)
+    warn_at_caller(f"{message}; they are stored as they are")
 
 
 def _check_methods(pm: ProbeModel, study: Study) -> None:

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import InputError
+from probe.frozen import PicklableFrozen
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,7 +46,7 @@ def _finite(value: Any) -> float | None:
 
 
 @dataclass(frozen=True, repr=False)
-class Verdict:
+class Verdict(PicklableFrozen):
     """Does attention track the reference? ``answer`` is yes (some layer-level unit of the attention
     weights tracks it), heads only (only single heads do), no, or undecidable (``undecidable`` says
     why: the output does not depend on the input, the reference is at the noise floor, too few
