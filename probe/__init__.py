@@ -34,35 +34,103 @@ _EXPORTS = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use (__getattr__)
-    from probe import api, registry, spec
-    from probe.api import (
-        Explanation,
-        audit,
-        capture,
-        counterfactual_attention,
-        erasure,
-        explain,
-        head_ablation,
-        head_importance,
-        load_claims,
-        load_explanation,
-        load_model,
-        load_results,
-        load_study,
-        loo,
-        prepare,
-        run_study,
-        study_from_dict,
-        wrap,
+if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run time each name loads on first use
+    from probe import (
+        api as api,
     )
-    from probe.errors import InputError, ProbeError
-    from probe.models.core import AttentionContract, ProbeModel
-    from probe.report.build import build_comparison, build_report
-    from probe.report.results import StudyResult
-    from probe.rows.scores import TokenScores
-    from probe.rows.target import PreparedExample, TargetSpec
-    from probe.study.verdict import Verdict
+    from probe import (
+        registry as registry,
+    )
+    from probe import (
+        spec as spec,
+    )
+    from probe.api import (
+        Explanation as Explanation,
+    )
+    from probe.api import (
+        audit as audit,
+    )
+    from probe.api import (
+        capture as capture,
+    )
+    from probe.api import (
+        counterfactual_attention as counterfactual_attention,
+    )
+    from probe.api import (
+        erasure as erasure,
+    )
+    from probe.api import (
+        explain as explain,
+    )
+    from probe.api import (
+        head_ablation as head_ablation,
+    )
+    from probe.api import (
+        head_importance as head_importance,
+    )
+    from probe.api import (
+        load_claims as load_claims,
+    )
+    from probe.api import (
+        load_explanation as load_explanation,
+    )
+    from probe.api import (
+        load_model as load_model,
+    )
+    from probe.api import (
+        load_results as load_results,
+    )
+    from probe.api import (
+        load_study as load_study,
+    )
+    from probe.api import (
+        loo as loo,
+    )
+    from probe.api import (
+        prepare as prepare,
+    )
+    from probe.api import (
+        run_study as run_study,
+    )
+    from probe.api import (
+        study_from_dict as study_from_dict,
+    )
+    from probe.api import (
+        wrap as wrap,
+    )
+    from probe.errors import (
+        InputError as InputError,
+    )
+    from probe.errors import (
+        ProbeError as ProbeError,
+    )
+    from probe.models.core import (
+        AttentionContract as AttentionContract,
+    )
+    from probe.models.core import (
+        ProbeModel as ProbeModel,
+    )
+    from probe.report.build import (
+        build_comparison as build_comparison,
+    )
+    from probe.report.build import (
+        build_report as build_report,
+    )
+    from probe.report.results import (
+        StudyResult as StudyResult,
+    )
+    from probe.rows.scores import (
+        TokenScores as TokenScores,
+    )
+    from probe.rows.target import (
+        PreparedExample as PreparedExample,
+    )
+    from probe.rows.target import (
+        TargetSpec as TargetSpec,
+    )
+    from probe.study.verdict import (
+        Verdict as Verdict,
+    )
 
 
 def __getattr__(name: str):

@@ -221,3 +221,17 @@ def test_the_version_the_provenance_records_is_the_package_version():
     import probe
 
     assert version("probe") == probe.__version__
+
+
+def test_a_type_checker_sees_every_top_level_name():
+    """``probe/__init__``'s TYPE_CHECKING block imports each lazily loaded name from the module
+    that defines it, so help() and type checkers see the real objects, not ``Any``."""
+    import probe
+
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {a.asname: f"{n.module}.{a.name}" if n.module != "probe" else f"probe.{a.name}"
+            for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    expected = {name: (module if module == f"probe.{name}" else f"{module}.{name}")
+                for name, module in probe._EXPORTS.items()}
+    assert seen == expected
