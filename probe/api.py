@@ -785,7 +785,8 @@ def load_results(folder: str | Path) -> StudyResult:
 
 def run_study(study: Study | str | Path, *, out: str | Path | None = None, progress: bool = False,
               report: bool = True, shard: tuple[int, int] | None = None, wait: bool = False,
-              force_new: bool = False, log: Callable[[str], None] | None = None) -> StudyResult:
+              force_new: bool = False, log: Callable[[str], None] | None = None,
+              model: ProbeModel | None = None) -> StudyResult:
     """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
     report is written there once complete. Returns the folder as :func:`load_results` reads it
@@ -796,7 +797,9 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     the folder, wait for it instead of refusing. ``force_new``: start over in a folder that holds
     another study's results, or this study's on other data, weights or code. ``log``: where the
     run's one-line messages go (resuming, waiting, the report's path; default: standard error with
-    ``progress``, else nowhere)."""
+    ``progress``, else nowhere). ``model``: an already loaded :class:`ProbeModel` to run instead of
+    loading the study's (its ``model.id`` becomes the model's name, so results and report say which
+    model ran; the folder's identity check still compares its weights with a run to continue)."""
     import dataclasses
 
     from probe.report.results import load_result
@@ -815,6 +818,10 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     elif out is not None:
         study = study.model_copy(update={"output": str(out)})
 
+    if model is not None:
+        model = _model(model, "model")
+        if study.model.id != model.name:
+            study = study.model_copy(update={"model": study.model.model_copy(update={"id": model.name})})
     if log is None:
         log = (lambda text: print(text, file=sys.stderr)) if progress else (lambda _: None)
 
@@ -824,7 +831,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
         log(f"report: {build_report(root).html}")
 
     run = _run(study, shard=shard, progress=progress, log=log,
-               on_complete=write_report if report else None, wait=wait, force_new=force_new)
+               on_complete=write_report if report else None, wait=wait, force_new=force_new, model=model)
     return dataclasses.replace(load_result(run.out), computed=tuple(run.computed))
 
 

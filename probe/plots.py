@@ -14,13 +14,25 @@ from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure as _MatplotlibFigure
 from matplotlib.ticker import MaxNLocator
 
 DPI = 100
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
           "#7f7f7f"]
 MEASURE_LABEL = {"kendall_tau": "Kendall tau-b", "spearman": "Spearman rho"}
+
+
+class Figure(_MatplotlibFigure):
+    """A matplotlib figure that a notebook shows as a picture by itself (``_repr_png_``), with no
+    pyplot and no ``%matplotlib inline``: probe's figures live on their own Agg canvas."""
+
+    def _repr_png_(self) -> bytes:
+        import io
+
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=DPI)
+        return buffer.getvalue()
 
 
 @dataclass

@@ -58,13 +58,18 @@ class AttentionMaps:
         return "<div>" + block_html(repr(self), frame_html(frame), f"{empty} query rows with every key masked") + "</div>"
 
     def plot(self, layer: int, head: int, example: int = 0, tokens: Sequence[str] | None = None):
-        """The ``[query, key]`` map of ``layer`` and ``head`` (the model's indices, as captured) for
-        batch row ``example``, as a heatmap; ``tokens`` (that row's token strings) label the axes.
-        Returns a :class:`matplotlib.figure.Figure`."""
+        """The ``[query, key]`` map of ``layer`` and ``head`` (the model's indices, as captured;
+        negative ones count from the last captured, as Python's do) for batch row ``example``, as a
+        heatmap; ``tokens`` (that row's token strings) label the axes. Returns a
+        :class:`matplotlib.figure.Figure`."""
         from probe.display import clean_token
         from probe.errors import InputError
         from probe.plots import attention_figure
 
+        if isinstance(layer, int) and not isinstance(layer, bool) and -len(self.layers) <= layer < 0:
+            layer = self.layers[layer]
+        if isinstance(head, int) and not isinstance(head, bool) and -len(self.heads) <= head < 0:
+            head = self.heads[head]
         if layer not in self.layers:
             raise InputError(f"layer {layer!r} was not captured: these maps hold layers {list(self.layers)}")
         if head not in self.heads:

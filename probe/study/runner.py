@@ -86,7 +86,7 @@ def output_folder(study: Study) -> Path:
 def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: bool = True,
               log: Callable[[str], None] | None = None, stop_after: int | None = None,
               on_complete: Callable[[Path], None] | None = None, wait: bool = False,
-              force_new: bool = False) -> RunResult:
+              force_new: bool = False, model: ProbeModel | None = None) -> RunResult:
     """Run (or continue) ``study``; returns what was computed and, once complete, the verdict.
 
     ``stop_after``: stop after computing that many batches (for tests of resumption).
@@ -95,6 +95,8 @@ def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: b
     with it: the runner itself knows nothing of reports).
     ``wait``: when another process holds the result folder (:mod:`probe.study.lock`), wait for it
     instead of refusing.
+    ``model``: a loaded :class:`ProbeModel` to run instead of loading ``study.model.id`` (the
+    study should name it: :func:`probe.api.run_study` sets ``model.id`` to its name).
     ``force_new``: start over in a result folder that holds another study's results, or this
     study's on other data, weights or code (everything it holds is removed once the study has
     been checked and the model loaded); a folder that is not a probe result is still refused.
@@ -108,11 +110,11 @@ def run_study(study: Study, *, shard: tuple[int, int] | None = None, progress: b
         raise InputError(f"stop_after={stop_after!r} is not a number of batches; give an integer >= 0 or None")
     with contextlib.ExitStack() as locks:
         return _run_study(study, shard=shard, progress=progress, log=log, stop_after=stop_after, on_complete=on_complete,
-                          wait=wait, force_new=force_new, locks=locks)
+                          wait=wait, force_new=force_new, locks=locks, model=model)
 
 
 def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, wait, force_new: bool,
-               locks: contextlib.ExitStack) -> RunResult:
+               locks: contextlib.ExitStack, model: ProbeModel | None = None) -> RunResult:
     log = log or (lambda text: print(text, file=sys.stderr))
     dist_info = _distributed()
     if dist_info is not None and shard is None:
@@ -127,7 +129,7 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, w
         locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
         if not (force_new and store.is_result()):
             store.check(record)  # the holder may have started the folder meanwhile
-    pm, load_seconds = _load(study, dist_info)
+    pm, load_seconds = (model, model.load_seconds) if model is not None else _load(study, dist_info)
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study.dataset, study.target)
     _check_labels(pm, study, data)
