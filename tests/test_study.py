@@ -436,3 +436,25 @@ def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_
     assert list(got["example"]) == list(expected["example"])
     # TVD, JSD, probability changes, normalised importances: bounded by 1 (TABLE_ATOL's reasoning)
     pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-4, atol=1e-5)
+
+
+def test_a_study_runs_a_model_already_loaded(tiny_dirs, tiny_data, tmp_path, loaded):
+    """probe.run_study(..., model=pm): no second load; the study records the model that ran."""
+    import probe
+    from probe.models import loading
+
+    pm = loaded("bert")
+    calls = []
+    original = loading.load_model
+    try:
+        loading.load_model = lambda *a, **k: calls.append(a) or original(*a, **k)
+        study = tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "out", metrics={"erasure": None,
+                           "counterfactual": None, "heads": None})
+        study["model"]["id"] = "some other name"
+        result = probe.run_study(study, model=pm, report=False)
+    finally:
+        loading.load_model = original
+    assert calls == [] and result.complete and result.verdict is not None
+    assert result.spec.model.id == pm.name
+    with pytest.raises(InputError, match="not a loaded model"):
+        probe.run_study(study, model=str(tiny_dirs["bert"]))
