@@ -136,7 +136,7 @@ def test_defaults(tmp_path):
     assert study.metrics.top_k == [1, 3, 5] and study.metrics.ceilings is None
     assert study.metrics.erasure == ErasureSpec(rankings=[], bins=[1, 5, 10, 20, 50], mode="delete")
     assert study.metrics.counterfactual == CounterfactualSpec(layers=["last"], heads="layer", permutations=10,
-                                                              adversarial=True, max_output_tvd=0.01)
+                                                              adversarial=False, max_output_tvd=0.01)
     assert study.metrics.heads == HeadsSpec(ablation=True, importance=True)
     assert study.statistics == StatisticsSpec(bootstrap=2000, level=0.95, alpha=0.05, seed=0,
                                               include_special=False, reference=None, measure="auto")
