@@ -155,10 +155,10 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
     :func:`probe.models.loading.load_model`.
     """
     from probe.models.loading import load_model as _load
+    from probe.models.loading import not_a_model_name
 
     if not isinstance(name, (str, Path)):
-        raise InputError(f"load_model takes a name or folder, got a {type(name).__name__}; for a model in memory "
-                         "use probe.wrap(model, tokenizer)")
+        raise InputError(not_a_model_name(name))
     return _load(str(name), device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
                  cache_dir=cache_dir, **options)
 

@@ -487,7 +487,7 @@ def test_a_run_that_fails_in_its_first_batch_leaves_no_folder(bert, tmp_path, mo
     (lambda probe, pm: probe.head_ablation(pm, "good film", batch_size=0), "batch_size=0"),
     (lambda probe, pm: probe.run_study(42), "study must be a study file's path"),
     (lambda probe, pm: probe.study_from_dict(42), "data must be a dict"),
-    (lambda probe, pm: probe.load_model(42), "name must be builtin:NAME"),
+    (lambda probe, pm: probe.load_model(42), "got int '42': give builtin:NAME"),
 ])
 def test_api_input_errors_are_probe_errors(loaded, call, needle):
     import probe

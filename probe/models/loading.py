@@ -191,12 +191,22 @@ def quiet_transformers() -> Iterator[None]:
         hub_bars.progress_bar_states.update(hub_states)
 
 
+def not_a_model_name(name: object) -> str:
+    """The one-line refusal of a ``load_model`` argument that is not a name: a model in memory is
+    pointed to ``probe.wrap``, anything else to the names ``load_model`` takes."""
+    kind = type(name).__name__
+    if hasattr(name, "config") and hasattr(name, "forward"):
+        return (f"load_model takes a name or folder, got a {kind} (a model in memory): use "
+                "probe.wrap(model, tokenizer)")
+    return (f"load_model takes a name or folder, got {kind} {str(name)[:40]!r}: give builtin:NAME, planted:NAME, a "
+            "local folder or a hub id (for a model in memory: probe.wrap(model, tokenizer))")
+
+
 def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dict]:
     """(what ``from_pretrained`` loads, whether it is a hub id, a built-in's metadata) for ``name``,
     or a one-line refusal of an empty name, an unknown built-in or a folder that cannot hold a model."""
     if not isinstance(name, str):
-        raise InputError(f"load_model takes a name or folder, got a {type(name).__name__}; for a model in memory "
-                         "use probe.wrap(model, tokenizer)")
+        raise InputError(not_a_model_name(name))
     if not name.strip():
         raise InputError("empty model name: give builtin:NAME, planted:NAME, a local folder or a hub id")
     if name.startswith("builtin:"):
