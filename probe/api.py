@@ -341,9 +341,9 @@ class Explanation(PicklableFrozen):
         parameters, flags, extras and score shapes, skipped); :func:`load_explanation` reads it
         back equal, every score exactly. Returns the folder."""
         import json
-        import os
 
-        from probe.errors import storage_error
+        from probe.report.output import atomic_text
+        from probe.study.store import write_table
 
         folder = Path(path)
         record = {
@@ -354,16 +354,9 @@ class Explanation(PicklableFrozen):
                         for m, s in self.scores.items()],
             "skipped": dict(self.skipped),
         }
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, write in (("scores.parquet", lambda f: self.to_pandas().to_parquet(f, index=False)),
-                                ("explanation.json", lambda f: Path(f).write_text(json.dumps(record, indent=1),
-                                                                                  encoding="utf-8"))):
-                partial = folder / f".{name}.partial"
-                write(partial)
-                os.replace(partial, folder / name)
-        except OSError as err:
-            raise storage_error(err, folder) from None
+        # each file whole or not at all, a failed write's temporary file removed (the store's own writers)
+        write_table(folder / "scores.parquet", self.to_pandas())
+        atomic_text(folder / "explanation.json", json.dumps(record, indent=1))
         return folder
 
     def __getitem__(self, method: str) -> TokenScores:
