@@ -152,6 +152,35 @@ def test_attention_maps_html_gives_the_shapes(pm):
     assert " x ".join(map(str, maps.weights.shape)) in html and "[batch, layer, head, query, key]" in html
 
 
+def test_attention_maps_go_to_bertviz_without_padding(pm):
+    """bertviz's head view gets every captured layer of the row's own tokens: the numbers it embeds
+    are the captured weights of the unpadded block."""
+    import json
+
+    pytest.importorskip("bertviz")
+    batch = pm.encode(["a fine film", TEXTS[1]])
+    with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:
+        pm.model(**batch)
+    maps = cap.maps()
+    row = int(batch["attention_mask"].sum(1).argmin())
+    n = int(batch["attention_mask"][row].sum())
+    assert n < maps.weights.shape[-1]  # the shorter row is padded
+    tokens = pm.tokenizer.convert_ids_to_tokens(batch["input_ids"][row, :n].tolist())
+    html = maps.to_bertviz(row, tokens).data
+    params = json.loads(re.search(r"const params = (\{.*?\});", html, re.DOTALL).group(1))
+    shown = np.array(params["attention"][0]["attn"])  # [layer, head, query, key]
+    assert shown.shape == (len(maps.layers), len(maps.heads), n, n)
+    assert np.allclose(shown, maps.weights[row, :, :, :n, :n].numpy(), atol=1e-6)
+    assert params["attention"][0]["left_text"] == [clean_token(t) for t in tokens]
+    assert "bertviz" in maps.to_bertviz(1 - row, view="model").data
+    with probe.capture(pm, queries="first", attention_mask=batch["attention_mask"]) as cap:
+        pm.model(**batch)
+    with pytest.raises(InputError, match="queries=None"):
+        cap.maps().to_bertviz(0)
+    with pytest.raises(InputError, match="view='head'"):
+        maps.to_bertviz(0, view="neuron")
+
+
 # --------------------------------------------------------------------------- plots
 
 

@@ -86,6 +86,36 @@ class AttentionMaps:
                                 [int(q) for q in self.query_index[example].tolist()], labels,
                                 title=f"{self.stack} L{layer}.H{head}, example {example}")
 
+    def to_bertviz(self, example: int = 0, tokens: Sequence[str] | None = None, *, view: str = "head"):
+        """Batch row ``example`` in bertviz's ``head_view`` or ``model_view`` (``view``), as the HTML
+        object a notebook displays. bertviz needs every query row (capture with ``queries=None``)
+        and numbers the captured layers from 0; ``tokens`` (that row's token strings, padding
+        excluded) set how many positions are shown, so padding keys never appear. Needs bertviz
+        (``pip install bertviz``)."""
+        from probe.display import clean_token
+        from probe.errors import InputError
+
+        if view not in ("head", "model"):
+            raise InputError(f"view={view!r}: bertviz shows view='head' or view='model'")
+        if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < self.weights.shape[0]:
+            raise InputError(f"example={example!r} is not a batch row: use 0..{self.weights.shape[0] - 1}")
+        n_keys = self.weights.shape[-1]
+        if self.weights.shape[-2] != n_keys or not torch.equal(self.query_index[example].cpu(),
+                                                              torch.arange(n_keys)):
+            raise InputError("bertviz shows every query row: capture with queries=None (all rows), not a subset")
+        n = n_keys if tokens is None else len(tokens)
+        if not 0 < n <= n_keys:
+            raise InputError(f"{n} tokens given for maps of {n_keys} positions: give that row's tokens, padding excluded")
+        try:
+            import bertviz
+        except ImportError:
+            raise InputError("to_bertviz needs bertviz: pip install bertviz") from None
+        labels = [clean_token(t) for t in tokens] if tokens is not None else [str(i) for i in range(n)]
+        weights = self.weights[example, :, :, :n, :n].detach().cpu().float()  # [layer, head, query, key]
+        attention = tuple(weights[i].unsqueeze(0) for i in range(weights.shape[0]))  # bertviz: per layer [1, H, Q, K]
+        show = bertviz.head_view if view == "head" else bertviz.model_view
+        return show(attention, labels, html_action="return")
+
     def to_pandas(self) -> pd.DataFrame:
         """One row per (batch, layer, head, query row, key): ``layer`` and ``head`` as captured (the
         model's indices), ``query`` the row's position (``query_index``), ``weight``. B x L x H x Q x K rows."""
