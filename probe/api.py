@@ -91,6 +91,12 @@ def _positive(value: Any, argument: str) -> int:
     return value
 
 
+def _flag(value: Any, argument: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{argument}={value!r}: give True or False")
+    return value
+
+
 def _method_names(methods: Any) -> list[str] | None:
     """``methods`` validated; None for every method that applies (None or ``"all"``)."""
     from probe.methods import parse_methods
@@ -587,12 +593,14 @@ def load_explanation(path: str | Path) -> Explanation:
 @_in_eval
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
-            params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False) -> Explanation:
+            params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
+            progress: bool = False) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
     ``params`` maps a method to its keyword parameters, e.g. ``{"integrated_gradients": {"steps":
     32}, "loo_random": {"k": 3, "seed": 1}}``. Interventions share one engine, so identical rows run once.
+    ``progress``: show progress bars (over the methods and the interventions' batches); off by default.
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -608,7 +616,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     unused = [m for m in params if m not in chosen]
     if unused:
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
-    results = run_methods(pm, examples, chosen, params=params)
+    results = run_methods(pm, examples, chosen, params=params, progress=_flag(progress, "progress"))
     return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)),
                        skipped=MappingProxyType(skipped), words=_words(pm, examples))
 
@@ -632,20 +640,23 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 
 @_in_eval
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
-        label: int | str | None = None, continuation: str | None = None, kind: str | None = None) -> TokenScores:
+        label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
+        progress: bool = False) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
-    Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example."""
+    Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
+    bar over the forward batches."""
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo as _loo
 
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
-    return _loo(Engine(pm), examples, mode, k=k, seed=seed)
+    return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 
 @_in_eval
 def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | Sequence[torch.Tensor]] | None = None,
-            *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True) -> pd.DataFrame:
+            *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True,
+            progress: bool = False) -> pd.DataFrame:
     """Erasure curves (comprehensiveness, sufficiency, AOPC, decision flips) of each ranking, always
     beside a seeded random ranking (``ranking == "random"``).
 
@@ -653,7 +664,8 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
     None, its token-level methods (``[tokens]`` per example) are the rankings. A ranking is a
     :class:`TokenScores` or one ``[tokens]`` tensor per example, higher = more important. Returns
     one row per (example, ranking, bin); see :func:`probe.intervene.erasure.erasure`. ``bins``:
-    fractions of the scorable tokens (default ``ERASURE_BINS``, 1% to 50%).
+    fractions of the scorable tokens (default ``ERASURE_BINS``, 1% to 50%). ``progress``: a bar
+    over the forward batches.
     """
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import ERASURE_BINS
@@ -667,7 +679,7 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
             raise InputError(f"the explanation's methods ({', '.join(texts.scores)}) all score per layer or head: "
                              "give rankings, e.g. {'attention_mean': [s[-1] for s in ex['attention_mean'].scores]}")
     examples = _examples(pm, texts)
-    return _erasure(Engine(pm), examples, dict(rankings), bins=ERASURE_BINS if bins is None else bins, seed=seed,
+    return _erasure(Engine(pm, progress=_flag(progress, "progress")), examples, dict(rankings), bins=ERASURE_BINS if bins is None else bins, seed=seed,
                     flips=flips)
 
 
@@ -819,8 +831,11 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
         log = (lambda text: print(text, file=sys.stderr)) if progress else (lambda _: None)
 
     def write_report(root: Path) -> None:
-        from probe.report.build import build_report
+        from probe.report.build import build_report, report_is_current
 
+        if report_is_current(root):
+            log(f"report: {root / 'report' / 'report.html'} (up to date)")
+            return
         log(f"report: {build_report(root).html}")
 
     run = _run(study, shard=shard, progress=progress, log=log,

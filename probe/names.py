@@ -18,6 +18,9 @@ ALL_METHODS = registry.names()
 #: writes, per batch and merged (probe.study.store writes them, probe.report reads them).
 FORMAT_VERSION = 1
 TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence")
+#: a finished folder's record of what it was computed from and what it holds (probe.study.identity
+#: writes it; a rerun that finds it unchanged returns at once, and a report records which one it drew)
+COMPLETE_FILE = "complete.json"
 
 
 def method_family(method: str) -> str | None:

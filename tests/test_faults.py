@@ -146,6 +146,44 @@ def test_cli_force_new_and_the_refusal_are_one_line(bert, tmp_path, monkeypatch,
     assert code == 0 and "results:" in outs, err
 
 
+def test_a_finished_folder_returns_at_once_and_any_change_takes_the_full_path(bert, tmp_path, monkeypatch):
+    """Rerunning a finished study loads nothing, computes nothing and keeps its report; a changed
+    dataset, model file or result file is noticed before that shortcut is taken."""
+    import probe
+    from probe.study import runner
+
+    model = tmp_path / "model"
+    shutil.copytree(bert, model)
+    data, out = _dataset(tmp_path / "d.csv"), tmp_path / "out"
+    first = probe.run_study(_study(model, data, out))
+    assert first.computed == (0, 1, 2) and (out / "complete.json").is_file()
+    report = out / "report" / "report.html"
+    written = report.stat().st_mtime_ns
+    loads, logs = [], []
+    real_load = runner._load
+    monkeypatch.setattr(runner, "_load", lambda *args: loads.append(args) or real_load(*args))
+
+    again = probe.run_study(_study(model, data, out), log=logs.append)
+    assert again.computed == () and loads == [] and again.verdict.to_dict() == first.verdict.to_dict()
+    assert "nothing to run" in logs[0] and logs[-1].endswith("(up to date)")
+    assert report.stat().st_mtime_ns == written
+    shutil.rmtree(out / "report")  # a missing report is written, still without a model
+    probe.run_study(_study(model, data, out))
+    assert report.is_file() and loads == []
+
+    (model / "tokenizer_config.json").write_text((model / "tokenizer_config.json").read_text() + "\n")
+    assert probe.run_study(_study(model, data, out)).computed == () and len(loads) == 1  # checked by loading
+
+    tokens = out / "tokens.parquet"
+    tokens.write_bytes(tokens.read_bytes()[:100])  # a damaged result file: the full path merges it again
+    assert probe.run_study(_study(model, data, out)).computed == () and len(loads) == 2
+    assert len(pd.read_parquet(tokens)) > 0
+
+    _dataset(data, shift=3)  # another dataset under the same name: refused, as a resume is
+    with pytest.raises(InputError, match="another dataset"):
+        probe.run_study(_study(model, data, out))
+
+
 # ------------------------------------------------------------------ 2, 3. every part verified when merged
 
 

@@ -177,6 +177,44 @@ def test_summary_matches_the_agreement_table(full_run):
     assert row.sig_frac.item() == pytest.approx((p <= 0.05).mean())
 
 
+def test_the_sanity_checks_read_the_studys_own_scores_and_find_what_computing_them_finds(full_run, loaded):
+    """The trained model's scores of the sanity sample are read back from the batches, equal to a fresh
+    computation, and the checks on them are the checks on the fresh scores."""
+    import torch
+
+    from probe.methods import run_method
+    from probe.study import runner
+    from probe.study.checks import study_sanity
+    from probe.study.examples import select_examples
+    from probe.study.store import ResultStore
+    from probe.study.tables import convergence_rows, score_rows, scores_from_rows
+
+    study, _, out = full_run
+    pm = loaded("bert")
+    data, _ = select_examples(pm, study.dataset, study.target)
+    sample = data[: study.metrics.sanity.examples]
+    examples = runner.prepare_study_examples(pm, study, [e.text for e in sample], [e.label for e in sample])
+    stored = runner._stored_scores(ResultStore(out), study, examples)
+    assert set(stored) == set(study.explainers) | set(study.references)
+    for method, result in stored.items():
+        fresh = run_method(pm, examples, method, params=study.params.get(method))
+        assert (result.per_head, result.per_layer) == (fresh.per_head, fresh.per_layer), method
+        for a, b in zip(result.scores, fresh.scores, strict=True):
+            torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=TABLE_ATOL)
+    read = study_sanity(pm, study, examples, stored=stored)
+    computed = study_sanity(pm, study, examples)
+    assert [(c.method, c.check, c.status) for c in read] == [(c.method, c.check, c.status) for c in computed]
+
+    ig = run_method(pm, examples[:3], "integrated_gradients", params={"steps": 8})  # a path method's extras
+    back = scores_from_rows(score_rows(examples[:3], 0, {"integrated_gradients": ig}),
+                            convergence_rows(0, {"integrated_gradients": ig}), examples[:3])["integrated_gradients"]
+    assert all(torch.equal(a, b) for a, b in zip(back.scores, ig.scores))
+    gap = np.subtract(ig.extras["target_value"], ig.extras["baseline_value"])
+    assert np.allclose(np.subtract(back.extras["target_value"], back.extras["baseline_value"]), gap)
+    assert np.allclose(back.extras["convergence_delta"], ig.extras["convergence_delta"])
+    assert scores_from_rows(score_rows(examples[:3], 0, {"integrated_gradients": ig}), None, examples[:3]) == {}
+
+
 def test_interrupted_run_resumes_to_identical_tables(full_run, tiny_dirs, tiny_data, tmp_path):
     _, _, reference = full_run
     out = tmp_path / "resumed"

@@ -300,6 +300,22 @@ def test_load_model_leaves_transformers_log_level_and_progress_bars_as_they_were
             (hf_logging.enable_progress_bar if before[1] else hf_logging.disable_progress_bar)()
 
 
+def test_long_calls_show_progress_only_when_asked(minilm, capfd):
+    texts = ["a gripping , funny film", "the plot is not good"]
+    probe.explain(minilm, texts, methods=["attention_mean", "loo_delete"])
+    probe.loo(minilm, texts)
+    assert capfd.readouterr().err == ""  # quiet by default (in a notebook too)
+    ex = probe.explain(minilm, texts, methods=["attention_mean", "loo_delete"], progress=True)
+    err = capfd.readouterr().err
+    assert "explain" in err and "2/2" in err and "loo_delete" in err
+    probe.loo(minilm, texts, progress=True)
+    assert "engine" in capfd.readouterr().err
+    probe.erasure(minilm, ex, progress=True)
+    assert "engine" in capfd.readouterr().err
+    with pytest.raises(InputError, match="progress='yes'"):
+        probe.loo(minilm, texts, progress="yes")
+
+
 # ------------------------------------------------------------------ 12. warnings point at the user's line
 
 

@@ -206,6 +206,16 @@ def materialize_builtin(name: str, cache_dir: Path | str | None = None, progress
     return final
 
 
+def built_folder(name: str, cache_dir: Path | str | None = None) -> Path | None:
+    """The folder of built-in model ``name`` if it is built already, else None (nothing is built)."""
+    recipe = BUILTIN_MODELS.get(name)
+    if recipe is None:
+        return None
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    final = cache / recipe.name
+    return final if _is_complete(final, recipe) else None
+
+
 def read_builtin_metadata(folder: Path | str) -> dict[str, Any]:
     path = Path(folder) / METADATA_FILE
     try:

@@ -191,6 +191,14 @@ def planted_folder(name: str, cache_dir: Path | str | None = None) -> Path:
     return cache / "planted" / f"{recipe.name}-v{recipe.recipe_version}"
 
 
+def built_planted_folder(name: str, cache_dir: Path | str | None = None) -> Path | None:
+    """The folder of planted model ``name`` if it is built already, else None (nothing is built)."""
+    if name not in PLANTED_MODELS:
+        return None
+    final = planted_folder(name, cache_dir)
+    return final if _is_complete(final, get_planted(name)) else None
+
+
 def materialize_planted(name: str, cache_dir: Path | str | None = None, progress: bool = False) -> Path:
     """Return the folder of planted model ``name`` (``from_pretrained`` loads it); build it once.
 

@@ -16,7 +16,8 @@ from probe.errors import InputError
 from probe.report import analysis as an
 from probe.report import figures as fg
 from probe.document import Document, Para, Section, Table
-from probe.report.output import ReportFiles, Writer, prepare_out, write_report
+from probe.names import COMPLETE_FILE
+from probe.report.output import INPUTS_FILE, ReportFiles, Writer, prepare_out, write_report
 from probe.report.results import StudyResult, load_result
 from probe.report.sections import (
     agreement_section,
@@ -31,7 +32,7 @@ from probe.report.sections import (
 from probe.report.setup_section import setup_section
 from probe.tasks import task_named
 
-__all__ = ["build_comparison", "build_report"]
+__all__ = ["build_comparison", "build_report", "report_is_current"]
 
 
 # --------------------------------------------------------------------------- sections
@@ -80,6 +81,37 @@ def _aopc_display(aopc: pd.DataFrame, classifier: bool) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the report
 
 
+def _inputs_stamp(root: Path) -> str | None:
+    """The digest of a finished folder's completion record and of this probe's version, or None
+    (a folder without one: not finished, or from before records)."""
+    import hashlib
+    from importlib import metadata
+
+    try:
+        record = (Path(root) / COMPLETE_FILE).read_bytes()
+    except OSError:
+        return None
+    try:
+        version = metadata.version("probe")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return hashlib.sha256(record + b"\n" + version.encode()).hexdigest()
+
+
+def report_is_current(result_dir: str | Path, out_dir: str | Path | None = None) -> bool:
+    """Whether ``out_dir`` (default ``result_dir/report``) holds the report of exactly what the
+    finished folder holds now, rendered by this probe version (``probe report`` rebuilds it anyway)."""
+    root = Path(result_dir)
+    out = Path(out_dir) if out_dir is not None else root / "report"
+    stamp = _inputs_stamp(root)
+    if stamp is None or not (out / "report.html").is_file() or not (out / "report.md").is_file():
+        return False
+    try:
+        return (out / INPUTS_FILE).read_text(encoding="utf-8").strip() == stamp
+    except OSError:
+        return False
+
+
 def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> ReportFiles:
     """Render the study in ``result_dir`` into ``out_dir`` (default ``result_dir/report``):
     ``report.html`` (one self-contained file), ``report.md`` with ``figures/*.png``, and
@@ -88,6 +120,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     out = Path(out_dir) if out_dir is not None else r.root / "report"
     prepare_out(out, f"probe study report: {r.name}", source=r.root)
     w = Writer(out, source=r.root)
+    w.inputs = _inputs_stamp(r.root) if r.complete else None
     banner = None
     if not r.complete:
         total = r.batches_total if r.batches_total is not None else "?"

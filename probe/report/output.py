@@ -44,6 +44,8 @@ class Writer:
         self.out = out
         #: the result folder the report is of (kept in ``.probe-source`` beside the report)
         self.source = source
+        #: what the report was rendered from (kept in ``.probe-inputs``; None: not recorded)
+        self.inputs: str | None = None
         self.figures: dict[str, bytes] = {}
         self.tables: list[Path] = []
         _remove_stale_staging(out)
@@ -165,6 +167,8 @@ def _incomplete_report(out: Path, entries: list[str], first: str) -> bool:
 
 #: beside a study's report: the result folder it was rendered from
 SOURCE_FILE = ".probe-source"
+#: beside a study's report: the digest of the completion record (and probe version) it was rendered from
+INPUTS_FILE = ".probe-inputs"
 
 
 def prepare_out(out: Path, title: str, source: Path | None = None) -> None:
@@ -216,6 +220,8 @@ def write_report(doc: Document, w: Writer, out: Path, partial: bool) -> ReportFi
         atomic_text(w.staging / "report.md", render_markdown(doc, figure_paths))
         if w.source is not None:
             atomic_text(w.staging / SOURCE_FILE, str(Path(w.source).resolve()) + "\n")
+        if w.inputs is not None:
+            atomic_text(w.staging / INPUTS_FILE, w.inputs + "\n")
         os.chmod(w.staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a report is meant to be shared
         commit_folder(w.staging, out)
     except BaseException:

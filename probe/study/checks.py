@@ -9,6 +9,7 @@ not change the reference) is ``not informative``, which is no failure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,14 +24,20 @@ from probe.study.plan import methods_needed
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.rows.scores import TokenScores
     from probe.rows.target import PreparedExample
     from probe.spec.study import Study
 
 LEFT_OUT_KEY = ["role", "explainer", "reference"]
 
 
-def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) -> list[S.Check]:
-    """Every check that applies to the study's explainers and gradient references, on ``examples``."""
+def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
+                 stored: Mapping[str, TokenScores] | None = None) -> list[S.Check]:
+    """Every check that applies to the study's explainers and gradient references, on ``examples``.
+    ``stored``: the trained model's scores of these examples as the study's batches computed them
+    (:func:`probe.study.tables.scores_from_rows`), used instead of computing them again; the
+    randomised models' scores are always computed."""
+    stored = stored or {}
     from probe.methods import run_method
 
     spec = study.metrics.sanity
@@ -43,7 +50,8 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
         if family(method) == "intervention":
             continue
         try:
-            results[method] = run_method(pm, examples, method, params=params.get(method))
+            results[method] = (stored[method] if method in stored else
+                               run_method(pm, examples, method, params=params.get(method)))
         except ProbeError as error:
             checks.append(S.Check(method, "constant", "not run", None, str(error)))
             continue
@@ -57,7 +65,7 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample]) 
     reference = None
     if family(ref) == "intervention":
         try:
-            reference = run_method(pm, examples, ref, params=params.get(ref))
+            reference = stored[ref] if ref in stored else run_method(pm, examples, ref, params=params.get(ref))
         except ProbeError as error:
             checks.append(S.Check(ref, "sign", "not run", None, f"the reference could not run: {error}"))
     if reference is not None and ref not in set(study.metrics.absolute):

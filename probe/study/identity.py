@@ -14,6 +14,12 @@ and the examples are selected:
   transformers and captum.
 
 A resume against another identity is refused in one line naming what changed.
+
+A finished folder also keeps ``complete.json`` (:func:`completion_record`): the folder's stamp, a
+:func:`quick_identity` that is measured without loading the model (every example of the dataset
+before selection, every file of the model's folder, the code) and the digest of every result file.
+A run of a study whose folder is complete and whose quick identity and files are unchanged returns
+at once: nothing is loaded, nothing recomputed.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from probe.names import COMPLETE_FILE
+
 if TYPE_CHECKING:
     from probe.data import Example
     from probe.models.core import ProbeModel
+    from probe.spec.study import Study
 
-__all__ = ["NUMBERS_VERSION", "data_digest", "describe_change", "study_identity", "weights_hash"]
+__all__ = ["NUMBERS_VERSION", "completion_record", "data_digest", "describe_change", "quick_identity",
+           "result_files", "study_identity", "weights_hash"]
 
 #: raised by every change of probe that changes a number a study stores (a folder made before it is
 #: then not continued with the new code)
@@ -113,3 +123,101 @@ def weights_digest(path) -> str | None:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+# ------------------------------------------------------------------ a finished folder, checked without the model
+
+def _code() -> dict:
+    return {"numbers": NUMBERS_VERSION, "torch": _version("torch"), "transformers": _version("transformers"),
+            "captum": _version("captum")}
+
+
+def _present_folder(model_id: str) -> Path | None:
+    """The folder ``model_id`` loads from when it is on disk already (a built built-in or planted
+    model, a local folder), else None: nothing is built or downloaded."""
+    if model_id.startswith("builtin:"):
+        from probe.models.builtins import built_folder
+
+        return built_folder(model_id.split(":", 1)[1])
+    if model_id.startswith("planted:"):
+        from probe.models.planted import built_planted_folder
+
+        return built_planted_folder(model_id.split(":", 1)[1])
+    folder = Path(model_id).expanduser()
+    return folder if (folder / "config.json").is_file() else None
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over every file of a model folder (names and contents; hidden files and subfolders aside):
+    weights, configuration and tokenizer alike."""
+    h = hashlib.sha256()
+    for file in sorted(p for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith(".")):
+        h.update(file.name.encode())
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _model_digest(study: Study, pm: ProbeModel | None) -> str | None:
+    if pm is not None:
+        if pm.path and Path(pm.path).is_dir():
+            return folder_digest(Path(pm.path))
+        vocab = json.dumps(sorted(pm.tokenizer.get_vocab().items()), ensure_ascii=False)
+        return hashlib.sha256((weights_hash(pm) + vocab).encode("utf-8")).hexdigest()
+    folder = _present_folder(study.model.id)
+    return None if folder is None else folder_digest(folder)
+
+
+def quick_identity(study: Study, pm: ProbeModel | None = None) -> dict | None:
+    """What a finished folder is checked against before any model loads: the digest of every example of
+    the study's dataset split (before filters, length limit and sampling, which the fingerprint
+    covers), of the model's folder (or of ``pm``'s parameters and vocabulary when it has none), and
+    the code's versions. None where it cannot be told without loading (a hub id, a dataset that does
+    not read): such a run takes the ordinary path."""
+    from probe.data import load_dataset
+    from probe.errors import ProbeError
+
+    model = _model_digest(study, pm)
+    if model is None:
+        return None
+    d = study.dataset
+    try:
+        examples = load_dataset(d.name, split=d.split, n=None, seed=d.seed, text_column=d.text_column,
+                                label_column=d.label_column)
+    except (ProbeError, OSError):
+        return None
+    return {"model_sha256": model, "dataset_sha256": data_digest(examples), "code": _code()}
+
+
+def result_files(root: Path) -> dict[str, str]:
+    """sha256 of every result file of a folder (its top level, hidden files and ``complete.json`` aside)."""
+    from probe.study.store import file_digest
+
+    return {p.name: file_digest(p) for p in sorted(Path(root).iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.name != COMPLETE_FILE}
+
+
+def completion_record(root: Path, stamp: str | None, quick: dict | None, n_examples: int, n_batches: int) -> dict:
+    return {"stamp": stamp, "quick_identity": quick, "n_examples": n_examples, "n_batches": n_batches,
+            "files": result_files(root)}
+
+
+def finished_unchanged(root: Path, stamp: str | None, quick: dict | None) -> dict | None:
+    """The folder's completion record when it is complete and nothing it was computed from or holds
+    has changed since (same stamp, same quick identity, every result file as written), else None."""
+    if quick is None or stamp is None:
+        return None
+    path = Path(root) / COMPLETE_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("stamp") != stamp or record.get("quick_identity") != quick:
+        return None
+    try:
+        if record.get("files") != result_files(root):
+            return None
+    except OSError:
+        return None
+    return record

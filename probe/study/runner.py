@@ -129,6 +129,10 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, w
         locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
         if not (force_new and store.is_result()):
             store.check(record)  # the holder may have started the folder meanwhile
+    if locked and dist_info is None and not force_new:
+        finished = _finished(study, store, shard=shard, model=model, on_complete=on_complete, log=log)
+        if finished is not None:
+            return finished
     pm, load_seconds = (model, model.load_seconds) if model is not None else _load(study, dist_info)
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study.dataset, study.target)
@@ -150,6 +154,38 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, w
         if not locked:
             _remove_if_empty(out)
         raise
+
+
+def _finished(study: Study, store: ResultStore, *, shard, model: ProbeModel | None,
+              on_complete: Callable[[Path], None] | None, log: Callable[[str], None]) -> RunResult | None:
+    """A complete folder whose study, dataset, model files, code and result files are all as they were
+    when it finished (:func:`probe.study.identity.finished_unchanged`): its result, with no model
+    loaded and nothing recomputed (``on_complete`` still runs); else None."""
+    import json
+
+    from probe.study.identity import finished_unchanged, quick_identity
+    from probe.study.store import folder_stamp
+
+    existing = store.read_study() or {}
+    if existing.get("identity") is None:
+        return None
+    stamp = folder_stamp(existing["fingerprint"], existing["identity"])
+    record = finished_unchanged(store.root, stamp, quick_identity(study, model))
+    if record is None:
+        return None
+    try:
+        verdict = Verdict.from_dict(json.loads((store.root / "verdict.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    n_batches = int(record["n_batches"])
+    mine = [b for b in range(n_batches) if shard is None or b % shard[1] == shard[0]]
+    log(f"study {study.name}: complete ({record['n_examples']} examples in {n_batches} batches), and nothing it was "
+        f"computed from has changed: nothing to run -> {store.root}")
+    if on_complete is not None:
+        on_complete(store.root)
+    warn_about_ties(store.root, study)
+    return RunResult(out=store.root, n_examples=int(record["n_examples"]), n_batches=n_batches, computed=[],
+                     skipped=mine, complete=True, verdict=verdict)
 
 
 def _remove_if_empty(out: Path) -> None:
@@ -242,15 +278,53 @@ def _barrier(dist_info: tuple[int, int] | None) -> None:
 def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_batches: int, dropped: dict,
             load_seconds: float, on_complete: Callable[[Path], None] | None) -> Verdict:
     """Every batch is done: the sanity checks, the statistics and the verdict, then ``on_complete``."""
+    from probe.names import COMPLETE_FILE
+
+    (store.root / COMPLETE_FILE).unlink(missing_ok=True)  # what it vouched for is rewritten now
     sample = data[: study.metrics.sanity.examples]
-    checks = study_sanity(pm, study, prepare_study_examples(pm, study, [e.text for e in sample],
-                                                            [e.label for e in sample]))
+    prepared = prepare_study_examples(pm, study, [e.text for e in sample], [e.label for e in sample])
+    checks = study_sanity(pm, study, prepared, stored=_stored_scores(store, study, prepared))
     verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
                        sanity=checks)
     _record_identity(store)
+    _record_completion(store, study, pm, n_examples=len(data), n_batches=n_batches)
     if on_complete is not None:
         on_complete(store.root)
     return verdict
+
+
+def _stored_scores(store: ResultStore, study: Study, examples: list[PreparedExample]) -> dict:
+    """The trained model's scores of the study's first examples (the sanity sample), read back from
+    the batches that computed them, so the sanity checks do not compute them again; {} when they
+    cannot be read (the checks then compute them)."""
+    from probe.study.tables import scores_from_rows
+
+    size = study.engine.batch_size
+    frames: dict[str, list[pd.DataFrame]] = {"scores": [], "convergence": []}
+    try:
+        for index in range(-(-len(examples) // size)):
+            for name in frames:
+                path = store.part_path(name, index)
+                if path.is_file():
+                    frames[name].append(pd.read_parquet(path))
+    except Exception:  # pyarrow raises several kinds for a damaged part; the merge names it later
+        return {}
+    if not frames["scores"]:
+        return {}
+    convergence = pd.concat(frames["convergence"], ignore_index=True) if frames["convergence"] else None
+    return scores_from_rows(pd.concat(frames["scores"], ignore_index=True), convergence, examples, study.params)
+
+
+def _record_completion(store: ResultStore, study: Study, pm: ProbeModel, *, n_examples: int, n_batches: int) -> None:
+    """``complete.json``: what lets the next run of this study return at once (see :func:`_finished`)."""
+    from probe.names import COMPLETE_FILE
+    from probe.study.identity import completion_record, quick_identity
+    from probe.study.store import write_json
+
+    quick = quick_identity(study, pm)
+    if quick is not None:
+        write_json(store.root / COMPLETE_FILE,
+                   completion_record(store.root, store.stamp, quick, n_examples=n_examples, n_batches=n_batches))
 
 
 def _record_identity(store: ResultStore) -> None:

@@ -222,6 +222,10 @@ class ResultStore:
     def _part(self, name: str, index: int) -> Path:
         return self.root / "parts" / name / f"b{index:05d}.parquet"
 
+    def part_path(self, name: str, index: int) -> Path:
+        """Where table ``name`` of batch ``index`` is kept (``parts/NAME/bIIIII.parquet``)."""
+        return self._part(name, index)
+
     def done_batches(self) -> set[int]:
         folder = self.root / "done"
         if not folder.is_dir():

@@ -7,7 +7,8 @@ returns a tidy frame whose ``example`` column counts from there.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -259,6 +260,45 @@ def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd
         frame.insert(1, "method", name)
         frames.append(frame.astype({"layer": np.int16, "head": np.int16, "position": np.int32, "score": np.float32}))
     return pd.concat(frames, ignore_index=True)
+
+
+def scores_from_rows(scores: pd.DataFrame, convergence: pd.DataFrame | None, examples,
+                     params: Mapping[str, Mapping] | None = None) -> dict[str, TokenScores]:
+    """The inverse of :func:`score_rows` and :func:`convergence_rows` for the study's first
+    ``len(examples)`` examples: each method's :class:`TokenScores` as the batch computed it (the
+    stored fp32 scores are the computed ones, bit for bit), with a path method's convergence delta
+    and gap in ``extras``. A method whose rows do not cover those examples' tokens is left out
+    (the caller computes it)."""
+    params = params or {}
+    first = scores[scores["example"] < len(examples)]
+    out: dict[str, TokenScores] = {}
+    for method, rows in first.groupby("method", sort=False):
+        layers, heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
+        per_head, per_layer = heads > 0, heads <= 0 and layers > 0
+        tensors = []
+        for i, e in enumerate(examples):
+            part = rows[rows["example"] == i].sort_values(["layer", "head", "position"], kind="stable")
+            n = len(e.tokens)
+            shape = (layers, heads, n) if per_head else (layers, n) if per_layer else (n,)
+            if len(part) != int(np.prod(shape)) or part["position"].max() != n - 1:
+                break
+            tensors.append(torch.from_numpy(part["score"].to_numpy(np.float32).reshape(shape).copy()))
+        if len(tensors) != len(examples):
+            continue
+        extras: dict[str, Any] = {}
+        entry = registry.find(method)
+        if entry is not None and entry.completeness:
+            if convergence is None or not len(convergence):
+                continue
+            final = convergence[(convergence["method"] == method) & convergence["final"]
+                                & (convergence["example"] < len(examples))].sort_values("example")
+            if len(final) != len(examples):
+                continue
+            extras = {"convergence_delta": final["delta"].tolist(), "target_value": final["gap"].tolist(),
+                      "baseline_value": [0.0] * len(final)}  # the check reads the gap, target - baseline
+        out[str(method)] = TokenScores(method=str(method), scores=tensors, params=dict(params.get(method) or {}),
+                                       per_head=per_head, per_layer=per_layer, extras=extras)
+    return out
 
 
 def convergence_rows(first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
