@@ -196,19 +196,28 @@ def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase |
 @_in_eval
 def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequence[Label] | None = None,
             continuation: str | Sequence[str] | None = None, kind: str | None = None,
-            strict_length: bool = False) -> list[PreparedExample]:
+            strict_length: bool = False, generate: int | None = None,
+            steps: bool = False) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
     language models). ``example.original_value`` is the target on the unperturbed text.
 
     ``label`` and ``continuation`` are one value for every text, or a list with one per text.
-    ``texts`` may be a pandas Series (its values) or a DataFrame with a ``text`` column."""
+    ``texts`` may be a pandas Series (its values) or a DataFrame with a ``text`` column.
+
+    A language model's output token by token: ``generate=N`` explains each token of its greedy
+    output of up to N tokens, ``steps=True`` each token of ``continuation`` (or of the greedy
+    output of 16). Every output token is then its own example (``example.step``; text 0's steps
+    first), whose target is that token's log-prob given the input and the output before it."""
     from probe.rows.target import prepare as _prepare
 
     texts = _text_list(texts)
-    return _prepare(pm, texts, TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation)),
-                    strict_length=strict_length)
+    if generate is not None:
+        _positive(generate, "generate")
+    target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
+                        steps=_flag(steps, "steps") or generate is not None, max_new_tokens=generate)
+    return _prepare(pm, texts, target, strict_length=strict_length)
 
 
 def _one_or_each(value: Any) -> Any:
@@ -253,21 +262,23 @@ def _check_prepared_by(pm: ProbeModel, examples: list[PreparedExample]) -> None:
 
 
 def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
-              kind: str | None = None, strict_length: bool = False) -> list[PreparedExample]:
+              kind: str | None = None, strict_length: bool = False, generate: int | None = None,
+              steps: bool = False) -> list[PreparedExample]:
     """Texts prepared with the target options, or prepared examples as they are (then no options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
     items = _text_list(texts)
     if all(isinstance(e, PreparedExample) for e in items):
-        if label is not None or continuation is not None or kind is not None:
-            raise InputError("label, continuation and kind apply to texts; these examples are prepared already "
-                             "(their targets are fixed): pass the texts instead")
+        if label is not None or continuation is not None or kind is not None or generate is not None or steps:
+            raise InputError("label, continuation, kind, generate and steps apply to texts; these examples are prepared "
+                             "already (their targets are fixed): pass the texts instead")
         _check_prepared_by(pm, items)
         return items
     if not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})
         raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}")
-    return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length)
+    return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
+                   generate=generate, steps=steps)
 
 
 # --------------------------------------------------------------------------------------- explain
@@ -340,6 +351,76 @@ class Explanation(PicklableFrozen):
         real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
         ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
         return [(p, chosen.tokens[p], float(scores[p])) for p in ranked]
+
+    def outputs(self) -> list[tuple[int, ...]]:
+        """A step-by-step explanation (``generate=`` / ``steps=True``): per explained text, the
+        indices into :attr:`examples` of its output tokens, in order (empty when the targets are
+        not steps)."""
+        groups: list[list[int]] = []
+        for i, e in enumerate(self.examples):
+            if e.step is None:
+                continue
+            if e.step == 0 or not groups:
+                groups.append([])
+            groups[-1].append(i)
+        return [tuple(g) for g in groups]
+
+    def _output_group(self, text: int) -> tuple[int, ...]:
+        groups = self.outputs()
+        if not groups:
+            raise InputError("this explanation explains one target per text, not its output token by token: explain "
+                             "with generate=N (or steps=True and a continuation) for output x source matrices")
+        if isinstance(text, bool) or not isinstance(text, int) or not -len(groups) <= text < len(groups):
+            raise InputError(f"text={text!r} does not exist: this explanation has texts 0..{len(groups) - 1}")
+        return groups[text]
+
+    def stacked(self, method: str, text: int = 0) -> torch.Tensor:
+        """``method``'s scores of text ``text``'s output tokens stacked: ``[output token, ...,
+        source token]`` (``...``: the method's layer and head axes, if any); a row per output token,
+        whose target is that token's log-prob given the prompt and the output before it."""
+        result = self[method]
+        return torch.stack([result.scores[i] for i in self._output_group(text)])
+
+    def matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> pd.DataFrame:
+        """The ``[output token x source token]`` matrix of ``method`` for text ``text``: one row per
+        output token (index: ``"step: token"``), one column per source token (``"position: token"``).
+        A per-layer method is read at ``layer`` (default the last), a per-head one at ``layer`` and
+        ``head`` (None: the mean over heads). NaN where the method does not score a token."""
+        from probe.display import clean_token
+
+        values = self.stacked(method, text)
+        result = self[method]
+        if result.per_head or result.per_layer:
+            n_layers = values.shape[1]
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} (-1 is the last)")
+            values = values[:, layer]
+        if result.per_head:
+            n_heads = values.shape[1]
+            if head is None:
+                values = values.mean(dim=1)
+            elif isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
+                raise InputError(f"head={head!r} does not exist: {method} has heads 0..{n_heads - 1}")
+            else:
+                values = values[:, head]
+        group = self._output_group(text)
+        first = self.examples[group[0]]
+        rows = [f"{self.examples[i].step}: {self.examples[i].label_name}" for i in group]
+        columns = [f"{p}: {clean_token(t)}" for p, t in enumerate(first.tokens)]
+        return pd.DataFrame(values.double().numpy(), index=pd.Index(rows, name="output token"),
+                            columns=pd.Index(columns, name="source token"))
+
+    def plot_matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None):
+        """:meth:`matrix` as a heatmap: output tokens down, source tokens across. Returns a
+        :class:`matplotlib.figure.Figure`."""
+        from probe.display import clip
+        from probe.plots import matrix_figure
+
+        frame = self.matrix(method, text, layer=layer, head=head)
+        first = self.examples[self._output_group(text)[0]]
+        return matrix_figure(frame.to_numpy(), [str(r) for r in frame.index], [str(c) for c in frame.columns],
+                             title=f"{method}: {self.model}, text {text}: {clip(first.text, 60)}",
+                             label=f"{method} score")
 
     def save(self, path: str | Path) -> Path:
         """Write the explanation into the folder ``path`` (made if missing): ``scores.parquet``
@@ -594,13 +675,18 @@ def load_explanation(path: str | Path) -> Explanation:
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
-            progress: bool = False) -> Explanation:
+            progress: bool = False, generate: int | None = None, steps: bool = False) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
     ``params`` maps a method to its keyword parameters, e.g. ``{"integrated_gradients": {"steps":
     32}, "loo_random": {"k": 3, "seed": 1}}``. Interventions share one engine, so identical rows run once.
     ``progress``: show progress bars (over the methods and the interventions' batches); off by default.
+
+    A language model's output token by token: ``generate=N`` (its greedy output of up to N tokens)
+    or ``steps=True`` (each token of ``continuation``) make every output token an example of its
+    own (see :func:`prepare`); :meth:`Explanation.matrix` then gives a method's
+    ``[output token, ..., source token]`` matrix per text.
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -608,7 +694,8 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     params = _method_params(params)
     if chosen is not None:
         _no_gradients_here(chosen)
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length)
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
+                         generate=generate, steps=steps)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
@@ -641,7 +728,7 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 @_in_eval
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
         label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
-        progress: bool = False) -> TokenScores:
+        progress: bool = False, generate: int | None = None, steps: bool = False) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
     Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
@@ -649,7 +736,7 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo as _loo
 
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps)
     return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 

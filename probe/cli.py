@@ -185,6 +185,8 @@ def explain(
                                          "(default: every method that applies)"),
     label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
+    generate: int | None = typer.Option(None, "--generate", help="for a language model, explain each token of its greedy output of up to N "
+                                        "tokens (or of --continuation) on its own: a [prompt token x output token] table per method"),
     target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
                                                                    "similarity or dimension for a headless encoder"),
     reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
@@ -213,8 +215,11 @@ def explain(
     from probe import api
     from probe.rows.target import TargetSpec, prepare
 
+    if generate is not None and generate < 1:
+        raise InputError(f"--generate {generate}: give a number of tokens to generate, 1 or more")
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
-                                              reference=reference, dimension=dimension),
+                                              reference=reference, dimension=dimension,
+                                              steps=generate is not None, max_new_tokens=generate),
                        strict_length=strict_length)
     names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
@@ -226,6 +231,12 @@ def explain(
     params = terminal.explain_params(names, steps=steps, seed=seed, site=site)
     explanation = api.explain(pm, examples, names, params={m: p for m, p in params.items() if m in names})
     results = dict(explanation.scores)
+    if generate is not None:
+        if as_json:
+            terminal.print_generation_json(pm, explanation, skipped)
+        else:
+            terminal.print_generation_tables(pm, explanation, layer)
+        return
     from probe.study.sanity import explain_checks
 
     checks = explain_checks(pm, examples, results, params)

@@ -200,3 +200,26 @@ def attention_figure(weights: np.ndarray, query_positions: Sequence[int], tokens
     if title:
         set_title(fig, title)
     return fig
+
+
+def matrix_figure(values: np.ndarray, rows: Sequence[str], columns: Sequence[str], *, title: str = "",
+                  label: str = "score") -> Figure:
+    """A ``[row, column]`` matrix of scores (e.g. output token x source token) as a heatmap, signed
+    values on a diverging scale centred on 0, NaN cells left blank."""
+    n_rows, n_cols = values.shape
+    fig = new_figure(min(max(4.0, 0.32 * n_cols + 3.0), 18.0), min(max(2.4, 0.3 * n_rows + 2.2), 16.0))
+    ax = fig.subplots()
+    finite = values[np.isfinite(values)]
+    signed = finite.size and float(finite.min()) < 0
+    top = float(np.abs(finite).max()) if finite.size else 1.0
+    top = top if top > 0 else 1.0
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="RdBu_r" if signed else "viridis",
+                      vmin=-top if signed else 0.0, vmax=top, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(n_cols), list(columns), rotation=60, ha="right", rotation_mode="anchor", fontsize=7)
+    ax.set_yticks(range(n_rows), list(rows), fontsize=7)
+    ax.set_xlabel("source token")
+    ax.set_ylabel("output token")
+    fig.colorbar(image, ax=ax, shrink=0.85, label=label)
+    if title:
+        set_title(fig, title)
+    return fig

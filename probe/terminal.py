@@ -118,3 +118,55 @@ def _family_table(title: str, example, columns: Mapping):
             cells.append("" if value != value else f"{value:.3f}")
         table.add_row(plain(token + (" *" if example.special[i] else "")), *cells)
     return table
+
+
+def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> None:
+    """``probe explain --generate``: the output, then per method a table of the prompt's tokens
+    (rows) by the generated tokens (columns), each cell the token's score for that output token."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    group = explanation.outputs()[0]
+    steps = [explanation.examples[i] for i in group]
+    first = steps[0]
+    output = "".join(e.label_name for e in steps)
+    console.print(plain(f"output ({len(steps)} tokens, {first.kind} of each given the prompt and the output before it): "
+                        f"{output!r}  ({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
+    console.print(plain("per token: " + ", ".join(f"{_shown(e.label_name)} {e.original_value:.3f}" for e in steps)))
+    if pm.random_weights:
+        console.print(f"[bold red]random weights (allowed explicitly):[/] {plain(', '.join(pm.random_weights))}")
+    shown_layer = layer if layer is not None else -1
+    for name in explanation.scores:
+        result = explanation[name]
+        where = (f" at layer {shown_layer if shown_layer >= 0 else pm.contract.n_layers - 1}"
+                 + (" (head mean)" if result.per_head else "")) if result.per_head or result.per_layer else ""
+        frame = explanation.matrix(name, 0, layer=shown_layer)
+        table = Table(title=f"{name}{where}: rows prompt tokens, columns output tokens")
+        table.add_column("token")
+        for j, e in enumerate(steps):
+            table.add_column(plain(f"{j}:{_shown(e.label_name)}"), justify="right", overflow="fold")
+        values = frame.to_numpy()  # [output, source]
+        for p, token in enumerate(first.tokens):
+            cells = ["" if v != v else f"{v:.3f}" for v in values[:, p].tolist()]
+            table.add_row(plain(token + (" *" if first.special[p] else "")), *cells)
+        console.print(table)
+    console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
+
+
+def _shown(token: str) -> str:
+    """An output token on one line: newlines and tabs as escapes."""
+    return json.dumps(token, ensure_ascii=False)[1:-1]
+
+
+def print_generation_json(pm: ProbeModel, explanation, skipped: dict) -> None:
+    group = explanation.outputs()[0]
+    steps = [explanation.examples[i] for i in group]
+    scores = {name: nan_to_none(explanation.stacked(name, 0).tolist()) for name in explanation.scores}
+    print(json.dumps({"model_path": pm.path, "tokens": steps[0].tokens, "token_ids": steps[0].input_ids,
+                      "output": [{"step": e.step, "token": e.label_name, "token_id": e.target_ids[e.step],
+                                  "kind": e.kind, "value": e.original_value} for e in steps],
+                      "scores": scores, "axes": {name: ["output token", *explanation[name].axes]
+                                                 for name in explanation.scores},
+                      "params": {name: dict(r.params) for name, r in explanation.scores.items()},
+                      "skipped": skipped, "random_weights": list(pm.random_weights)}, default=str))

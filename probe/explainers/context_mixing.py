@@ -69,7 +69,7 @@ from probe.models.architectures import (
     mixing_layout,
 )
 from probe.names import CONTEXT_MIXING_METHODS
-from probe.rows.queries import capture_masks, eval_mode, row_batches
+from probe.rows.queries import capture_masks, eval_mode, mixing_widths, row_batches
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, RowBatch
 
@@ -286,12 +286,12 @@ def _decomposition_scores(pm: ProbeModel, examples: Sequence[PreparedExample], m
             records = record_layers(pm, batch, stack, norms=layout)
             cross = _cross_rows(pm, batch, tq) if pm.task.encoder_decoder else None
             n_layers = pm.contract.stacks[stack].n_layers
-            for row, n in enumerate(tq.lengths.tolist()):
+            for row, (n, width) in enumerate(zip(tq.lengths.tolist(), mixing_widths(tq))):
                 matrices = []
                 for layer in range(n_layers):
-                    terms, bias = mixing_terms(pm, records, stack, layer, row, n, layout)
+                    terms, bias = mixing_terms(pm, records, stack, layer, row, width, layout)
                     matrices.append(matrix(pm, records, stack, layer, row, terms, bias, layout))
-                scores.append(_scores_from_matrices(matrices, tq, row, cross))
+                scores.append(_scores_from_matrices(matrices, tq, row, cross)[:, :n])
     return TokenScores(method, scores, per_layer=True, params=_params(
         pm, pm.task.target_stack(pm.contract), layer_norm=layout.placement, formula=formula(layout),
         **_seq2seq_params(pm),
@@ -407,10 +407,11 @@ def value_zeroing(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_
         for batch, tq in row_batches(pm, examples, batch_size):
             stack = _mixing_stack(pm, tq)
             lengths = tq.lengths.tolist()
-            distances = value_zeroing_distances(pm, batch, lengths, stack, token_budget=token_budget)
+            distances = value_zeroing_distances(pm, batch, mixing_widths(tq), stack, token_budget=token_budget)
             cross = _cross_rows(pm, batch, tq) if pm.task.encoder_decoder else None
             for row, matrices in enumerate(distances):
-                scores.append(_scores_from_matrices([_normalise_rows(m) for m in matrices], tq, row, cross))
+                rolled = _scores_from_matrices([_normalise_rows(m) for m in matrices], tq, row, cross)
+                scores.append(rolled[:, : lengths[row]])
     block = next(iter(block_modules(pm, pm.task.input_stack(pm.contract)).values()),
                  None)
     return TokenScores("value_zeroing", scores, per_layer=True, params=_params(

@@ -20,6 +20,7 @@ from probe.rows.queries import (
     crop,
     capture_masks,
     eval_mode,
+    mixing_widths,
     row_batches,
 )
 from probe.rows.scores import TokenScores
@@ -334,10 +335,11 @@ def flow(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int
         done = 0
         for batch, tq in (row_batches(pm, [examples[i] for i in short], batch_size) if short else ()):
             stack = tq.stack
-            stream, cross = encoder_stream(pm, batch, tq, keep_width=int(tq.lengths.max()))
+            widths = mixing_widths(tq)  # a causal LM's output token: its query row after the input
+            stream, cross = encoder_stream(pm, batch, tq, keep_width=max(widths))
             kept = torch.stack(stream.kept, dim=1).double().cpu().numpy()  # [batch, layer, W, W]
-            for r, n in enumerate(tq.lengths.tolist()):
-                residual = kept[r, :, :n, :n]
+            for r, (n, width) in enumerate(zip(tq.lengths.tolist(), widths)):
+                residual = kept[r, :, :width, :width]
                 if query == "max":
                     by_index[short[done + r]] = torch.from_numpy(flow_max_over_rows(residual))
                     continue
@@ -348,7 +350,7 @@ def flow(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int
                 else:
                     rows = cross[r, :, :n].double().cpu().numpy()  # [decoder layer, n]
                     sinks = [(residual.shape[0], rows[layer]) for layer in range(rows.shape[0])]
-                raw = flow_to_sinks(residual, sinks)  # [layer, n]
+                raw = flow_to_sinks(residual, sinks)[:, :n]  # [layer, n]: from the explained tokens
                 total = raw.sum(axis=1, keepdims=True)
                 by_index[short[done + r]] = torch.from_numpy(raw / np.where(total > 0, total, 1.0))
             done += len(tq.lengths)

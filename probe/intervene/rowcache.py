@@ -54,7 +54,8 @@ class EngineStats:
 def target_key(example: PreparedExample) -> tuple:
     """What makes two examples' targets the same number (for de-duplication)."""
     # a similarity target also depends on its reference text (label_name)
-    return (example.kind, example.label, tuple(example.target_ids)) + ((example.label_name,) if example.kind == "similarity" else ())
+    return ((example.kind, example.label, tuple(example.target_ids), example.step)
+            + ((example.label_name,) if example.kind == "similarity" else ()))
 
 
 def row_key(ids: Sequence[int], example: PreparedExample) -> tuple:

@@ -43,9 +43,13 @@ def target_queries(pm: ProbeModel, batch: RowBatch) -> TargetQueries:
     """Where the target query row(s) of every row of ``batch`` are (see the module docstring)."""
     lengths = batch.input_lengths
     n_rows = lengths.shape[0]
+    steps = [e.step for e in batch.examples]
     if pm.task.encoder_decoder:
         valid = batch.target_valid  # [batch, n_target]
         positions = torch.arange(valid.shape[1], device=valid.device).expand(n_rows, -1)
+        if any(s is not None for s in steps):  # a step's own decoder row alone
+            at = torch.tensor([-1 if s is None else s for s in steps], device=valid.device)
+            valid = valid & ((positions == at[:, None]) | (at[:, None] < 0))
         # Padded output positions point at 0 (always a real decoder position) and are masked by `valid`.
         rows = torch.where(valid, positions, torch.zeros_like(positions))
         return TargetQueries("cross", rows, valid, lengths)
@@ -59,9 +63,20 @@ def target_queries(pm: ProbeModel, batch: RowBatch) -> TargetQueries:
         return TargetQueries(stack, torch.where(valid, positions, torch.zeros_like(positions)), valid, lengths)
     if pm.task.pooled and bidirectional:
         rows = torch.zeros((n_rows, 1), dtype=torch.long, device=lengths.device)
-    else:
-        rows = (lengths - 1).view(n_rows, 1)
+    else:  # causal: the position whose logits predict the target (output token `step`: step places later)
+        offset = torch.tensor([0 if s is None else s for s in steps], device=lengths.device)
+        rows = (lengths - 1 + offset).view(n_rows, 1)
     return TargetQueries(stack, rows, torch.ones_like(rows, dtype=torch.bool), lengths)
+
+
+def mixing_widths(tq: TargetQueries) -> list[int]:
+    """Per row, how many positions a token-mixing product must span to reach its target query: the
+    explained tokens, and for a causal LM's output token (``step``) the output before it too (its
+    query row sits after the input). The scores are then cropped to the explained tokens."""
+    if tq.stack == "cross":
+        return [int(n) for n in tq.lengths.tolist()]
+    last = torch.where(tq.valid, tq.rows, torch.zeros_like(tq.rows)).max(dim=1).values + 1
+    return [max(int(n), int(q)) for n, q in zip(tq.lengths.tolist(), last.tolist())]
 
 
 def capture_masks(batch: RowBatch) -> dict:

@@ -48,6 +48,11 @@ class TargetSpec:
     continuation: str | tuple[str, ...] | None = None
     reference: str | None = None  # kind similarity: the text whose pooled embedding is compared
     dimension: int | None = None  # kind dimension: which component of the pooled embedding
+    #: language models: explain every output token on its own (one example per generated step:
+    #: :attr:`PreparedExample.step`), the output being ``continuation`` or, without it, the greedy
+    #: output of up to ``max_new_tokens`` tokens
+    steps: bool = False
+    max_new_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,14 @@ class PreparedExample:
     label_name: str | None = None
     original_value: float | None = None  # the target on the unperturbed input
     reference_embedding: torch.Tensor | None = None  # [hidden] kind similarity: the reference's pooled embedding
+    #: a language model's output explained token by token: the target is the log-prob (or logit,
+    #: prob) of ``target_ids[step]`` alone, given the input and ``target_ids[:step]`` (teacher
+    #: forced); None: the whole output's summed log-prob
+    step: int | None = None
 
     def describe(self) -> dict:
-        return {"label": self.label_name, "kind": self.kind, "value": self.original_value}
+        out = {"label": self.label_name, "kind": self.kind, "value": self.original_value}
+        return out if self.step is None else {**out, "step": self.step}
 
 
 @dataclass
@@ -109,9 +119,18 @@ def special_mask(pm: ProbeModel, ids: list[int]) -> list[bool]:
     return [i in special_ids for i in ids]
 
 
+#: how many tokens a language model writes when its output is explained step by step and no
+#: ``max_new_tokens`` is given
+DEFAULT_NEW_TOKENS = 16
+
+
 def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_length: bool = False,
             max_new_tokens: int = 16) -> list[PreparedExample]:
-    """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids)."""
+    """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids).
+    With ``target.steps`` every output token becomes its own example (:func:`per_step`), in order:
+    text 0's steps, then text 1's, ..."""
+    if target.steps:
+        return _prepare_steps(pm, texts, target, strict_length=strict_length)
     from probe.models.core import encode_texts
 
     task = pm.task
@@ -168,6 +187,72 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
                                               label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
+
+
+def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, strict_length: bool) -> list[PreparedExample]:
+    """Each text's output (the given continuation, else the greedy output of up to
+    ``target.max_new_tokens`` tokens), one example per output token."""
+    task = pm.task
+    if not task.continuations:
+        raise InputError(f"a step-by-step target explains a language model's output token by token; this model is a "
+                         f"{task.head}: leave out --generate / steps")
+    n_new = target.max_new_tokens if target.max_new_tokens is not None else DEFAULT_NEW_TOKENS
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or not 1 <= n_new <= 1024:
+        raise InputError(f"--generate {n_new!r}: give a number of tokens to generate from 1 to 1024")
+    whole = dataclasses.replace(target, steps=False, max_new_tokens=None)
+    if target.continuation is None and task.next_token:
+        if target.label is not None:
+            raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
+        kind = target.kind or task.default_kind
+        _check_encoder_target(pm, target, kind)
+        examples = [dataclasses.replace(e, target_ids=_greedy_output(pm, e.input_ids, n_new))
+                    for e in _tokenised(pm, texts, kind, strict_length)]
+        examples = [dataclasses.replace(e, label_name=pm.tokenizer.decode(e.target_ids)) for e in examples]
+    else:
+        examples = prepare(pm, texts, whole, strict_length=strict_length, max_new_tokens=n_new)
+    return per_step(pm, examples)
+
+
+def _greedy_output(pm: ProbeModel, input_ids: list[int], n_new: int) -> list[int]:
+    """A causal LM's greedy output ids after ``input_ids`` (up to ``n_new`` tokens, its end token
+    included when it writes one), one unpadded prompt at a time (right padding would put pad
+    tokens between a short prompt and its output)."""
+    ids = torch.tensor([input_ids], device=pm.device)
+    eos = pm.tokenizer.eos_token_id
+    with torch.no_grad():
+        generated = pm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                                      do_sample=False, pad_token_id=pm.tokenizer.pad_token_id)
+    out = [int(t) for t in generated[0, len(input_ids):].tolist()]
+    if eos is not None and eos in out:
+        out = out[: out.index(eos) + 1]
+    return out or ([int(eos)] if eos is not None else [])
+
+
+def _tokenised(pm: ProbeModel, texts: list[str], kind: str, strict_length: bool) -> list[PreparedExample]:
+    """``texts`` tokenised as the model reads them, without a target yet."""
+    from probe.models.core import encode_texts
+
+    batch = encode_texts(pm, texts, strict_length=strict_length)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    examples = []
+    for i, text in enumerate(texts):
+        ids = batch["input_ids"][i, : lengths[i]].tolist()
+        examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
+                                        tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
+    return examples
+
+
+def per_step(pm: ProbeModel, examples: list[PreparedExample]) -> list[PreparedExample]:
+    """Each example's output token by token: one example per target token (``step``), its
+    ``original_value`` that token's log-prob (or logit, prob) given the input and the output before it."""
+    out = []
+    for e in examples:
+        steps = [dataclasses.replace(e, step=j, original_value=None,
+                                     label_name=pm.tokenizer.decode([e.target_ids[j]]))
+                 for j in range(len(e.target_ids))]
+        values = evaluate(pm, [(s.input_ids, s) for s in steps])
+        out += [dataclasses.replace(s, original_value=float(v)) for s, v in zip(steps, values.tolist())]
+    return out
 
 
 #: rows x width of one forward when :func:`prepare` labels and values a classifier's examples
@@ -379,8 +464,19 @@ def target_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torc
         per_token = at.gather(2, chosen)[..., 0]
     else:
         per_token = torch.log_softmax(at, dim=-1).gather(2, chosen)[..., 0]
-    total = (per_token * batch.target_valid).sum(1)
+    total = (per_token * (batch.target_valid & _step_mask(batch))).sum(1)
     return total.exp() if kind == "prob" else total
+
+
+def _step_mask(batch: RowBatch) -> torch.Tensor:
+    """[rows, n_target] bool: the target positions each row's target sums over (every one, or its
+    example's ``step`` alone)."""
+    valid = batch.target_valid
+    if all(e.step is None for e in batch.examples):
+        return torch.ones_like(valid)
+    positions = torch.arange(valid.shape[1], device=valid.device)
+    steps = torch.tensor([-1 if e.step is None else e.step for e in batch.examples], device=valid.device)
+    return (positions[None, :] == steps[:, None]) | (steps[:, None] < 0)
 
 
 def evaluate(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]]) -> torch.Tensor:

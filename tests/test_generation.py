@@ -1,0 +1,203 @@
+"""A language model's output explained token by token (issue 27): every method gives one row per
+output token, each row explaining that token's log-prob given the prompt and the output before it.
+
+Oracles: the step values, attention rows and leave-one-out are recomputed with plain torch from
+the model's own forward (HF eager ``output_attentions``, one unpadded forward per perturbed
+sequence, no prefix reuse); the linear gradient methods summed over the steps equal the same
+method on the whole output (a sum of log-probs); batch of one equals batch of several."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.errors import InputError
+
+PROMPTS = ["the movie was good and", "bad plot"]
+
+
+def _step_values(pm, input_ids, output):
+    """log p(output[j] | input, output[:j]) from one unpadded forward of the whole sequence."""
+    ids = torch.tensor([list(input_ids) + list(output)])
+    with torch.no_grad():
+        if pm.task.encoder_decoder:
+            from probe.models.text import decoder_start_id
+
+            decoder = torch.tensor([[decoder_start_id(pm)] + list(output[:-1])])
+            logits = pm.model(input_ids=torch.tensor([list(input_ids)]), decoder_input_ids=decoder).logits[0]
+            rows = range(len(output))
+        else:
+            logits = pm.model(input_ids=ids).logits[0]
+            rows = range(len(input_ids) - 1, len(input_ids) - 1 + len(output))
+    logp = torch.log_softmax(logits.double(), -1)
+    return [float(logp[r, t]) for r, t in zip(rows, output)]
+
+
+@pytest.fixture(scope="module", params=["gpt2", "t5"])
+def steps(request, loaded):
+    pm = loaded(request.param)
+    return pm, probe.prepare(pm, PROMPTS, generate=3)
+
+
+def test_every_output_token_is_an_example_with_its_own_log_prob(steps):
+    pm, examples = steps
+    by_text = {}
+    for e in examples:
+        by_text.setdefault(e.text, []).append(e)
+    assert list(by_text) == PROMPTS
+    for text, group in by_text.items():
+        output = group[0].target_ids
+        assert [e.step for e in group] == list(range(len(output))) and 1 <= len(output) <= 3
+        assert all(e.target_ids == output for e in group)
+        expected = _step_values(pm, group[0].input_ids, output)
+        assert np.allclose([e.original_value for e in group], expected, atol=1e-4)
+        # the output is the greedy one: each token is the argmax given what came before
+        if not pm.task.encoder_decoder:
+            ids = torch.tensor([list(group[0].input_ids) + list(output)])
+            with torch.no_grad():
+                logits = pm.model(input_ids=ids).logits[0]
+            n = len(group[0].input_ids)
+            assert [int(logits[n - 1 + j].argmax()) for j in range(len(output))] == list(output)
+
+
+def test_attention_rows_are_hf_eager_attention_at_each_output_position(steps, loaded):
+    pm, examples = steps
+    eager = loaded(_kind(pm), "eager")
+    ex = probe.explain(pm, examples, ["attention"])
+    for i, e in enumerate(examples):
+        n = len(e.input_ids)
+        with torch.no_grad():
+            if pm.task.encoder_decoder:
+                from probe.models.text import decoder_start_id
+
+                decoder = torch.tensor([[decoder_start_id(pm)] + list(e.target_ids[:-1])])
+                out = eager.model(input_ids=torch.tensor([e.input_ids]), decoder_input_ids=decoder,
+                                  output_attentions=True)
+                maps = torch.stack([a[0, :, e.step, :n] for a in out.cross_attentions])  # [layer, head, n]
+            else:
+                out = eager.model(input_ids=torch.tensor([list(e.input_ids) + list(e.target_ids[:-1])]),
+                                  output_attentions=True)
+                maps = torch.stack([a[0, :, n - 1 + e.step, :n] for a in out.attentions])
+        torch.testing.assert_close(ex["attention"].scores[i], maps.float(), atol=1e-5, rtol=1e-4)
+
+
+def _kind(pm) -> str:
+    return "t5" if pm.task.encoder_decoder else "gpt2"
+
+
+def test_leave_one_out_of_each_step_is_a_full_recomputation(steps):
+    pm, examples = steps
+    scores = probe.loo(pm, examples, "delete")
+    for i, e in enumerate(examples):
+        whole = _step_values(pm, e.input_ids, e.target_ids)[e.step]
+        expected = []
+        for t in range(len(e.input_ids)):
+            if e.special[t]:
+                expected.append(float("nan"))
+                continue
+            shorter = e.input_ids[:t] + e.input_ids[t + 1:]
+            expected.append(whole - _step_values(pm, shorter, e.target_ids)[e.step])
+        np.testing.assert_allclose(scores.scores[i].double().numpy(), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["input_x_gradient", "integrated_gradients", "loo_delete"])
+def test_linear_methods_summed_over_the_steps_explain_the_whole_output(steps, method):
+    """A sum of log-probs is explained by the sum of its terms' explanations, where the method is
+    linear in its target (input x gradient, IG, leave-one-out)."""
+    pm, examples = steps
+    params = {"integrated_gradients": {"steps": 8}}.get(method)
+    per_step = probe.explain(pm, examples, [method], params={method: params} if params else None)
+    whole = probe.explain(pm, [_whole(pm, e) for e in examples if e.step == 0], [method],
+                          params={method: params} if params else None)
+    for t, group in enumerate(per_step.outputs()):
+        summed = per_step.stacked(method, t).sum(0)
+        np.testing.assert_allclose(summed.numpy(), whole[method].scores[t].numpy(), atol=2e-4, rtol=1e-3)
+
+
+def _whole(pm, step_example):
+    """The same text with the whole output as its target (the sum of the steps' log-probs)."""
+    import dataclasses
+
+    from probe.rows.target import evaluate
+
+    whole = dataclasses.replace(step_example, step=None)
+    return dataclasses.replace(whole, original_value=float(evaluate(pm, [(whole.input_ids, whole)])[0]))
+
+
+def test_batch_of_one_equals_batch_of_several_and_matrices_read_per_text(steps):
+    pm, examples = steps
+    methods = ["attention_mean", "rollout", "saliency", "loo_delete"]
+    together = probe.explain(pm, examples, methods)
+    groups = together.outputs()
+    assert len(groups) == len(PROMPTS)
+    for t, group in enumerate(groups):
+        alone = probe.explain(pm, [examples[i] for i in group], methods)
+        for m in methods:
+            torch.testing.assert_close(alone.stacked(m, 0), together.stacked(m, t), equal_nan=True,
+                                       atol=2e-5, rtol=1e-4)
+    frame = together.matrix("attention_mean", 1)
+    first = examples[groups[1][0]]
+    assert frame.shape == (len(groups[1]), len(first.input_ids))
+    assert frame.index[0].startswith("0: ") and frame.columns[0].startswith("0: ")
+    np.testing.assert_allclose(frame.to_numpy(), together.stacked("attention_mean", 1)[:, -1].numpy())
+    fig = together.plot_matrix("loo_delete", 0)
+    assert fig.axes[0].get_ylabel() == "output token"
+    with pytest.raises(InputError, match="text=5"):
+        together.matrix("attention_mean", 5)
+
+
+def test_step_examples_never_share_a_cached_value(steps):
+    """The engine keys a row by its target: the same perturbed prompt under two steps is two numbers."""
+    from probe.intervene.engine import Engine
+
+    pm, examples = steps
+    engine = Engine(pm)
+    first, second = examples[0], examples[1]
+    assert first.text == second.text and (first.step, second.step) == (0, 1)
+    values = engine.values([(first.input_ids, first), (second.input_ids, second)])
+    np.testing.assert_allclose(values.numpy(), [first.original_value, second.original_value], atol=1e-4)
+    assert abs(first.original_value - second.original_value) > 1e-6
+
+
+def test_bad_generation_requests_are_one_line(loaded, minilm):
+    gpt2 = loaded("gpt2")
+    with pytest.raises(InputError, match="generate"):
+        probe.prepare(gpt2, PROMPTS, generate=0)
+    with pytest.raises(InputError, match="language model"):
+        probe.prepare(minilm, PROMPTS, generate=3)
+    with pytest.raises(InputError, match="not its output token by token"):
+        probe.explain(gpt2, PROMPTS, ["attention_mean"]).matrix("attention_mean")
+
+
+def test_a_given_continuation_is_explained_token_by_token(loaded):
+    pm = loaded("gpt2")
+    examples = probe.prepare(pm, PROMPTS[:1], continuation=" good film", steps=True)
+    ids = pm.tokenizer(" good film", add_special_tokens=False)["input_ids"]
+    assert [e.step for e in examples] == list(range(len(ids))) and examples[0].target_ids == ids
+    expected = _step_values(pm, examples[0].input_ids, ids)
+    assert np.allclose([e.original_value for e in examples], expected, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_cli_generate_prints_a_prompt_by_output_table(monkeypatch, capsys):
+    from probe import cli
+
+    monkeypatch.setattr(sys, "argv", ["probe", "explain", "builtin:smollm2-135m", "The capital of France is",
+                                      "--generate", "3", "--methods", "attention_mean,loo_delete", "--json"])
+    cli.main()
+    data = json.loads(capsys.readouterr().out)
+    assert [s["step"] for s in data["output"]] == [0, 1, 2] and data["output"][0]["token"] == " Paris"
+    n = len(data["tokens"])
+    assert np.array(data["scores"]["loo_delete"], dtype=float).shape == (3, n)
+    assert data["axes"]["attention_mean"] == ["output token", "layer", "token"]
+    monkeypatch.setattr(sys, "argv", ["probe", "explain", "builtin:smollm2-135m", "The capital of France is",
+                                      "--generate", "2", "--methods", "loo_delete"])
+    cli.main()
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())  # rich wraps a title to the table's width
+    assert "rows prompt tokens, columns output tokens" in flat and "Paris" in flat and "ĠFrance" in flat
