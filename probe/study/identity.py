@@ -190,10 +190,17 @@ def quick_identity(study: Study, pm: ProbeModel | None = None) -> dict | None:
     return {"model_sha256": model, "dataset_sha256": data_digest(examples), "code": _code()}
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of one file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def result_files(root: Path) -> dict[str, str]:
     """sha256 of every result file of a folder (its top level, hidden files and ``complete.json`` aside)."""
-    from probe.study.store import file_digest
-
     return {p.name: file_digest(p) for p in sorted(Path(root).iterdir())
             if p.is_file() and not p.name.startswith(".") and p.name != COMPLETE_FILE}
 

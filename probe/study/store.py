@@ -44,6 +44,7 @@ import pandas as pd
 
 from probe.errors import InputError, StorageError, storage_error
 from probe.names import FORMAT_VERSION, TABLES
+from probe.study.identity import file_digest
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -92,14 +93,6 @@ def parquet_bytes(frame: pd.DataFrame) -> bytes:
     buffer = io.BytesIO()
     frame.to_parquet(buffer, index=False)
     return buffer.getvalue()
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def folder_stamp(fingerprint: str, identity: dict | None) -> str | None:
