@@ -60,6 +60,7 @@ from probe.rows.target import (
     PreparedExample,
     build_rows,
     keep_target_logits,
+    position_values,
     target_values,
 )
 
@@ -168,6 +169,8 @@ class Engine(RowCache):
             logits = self.pm.model(**kwargs).logits
         self._count(started, batch.inputs["input_ids"].numel()
                     + (batch.inputs["decoder_input_ids"].numel() if "decoder_input_ids" in batch.inputs else 0))
+        if self.pm.task.continuations:  # every position's value: each step of the output is read from them
+            return position_values(self.pm, batch, logits).float().cpu(), None
         values = target_values(self.pm, batch, logits).float().cpu()
         labels = logits.argmax(-1).cpu() if self.pm.task.labels else None
         return values, labels

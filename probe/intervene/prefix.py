@@ -36,7 +36,7 @@ from probe.hooks.registry import implementation_of
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, eval_no_grad, row_key
 from probe.rows.memory import halving
-from probe.rows.target import PreparedExample, RowBatch, forward_accepts, target_values
+from probe.rows.target import PreparedExample, RowBatch, forward_accepts, position_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -304,9 +304,10 @@ def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | No
 
 def _segment_values(pm: ProbeModel, logits: torch.Tensor, layout: _Layout, fill: int,
                     packed_logits: bool) -> torch.Tensor:
-    """``[segments]`` float32 target value of each segment of a packed call, in ``layout.owners``
-    order: its kept logits (a short continuation repeats its last one, which the target arithmetic
-    then ignores), then the shared target arithmetic, one call per target kind."""
+    """``[segments, n_target]`` float32 per-position target values of each segment of a packed call
+    (:func:`~probe.rows.target.position_values`), in ``layout.owners`` order: its kept logits (a
+    short continuation repeats its last one, which the target arithmetic then ignores), then the
+    shared target arithmetic, one call per target kind."""
     device = pm.device
     owners = layout.owners
     n_target = max(len(seg.row[1].target_ids) for _, _, seg in owners)
@@ -317,7 +318,7 @@ def _segment_values(pm: ProbeModel, logits: torch.Tensor, layout: _Layout, fill:
     else:
         logits = logits.reshape(-1, logits.shape[-1])
     per_row = logits[picked.to(device)]  # [segments, n_target, vocab]
-    values = torch.empty(len(owners), dtype=torch.float32)
+    values = torch.zeros((len(owners), n_target), dtype=torch.float32)
     by_kind: dict[str, list[int]] = {}
     for r, (_, _, seg) in enumerate(owners):
         by_kind.setdefault(seg.row[1].kind, []).append(r)
@@ -331,5 +332,5 @@ def _segment_values(pm: ProbeModel, logits: torch.Tensor, layout: _Layout, fill:
         rows = RowBatch(inputs={}, examples=examples, input_lengths=None,
                         target_positions=torch.arange(n_target, device=device).expand(len(members), -1),
                         target_tokens=tokens.to(device), target_valid=valid.to(device))
-        values[members] = target_values(pm, rows, per_row[torch.tensor(members, device=device)]).float().cpu()
+        values[members] = position_values(pm, rows, per_row[torch.tensor(members, device=device)]).float().cpu()
     return values

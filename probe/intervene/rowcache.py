@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import InputError
-from probe.rows.target import PreparedExample, forward_accepts, slices_logits_to_keep
+from probe.rows.target import PreparedExample, forward_accepts, reduce_positions, slices_logits_to_keep
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -52,10 +52,11 @@ class EngineStats:
 
 
 def target_key(example: PreparedExample) -> tuple:
-    """What makes two examples' targets the same number (for de-duplication)."""
+    """What makes two examples' targets come from the same evaluation (for de-duplication). A
+    language model's row is kept as its per-position values (:func:`probe.rows.target.position_values`),
+    so the steps of one output (``example.step``) share one evaluation of each row."""
     # a similarity target also depends on its reference text (label_name)
-    return ((example.kind, example.label, tuple(example.target_ids), example.step)
-            + ((example.label_name,) if example.kind == "similarity" else ()))
+    return (example.kind, example.label, tuple(example.target_ids)) + ((example.label_name,) if example.kind == "similarity" else ())
 
 
 def row_key(ids: Sequence[int], example: PreparedExample) -> tuple:
@@ -128,7 +129,8 @@ class RowCache:
             if not ids:
                 values[r], labels[r] = float("nan"), -1
                 continue
-            values[r], labels[r] = self._cache[row_key(ids, example)]
+            value, labels[r] = self._cache[row_key(ids, example)]
+            values[r] = value if not isinstance(value, torch.Tensor) else reduce_positions(value[None], [example])[0]
         return values, labels
 
     def _missing(self, rows: Iterable[Row], count_hits: bool = True) -> list[tuple[tuple, Row]]:
@@ -148,8 +150,11 @@ class RowCache:
         return list(seen.items())
 
     def _store(self, keyed: Sequence[tuple[tuple, Row]], values: torch.Tensor, labels: torch.Tensor | None) -> None:
-        for j, (key, _) in enumerate(keyed):
-            self._cache[key] = (float(values[j]), int(labels[j]) if labels is not None else -1)
+        """``values``: ``[rows]`` target values, or a language model's ``[rows, n_target]`` per-position
+        values (kept as they are, so every step of the output is read from them)."""
+        for j, (key, (_, example)) in enumerate(keyed):
+            value = (values[j, : len(example.target_ids)].clone() if values.dim() == 2 else float(values[j]))
+            self._cache[key] = (value, int(labels[j]) if labels is not None else -1)
         self.stats.rows_evaluated += len(keyed)
 
     def _count(self, started: float, padded_tokens: int) -> None:

@@ -53,6 +53,10 @@ class TargetSpec:
     #: output of up to ``max_new_tokens`` tokens
     steps: bool = False
     max_new_tokens: int | None = None
+    #: chat models: each text is the user's message, laid out by the tokenizer's chat template with
+    #: the assistant's turn opened; the template's own tokens are kept in the input and marked
+    #: special (never scored or perturbed)
+    chat: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids).
     With ``target.steps`` every output token becomes its own example (:func:`per_step`), in order:
     text 0's steps, then text 1's, ..."""
+    if target.chat:
+        return _prepare_chat(pm, texts, target, strict_length=strict_length, max_new_tokens=max_new_tokens)
     if target.steps:
         return _prepare_steps(pm, texts, target, strict_length=strict_length)
     from probe.models.core import encode_texts
@@ -187,6 +193,45 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
                                               label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
+
+
+def chat_layout(pm: ProbeModel, text: str) -> tuple[str, tuple[int, int]]:
+    """``text`` as the user's message in the tokenizer's chat template, the assistant's turn opened,
+    and where the message lies in the laid-out string (character span)."""
+    tokenizer = pm.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"{pm.name}'s tokenizer has no chat template: leave out chat (or --chat), or give the "
+                         "prompt as the model reads it")
+    marker = "\u2063probe-message\u2063"
+    laid_out = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                             add_generation_prompt=True)
+    if laid_out.count(marker) != 1:
+        raise InputError(f"{pm.name}'s chat template does not show the user's message once: give the prompt as "
+                         "the model reads it instead of chat")
+    start = laid_out.index(marker)
+    return laid_out.replace(marker, text), (start, start + len(text))
+
+
+def _prepare_chat(pm: ProbeModel, texts: list[str], target: TargetSpec, *, strict_length: bool,
+                  max_new_tokens: int) -> list[PreparedExample]:
+    """Each text laid out by the chat template (:func:`chat_layout`), then prepared as any prompt;
+    every token outside the user's message is marked special."""
+    layouts = [chat_layout(pm, text) for text in texts]
+    examples = prepare(pm, [laid for laid, _ in layouts], dataclasses.replace(target, chat=False),
+                       strict_length=strict_length, max_new_tokens=max_new_tokens)
+    spans = {laid: span for laid, span in layouts}
+    out = []
+    for e in examples:
+        start, end = spans[e.text]
+        enc = pm.tokenizer(e.text, return_offsets_mapping=True, add_special_tokens=False)
+        if list(enc["input_ids"]) != list(e.input_ids):  # a tokenizer that adds tokens of its own
+            enc = pm.tokenizer(e.text, return_offsets_mapping=True)
+        if list(enc["input_ids"]) != list(e.input_ids):
+            raise InputError(f"cannot find the message's tokens in {pm.name}'s chat layout (the tokenizer's "
+                             "offsets do not match its ids): give the prompt as the model reads it instead of chat")
+        outside = [not (a < end and b > start) for a, b in enc["offset_mapping"]]
+        out.append(dataclasses.replace(e, special=[s or o for s, o in zip(e.special, outside)]))
+    return out
 
 
 def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, strict_length: bool) -> list[PreparedExample]:
@@ -456,27 +501,34 @@ def target_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torc
             return logits.gather(1, labels[:, None])[:, 0]
         logp = torch.log_softmax(logits, dim=-1).gather(1, labels[:, None])[:, 0]
         return logp if kind == "logprob" else logp.exp()
+    return reduce_positions(position_values(pm, batch, logits), batch.examples)
+
+
+def position_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
+    """A language model's ``[rows, n_target]`` per output position: the log-prob of the target
+    token there (kind ``logit``: its logit), 0 past a shorter row's output. Every target of the
+    row's example (the whole output, or one ``step``) is a reduction of it (:func:`reduce_positions`),
+    so one forward pass gives them all."""
+    logits = logits.float()
     index = batch.target_positions[:, :, None].expand(-1, -1, logits.shape[-1])
     at = logits.gather(1, index)  # [rows, n_target, vocab]
     chosen = batch.target_tokens[:, :, None]
-    kind = batch.examples[0].kind
-    if kind == "logit":
+    if batch.examples[0].kind == "logit":
         per_token = at.gather(2, chosen)[..., 0]
     else:
         per_token = torch.log_softmax(at, dim=-1).gather(2, chosen)[..., 0]
-    total = (per_token * (batch.target_valid & _step_mask(batch))).sum(1)
-    return total.exp() if kind == "prob" else total
+    return per_token * batch.target_valid
 
 
-def _step_mask(batch: RowBatch) -> torch.Tensor:
-    """[rows, n_target] bool: the target positions each row's target sums over (every one, or its
-    example's ``step`` alone)."""
-    valid = batch.target_valid
-    if all(e.step is None for e in batch.examples):
-        return torch.ones_like(valid)
-    positions = torch.arange(valid.shape[1], device=valid.device)
-    steps = torch.tensor([-1 if e.step is None else e.step for e in batch.examples], device=valid.device)
-    return (positions[None, :] == steps[:, None]) | (steps[:, None] < 0)
+def reduce_positions(values: torch.Tensor, examples: list[PreparedExample]) -> torch.Tensor:
+    """``[rows]`` target values from :func:`position_values` ``[rows, n_target]``: the sum over the
+    output, or the example's ``step`` alone; exponentiated for kind ``prob``."""
+    if any(e.step is not None for e in examples):
+        positions = torch.arange(values.shape[1], device=values.device)
+        steps = torch.tensor([-1 if e.step is None else e.step for e in examples], device=values.device)
+        values = values * ((positions[None, :] == steps[:, None]) | (steps[:, None] < 0))
+    total = values.sum(1)
+    return total.exp() if examples[0].kind == "prob" else total
 
 
 def evaluate(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]]) -> torch.Tensor:
