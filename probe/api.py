@@ -197,7 +197,7 @@ def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase |
 def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequence[Label] | None = None,
             continuation: str | Sequence[str] | None = None, kind: str | None = None,
             strict_length: bool = False, generate: int | None = None,
-            steps: bool = False) -> list[PreparedExample]:
+            steps: bool = False, chat: bool = False) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
@@ -209,14 +209,19 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     A language model's output token by token: ``generate=N`` explains each token of its greedy
     output of up to N tokens, ``steps=True`` each token of ``continuation`` (or of the greedy
     output of 16). Every output token is then its own example (``example.step``; text 0's steps
-    first), whose target is that token's log-prob given the input and the output before it."""
+    first), whose target is that token's log-prob given the input and the output before it.
+
+    ``chat=True`` (chat models): each text is the user's message in the tokenizer's chat template,
+    the assistant's turn opened; the template's tokens stay in the input, marked special (never
+    scored or perturbed), and ``example.text`` is the laid-out prompt."""
     from probe.rows.target import prepare as _prepare
 
     texts = _text_list(texts)
     if generate is not None:
         _positive(generate, "generate")
     target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
-                        steps=_flag(steps, "steps") or generate is not None, max_new_tokens=generate)
+                        steps=_flag(steps, "steps") or generate is not None, max_new_tokens=generate,
+                        chat=_flag(chat, "chat"))
     return _prepare(pm, texts, target, strict_length=strict_length)
 
 
@@ -263,22 +268,22 @@ def _check_prepared_by(pm: ProbeModel, examples: list[PreparedExample]) -> None:
 
 def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
               kind: str | None = None, strict_length: bool = False, generate: int | None = None,
-              steps: bool = False) -> list[PreparedExample]:
+              steps: bool = False, chat: bool = False) -> list[PreparedExample]:
     """Texts prepared with the target options, or prepared examples as they are (then no options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
     items = _text_list(texts)
     if all(isinstance(e, PreparedExample) for e in items):
-        if label is not None or continuation is not None or kind is not None or generate is not None or steps:
-            raise InputError("label, continuation, kind, generate and steps apply to texts; these examples are prepared "
-                             "already (their targets are fixed): pass the texts instead")
+        if label is not None or continuation is not None or kind is not None or generate is not None or steps or chat:
+            raise InputError("label, continuation, kind, generate, steps and chat apply to texts; these examples are "
+                             "prepared already (their targets are fixed): pass the texts instead")
         _check_prepared_by(pm, items)
         return items
     if not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})
         raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}")
     return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                   generate=generate, steps=steps)
+                   generate=generate, steps=steps, chat=chat)
 
 
 # --------------------------------------------------------------------------------------- explain
@@ -675,7 +680,8 @@ def load_explanation(path: str | Path) -> Explanation:
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
-            progress: bool = False, generate: int | None = None, steps: bool = False) -> Explanation:
+            progress: bool = False, generate: int | None = None, steps: bool = False,
+            chat: bool = False) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
@@ -686,7 +692,8 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     A language model's output token by token: ``generate=N`` (its greedy output of up to N tokens)
     or ``steps=True`` (each token of ``continuation``) make every output token an example of its
     own (see :func:`prepare`); :meth:`Explanation.matrix` then gives a method's
-    ``[output token, ..., source token]`` matrix per text.
+    ``[output token, ..., source token]`` matrix per text. ``chat=True``: the texts are user
+    messages in the model's chat template (see :func:`prepare`).
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -695,7 +702,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     if chosen is not None:
         _no_gradients_here(chosen)
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                         generate=generate, steps=steps)
+                         generate=generate, steps=steps, chat=chat)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
@@ -728,7 +735,8 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 @_in_eval
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
         label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
-        progress: bool = False, generate: int | None = None, steps: bool = False) -> TokenScores:
+        progress: bool = False, generate: int | None = None, steps: bool = False,
+        chat: bool = False) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
     Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
@@ -736,7 +744,8 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo as _loo
 
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps)
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps,
+                         chat=chat)
     return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 

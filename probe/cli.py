@@ -187,6 +187,8 @@ def explain(
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
     generate: int | None = typer.Option(None, "--generate", help="for a language model, explain each token of its greedy output of up to N "
                                         "tokens (or of --continuation) on its own: a [prompt token x output token] table per method"),
+    chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat template "
+                              "(the template's tokens are not scored)"),
     target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
                                                                    "similarity or dimension for a headless encoder"),
     reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
@@ -219,7 +221,7 @@ def explain(
         raise InputError(f"--generate {generate}: give a number of tokens to generate, 1 or more")
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension,
-                                              steps=generate is not None, max_new_tokens=generate),
+                                              steps=generate is not None, max_new_tokens=generate, chat=chat),
                        strict_length=strict_length)
     names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:

@@ -201,3 +201,28 @@ def test_cli_generate_prints_a_prompt_by_output_table(monkeypatch, capsys):
     out = capsys.readouterr().out
     flat = " ".join(out.split())  # rich wraps a title to the table's width
     assert "rows prompt tokens, columns output tokens" in flat and "Paris" in flat and "ĠFrance" in flat
+
+
+@pytest.mark.slow
+def test_a_chat_model_reads_the_message_in_its_template_and_scores_only_the_message():
+    pm = probe.load_model("builtin:smollm2-135m")
+    message = "What is the capital of France?"
+    ex = probe.explain(pm, message, ["loo_delete", "attention_mean"], generate=2, chat=True)
+    first = ex.examples[0]
+    expected = pm.tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                add_generation_prompt=True)
+    assert first.text == expected
+    scored = [t for t, s in zip(first.tokens, first.special) if not s]
+    assert pm.tokenizer.convert_tokens_to_string(scored) == message
+    loo = ex.matrix("loo_delete").to_numpy()
+    assert np.isnan(loo[:, np.array(first.special)]).all() and np.isfinite(loo[:, ~np.array(first.special)]).all()
+    # the output is the chat model's answer after the opened assistant turn
+    assert ex.examples[0].label_name.strip() != ""
+
+
+def test_chat_needs_a_chat_template(loaded):
+    pm = loaded("gpt2")
+    if getattr(pm.tokenizer, "chat_template", None):
+        pytest.skip("the tiny tokenizer has a chat template")
+    with pytest.raises(InputError, match="no chat template"):
+        probe.prepare(pm, PROMPTS, generate=2, chat=True)
