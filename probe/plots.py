@@ -20,6 +20,41 @@ from matplotlib.ticker import MaxNLocator
 DPI = 100
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
           "#7f7f7f"]
+
+
+@dataclass(frozen=True)
+class BandStyle:
+    """How a baseline, the ceiling or the best gradient is drawn, and the words a caption uses for it."""
+
+    color: str
+    style: str
+    alpha: float
+    words: str  # "grey", "orange, dash-dot": what a caption says to point at it
+
+
+#: the baselines, the ceiling and the best gradient: one style each, shared by every figure and caption
+BAND_STYLES = {
+    "random": BandStyle("#7f7f7f", "--", 0.18, "grey"),
+    "uniform": BandStyle("#000000", ":", 0.18, "black, dotted"),
+    "position": BandStyle("#ff7f0e", "-.", 0.10, "orange, dash-dot"),
+    "ceiling": BandStyle("#2ca02c", "-", 0.15, "green"),
+    "gradient": BandStyle("#9467bd", "--", 0.0, "purple, dashed"),
+}
+#: explainers' colours: none of them is a baseline's, the ceiling's or the best gradient's (a line
+#: must never read as a band); past their number, markers and line styles tell the lines apart
+EXPLAINER_COLORS = ["#1f77b4", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#08306b", "#b8860b"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*"]
+LINE_STYLES = ["-", "--", "-.", ":"]
+
+
+def explainer_style(j: int) -> dict:
+    """The ``j``-th explainer's colour, marker and line style: no two of the first
+    ``len(EXPLAINER_COLORS) * len(MARKERS)`` (88: the two lengths are coprime) look alike."""
+    n = len(EXPLAINER_COLORS)
+    return {"color": EXPLAINER_COLORS[j % n], "marker": MARKERS[j % len(MARKERS)],
+            "linestyle": LINE_STYLES[(j // n) % len(LINE_STYLES)]}
+
+
 MEASURE_LABEL = {"kendall_tau": "Kendall tau-b", "spearman": "Spearman rho"}
 
 
@@ -88,12 +123,32 @@ def draw_band(ax, band: Band | None, color: str, label: str, *, alpha: float = 0
 
 def draw_bands(ax, bands: Mapping[str, Band]) -> None:
     """The random, uniform and position baselines and the ceiling, those of ``bands`` that exist."""
-    draw_band(ax, bands.get("random"), "#7f7f7f", "random")
-    draw_band(ax, bands.get("uniform"), "#000000", "uniform", style=":")
-    draw_band(ax, bands.get("position"), "#ff7f0e", "position", alpha=0.10, style="-.")
-    ceiling = bands.get("ceiling")
-    if ceiling is not None:
-        draw_band(ax, ceiling, "#2ca02c", ceiling.label, alpha=0.15, style="-")
+    for name in ("random", "uniform", "position", "ceiling"):
+        band = bands.get(name)
+        if band is not None:
+            style = BAND_STYLES[name]
+            draw_band(ax, band, style.color, band.label if name == "ceiling" else name, alpha=style.alpha,
+                      style=style.style)
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def bands_caption(bands: Sequence[Mapping[str, Band]], gradient: bool = False) -> str:
+    """The words for what :func:`draw_bands` (and, with ``gradient``, the best-gradient line) drew
+    on any of the panels whose ``bands`` are given: "the random (grey) and position (orange,
+    dash-dot) baselines and the ceiling (green)"; "" when nothing was drawn."""
+    present = {name for b in bands for name in b if name in BAND_STYLES}
+    baselines = [f"{name} ({BAND_STYLES[name].words})" for name in ("random", "uniform", "position") if name in present]
+    parts = []
+    if baselines:
+        parts.append(f"the {_and(baselines)} baseline{'s' if len(baselines) > 1 else ''}")
+    if "ceiling" in present:
+        parts.append(f"the ceiling ({BAND_STYLES['ceiling'].words})")
+    if gradient:
+        parts.append(f"the best gradient ({BAND_STYLES['gradient'].words})")
+    return _and(parts) if parts else ""
 
 
 def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mapping[str, Mapping[str, Band]],
@@ -117,10 +172,11 @@ def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mappin
         draw_bands(ax, bands_by_ref.get(ref, {}))
         grad = gradients.get(ref)
         if grad is not None:
-            ax.axhline(grad["mean"], color="#9467bd", lw=1.4, ls="--",
+            ax.axhline(grad["mean"], color=BAND_STYLES["gradient"].color, lw=1.4, ls=BAND_STYLES["gradient"].style,
                        label=f"best gradient ({grad['explainer']}) {grad['mean']:+.3f}")
         for j, (explainer, frame) in enumerate(lines_by_ref[ref].items()):
-            color = COLORS[j % len(COLORS)]
+            style = explainer_style(j)
+            color = style["color"]
             x = frame["layer"].to_numpy()
             label = wrap_label(f"{explainer} ({notes[explainer]})" if explainer in notes else explainer)
             mean = frame["mean"].to_numpy(dtype=float)
@@ -128,9 +184,9 @@ def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mappin
             if points_only:
                 bars = np.vstack([mean - np.where(np.isfinite(low), low, mean),
                                   np.where(np.isfinite(high), high, mean) - mean])
-                ax.errorbar(x, mean, yerr=bars, fmt="o", ms=4, color=color, capsize=3, lw=1.2, label=label)
+                ax.errorbar(x, mean, yerr=bars, fmt=style["marker"], ms=4, color=color, capsize=3, lw=1.2, label=label)
                 continue
-            ax.plot(x, mean, marker="o", ms=3.5, color=color, label=label)
+            ax.plot(x, mean, marker=style["marker"], ms=3.5, color=color, ls=style["linestyle"], label=label)
             if np.isfinite(low).any():
                 ax.fill_between(x, low, high, color=color, alpha=0.15, lw=0)
         ax.set_title(f"vs {ref}", fontsize=10)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from figure_checks import texts_outside_canvas
+from figure_checks import legend_overlaps_axes, overlapping_texts, texts_outside_canvas
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION
@@ -114,7 +114,7 @@ def test_html_is_one_self_contained_file(report):
 
 def test_markdown_and_figures_next_to_it(report):
     md = report.markdown.read_text(encoding="utf-8")
-    refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    refs = re.findall(r"!\[(?:\\.|[^\]\\])*\]\(([^)]+)\)", md)  # alt text: md_escape backslash-escapes [ and ]
     assert sorted(refs) == sorted(f"figures/{p.name}" for p in report.figures)
     for ref in refs:
         path = report.markdown.parent / ref
@@ -357,8 +357,9 @@ def test_grouped_query_heads_show_their_kv_map(result, tmp_path):
     html = build_report(folder).html.read_text(encoding="utf-8")
     assert "q0-&gt;kv0, q1-&gt;kv0, q2-&gt;kv1, q3-&gt;kv1" in html and "GQA" in html
     assert "black lines separate query heads sharing a key/value head" in html
+    assert "Black lines separate query heads that share a key/value head." in html  # the head maps' caption
     plain = build_report(result, tmp_path / "plain").html.read_text(encoding="utf-8")
-    assert "MHA" in plain and "-&gt;kv" not in plain
+    assert "MHA" in plain and "-&gt;kv" not in plain and "Black lines separate" not in plain
 
 
 # --------------------------------------------------------------------------- compare
@@ -512,3 +513,236 @@ def test_long_legend_entries_are_wrapped_inside_their_panel():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("\n" in label for label in labels) and max(len(line) for label in labels
                                                             for line in label.split("\n")) <= 44
+
+
+# --------------------------------------------------------------------------- what each figure must show
+
+
+def _drawn(monkeypatch):
+    """The figures the report module draws from now on (each before it becomes PNG bytes)."""
+    from probe.report import figures
+
+    drawn = []
+    original = figures._png
+    monkeypatch.setattr(figures, "_png", lambda fig: (drawn.append(fig), original(fig))[1])
+    return drawn
+
+
+def _line_frame(shift: float) -> pd.DataFrame:
+    mean = np.linspace(0, 0.2, 6) + shift
+    return pd.DataFrame({"layer": range(6), "mean": mean, "ci_low": mean - 0.05, "ci_high": mean + 0.05})
+
+
+def test_explainer_lines_never_take_a_baseline_colour():
+    """layers.png: explainers were drawn in the default cycle, whose green, purple and orange are
+    the ceiling's, the best gradient's and the position baseline's."""
+    from matplotlib.colors import to_hex
+
+    from probe.plots import Band, layer_lines_figure
+
+    names = [f"explainer_{i}" for i in range(12)]
+    bands = {"random": Band("random", 0.0, -0.02, 0.02), "uniform": Band("uniform", 0.0, None, None),
+             "position": Band("position", 0.05, 0.0, 0.1), "ceiling": Band("ceiling (a vs b)", 0.6, 0.58, 0.62)}
+    fig = layer_lines_figure({"loo": {n: _line_frame(0.01 * i) for i, n in enumerate(names)}}, {"loo": bands},
+                             {"loo": {"explainer": "saliency", "mean": 0.3}}, "kendall_tau")
+    ax = fig.axes[0]
+    lines = [line for line in ax.get_lines() if line.get_label() in names]
+    assert len(lines) == len(names)
+    reserved = {to_hex(p.get_facecolor()[:3]) for p in ax.patches} | {
+        to_hex(line.get_color()) for line in ax.get_lines() if line not in lines}
+    assert reserved >= {"#7f7f7f", "#000000", "#ff7f0e", "#2ca02c", "#9467bd"}
+    assert not {to_hex(line.get_color()) for line in lines} & reserved
+    looks = {(to_hex(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}
+    assert len(looks) == len(lines)  # past the palette's length, markers and line styles tell them apart
+
+
+def test_captions_name_only_what_is_drawn(result, tmp_path, monkeypatch):
+    """The layers caption said "the best gradient (purple)" with no gradient line drawn."""
+    from probe.plots import Band, bands_caption
+    from probe.report import analysis
+
+    assert bands_caption([{"random": Band("random", 0, -1, 1)}]) == "the random (grey) baseline"
+    assert bands_caption([{"ceiling": Band("c", 0.5, None, None)}, {"uniform": Band("uniform", 0, None, None)}],
+                         gradient=True) == ("the uniform (black, dotted) baseline, the ceiling (green) and the best "
+                                            "gradient (purple, dashed)")
+    assert bands_caption([{}]) == ""
+    monkeypatch.setattr(analysis, "best_gradient", lambda r, ref: None)
+    markdown = build_report(result, tmp_path / "report").markdown.read_text(encoding="utf-8")
+    caption = next(line for line in markdown.splitlines() if line.startswith("*Per-layer explainers"))
+    assert "best gradient" not in caption and "random (grey)" in caption
+
+
+QUICKSTART_CURVES = {  # the quickstart's randomisation curves (a model with a head stage), cut down
+    "loo_delete": [[0.0, 1.0], [0.0, 0.059], [0.5, -0.013], [1.0, -0.082]],
+    "attention": [[0.0, 1.0], [0.0, 1.0], [0.5, -0.023], [1.0, 0.136]],
+    "attention_mean": [[0.0, 1.0], [0.0, 1.0], [0.5, -0.023], [1.0, 0.136]],
+    **{f"explainer_{i}": [[0.0, 1.0], [0.0, 1.0 - 0.05 * i], [0.5, 0.9 - 0.07 * i], [1.0, 0.3 - 0.05 * i]]
+       for i in range(11)},
+}
+
+
+def test_randomisation_curves_read_cleanly(monkeypatch):
+    from matplotlib.colors import to_hex
+
+    from probe.report import figures
+
+    drawn = _drawn(monkeypatch)
+    figures.randomisation_curves(QUICKSTART_CURVES, "loo_delete")
+    fig = drawn[-1]
+    ax = next(a for a in fig.axes if a.get_lines())
+    # (a) a categorical axis of the stages: no vertical segment at x = 0 hides the first drop
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["trained", "head", "head +\ntop half", "head +\nall layers"]
+    data = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]
+    assert all(np.all(np.diff(line.get_xdata()) > 0) for line in data)
+    # (b) identical curves drawn once under a joint name, every curve its own look
+    labels = [line.get_label() for line in data]
+    assert "attention = attention_mean" in labels and "attention" not in labels and "attention_mean" not in labels
+    assert len(data) == len(QUICKSTART_CURVES) - 1
+    looks = {(to_hex(line.get_color()), line.get_marker(), line.get_linestyle()) for line in data}
+    assert len(looks) == len(data)
+    # (c) the legend outside the axes, (d) the 0.5 limit and the judged stage in it
+    legend = fig.legends[0] if fig.legends else ax.get_legend()
+    assert not legend_overlaps_axes(fig, legend, ax)
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert any(t.startswith("0.5") for t in texts) and any("judged" in t for t in texts)
+    assert texts_outside_canvas(fig) == []
+    # (e) a model without a head stage: neither axis nor caption speaks of one
+    from probe.report.setup_section import _randomisation_caption
+
+    headless = {name: [curve[0], *curve[2:]] for name, curve in QUICKSTART_CURVES.items()}
+    figures.randomisation_curves(headless, "loo_delete")
+    ax = next(a for a in drawn[-1].axes if a.get_lines())
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["trained", "top half", "all layers"]
+    assert "head first" not in ax.get_xlabel() and "no head stage" in ax.get_xlabel()
+    assert "output head, then" in _randomisation_caption(QUICKSTART_CURVES)
+    assert "output head, then" not in _randomisation_caption(headless)
+    assert "once the top half is random" in _randomisation_caption(headless)
+
+
+def _units(n: int = 13) -> list[dict]:
+    rng = np.random.default_rng(0)
+    names = ["alti L5", "attention L4.H7", "attention_mean L4", "attn_grad L5.H10", "attn_norm L4.H7", "flow L0",
+             "globenc L5", "rollout L5", "value_zeroing L4", "gradient_shap", "input_x_gradient",
+             "integrated_gradients", "saliency"][:n]
+    units = []
+    for i, name in enumerate(names):
+        values = rng.normal(0.1, 0.2, 200)
+        kind = " (best head)" if ".H" in name else " (best layer)" if " L" in name else ""
+        units.append({"label": name + kind, "unit": name, "explainer": name.split()[0],
+                      "same_as": "attention_mean L0 = rollout L0 = flow L1-L4" if name == "flow L0" else None,
+                      "family": "gradient" if i >= 9 else "attention", "values": values,
+                      "mean": float(values.mean()), "ci": (float(values.mean()) - 0.02, float(values.mean()) + 0.02)})
+    return units
+
+
+def test_distribution_legend_below_and_tick_labels_apart(monkeypatch):
+    from probe.plots import Band
+    from probe.report import figures
+
+    drawn = _drawn(monkeypatch)
+    bands = {"random": Band("random", -0.001, -0.024, 0.020), "uniform": Band("uniform", 0.0, None, None),
+             "position": Band("position", 0.008, -0.016, 0.032),
+             "ceiling": Band("ceiling (loo_delete vs loo_pad)", 0.598, 0.578, 0.620)}
+    for units in (_units(), _units(3)):
+        figures.distribution(units, bands, "loo_delete", "kendall_tau")
+        fig = drawn[-1]
+        ax = fig.axes[0]
+        legend = fig.legends[0] if fig.legends else ax.get_legend()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        assert legend.get_window_extent(renderer).y1 <= ax.patch.get_window_extent(renderer).y0  # below, not beside
+        texts = [t.get_text() for t in legend.get_texts()]
+        families = {u["family"] for u in units}
+        assert all(any(t.startswith(f"{family}") for t in texts) for family in families)  # what the box colours mean
+        assert any("mean with its CI" in t for t in texts) and legend.get_title().get_text() != "mean [CI]"
+        ticks = ax.get_xticklabels()
+        assert not any("=" in t.get_text() or "\n" in t.get_text() for t in ticks)
+        assert overlapping_texts(ticks, fig) == []
+        assert texts_outside_canvas(fig) == []
+    ticks = [t.get_text() for t in drawn[0].axes[0].get_xticklabels()]
+    assert "flow L0 (best layer) [1]" in ticks
+    assert "[1] flow L0 = attention_mean L0 = rollout L0 = flow L1-L4" in drawn[0].axes[0].get_xlabel()
+
+
+def test_overlap_check_sees_rotated_labels():
+    """The check the distribution test relies on: it measures the rotated labels themselves, not
+    their axis-aligned boxes (which overlap for any long rotated label on close ticks)."""
+    from probe.plots import new_figure
+
+    long = "a very long label that runs far"
+    for labels, rotation, expected in (([long] * 6, 0, True), ([long] * 6, 35, False),
+                                       ([f"{long}\nsecond line\nthird line"] * 6, 35, True)):
+        fig = new_figure(4, 3)
+        ax = fig.subplots()
+        ax.set_xticks(range(6), labels, rotation=rotation, ha="right", rotation_mode="anchor", fontsize=8)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+        assert boxes[0].overlaps(boxes[1])  # the axis-aligned boxes always do
+        assert bool(overlapping_texts(ax.get_xticklabels(), fig)) is expected, (rotation, labels[0])
+
+
+def test_convergence_ticks_at_the_steps_and_zeros_marked(monkeypatch):
+    from probe.report import figures
+    from probe.report.setup_section import _convergence_caption
+
+    drawn = _drawn(monkeypatch)
+    frame = pd.DataFrame({"example": range(6), "method": "integrated_gradients", "steps": 50,
+                          "delta": [1e-6, 0.0, 2e-5, 3e-4, 0.0, 1e-3], "gap": 0.5, "final": True})
+    figures.convergence_curves(frame)
+    ax = drawn[-1].axes[0]
+    assert list(ax.get_xticks()) == [50] and [t.get_text() for t in ax.get_xticklabels()] == ["50"]
+    zeros = [line for line in ax.get_lines() if "exactly 0" in line.get_label()]
+    assert len(zeros) == 1 and len(zeros[0].get_xdata()) == 2 and zeros[0].get_marker() != "."
+    examples = [line for line in ax.get_lines() if line.get_label().startswith("_")]
+    assert not any(np.isclose(np.asarray(line.get_ydata(), dtype=float), 1e-8).any() for line in examples)
+    caption = _convergence_caption(frame)
+    assert "one point per example" in caption and "tolerance" not in caption and "2 deltas are exactly 0" in caption
+    auto = pd.DataFrame({"example": [0, 0, 1], "method": "integrated_gradients", "steps": [16, 32, 16],
+                         "delta": [1e-2, 1e-5, 1e-5], "gap": 0.5, "final": [False, True, True]})
+    assert "met the tolerance" in _convergence_caption(auto)
+    figures.convergence_curves(auto)
+    assert list(drawn[-1].axes[0].get_xticks()) == [16, 32]
+
+
+def test_heatmaps_have_a_scale_per_panel_and_labelled_colour_bars(monkeypatch):
+    from probe.report import figures
+
+    drawn = _drawn(monkeypatch)
+    grids = {"loo_delete": np.full((2, 4), 0.02), "loo_unk": np.linspace(-0.4, 0.4, 8).reshape(2, 4)}
+    figures.heatmap_grid(grids, "attention", "kendall_tau", [0, 0, 1, 1])
+    panels = [ax for ax in drawn[-1].axes if ax.get_images() and ax.get_title().startswith("vs ")]
+    assert len(panels) == 2
+    for ax, grid in zip(panels, grids.values()):
+        image = ax.get_images()[0]
+        assert image.get_clim() == pytest.approx((-np.abs(grid).max(), np.abs(grid).max()))  # its own scale
+        assert image.colorbar is not None and image.colorbar.ax.get_ylabel()
+    figures.head_maps({"mean |change| when the head is ablated": np.linspace(0, 0.04, 8).reshape(2, 4),
+                       "mean head importance (Michel et al.)": np.linspace(0, 1, 8).reshape(2, 4)}, [0, 0, 1, 1],
+                      {"mean |change| when the head is ablated": "mean |change of the target|"})
+    fig = drawn[-1]
+    for ax in fig.axes:
+        for image in ax.get_images():
+            assert image.colorbar is not None and image.colorbar.ax.get_ylabel(), ax.get_title()
+        assert all(t.get_fontsize() >= 7 for t in ax.texts)
+    assert texts_outside_canvas(fig) == []
+
+
+def test_erasure_legend_stays_off_the_curves(monkeypatch):
+    from probe.report import figures
+
+    drawn = _drawn(monkeypatch)
+    rows = []
+    for ranking in ("attention_mean@last", "random", "saliency"):
+        for percent in (1, 5, 10, 20, 50):
+            rows.append({"ranking": ranking, "percent": percent, "comprehensiveness": percent / 100,
+                         "comprehensiveness_sem": 0.01, "sufficiency": 0.3 - percent / 200, "sufficiency_sem": 0.01})
+    aopc = pd.DataFrame({"ranking": ["attention_mean@last", "random", "saliency"], "aopc": [0.1, 0.05, 0.3],
+                         "aopc_sufficiency": [0.2, 0.25, 0.0]})
+    figures.erasure_curves(pd.DataFrame(rows), aopc)
+    fig = drawn[-1]
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends and all(not legend_overlaps_axes(fig, legend, ax) for legend in legends for ax in fig.axes)
+    texts = [t.get_text() for legend in legends for t in legend.get_texts()]
+    assert len(texts) == 3 and all("comprehensiveness" in t and "sufficiency" in t for t in texts)
+    assert texts_outside_canvas(fig) == []

@@ -148,7 +148,8 @@ def reference_bands(r: StudyResult, reference: str) -> dict[str, Band]:
 
 def distribution_units(r: StudyResult) -> list[dict]:
     """One unit per explainer for the distribution plot, against the verdict reference: token-level
-    methods as they are, per-layer methods at their best layer, per-head methods at their best head."""
+    methods as they are, per-layer methods at their best layer, per-head methods at their best head.
+    ``same_as``: the units that rank tokens as this one does (the verdict's redundant groups), or None."""
     ref, measure = r.reference, r.measure
     s = summary_rows(r, role="explainer", reference=ref, measure=measure)
     a = r.table("agreement")
@@ -168,15 +169,12 @@ def distribution_units(r: StudyResult) -> list[dict]:
         layer, head = int(best["layer"]), int(best["head"])
         sel = a[(a["explainer"] == explainer) & (a["layer"] == layer) & (a["head"] == head)][measure]
         values = sel.to_numpy(dtype=float)
-        label = unit_name(explainer, layer, head)
-        if kind != "token":
-            label += f" (best {kind})"
-        mates = [u for u in redundant_units(r).get(unit_name(explainer, layer, head), []) if u != unit_name(
-            explainer, layer, head)]
-        if mates:
-                label += f"\n= {describe_group(mates)}"
-        units.append({"label": label, "explainer": explainer, "family": family(explainer), "values": values[
-            np.isfinite(values)], "mean": float(best["mean"]), "ci": (finite_or_none(best["ci_low"]), finite_or_none(best["ci_high"]))})
+        name = unit_name(explainer, layer, head)
+        label = name + (f" (best {kind})" if kind != "token" else "")
+        mates = [u for u in redundant_units(r).get(name, []) if u != name]
+        units.append({"label": label, "unit": name, "same_as": describe_group(mates) if mates else None,
+                      "explainer": explainer, "family": family(explainer), "values": values[np.isfinite(values)],
+                      "mean": float(best["mean"]), "ci": (finite_or_none(best["ci_low"]), finite_or_none(best["ci_high"]))})
     return units
 
 

@@ -8,12 +8,28 @@ import math
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator, NullLocator
 
-from probe.plots import COLORS, DPI, Band, draw_bands, layer_lines_figure, measure_label, new_figure
+from probe.plots import (
+    BAND_STYLES,
+    COLORS,
+    DPI,
+    Band,
+    draw_bands,
+    explainer_style,
+    layer_lines_figure,
+    measure_label,
+    new_figure,
+    wrap_label,
+)
 
 ANNOTATE_MAX = 100  # heatmap cells (all panels of a figure) written as numbers; more would be slow and unreadable
 LN2 = math.log(2)
+FAMILY_COLORS = {"attention": "#1f77b4", "gradient": "#9467bd", "intervention": "#8c564b"}
+FAMILY_WORDS = {"attention": "attention-based explainer", "gradient": "gradient explainer",
+                "intervention": "intervention"}
 
 
 def _png(fig: Figure) -> bytes:
@@ -22,9 +38,15 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def kv_lines_drawn(kv_of_query, n_heads: int) -> bool:
+    """Whether :func:`_kv_lines` draws anything: groups of query heads share key/value heads (GQA),
+    more than one group (MQA: one group, nothing to separate)."""
+    return bool(kv_of_query) and len(kv_of_query) == n_heads and len(set(kv_of_query)) not in (n_heads, 1)
+
+
 def _kv_lines(ax, kv_of_query, n_heads: int) -> None:
     """Thin lines between groups of query heads that share a key/value head (GQA)."""
-    if not kv_of_query or len(kv_of_query) != n_heads or len(set(kv_of_query)) in (n_heads, 1):
+    if not kv_lines_drawn(kv_of_query, n_heads):
         return
     for h in range(1, n_heads):
         if kv_of_query[h] != kv_of_query[h - 1]:
@@ -32,23 +54,22 @@ def _kv_lines(ax, kv_of_query, n_heads: int) -> None:
 
 
 def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_query=None) -> bytes:
-    """One layer x head heatmap per reference, on a shared colour scale centred on 0; black lines
+    """One layer x head heatmap per reference, each on its own colour scale centred on 0 with its
+    own colour bar (a shared scale washes out a panel whose values are all small); black lines
     separate query heads that share a key/value head."""
     refs = list(grids)
     n_layers, n_heads = next(iter(grids.values())).shape
-    finite = [np.nanmax(np.abs(g)) for g in grids.values() if np.isfinite(g).any()]
-    vmax = max(max(finite, default=0.0), 1e-6)
     cols = 2 if len(refs) == 4 else min(len(refs), 3)
     rows = math.ceil(len(refs) / cols)
-    cell_w = max(3.2, min(6.0, 0.45 * n_heads + 1.4))
+    cell_w = max(3.2, min(6.0, 0.45 * n_heads + 1.4)) + 0.9  # + the panel's colour bar
     cell_h = max(2.6, min(7.5, 0.28 * n_layers + 1.2))
-    fig = new_figure(cell_w * cols + 0.8, cell_h * rows + 0.5)
+    fig = new_figure(cell_w * cols + 0.3, cell_h * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
-    image = None
     annotate = n_layers * n_heads * len(refs) <= ANNOTATE_MAX
     for i, ref in enumerate(refs):
         ax = axes[i // cols][i % cols]
         grid = grids[ref]
+        vmax = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 0.0, 1e-6)
         image = ax.imshow(grid, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", origin="lower",
                           interpolation="nearest")
         _kv_lines(ax, kv_of_query, n_heads)
@@ -57,6 +78,8 @@ def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_q
         ax.set_ylabel("layer")
         ax.set_xticks(range(n_heads) if n_heads <= 16 else range(0, n_heads, max(1, n_heads // 8)))
         ax.set_yticks(range(n_layers) if n_layers <= 16 else range(0, n_layers, max(1, n_layers // 8)))
+        bar = fig.colorbar(image, ax=ax, shrink=0.85)
+        bar.set_label(f"mean {measure_label(measure)}\n(this panel's scale)", fontsize=8)
         if annotate:
             for (layer, head), value in np.ndenumerate(grid):
                 if np.isfinite(value):
@@ -64,8 +87,6 @@ def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_q
                             color="white" if abs(value) > 0.6 * vmax else "black")
     for j in range(len(refs), rows * cols):
         axes[j // cols][j % cols].set_visible(False)
-    if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.85, label=f"mean {measure_label(measure)}")
     fig.suptitle(title, fontsize=11)
     return _png(fig)
 
@@ -78,19 +99,21 @@ def layer_lines(lines_by_ref: dict[str, dict], bands_by_ref: dict[str, dict[str,
 
 def distribution(units: list[dict], bands: dict[str, Band], reference: str, measure: str) -> bytes:
     """Per explainer unit: a box of the per-example values, the points, and mean with its CI beside
-    it; the baselines and the ceiling as horizontal bands."""
+    it; the baselines and the ceiling as horizontal bands. The legend sits below the axes; a unit
+    that ranks tokens as others do (``same_as``) is marked [n] and the others named under the axis,
+    so that every tick label stays one short line."""
     n = len(units)
-    fig = new_figure(max(6.0, 0.85 * n + 3.5), 4.6)
+    fig = new_figure(max(6.0, 0.85 * n + 2.5), 5.6)
     ax = fig.subplots()
     draw_bands(ax, bands)
+    band_handles, band_labels = ax.get_legend_handles_labels()
     positions = np.arange(n, dtype=float)
-    family_color = {"attention": "#1f77b4", "gradient": "#9467bd", "intervention": "#8c564b"}
     data = [u["values"] if len(u["values"]) else np.array([np.nan]) for u in units]
     boxes = ax.boxplot(data, positions=positions, widths=0.45, showfliers=False, patch_artist=True,
                        medianprops={"color": "black"})
     rng = np.random.default_rng(0)
     for i, (unit, box) in enumerate(zip(units, boxes["boxes"])):
-        color = family_color.get(unit["family"], "#7f7f7f")
+        color = FAMILY_COLORS.get(unit["family"], "#7f7f7f")
         box.set_facecolor(color)
         box.set_alpha(0.35)
         v = unit["values"]
@@ -102,32 +125,54 @@ def distribution(units: list[dict], bands: dict[str, Band], reference: str, meas
                         ms=4, color="black", capsize=3, lw=1.2)
         else:
             ax.plot(i + 0.32, unit["mean"], "D", ms=4, color="black")
-    ax.set_xticks(positions, [u["label"] for u in units], rotation=35, ha="right", fontsize=8)
+    labels, notes = [], []
+    for unit in units:
+        label = unit["label"]
+        if unit.get("same_as"):
+            notes.append(f"[{len(notes) + 1}] {unit.get('unit', unit['label'])} = {unit['same_as']}")
+            label += f" [{len(notes)}]"
+        labels.append(label)
+    ax.set_xticks(positions, labels, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_xlim(-0.7, n - 0.3)
+    if notes:
+        ax.set_xlabel(wrap_label("identical rankings: " + "; ".join(notes), int(fig.get_figwidth() * 16)), fontsize=7)
     ax.set_ylabel(f"{measure_label(measure)} with {reference}\n(per example)")
     ax.grid(axis="y", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mean [CI]", title_fontsize=7)
+    families = list(dict.fromkeys(u["family"] for u in units))
+    handles = [Patch(facecolor=FAMILY_COLORS.get(f, "#7f7f7f"), alpha=0.35, edgecolor="black",
+                     label=f"{FAMILY_WORDS.get(f, f)}: per-example box and points") for f in families]
+    handles.append(Line2D([], [], color="black", marker="D", ms=4, lw=1.2, label="explainer mean with its CI"))
+    for handle, label in zip(band_handles, band_labels):
+        handle.set_label(wrap_label(label))
+        handles.append(handle)
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=2 if fig.get_figwidth() < 9 else 3,
+               frameon=False)
     return _png(fig)
 
 
 def erasure_curves(curves, aopc) -> bytes:
-    """Comprehensiveness vs % removed and sufficiency vs % kept, one line per ranking."""
-    fig = new_figure(11.0, 4.2)
+    """Comprehensiveness vs % removed and sufficiency vs % kept, one line per ranking; one legend
+    for both panels, below them (inside a panel it covered the curves and their bands)."""
+    fig = new_figure(11.0, 4.8)
     ax_c, ax_s = fig.subplots(1, 2)
     aopc = aopc.set_index("ranking") if len(aopc) else aopc
-    for j, (ranking, frame) in enumerate(curves.groupby("ranking", sort=False)):
+    j = 0
+    for ranking, frame in curves.groupby("ranking", sort=False):
         is_random = ranking == "random"
-        color = "#7f7f7f" if is_random else COLORS[j % len(COLORS)]
-        style = "--" if is_random else "-"
+        if is_random:
+            style = {"color": BAND_STYLES["random"].color, "marker": "o", "linestyle": "--"}
+        else:
+            style, j = explainer_style(j), j + 1
         x = frame["percent"].to_numpy()
+        values = []
         for ax, col, key in ((ax_c, "comprehensiveness", "aopc"), (ax_s, "sufficiency", "aopc_sufficiency")):
-            value = aopc.loc[ranking, key] if ranking in aopc.index else float("nan")
+            values.append(aopc.loc[ranking, key] if ranking in aopc.index else float("nan"))
             mean = frame[col].to_numpy()
             sem = frame[f"{col}_sem"].to_numpy(dtype=float)
-            ax.plot(x, mean, marker="o", ms=3.5, ls=style, color=color, label=f"{ranking} (AOPC {value:+.3f})")
+            line, = ax.plot(x, mean, ms=3.5, **style)
             if np.isfinite(sem).any():
-                ax.fill_between(x, mean - 1.96 * sem, mean + 1.96 * sem, color=color, alpha=0.12, lw=0)
+                ax.fill_between(x, mean - 1.96 * sem, mean + 1.96 * sem, color=style["color"], alpha=0.12, lw=0)
+        line.set_label(f"{ranking} (AOPC: comprehensiveness {values[0]:+.3f}, sufficiency {values[1]:+.3f})")
     ax_c.set_title("comprehensiveness: f(x) - f(x without top k%)  (higher is better)", fontsize=9)
     ax_c.set_xlabel("% of scored tokens removed (most important first)")
     ax_s.set_title("sufficiency: f(x) - f(only top k%)  (lower is better)", fontsize=9)
@@ -136,7 +181,8 @@ def erasure_curves(curves, aopc) -> bytes:
         ax.set_ylabel("change of the target")
         ax.axhline(0, color="black", lw=0.6)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    fig.legend(handles=ax_s.get_legend_handles_labels()[0], fontsize=7, loc="outside lower center", ncol=2,
+               frameon=False)
     return _png(fig)
 
 
@@ -178,11 +224,13 @@ def adversarial_histogram(frame) -> bytes:
     return _png(fig)
 
 
-def head_maps(maps: dict[str, np.ndarray], kv_of_query=None) -> bytes:
-    """Side-by-side layer x head maps (ablation effect, importance, attention on top-3 tokens)."""
+def head_maps(maps: dict[str, np.ndarray], kv_of_query=None, labels: dict[str, str] | None = None) -> bytes:
+    """Side-by-side layer x head maps (ablation effect, importance, attention on top-3 tokens), each
+    with its colour bar labelled ``labels[name]`` (what its colour measures; default the name)."""
+    labels = labels or {}
     names = list(maps)
     n_layers, n_heads = next(iter(maps.values())).shape
-    cell_w = max(3.4, min(5.0, 0.32 * n_heads + 1.6))
+    cell_w = max(3.4, min(5.0, 0.32 * n_heads + 1.6)) + 0.3  # + the colour bar's label
     cell_h = max(3.2, min(7.5, 0.28 * n_layers + 1.2))
     fig = new_figure(cell_w * len(names) + 0.5, cell_h + 0.4)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -198,11 +246,11 @@ def head_maps(maps: dict[str, np.ndarray], kv_of_query=None) -> bytes:
         ax.set_ylabel("layer")
         ax.set_xticks(range(n_heads) if n_heads <= 16 else range(0, n_heads, max(1, n_heads // 8)))
         ax.set_yticks(range(n_layers) if n_layers <= 16 else range(0, n_layers, max(1, n_layers // 8)))
-        fig.colorbar(image, ax=ax, shrink=0.85)
+        fig.colorbar(image, ax=ax, shrink=0.85, label=labels.get(name, name))
         if annotate:
             for (layer, head), value in np.ndenumerate(grid):
                 if np.isfinite(value):
-                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=8 if n_heads <= 8 else 7,
                             color="black" if value > 0.6 * vmax else "white")
     return _png(fig)
 
@@ -231,41 +279,120 @@ def comparison_lines(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray, s
     return _png(fig)
 
 
+def _stage_label(fraction: float) -> str:
+    if abs(fraction - 1.0) < 1e-9:
+        return "all layers"
+    if abs(fraction - 0.5) < 1e-9:
+        return "top half"
+    return f"top {100 * fraction:.0f}%"
+
+
+def randomisation_stages(curves: dict[str, list]) -> tuple[list[tuple], bool]:
+    """The stages the curves hold, in order, as keys (``("trained",)``, ``("head",)``, ``("top",
+    fraction)``), and whether there is a head stage. A curve's first point is the trained model;
+    a second point at fraction 0 is the output head alone; the others re-initialise the top
+    ``fraction`` of the layers (and the head, where there is one)."""
+    keys = set()
+    for curve in curves.values():
+        keys.update(_stage_keys(curve))
+    order = {"trained": 0, "head": 1, "top": 2}
+    stages = sorted(keys, key=lambda k: (order[k[0]], k[1] if len(k) > 1 else 0.0))
+    return stages, ("head",) in keys
+
+
+def _stage_keys(curve) -> list[tuple]:
+    keys = []
+    for i, point in enumerate(curve):
+        fraction = float(point[0])
+        keys.append(("trained",) if i == 0 else ("head",) if i == 1 and fraction == 0.0 else ("top", round(fraction, 6)))
+    return keys
+
+
 def randomisation_curves(curves: dict[str, list], reference: str | None = None) -> bytes:
     """Cascading randomisation (Adebayo et al. 2018): per explainer, mean Spearman with its trained
-    scores against the fraction of layers re-initialised from the top (the output head first, at
-    0); the reference's own curve black and dashed; the 0.5 limit dashed."""
-    fig = new_figure(6.4, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
+    scores at each stage of re-initialisation, the stages the data hold on a categorical axis
+    (trained, the output head where there is one, then more and more layers from the top); the
+    reference's own curve black and dashed; curves that are identical drawn once under a joint
+    name; the 0.5 limit and the stage the check is judged at marked; the legend to the right."""
+    stages, has_head = randomisation_stages(curves)
+    where = {key: i for i, key in enumerate(stages)}
+    series = []  # (names, xs, ys): identical curves share one entry
     for name, curve in curves.items():
-        xs = [float(p[0]) for p in curve]
-        ys = [float(p[1]) for p in curve]
-        if name == reference:
-            ax.plot(xs, ys, marker="s", color="black", linestyle="--", linewidth=2, label=f"{name} (reference)")
+        xs = np.array([where[k] for k in _stage_keys(curve)], dtype=float)
+        ys = np.array([float(p[1]) for p in curve], dtype=float)
+        same = next((s for s in series if len(s[1]) == len(xs) and np.array_equal(s[1], xs)
+                     and np.allclose(s[2], ys, equal_nan=True)), None)
+        if same is not None:
+            same[0].append(name)
         else:
-            ax.plot(xs, ys, marker="o", label=name)
-    ax.axhline(0.5, color="grey", linestyle="--", linewidth=1)
-    ax.axvline(0.5, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("fraction of layers re-initialised (from the top; the head first, at 0)")
+            series.append(([name], xs, ys))
+    fig = new_figure(8.4, 4.0)
+    ax = fig.add_subplot(1, 1, 1)
+    j = 0
+    for names, xs, ys in series:
+        if reference in names:
+            label = " = ".join([f"{reference} (reference)"] + [n for n in names if n != reference])
+            ax.plot(xs, ys, marker="s", color="black", linestyle="--", linewidth=2, label=wrap_label(label, 32), zorder=3)
+        else:
+            ax.plot(xs, ys, ms=5, label=wrap_label(" = ".join(names), 32), **explainer_style(j))
+            j += 1
+    ax.axhline(0.5, color="grey", linestyle="--", linewidth=1,
+               label=wrap_label("0.5: an explainer at or above it at the judged stage fails", 28))
+    judged = next((i for i, k in enumerate(stages) if k[0] == "top" and k[1] >= 0.5 - 1e-9), len(stages) - 1)
+    ax.axvline(judged, color="grey", linestyle=":", linewidth=1,
+               label=wrap_label(f"stage the check is judged at ({_stage_text(stages[judged], has_head)})", 28))
+    ax.set_xticks(range(len(stages)), [_stage_text(k, has_head, short=True) for k in stages], fontsize=8)
+    ax.set_xlim(-0.3, len(stages) - 0.7)
+    ax.set_xlabel("re-initialised, cumulatively from the top" + (" (the output head first)" if has_head else
+                  " (no head stage: no separate output head to re-initialise)"))
     ax.set_ylabel("Spearman with trained scores")
     ax.set_ylim(-1.05, 1.05)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.legend(handles=ax.get_legend_handles_labels()[0], fontsize=7, loc="outside right upper", frameon=False)
     return _png(fig)
+
+
+def _stage_text(key: tuple, has_head: bool, short: bool = False) -> str:
+    if key[0] == "trained":
+        return "trained" if short else "the trained model"
+    if key[0] == "head":
+        return "head" if short else "the output head"
+    text = _stage_label(key[1])
+    if has_head:
+        return f"head +\n{text}" if short else f"the head and the {text}"
+    return text if short else f"the {text}"
 
 
 def convergence_curves(frame) -> bytes:
     """Integrated gradients: |delta| / |f(x) - f(baseline)| against the Gauss-Legendre points tried,
-    one thin line per example, the median per number of points thick."""
+    one thin line per example (a point, with fixed steps), the median per number of points thick;
+    a delta of exactly 0 (no place on a log axis) drawn as its own marker at the bottom. Ticks at
+    the step values tried."""
     fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
-    relative = (frame["delta"].abs() / frame["gap"].abs().clip(lower=1e-12)).clip(lower=1e-8)
+    relative = frame["delta"].abs() / frame["gap"].abs().clip(lower=1e-12)
     frame = frame.assign(relative=relative)
+    positive = relative[relative > 0]
+    floor = float(positive.min()) / 10 if len(positive) else 1e-8
     for _, one in frame.groupby("example"):
-        ax.plot(one["steps"], one["relative"], color="#9467bd", alpha=0.25, lw=0.8, marker="." if len(one) == 1 else None)
+        shown = one["relative"].where(one["relative"] > 0)
+        ax.plot(one["steps"], shown, color=BAND_STYLES["gradient"].color, alpha=0.25, lw=0.8,
+                marker="." if len(one) == 1 else None)
+    zeros = frame[frame["relative"] == 0]
+    if len(zeros):
+        ax.plot(zeros["steps"], np.full(len(zeros), floor), ls="none", marker="v", ms=6, color="#d62728",
+                label=f"exactly 0 ({len(zeros)}; drawn at the bottom)")
     median = frame.groupby("steps")["relative"].median()
-    ax.plot(median.index, median.to_numpy(), color="black", lw=2, marker="o", label="median")
+    ax.plot(median.index, median.where(median > 0).to_numpy(), color="black", lw=2, marker="o", label="median")
+    steps = sorted(int(v) for v in frame["steps"].unique())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(steps, [str(v) for v in steps])
+    ax.xaxis.set_minor_locator(NullLocator())
+    if steps:
+        ax.set_xlim(steps[0] / 1.4, steps[-1] * 1.4)
+    if len(zeros):
+        ax.set_ylim(bottom=floor / 2)
     ax.set_xlabel("Gauss-Legendre points")
     ax.set_ylabel("|delta| / |f(x) - f(baseline)|")
     ax.grid(alpha=0.3)

@@ -10,7 +10,7 @@ import pandas as pd
 from probe.report import analysis as an
 from probe.report import figures as fg
 from probe.document import Bullets, KeyValues, Para, Section, Table, TokenView
-from probe.plots import measure_label
+from probe.plots import bands_caption, measure_label
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.report.tokens import token_examples
@@ -154,29 +154,36 @@ def _agreement_figures(r: StudyResult, w: Writer) -> list:
             blocks.append(w.figure(f"heads_{explainer}", png,
                                    f"{explainer}, every layer x head: mean {mlabel} with each reference "
                                    "(red: agrees, blue: ranks the other way)"
-                                   + ("; black lines separate query heads sharing a key/value head." if _kv_map(r)
-                                      else ".")))
+                                   + ("; each panel has its own colour scale, centred on 0 (its colour bar): "
+                                      "compare colours within a panel, and across panels by the numbers"
+                                      if len(grids) > 1 else "")
+                                   + ("; black lines separate query heads sharing a key/value head."
+                                      if fg.kv_lines_drawn(_kv_map(r), next(iter(grids.values())).shape[1]) else ".")))
     lines = {ref_: an.layer_lines(r, ref_) for ref_ in r.references}
     lines = {k: v for k, v in lines.items() if v}
     if lines:
         bands = {ref_: an.reference_bands(r, ref_) for ref_ in lines}
         grads = {ref_: an.best_gradient(r, ref_) for ref_ in lines}
         notes = an.layer_line_notes(r)
+        drawn = bands_caption(list(bands.values()), gradient=any(g is not None for g in grads.values()))
         blocks.append(w.figure("layers", fg.layer_lines(lines, bands, grads, measure, notes),
-                               f"Per-layer explainers: mean {mlabel} per layer with its CI, against each reference, "
-                               "beside the random (grey), uniform (dotted) and position (orange) baselines, the "
-                               "ceiling (green) and the best gradient (purple)."
+                               f"Per-layer explainers: mean {mlabel} per layer with its CI, against each reference"
+                               + (f", beside {drawn}." if drawn else ".")
                                + (" Units that rank tokens identically on >= 95% of the examples are named in the "
                                   "legend as one ranking: their points are one measurement, not several."
                                   if notes else "")))
     units = an.distribution_units(r)
     if units:
         bands = an.reference_bands(r, ref)
+        drawn = bands_caption([bands])
         blocks.append(w.figure("distribution", fg.distribution(units, bands, ref, measure),
                                f"Per-example {mlabel} with {ref} (the verdict reference): a box per explainer unit "
                                "(per-layer methods at their best layer, per-head ones at their best head: chosen "
-                               "after looking, so optimistic), its mean and CI (black), and the baselines and the "
-                               "ceiling as horizontal bands."))
+                               "after looking, so optimistic; box: quartiles and median, whiskers: 1.5 times the "
+                               "interquartile range, dots: the examples), its mean and CI (black diamond)"
+                               + (f", and {drawn} as horizontal lines and bands" if drawn else "")
+                               + (". A unit marked [n] ranks tokens as the units named under the axis do: one "
+                                  "measurement, not several." if any(u.get("same_as") for u in units) else ".")))
     return blocks
 
 
@@ -260,19 +267,27 @@ def heads_section(r: StudyResult, w: Writer) -> Section:
     if len(table):
         csv = w.csv("heads", table)
         n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
-        maps = {}
-        for col, title in (("mean_abs_ablation_change", "mean |change| when the head is ablated"),
-                           ("mean_importance", "mean head importance (Michel et al.)"),
-                           ("top3_attention", f"attention on {r.reference}'s top-3 tokens")):
+        maps, labels = {}, {}
+        for col, title, label in (("mean_abs_ablation_change", "mean |change| when the head is ablated",
+                                   "mean |change of the target|"),
+                                  ("mean_importance", "mean head importance (Michel et al.)", "mean importance"),
+                                  ("top3_attention", f"attention on {r.reference}'s top-3 tokens",
+                                   "attention weight on the top-3 tokens (sum)")):
             if col in table.columns and table[col].notna().any():
                 grid = np.full((n_layers, n_heads), np.nan)
                 grid[table["layer"].to_numpy(), table["head"].to_numpy()] = table[col].to_numpy(dtype=float)
-                maps[title] = grid
+                maps[title], labels[title] = grid, label
         if maps:
-            blocks.append(w.figure("heads", fg.head_maps(maps, _kv_map(r)),
-                                   "Per layer x head: " + "; ".join(maps) + ". Attention on the top-3 tokens is the "
-                                   "weight the head puts on the verdict reference's three most important tokens, "
-                                   "summed per example and averaged."))
+            kv = _kv_map(r)
+            blocks.append(w.figure("heads", fg.head_maps(maps, kv, labels),
+                                   "Per layer x head: " + "; ".join(maps)
+                                   + (", each on its own colour scale (its colour bar)." if len(maps) > 1 else ".")
+                                   + (" Attention on the top-3 tokens is the weight the head puts on the verdict "
+                                      "reference's three most important tokens, summed per example and averaged."
+                                      if "top3_attention" in table.columns and table["top3_attention"].notna().any()
+                                      else "")
+                                   + (" Black lines separate query heads that share a key/value head."
+                                      if fg.kv_lines_drawn(kv, n_heads) else "")))
         if "top3_attention" not in table.columns:
             blocks.append(Para("Attention on the reference's top-3 tokens needs the per-head `attention` explainer, "
                                "which is not part of this study.", "note"))

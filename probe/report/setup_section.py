@@ -210,11 +210,7 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
     curves = {c["method"]: c["curve"] for c in checks if c.get("check") == "randomisation" and c.get("curve")}
     if curves:
         blocks.append(w.figure("randomisation", fg.randomisation_curves(curves, r.reference),
-                               "Cascading model-parameter randomisation (Adebayo et al. 2018): each explainer's mean "
-                               "Spearman with its trained-model scores as the output head, then the layers from the "
-                               "top, are re-initialised; the reference's own curve (black, dashed) shows whether the "
-                               "model's function changed. An explainer still at or above 0.5 once the head and the "
-                               "top half are random, while the reference moved, does not depend on the model."))
+                               _randomisation_caption(curves)))
     convergence = an.ig_convergence(r)
     if len(convergence):
         shown = convergence.assign(**{c: [f"{v:.1e}" for v in convergence[c]]
@@ -223,8 +219,39 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
                                                  "points: examples tried, examples whose scores come from that try, "
                                                  "median and largest |delta| / |f(x) - f(baseline)|",
                             csv=w.csv("ig_convergence", convergence)))
-        blocks.append(w.figure("ig_convergence", fg.convergence_curves(r.table("convergence")),
-                               "Integrated gradients: the completeness delta relative to f(x) - f(baseline) against "
-                               "the points used, per example (thin) and its median (black). With steps: auto each "
-                               "example's line ends where it met the tolerance."))
+        table = r.table("convergence")
+        blocks.append(w.figure("ig_convergence", fg.convergence_curves(table), _convergence_caption(table)))
     return blocks
+
+
+def _randomisation_caption(curves: dict[str, list]) -> str:
+    """The randomisation figure's caption, worded from the stages its data hold."""
+    _, has_head = fg.randomisation_stages(curves)
+    stages = ("the output head, then the layers from the top, are re-initialised" if has_head else
+              "the layers from the top are re-initialised (there is no head stage: the model has no separate "
+              "output head to re-initialise)")
+    judged = "once the head and the top half are random" if has_head else "once the top half is random"
+    return ("Cascading model-parameter randomisation (Adebayo et al. 2018): each explainer's mean Spearman with its "
+            f"trained-model scores as {stages}; the reference's own curve (black, dashed) shows whether the model's "
+            f"function changed. An explainer still at or above 0.5 {judged} (the dotted line), while the reference "
+            "moved, does not depend on the model. Curves that are identical are drawn once, their names joined "
+            "by =.")
+
+
+def _convergence_caption(frame: pd.DataFrame) -> str:
+    """The IG convergence figure's caption, worded from the data: one point per example with fixed
+    steps, a line per example that ends at the tolerance with ``steps: auto``."""
+    tries = frame.groupby("example")["steps"].nunique()
+    steps = sorted(int(v) for v in frame["steps"].unique())
+    zeros = int((frame["delta"] == 0).sum())
+    text = ("Integrated gradients: the completeness delta relative to f(x) - f(baseline) against the points used, "
+            "per example (thin) and its median (black). ")
+    if (tries > 1).any():
+        text += "Each example's line ends where it met the tolerance (steps: auto)."
+    else:
+        text += (f"Every example used the same {_list(steps)} points: one point per example"
+                 + (" per number of points." if len(steps) > 1 else "."))
+    if zeros:
+        text += (f" {zeros} delta{'s are' if zeros > 1 else ' is'} exactly 0 (no place on a log axis): "
+                 "the red triangles at the bottom.")
+    return text
