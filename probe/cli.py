@@ -185,6 +185,10 @@ def explain(
                                          "(default: every method that applies)"),
     label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
+    contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the log-prob of the continuation "
+                                        "minus the foil's at the same positions (as many tokens, or one)"),
+    contrast_label: str | None = typer.Option(None, "--contrast-label", help="for a classifier, a label (index or name): explain "
+                                              "logit[label] - logit[contrast label]"),
     target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
                                                                    "similarity or dimension for a headless encoder"),
     reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
@@ -213,8 +217,10 @@ def explain(
     from probe import api
     from probe.rows.target import TargetSpec, prepare
 
+    # a contrast on the wrong kind of model, or with --target prob, is refused by prepare in one line
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
-                                              reference=reference, dimension=dimension),
+                                              reference=reference, dimension=dimension, contrast=contrast,
+                                              contrast_label=contrast_label),
                        strict_length=strict_length)
     names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
