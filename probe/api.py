@@ -197,14 +197,19 @@ def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase |
 def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequence[Label] | None = None,
             continuation: str | Sequence[str] | None = None, kind: str | None = None,
             strict_length: bool = False, generate: int | None = None,
-            steps: bool = False, chat: bool = False) -> list[PreparedExample]:
+            steps: bool = False, chat: bool = False, contrast: str | Sequence[str] | None = None,
+            contrast_label: Label | Sequence[Label] | None = None) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
     language models). ``example.original_value`` is the target on the unperturbed text.
 
-    ``label`` and ``continuation`` are one value for every text, or a list with one per text.
-    ``texts`` may be a pandas Series (its values) or a DataFrame with a ``text`` column.
+    ``contrast_label`` (classifiers) explains ``logit[label] - logit[contrast_label]``; ``contrast``
+    (language models) a foil text: the log-prob of the continuation minus that of the foil's tokens
+    at the same positions ("why this rather than that"; see :class:`~probe.rows.target.TargetSpec`).
+
+    ``label``, ``continuation`` and the contrasts are one value for every text, or a list with one per
+    text. ``texts`` may be a pandas Series (its values) or a DataFrame with a ``text`` column.
 
     A language model's output token by token: ``generate=N`` explains each token of its greedy
     output of up to N tokens, ``steps=True`` each token of ``continuation`` (or of the greedy
@@ -221,7 +226,8 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
         _positive(generate, "generate")
     target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
                         steps=_flag(steps, "steps") or generate is not None, max_new_tokens=generate,
-                        chat=_flag(chat, "chat"))
+                        chat=_flag(chat, "chat"), contrast=_one_or_each(contrast),
+                        contrast_label=_one_or_each(contrast_label))
     return _prepare(pm, texts, target, strict_length=strict_length)
 
 
@@ -268,22 +274,23 @@ def _check_prepared_by(pm: ProbeModel, examples: list[PreparedExample]) -> None:
 
 def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
               kind: str | None = None, strict_length: bool = False, generate: int | None = None,
-              steps: bool = False, chat: bool = False) -> list[PreparedExample]:
+              steps: bool = False, chat: bool = False, contrast: str | None = None,
+              contrast_label: int | str | None = None) -> list[PreparedExample]:
     """Texts prepared with the target options, or prepared examples as they are (then no options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
     items = _text_list(texts)
     if all(isinstance(e, PreparedExample) for e in items):
-        if label is not None or continuation is not None or kind is not None or generate is not None or steps or chat:
-            raise InputError("label, continuation, kind, generate, steps and chat apply to texts; these examples are "
-                             "prepared already (their targets are fixed): pass the texts instead")
+        if any(v is not None for v in (label, continuation, kind, contrast, contrast_label, generate)) or steps or chat:
+            raise InputError("label, continuation, kind, the contrasts, generate, steps and chat apply to texts; these "
+                             "examples are prepared already (their targets are fixed): pass the texts instead")
         _check_prepared_by(pm, items)
         return items
     if not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})
         raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}")
     return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                   generate=generate, steps=steps, chat=chat)
+                   generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label)
 
 
 # --------------------------------------------------------------------------------------- explain
@@ -681,7 +688,8 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
             progress: bool = False, generate: int | None = None, steps: bool = False,
-            chat: bool = False) -> Explanation:
+            chat: bool = False, contrast: str | None = None,
+            contrast_label: int | str | None = None) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
@@ -694,6 +702,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     own (see :func:`prepare`); :meth:`Explanation.matrix` then gives a method's
     ``[output token, ..., source token]`` matrix per text. ``chat=True``: the texts are user
     messages in the model's chat template (see :func:`prepare`).
+    ``contrast`` / ``contrast_label``: explain the target rather than a foil / another class (see :func:`prepare`).
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -702,7 +711,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     if chosen is not None:
         _no_gradients_here(chosen)
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                         generate=generate, steps=steps, chat=chat)
+                         generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
@@ -736,16 +745,16 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
         label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
         progress: bool = False, generate: int | None = None, steps: bool = False,
-        chat: bool = False) -> TokenScores:
+        chat: bool = False, contrast: str | None = None, contrast_label: int | str | None = None) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
     Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
-    bar over the forward batches."""
+    bar over the forward batches. ``contrast`` / ``contrast_label``: see :func:`prepare`."""
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo as _loo
 
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps,
-                         chat=chat)
+                         chat=chat, contrast=contrast, contrast_label=contrast_label)
     return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 
@@ -782,21 +791,24 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
 @_in_eval
 def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, batch_size: int = 32,
                   label: int | str | None = None, continuation: str | None = None,
-                  kind: str | None = None) -> HeadEffects:
+                  kind: str | None = None, contrast: str | None = None,
+                  contrast_label: int | str | None = None) -> HeadEffects:
     """Each head of ``stack`` (default: the one that reads the target) ablated alone.
     ``result.change`` is ``[example, layer, head]`` original - ablated target; ``result.mean_abs_change``
     ``[layer, head]``."""
     from probe.intervene.heads import head_ablation_effects
 
     _positive(batch_size, "batch_size")
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
+                         contrast_label=contrast_label)
     return head_ablation_effects(pm, examples, stack=stack, batch_size=batch_size)
 
 
 @_in_eval
 def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, loss: str = "nll",
                     ablation: bool = True, label: int | str | None = None, continuation: str | None = None,
-                    kind: str | None = None) -> HeadImportance:
+                    kind: str | None = None, contrast: str | None = None,
+                    contrast_label: int | str | None = None) -> HeadImportance:
     """Michel et al. head importance ``[layer, head]`` (E_x |dL/dxi_h|, L2-normalised per layer),
     with the single-head ablation effect beside it when ``ablation``."""
     from probe.intervene.heads import head_importance as _importance
@@ -804,7 +816,8 @@ def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, l
     if torch.is_inference_mode_enabled():
         raise InputError("head importance needs gradients, which torch.inference_mode() switches off: call "
                          "probe.head_importance outside the `with torch.inference_mode():` block")
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
+                         contrast_label=contrast_label)
     return _importance(pm, examples, stack=stack, loss=loss, ablation=ablation)
 
 
@@ -812,6 +825,7 @@ def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, l
 def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform", *, layer: int = -1,
                              head: int | None = None, label: int | str | None = None,
                              continuation: str | None = None, kind: str | None = None,
+                             contrast: str | None = None, contrast_label: int | str | None = None,
                              **options: Any) -> CounterfactualResult:
     """Inject ``how`` = uniform, permuted or adversarial attention at the target query's row of
     ``layer`` (negative counts from the last) and ``head`` (None: every head of the layer), and
@@ -824,7 +838,8 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     if registry.counterfactual(how).needs_gradients and torch.is_inference_mode_enabled():
         raise InputError(f"{how} attention searches by gradient, which torch.inference_mode() switches off: call "
                          "probe.counterfactual_attention outside the `with torch.inference_mode():` block")
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind)
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
+                         contrast_label=contrast_label)
     return registry.counterfactual(how).load()(pm, examples, layer=layer, head=head, **options)
 
 

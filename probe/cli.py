@@ -189,6 +189,10 @@ def explain(
                                         "tokens (or of --continuation) on its own: a [prompt token x output token] table per method"),
     chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat template "
                               "(the template's tokens are not scored)"),
+    contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the log-prob of the continuation "
+                                        "minus the foil's at the same positions (as many tokens, or one)"),
+    contrast_label: str | None = typer.Option(None, "--contrast-label", help="for a classifier, a label (index or name): explain "
+                                              "logit[label] - logit[contrast label]"),
     target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
                                                                    "similarity or dimension for a headless encoder"),
     reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
@@ -219,9 +223,11 @@ def explain(
 
     if generate is not None and generate < 1:
         raise InputError(f"--generate {generate}: give a number of tokens to generate, 1 or more")
+    # a contrast on the wrong kind of model, or with --target prob, is refused by prepare in one line
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension,
-                                              steps=generate is not None, max_new_tokens=generate, chat=chat),
+                                              steps=generate is not None, max_new_tokens=generate, chat=chat,
+                                              contrast=contrast, contrast_label=contrast_label),
                        strict_length=strict_length)
     names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:

@@ -85,7 +85,10 @@ def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dic
 
     console = Console()
     target = example.describe()
-    console.print(plain(f"target: {target['kind']} of {target['label']!r} = {target['value']:.4f}  "
+    # a contrast's label already reads "A vs B": the number is the difference of the two
+    what = (f"{target['kind']} difference {target['label']}" if "contrast" in target
+            else f"{target['kind']} of {target['label']!r}")
+    console.print(plain(f"target: {what} = {target['value']:.4f}  "
                         f"({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
     if pm.random_weights:
         console.print(f"[bold red]random weights (allowed explicitly):[/] {plain(', '.join(pm.random_weights))}")

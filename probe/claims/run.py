@@ -26,7 +26,7 @@ from probe.spec.claims import (
     SpecificTokensClaim,
     TokenImportanceClaim,
 )
-from probe.study.examples import prepare_examples, select_examples
+from probe.study.examples import check_contrast, prepare_examples, select_examples
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,6 +153,7 @@ def _check_target(pm: ProbeModel, claim_file: ClaimFile) -> None:
         raise InputError(f"{claim_file.source}: target.choices applies to causal LMs; {pm.name} is a {pm.task} model")
     if t.label == "gold" and not pm.task.labels:
         raise InputError(f"{claim_file.source}: target.label: gold applies to classifiers; {pm.name} is a {pm.task} model")
+    check_contrast(pm, t, f"{claim_file.source}: ")
 
 
 def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress: bool = False, *,

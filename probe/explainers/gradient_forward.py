@@ -225,6 +225,7 @@ def _select_rows(batch: RowBatch, row: torch.Tensor) -> RowBatch:
         target_positions=take(batch.target_positions),
         target_tokens=take(batch.target_tokens),
         target_valid=take(batch.target_valid),
+        foil_tokens=take(batch.foil_tokens),
     )
 
 

@@ -12,10 +12,10 @@ What it does, and why:
 * **Packing.** Rows are sorted by padded length and cut into batches whose padded size
   ``rows x width`` (the causal LM continuation and the seq2seq decoder included) stays under
   ``token_budget``. Sorting keeps padding small; the budget bounds memory whatever the mix.
-* **De-duplication.** A row is identified by its content: ``(ids, kind, label, target ids)``. Its
-  value is cached for the engine's lifetime, so the unperturbed input is run once however many
-  methods ask for it, and identical perturbations (two random draws of the same token, a
-  comprehensiveness row equal to a flip row) are run once. The key is content, never ``id()``:
+* **De-duplication.** A row is identified by its content: ``(ids, kind, label, target ids)``, and
+  a contrast's label or foil ids. Its value is cached for the engine's lifetime, so the unperturbed
+  input is run once however many methods ask for it, and identical perturbations (two random draws
+  of the same token, a comprehensiveness row equal to a flip row) are run once. The key is content, never ``id()``:
   a freed example's id can be reused by a new one.
 * **Prefix reuse (causal LMs).** A perturbed row of a causal LM leaves the tokens before its first
   change untouched, and a causal model's keys/values there do not depend on anything later. A

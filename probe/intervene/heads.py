@@ -175,7 +175,8 @@ def head_importance(pm: ProbeModel, examples: Sequence[PreparedExample], *, stac
     """I_h = E_x |dL/dxi_h| with a differentiable gate xi_h = 1 on every head (Michel et al. 2019).
 
     ``loss="nll"``: L = -log p(target) (the cross-entropy of the explained label or continuation,
-    Michel's choice); ``loss="target"``: L = the target value itself. Each example has its own gate
+    Michel's choice; with a contrast, the negated log-prob difference of target and contrast);
+    ``loss="target"``: L = the target value itself. Each example has its own gate
     [layer, head] so that |.| is taken per example before the mean. The importance is normalised
     per layer by its L2 norm. With ``ablation=True`` the actual single-head ablation effect on the
     target is computed too.

@@ -36,7 +36,13 @@ from probe.hooks.registry import implementation_of
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, eval_no_grad, row_key
 from probe.rows.memory import halving
-from probe.rows.target import PreparedExample, RowBatch, forward_accepts, position_values
+from probe.rows.target import (
+    PreparedExample,
+    RowBatch,
+    foil_tokens,
+    forward_accepts,
+    position_values,
+)
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -331,6 +337,7 @@ def _segment_values(pm: ProbeModel, logits: torch.Tensor, layout: _Layout, fill:
             valid[j, :len(example.target_ids)] = True
         rows = RowBatch(inputs={}, examples=examples, input_lengths=None,
                         target_positions=torch.arange(n_target, device=device).expand(len(members), -1),
-                        target_tokens=tokens.to(device), target_valid=valid.to(device))
+                        target_tokens=tokens.to(device), target_valid=valid.to(device),
+                        foil_tokens=foil_tokens(examples, n_target, device))
         values[members] = position_values(pm, rows, per_row[torch.tensor(members, device=device)]).float().cpu()
     return values

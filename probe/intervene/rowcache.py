@@ -1,7 +1,8 @@
 """The engine's memory of evaluated rows, shared by its plain and its prefix-reuse passes.
 
 A row is a tuple of token ids paired with the :class:`~probe.rows.target.PreparedExample` whose
-target it evaluates. It is identified by its *content*, ``(ids, kind, label, target ids)``, never
+target it evaluates. It is identified by its *content*, ``(ids, kind, label, target ids)`` and, for a
+contrastive target, the contrast label or foil ids, never
 by ``id()`` (a freed example's id can be reused by a new one), and its value is kept for the
 cache's lifetime. :class:`RowCache` holds those values, the counters (:class:`EngineStats`) and
 what every pass needs to know about the model; :class:`~probe.intervene.engine.Engine` fills it.
@@ -55,8 +56,10 @@ def target_key(example: PreparedExample) -> tuple:
     """What makes two examples' targets come from the same evaluation (for de-duplication). A
     language model's row is kept as its per-position values (:func:`probe.rows.target.position_values`),
     so the steps of one output (``example.step``) share one evaluation of each row."""
-    # a similarity target also depends on its reference text (label_name)
-    return (example.kind, example.label, tuple(example.target_ids)) + ((example.label_name,) if example.kind == "similarity" else ())
+    # a similarity target also depends on its reference text (label_name); a contrast on what it subtracts
+    return ((example.kind, example.label, tuple(example.target_ids))
+            + ((example.label_name,) if example.kind == "similarity" else ())
+            + (("contrast", example.contrast_label, tuple(example.foil_ids)) if example.contrasted else ()))
 
 
 def row_key(ids: Sequence[int], example: PreparedExample) -> tuple:

@@ -65,7 +65,7 @@ def _is_classifier(r: StudyResult) -> bool:
     if contract and contract.get("task"):
         return task_named(contract["task"]).labels
     target = r.spec.target
-    return not (target.choices or target.continuation or target.prompt or target.kind == "logprob")
+    return not (target.choices or target.continuation or target.contrast or target.prompt or target.kind == "logprob")
 
 
 def _aopc_display(aopc: pd.DataFrame, classifier: bool) -> pd.DataFrame:

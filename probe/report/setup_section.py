@@ -109,13 +109,18 @@ def _model_rows(r: StudyResult) -> list[tuple[str, str]]:
 
 
 def _target_text(target: TargetConfig) -> str:
-    return f"{target.kind or 'default'} of " + (
+    text = f"{target.kind or 'default'} of " + (
         f"the pooled embedding with that of {target.reference!r} (cosine)" if target.reference else
         f"the pooled embedding, dimension {target.dimension}" if target.dimension is not None else
         f"the preferred answer among {target.choices}" if target.choices else
         "the dataset label (gold)" if target.label == "gold" else
         f"label {target.label}" if target.label is not None else
         f"the continuation {target.continuation!r}" if target.continuation else "the predicted class / greedy output")
+    if target.contrast_label is not None:
+        text += f", minus that of label {target.contrast_label} (contrastive: this rather than that)"
+    elif target.contrast is not None:
+        text += f", minus that of the foil {target.contrast!r} at the same positions (contrastive: this rather than that)"
+    return text
 
 
 def _study_rows(r: StudyResult) -> list[tuple[str, str]]:

@@ -12,6 +12,12 @@ Layouts (right padding everywhere):
     encoder         [input][pad]                        from the pooled embedding [row, hidden]: its cosine
                                                         similarity to a reference text's, or one dimension
 
+A *contrastive* target ("why this rather than that", Yin & Neubig 2022) explains a difference from the
+same forward pass: a classifier's ``logit[label] - logit[contrast_label]`` (``TargetSpec.contrast_label``),
+a language model's sum over the target positions j of ``log p(target_j | prefix, target_<j) -
+log p(foil_j | prefix, target_<j)`` (``TargetSpec.contrast``, a foil text aligned token by token with
+the target; kind ``logit``: the logits' difference). See :func:`contrast_terms`.
+
 A headless encoder (:mod:`probe.models.encoder`) has no class: its targets are ``similarity``
 (cosine of the input's pooled embedding with the fixed embedding of ``TargetSpec.reference``) and
 ``dimension`` (component ``TargetSpec.dimension`` of the pooled embedding).
@@ -27,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.errors import InputError
+from probe.errors import InputError, ProbeError
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -41,7 +47,14 @@ class TargetSpec:
     """What to explain. ``label``: class index or name (default: the predicted class).
     ``continuation``: text whose log-prob a causal LM / seq2seq model explains (default: the
     greedy next token for a causal LM, the greedy output for seq2seq). Either may be a tuple
-    with one value per text (:func:`prepare` checks the count)."""
+    with one value per text (:func:`prepare` checks the count).
+
+    ``contrast_label`` (classifiers; index or name): explain ``logit[label] - logit[contrast_label]``
+    (kind logit or logprob, the same number; the default kind becomes logit; prob is refused).
+    ``contrast`` (language models): a foil text, tokenised as the continuation is, into as many tokens
+    as the target or into one (then the foil at every target position); the target becomes the
+    log-prob (kind logit: logit) of the target tokens minus that of the foil tokens at the same
+    positions, after the same prefix (prob is refused). Both may be tuples, one per text."""
 
     kind: str | None = None  # default: prob for classifiers, logprob for language models
     label: int | str | tuple[int | str, ...] | None = None
@@ -57,6 +70,8 @@ class TargetSpec:
     #: the assistant's turn opened; the template's own tokens are kept in the input and marked
     #: special (never scored or perturbed)
     chat: bool = False
+    contrast: str | tuple[str, ...] | None = None  # language models: the foil text
+    contrast_label: int | str | tuple[int | str, ...] | None = None  # classifiers: the contrasted class
 
 
 @dataclass(frozen=True)
@@ -78,10 +93,22 @@ class PreparedExample:
     #: prob) of ``target_ids[step]`` alone, given the input and ``target_ids[:step]`` (teacher
     #: forced); None: the whole output's summed log-prob
     step: int | None = None
+    foil_ids: list[int] = field(default_factory=list)  # LM contrast: the foil's id at each target position
+    contrast_label: int | None = None  # classifier contrast: the class subtracted
+    contrast_name: str | None = None  # what is contrasted (the foil text, the contrast label's name)
+
+    @property
+    def contrasted(self) -> bool:
+        """The target is a difference: this example's label or continuation rather than its contrast."""
+        return bool(self.foil_ids) or self.contrast_label is not None
 
     def describe(self) -> dict:
-        out = {"label": self.label_name, "kind": self.kind, "value": self.original_value}
-        return out if self.step is None else {**out, "step": self.step}
+        described = {"label": self.label_name, "kind": self.kind, "value": self.original_value}
+        if self.contrasted:
+            described["contrast"] = self.contrast_name
+        if self.step is not None:
+            described["step"] = self.step
+        return described
 
 
 @dataclass
@@ -94,6 +121,7 @@ class RowBatch:
     target_positions: torch.Tensor | None  # [rows, n_target] logit positions of target tokens (LMs)
     target_tokens: torch.Tensor | None  # [rows, n_target] ids scored at those positions
     target_valid: torch.Tensor | None  # [rows, n_target] bool (continuations differ in length)
+    foil_tokens: torch.Tensor | None = None  # [rows, n_target] contrast foil ids at those positions, -1: none
 
 
 def label_index(pm: ProbeModel, label) -> int:
@@ -144,10 +172,13 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     if kind is not None and kind not in TARGET_KINDS:
         raise InputError(f"unknown target kind {kind!r}: use one of {', '.join(TARGET_KINDS)}")
     _check_encoder_target(pm, target, kind)
+    kind = contrast_kind(pm, target, kind)
     if not task.labels and target.label is not None:
         raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
     labels = _per_text(target.label, texts, "label")
     continuations = _per_text(target.continuation, texts, "continuation")
+    contrasts = _per_text(target.contrast_label if task.labels else target.contrast, texts,
+                          "contrast_label" if task.labels else "contrast")
     batch = encode_texts(pm, texts, strict_length=strict_length)
     lengths = batch["attention_mask"].sum(1).tolist()
     examples = []
@@ -159,7 +190,8 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
         examples = _resolve_encoder_target(pm, examples, target, kind)
     elif task.labels:
         fixed = [label_index(pm, label) if label is not None else None for label in labels]
-        return _classify(pm, examples, fixed)
+        contrast_labels = [label_index(pm, c) if c is not None else None for c in contrasts]
+        return _classify(pm, examples, fixed, contrast_labels)
     elif target.continuation is not None:
         # a decoder's output is a whole sequence (its end token included); a continuation goes on the input
         ids = {}
@@ -191,6 +223,8 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
             out = [t for t in out if t != pad] or [pm.tokenizer.eos_token_id]
             examples[i] = dataclasses.replace(example, target_ids=out,
                                               label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
+    if target.contrast is not None:
+        examples = _with_foils(pm, examples, contrasts)
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
 
@@ -246,6 +280,9 @@ def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, stri
         raise InputError(f"--generate {n_new!r}: give a number of tokens to generate from 1 to 1024")
     whole = dataclasses.replace(target, steps=False, max_new_tokens=None)
     if target.continuation is None and task.next_token:
+        if target.contrast is not None or target.contrast_label is not None:
+            raise InputError("a contrast is set against a given output, token by token: give the output as "
+                             "--continuation (Python: continuation=) with --generate / steps")
         if target.label is not None:
             raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
         kind = target.kind or task.default_kind
@@ -325,12 +362,14 @@ def _per_text(value, texts: list[str], name: str) -> list:
     return list(value)
 
 
-def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: list[int | None]) -> list[PreparedExample]:
-    """A classifier's examples with their label (``fixed[i]``, else the predicted class) and their
-    target value, both read from one forward per group of similar widths: the prediction's logits
-    are the ones the target value needs, so no second pass, and no short example is padded to the
-    longest one's width."""
+def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: list[int | None],
+              contrasts: list[int | None] | None = None) -> list[PreparedExample]:
+    """A classifier's examples with their label (``fixed[i]``, else the predicted class), their
+    contrast label (``contrasts[i]``, if any) and their target value, all read from one forward per
+    group of similar widths: the prediction's logits are the ones the target value needs, so no
+    second pass, and no short example is padded to the longest one's width."""
     names = pm.model.config.id2label or {}
+    contrasts = contrasts or [None] * len(examples)
     done: list[PreparedExample | None] = [None] * len(examples)
     for group in _width_groups([len(e.input_ids) for e in examples], PREPARE_TOKEN_BUDGET):
         batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i in group])
@@ -339,10 +378,76 @@ def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: list[int |
         chosen = [fixed[i] if fixed[i] is not None else int(c) for i, c in zip(group, logits.argmax(-1).tolist())]
         labelled = [dataclasses.replace(examples[i], label=c, label_name=str(names.get(c, c)))
                     for i, c in zip(group, chosen)]
+        labelled = [_with_contrast_label(e, contrasts[i], names, i, fixed[i] is not None)
+                    for i, e in zip(group, labelled)]
         values = target_values(pm, dataclasses.replace(batch, examples=labelled), logits).tolist()
         for i, example, value in zip(group, labelled, values):
             done[i] = dataclasses.replace(example, original_value=value)
     return done
+
+
+def contrast_kind(pm: ProbeModel, target: TargetSpec, kind: str | None) -> str | None:
+    """The target kind of ``target`` once its contrast is checked: a contrast on the wrong kind of
+    model, or with kind prob, is refused in one line; a contrasted classifier defaults to logit
+    (logit and logprob differences of two classes are the same number)."""
+    task = pm.task
+    if target.contrast is None and target.contrast_label is None:
+        return kind
+    if task.embeds:
+        raise InputError("--contrast / --contrast-label need a task head; a headless encoder explains "
+                         "--target similarity --reference TEXT or --target dimension --dimension N")
+    if target.contrast is not None and not task.continuations:
+        raise InputError(f"--contrast (a foil text) applies to language models; this model is a {task.head}: "
+                         "give --contrast-label (index or name) instead")
+    if target.contrast_label is not None and not task.labels:
+        raise InputError(f"--contrast-label applies to classifiers; this model is a {task.head}: "
+                         "give --contrast TEXT (a foil continuation) instead")
+    if target.kind is None and task.labels:
+        return "logit"
+    if kind == "prob":
+        raise InputError("target kind 'prob' cannot be contrasted (a difference of log-probs is not a probability): "
+                         "use --target logprob or logit, or leave the contrast out")
+    return kind
+
+
+def _with_contrast_label(example: PreparedExample, contrast: int | None, names: dict, index: int,
+                         given: bool) -> PreparedExample:
+    """``example`` contrasted with class ``contrast`` (None: unchanged); the explained label itself is refused."""
+    if contrast is None:
+        return example
+    name = str(names.get(contrast, contrast))
+    if contrast == example.label:
+        how = "given" if given else "predicted"
+        raise InputError(f"contrast label {name!r} is the explained ({how}) label of text #{index}: a contrast explains "
+                         "one class rather than another; give a different --contrast-label (or another --label)")
+    return dataclasses.replace(example, contrast_label=contrast, contrast_name=name,
+                               label_name=f"{example.label_name} vs {name}")
+
+
+def _with_foils(pm: ProbeModel, examples: list[PreparedExample], foils: list) -> list[PreparedExample]:
+    """Copies of the language-model ``examples`` with the foil of each (tokenised exactly as a
+    continuation is) aligned on its target tokens: as many tokens, or one repeated at every position."""
+    special = set(getattr(pm.tokenizer, "all_special_ids", []) or [])
+    out = []
+    for i, (example, foil) in enumerate(zip(examples, foils)):
+        if not isinstance(foil, str):
+            raise InputError(f"contrast {foil!r} is not a text: give a foil string, or a list with one per text")
+        ids = list(pm.tokenizer(foil, add_special_tokens=pm.task.encoder_decoder)["input_ids"])
+        if not [t for t in ids if t not in special]:
+            raise InputError(f"contrast foil {foil!r} tokenises to nothing: give a non-empty foil text, e.g. ' negative'")
+        n = len(example.target_ids)
+        if len(ids) == 1:
+            ids = ids * n
+        elif len(ids) != n:
+            raise InputError(f"contrast foil {foil!r} tokenises to {len(ids)} tokens and the target "
+                             f"{example.label_name!r} of text #{i} to {n}: a foil is compared token by token at the "
+                             f"target's positions, so give a foil of {n} token(s) or of a single token")
+        if ids == list(example.target_ids):
+            raise InputError(f"contrast foil {foil!r} is the target of text #{i} itself (the same tokens): give a "
+                             "different foil, the output it should be contrasted with")
+        out.append(dataclasses.replace(example, foil_ids=ids, contrast_name=foil,
+                                       label_name=f"{example.label_name!r} vs {foil!r}"))
+    return out
 
 
 def _check_encoder_target(pm: ProbeModel, target: TargetSpec, kind: str) -> None:
@@ -437,7 +542,21 @@ def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *,
             inputs["decoder_attention_mask"] = decoder_mask.to(device)
         positions, tokens, valid = positions.to(device), tokens.to(device), valid.to(device)
     return RowBatch(inputs=inputs, examples=examples, input_lengths=input_lengths.to(device),
-                    target_positions=positions, target_tokens=tokens, target_valid=valid)
+                    target_positions=positions, target_tokens=tokens, target_valid=valid,
+                    foil_tokens=foil_tokens(examples, tokens.shape[1], device) if tokens is not None else None)
+
+
+def foil_tokens(examples: list[PreparedExample], n_target: int, device=None) -> torch.Tensor | None:
+    """``[rows, n_target]`` long: each row's contrast foil id at each of its target positions (aligned
+    as ``RowBatch.target_tokens`` is), -1 where a row has no foil or no target token; None when no
+    row is contrasted. Every builder of a language-model ``RowBatch`` fills ``foil_tokens`` with it."""
+    if not any(e.foil_ids for e in examples):
+        return None
+    foil = torch.full((len(examples), n_target), -1, dtype=torch.long)
+    for r, example in enumerate(examples):
+        if example.foil_ids:
+            foil[r, : len(example.foil_ids)] = torch.tensor(example.foil_ids)
+    return foil.to(device) if device is not None else foil
 
 
 @functools.lru_cache(maxsize=None)
@@ -498,18 +617,21 @@ def target_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torc
         labels = torch.tensor([e.label for e in batch.examples], device=logits.device)
         kind = batch.examples[0].kind
         if kind == "logit":
-            return logits.gather(1, labels[:, None])[:, 0]
+            return logits.gather(1, labels[:, None])[:, 0] - contrast_terms(batch, logits, kind)
         logp = torch.log_softmax(logits, dim=-1).gather(1, labels[:, None])[:, 0]
-        return logp if kind == "logprob" else logp.exp()
+        if kind == "logprob":
+            return logp - contrast_terms(batch, logits, kind)
+        return logp.exp() - contrast_terms(batch, logits, kind)  # refused where a row is contrasted
     return reduce_positions(position_values(pm, batch, logits), batch.examples)
 
 
 def position_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torch.Tensor:
     """A language model's ``[rows, n_target]`` per output position: the log-prob of the target
-    token there (kind ``logit``: its logit), 0 past a shorter row's output. Every target of the
-    row's example (the whole output, or one ``step``) is a reduction of it (:func:`reduce_positions`),
-    so one forward pass gives them all."""
+    token there (kind ``logit``: its logit; with a contrast, minus the foil's), 0 past a shorter
+    row's output. Every target of the row's example (the whole output, or one ``step``) is a
+    reduction of it (:func:`reduce_positions`), so one forward pass gives them all."""
     logits = logits.float()
+    kind = batch.examples[0].kind
     index = batch.target_positions[:, :, None].expand(-1, -1, logits.shape[-1])
     at = logits.gather(1, index)  # [rows, n_target, vocab]
     chosen = batch.target_tokens[:, :, None]
@@ -517,6 +639,7 @@ def position_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> to
         per_token = at.gather(2, chosen)[..., 0]
     else:
         per_token = torch.log_softmax(at, dim=-1).gather(2, chosen)[..., 0]
+    per_token = per_token - contrast_terms(batch, at, kind)
     return per_token * batch.target_valid
 
 
@@ -529,6 +652,39 @@ def reduce_positions(values: torch.Tensor, examples: list[PreparedExample]) -> t
         values = values * ((positions[None, :] == steps[:, None]) | (steps[:, None] < 0))
     total = values.sum(1)
     return total.exp() if examples[0].kind == "prob" else total
+
+
+def contrast_terms(batch: RowBatch, scores: torch.Tensor, kind: str) -> torch.Tensor | float:
+    """What a contrastive target subtracts, from the same logits as the target (no forward of its own).
+
+    Classifier (``scores`` ``[rows, classes]``): ``[rows]`` the contrast label's logit (kind logit) or
+    log-prob (kind logprob), 0 for rows without a contrast label. Language model (``scores``
+    ``[rows, n_target, vocab]``, the logits at the target positions): ``[rows, n_target]`` the
+    foil's logit or log-prob at each position, 0 where a row has no foil. ``0.`` when no row of the
+    batch is contrasted.
+    """
+    examples = batch.examples
+    if not any(e.contrasted for e in examples):
+        return 0.0
+    if kind not in ("logit", "logprob"):
+        raise InputError(f"target kind {kind!r} cannot be contrasted (a difference of log-probs is not a probability): "
+                         "use logprob or logit")
+    scores = scores.float()
+    if scores.dim() == 2:  # classifier
+        contrast = torch.tensor([-1 if e.contrast_label is None else e.contrast_label for e in examples],
+                                device=scores.device)  # [rows]
+        picked = scores.gather(1, contrast.clamp(min=0)[:, None])[:, 0]  # [rows]
+        if kind == "logprob":
+            picked = picked - torch.logsumexp(scores, dim=-1)
+        return picked * (contrast >= 0)
+    foil = batch.foil_tokens
+    if foil is None:
+        raise ProbeError("a contrasted language-model batch was built without its foil tokens "
+                         "(RowBatch.foil_tokens): build it with build_rows or fill it with foil_tokens()")
+    picked = scores.gather(2, foil.clamp(min=0)[..., None])[..., 0]  # [rows, n_target]
+    if kind == "logprob":
+        picked = picked - torch.logsumexp(scores, dim=-1)
+    return picked * (foil >= 0)
 
 
 def evaluate(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]]) -> torch.Tensor:

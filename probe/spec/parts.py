@@ -104,12 +104,23 @@ class TargetConfig(SpecModel):
     #: a headless encoder's targets: the text a similarity is taken to, the embedding dimension explained
     reference: str | None = None
     dimension: Annotated[Int, Field(ge=0)] | None = None
+    #: a contrastive target ("why this rather than that"): a language model's foil text, a classifier's other label
+    contrast: str | None = None
+    contrast_label: int | str | None = None
 
-    @field_validator("label", mode="before")
+    @field_validator("label", "contrast_label", mode="before")
     @classmethod
     def _label(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
             fail(f"{show(value)} is not a label; give a class index (e.g. 1) or a label name (e.g. positive)")
+        return value
+
+    @field_validator("contrast")
+    @classmethod
+    def _contrast(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            fail(f"{show(value)} is an empty foil; give the text the continuation is contrasted with (e.g. ' negative') "
+                  "or leave contrast out")
         return value
 
     @field_validator("prompt")
@@ -158,4 +169,29 @@ class TargetConfig(SpecModel):
             other = "choices" if self.choices is not None else "continuation"
             fail(f"label cannot be combined with {other} (the explained output is then the "
                   f"{'chosen answer' if other == 'choices' else 'continuation'}); remove one of them", at=["label"])
+        return self
+
+    @model_validator(mode="after")
+    def _contrasts(self) -> TargetConfig:
+        if self.contrast is not None and self.contrast_label is not None:
+            fail("contrast (a language model's foil text) and contrast_label (a classifier's other label) exclude "
+                  "each other; keep the one for your model", at=["contrast_label"])
+        if self.contrast is None and self.contrast_label is None:
+            return self
+        key = "contrast" if self.contrast is not None else "contrast_label"
+        if self.kind == "prob":
+            fail(f"kind prob cannot be contrasted (a difference of log-probs is not a probability); set kind: logprob "
+                  f"or logit, or remove {key}", at=["kind"])
+        if self.kind in ("similarity", "dimension"):
+            fail(f"{key} needs a task head; kind {self.kind} (a headless encoder) has no class or continuation to "
+                  f"contrast: remove {key}", at=[key])
+        if self.choices is not None:
+            fail(f"{key} cannot be combined with choices (the explained answer is chosen per example); give one "
+                  "continuation and its contrast, or remove it", at=[key])
+        if self.contrast_label is not None and self.label == "gold":
+            fail("contrast_label cannot be combined with label: gold (an example whose gold label is the contrast "
+                  "would have nothing to contrast); give a fixed label, or remove contrast_label", at=["contrast_label"])
+        if self.contrast_label is not None and self.label is not None and str(self.contrast_label) == str(self.label):
+            fail(f"contrast_label {show(self.contrast_label)} is the label itself; a contrast explains one class "
+                  "rather than another: give a different contrast_label", at=["contrast_label"])
         return self

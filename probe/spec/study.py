@@ -358,7 +358,7 @@ class Study(SpecModel):
         # keys added later count only when set, so studies written before them keep their fingerprint
         if not payload["model"].get("allow_random_weights"):
             payload["model"].pop("allow_random_weights", None)
-        for key in ("reference", "dimension"):
+        for key in ("reference", "dimension", "contrast", "contrast_label"):
             if payload["target"].get(key) is None:
                 payload["target"].pop(key, None)
         if (payload["metrics"].get("erasure") or {}).get("flips") is True:

@@ -22,7 +22,7 @@ from probe.spec.parts import DatasetSpec, Filters, TargetConfig
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-__all__ = ["model_text", "passes_filters", "prepare_examples", "select_examples"]
+__all__ = ["check_contrast", "model_text", "passes_filters", "prepare_examples", "select_examples"]
 
 
 def passes_filters(example: Example, filters: Filters) -> bool:
@@ -97,7 +97,8 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
     log-prob; ``example.label`` then holds its index, so choices are listed in label order.
     ``target.label: gold`` (classifiers): each example's dataset label (``gold``), as Abnar &
     Zuidema's "correct class". ``target.prompt``: the template's own tokens are marked special (kept
-    in the input, never scored or perturbed).
+    in the input, never scored or perturbed). ``target.contrast`` / ``target.contrast_label``: the
+    target is a difference, the continuation (or label) rather than the foil (or the other label).
     """
     t = target
     inputs = [model_text(t, text) for text in texts]
@@ -110,13 +111,34 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
         examples = _gold_examples(pm, t, inputs, gold)
     else:
         examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
-                                                  reference=t.reference, dimension=t.dimension),
+                                                  reference=t.reference, dimension=t.dimension,
+                                                  contrast=t.contrast, contrast_label=t.contrast_label),
                            strict_length=True)
     marked = []
     for text, example in zip(texts, examples):
         template = _template_positions(pm, t, text, example.input_ids)
         marked.append(dataclasses.replace(example, special=[s or m for s, m in zip(example.special, template)]))
     return marked
+
+
+def check_contrast(pm: ProbeModel, target: TargetConfig, where: str = "") -> None:
+    """Refuse, before anything runs, a contrast for the wrong kind of model: ``target.contrast`` (a foil
+    text) needs a language model, ``target.contrast_label`` a classifier (and a label it has)."""
+    from probe.rows.target import label_index
+
+    if target.contrast is not None and not pm.task.continuations:
+        instead = "target.contrast_label: LABEL" if pm.task.labels else "no contrast"
+        raise InputError(f"{where}target.contrast (a foil text) applies to language models; {pm.name} is a "
+                         f"{pm.task.head}: use {instead}")
+    if target.contrast_label is not None:
+        if not pm.task.labels:
+            instead = "target.contrast: FOIL TEXT" if pm.task.continuations else "no contrast"
+            raise InputError(f"{where}target.contrast_label applies to classifiers; {pm.name} is a {pm.task.head}: "
+                             f"use {instead}")
+        try:
+            label_index(pm, target.contrast_label)
+        except InputError as err:
+            raise InputError(f"{where}target.contrast_label: {err}") from None
 
 
 def _gold_examples(pm: ProbeModel, target: TargetConfig, inputs: list[str],

@@ -30,7 +30,7 @@ from probe.study.verdict import Verdict
 from probe.rows.target import PreparedExample
 from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
-from probe.study.examples import prepare_examples, select_examples
+from probe.study.examples import check_contrast, prepare_examples, select_examples
 from probe.study.lock import folder_lock
 from probe.study.plan import methods_needed
 from probe.study.store import ResultStore
@@ -438,6 +438,7 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
         raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
     if study.target.choices and not pm.task.next_token:
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
+    check_contrast(pm, study.target)
 
 
 __all__ = ["run_study", "prepare_study_examples", "output_folder"]
