@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _EXPORTS = {
     "load_model": "probe.api", "wrap": "probe.api", "prepare": "probe.api", "loo": "probe.api",
+    "span_loo": "probe.api", "find_spans": "probe.api",
     "erasure": "probe.api", "head_ablation": "probe.api", "head_importance": "probe.api",
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
@@ -84,7 +85,13 @@ if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run 
         load_study as load_study,
     )
     from probe.api import (
+        find_spans as find_spans,
+    )
+    from probe.api import (
         loo as loo,
+    )
+    from probe.api import (
+        span_loo as span_loo,
     )
     from probe.api import (
         prepare as prepare,

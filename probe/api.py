@@ -322,6 +322,8 @@ class Explanation(PicklableFrozen):
     scores: Mapping[str, TokenScores]
     skipped: Mapping[str, str] = field(default_factory=dict)
     words: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] | None = field(default=None, compare=False)
+    #: per example, the spans ``explain(..., spans=...)`` found (:class:`probe.explainers.spans.Span`)
+    spans: tuple[tuple[Any, ...], ...] | None = field(default=None, compare=False)
 
     @property
     def methods(self) -> list[str]:
@@ -481,6 +483,11 @@ class Explanation(PicklableFrozen):
         where a method does not score the token, e.g. special tokens under leave-one-out). The
         ``scores`` table a study stores, with the token text beside each position.
 
+        ``level="span"`` (an explanation made with ``spans=``): one row per (example, span, method,
+        layer, head): columns ``example``, ``span_index``, ``span`` (its text), ``start``, ``end``
+        (character offsets), ``n_tokens``, ``method``, ``layer``, ``head``, ``score``, the span's
+        token scores folded by ``agg`` as words are.
+
         ``level="word"``: one row per (example, method, layer, head, word), the sub-word scores of
         each word folded by ``agg`` (``sum``, ``max`` or ``mean``): columns ``example``, ``word_index``,
         ``word`` (its text), ``first_position`` and ``n_tokens`` (its tokens), ``special``,
@@ -494,8 +501,15 @@ class Explanation(PicklableFrozen):
         """
         if level == "word":
             return self._word_frame(agg)
+        if level == "span":
+            from probe.explainers.spans import span_table
+
+            if self.spans is None:
+                raise InputError("this explanation has no spans: explain with spans=PATTERN (a regular expression) or "
+                                 "spans=[(start, end), ...] (character offsets)")
+            return span_table(self.scores, self.spans, agg)
         if level != "token":
-            raise InputError(f"level={level!r} is not a level of the table: use 'token' or 'word'")
+            raise InputError(f"level={level!r} is not a level of the table: use 'token', 'word' or 'span'")
         from probe.display import clean_token
 
         columns = ["example", "position", "token", "clean_token", "special", "method", "layer", "head", "score"]
@@ -689,7 +703,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
             progress: bool = False, generate: int | None = None, steps: bool = False,
             chat: bool = False, contrast: str | None = None,
-            contrast_label: int | str | None = None) -> Explanation:
+            contrast_label: int | str | None = None, spans: str | Sequence[tuple[int, int]] | None = None) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
@@ -703,6 +717,9 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     ``[output token, ..., source token]`` matrix per text. ``chat=True``: the texts are user
     messages in the model's chat template (see :func:`prepare`).
     ``contrast`` / ``contrast_label``: explain the target rather than a foil / another class (see :func:`prepare`).
+    ``spans``: units to read the scores by, a regular expression (each match) or character offsets
+    ``[(start, end), ...]`` into each text; ``to_pandas(level="span")`` then folds every method's
+    token scores over them (:mod:`probe.explainers.spans`).
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -720,7 +737,12 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     if unused:
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
     results = run_methods(pm, examples, chosen, params=params, progress=_flag(progress, "progress"))
-    return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)),
+    found = None
+    if spans is not None:
+        from probe.explainers.spans import spans_per_example
+
+        found = tuple(tuple(f) for f in spans_per_example(pm, examples, spans))
+    return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)), spans=found,
                        skipped=MappingProxyType(skipped), words=_words(pm, examples))
 
 
@@ -756,6 +778,32 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps,
                          chat=chat, contrast=contrast, contrast_label=contrast_label)
     return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
+
+
+@_in_eval
+def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]], mode: str = "delete", *,
+             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
+             contrast: str | None = None, contrast_label: int | str | None = None) -> pd.DataFrame:
+    """Leave-one-out of whole spans: per (example, span), ``score`` = f(x) - f(x with every token of
+    the span deleted, or replaced by the mask, unk or pad token: ``mode``). ``spans``: a regular
+    expression (each match is a span) or character offsets ``[(start, end), ...]`` into each
+    text; a token belongs to a span when its characters overlap it, special tokens never. Columns:
+    example, span_index, span, start, end, n_tokens, mode, score, original_value."""
+    from probe.explainers.spans import span_loo as _span_loo
+    from probe.explainers.spans import spans_per_example
+    from probe.intervene.engine import Engine
+
+    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
+                         contrast_label=contrast_label)
+    return _span_loo(Engine(pm), examples, spans_per_example(pm, examples, spans), mode)
+
+
+def find_spans(pm: ProbeModel, example: PreparedExample, spans: str | Sequence[tuple[int, int]]) -> list:
+    """The spans of one prepared example (:class:`probe.explainers.spans.Span`: text, start, end,
+    token positions), as :func:`span_loo` and ``explain(..., spans=)`` find them."""
+    from probe.explainers.spans import find_spans as _find
+
+    return _find(pm, example, spans)
 
 
 @_in_eval

@@ -299,7 +299,7 @@ def test_the_api_takes_contrasts_wherever_it_takes_targets(loaded):
     bert = loaded("bert")
     assert probe.loo(bert, TEXTS[:1], label=0, contrast_label=1).extras["original_values"][0] == pytest.approx(
         probe.prepare(bert, TEXTS[:1], label=0, contrast_label=1)[0].original_value, abs=1e-5)
-    with pytest.raises(InputError, match="the contrasts apply to texts"):
+    with pytest.raises(InputError, match="the contrasts, generate, steps and chat apply to texts"):
         probe.loo(pm, examples, contrast="bad")
 
 

@@ -1,0 +1,177 @@
+"""Spans: groups of an example's tokens that a person reads as one unit, and scores per span.
+
+A span is given by the text, not by the tokens: a regular expression (each match is a span) or
+character offsets ``(start, end)`` into each example's text. A token belongs to a span when its
+characters overlap the span's; special tokens (and a prompt's or chat template's own tokens,
+which are marked special) never do. Words are the simplest spans (:mod:`probe.explainers.words`).
+
+Two uses, for every method and every model:
+
+- :func:`span_table`: each method's token scores folded over each span (sum, max or mean,
+  NaN-aware), as a tidy table;
+- :func:`span_loo`: leave-one-out of whole spans, f(x) - f(x with every token of the span deleted
+  or replaced), each perturbed row once through the engine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.errors import InputError
+
+if TYPE_CHECKING:
+    from probe.intervene.engine import Engine
+    from probe.models.core import ProbeModel
+    from probe.rows.scores import TokenScores
+    from probe.rows.target import PreparedExample
+
+SpanSpec = str | Sequence[tuple[int, int]]
+
+#: the columns every span table starts with
+SPAN_COLUMNS = ["example", "span_index", "span", "start", "end", "n_tokens"]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One span of one example: its text, character offsets and token positions."""
+
+    text: str
+    start: int
+    end: int
+    positions: tuple[int, ...]
+
+
+def token_offsets(pm: ProbeModel, example: PreparedExample) -> list[tuple[int, int]]:
+    """Each token's character offsets in ``example.text`` (special tokens: (0, 0)), from the fast
+    tokenizer re-encoding the text; refused in one line when that does not give the example's ids."""
+    if not getattr(pm.tokenizer, "is_fast", False):
+        raise InputError(f"spans need character offsets, which {pm.name}'s slow tokenizer does not give: load the "
+                         "model with its fast tokenizer")
+    for add_special in (True, False):
+        encoding = pm.tokenizer(example.text, return_offsets_mapping=True, add_special_tokens=add_special)
+        if list(encoding["input_ids"]) == list(example.input_ids):
+            return [tuple(map(int, o)) for o in encoding["offset_mapping"]]
+    raise InputError("the example's tokens are not its text as the tokenizer encodes it (truncated, or made by hand): "
+                     "spans need the text's own tokens; give shorter texts")
+
+
+def find_spans(pm: ProbeModel, example: PreparedExample, spans: SpanSpec) -> list[Span]:
+    """``example``'s spans: each match of the regular expression ``spans``, or each ``(start, end)``
+    of the character offsets given; spans without a scorable token are left out."""
+    if isinstance(spans, str):
+        try:
+            pattern = re.compile(spans)
+        except re.error as err:
+            raise InputError(f"spans={spans!r} is not a regular expression ({err})") from None
+        ranges = [(m.start(), m.end()) for m in pattern.finditer(example.text) if m.end() > m.start()]
+    else:
+        ranges = []
+        for item in spans:
+            if (not isinstance(item, (tuple, list)) or len(item) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+                    or not 0 <= item[0] < item[1]):
+                raise InputError(f"span {item!r} is not a pair of character offsets (start, end) with 0 <= start < end")
+            ranges.append((int(item[0]), int(item[1])))
+    offsets = token_offsets(pm, example)
+    out = []
+    for start, end in ranges:
+        positions = tuple(p for p, (a, b) in enumerate(offsets)
+                          if not example.special[p] and a < end and b > start)
+        if positions:
+            out.append(Span(example.text[start:end], start, end, positions))
+    return out
+
+
+def spans_per_example(pm: ProbeModel, examples: Sequence[PreparedExample], spans: SpanSpec) -> list[list[Span]]:
+    """:func:`find_spans` of every example; refused in one line when no example has a span."""
+    found = [find_spans(pm, e, spans) for e in examples]
+    if not any(found):
+        what = f"the pattern {spans!r}" if isinstance(spans, str) else f"the offsets {list(spans)!r}"
+        raise InputError(f"{what} covers no scored token of any example: check it against the texts "
+                         "(e.g. probe.prepare(pm, texts)[0].text)")
+    return found
+
+
+def _fold(values: torch.Tensor, positions: Sequence[int], how: str) -> torch.Tensor:
+    part = values[..., list(positions)].float()
+    missing = torch.isnan(part)
+    if how == "sum":
+        value = torch.nansum(part, dim=-1)
+    elif how == "mean":
+        value = torch.nanmean(part, dim=-1)
+    else:
+        value = part.masked_fill(missing, float("-inf")).amax(dim=-1)
+    return value.masked_fill(missing.all(dim=-1), float("nan"))
+
+
+def span_table(scores: Mapping[str, TokenScores], found: Sequence[Sequence[Span]], how: str = "sum") -> pd.DataFrame:
+    """One row per (example, span, method, layer, head): the method's token scores folded over the
+    span by ``how`` (sum, max or mean; NaN tokens left out, a span of NaN tokens NaN)."""
+    from probe.explainers.words import AGGREGATIONS
+    from probe.rows.scores import TokenScores as _Scores
+
+    if how not in AGGREGATIONS:
+        raise InputError(f"agg={how!r} is not a span aggregation: use one of {', '.join(AGGREGATIONS)}")
+    frames = []
+    for method, result in scores.items():
+        for i, spans in enumerate(found):
+            if not spans:
+                continue
+            folded = torch.stack([_fold(result.scores[i], s.positions, how) for s in spans], dim=-1)
+            frame = _Scores(method, [folded], per_head=result.per_head, per_layer=result.per_layer).to_pandas()
+            at = frame["position"].to_numpy()
+            frame = frame.rename(columns={"position": "span_index"})
+            frame["example"] = i
+            frame["span"] = np.array([s.text for s in spans], dtype=object)[at]
+            frame["start"] = np.array([s.start for s in spans])[at]
+            frame["end"] = np.array([s.end for s in spans])[at]
+            frame["n_tokens"] = np.array([len(s.positions) for s in spans])[at]
+            frame["method"] = method
+            frames.append(frame[[*SPAN_COLUMNS, "method", "layer", "head", "score"]])
+    columns = [*SPAN_COLUMNS, "method", "layer", "head", "score"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+SPAN_MODES = ("delete", "mask", "unk", "pad")
+
+
+def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
+             mode: str = "delete") -> pd.DataFrame:
+    """Leave-one-out of whole spans: per (example, span), ``score`` = f(x) - f(x with the span's
+    tokens deleted, or each replaced by the mask, unk or pad token), beside ``original_value``
+    f(x). Every perturbed row goes through ``engine`` (one pass over all of them, identical rows once)."""
+    from probe.intervene.tokens import replacement_token_id
+
+    if mode not in SPAN_MODES:
+        raise InputError(f"span leave-one-out mode {mode!r}: use one of {', '.join(SPAN_MODES)}")
+    replacement = None if mode == "delete" else replacement_token_id(engine.pm, mode)
+    rows, owners = [], []
+    for i, (example, spans) in enumerate(zip(examples, found)):
+        ids = list(example.input_ids)
+        rows.append((ids, example))
+        for j, span in enumerate(spans):
+            inside = set(span.positions)
+            if replacement is None:
+                row = [t for p, t in enumerate(ids) if p not in inside]
+            else:
+                row = [replacement if p in inside else t for p, t in enumerate(ids)]
+            rows.append((row, example))
+            owners.append((i, j, span))
+    values = engine.values(rows, reuse_prefix=True).double().numpy()
+    originals, at = {}, 0
+    records = []
+    for i, spans in enumerate(found):
+        originals[i] = values[at]
+        for j, span in enumerate(spans):
+            records.append({"example": i, "span_index": j, "span": span.text, "start": span.start, "end": span.end,
+                            "n_tokens": len(span.positions), "mode": mode,
+                            "score": float(values[at] - values[at + 1 + j]), "original_value": float(values[at])})
+        at += 1 + len(spans)
+    return pd.DataFrame(records, columns=[*SPAN_COLUMNS, "mode", "score", "original_value"])
