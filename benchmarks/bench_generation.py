@@ -28,7 +28,9 @@ rounds:
     python benchmarks/bench_generation.py [--prompts 20] [--tokens 16] [--steps 16] [--rounds 1]
         [--threads 2] [--only floor,probe,inseq] [--inseq-path /tmp/inseq_pkgs]
 
-Prints seconds per contender and round and the ratios to the floor and to inseq from the same run.
+Prints seconds per contender and round (and per method: probe's and the floor's generation apart,
+inseq's each including its own generation), and the ratios to the floor and to inseq from the
+same run.
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ def worker_floor(prompts: list[str], n_new: int, steps: int) -> dict:
 
     model, tok = _load_hf("eager")
     emb = model.get_input_embeddings()
+    methods = dict.fromkeys(("generate", "saliency", "integrated_gradients", "attention", "loo_delete"), 0.0)
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        methods[name] += now - clock[0]
+        clock[0] = now
+
     started = time.perf_counter()
     for text in prompts:
         ids = tok(text, return_tensors="pt")["input_ids"]  # SmolLM2 adds no special tokens
@@ -78,6 +88,7 @@ def worker_floor(prompts: list[str], n_new: int, steps: int) -> dict:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False,
                                  pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
         n = ids.shape[1]
+        lap("generate")
         for j, target in enumerate(out.tolist()):
             seq = torch.cat([ids[0], out[:j]])[None]  # [1, n + j]
             # saliency: |d log p / d e| per prompt token
@@ -85,6 +96,7 @@ def worker_floor(prompts: list[str], n_new: int, steps: int) -> dict:
             logp = torch.log_softmax(model(inputs_embeds=e).logits[0, -1], -1)[target]
             (grad,) = torch.autograd.grad(logp, e)
             _ = grad[0, :n].norm(dim=-1)
+            lap("saliency")
             # integrated gradients: S midpoints from a zero baseline, one batch
             base = emb(seq).detach()
             alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps
@@ -92,15 +104,18 @@ def worker_floor(prompts: list[str], n_new: int, steps: int) -> dict:
             logp = torch.log_softmax(model(inputs_embeds=points).logits[:, -1], -1)[:, target].sum()
             (grad,) = torch.autograd.grad(logp, points)
             _ = (grad.mean(0) * base[0]).sum(-1)[:n]
+            lap("integrated_gradients")
             with torch.no_grad():
                 # attention of every layer and head at the query row predicting the token
                 attentions = model(seq, output_attentions=True).attentions
                 _ = torch.stack([a[0, :, -1, :n] for a in attentions])
+                lap("attention")
                 # leave-one-out by deletion: n copies of the sequence, each without one prompt token
                 whole = torch.log_softmax(model(seq).logits[0, -1], -1)[target]
                 rows = torch.stack([torch.cat([seq[0, :t], seq[0, t + 1:]]) for t in range(n)])
                 _ = whole - torch.log_softmax(model(rows).logits[:, -1], -1)[:, target]
-    return {"seconds": time.perf_counter() - started}
+                lap("loo_delete")
+    return {"seconds": time.perf_counter() - started, "methods": {k: round(v, 1) for k, v in methods.items()}}
 
 
 def worker_probe(prompts: list[str], n_new: int, steps: int) -> dict:
@@ -108,10 +123,15 @@ def worker_probe(prompts: list[str], n_new: int, steps: int) -> dict:
 
     pm = probe.load_model(MODEL)
     started = time.perf_counter()
-    ex = probe.explain(pm, prompts, ["saliency", "integrated_gradients", "attention", "loo_delete"],
-                       generate=n_new, params={"integrated_gradients": {"steps": steps}})
+    examples = probe.prepare(pm, prompts, generate=n_new)  # the greedy outputs, one example per output token
+    methods = {"generate": time.perf_counter() - started}
+    for method in ("saliency", "integrated_gradients", "attention", "loo_delete"):
+        at = time.perf_counter()
+        probe.explain(pm, examples, [method],
+                      params={method: {"steps": steps}} if method == "integrated_gradients" else None)
+        methods[method] = time.perf_counter() - at
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "output_tokens": len(ex.examples)}
+    return {"seconds": seconds, "output_tokens": len(examples), "methods": {k: round(v, 1) for k, v in methods.items()}}
 
 
 def worker_inseq(prompts: list[str], n_new: int, steps: int) -> dict:
@@ -124,11 +144,14 @@ def worker_inseq(prompts: list[str], n_new: int, steps: int) -> dict:
     loaded = [(inseq.load_model(m, method, tokenizer=tok), kwargs) for method, m, kwargs in runs]
     started = time.perf_counter()
     n_tokens = 0
-    for attribution_model, kwargs in loaded:
+    methods = {}
+    for (method, _, _), (attribution_model, kwargs) in zip(runs, loaded):
+        at = time.perf_counter()
         out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": n_new, "do_sample": False},
                                           show_progress=False, **kwargs)
+        methods[method] = round(time.perf_counter() - at, 1)  # each includes its own greedy generation
         n_tokens = sum(len(s.target) for s in out.sequence_attributions)
-    return {"seconds": time.perf_counter() - started, "target_tokens": n_tokens}
+    return {"seconds": time.perf_counter() - started, "target_tokens": n_tokens, "methods": methods}
 
 
 WORKERS = {"floor": worker_floor, "probe": worker_probe, "inseq": worker_inseq}
