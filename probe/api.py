@@ -322,7 +322,7 @@ class Explanation(PicklableFrozen):
     scores: Mapping[str, TokenScores]
     skipped: Mapping[str, str] = field(default_factory=dict)
     words: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] | None = field(default=None, compare=False)
-    #: per example, the spans ``explain(..., spans=...)`` found (:class:`probe.explainers.spans.Span`)
+    #: per example, the spans ``explain(..., spans=...)`` found (:class:`probe.rows.spans.Span`)
     spans: tuple[tuple[Any, ...], ...] | None = field(default=None, compare=False)
 
     @property
@@ -502,7 +502,7 @@ class Explanation(PicklableFrozen):
         if level == "word":
             return self._word_frame(agg)
         if level == "span":
-            from probe.explainers.spans import span_table
+            from probe.rows.spans import span_table
 
             if self.spans is None:
                 raise InputError("this explanation has no spans: explain with spans=PATTERN (a regular expression) or "
@@ -719,7 +719,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     ``contrast`` / ``contrast_label``: explain the target rather than a foil / another class (see :func:`prepare`).
     ``spans``: units to read the scores by, a regular expression (each match) or character offsets
     ``[(start, end), ...]`` into each text; ``to_pandas(level="span")`` then folds every method's
-    token scores over them (:mod:`probe.explainers.spans`).
+    token scores over them (:mod:`probe.rows.spans`).
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -739,7 +739,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     results = run_methods(pm, examples, chosen, params=params, progress=_flag(progress, "progress"))
     found = None
     if spans is not None:
-        from probe.explainers.spans import spans_per_example
+        from probe.rows.spans import spans_per_example
 
         found = tuple(tuple(f) for f in spans_per_example(pm, examples, spans))
     return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)), spans=found,
@@ -789,9 +789,9 @@ def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]
     expression (each match is a span) or character offsets ``[(start, end), ...]`` into each
     text; a token belongs to a span when its characters overlap it, special tokens never. Columns:
     example, span_index, span, start, end, n_tokens, mode, score, original_value."""
-    from probe.explainers.spans import span_loo as _span_loo
-    from probe.explainers.spans import spans_per_example
     from probe.intervene.engine import Engine
+    from probe.intervene.spans import span_loo as _span_loo
+    from probe.rows.spans import spans_per_example
 
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
                          contrast_label=contrast_label)
@@ -799,9 +799,9 @@ def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]
 
 
 def find_spans(pm: ProbeModel, example: PreparedExample, spans: str | Sequence[tuple[int, int]]) -> list:
-    """The spans of one prepared example (:class:`probe.explainers.spans.Span`: text, start, end,
+    """The spans of one prepared example (:class:`probe.rows.spans.Span`: text, start, end,
     token positions), as :func:`span_loo` and ``explain(..., spans=)`` find them."""
-    from probe.explainers.spans import find_spans as _find
+    from probe.rows.spans import find_spans as _find
 
     return _find(pm, example, spans)
 

@@ -50,7 +50,7 @@ def test_every_output_token_is_an_example_with_its_own_log_prob(steps):
     for e in examples:
         by_text.setdefault(e.text, []).append(e)
     assert list(by_text) == PROMPTS
-    for text, group in by_text.items():
+    for group in by_text.values():
         output = group[0].target_ids
         assert [e.step for e in group] == list(range(len(output))) and 1 <= len(output) <= 3
         assert all(e.target_ids == output for e in group)

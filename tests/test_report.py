@@ -607,16 +607,16 @@ def test_randomisation_curves_read_cleanly(monkeypatch):
     assert any(t.startswith("0.5") for t in texts) and any("judged" in t for t in texts)
     assert texts_outside_canvas(fig) == []
     # (e) a model without a head stage: neither axis nor caption speaks of one
-    from probe.report.setup_section import _randomisation_caption
+    from probe.report.setup_section import randomisation_caption
 
     headless = {name: [curve[0], *curve[2:]] for name, curve in QUICKSTART_CURVES.items()}
     figures.randomisation_curves(headless, "loo_delete")
     ax = next(a for a in drawn[-1].axes if a.get_lines())
     assert [t.get_text() for t in ax.get_xticklabels()] == ["trained", "top half", "all layers"]
     assert "head first" not in ax.get_xlabel() and "no head stage" in ax.get_xlabel()
-    assert "output head, then" in _randomisation_caption(QUICKSTART_CURVES)
-    assert "output head, then" not in _randomisation_caption(headless)
-    assert "once the top half is random" in _randomisation_caption(headless)
+    assert "output head, then" in randomisation_caption(QUICKSTART_CURVES)
+    assert "output head, then" not in randomisation_caption(headless)
+    assert "once the top half is random" in randomisation_caption(headless)
 
 
 def _units(n: int = 13) -> list[dict]:
@@ -684,7 +684,7 @@ def test_overlap_check_sees_rotated_labels():
 
 def test_convergence_ticks_at_the_steps_and_zeros_marked(monkeypatch):
     from probe.report import figures
-    from probe.report.setup_section import _convergence_caption
+    from probe.report.setup_section import convergence_caption
 
     drawn = _drawn(monkeypatch)
     frame = pd.DataFrame({"example": range(6), "method": "integrated_gradients", "steps": 50,
@@ -696,11 +696,11 @@ def test_convergence_ticks_at_the_steps_and_zeros_marked(monkeypatch):
     assert len(zeros) == 1 and len(zeros[0].get_xdata()) == 2 and zeros[0].get_marker() != "."
     examples = [line for line in ax.get_lines() if line.get_label().startswith("_")]
     assert not any(np.isclose(np.asarray(line.get_ydata(), dtype=float), 1e-8).any() for line in examples)
-    caption = _convergence_caption(frame)
+    caption = convergence_caption(frame)
     assert "one point per example" in caption and "tolerance" not in caption and "2 deltas are exactly 0" in caption
     auto = pd.DataFrame({"example": [0, 0, 1], "method": "integrated_gradients", "steps": [16, 32, 16],
                          "delta": [1e-2, 1e-5, 1e-5], "gap": 0.5, "final": [False, True, True]})
-    assert "met the tolerance" in _convergence_caption(auto)
+    assert "met the tolerance" in convergence_caption(auto)
     figures.convergence_curves(auto)
     assert list(drawn[-1].axes[0].get_xticks()) == [16, 32]
 

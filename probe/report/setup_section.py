@@ -215,7 +215,7 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
     curves = {c["method"]: c["curve"] for c in checks if c.get("check") == "randomisation" and c.get("curve")}
     if curves:
         blocks.append(w.figure("randomisation", fg.randomisation_curves(curves, r.reference),
-                               _randomisation_caption(curves)))
+                               randomisation_caption(curves)))
     convergence = an.ig_convergence(r)
     if len(convergence):
         shown = convergence.assign(**{c: [f"{v:.1e}" for v in convergence[c]]
@@ -225,11 +225,11 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
                                                  "median and largest |delta| / |f(x) - f(baseline)|",
                             csv=w.csv("ig_convergence", convergence)))
         table = r.table("convergence")
-        blocks.append(w.figure("ig_convergence", fg.convergence_curves(table), _convergence_caption(table)))
+        blocks.append(w.figure("ig_convergence", fg.convergence_curves(table), convergence_caption(table)))
     return blocks
 
 
-def _randomisation_caption(curves: dict[str, list]) -> str:
+def randomisation_caption(curves: dict[str, list]) -> str:
     """The randomisation figure's caption, worded from the stages its data hold."""
     _, has_head = fg.randomisation_stages(curves)
     stages = ("the output head, then the layers from the top, are re-initialised" if has_head else
@@ -243,7 +243,7 @@ def _randomisation_caption(curves: dict[str, list]) -> str:
             "by =.")
 
 
-def _convergence_caption(frame: pd.DataFrame) -> str:
+def convergence_caption(frame: pd.DataFrame) -> str:
     """The IG convergence figure's caption, worded from the data: one point per example with fixed
     steps, a line per example that ends at the tolerance with ``steps: auto``."""
     tries = frame.groupby("example")["steps"].nunique()

@@ -9,8 +9,8 @@ Two uses, for every method and every model:
 
 - :func:`span_table`: each method's token scores folded over each span (sum, max or mean,
   NaN-aware), as a tidy table;
-- :func:`span_loo`: leave-one-out of whole spans, f(x) - f(x with every token of the span deleted
-  or replaced), each perturbed row once through the engine.
+- :func:`probe.intervene.spans.span_loo`: leave-one-out of whole spans, f(x) - f(x with every
+  token of the span deleted or replaced), each perturbed row once through the engine.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ import torch
 from probe.errors import InputError
 
 if TYPE_CHECKING:
-    from probe.intervene.engine import Engine
     from probe.models.core import ProbeModel
     from probe.rows.scores import TokenScores
     from probe.rows.target import PreparedExample
 
 SpanSpec = str | Sequence[tuple[int, int]]
+
+#: how a span's token scores are folded (as words' are: probe.explainers.words)
+SPAN_AGGREGATIONS = ("sum", "max", "mean")
 
 #: the columns every span table starts with
 SPAN_COLUMNS = ["example", "span_index", "span", "start", "end", "n_tokens"]
@@ -114,11 +116,10 @@ def _fold(values: torch.Tensor, positions: Sequence[int], how: str) -> torch.Ten
 def span_table(scores: Mapping[str, TokenScores], found: Sequence[Sequence[Span]], how: str = "sum") -> pd.DataFrame:
     """One row per (example, span, method, layer, head): the method's token scores folded over the
     span by ``how`` (sum, max or mean; NaN tokens left out, a span of NaN tokens NaN)."""
-    from probe.explainers.words import AGGREGATIONS
     from probe.rows.scores import TokenScores as _Scores
 
-    if how not in AGGREGATIONS:
-        raise InputError(f"agg={how!r} is not a span aggregation: use one of {', '.join(AGGREGATIONS)}")
+    if how not in SPAN_AGGREGATIONS:
+        raise InputError(f"agg={how!r} is not a span aggregation: use one of {', '.join(SPAN_AGGREGATIONS)}")
     frames = []
     for method, result in scores.items():
         for i, spans in enumerate(found):
@@ -137,41 +138,3 @@ def span_table(scores: Mapping[str, TokenScores], found: Sequence[Sequence[Span]
             frames.append(frame[[*SPAN_COLUMNS, "method", "layer", "head", "score"]])
     columns = [*SPAN_COLUMNS, "method", "layer", "head", "score"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-
-
-SPAN_MODES = ("delete", "mask", "unk", "pad")
-
-
-def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
-             mode: str = "delete") -> pd.DataFrame:
-    """Leave-one-out of whole spans: per (example, span), ``score`` = f(x) - f(x with the span's
-    tokens deleted, or each replaced by the mask, unk or pad token), beside ``original_value``
-    f(x). Every perturbed row goes through ``engine`` (one pass over all of them, identical rows once)."""
-    from probe.intervene.tokens import replacement_token_id
-
-    if mode not in SPAN_MODES:
-        raise InputError(f"span leave-one-out mode {mode!r}: use one of {', '.join(SPAN_MODES)}")
-    replacement = None if mode == "delete" else replacement_token_id(engine.pm, mode)
-    rows, owners = [], []
-    for i, (example, spans) in enumerate(zip(examples, found)):
-        ids = list(example.input_ids)
-        rows.append((ids, example))
-        for j, span in enumerate(spans):
-            inside = set(span.positions)
-            if replacement is None:
-                row = [t for p, t in enumerate(ids) if p not in inside]
-            else:
-                row = [replacement if p in inside else t for p, t in enumerate(ids)]
-            rows.append((row, example))
-            owners.append((i, j, span))
-    values = engine.values(rows, reuse_prefix=True).double().numpy()
-    originals, at = {}, 0
-    records = []
-    for i, spans in enumerate(found):
-        originals[i] = values[at]
-        for j, span in enumerate(spans):
-            records.append({"example": i, "span_index": j, "span": span.text, "start": span.start, "end": span.end,
-                            "n_tokens": len(span.positions), "mode": mode,
-                            "score": float(values[at] - values[at + 1 + j]), "original_value": float(values[at])})
-        at += 1 + len(spans)
-    return pd.DataFrame(records, columns=[*SPAN_COLUMNS, "mode", "score", "original_value"])

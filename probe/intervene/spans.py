@@ -1,0 +1,50 @@
+"""Leave-one-out of whole spans (:mod:`probe.rows.spans`): f(x) - f(x with every token of the span
+deleted, or each replaced by the mask, unk or pad token), each perturbed row once through the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from probe.errors import InputError
+from probe.intervene.tokens import replacement_token_id
+from probe.rows.spans import SPAN_COLUMNS, Span
+
+if TYPE_CHECKING:
+    from probe.intervene.engine import Engine
+    from probe.rows.target import PreparedExample
+
+SPAN_MODES = ("delete", "mask", "unk", "pad")
+
+
+def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
+             mode: str = "delete") -> pd.DataFrame:
+    """Leave-one-out of whole spans: per (example, span), ``score`` = f(x) - f(x with the span's
+    tokens deleted, or each replaced by the mask, unk or pad token), beside ``original_value``
+    f(x). Every perturbed row goes through ``engine`` (one pass over all of them, identical rows once)."""
+    if mode not in SPAN_MODES:
+        raise InputError(f"span leave-one-out mode {mode!r}: use one of {', '.join(SPAN_MODES)}")
+    replacement = None if mode == "delete" else replacement_token_id(engine.pm, mode)
+    rows = []
+    for example, spans in zip(examples, found):
+        ids = list(example.input_ids)
+        rows.append((ids, example))
+        for span in spans:
+            inside = set(span.positions)
+            if replacement is None:
+                row = [t for p, t in enumerate(ids) if p not in inside]
+            else:
+                row = [replacement if p in inside else t for p, t in enumerate(ids)]
+            rows.append((row, example))
+    values = engine.values(rows, reuse_prefix=True).double().numpy()
+    at = 0
+    records = []
+    for i, spans in enumerate(found):
+        for j, span in enumerate(spans):
+            records.append({"example": i, "span_index": j, "span": span.text, "start": span.start, "end": span.end,
+                            "n_tokens": len(span.positions), "mode": mode,
+                            "score": float(values[at] - values[at + 1 + j]), "original_value": float(values[at])})
+        at += 1 + len(spans)
+    return pd.DataFrame(records, columns=[*SPAN_COLUMNS, "mode", "score", "original_value"])
