@@ -746,3 +746,22 @@ def test_erasure_legend_stays_off_the_curves(monkeypatch):
     texts = [t.get_text() for legend in legends for t in legend.get_texts()]
     assert len(texts) == 3 and all("comprehensiveness" in t and "sufficiency" in t for t in texts)
     assert texts_outside_canvas(fig) == []
+
+
+def test_the_figures_best_gradient_is_the_verdicts_bar_not_a_method_that_failed_its_checks():
+    """A gradient that failed a sanity check is never the verdict's bar, so no figure draws it as the
+    best gradient either (the smollm2 study's IG failed completeness and agreed most)."""
+    import pandas as pd
+
+    from probe.report.lines import summary_best_gradient
+
+    rows = [{"role": "explainer", "explainer": name, "reference": "loo_delete", "measure": "kendall_tau",
+             "layer": -1, "head": -1, "mean": mean, "ci_low": mean - 0.01, "ci_high": mean + 0.01}
+            for name, mean in (("integrated_gradients", 0.04), ("input_x_gradient", -0.1), ("saliency", 0.02))]
+    summary = pd.DataFrame(rows)
+    assert summary_best_gradient(summary, "loo_delete", "kendall_tau")["explainer"] == "integrated_gradients"
+    chosen = summary_best_gradient(summary, "loo_delete", "kendall_tau", {"integrated_gradients": ["completeness"],
+                                                                         "saliency": ["randomisation"]})
+    assert chosen["explainer"] == "input_x_gradient" and chosen["mean"] == pytest.approx(-0.1)
+    assert summary_best_gradient(summary, "loo_delete", "kendall_tau", ["integrated_gradients", "saliency",
+                                                                        "input_x_gradient"]) is None

@@ -202,8 +202,14 @@ def layer_lines(r: StudyResult, reference: str) -> dict[str, pd.DataFrame]:
 
 
 def best_gradient(r: StudyResult, reference: str) -> dict | None:
-    """The gradient explainer with the highest mean agreement with ``reference`` (token level)."""
-    return summary_best_gradient(r.summary, reference, r.measure)
+    """The gradient explainer with the highest mean agreement with ``reference`` (token level) among
+    those that passed their sanity checks (the verdict's bar; before a verdict, all of them)."""
+    return summary_best_gradient(r.summary, reference, r.measure, unreliable_methods(r))
+
+
+def unreliable_methods(r: StudyResult) -> tuple[str, ...]:
+    """The methods the verdict marks unreliable (a failed sanity check); () before a verdict."""
+    return tuple((r.verdict.data.get("unreliable") or {}) if r.verdict is not None else ())
 
 
 # --------------------------------------------------------------------------- erasure

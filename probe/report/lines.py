@@ -70,11 +70,14 @@ def summary_layer_lines(summary: pd.DataFrame | None, reference: str, measure: s
             for e in ordered_explainers(s["explainer"])}
 
 
-def summary_best_gradient(summary: pd.DataFrame | None, reference: str, measure: str) -> dict | None:
-    """The gradient explainer with the highest mean agreement with ``reference`` (token level)."""
+def summary_best_gradient(summary: pd.DataFrame | None, reference: str, measure: str,
+                          unreliable=()) -> dict | None:
+    """The gradient explainer with the highest mean agreement with ``reference`` (token level),
+    among those that passed their sanity checks (``unreliable``: the verdict's failed methods, left
+    out, as rule 2's bar leaves them out)."""
     s = select_rows(summary, role="explainer", reference=reference, measure=measure)
     s = s[(s["head"] < 0) & (s["layer"] < 0)]
-    s = s[[family(e) == "gradient" for e in s["explainer"]]]
+    s = s[[family(e) == "gradient" and e not in set(unreliable) for e in s["explainer"]]]
     if not len(s):
         return None
     row = s.sort_values("mean", ascending=False).iloc[0]

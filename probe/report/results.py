@@ -89,11 +89,12 @@ class StudyResult:
             raise InputError(f"reference {unknown[0]!r} is not one of this study's ({', '.join(self.references)})")
         lines = {r: summary_layer_lines(self.summary, r, self.measure) for r in refs}
         lines = {r: v for r, v in lines.items() if v}
+        unreliable = tuple((self.verdict.data.get("unreliable") or {}) if self.verdict is not None else ())
         if not lines:
             raise InputError(f"the study {self.name!r} has no per-layer explainer to plot (its explainers: "
                              f"{', '.join(self.explainers)})")
         return layer_lines_figure(lines, {r: summary_bands(self.summary, r, self.measure) for r in lines},
-                                  {r: summary_best_gradient(self.summary, r, self.measure) for r in lines},
+                                  {r: summary_best_gradient(self.summary, r, self.measure, unreliable) for r in lines},
                                   self.measure, title=f"{self.name} ({self.model_id})")
 
     def to_pandas(self) -> pd.DataFrame:
