@@ -226,3 +226,21 @@ def test_chat_needs_a_chat_template(loaded):
         pytest.skip("the tiny tokenizer has a chat template")
     with pytest.raises(InputError, match="no chat template"):
         probe.prepare(pm, PROMPTS, generate=2, chat=True)
+
+
+def test_a_left_padded_tokenizer_gives_the_same_step_matrices(loaded, tiny_dirs):
+    """probe pads on the right whatever side the tokenizer was set to pad: a model wrapped with a
+    left-padding tokenizer explains every output token as the right-padded one does."""
+    import transformers
+
+    right = loaded("gpt2")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dirs["gpt2"], padding_side="left")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dirs["gpt2"]).eval()
+    left = probe.wrap(model, tokenizer)
+    methods = ["attention_mean", "saliency", "loo_delete"]
+    a = probe.explain(right, PROMPTS, methods, generate=3)
+    b = probe.explain(left, PROMPTS, methods, generate=3)
+    assert [e.target_ids for e in a.examples] == [e.target_ids for e in b.examples]
+    for t in range(len(PROMPTS)):
+        for m in methods:
+            torch.testing.assert_close(a.stacked(m, t), b.stacked(m, t), equal_nan=True, atol=2e-5, rtol=1e-4)
