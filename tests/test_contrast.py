@@ -6,9 +6,8 @@ the one-line refusals, the engine's cache, the CLI and a study."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,10 +33,30 @@ CONTRASTS = {
 }
 
 
-def _cli(*args, timeout=900):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, check=False)
+@dataclasses.dataclass
+class _Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def _cli(monkeypatch, capsys):
+    """``probe ARGS`` in this process (no interpreter start-up or import per call): its exit code and output."""
+    from probe import cli
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["probe", *map(str, args)])
+        capsys.readouterr()
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return _Ran(code, captured.out, captured.err)
+
+    return run
 
 
 def _one_line(message: str) -> bool:
@@ -346,7 +365,7 @@ def test_the_engine_cache_keeps_two_foils_apart(loaded):
 
 
 @pytest.mark.slow
-def test_the_cli_prints_the_contrast(builtin_cache):
+def test_the_cli_prints_the_contrast(builtin_cache, _cli):
     result = _cli("explain", "builtin:smollm2-135m", "The movie was great. Sentiment:", "--continuation", " positive",
                   "--contrast", " negative", "--methods", "attention_mean,saliency,loo_delete")
     assert result.returncode == 0, result.stderr
@@ -360,14 +379,14 @@ def test_the_cli_prints_the_contrast(builtin_cache):
     ("gpt2", ["--continuation", "good", "--contrast", "good"], "is the target of text #0 itself"),
     ("gpt2", ["--continuation", "good", "--contrast", "bad", "--target", "prob"], "'prob' cannot be contrasted"),
 ])
-def test_the_cli_refuses_a_wrong_contrast_in_one_line(tiny_dirs, model, args, message):
+def test_the_cli_refuses_a_wrong_contrast_in_one_line(tiny_dirs, model, args, message, _cli):
     result = _cli("explain", str(tiny_dirs[model]), "the movie was good", "--methods", "attention_mean", *args)
     assert result.returncode == 2, result.stdout
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
-def test_the_cli_json_carries_the_contrast(tiny_dirs):
+def test_the_cli_json_carries_the_contrast(tiny_dirs, _cli):
     result = _cli("explain", str(tiny_dirs["bert"]), "the movie was good", "--json", "--methods", "loo_delete",
                   "--label", "NEGATIVE", "--contrast-label", "POSITIVE")
     assert result.returncode == 0, result.stderr
