@@ -21,6 +21,7 @@ import torch
 from probe.display import CONTINUATION_PREFIX, WORD_START_PREFIXES
 from probe.errors import InputError
 from probe.rows.scores import TokenScores
+from probe.rows.spans import fold
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -113,19 +114,7 @@ def aggregate(scores: torch.Tensor, groups: list[list[int]], how: str = "sum") -
     flat = sorted(i for group in groups for i in group)
     if flat != list(range(n_tokens)) or any(not group for group in groups):
         raise InputError(f"word groups must cover each of the {n_tokens} tokens exactly once, got {groups!r}")
-    scores = scores.float()
-    words = []
-    for group in groups:
-        part = scores[..., group]  # [..., pieces]
-        missing = torch.isnan(part)
-        if how == "sum":
-            value = torch.nansum(part, dim=-1)
-        elif how == "mean":
-            value = torch.nanmean(part, dim=-1)
-        else:
-            value = part.masked_fill(missing, float("-inf")).amax(dim=-1)
-        words.append(value.masked_fill(missing.all(dim=-1), float("nan")))  # [...]
-    return torch.stack(words, dim=-1)  # [..., words]
+    return torch.stack([fold(scores, group, how) for group in groups], dim=-1)  # [..., words]
 
 
 def word_scores(pm: ProbeModel, examples, scores: TokenScores, how: str = "sum") -> TokenScores:

@@ -101,7 +101,9 @@ def spans_per_example(pm: ProbeModel, examples: Sequence[PreparedExample], spans
     return found
 
 
-def _fold(values: torch.Tensor, positions: Sequence[int], how: str) -> torch.Tensor:
+def fold(values: torch.Tensor, positions: Sequence[int], how: str) -> torch.Tensor:
+    """``values[..., positions]`` folded over the last axis by ``how`` (sum, mean or max), NaN-aware:
+    NaN entries are left out, and a group of NaN entries only is NaN (not 0)."""
     part = values[..., list(positions)].float()
     missing = torch.isnan(part)
     if how == "sum":
@@ -125,7 +127,7 @@ def span_table(scores: Mapping[str, TokenScores], found: Sequence[Sequence[Span]
         for i, spans in enumerate(found):
             if not spans:
                 continue
-            folded = torch.stack([_fold(result.scores[i], s.positions, how) for s in spans], dim=-1)
+            folded = torch.stack([fold(result.scores[i], s.positions, how) for s in spans], dim=-1)
             frame = _Scores(method, [folded], per_head=result.per_head, per_layer=result.per_layer).to_pandas()
             at = frame["position"].to_numpy()
             frame = frame.rename(columns={"position": "span_index"})
