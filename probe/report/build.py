@@ -30,6 +30,7 @@ from probe.report.sections import (
     verdict_section,
 )
 from probe.report.setup_section import setup_section
+from probe.report.steps import steps_section
 from probe.tasks import task_named
 
 __all__ = ["build_comparison", "build_report", "report_is_current"]
@@ -129,8 +130,10 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     sections = []
     if r.complete:
         sections.append(verdict_section(r))
-    sections += [setup_section(r, w), agreement_section(r, w), _erasure_section(r, w), counterfactual_section(r, w),
-                 heads_section(r, w), tokens_section(r), limitations_section(r)]
+    sections += [setup_section(r, w), agreement_section(r, w)]
+    sections += [s for s in [steps_section(r, w)] if s is not None]
+    sections += [_erasure_section(r, w), counterfactual_section(r, w), heads_section(r, w), tokens_section(r),
+                 limitations_section(r)]
     subtitle = f"{r.model_id} \u00b7 {r.n_examples} examples \u00b7 result folder {r.root}"
     doc = Document(title=f"probe study report: {r.name}", subtitle=subtitle, banner=banner, sections=sections)
     return write_report(doc, w, out, partial=not r.complete)

@@ -398,3 +398,32 @@ def convergence_curves(frame) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _png(fig)
+
+
+def step_lines(lines, measure: str, reference: str) -> bytes:
+    """Agreement against the output token's index (a step study): one line per compared unit, each
+    marker's area growing with the number of examples that reached that step."""
+    fig = new_figure(7.0, 3.6)
+    ax = fig.subplots()
+    top = max(int(lines["n"].max()), 1) if len(lines) else 1
+    for name, rows in lines.groupby("line", sort=False):
+        rows = rows.sort_values("step")
+        band = "random" if name == "random ranking" else "gradient" if name.endswith("(gradient)") else None
+        style = ({"color": BAND_STYLES[band].color, "linestyle": BAND_STYLES[band].style} if band
+                 else {"color": FAMILY_COLORS["attention"], "linestyle": "-"})
+        steps = rows["step"].to_numpy() + 1
+        ax.plot(steps, rows["mean"], label=name, lw=1.4, **style)
+        ax.scatter(steps, rows["mean"], s=8 + 40 * rows["n"].to_numpy() / top, color=style["color"], zorder=3)
+    ax.axhline(0.0, color="black", lw=0.6, alpha=0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("output token (step)")
+    ax.set_ylabel(f"mean {measure_label(measure)} with {reference}")
+    ax.legend(fontsize=7, loc="best", frameon=False)
+    return _png(fig)
+
+
+def output_matrix(values, rows, columns, title: str, label: str) -> bytes:
+    """:func:`probe.plots.matrix_figure` (output token x source token) as PNG bytes."""
+    from probe.plots import matrix_figure
+
+    return _png(matrix_figure(values, rows, columns, title=title, label=wrap_label(label, 24)))

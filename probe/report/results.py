@@ -19,6 +19,7 @@ import pandas as pd
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION, TABLES, measure_columns
+from probe.study.steps import is_stepwise, per_source, per_source_rows
 from probe.study.verdict import Verdict
 from probe.spec.study import StatisticsSpec, Study
 
@@ -152,7 +153,22 @@ class StudyResult:
         return self.spec.model.id
 
     @property
+    def stepwise(self) -> bool:
+        """A study of a language model's output token by token: its examples table holds one row per
+        output token (unit), the statistics one value per dataset example (:mod:`probe.study.steps`)."""
+        return is_stepwise(self.tables.get("examples"))
+
+    @property
     def n_examples(self) -> int:
+        """Dataset examples explained (in a step study: the prompts, not their output tokens)."""
+        examples = self.tables.get("examples")
+        if examples is None:
+            return 0
+        return int(examples["source"].nunique()) if self.stepwise else int(len(examples))
+
+    @property
+    def n_units(self) -> int:
+        """Rows of the examples table: the dataset examples, or in a step study their output tokens."""
         examples = self.tables.get("examples")
         return 0 if examples is None else int(len(examples))
 
@@ -224,7 +240,7 @@ def load_result(path: str | Path) -> StudyResult:
                 and merged["examples"].is_file() and merged["agreement"].is_file())
     total = _batches_total(study, done)
     if complete:
-        tables = {name: _tidy(_read_parquet(p, root)) for name, p in merged.items() if p.is_file()}
+        tables = _per_source({name: _tidy(_read_parquet(p, root)) for name, p in merged.items() if p.is_file()})
         tables["summary"] = _tidy(_read_parquet(root / "summary.parquet", root))
         paired_path = root / "paired.parquet"
         if paired_path.is_file():
@@ -249,10 +265,29 @@ def load_result(path: str | Path) -> StudyResult:
     if "examples" not in tables or "agreement" not in tables:
         raise InputError(f"{root} has done markers but no examples/agreement parts under parts/; "
                          "the folder is damaged: rerun the study")
+    tables = _per_source(tables)
     tables["summary"] = partial_summary(tables["agreement"], study.statistics)
     return StudyResult(root=root, spec=study, fingerprint=record.get("fingerprint"), tables=MappingProxyType(tables),
                        verdict=None, provenance=None, complete=False, batches_done=len(done),
                        batches_total=total, batch_infos=infos)
+
+
+def _per_source(tables: dict) -> dict:
+    """A step study's tables as the report reads them: ``agreement``, ``erasure``, ``heads`` and
+    ``counterfactual`` one row per dataset example (the mean over its output tokens, as the
+    statistics were computed), the units' own rows kept as ``unit_agreement`` and so on; other
+    studies' tables unchanged."""
+    examples = tables.get("examples")
+    if not is_stepwise(examples):
+        return tables
+    if "agreement" in tables:
+        tables["unit_agreement"] = tables["agreement"]
+        tables["agreement"] = per_source(tables["agreement"], examples)
+    for name in ("erasure", "heads", "counterfactual"):
+        if name in tables:
+            tables[f"unit_{name}"] = tables[name]
+            tables[name] = per_source_rows(tables[name], examples)
+    return tables
 
 
 def _batches_total(study: Study, done: list[int]) -> int | None:

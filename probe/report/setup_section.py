@@ -109,6 +109,14 @@ def _model_rows(r: StudyResult) -> list[tuple[str, str]]:
 
 
 def _target_text(target: TargetConfig) -> str:
+    if target.stepwise:
+        output = (f"the greedy output of up to {target.generate} tokens" if target.generate is not None
+                  else f"the continuation {target.continuation!r}")
+        text = (f"{target.kind or 'log-prob'} of each token of {output}, given the prompt and the output before it "
+                "(one unit per output token; statistics over the examples, each the mean of its tokens)")
+        if target.contrast is not None:
+            text += f", minus that of the foil {target.contrast!r} at the same position"
+        return text
     text = f"{target.kind or 'default'} of " + (
         f"the pooled embedding with that of {target.reference!r} (cosine)" if target.reference else
         f"the pooled embedding, dimension {target.dimension}" if target.dimension is not None else
@@ -131,6 +139,7 @@ def _study_rows(r: StudyResult) -> list[tuple[str, str]]:
     rows = [("study", s.name),
             ("dataset", f"{ds.name} (split {ds.split}, text column {ds.text_column}, label column {ds.label_column})"),
             ("examples", f"{r.n_examples} reported" + (f" of n = {ds.n}" if ds.n is not None else "")
+             + (f" ({r.n_units} output tokens)" if r.stepwise else "")
              + f", seed {ds.seed}, max length {ds.max_length or 'the model window'}"),
             ("filters", ", ".join(f"{k}={v}" for k, v in filters.items()) or "none"),
             ("target", _target_text(target)),

@@ -31,7 +31,7 @@ class TokenExample:
     rows: list[TokenRow]
 
 
-def _display_token(token: str) -> str:
+def display_token(token: str) -> str:
     return token.replace("\u0120", " ").replace("\u2581", " ").replace("\u010a", "\u23ce").strip() or token
 
 
@@ -39,7 +39,9 @@ def token_examples(r: StudyResult, n: int = 3) -> tuple[dict | None, list[TokenE
     """The ``n`` examples with the highest and the ``n`` with the lowest agreement of the best
     layer-level attention unit, with that unit's scores, a gradient's and the reference's."""
     unit = best_attention_unit(r)
-    a, scores, tokens, examples = r.table("agreement"), r.table("scores"), r.table("tokens"), r.table("examples")
+    # a step study: the units (output tokens) are shown, each under its dataset example and step
+    a = r.table("unit_agreement") if r.stepwise else r.table("agreement")
+    scores, tokens, examples = r.table("scores"), r.table("tokens"), r.table("examples")
     if unit is None or a is None or scores is None or tokens is None or examples is None:
         return unit, []
     sel = a[(a["role"] == "explainer") & (a["reference"] == r.reference) & (a["explainer"] == unit["explainer"])
@@ -82,8 +84,11 @@ def token_examples(r: StudyResult, n: int = 3) -> tuple[dict | None, list[TokenE
                 values[keep.to_numpy()] = v.loc[keep].to_numpy()
                 rows.append(TokenRow(label, values))
             row = ex.loc[e]
+            target = str(row.get("target_name", ""))
+            if r.stepwise:
+                target = f"output token {int(row['step']) + 1}, {target!r}"
             out.append(TokenExample(
-                example=int(e), text=str(row["text"]), target=str(row.get("target_name", "")),
-                agreement=float(per.loc[e]), group=group, tokens=[_display_token(str(x)) for x in t["token"]],
+                example=int(row["source"]) if r.stepwise else int(e), text=str(row["text"]), target=target,
+                agreement=float(per.loc[e]), group=group, tokens=[display_token(str(x)) for x in t["token"]],
                 scored=t["scored"].to_numpy(dtype=bool), rows=rows))
     return unit, out

@@ -107,6 +107,15 @@ class TargetConfig(SpecModel):
     #: a contrastive target ("why this rather than that"): a language model's foil text, a classifier's other label
     contrast: str | None = None
     contrast_label: int | str | None = None
+    #: a language model's output explained token by token (one unit per output token, statistics over
+    #: the examples): ``generate`` its greedy output of up to N tokens, ``steps`` each token of ``continuation``
+    generate: Annotated[Int, Field(ge=1, le=1024)] | None = None
+    steps: bool = False
+
+    @property
+    def stepwise(self) -> bool:
+        """Every output token is explained on its own (``generate`` or ``steps``)."""
+        return self.generate is not None or self.steps
 
     @field_validator("label", "contrast_label", mode="before")
     @classmethod
@@ -169,6 +178,28 @@ class TargetConfig(SpecModel):
             other = "choices" if self.choices is not None else "continuation"
             fail(f"label cannot be combined with {other} (the explained output is then the "
                   f"{'chosen answer' if other == 'choices' else 'continuation'}); remove one of them", at=["label"])
+        return self
+
+    @model_validator(mode="after")
+    def _steps(self) -> TargetConfig:
+        if not self.stepwise:
+            return self
+        key = "generate" if self.generate is not None else "steps"
+        if self.generate is not None and self.continuation is not None:
+            fail("generate writes the output and continuation gives it; keep one (steps: true explains a given "
+                  "continuation token by token)", at=["generate"])
+        if self.steps and self.generate is None and self.continuation is None:
+            fail("steps: true explains each token of a continuation; give continuation: TEXT, or generate: N for "
+                  "the model's own output", at=["steps"])
+        for other in ("choices", "label", "reference", "dimension"):
+            if getattr(self, other) is not None:
+                fail(f"{key} explains a language model's output token by token and cannot be combined with {other}; "
+                      f"remove one of them", at=[key])
+        if self.kind in ("similarity", "dimension"):
+            fail(f"{key} needs a language model's output; kind {self.kind} has none", at=["kind"])
+        if self.generate is not None and self.contrast is not None:
+            fail("a contrast is set against a given output: give the output as continuation with steps: true "
+                  "instead of generate", at=["contrast"])
         return self
 
     @model_validator(mode="after")

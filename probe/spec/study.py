@@ -358,9 +358,11 @@ class Study(SpecModel):
         # keys added later count only when set, so studies written before them keep their fingerprint
         if not payload["model"].get("allow_random_weights"):
             payload["model"].pop("allow_random_weights", None)
-        for key in ("reference", "dimension", "contrast", "contrast_label"):
+        for key in ("reference", "dimension", "contrast", "contrast_label", "generate"):
             if payload["target"].get(key) is None:
                 payload["target"].pop(key, None)
+        if payload["target"].get("steps") is False:
+            payload["target"].pop("steps")
         if (payload["metrics"].get("erasure") or {}).get("flips") is True:
             payload["metrics"]["erasure"].pop("flips")
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

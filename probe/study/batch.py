@@ -15,8 +15,10 @@ import pandas as pd
 import torch
 
 from probe.rows.scores import TokenScores
-from probe.study.examples import prepare_examples
+from probe.errors import InputError
+from probe.study.examples import prepare_examples, sources
 from probe.study.plan import erasure_rankings, methods_needed
+from probe.study.steps import STEP_STRIDE, unit_number
 from probe.study.tables import (
     agreement_rows,
     convergence_rows,
@@ -84,10 +86,18 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
     try:
         examples = timed("prepare", lambda: prepare_examples(pm, study.target, [e.text for e in data_examples],
                                                              [e.label for e in data_examples]))
+        if study.target.stepwise:  # units: the output tokens of the batch's examples, from first example * STEP_STRIDE
+            data_index = first_index
+            first_index = unit_number(first_index, 0)
+            if len(examples) > STEP_STRIDE * len(data_examples):
+                raise InputError(f"an output of more than {STEP_STRIDE} tokens cannot be explained token by token; "
+                                 "give a shorter continuation")
         engine = Engine(pm, token_budget=study.engine.token_budget)
         scores = _method_scores(pm, study, examples, engine, timed)
         baselines = _baselines(study, examples)
-        tables = {"examples": _examples_frame(study, data_examples, examples, first_index),
+        frame = (_step_frame(study, data_examples, examples, data_index, first_index) if study.target.stepwise
+                 else _examples_frame(study, data_examples, examples, first_index))
+        tables = {"examples": frame,
                   "tokens": token_rows(examples, first_index, study.statistics.include_special),
                   "scores": score_rows(examples, first_index, scores),
                   "convergence": convergence_rows(first_index, scores)}
@@ -147,6 +157,17 @@ def _examples_frame(study: Study, data_examples: list[Example], examples: list[P
         "target_value": [float(e.original_value) for e in examples],
         "n_tokens": [len(e.input_ids) for e in examples],
         "n_scored": [sum(1 for s in e.special if study.statistics.include_special or not s) for e in examples]})
+
+
+def _step_frame(study: Study, data_examples: list[Example], examples: list[PreparedExample], data_index: int,
+                first_unit: int) -> pd.DataFrame:
+    """A step study's examples table: one row per unit (an output token of a dataset example), with the
+    dataset example it belongs to (``source``), its ``step`` and the output token (``target_name``)."""
+    owners = sources(examples)
+    frame = _examples_frame(study, [data_examples[o] for o in owners], examples, first_unit)
+    frame.insert(1, "source", np.asarray(owners, dtype=np.int64) + data_index)
+    frame.insert(2, "step", np.asarray([e.step for e in examples], dtype=np.int64))
+    return frame
 
 
 def _intervention_tables(pm: ProbeModel, study: Study, examples: list[PreparedExample], first_index: int,

@@ -22,7 +22,7 @@ from probe.spec.parts import DatasetSpec, Filters, TargetConfig
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-__all__ = ["check_contrast", "model_text", "passes_filters", "prepare_examples", "select_examples"]
+__all__ = ["check_contrast", "model_text", "passes_filters", "prepare_examples", "select_examples", "sources"]
 
 
 def passes_filters(example: Example, filters: Filters) -> bool:
@@ -99,6 +99,8 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
     Zuidema's "correct class". ``target.prompt``: the template's own tokens are marked special (kept
     in the input, never scored or perturbed). ``target.contrast`` / ``target.contrast_label``: the
     target is a difference, the continuation (or label) rather than the foil (or the other label).
+    ``target.generate`` / ``target.steps``: one prepared example (a unit) per output token, the
+    units of a text in step order (:func:`sources` maps them back to their texts).
     """
     t = target
     inputs = [model_text(t, text) for text in texts]
@@ -112,13 +114,25 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
     else:
         examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
                                                   reference=t.reference, dimension=t.dimension,
-                                                  contrast=t.contrast, contrast_label=t.contrast_label),
+                                                  contrast=t.contrast, contrast_label=t.contrast_label,
+                                                  steps=t.stepwise, max_new_tokens=t.generate),
                            strict_length=True)
     marked = []
-    for text, example in zip(texts, examples):
-        template = _template_positions(pm, t, text, example.input_ids)
+    owners = sources(examples) if t.stepwise else range(len(examples))
+    for owner, example in zip(owners, examples):
+        template = _template_positions(pm, t, texts[owner], example.input_ids)
         marked.append(dataclasses.replace(example, special=[s or m for s, m in zip(example.special, template)]))
     return marked
+
+
+def sources(examples: Sequence[PreparedExample]) -> list[int]:
+    """For step units in order (each text's output tokens, step 0 first), the index of the text each
+    came from; for other examples, their own index."""
+    owners, current = [], -1
+    for example in examples:
+        current += example.step is None or example.step == 0
+        owners.append(current)
+    return owners
 
 
 def check_contrast(pm: ProbeModel, target: TargetConfig, where: str = "") -> None:

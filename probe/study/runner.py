@@ -283,7 +283,13 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
     (store.root / COMPLETE_FILE).unlink(missing_ok=True)  # what it vouched for is rewritten now
     sample = data[: study.metrics.sanity.examples]
     prepared = prepare_study_examples(pm, study, [e.text for e in sample], [e.label for e in sample])
-    checks = study_sanity(pm, study, prepared, stored=_stored_scores(store, study, prepared))
+    if study.target.stepwise:  # as many units as the sanity sample has examples, spread over their output tokens
+        k = min(len(prepared), study.metrics.sanity.examples)
+        prepared = [prepared[int(i)] for i in np.linspace(0, len(prepared) - 1, k).round().astype(int)]
+        stored = {}  # the units' scores are computed again (the stored rows are numbered by batch unit)
+    else:
+        stored = _stored_scores(store, study, prepared)
+    checks = study_sanity(pm, study, prepared, stored=stored)
     verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
                        sanity=checks)
     _record_identity(store)
@@ -436,6 +442,10 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
                              f"{', '.join(others) or 'another method'} instead")
     if study.target.label == "gold" and not pm.task.labels:
         raise InputError("target.label: gold applies to classifiers; a language model explains a continuation")
+    if study.target.stepwise and not pm.task.continuations:
+        key = "target.generate" if study.target.generate is not None else "target.steps"
+        raise InputError(f"{key} explains a language model's output token by token; {pm.name} is a {pm.task.head}: "
+                         f"remove {key}")
     if study.target.choices and not pm.task.next_token:
         raise InputError("target.choices applies to causal LMs; a classifier explains its predicted or given label")
     check_contrast(pm, study.target)

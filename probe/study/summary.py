@@ -53,6 +53,7 @@ from probe.study.verdict import Verdict
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.identity import weights_digest
+from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
 
 if TYPE_CHECKING:
@@ -417,7 +418,8 @@ def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables
                   "allow_random_weights": bool(pm.allow_random_weights)},
         "device": str(pm.device), "dtype": pm.contract.dtype, "attn_implementation": pm.contract.implementation,
         "seed": study.statistics.seed, "dataset_seed": study.dataset.seed, "fingerprint": study.fingerprint(),
-        "examples": n, "batches": n_batches, "left_out": dropped,
+        "examples": int(examples["source"].nunique()) if is_stepwise(examples) else n,
+        **({"output_tokens": n} if is_stepwise(examples) else {}), "batches": n_batches, "left_out": dropped,
         "accuracy": None if study.target.label is not None else _accuracy(examples),
         "sequence_length": {"mean": float(lengths.mean()), "median": float(lengths.median()),
                             "min": int(lengths.min()), "max": int(lengths.max())},
@@ -454,8 +456,12 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
         tables["left_out"] = pd.concat([t for t in (tables.get("left_out"), at_floor) if t is not None and len(t)],
                                        ignore_index=True)
         write_table(store.root / "left_out.parquet", tables["left_out"])
+    n_examples = len(tables["examples"])
+    if is_stepwise(tables["examples"]):  # statistics over dataset examples, each the mean of its output tokens
+        agreement = per_source(agreement, tables["examples"])
+        n_examples = int(tables["examples"]["source"].nunique())
     summary = summary_table(agreement, study)
-    summary = with_left_out(summary, agreement, tables.get("left_out"), len(tables["examples"]))
+    summary = with_left_out(summary, agreement, tables.get("left_out"), n_examples)
     write_table(store.root / "summary.parquet", summary)
     checks = list(sanity or [])
     write_table(store.root / "sanity.parquet", sanity_table(checks))
