@@ -159,3 +159,34 @@ def test_a_step_study_on_a_classifier_is_refused_before_it_writes(tiny_dirs, tmp
         run_study(study_from_dict(_study(tiny_dirs["bert"], data, out, {"generate": 2})), progress=False,
                   log=lambda _: None)
     assert not list(out.glob("*.parquet"))
+
+
+def test_a_claim_over_generated_tokens_is_judged_over_the_prompts(tiny_dirs):
+    """token_importance with target.generate: each output token's top-1 match (its own attention row
+    against its own leave-one-out), averaged per prompt, then judged over the prompts."""
+    import probe
+    from probe.claims.run import run_audit
+    from probe.explainers.attention import attention
+    from probe.intervene.engine import Engine
+    from probe.intervene.tokens import loo
+    from probe.spec.claims import claims_from_dict
+
+    texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(4 + i % 3)) for i in range(N_EXAMPLES)]
+    pm = probe.load_model(str(tiny_dirs["gpt2"]))
+    spec = claims_from_dict({"model": {"id": str(tiny_dirs["gpt2"])}, "data": {"texts": texts},
+                             "target": {"generate": NEW_TOKENS},
+                             "claims": [{"claim": "when it writes, the most-attended token matters most",
+                                         "kind": "token_importance", "attention": "attention@1.2"}]})
+    result = run_audit(spec, model=pm)
+    units = prepare(pm, texts, TargetSpec(steps=True, max_new_tokens=NEW_TOKENS))
+    att = attention(pm, units).scores
+    ref = loo(Engine(pm), units, "delete").scores
+    per_prompt: dict[str, list[float]] = {}
+    for i, unit in enumerate(units):
+        per_prompt.setdefault(unit.text, []).append(float(np.argmax(att[i][1, 2].numpy()) == np.argmax(ref[i].numpy())))
+    assert len(units) > N_EXAMPLES and len(per_prompt) == N_EXAMPLES
+    claim = result.claims[0]
+    assert claim.evidence["n_excluded"] == 0
+    assert claim.effect == pytest.approx(np.mean([np.mean(v) for v in per_prompt.values()]))
+    evidence = claim.evidence["for"] + claim.evidence["against"]
+    assert evidence and all("step" in e and e["text"] in texts for e in evidence)

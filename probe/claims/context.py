@@ -11,6 +11,8 @@ from probe import registry
 from probe.claims.rules import Judgement, judge
 from probe.errors import InputError
 from probe.spec.claims import AttentionRanking, ClaimFile
+from probe.study.examples import sources
+from probe.study.steps import per_example_means
 
 if TYPE_CHECKING:
     from probe.data import Example
@@ -42,6 +44,7 @@ class AuditContext:
         from probe.intervene.engine import Engine
 
         self.pm, self.file, self.items, self.examples = pm, claim_file, items, examples
+        self.owners = sources(examples)  # each prepared example's dataset example (step targets: many per item)
         self.engine = Engine(pm)
         self.seed = claim_file.statistics.seed
         self.progress = progress
@@ -52,8 +55,19 @@ class AuditContext:
         self._ablations: dict[int, np.ndarray] = {}
         self._texts: dict[int, list[str]] = {}
 
+    @property
+    def n_examples(self) -> int:
+        """Dataset examples audited (with a step target: the prompts, not their output tokens)."""
+        return len(self.items)
+
     def judge(self, values, rule) -> Judgement:
+        """``values`` one per prepared example; with a step target (``target.generate`` / ``steps``)
+        each dataset example's output tokens are averaged first (their finite values), so the
+        bootstrap is over the examples, not over their tokens."""
         s = self.file.statistics
+        values = np.asarray(values, dtype=np.float64)
+        if self.file.target.stepwise and len(values) == len(self.examples):
+            values = per_example_means(values, self.owners)
         return judge(values, rule, n_boot=s.bootstrap, level=s.level, seed=s.seed)
 
     def scores(self, method: str):
@@ -118,5 +132,11 @@ class AuditContext:
         return [s.double().numpy() for s in self.scores(method).scores]
 
     def describe(self, i: int) -> dict:
-        item = self.items[i]
-        return {"id": item.id, "text": item.text}
+        """Prepared example ``i`` as the audit names it: its dataset example (and with a step target
+        the output token it explains)."""
+        example = self.examples[i]
+        if example.step is None:
+            item = self.items[i]
+            return {"id": item.id, "text": item.text}
+        item = self.items[self.owners[i]]
+        return {"id": item.id, "text": item.text, "step": int(example.step), "output_token": example.label_name}

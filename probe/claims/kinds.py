@@ -191,7 +191,7 @@ def token_importance(ctx: AuditContext, claim: TokenImportanceClaim, index: int)
         "chance_rate": float(np.nanmean(_column(rows, "chance"))) if j.n else None,
         "kendall_tau": _summary(ctx, tau),
         f"top{claim.k}_overlap": _summary(ctx, _column(rows, f"top{claim.k}")),
-        "n_excluded": len(ctx.examples) - j.n,
+        "n_excluded": ctx.n_examples - j.n,
         **_evidence_examples(ctx, top1, details, secondary=tau),
     }
     return _result(claim, j, measure=f"share of examples whose most-attended token ({claim.attention}) is the most "
@@ -207,7 +207,7 @@ def faithfulness(ctx: AuditContext, claim: FaithfulnessClaim, index: int) -> Cla
     evidence = {
         "top1_match_rate": _summary(ctx, _column(rows, "top1")),
         "random_ranking_expectation": 0.0,
-        "n_excluded": len(ctx.examples) - j.n,
+        "n_excluded": ctx.n_examples - j.n,
         **_evidence_examples(ctx, values, details),
     }
     return _result(claim, j, measure=f"{claim.measure} of {claim.attention} with {claim.reference} per example",

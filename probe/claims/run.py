@@ -154,6 +154,9 @@ def _check_target(pm: ProbeModel, claim_file: ClaimFile) -> None:
     if t.label == "gold" and not pm.task.labels:
         raise InputError(f"{claim_file.source}: target.label: gold applies to classifiers; {pm.name} is a {pm.task} model")
     check_contrast(pm, t, f"{claim_file.source}: ")
+    if t.stepwise and not pm.task.continuations:
+        raise InputError(f"{claim_file.source}: target.{'generate' if t.generate is not None else 'steps'} explains a "
+                         f"language model's output token by token; {pm.name} is a {pm.task} model")
 
 
 def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress: bool = False, *,
@@ -183,7 +186,8 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     examples = prepare_examples(pm, claim_file.target, [e.text for e in items], gold)
     ctx = AuditContext(pm, claim_file, items, examples, progress)
     _check_sites(ctx)
-    log(f"{len(examples)} examples; {len(claim_file.claims)} claims")
+    log(f"{len(items)} examples" + (f" ({len(examples)} output tokens)" if claim_file.target.stepwise else "")
+        + f"; {len(claim_file.claims)} claims")
     results = []
     for index, claim in enumerate(claim_file.claims):
         t0 = time.perf_counter()

@@ -19,7 +19,8 @@ import pandas as pd
 
 from probe.names import measure_columns
 
-__all__ = ["STEP_STRIDE", "is_stepwise", "per_source", "per_source_rows", "step_agreement", "unit_number"]
+__all__ = ["STEP_STRIDE", "is_stepwise", "per_example_means", "per_source", "per_source_rows", "step_agreement",
+           "unit_number"]
 
 #: the most output tokens of one example a study explains (``target.generate`` is at most this)
 STEP_STRIDE = 1024
@@ -83,3 +84,16 @@ def per_source_rows(frame: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame
     values = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c]) and c not in FLOAT_KEYS]
     keys = [c for c in frame.columns if c not in values]
     return frame.groupby(keys, sort=True, dropna=False)[values].mean().reset_index()[list(frame.columns)]
+
+
+def per_example_means(values, owners) -> np.ndarray:
+    """``values`` (one per unit) averaged per owner (``owners[i]``: unit i's dataset example, 0..n-1 in
+    order), over the finite values; NaN for an example with none."""
+    values = np.asarray(values, dtype=np.float64)
+    owners = np.asarray(owners, dtype=np.int64)
+    n = int(owners.max()) + 1 if owners.size else 0
+    finite = np.isfinite(values)
+    sums = np.bincount(owners[finite], weights=values[finite], minlength=n)
+    counts = np.bincount(owners[finite], minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
