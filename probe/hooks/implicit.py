@@ -271,3 +271,12 @@ def implicit_maps(module, kind: MixerKind, hidden: torch.Tensor,
     maps = group_maps(terms, kind.heads(module))
     has_keys = terms.key_mask[:, None, :].expand(maps.shape[0], maps.shape[1], maps.shape[2])
     return maps, has_keys
+
+
+def implicit_sites(model) -> list:
+    """One :class:`probe.hooks.sites.Site` of kind ``implicit`` per mixer, numbered in module order
+    (the decoder stack: these mixers are causal)."""
+    from probe.hooks.sites import Site
+
+    return [Site(stack="decoder", layer=i, path=path, kind="implicit", causal=True)
+            for i, (path, _) in enumerate(find_mixers(model))]
