@@ -253,3 +253,38 @@ def test_no_hook_survives_an_exception():
         assert all(len(m._forward_pre_hooks) > b for m, b in zip(mixers, before, strict=True))
         raise RuntimeError("boom")
     assert [len(m._forward_pre_hooks) for m in mixers] == before
+
+
+def test_rwkv_wkv_matrices_reproduce_its_time_mixing_and_it_is_read():
+    """RWKV's WKV as per-channel softmax matrices over the keys: output(sigmoid(r) * M v) is the
+    time-mixing module's own output; a wrapped RWKV is read through the implicit path."""
+    import transformers
+
+    vocab = _vocab((EOT,))
+    tok = _wrap(_word_level_tokenizer(vocab, EOT), bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT)
+    torch.manual_seed(0)
+    config = transformers.RwkvConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                     intermediate_size=64, context_length=64, bos_token_id=0, eos_token_id=0,
+                                     pad_token_id=0)
+    model = transformers.RwkvForCausalLM(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.head:
+                module.weight.normal_(0.0, module.in_features ** -0.5)
+    batch = _padded(tok, TEXTS[1:2])
+    calls = _mixer_calls(model, {"input_ids": batch["input_ids"]})
+    assert len(calls) == 2
+    for module, hidden, mask, output in calls.values():
+        with torch.no_grad():
+            terms = implicit.rwkv_terms(module, hidden, mask)
+            matrices = terms.channel_matrices()
+            rebuilt = module.output(terms.gate.transpose(1, 2) * terms.scan_output(matrices).transpose(1, 2))
+        own = output[0]
+        assert float(own.abs().max()) > 0.1
+        assert float((rebuilt - own).abs().max()) < 1e-5
+        assert bool((matrices.triu(1) == 0).all())
+        assert torch.allclose(matrices.sum(-1), torch.ones(()), atol=1e-5)  # WKV rows are a softmax
+    pm = probe.wrap(model, tok)
+    assert pm.contract.stacks["decoder"].maps == "implicit"
+    maps = _captured(pm, dict(batch))
+    assert maps.shape["head"] == implicit.MAMBA_CHANNEL_GROUPS and maps.shape["layer"] == 2

@@ -15,12 +15,15 @@ so one matrix serves the head's channels:
 
 with ``B, C`` those of the head's group (``n_groups``). The mixer's output is then
 ``out_proj(y * silu(gate))`` (Mamba) or ``out_proj(norm(y, gate))`` (Mamba-2's gated RMSNorm).
+RWKV's time mixing (``RwkvSelfAttention``) is a softmax per channel over the keys,
+``M_c[t, s] ∝ exp(k_s + (t-1-s) w_c)`` for s < t and ``exp(u_c + k_t)`` at s = t, and its output
+``output(sigmoid(r) * M v)`` (no D term).
 
 What probe captures per layer (:func:`implicit_maps`) is ``[batch, head, query, key]`` fp32:
 
 - Mamba-2: its own heads, each head's exact ``M_h``;
-- Mamba: ``MAMBA_CHANNEL_GROUPS`` groups of consecutive channels (``d_inner / 4`` each), each the
-  mean of its channels' ``M_d`` (Mamba has no heads; the groups are probe's, not the model's).
+- Mamba (and RWKV): ``MAMBA_CHANNEL_GROUPS`` groups of consecutive channels (``d_inner / 4`` each),
+  each the mean of its channels' ``M_d`` (these mixers have no heads; the groups are probe's).
 
 These maps are signed in general (``C_t . B_s`` may be negative) and their rows do not sum to one:
 methods that read rows as probabilities must not run on them. Entries with key > query are exactly
@@ -62,7 +65,7 @@ class ScanTerms:
     key_mask         [batch, time] bool      real (not padded) positions
     """
 
-    kind: str  # mamba | mamba2
+    kind: str  # mamba | mamba2 | rwkv
     value: torch.Tensor
     gate: torch.Tensor
     skip: torch.Tensor
@@ -89,6 +92,8 @@ class ScanTerms:
         """Exact ``M`` of units ``start..stop-1``: [batch, unit, query, key] fp32, zero above the
         diagonal and at padded keys and query rows."""
         units = slice(start, self.n_units if stop is None else stop)
+        if self.kind == "rwkv":
+            return self._wkv_matrices(units)
         between, causal = self._exponents(units)
         step = self.step[:, units]  # [batch, unit, time]
         if self.kind == "mamba2":
@@ -102,6 +107,23 @@ class ScanTerms:
             exponent = exponent.masked_fill(~causal[..., None], -torch.inf)
             weights = torch.exp(exponent).float()
             matrix = torch.einsum("bqN,buqkN,bkN->buqk", self.C, weights, self.B) * step[:, :, None, :]
+        real = self.key_mask.to(matrix.dtype)
+        return matrix * real[:, None, None, :] * real[:, None, :, None]
+
+    def _wkv_matrices(self, units: slice) -> torch.Tensor:
+        """RWKV's WKV per channel: M_c[t, s] = exp(k_s + (t-1-s) w_c) / Z_t for s < t and
+        exp(u_c + k_t) / Z_t for s = t (w = -exp(time_decay), u = time_first, k in ``B``): a softmax
+        over the keys, so these rows do sum to one. [batch, channel, query, key] fp32."""
+        key = self.B[:, :, units].double().transpose(1, 2)  # [batch, channel, time]
+        decay, first = self.decay[units].double(), self.step[0, units, 0].double()  # [channel] each
+        time = key.shape[-1]
+        position = torch.arange(time, device=key.device, dtype=torch.float64)
+        lag = position[:, None] - 1 - position[None, :]  # [query, key] t-1-s
+        logits = key[:, :, None, :] + lag[None, None] * decay[None, :, None, None]
+        diagonal = torch.eye(time, dtype=torch.bool, device=key.device)
+        logits = torch.where(diagonal, (first[None, :, None] + key)[..., None, :].expand_as(logits), logits)
+        logits = logits.masked_fill(~torch.ones(time, time, dtype=torch.bool, device=key.device).tril(), -torch.inf)
+        matrix = torch.softmax(logits, dim=-1).float()
         real = self.key_mask.to(matrix.dtype)
         return matrix * real[:, None, None, :] * real[:, None, :, None]
 
@@ -189,8 +211,33 @@ def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | No
         B=per_head(B), C=per_head(C), unit_of_channel=head_of_channel, key_mask=_real(attention_mask, hidden))
 
 
+def rwkv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+    """An ``RwkvSelfAttention`` (time mixing): value and key from the token-shifted input, the
+    receptance sigmoid(r) as the gate; ``B`` holds the keys, ``decay`` w = -exp(time_decay) and
+    ``step`` carries time_first (u) per channel. No skip term: D = 0."""
+    shifted = module.time_shift(hidden)  # [batch, time, hidden], the previous position's (0 at the first)
+
+    def mix(weight):
+        return hidden * weight + shifted * (1 - weight)
+
+    key = module.key(mix(module.time_mix_key)).float()  # [batch, time, channel]
+    value = module.value(mix(module.time_mix_value)).float()
+    receptance = torch.sigmoid(module.receptance(mix(module.time_mix_receptance))).float()
+    batch, time, channels = key.shape
+    first = module.time_first.float()[None, :, None].expand(batch, channels, time)
+    return ScanTerms(
+        kind="rwkv", value=value.transpose(1, 2), gate=receptance.transpose(1, 2),
+        skip=torch.zeros(channels, device=key.device), step=first, decay=-torch.exp(module.time_decay.float()),
+        B=key, C=key, unit_of_channel=torch.arange(channels, device=key.device), key_mask=_real(attention_mask, hidden))
+
+
+def _width(module) -> int:
+    """Channels a mixer's scan mixes."""
+    return int(module.intermediate_size) if hasattr(module, "intermediate_size") else int(module.key.out_features)
+
+
 def _mamba_heads(module) -> int:
-    channels = int(module.intermediate_size)
+    channels = _width(module)
     return MAMBA_CHANNEL_GROUPS if channels % MAMBA_CHANNEL_GROUPS == 0 else 1
 
 
@@ -206,7 +253,7 @@ class MixerKind:
 
     def head_width(self, module) -> int:
         """Channels per map head."""
-        return int(module.intermediate_size) // self.heads(module)
+        return _width(module) // self.heads(module)
 
 
 MIXERS: tuple[MixerKind, ...] = (
@@ -214,6 +261,8 @@ MIXERS: tuple[MixerKind, ...] = (
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
     MixerKind("mamba2 selective scan", ("Mamba2Mixer",), mamba2_terms, lambda m: int(m.num_heads),
               "the mixer's own heads"),
+    MixerKind("rwkv wkv", ("RwkvSelfAttention",), rwkv_terms, _mamba_heads,
+              f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
 )
 
 
@@ -230,9 +279,9 @@ def find_mixers(model) -> list[tuple[str, MixerKind]]:
 
 def call_inputs(module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(hidden states, attention mask) a mixer's forward is called with (a forward pre-hook's view)."""
-    hidden = args[0] if args else kwargs["hidden_states"]
+    hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("hidden"))
     mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-    return hidden, mask
+    return hidden, mask if isinstance(mask, torch.Tensor) else None
 
 
 def continues_a_state(module, args: tuple, kwargs: dict) -> bool:
