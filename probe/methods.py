@@ -67,6 +67,8 @@ def run_method(pm: ProbeModel, examples, method: str, *, engine=None, params: Ma
     params = dict(params or {})
     entry = registry.method(method)
     refuse_gradients_under_inference_mode([method], "it")
+    if (why := entry.skip_reason("maps", pm, 0)) is not None:  # asked for by name on implicit maps
+        raise InputError(why)
     score = entry.load_scorer()
     if entry.engine:
         from probe.intervene.engine import Engine

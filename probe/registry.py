@@ -210,6 +210,10 @@ class Method:
     points: str | None = None
     completeness: bool = False
     needs_gradients: bool = False
+    #: what the method assumes of softmax attention, where it does: it is then left out on a model
+    #: whose maps are implicit (a state-space mixer's signed matrix, probe.hooks.implicit); None
+    #: where it only reads the captured [query, key] map
+    needs_softmax: str | None = None
 
     @property
     def reads_attention(self) -> bool:
@@ -244,13 +248,20 @@ class Method:
             return f"{self.label or self.name} is limited to {a.max_tokens} tokens (longest input has {longest})"
         if check == "by_name" and a.by_name is not None:
             return a.by_name
+        if check == "maps" and self.needs_softmax is not None:
+            stacks = getattr(getattr(pm, "contract", None), "stacks", None) or {}
+            implicit = [s for s in stacks.values() if getattr(s, "maps", "softmax") == "implicit"]
+            if implicit:
+                return (f"{self.label or self.name} {self.needs_softmax}; this model's {implicit[0].stack} maps are "
+                        f"the implicit matrices of {implicit[0].module_class} (signed, rows need not sum to one)")
         if check == "support" and a.support is not None:
             return _load(a.support)(pm, self.name)
         return None
 
 
 #: the order in which :func:`skipped` asks each method's applicability (the reasons keep this order)
-CHECKS = ("task", "token", "length", "by_name", "support")
+CHECKS = ("task", "token", "length", "by_name", "maps", "support")
+_DECOMPOSES = "decomposes a softmax attention block through its value and output projections"
 
 
 @dataclass(frozen=True)
@@ -299,7 +310,7 @@ def _attention(name: str, params: type = AttentionParams, *, verdict_family: str
 
 def _mixing(name: str, params: type = DecompositionParams, *, support: str = _SUPPORT) -> Method:
     return Method(name, "attention", "context mixing", f"{_MIX}:{name}", params, f"{_MIX}:context_mixing_scores",
-                  applies=Applies(support=support), verdict_family="context mixing")
+                  applies=Applies(support=support), verdict_family="context mixing", needs_softmax=_DECOMPOSES)
 
 
 def _gradient(name: str, params: type = GradientParams, *, module: str = _GRAD, **kw: Any) -> Method:
@@ -316,12 +327,15 @@ REGISTRY: tuple[Method, ...] = (
     _attention("attention", note="per layer x head", per_head=True),
     _attention("attention_mean", query_max=f"{_ATT}:attention_mean_max_over_queries"),
     _attention("rollout", query_max=f"{_ATT}:rollout_max_over_queries", verdict_family="attention-derived",
-               module=_ROLL),
+               module=_ROLL, needs_softmax="mixes each layer's map with 0.5 I and multiplies the layers, reading "
+                                           "rows as probability distributions"),
     _attention("flow", FlowParams, module=_ROLL, applies=Applies(max_tokens=FLOW_MAX_TOKENS),
-               label="attention flow", query_max=f"{_ROLL}:flow_max_over_queries", verdict_family="attention-derived"),
-    _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing"),
+               label="attention flow", query_max=f"{_ROLL}:flow_max_over_queries", verdict_family="attention-derived",
+               needs_softmax="uses the maps' weights as max-flow capacities, which must be non-negative probabilities"),
+    _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing",
+               needs_softmax="weights softmax attention by the norms of its value vectors"),
     _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True,
-               needs_gradients=True),
+               needs_gradients=True, needs_softmax="differentiates the target through edited softmax weights"),
     _mixing("value_zeroing", ValueZeroingParams, support="probe.models.architectures:value_zeroing_support"),
     _mixing("alti"),
     _mixing("globenc"),
@@ -341,7 +355,8 @@ REGISTRY: tuple[Method, ...] = (
                                                 task_reason="needs a causal LM to draw in-context replacements")),
     # attn_norm summed over heads: a variant, run by name only (probe.explainers.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
-           preset=(("per_head", False),), listed=False, verdict_family="context mixing"),
+           preset=(("per_head", False),), listed=False, verdict_family="context mixing",
+           needs_softmax="weights softmax attention by the norms of its value vectors"),
 )
 
 GROUPS: tuple[Group, ...] = (

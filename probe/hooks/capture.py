@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError, InputError
+from probe.hooks import implicit
 from probe.hooks import math as amath
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import (
@@ -93,6 +94,7 @@ class _Session:
         self._places: dict[int, list[tuple[str, int]]] = {}
         self._probability_places: dict[str, list[tuple[str, int]]] = {}
         self._softmax_places: dict[str, list[tuple[str, int]]] = {}
+        self._implicit_places: dict[str, list[tuple[str, int]]] = {}  # mixer path -> its layers (implicit.py)
         self._sites = sites
         for place, path in sorted(contract.module_paths.items(), key=lambda item: (item[0][0], item[0][1])):
             site = sites.get(place)
@@ -101,6 +103,9 @@ class _Session:
                 continue
             if site is not None and site.kind == "softmax":
                 self._softmax_places.setdefault(path, []).append(place)
+                continue
+            if site is not None and site.kind == "implicit":
+                self._implicit_places.setdefault(path, []).append(place)
                 continue
             self._places.setdefault(id(modules[path]), []).append(place)
         for module_id, places in self._places.items():
@@ -210,6 +215,27 @@ class _Session:
                                         lambda t, place=place: self._on_softmax(place, t, folded))
 
                 self._modes.watch(self.modules[path], make)
+        for path, places in self._implicit_places.items():
+            def read(module, args, kwargs, path=path, places=places):
+                self.on_implicit(self._next_place(path, places), module, args, kwargs)
+
+            self._handles.append(self.modules[path].register_forward_pre_hook(read, with_kwargs=True))
+
+    def on_implicit(self, place, module, args, kwargs) -> None:
+        """The implicit path: a state-space mixer's matrix, recomputed from its input (probe.hooks.implicit)."""
+        stack, layer = place
+        self.calls[place] = self.calls.get(place, 0) + 1
+        if not self._wants(stack, layer):
+            return
+        if implicit.continues_a_state(module, args, kwargs):
+            raise CaptureError(f"{stack} layer {layer}: the mixer continues a cached state (a generation step); "
+                               "capture a full forward pass without a filled cache")
+        hidden, mask = implicit.call_inputs(module, args, kwargs)
+        with torch.set_grad_enabled(self.keep_grad and torch.is_grad_enabled()):
+            maps, has_keys = implicit.implicit_maps(module, implicit.mixer_kind(module), hidden, mask)
+        rows = self._rows(stack, maps.shape[0], maps.shape[2], maps.device)
+        self._store(place, amath.gather_rows(maps, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0],
+                    rows, maps.shape[2])
 
     def _on_softmax(self, place, probabilities: torch.Tensor, folded: bool):
         """The softmax path: [batch, head, query, key], or [batch * head, query, key] unfolded with the
@@ -484,6 +510,10 @@ def _validate(contract, stacks, layers, heads, editors, observers, readers):
         for stack, layer in (hooked or {}):
             if (stack, layer) not in contract.module_paths:
                 raise CaptureError(f"cannot {verb} {stack} layer {layer}: the model has no such attention module")
+            if contract.stacks[stack].maps == "implicit":
+                raise CaptureError(f"cannot {verb} {stack} layer {layer}: its maps are the implicit matrix of a "
+                                   f"{contract.stacks[stack].module_class} (signed, not a softmax), which probe "
+                                   "reads but cannot hand to editors, observers or readers")
 
 
 @contextmanager

@@ -48,7 +48,7 @@ class Site:
     stack: str  # encoder | decoder | cross
     layer: int  # the stack's own attention-layer index (call order)
     path: str  # the attention module
-    kind: str  # function | probabilities | softmax
+    kind: str  # function | probabilities | softmax | implicit (a state-space mixer: probe.hooks.implicit)
     probability_path: str | None = None  # the child module whose output is the probabilities
     call: int = 0  # which call of ``path`` in one forward this layer is (shared modules)
     #: the probabilities seen in the watched pass put weight on later keys (False) or never did

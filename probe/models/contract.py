@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from probe.hooks.implicit import implicit_sites, mixer_kind
 from probe.hooks.registry import implementation_of
 from probe.hooks.sites import Site, discover_sites
 from probe.models.architectures import (
@@ -113,7 +114,23 @@ def _locate(model, tokenizer, task):
         return paths, {p: Site(p[0], p[1], path, "function") for p, path in paths.items()}, {}, \
             f"module names (the watched forward pass failed: {reason})"
     sites = {(site.stack, site.layer): site for site in found if site.stack in STACK_ORDER}
+    if not sites and (mixers := implicit_sites(model)):  # no softmax attention: state-space mixers, read implicitly
+        sites = {(site.stack, site.layer): site for site in mixers}
+        return {p: site.path for p, site in sites.items()}, sites, unreadable, "mixer classes (implicit attention)"
     return {p: site.path for p, site in sites.items()}, sites, unreadable, "a watched forward pass"
+
+
+def _implicit_stack_contract(stack: str, layers: dict[int, object]) -> StackContract:
+    """A stack of state-space mixers read as implicit attention (probe.hooks.implicit): one map per
+    map head, causal, signed, not editable."""
+    module = layers[min(layers)]
+    kind = mixer_kind(module)
+    n_heads = kind.heads(module)
+    return StackContract(
+        stack=stack, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_heads, kv_head_of_query=tuple(range(n_heads)),
+        head_dim=kind.head_width(module), mask_kind="causal", module_class=type(module).__name__,
+        capture_path=f"implicit {kind.name} matrix (heads: {kind.heads_are})", can_edit=False,
+        memory="full maps (recomputed from each mixer's input)", maps="implicit")
 
 
 def build_contract(model, tokenizer, task: Task | str | None = None, *, random_weights: tuple[str, ...] = (),
@@ -127,7 +144,9 @@ def build_contract(model, tokenizer, task: Task | str | None = None, *, random_w
         by_stack.setdefault(stack, {})[layer] = modules[path]
     stacks = {}
     for stack in STACK_ORDER:
-        if stack in by_stack:
+        if stack in by_stack and any(site.kind == "implicit" for (s, _), site in sites.items() if s == stack):
+            stacks[stack] = _implicit_stack_contract(stack, by_stack[stack])
+        elif stack in by_stack:
             stacks[stack] = _stack_contract(stack, by_stack[stack], config, task, sites)
     parameter = next(model.parameters())
     special = tuple(sorted(set(getattr(tokenizer, "all_special_tokens", []) or [])))

@@ -45,6 +45,9 @@ class StackContract:
     layer_heads: tuple[int, ...] = ()  # query heads per layer, where layers differ
     layer_head_dims: tuple[int, ...] = ()  # head dim per layer, where layers differ
     shared_layers: int = 0  # layers served by a module the model calls more than once per forward
+    #: softmax (rows are probabilities) | implicit (a token mixer's matrix, probe.hooks.implicit: signed,
+    #: rows need not sum to one, not editable)
+    maps: str = "softmax"
 
 
 @dataclass(frozen=True, repr=False)

@@ -334,7 +334,8 @@ def _with_method_support(pm: ProbeModel) -> ProbeModel:
     and probe's layout tables, no forward pass)."""
     from probe import registry
 
-    support = {m.name: m.skip_reason("support", pm, 0) for m in registry.methods(group="context mixing")}
+    support = {m.name: m.skip_reason("maps", pm, 0) or m.skip_reason("support", pm, 0)
+               for m in registry.methods(group="context mixing")}
     pm.contract = replace(pm.contract, context_mixing=support)
     return pm
 

@@ -1,0 +1,331 @@
+"""Implicit attention: a state-space token mixer read as a ``[query, key]`` matrix.
+
+A selective scan is linear in its value path once its input-dependent terms are fixed, so each
+call of a mixer is a causal token-mixing matrix. For Mamba (``MambaMixer``, ``FalconMambaMixer``),
+channel ``d`` of the inner width gives ``y_t = sum_{s<=t} M_d[t, s] x_s + D_d x_t`` with
+
+    M_d[t, s] = sum_n C_t[n] * exp(A[d, n] * sum_{r=s+1..t} dt_r[d]) * dt_s[d] * B_s[n]
+
+where ``x`` is the value path (in_proj, the causal conv1d, the activation, the padding mask),
+``dt = softplus(dt_proj(...))``, ``A = -exp(A_log)`` and ``B, C`` come from ``x_proj`` (falcon_mamba
+normalises ``dt``, ``B`` and ``C`` first). For Mamba-2 (``Mamba2Mixer``) ``A`` is one scalar per head,
+so one matrix serves the head's channels:
+
+    M_h[t, s] = (C_t . B_s) * exp(A_h * sum_{r=s+1..t} dt_r[h]) * dt_s[h]
+
+with ``B, C`` those of the head's group (``n_groups``). The mixer's output is then
+``out_proj(y * silu(gate))`` (Mamba) or ``out_proj(norm(y, gate))`` (Mamba-2's gated RMSNorm).
+RWKV's time mixing (``RwkvSelfAttention``) is a softmax per channel over the keys,
+``M_c[t, s] ∝ exp(k_s + (t-1-s) w_c)`` for s < t and ``exp(u_c + k_t)`` at s = t, and its output
+``output(sigmoid(r) * M v)`` (no D term).
+
+What probe captures per layer (:func:`implicit_maps`) is ``[batch, head, query, key]`` fp32:
+
+- Mamba-2: its own heads, each head's exact ``M_h``;
+- Mamba (and RWKV): ``MAMBA_CHANNEL_GROUPS`` groups of consecutive channels (``d_inner / 4`` each),
+  each the mean of its channels' ``M_d`` (these mixers have no heads; the groups are probe's).
+
+These maps are signed in general (``C_t . B_s`` may be negative) and their rows do not sum to one:
+methods that read rows as probabilities must not run on them. Entries with key > query are exactly
+zero; keys and query rows at padded positions are zero. The exact per-channel form
+(:meth:`ScanTerms.channel_matrices`, :meth:`ScanTerms.scan_output`) is there for oracles.
+
+Everything is recomputed from the mixer's own input (a forward pre-hook) with the mixer's own
+submodules; the mixer's forward runs unchanged. A mixer class is one row of :data:`MIXERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+#: Mamba's channel groups read as heads (its inner width split into this many consecutive blocks)
+MAMBA_CHANNEL_GROUPS = 4
+#: elements of one [batch, channel, query, key, state] block of Mamba's exact form (memory bound)
+_BLOCK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class ScanTerms:
+    """One call of a selective scan, its input-dependent terms fixed (fp32).
+
+    A "unit" owns one decay: a channel for Mamba, a head for Mamba-2.
+
+    value            [batch, channel, time]  x, the value path the scan mixes
+    gate             [batch, channel, time]  z, the gate applied after the scan
+    skip             [channel]               D
+    step             [batch, unit, time]     dt (softplus, Mamba-2 also clamped to its limit)
+    decay            [unit, state] (Mamba) or [unit] (Mamba-2)   A = -exp(A_log)
+    B, C             [batch, time, state] (Mamba, shared by channels) or
+                     [batch, time, unit, state] (Mamba-2, each head its group's)
+    unit_of_channel  [channel] long          the unit whose matrix mixes each channel
+    key_mask         [batch, time] bool      real (not padded) positions
+    """
+
+    kind: str  # mamba | mamba2 | rwkv
+    value: torch.Tensor
+    gate: torch.Tensor
+    skip: torch.Tensor
+    step: torch.Tensor
+    decay: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    unit_of_channel: torch.Tensor
+    key_mask: torch.Tensor
+
+    @property
+    def n_units(self) -> int:
+        return int(self.step.shape[1])
+
+    def _exponents(self, units: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum_{r=s+1..t} dt_r [batch, unit, query, key] fp64, causal bool [query, key])."""
+        cumulative = torch.cumsum(self.step[:, units].double(), dim=-1)  # [batch, unit, time]
+        between = cumulative[..., :, None] - cumulative[..., None, :]  # [batch, unit, query, key]
+        time = between.shape[-1]
+        causal = torch.ones(time, time, dtype=torch.bool, device=between.device).tril()
+        return between, causal
+
+    def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Exact ``M`` of units ``start..stop-1``: [batch, unit, query, key] fp32, zero above the
+        diagonal and at padded keys and query rows."""
+        units = slice(start, self.n_units if stop is None else stop)
+        if self.kind == "rwkv":
+            return self._wkv_matrices(units)
+        between, causal = self._exponents(units)
+        step = self.step[:, units]  # [batch, unit, time]
+        if self.kind == "mamba2":
+            decay = self.decay[units].double()[None, :, None, None]  # [1, unit, 1, 1]
+            exponent = (decay * between).masked_fill(~causal, -torch.inf)
+            scores = torch.einsum("bquN,bkuN->buqk", self.C[:, :, units], self.B[:, :, units])
+            matrix = scores * torch.exp(exponent).float() * step[:, :, None, :]
+        else:
+            decay = self.decay[units].double()  # [unit, state]
+            exponent = between[..., None] * decay[None, :, None, None, :]  # [batch, unit, query, key, state]
+            exponent = exponent.masked_fill(~causal[..., None], -torch.inf)
+            weights = torch.exp(exponent).float()
+            matrix = torch.einsum("bqN,buqkN,bkN->buqk", self.C, weights, self.B) * step[:, :, None, :]
+        real = self.key_mask.to(matrix.dtype)
+        return matrix * real[:, None, None, :] * real[:, None, :, None]
+
+    def _wkv_matrices(self, units: slice) -> torch.Tensor:
+        """RWKV's WKV per channel: M_c[t, s] = exp(k_s + (t-1-s) w_c) / Z_t for s < t and
+        exp(u_c + k_t) / Z_t for s = t (w = -exp(time_decay), u = time_first, k in ``B``): a softmax
+        over the keys, so these rows do sum to one. [batch, channel, query, key] fp32."""
+        key = self.B[:, :, units].double().transpose(1, 2)  # [batch, channel, time]
+        decay, first = self.decay[units].double(), self.step[0, units, 0].double()  # [channel] each
+        time = key.shape[-1]
+        position = torch.arange(time, device=key.device, dtype=torch.float64)
+        lag = position[:, None] - 1 - position[None, :]  # [query, key] t-1-s
+        logits = key[:, :, None, :] + lag[None, None] * decay[None, :, None, None]
+        diagonal = torch.eye(time, dtype=torch.bool, device=key.device)
+        logits = torch.where(diagonal, (first[None, :, None] + key)[..., None, :].expand_as(logits), logits)
+        logits = logits.masked_fill(~torch.ones(time, time, dtype=torch.bool, device=key.device).tril(), -torch.inf)
+        matrix = torch.softmax(logits, dim=-1).float()
+        real = self.key_mask.to(matrix.dtype)
+        return matrix * real[:, None, None, :] * real[:, None, :, None]
+
+    def _unit_blocks(self) -> list[tuple[int, int]]:
+        batch, _, time = self.step.shape
+        per_unit = batch * time * time * (self.B.shape[-1] if self.kind == "mamba" else 1)
+        size = max(1, _BLOCK_ELEMENTS // max(per_unit, 1))
+        return [(start, min(start + size, self.n_units)) for start in range(0, self.n_units, size)]
+
+    def channel_matrices(self) -> torch.Tensor:
+        """Exact ``M`` of every channel: [batch, channel, query, key] fp32 (memory: channels x T^2)."""
+        units = torch.cat([self.unit_matrices(a, b) for a, b in self._unit_blocks()], dim=1)
+        return units[:, self.unit_of_channel]
+
+    def scan_output(self, matrices: torch.Tensor | None = None) -> torch.Tensor:
+        """y = M x + D x per channel, before the gate: [batch, channel, time] fp32."""
+        matrices = self.channel_matrices() if matrices is None else matrices
+        mixed = torch.einsum("bcqk,bck->bcq", matrices, self.value)
+        return mixed + self.skip[None, :, None] * self.value
+
+
+def _real(attention_mask: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
+    """[batch, time] bool: the positions the mask keeps (all, without a mask)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+    return attention_mask.bool().to(hidden.device)
+
+
+def _zero_padding(states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``states`` [batch, time, width] with padded positions zero, as the mixers do (2-D masks only)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return states
+    return (states * attention_mask[:, :, None]).to(states.dtype)
+
+
+def _causal_conv(module, states: torch.Tensor) -> torch.Tensor:
+    """The mixer's depthwise causal conv1d and activation: [batch, width, time] -> same."""
+    time = states.shape[-1]
+    conv = module.conv1d
+    out = F.conv1d(states.to(conv.weight.dtype), conv.weight, conv.bias, padding=conv.kernel_size[0] - 1,
+                   groups=conv.groups)[..., :time]
+    return module.act(out)
+
+
+def mamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+    """A ``MambaMixer`` (or ``FalconMambaMixer``: its dt/B/C norms where the module has them)."""
+    hidden = _zero_padding(hidden, attention_mask)
+    value, gate = module.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # [batch, d_inner, time] each
+    value = _zero_padding(_causal_conv(module, value).transpose(1, 2), attention_mask)  # [batch, time, d_inner]
+    rank, state = int(module.time_step_rank), int(module.ssm_state_size)
+    step, B, C = torch.split(module.x_proj(value), [rank, state, state], dim=-1)
+    if getattr(module, "dt_layernorm", None) is not None:  # falcon_mamba: weightless RMS norms on dt, B, C
+        step, B, C = module.dt_layernorm(step), module.b_layernorm(B), module.c_layernorm(C)
+    step = step @ module.dt_proj.weight.transpose(0, 1)  # [batch, time, d_inner]
+    if module.dt_proj.bias is not None:
+        step = step + module.dt_proj.bias
+    channels = value.shape[-1]
+    return ScanTerms(
+        kind="mamba", value=value.transpose(1, 2).float(), gate=gate.float(), skip=module.D.float(),
+        step=F.softplus(step.float()).transpose(1, 2), decay=-torch.exp(module.A_log.float()),
+        B=B.float(), C=C.float(), unit_of_channel=torch.arange(channels, device=value.device),
+        key_mask=_real(attention_mask, hidden))
+
+
+def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+    """A ``Mamba2Mixer``: scalar decay per head, B and C per group of heads."""
+    hidden = _zero_padding(hidden, attention_mask)
+    inner, heads, groups = int(module.intermediate_size), int(module.num_heads), int(module.n_groups)
+    state = int(module.ssm_state_size)
+    gate, mixed, step = module.in_proj(hidden).split([inner, module.conv_dim, heads], dim=-1)
+    mixed = _zero_padding(_causal_conv(module, mixed.transpose(1, 2)).transpose(1, 2), attention_mask)
+    value, B, C = torch.split(mixed, [inner, groups * state, groups * state], dim=-1)
+    batch, time = value.shape[:2]
+    step = F.softplus(step.float() + module.dt_bias.float())  # [batch, time, head]
+    low, high = module.time_step_limit
+    step = torch.clamp(step, min=low, max=high)
+
+    def per_head(t: torch.Tensor) -> torch.Tensor:  # [batch, time, group * state] -> [batch, time, head, state]
+        return t.float().view(batch, time, groups, state).repeat_interleave(heads // groups, dim=2)
+
+    head_of_channel = torch.arange(inner, device=value.device) // int(module.head_dim)
+    return ScanTerms(
+        kind="mamba2", value=value.transpose(1, 2).float(), gate=gate.transpose(1, 2).float(),
+        skip=module.D.float()[head_of_channel], step=step.transpose(1, 2), decay=-torch.exp(module.A_log.float()),
+        B=per_head(B), C=per_head(C), unit_of_channel=head_of_channel, key_mask=_real(attention_mask, hidden))
+
+
+def rwkv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+    """An ``RwkvSelfAttention`` (time mixing): value and key from the token-shifted input, the
+    receptance sigmoid(r) as the gate; ``B`` holds the keys, ``decay`` w = -exp(time_decay) and
+    ``step`` carries time_first (u) per channel. No skip term: D = 0."""
+    shifted = module.time_shift(hidden)  # [batch, time, hidden], the previous position's (0 at the first)
+
+    def mix(weight):
+        return hidden * weight + shifted * (1 - weight)
+
+    key = module.key(mix(module.time_mix_key)).float()  # [batch, time, channel]
+    value = module.value(mix(module.time_mix_value)).float()
+    receptance = torch.sigmoid(module.receptance(mix(module.time_mix_receptance))).float()
+    batch, time, channels = key.shape
+    first = module.time_first.float()[None, :, None].expand(batch, channels, time)
+    return ScanTerms(
+        kind="rwkv", value=value.transpose(1, 2), gate=receptance.transpose(1, 2),
+        skip=torch.zeros(channels, device=key.device), step=first, decay=-torch.exp(module.time_decay.float()),
+        B=key, C=key, unit_of_channel=torch.arange(channels, device=key.device), key_mask=_real(attention_mask, hidden))
+
+
+def _width(module) -> int:
+    """Channels a mixer's scan mixes."""
+    return int(module.intermediate_size) if hasattr(module, "intermediate_size") else int(module.key.out_features)
+
+
+def _mamba_heads(module) -> int:
+    channels = _width(module)
+    return MAMBA_CHANNEL_GROUPS if channels % MAMBA_CHANNEL_GROUPS == 0 else 1
+
+
+@dataclass(frozen=True)
+class MixerKind:
+    """One family of token mixers probe reads as implicit attention."""
+
+    name: str
+    classes: tuple[str, ...]  # module class names
+    terms: Callable[..., ScanTerms]  # (module, hidden [batch, time, hidden], 2-D mask | None) -> ScanTerms
+    heads: Callable[[object], int]  # the number of map heads of a module
+    heads_are: str  # what a map head is, for the contract
+
+    def head_width(self, module) -> int:
+        """Channels per map head."""
+        return _width(module) // self.heads(module)
+
+
+MIXERS: tuple[MixerKind, ...] = (
+    MixerKind("mamba selective scan", ("MambaMixer", "FalconMambaMixer"), mamba_terms, _mamba_heads,
+              f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
+    MixerKind("mamba2 selective scan", ("Mamba2Mixer",), mamba2_terms, lambda m: int(m.num_heads),
+              "the mixer's own heads"),
+    MixerKind("rwkv wkv", ("RwkvSelfAttention",), rwkv_terms, _mamba_heads,
+              f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
+)
+
+
+def mixer_kind(module) -> MixerKind | None:
+    """The row of :data:`MIXERS` for ``module``'s class, or None."""
+    name = type(module).__name__
+    return next((kind for kind in MIXERS if name in kind.classes), None)
+
+
+def find_mixers(model) -> list[tuple[str, MixerKind]]:
+    """(path, kind) of every mixer module of ``model``, in module order (a stack's layer order)."""
+    return [(path, kind) for path, module in model.named_modules() if (kind := mixer_kind(module)) is not None]
+
+
+def call_inputs(module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(hidden states, attention mask) a mixer's forward is called with (a forward pre-hook's view)."""
+    hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("hidden"))
+    mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+    return hidden, mask if isinstance(mask, torch.Tensor) else None
+
+
+def continues_a_state(module, args: tuple, kwargs: dict) -> bool:
+    """Whether this call continues a cached recurrent state (a generation step): its matrix over
+    the call's own tokens would miss the past, so probe refuses to read it."""
+    cache = kwargs.get("cache", kwargs.get("cache_params", args[1] if len(args) > 1 else None))
+    if cache is None or not hasattr(cache, "get_recurrent_state"):
+        return False
+    try:
+        return cache.get_recurrent_state(module.layer_idx, state_idx=0) is not None
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return False
+
+
+def group_maps(terms: ScanTerms, heads: int) -> torch.Tensor:
+    """The maps probe captures: [batch, head, query, key] fp32. Mamba-2 (one unit per head): its
+    units' exact matrices; Mamba: the mean over each group of ``channels / heads`` consecutive channels."""
+    if terms.kind == "mamba2" and terms.n_units == heads:
+        return torch.cat([terms.unit_matrices(a, b) for a, b in terms._unit_blocks()], dim=1)
+    width = terms.n_units // heads
+    sums = None
+    for a, b in terms._unit_blocks():
+        block = terms.unit_matrices(a, b)  # [batch, unit, query, key]
+        group = torch.arange(a, b, device=block.device) // width
+        part = torch.zeros(block.shape[0], heads, *block.shape[2:], dtype=block.dtype, device=block.device)
+        part = part.index_add(1, group, block)
+        sums = part if sums is None else sums + part
+    return sums / width
+
+
+def implicit_maps(module, kind: MixerKind, hidden: torch.Tensor,
+                  attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(maps [batch, head, query, key] fp32, has_keys [batch, head, query] bool) of one mixer call:
+    a query row has keys where its own position is real."""
+    terms = kind.terms(module, hidden, attention_mask)
+    maps = group_maps(terms, kind.heads(module))
+    has_keys = terms.key_mask[:, None, :].expand(maps.shape[0], maps.shape[1], maps.shape[2])
+    return maps, has_keys
+
+
+def implicit_sites(model) -> list:
+    """One :class:`probe.hooks.sites.Site` of kind ``implicit`` per mixer, numbered in module order
+    (the decoder stack: these mixers are causal)."""
+    from probe.hooks.sites import Site
+
+    return [Site(stack="decoder", layer=i, path=path, kind="implicit", causal=True)
+            for i, (path, _) in enumerate(find_mixers(model))]
