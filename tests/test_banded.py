@@ -208,3 +208,98 @@ def test_the_reader_leaves_the_models_output_as_it_was(asked):
     if asked:
         assert all(torch.equal(a, b) for a, b in zip(plain.attentions, read.attentions))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+# --------------------------------------------------------------------------- wired into probe
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    """A tiny random Longformer classifier wrapped by probe (its forward makes the first token global)."""
+    import sys
+    from pathlib import Path
+
+    import probe
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_architectures as sweep
+
+    warnings.simplefilter("ignore")
+    tokenizer = sweep.tokenizer()
+    return probe.wrap(_longformer("LongformerForSequenceClassification"), tokenizer), list(sweep.TEXTS)
+
+
+def test_the_contract_reads_longformer_through_the_banded_reader(classifier):
+    pm, _ = classifier
+    info = pm.contract.stacks["encoder"]
+    assert not pm.contract.unreadable and {s.kind for s in pm.contract.sites.values()} == {"banded"}
+    assert (info.n_layers, info.n_heads, info.capture_path, info.can_edit) == (2, 4, "banded reader", False)
+    assert info.mask_kind == "bidirectional" and "i-2..i+2" in info.structure and "global" in info.structure
+
+
+def test_capture_returns_the_maps_the_layers_ran(classifier):
+    import probe
+
+    pm, texts = classifier
+    batch = pm.encode(texts)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        plain = pm.model(**batch).logits
+        with probe.capture(pm, attention_mask=mask) as cap:
+            captured = pm.model(**batch).logits
+        with probe.capture(pm, queries="first", attention_mask=mask) as first:
+            pm.model(**batch)
+    assert torch.equal(plain, captured)
+    maps = cap.maps("encoder")
+    n = ids.shape[1]
+    assert maps.weights.shape == (len(texts), 2, 4, n, n) and bool(maps.row_has_keys.eq(mask.bool()[:, None]).all())
+    glob = torch.zeros_like(ids)
+    glob[:, 0] = 1  # what the classifier's forward sets when it is given no global_attention_mask
+    seen, _ = _run(pm.model, ids, mask, glob)
+    modules = dict(pm.model.named_modules())
+    worst = 0.0
+    for layer in range(2):
+        record = seen[pm.contract.module_paths[("encoder", layer)]]
+        dense = _independent_dense(modules[pm.contract.module_paths[("encoder", layer)]], record["hidden"],
+                                   record["kwargs"], n)
+        worst = max(worst, (maps.weights[:, layer] - dense).abs().max().item())
+    assert worst <= TOL, worst
+    rows = first.maps("encoder")
+    assert rows.weights.shape == (len(texts), 2, 4, 1, n) and torch.equal(rows.weights[..., 0, :], maps.weights[..., 0, :])
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in pm.model.modules())
+
+
+def test_explain_runs_attention_rollout_and_leave_one_out(classifier):
+    import probe
+
+    pm, texts = classifier
+    explanation = probe.explain(pm, texts, methods=["attention_mean", "rollout", "loo_delete"])
+    for method in ("attention_mean", "rollout", "loo_delete"):
+        for scores in explanation[method].scores:
+            scores = torch.as_tensor(scores)
+            # leave-one-out scores no special token ([CLS], [SEP]: NaN by design)
+            scored = scores[..., 1:-1] if method == "loo_delete" else scores
+            assert bool(torch.isfinite(scored).all()) and bool(scored.abs().sum() > 0), method
+
+
+def test_editing_banded_attention_is_refused_in_one_line(classifier):
+    import probe
+    from probe.errors import CaptureError
+
+    pm, _ = classifier
+    with pytest.raises(CaptureError, match="banded attention") as refused, \
+            probe.capture(pm, editors={("encoder", 0): lambda weights, context: weights}):
+        pass
+    assert "\n" not in str(refused.value)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in pm.model.modules())
+
+
+def test_no_hook_survives_an_exception_inside_the_capture(classifier):
+    import probe
+
+    pm, texts = classifier
+    batch = pm.encode(texts)
+    with pytest.raises(RuntimeError, match="inside"), probe.capture(pm, attention_mask=batch["attention_mask"]):
+        pm.model(**batch)
+        raise RuntimeError("inside")
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in pm.model.modules())

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from probe.errors import CaptureError
+
 #: module classes whose forward computes banded (sliding-window + global) attention, Longformer's way
 BANDED_ATTENTION_CLASSES = frozenset({"LongformerSelfAttention", "LEDEncoderSelfAttention"})
 
@@ -138,6 +140,33 @@ def dense_from_banded(local: torch.Tensor, global_: torch.Tensor | None, is_glob
     structure = (in_window | is_global[:, None, :length] | global_row[:, :, None]) \
         & real[:, None, :length] & real_query[:, :, None]  # [batch, R, length]
     return dense, structure
+
+
+def describe_layers(modules: Mapping[int, torch.nn.Module]) -> str:
+    """The structure of a stack's banded layers in one line, for the contract."""
+    windows = [one_sided_window(modules[layer]) for layer in sorted(modules) if is_banded(modules[layer])]
+    w = windows[0] if len(set(windows)) == 1 else None
+    band = f"keys i-{w}..i+{w} (attention_window {2 * w})" if w is not None else \
+        f"keys i-w..i+w (w per layer: {', '.join(map(str, windows))})"
+    return (f"banded: each query attends to {band} plus the global tokens, whose rows attend to every key "
+            "(global_attention_mask, per input); the model's padding to a window multiple is cropped; probe "
+            "densifies the layer's own probabilities (zero off the structure)")
+
+
+def refuse_hooks(places: Mapping[str, list[tuple[str, int]]], modules: Mapping[str, torch.nn.Module],
+                 hooked: tuple[Mapping, ...]) -> None:
+    """One line for an editor or reader asked of a banded layer: probe reads those layers as they run
+    (observers see them too) but puts nothing back into them, and their queries and keys are not
+    handed to an attention function a reader could recompute from."""
+    for path, layer_places in places.items():
+        for place in layer_places:
+            if any(place in hooks for hooks in hooked):
+                stack, layer = place
+                raise CaptureError(
+                    f"cannot edit or recompute {stack} layer {layer}: {type(modules[path]).__name__} computes banded "
+                    f"attention (keys i-{one_sided_window(modules[path])}..i+{one_sided_window(modules[path])} plus "
+                    "global tokens) in its own chunked layout, which probe reads but has no exact way to write an "
+                    "edited [query, key] map back into")
 
 
 def _input_length(module, args, kwargs) -> int | None:

@@ -45,6 +45,7 @@ class StackContract:
     layer_heads: tuple[int, ...] = ()  # query heads per layer, where layers differ
     layer_head_dims: tuple[int, ...] = ()  # head dim per layer, where layers differ
     shared_layers: int = 0  # layers served by a module the model calls more than once per forward
+    structure: str = ""  # a sparse pattern the maps live on (banded: window and global tokens), else ""
 
 
 @dataclass(frozen=True, repr=False)
