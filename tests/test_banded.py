@@ -303,3 +303,46 @@ def test_no_hook_survives_an_exception_inside_the_capture(classifier):
         pm.model(**batch)
         raise RuntimeError("inside")
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in pm.model.modules())
+
+
+def test_led_encoder_is_read_as_its_layers_ran():
+    """LED's encoder self-attention is Longformer's: read through the banded path (with and without a
+    global first token), equal to HF's own output_attentions densified; decoder and cross stay editable."""
+    import sys
+    from pathlib import Path
+
+    import transformers
+
+    import probe
+    from probe.models.checks import eager_attentions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_architectures as sweep
+
+    warnings.simplefilter("ignore")
+    config = transformers.LEDConfig(
+        vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, attention_window=WINDOW,
+        max_encoder_position_embeddings=64, max_decoder_position_embeddings=64, pad_token_id=0, bos_token_id=2,
+        eos_token_id=3, decoder_start_token_id=2, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    pm = probe.wrap(transformers.LEDForConditionalGeneration(config).eval(), sweep.tokenizer())
+    info = pm.contract.stacks["encoder"]
+    assert (info.capture_path, info.can_edit) == ("banded reader", False) and "i-2..i+2" in info.structure
+    assert pm.contract.stacks["decoder"].can_edit and pm.contract.stacks["cross"].can_edit
+    texts = list(sweep.TEXTS)
+    for first_global in (False, True):
+        batch = dict(pm.encode(texts))
+        if first_global:
+            batch["global_attention_mask"] = torch.zeros_like(batch["input_ids"])
+            batch["global_attention_mask"][:, 0] = 1
+        with torch.no_grad(), probe.capture(pm, attention_mask=batch["attention_mask"], stacks=["encoder"]) as cap:
+            pm.model(**batch)
+        maps = cap.maps("encoder")
+        hf = eager_attentions(pm, batch)["encoder"]
+        gap = max((maps.weights[:, i] - hf[i]).abs().max().item() for i in range(2))
+        print(f"LED encoder, first token global {first_global}: max |diff| vs HF output_attentions {gap:.2e}")
+        assert gap <= TOL
+        assert bool(maps.weights[:, :, :, 0, :].gt(0).any(-1).all()) if first_global else True
+    explanation = probe.explain(pm, texts, methods=["attention_mean", "rollout", "loo_delete"])
+    assert all(bool(torch.isfinite(torch.as_tensor(s)).all()) for s in explanation["rollout"].scores)

@@ -230,3 +230,18 @@ class BandedReader:
             handle.remove()
         self._handles.clear()
         self._asked.clear()
+
+
+def dense_from_output_attentions(local: torch.Tensor, global_: torch.Tensor | None, attention_mask: torch.Tensor,
+                                 window: int) -> torch.Tensor:
+    """HF's own ``output_attentions`` of a banded layer as a dense map: an oracle independent of the
+    reader's hooks. local [batch, head, length, G + 2w + 1] (``attentions``: query rows cropped to
+    the input), global_ [batch, head, seq, G] (``global_attentions``, over the padded length) or
+    None, attention_mask [batch, length]. HF leaves a global query's local row 0, so a real row whose
+    local weights sum to 0 is a global token's. Returns [batch, head, length, length]."""
+    length = int(local.shape[2])
+    real = attention_mask.to(local.device).bool()[:, :length]
+    is_global = real & (local.float().sum(dim=(1, 3)) < 0.5)  # [batch, length]
+    global_rows = None if global_ is None else global_.transpose(2, 3)[..., :length]  # [batch, head, G, length]
+    weights, _ = dense_from_banded(local.transpose(1, 2), global_rows, is_global, ~real, window, length)
+    return weights
