@@ -241,7 +241,9 @@ def embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site:
     input_ids = batch.inputs["input_ids"]  # [rows, seq]
     with gradient_mode(pm.model):
         fixed = site_values(pm, where, batch.inputs)  # [rows, seq, dim]
-    seq = input_ids.shape[1]
+    # the site's positions: more than the input's where the model pads inside its forward
+    # (Longformer, to a multiple of its window); those extra positions stay fixed
+    seq = fixed.shape[1]
     lengths = batch.input_lengths  # [rows]
     explained = torch.arange(seq, device=input_ids.device)[None, :] < lengths[:, None]  # [rows, seq]
     width = int(lengths.max())

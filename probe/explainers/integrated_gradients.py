@@ -85,7 +85,8 @@ def _site_baseline(pm: ProbeModel, problem: EmbeddingForward, kind: str) -> torc
                 "unk": getattr(pm.tokenizer, "unk_token_id", None)}[kind]
     del vector
     ids = problem.batch.inputs["input_ids"]  # [rows, seq]
-    replaced = torch.where(problem.explained, torch.full_like(ids, token_id), ids)  # [rows, seq]
+    explained = problem.explained[:, : ids.shape[1]]  # the site may hold more positions (padded inside the model)
+    replaced = torch.where(explained, torch.full_like(ids, token_id), ids)  # [rows, seq]
     with gradient_mode(pm.model):
         values = site_values(pm, problem.site, {**problem.batch.inputs, "input_ids": replaced})  # [rows, seq, dim]
     return values[:, : problem.embeds.shape[1]] * problem.mask[..., None]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError, InputError
-from probe.hooks import implicit
+from probe.hooks import banded, implicit
 from probe.hooks import math as amath
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import (
@@ -95,6 +95,8 @@ class _Session:
         self._probability_places: dict[str, list[tuple[str, int]]] = {}
         self._softmax_places: dict[str, list[tuple[str, int]]] = {}
         self._implicit_places: dict[str, list[tuple[str, int]]] = {}  # mixer path -> its layers (implicit.py)
+        self._banded_places: dict[str, list[tuple[str, int]]] = {}
+        self._banded = None  # probe.hooks.banded.BandedReader of the banded path, while attached
         self._sites = sites
         for place, path in sorted(contract.module_paths.items(), key=lambda item: (item[0][0], item[0][1])):
             site = sites.get(place)
@@ -106,6 +108,9 @@ class _Session:
                 continue
             if site is not None and site.kind == "implicit":
                 self._implicit_places.setdefault(path, []).append(place)
+                continue
+            if site is not None and site.kind == "banded":
+                self._banded_places.setdefault(path, []).append(place)
                 continue
             self._places.setdefault(id(modules[path]), []).append(place)
         for module_id, places in self._places.items():
@@ -122,6 +127,7 @@ class _Session:
         self.observers = dict(observers or {})
         self.readers = dict(readers or {})
         self.keep_grad = keep_grad
+        banded.refuse_hooks(self._banded_places, self.modules, (self.editors, self.readers))
         self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.calls: dict[tuple[str, int], int] = {}
         # where the model's inputs live (its first parameter): records and editors work there, so a
@@ -221,6 +227,11 @@ class _Session:
 
             self._handles.append(self.modules[path].register_forward_pre_hook(read, with_kwargs=True))
 
+        if self._banded_places:
+            paths = {id(self.modules[path]): path for path in self._banded_places}
+            self._banded = banded.BandedReader(self.model, {path: self.modules[path] for path in self._banded_places},
+                                               lambda module, call: self._on_banded(paths[id(module)], call))
+
     def on_implicit(self, place, module, args, kwargs) -> None:
         """The implicit path: a state-space mixer's matrix, recomputed from its input (probe.hooks.implicit)."""
         stack, layer = place
@@ -237,6 +248,22 @@ class _Session:
         self._store(place, amath.gather_rows(maps, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0],
                     rows, maps.shape[2])
 
+    def _on_banded(self, path: str, call: banded.BandedCall) -> None:
+        """The banded path: the layer's sliding-window and global weights, densified over the rows asked for."""
+        place = self._next_place(path, self._banded_places[path])
+        self.calls[place] = self.calls.get(place, 0) + 1
+        rows = self._rows(place[0], call.batch, call.length, call.local.device)
+        observer = self.observers.get(place)
+        if observer is not None:
+            with torch.no_grad():
+                weights, structure = call.dense()  # [batch, head, query, key], [batch, query, key]
+                context = self._context(place, self.modules[path], rows, structure[:, None], call.batch, call.length,
+                                        weights.device)
+                observer(weights.mean(dim=1).to(self.home), context)
+        if self._wants(*place):
+            weights, structure = call.dense(rows)  # [batch, head, rows, key], [batch, rows, key]
+            self._store(place, weights, structure.any(-1)[:, None], rows, call.length)
+
     def _on_softmax(self, place, probabilities: torch.Tensor, folded: bool):
         """The softmax path: [batch, head, query, key], or [batch * head, query, key] unfolded with the
         layer's head count and folded back after an edit."""
@@ -252,6 +279,9 @@ class _Session:
         return None if replaced is None else replaced.reshape(rows, q_len, k_len)
 
     def detach(self) -> None:
+        if self._banded is not None:
+            self._banded.close()
+            self._banded = None
         if self._modes is not None:
             self._modes.close()
             self._modes = None

@@ -1,6 +1,6 @@
 """Find where each attention layer of a model can be read, by watching one small forward pass.
 
-Two paths (house rule 4: what the model's forward actually does, never its source):
+Four paths (house rule 4: what the model's forward actually does, never its source):
 
 ``function``       the module hands query, key and value to the shared attention-function registry
                    (``ALL_ATTENTION_FUNCTIONS``): probe wraps that function (hooks.py).
@@ -13,6 +13,10 @@ Two paths (house rule 4: what the model's forward actually does, never its sourc
                    the module runs, a torch function mode (:class:`SoftmaxWatch`) sees its first
                    softmax whose result is ``[batch, head, query, key]`` probabilities over the
                    input's positions, and probe reads, or replaces, that result.
+``banded``         the module computes a sliding window plus global tokens (Longformer, LED's
+                   encoder: :data:`probe.hooks.banded.BANDED_ATTENTION_CLASSES`): probe reads the
+                   layer's own banded probabilities and scatters them into a dense map
+                   (:mod:`probe.hooks.banded`); it cannot edit them.
 
 A module that calls the registry is an attention module whatever its name; other candidates are the
 innermost modules whose class name ends in ``Attention``. Layers are numbered by the order in which
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from probe.hooks.banded import is_banded
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import implementation_of, open_session, sink_logits
 from probe.tasks import Task
@@ -48,7 +53,7 @@ class Site:
     stack: str  # encoder | decoder | cross
     layer: int  # the stack's own attention-layer index (call order)
     path: str  # the attention module
-    kind: str  # function | probabilities | softmax | implicit (a state-space mixer: probe.hooks.implicit)
+    kind: str  # function | probabilities | softmax | banded | implicit (a state-space mixer: probe.hooks.implicit)
     probability_path: str | None = None  # the child module whose output is the probabilities
     call: int = 0  # which call of ``path`` in one forward this layer is (shared modules)
     #: the probabilities seen in the watched pass put weight on later keys (False) or never did
@@ -239,7 +244,9 @@ class _WatchedPass:
             calls[module_id] = call + 1
             stack = stack_of(path)
             folded, causal = False, None
-            if module_id in self.watch.callers:
+            if is_banded(self.named[path]):  # sliding window + global tokens (probe.hooks.banded)
+                kind, probability_path = "banded", None
+            elif module_id in self.watch.callers:
                 kind, probability_path = "function", None
             elif self.seen_probabilities.get(module_id):
                 kind, probability_path = "probabilities", sorted(self.seen_probabilities[module_id])[0]

@@ -15,6 +15,7 @@ import torch
 
 from probe.errors import CaptureError
 from probe.hooks import math as amath
+from probe.hooks.banded import dense_from_output_attentions, one_sided_window
 from probe.hooks.capture import capture_attention
 from probe.hooks.registry import original_attention_function
 from probe.models.core import encode_texts
@@ -158,7 +159,23 @@ def eager_attentions(pm: ProbeModel, inputs):
     else:
         found = {pm.contract.primary_stack: out.attentions}
     widths = {int(v.shape[1]) for k, v in inputs.items() if k in ("input_ids", "decoder_input_ids")}
+    found = _dense_banded(pm, found, getattr(out, "global_attentions", None) or getattr(out, "encoder_global_attentions", None), inputs)
     return {stack: _as_probabilities(layers, widths) for stack, layers in found.items()}
+
+
+def _dense_banded(pm: ProbeModel, found: dict, global_layers, inputs) -> dict:
+    """A banded stack's HF attentions ([batch, head, query, G + 2w + 1] and the global rows) as dense maps."""
+    modules = dict(pm.model.named_modules())
+    out = dict(found)
+    for stack, layers in found.items():
+        site_paths = [pm.contract.module_paths[(stack, i)] for i in range(len(layers or ()))
+                      if (stack, i) in pm.contract.module_paths]
+        if not layers or not site_paths or pm.contract.stacks[stack].capture_path != "banded reader":
+            continue
+        out[stack] = tuple(dense_from_output_attentions(
+            local, global_layers[i] if global_layers else None, inputs["attention_mask"],
+            one_sided_window(modules[site_paths[i]])) for i, local in enumerate(layers))
+    return out
 
 
 def _as_probabilities(layers, widths: set[int]):

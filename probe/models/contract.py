@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from probe.hooks.implicit import implicit_sites, mixer_kind
+from probe.hooks.banded import describe_layers
 from probe.hooks.registry import implementation_of
 from probe.hooks.sites import Site, discover_sites
 from probe.models.architectures import (
@@ -81,7 +82,8 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
     layer_heads = tuple(h or int(n_heads) for h, _ in per_layer)
     layer_dims = tuple(d or int(head_dim) for _, d in per_layer)
     kinds = {site.kind for (s, _), site in (sites or {}).items() if s == stack}
-    path = {"function": "attention function", "probabilities": "probability module", "softmax": "softmax call"}
+    path = {"function": "attention function", "probabilities": "probability module", "softmax": "softmax call",
+            "banded": "banded reader"}
     capture_path = " + ".join(path[k] for k in sorted(kinds)) if kinds else "attention function"
     calls = {}
     for (s, _), site in (sites or {}).items():
@@ -90,8 +92,9 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
     return StackContract(
         stack=stack, n_layers=len(layers), n_heads=int(n_heads), n_kv_heads=int(n_kv_heads),
         kv_head_of_query=kv_map, head_dim=int(head_dim), mask_kind=mask_kind, module_class=type(module).__name__,
-        capture_path=capture_path, can_edit=True,
+        capture_path=capture_path, can_edit="banded" not in kinds,
         memory="full maps (the model's own)" if kinds & {"probabilities", "softmax"} else "query rows asked for",
+        structure=describe_layers(layers) if "banded" in kinds else "",
         sinks=any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in layers.values())
         or any(site.sinks for (s, _), site in (sites or {}).items() if s == stack),
         layer_heads=layer_heads if len(set(layer_heads)) > 1 else (),

@@ -48,6 +48,7 @@ class StackContract:
     #: softmax (rows are probabilities) | implicit (a token mixer's matrix, probe.hooks.implicit: signed,
     #: rows need not sum to one, not editable)
     maps: str = "softmax"
+    structure: str = ""  # a sparse pattern the maps live on (banded: window and global tokens), else ""
 
 
 @dataclass(frozen=True, repr=False)
