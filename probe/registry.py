@@ -161,6 +161,10 @@ def _load(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
+#: the ways a leave-one-out perturbs a whole span (probe.intervene.spans.span_loo)
+SPAN_MODES = ("delete", "mask", "unk", "pad")
+
+
 @dataclass(frozen=True)
 class Method:
     """One registered method.
@@ -236,6 +240,14 @@ class Method:
     def defaults(self) -> Any:
         """The frozen parameters with their defaults (the preset applied)."""
         return self.params(**dict(self.preset))
+
+    @property
+    def span_mode(self) -> str | None:
+        """How this leave-one-out perturbs a whole span (:data:`SPAN_MODES`: its tokens deleted, or each
+        replaced by the mask, unk or pad token), or None where it has no span form (a resampled or
+        language-model replacement, or not an intervention)."""
+        mode = dict(self.preset).get("mode")
+        return mode if self.family == "intervention" and mode in SPAN_MODES else None
 
     def skip_reason(self, check: str, pm: Any, longest: int) -> str | None:
         """Why ``check`` (one of :data:`CHECKS`) leaves this method out for ``pm``, or None."""

@@ -80,3 +80,58 @@ def test_spans_of_generated_output_steps(loaded):
     expected = np.nansum(ex["loo_delete"].scores[1][list(ex.spans[1][0].positions)].double().numpy())
     assert row.score.item() == pytest.approx(expected, abs=1e-6)
     assert torch.isfinite(ex["loo_delete"].scores[1][list(ex.spans[1][0].positions)]).all()
+
+
+def test_a_study_compares_spans_as_its_units(tiny_dirs, tmp_path):
+    """``spans:`` in a study: the units are the pattern's matches; an explainer's unit score is its
+    token scores summed over the span, the reference deletes the whole span (checked against one
+    forward of the shorter sequence), and agreement ranks the spans."""
+    import pandas as pd
+
+    from probe.explainers.gradients import saliency
+    from probe.metrics.agreement import agreement
+    from probe.rows.target import TargetSpec, prepare
+    from probe.spec.study import study_from_dict
+    from probe.study.runner import run_study
+
+    texts = ["the movie was good and the plot was bad", "the film is fun but the story is boring",
+             "the acting was great , the ending was not", "a boring plot and the worst film"]
+    pd.DataFrame({"text": texts, "label": [1, 1, 0, 0]}).to_csv(tmp_path / "data.csv", index=False)
+    pattern = r"the \w+|bad|boring|fun|great|not"
+    spec = {"name": "spans", "model": {"id": str(tiny_dirs["gpt2"])},
+            "dataset": {"name": str(tmp_path / "data.csv"), "n": 4, "seed": 0}, "target": {"continuation": " good"},
+            "explainers": ["saliency"], "references": ["loo_delete"], "spans": {"pattern": pattern},
+            "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
+                        "sanity": {"randomisation": False, "examples": 2}},
+            "statistics": {"bootstrap": 100}, "engine": {"batch_size": 4}, "output": str(tmp_path / "out")}
+    assert run_study(study_from_dict(spec), progress=False, log=lambda _: None).complete
+    out = tmp_path / "out"
+    tokens, scores = pd.read_parquet(out / "tokens.parquet"), pd.read_parquet(out / "scores.parquet")
+    examples, units = pd.read_parquet(out / "examples.parquet"), pd.read_parquet(out / "agreement.parquet")
+    pm = probe.load_model(str(tiny_dirs["gpt2"]))
+    for number, text in zip(examples["example"], examples["text"]):
+        example = prepare(pm, [text], TargetSpec(continuation=" good"))[0]
+        spans = probe.find_spans(pm, example, pattern)
+        assert tokens[tokens.example == number]["token"].tolist() == [s.text for s in spans]
+        grad = saliency(pm, [example]).scores[0].double().numpy()
+        got = scores[(scores.example == number) & (scores.method == "saliency")].sort_values("position")["score"]
+        assert got.to_numpy() == pytest.approx([grad[list(s.positions)].sum() for s in spans], abs=1e-5)
+        whole = _value(pm, example, example.input_ids)
+        ref = scores[(scores.example == number) & (scores.method == "loo_delete")].sort_values("position")["score"]
+        by_hand = [whole - _value(pm, example, [t for p, t in enumerate(example.input_ids) if p not in s.positions])
+                   for s in spans]
+        assert ref.to_numpy() == pytest.approx(by_hand, abs=1e-5)
+        row = units[(units.example == number) & (units.explainer == "saliency")].iloc[0]
+        expected = agreement(got.to_numpy()[None], ref.to_numpy(), k=[1])["kendall_tau"][0]
+        assert row["n_tokens"] == len(spans) and row["kendall_tau"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_study_refuses_spans_with_a_reference_that_has_no_span_form(tmp_path):
+    from probe.spec.study import study_from_dict
+
+    spec = {"name": "spans", "model": {"id": "builtin:smollm2-135m"}, "dataset": {"name": "builtin:rotten_tomatoes"},
+            "explainers": ["saliency"], "references": ["loo_lm"], "spans": {"pattern": r"\w+"}}
+    with pytest.raises(InputError, match="loo_lm has no span form"):
+        study_from_dict(spec)
+    with pytest.raises(InputError, match="is not a regular expression"):
+        study_from_dict({**spec, "references": ["loo_delete"], "spans": {"pattern": "(unclosed"}})

@@ -10,13 +10,14 @@ import pandas as pd
 
 from probe.errors import InputError
 from probe.intervene.tokens import replacement_token_id
+from probe.registry import SPAN_MODES
 from probe.rows.spans import SPAN_COLUMNS, Span
 
 if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.rows.target import PreparedExample
 
-SPAN_MODES = ("delete", "mask", "unk", "pad")
+__all__ = ["span_loo"]
 
 
 def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],

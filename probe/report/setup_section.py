@@ -142,6 +142,9 @@ def _study_rows(r: StudyResult) -> list[tuple[str, str]]:
              + (f" ({r.n_units} output tokens)" if r.stepwise else "")
              + f", seed {ds.seed}, max length {ds.max_length or 'the model window'}"),
             ("filters", ", ".join(f"{k}={v}" for k, v in filters.items()) or "none"),
+            ("units compared", f"spans: the matches of '{s.spans.pattern}', explainer scores folded by "
+             f"{s.spans.aggregate}, each leave-one-out reference perturbing the whole span" if s.spans is not None
+             else "tokens"),
             ("target", _target_text(target)),
             ("explainers", _list(s.explainers)),
             ("references", _list(s.references)),

@@ -140,3 +140,22 @@ def span_table(scores: Mapping[str, TokenScores], found: Sequence[Sequence[Span]
             frames.append(frame[[*SPAN_COLUMNS, "method", "layer", "head", "score"]])
     columns = [*SPAN_COLUMNS, "method", "layer", "head", "score"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def folded_scores(result: TokenScores, found: Sequence[Sequence[Span]], how: str = "sum") -> TokenScores:
+    """``result`` with each example's last axis folded over its spans (``[..., span]``, in the order
+    found; an example without spans gets an empty axis), per layer and head where the method has
+    them; ``params`` and ``extras`` kept (a span is a unit like a token: IG's completeness holds
+    for the sum over spans as for the sum over tokens only when the spans cover every token)."""
+    from probe.rows.scores import TokenScores as _Scores
+
+    if how not in SPAN_AGGREGATIONS:
+        raise InputError(f"aggregate {how!r} is not a span aggregation: use one of {', '.join(SPAN_AGGREGATIONS)}")
+    tensors = []
+    for values, spans in zip(result.scores, found):
+        if spans:
+            tensors.append(torch.stack([fold(values, s.positions, how) for s in spans], dim=-1))
+        else:
+            tensors.append(values[..., :0].float())
+    return _Scores(result.method, tensors, params=result.params, per_head=result.per_head,
+                   per_layer=result.per_layer, extras=result.extras)

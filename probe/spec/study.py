@@ -26,6 +26,7 @@ from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.registry import AdversarialParams, params_problem
+from probe.registry import method as method_entry
 from probe.spec.parts import DatasetSpec, ModelSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,
@@ -260,6 +261,26 @@ class EngineSpec(SpecModel):
     token_budget: Annotated[Int, Field(ge=64, le=2**28)] = 8192
 
 
+class SpansSpec(SpecModel):
+    """Spans as the units compared (:mod:`probe.rows.spans`): each match of ``pattern`` in an
+    example's text is one unit; every explainer's token scores are folded over it by ``aggregate``,
+    and each leave-one-out reference perturbs the whole span at once."""
+
+    pattern: str
+    aggregate: Literal["sum", "max", "mean"] = "sum"
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        if not value.strip():
+            fail("is empty; give a regular expression whose matches are the spans (e.g. '\\w+' for words)")
+        try:
+            re.compile(value)
+        except re.error as err:
+            fail(f"{value!r} is not a regular expression ({err}); e.g. '[^,.]+' for clauses")
+        return value
+
+
 class Study(SpecModel):
     name: str
     description: str = ""
@@ -272,6 +293,8 @@ class Study(SpecModel):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     statistics: StatisticsSpec = Field(default_factory=StatisticsSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    #: spans instead of tokens as the units compared (None: tokens)
+    spans: SpansSpec | None = None
     output: str | None = None
 
     @field_validator("name")
@@ -322,6 +345,13 @@ class Study(SpecModel):
             if method not in used:
                 fail(f"{entry!r}: {method} is not among the study's {listed}; add it there or drop this ranking",
                       at=["metrics", "erasure", "rankings"], item=[i])
+        if self.spans is not None:
+            for name in self.references:
+                entry = method_entry(name)
+                if entry.family == "intervention" and entry.span_mode is None:
+                    fail(f"{name} has no span form (a span is deleted or replaced by the mask, unk or pad token); "
+                          "use loo_delete, loo_mask, loo_unk or loo_pad as the reference, or remove spans",
+                          at=["references"])
         for i, pair in enumerate(self.metrics.ceilings or []):
             for j, method in enumerate(pair):
                 if method not in used:
@@ -361,6 +391,8 @@ class Study(SpecModel):
         for key in ("reference", "dimension", "contrast", "contrast_label", "generate"):
             if payload["target"].get(key) is None:
                 payload["target"].pop(key, None)
+        if payload.get("spans") is None:
+            payload.pop("spans", None)
         if payload["target"].get("steps") is False:
             payload["target"].pop("steps")
         if (payload["metrics"].get("erasure") or {}).get("flips") is True:

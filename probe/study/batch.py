@@ -6,6 +6,7 @@ seeded method draws from the example's content (see :mod:`probe.study.runner`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -93,19 +94,23 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
                 raise InputError(f"an output of more than {STEP_STRIDE} tokens cannot be explained token by token; "
                                  "give a shorter continuation")
         engine = Engine(pm, token_budget=study.engine.token_budget)
-        scores = _method_scores(pm, study, examples, engine, timed)
-        baselines = _baselines(study, examples)
-        frame = (_step_frame(study, data_examples, examples, data_index, first_index) if study.target.stepwise
-                 else _examples_frame(study, data_examples, examples, first_index))
+        token_scores = _method_scores(pm, study, examples, engine, timed)
+        units, scores = examples, token_scores
+        if study.spans is not None:  # the units compared are spans: scores folded, references perturb whole spans
+            units, scores = _span_units(pm, study, examples, token_scores, engine, timed)
+        baselines = _baselines(study, units)
+        frame = (_step_frame(study, data_examples, units, data_index, first_index) if study.target.stepwise
+                 else _examples_frame(study, data_examples, units, first_index))
+        frame["n_tokens"] = [len(e.input_ids) for e in examples]
         tables = {"examples": frame,
-                  "tokens": token_rows(examples, first_index, study.statistics.include_special),
-                  "scores": score_rows(examples, first_index, scores),
+                  "tokens": token_rows(units, first_index, study.statistics.include_special),
+                  "scores": score_rows(units, first_index, scores),
                   "convergence": convergence_rows(first_index, scores)}
         left_out: list[dict] = []
-        tables["agreement"] = timed("agreement", lambda: agreement_rows(study, examples, first_index, scores, baselines,
+        tables["agreement"] = timed("agreement", lambda: agreement_rows(study, units, first_index, scores, baselines,
                                                                         left_out))
         tables["left_out"] = pd.DataFrame(left_out, columns=["example", "explainer", "reference", "role", "reason"])
-        tables.update(_intervention_tables(pm, study, examples, first_index, scores, engine, timed))
+        tables.update(_intervention_tables(pm, study, examples, first_index, token_scores, engine, timed))
     finally:
         counter.close()
     wall = time.perf_counter() - started
@@ -129,6 +134,34 @@ def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample]
         scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,
                                                                    params=study.params.get(m)))
     return scores
+
+
+def _span_units(pm: ProbeModel, study: Study, examples: list[PreparedExample], token_scores: dict[str, TokenScores],
+                engine: Engine, timed: _Timings) -> tuple[list[PreparedExample], dict[str, TokenScores]]:
+    """``study.spans`` as the units: each example's spans (:func:`probe.rows.spans.find_spans`) as
+    the positions of a unit example (its tokens the spans' texts, none special), each method's
+    token scores folded over them, and every leave-one-out with a span form (loo_delete, loo_mask,
+    loo_unk, loo_pad) run again on whole spans (:func:`probe.intervene.spans.span_loo`)."""
+    from probe.intervene.spans import span_loo
+    from probe.registry import method as method_entry
+    from probe.rows.spans import folded_scores, spans_per_example
+
+    found = spans_per_example(pm, examples, study.spans.pattern)
+    scores = {}
+    for name, result in token_scores.items():
+        mode = method_entry(name).span_mode
+        if mode is None:
+            scores[name] = folded_scores(result, found, study.spans.aggregate)
+            continue
+        frame = timed(f"{name} (spans)", lambda m=mode: span_loo(engine, examples, found, m))
+        by_example = [frame[frame["example"] == i].sort_values("span_index")["score"].to_numpy()
+                      for i in range(len(examples))]
+        scores[name] = TokenScores(name, [torch.from_numpy(v.astype(np.float32)) for v in by_example],
+                                   params=result.params)
+    units = [dataclasses.replace(e, input_ids=[e.input_ids[s.positions[0]] for s in spans],
+                                 special=[False] * len(spans), tokens=[s.text for s in spans])
+             for e, spans in zip(examples, found)]
+    return units, scores
 
 
 def _baselines(study: Study, examples: list[PreparedExample]) -> dict[str, TokenScores | None]:

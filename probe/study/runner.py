@@ -286,7 +286,8 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
     if study.target.stepwise:  # as many units as the sanity sample has examples, spread over their output tokens
         k = min(len(prepared), study.metrics.sanity.examples)
         prepared = [prepared[int(i)] for i in np.linspace(0, len(prepared) - 1, k).round().astype(int)]
-        stored = {}  # the units' scores are computed again (the stored rows are numbered by batch unit)
+    if study.target.stepwise or study.spans is not None:
+        stored = {}  # the checks read tokens: the stored rows are step units or spans, so the scores are computed again
     else:
         stored = _stored_scores(store, study, prepared)
     checks = study_sanity(pm, study, prepared, stored=stored)
