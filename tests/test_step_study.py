@@ -190,3 +190,35 @@ def test_a_claim_over_generated_tokens_is_judged_over_the_prompts(tiny_dirs):
     assert claim.effect == pytest.approx(np.mean([np.mean(v) for v in per_prompt.values()]))
     evidence = claim.evidence["for"] + claim.evidence["against"]
     assert evidence and all("step" in e and e["text"] in texts for e in evidence)
+
+
+def test_when_it_writes_the_most_attended_span_is_the_most_important_one(tiny_dirs):
+    """The issue's claim: token_importance over spans of the prompt, for every generated token,
+    checked by hand (attention summed over each span, each span deleted in one forward)."""
+    import probe
+    from probe.claims.run import run_audit
+    from probe.explainers.attention import attention
+    from probe.rows.target import evaluate
+    from probe.spec.claims import claims_from_dict
+
+    texts = ["the movie was good and the plot was bad", "the film is fun but the story is boring",
+             "a boring plot and the worst film", "the acting was great , the ending was not"]
+    pattern = r"the \w+|bad|boring|fun|great|not|good"
+    pm = probe.load_model(str(tiny_dirs["gpt2"]))
+    spec = claims_from_dict({"model": {"id": str(tiny_dirs["gpt2"])}, "data": {"texts": texts},
+                             "target": {"generate": NEW_TOKENS}, "spans": {"pattern": pattern},
+                             "claims": [{"claim": "when it writes, the most-attended span matters most",
+                                         "kind": "token_importance", "attention": "attention@1.0"}]})
+    claim = run_audit(spec, model=pm).claims[0]
+    units = prepare(pm, texts, TargetSpec(steps=True, max_new_tokens=NEW_TOKENS))
+    att = attention(pm, units).scores
+    per_prompt: dict[str, list[float]] = {}
+    for i, unit in enumerate(units):
+        spans = probe.find_spans(pm, unit, pattern)
+        x = [float(att[i][1, 0, list(s.positions)].sum()) for s in spans]
+        whole = float(evaluate(pm, [(unit.input_ids, unit)])[0])
+        y = [whole - float(evaluate(pm, [([t for p, t in enumerate(unit.input_ids) if p not in s.positions], unit)])[0])
+             for s in spans]
+        per_prompt.setdefault(unit.text, []).append(float(np.argmax(x) == np.argmax(y)))
+    assert claim.effect == pytest.approx(np.mean([np.mean(v) for v in per_prompt.values()]))
+    assert claim.n == len(texts)

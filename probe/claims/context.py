@@ -54,6 +54,7 @@ class AuditContext:
         self._scores: dict = {}
         self._ablations: dict[int, np.ndarray] = {}
         self._texts: dict[int, list[str]] = {}
+        self._spans: dict[str, list] = {}  # the spans found, and span leave-one-out per reference
 
     @property
     def n_examples(self) -> int:
@@ -130,6 +131,40 @@ class AuditContext:
 
     def reference(self, method: str) -> list[np.ndarray]:
         return [s.double().numpy() for s in self.scores(method).scores]
+
+    def spans(self) -> list:
+        """Each example's spans (the claim file's ``spans.pattern``), found once."""
+        if "spans" not in self._spans:
+            from probe.rows.spans import spans_per_example
+
+            self._spans["spans"] = spans_per_example(self.pm, self.examples, self.file.spans.pattern)
+        return self._spans["spans"]
+
+    def span_vectors(self, vectors: list[np.ndarray]) -> list[np.ndarray]:
+        """Token vectors (one per example) folded over each example's spans by ``spans.aggregate``."""
+        import torch
+
+        from probe.rows.spans import fold
+
+        how = self.file.spans.aggregate
+        return [np.array([float(fold(torch.from_numpy(v), s.positions, how)) for s in spans], dtype=np.float64)
+                for v, spans in zip(vectors, self.spans())]
+
+    def span_reference(self, method: str, index: int) -> list[np.ndarray]:
+        """``method`` as leave-one-out of whole spans, one vector per example (span order)."""
+        key = f"span:{method}"
+        if key not in self._spans:
+            from probe.intervene.spans import span_loo
+
+            mode = registry.method(method).span_mode
+            if mode is None:
+                raise InputError(f"{self.file.where(index, 'reference')}: {method} has no span form (a span is deleted "
+                                 "or replaced by the mask, unk or pad token); use loo_delete, loo_mask, loo_unk or "
+                                 "loo_pad, or remove spans")
+            frame = span_loo(self.engine, self.examples, self.spans(), mode)
+            self._spans[key] = [frame[frame["example"] == i].sort_values("span_index")["score"].to_numpy(np.float64)
+                                for i in range(len(self.examples))]
+        return self._spans[key]
 
     def describe(self, i: int) -> dict:
         """Prepared example ``i`` as the audit names it: its dataset example (and with a step target

@@ -151,14 +151,19 @@ def _result(claim, judgement: Judgement, *, measure: str, rule, intervention: st
 
 
 def _agreements(ctx: AuditContext, claim, index: int, k: int) -> tuple[list[dict], list[dict]]:
-    """Per example: agreement of the attention ranking with the reference over the scored tokens."""
+    """Per example: agreement of the attention ranking with the reference over the scored tokens (with
+    the claim file's ``spans``: over the spans, attention folded, the reference leaving out whole spans)."""
     from probe.metrics.agreement import agreement
 
     attention = ctx.attention_vectors(claim.ranking, index)
-    reference = ctx.reference(claim.reference)
+    if ctx.file.spans is not None:  # spans as units: attention folded over each span, the reference perturbs it whole
+        attention, reference = ctx.span_vectors(attention), ctx.span_reference(claim.reference, index)
+    else:
+        reference = ctx.reference(claim.reference)
     rows, details = [], []
     for i, (x, y) in enumerate(zip(attention, reference)):
-        keep = ctx.scorable(i) & np.isfinite(x) & np.isfinite(y)
+        scorable = np.ones(len(x), dtype=bool) if ctx.file.spans is not None else ctx.scorable(i)
+        keep = scorable & np.isfinite(x) & np.isfinite(y)
         n = int(keep.sum())
         if n < 2:
             rows.append({})
@@ -166,7 +171,7 @@ def _agreements(ctx: AuditContext, claim, index: int, k: int) -> tuple[list[dict
             continue
         values = {key: float(v[0]) for key, v in agreement(x[keep], y[keep], k=[1, k]).items()}
         positions = np.flatnonzero(keep)
-        texts = ctx.texts(i)
+        texts = [span.text for span in ctx.spans()[i]] if ctx.file.spans is not None else ctx.texts(i)
         top_attention = int(positions[np.argsort(-x[keep], kind="stable")[0]])
         top_reference = int(positions[np.argsort(-y[keep], kind="stable")[0]])
         values["chance"] = 1.0 / n

@@ -43,7 +43,7 @@ from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS, method_family
 from probe.registry import AdversarialParams
-from probe.spec.parts import ModelSpec, TargetConfig
+from probe.spec.parts import ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,
     Bool,
@@ -366,6 +366,8 @@ class _FileSchema(SpecModel):
     data: DataSpec
     target: TargetConfig = Field(default_factory=TargetConfig)
     statistics: AuditStatistics = Field(default_factory=AuditStatistics)
+    #: spans instead of tokens as the units ranking claims compare (token_importance, faithfulness)
+    spans: SpansSpec | None = None
     output: str | None = None
     description: str = ""
     claims: list[Any]
@@ -391,6 +393,7 @@ class ClaimFile:
     output: str | None = None
     description: str = ""
     source: str = "<dict>"
+    spans: SpansSpec | None = None
     lines: dict = field(default_factory=dict, compare=False, repr=False)
 
     def where(self, index: int, key: str | None = None) -> str:
@@ -403,6 +406,7 @@ class ClaimFile:
         return {"model": self.model.model_dump(mode="json"), "data": self.data.model_dump(mode="json"),
                 "target": self.target.model_dump(mode="json"), "statistics": self.statistics.model_dump(mode="json"),
                 "output": self.output, "description": self.description,
+                **({"spans": self.spans.model_dump(mode="json")} if self.spans is not None else {}),
                 "claims": [c.model_dump(mode="json") for c in self.claims]}
 
 
@@ -480,7 +484,8 @@ def _validate(data: Any, *, source: str, root: yaml.Node | None, base_dir: Path 
                 if found and key_node is not None:
                     lines[(i, key)] = key_node.start_mark.line + 1
     return ClaimFile(model=top.model, data=top.data, target=top.target, statistics=top.statistics,
-                     claims=tuple(claims), output=top.output, description=top.description, source=source, lines=lines)
+                     claims=tuple(claims), output=top.output, description=top.description, source=source, lines=lines,
+                     spans=top.spans)
 
 
 def _located(message: str, at: tuple, source: str, root: yaml.Node | None) -> InputError:

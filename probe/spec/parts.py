@@ -14,7 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.spec.validation import Int, SpecModel, check_dataset_name, fail, show
 
-__all__ = ["DatasetSpec", "Filters", "ModelSpec", "TargetConfig"]
+__all__ = ["DatasetSpec", "Filters", "ModelSpec", "SpansSpec", "TargetConfig"]
 
 
 class ModelSpec(SpecModel):
@@ -226,3 +226,23 @@ class TargetConfig(SpecModel):
             fail(f"contrast_label {show(self.contrast_label)} is the label itself; a contrast explains one class "
                   "rather than another: give a different contrast_label", at=["contrast_label"])
         return self
+
+
+class SpansSpec(SpecModel):
+    """Spans as the units compared (:mod:`probe.rows.spans`), in a study or an audit: each match of
+    ``pattern`` in an example's text is one unit; every explainer's token scores are folded over it
+    by ``aggregate``, and each leave-one-out reference perturbs the whole span at once."""
+
+    pattern: str
+    aggregate: Literal["sum", "max", "mean"] = "sum"
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        if not value.strip():
+            fail("is empty; give a regular expression whose matches are the spans (e.g. '\\w+' for words)")
+        try:
+            re.compile(value)
+        except re.error as err:
+            fail(f"{value!r} is not a regular expression ({err}); e.g. '[^,.]+' for clauses")
+        return value

@@ -27,7 +27,7 @@ from probe.names import ALL_METHODS, ATTENTION_METHODS
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.registry import AdversarialParams, params_problem
 from probe.registry import method as method_entry
-from probe.spec.parts import DatasetSpec, ModelSpec, TargetConfig
+from probe.spec.parts import DatasetSpec, ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,
     Bool,
@@ -259,26 +259,6 @@ class StatisticsSpec(SpecModel):
 class EngineSpec(SpecModel):
     batch_size: Annotated[Int, Field(ge=1, le=65_536)] = 16
     token_budget: Annotated[Int, Field(ge=64, le=2**28)] = 8192
-
-
-class SpansSpec(SpecModel):
-    """Spans as the units compared (:mod:`probe.rows.spans`): each match of ``pattern`` in an
-    example's text is one unit; every explainer's token scores are folded over it by ``aggregate``,
-    and each leave-one-out reference perturbs the whole span at once."""
-
-    pattern: str
-    aggregate: Literal["sum", "max", "mean"] = "sum"
-
-    @field_validator("pattern")
-    @classmethod
-    def _pattern(cls, value: str) -> str:
-        if not value.strip():
-            fail("is empty; give a regular expression whose matches are the spans (e.g. '\\w+' for words)")
-        try:
-            re.compile(value)
-        except re.error as err:
-            fail(f"{value!r} is not a regular expression ({err}); e.g. '[^,.]+' for clauses")
-        return value
 
 
 class Study(SpecModel):
