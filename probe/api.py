@@ -198,7 +198,7 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
             continuation: str | Sequence[str] | None = None, kind: str | None = None,
             strict_length: bool = False, generate: int | None = None,
             steps: bool = False, chat: bool = False, contrast: str | Sequence[str] | None = None,
-            contrast_label: Label | Sequence[Label] | None = None) -> list[PreparedExample]:
+            contrast_label: Label | Sequence[Label] | None = None, target_side: bool = False) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
@@ -215,6 +215,9 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     output of up to N tokens, ``steps=True`` each token of ``continuation`` (or of the greedy
     output of 16). Every output token is then its own example (``example.step``; text 0's steps
     first), whose target is that token's log-prob given the input and the output before it.
+    ``target_side=True`` (causal LMs, with ``generate`` or ``steps``): the output before each token
+    is scored too, as part of that token's input (``example.written``: the token's index in the
+    output), so the matrices run over the prompt and the output written so far.
 
     ``chat=True`` (chat models): each text is the user's message in the tokenizer's chat template,
     the assistant's turn opened; the template's tokens stay in the input, marked special (never
@@ -227,7 +230,10 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
                         steps=_flag(steps, "steps") or generate is not None, max_new_tokens=generate,
                         chat=_flag(chat, "chat"), contrast=_one_or_each(contrast),
-                        contrast_label=_one_or_each(contrast_label))
+                        contrast_label=_one_or_each(contrast_label), target_side=_flag(target_side, "target_side"))
+    if target.target_side and not target.steps:
+        raise InputError("target_side=True scores the output written before each output token: give generate=N "
+                         "(or steps=True with a continuation)")
     return _prepare(pm, texts, target, strict_length=strict_length)
 
 
@@ -275,13 +281,14 @@ def _check_prepared_by(pm: ProbeModel, examples: list[PreparedExample]) -> None:
 def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
               kind: str | None = None, strict_length: bool = False, generate: int | None = None,
               steps: bool = False, chat: bool = False, contrast: str | None = None,
-              contrast_label: int | str | None = None) -> list[PreparedExample]:
+              contrast_label: int | str | None = None, target_side: bool = False) -> list[PreparedExample]:
     """Texts prepared with the target options, or prepared examples as they are (then no options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
     items = _text_list(texts)
     if all(isinstance(e, PreparedExample) for e in items):
-        if any(v is not None for v in (label, continuation, kind, contrast, contrast_label, generate)) or steps or chat:
+        if any(v is not None for v in (label, continuation, kind, contrast, contrast_label, generate)) or steps or chat \
+                or target_side:
             raise InputError("label, continuation, kind, the contrasts, generate, steps and chat apply to texts; these "
                              "examples are prepared already (their targets are fixed): pass the texts instead")
         _check_prepared_by(pm, items)
@@ -290,7 +297,8 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
         kinds = sorted({type(e).__name__ for e in items})
         raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}")
     return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                   generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label)
+                   generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label,
+                   target_side=target_side)
 
 
 # --------------------------------------------------------------------------------------- explain
@@ -372,9 +380,9 @@ class Explanation(PicklableFrozen):
         not steps)."""
         groups: list[list[int]] = []
         for i, e in enumerate(self.examples):
-            if e.step is None:
+            if e.output_index is None:
                 continue
-            if e.step == 0 or not groups:
+            if e.output_index == 0 or not groups:
                 groups.append([])
             groups[-1].append(i)
         return [tuple(g) for g in groups]
@@ -393,7 +401,9 @@ class Explanation(PicklableFrozen):
         source token]`` (``...``: the method's layer and head axes, if any); a row per output token,
         whose target is that token's log-prob given the prompt and the output before it."""
         result = self[method]
-        return torch.stack([result.scores[i] for i in self._output_group(text)])
+        rows = [result.scores[i] for i in self._output_group(text)]
+        width = max(r.shape[-1] for r in rows)  # target-side rows grow by the output written before them
+        return torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[-1]), value=float("nan")) for r in rows])
 
     def matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> pd.DataFrame:
         """The ``[output token x source token]`` matrix of ``method`` for text ``text``: one row per
@@ -418,9 +428,9 @@ class Explanation(PicklableFrozen):
             else:
                 values = values[:, head]
         group = self._output_group(text)
-        first = self.examples[group[0]]
-        rows = [f"{self.examples[i].step}: {self.examples[i].label_name}" for i in group]
-        columns = [f"{p}: {clean_token(t)}" for p, t in enumerate(first.tokens)]
+        widest = self.examples[max(group, key=lambda i: len(self.examples[i].tokens))]
+        rows = [f"{self.examples[i].output_index}: {self.examples[i].label_name}" for i in group]
+        columns = [f"{p}: {clean_token(t)}" for p, t in enumerate(widest.tokens)]
         return pd.DataFrame(values.double().numpy(), index=pd.Index(rows, name="output token"),
                             columns=pd.Index(columns, name="source token"))
 
@@ -703,7 +713,8 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
             progress: bool = False, generate: int | None = None, steps: bool = False,
             chat: bool = False, contrast: str | None = None,
-            contrast_label: int | str | None = None, spans: str | Sequence[tuple[int, int]] | None = None) -> Explanation:
+            contrast_label: int | str | None = None, spans: str | Sequence[tuple[int, int]] | None = None,
+            target_side: bool = False) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
@@ -714,7 +725,8 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     A language model's output token by token: ``generate=N`` (its greedy output of up to N tokens)
     or ``steps=True`` (each token of ``continuation``) make every output token an example of its
     own (see :func:`prepare`); :meth:`Explanation.matrix` then gives a method's
-    ``[output token, ..., source token]`` matrix per text. ``chat=True``: the texts are user
+    ``[output token, ..., source token]`` matrix per text (``target_side=True``: over the prompt and
+    the output written before each token). ``chat=True``: the texts are user
     messages in the model's chat template (see :func:`prepare`).
     ``contrast`` / ``contrast_label``: explain the target rather than a foil / another class (see :func:`prepare`).
     ``spans``: units to read the scores by, a regular expression (each match) or character offsets
@@ -728,7 +740,8 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     if chosen is not None:
         _no_gradients_here(chosen)
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                         generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label)
+                         generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label,
+                         target_side=target_side)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
@@ -767,7 +780,8 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
         label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
         progress: bool = False, generate: int | None = None, steps: bool = False,
-        chat: bool = False, contrast: str | None = None, contrast_label: int | str | None = None) -> TokenScores:
+        chat: bool = False, contrast: str | None = None, contrast_label: int | str | None = None,
+        target_side: bool = False) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
     Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
@@ -776,7 +790,7 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     from probe.intervene.tokens import loo as _loo
 
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps,
-                         chat=chat, contrast=contrast, contrast_label=contrast_label)
+                         chat=chat, contrast=contrast, contrast_label=contrast_label, target_side=target_side)
     return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 

@@ -187,6 +187,8 @@ def explain(
     continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
     generate: int | None = typer.Option(None, "--generate", help="for a language model, explain each token of its greedy output of up to N "
                                         "tokens (or of --continuation) on its own: a [prompt token x output token] table per method"),
+    target_side: bool = typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output written before "
+                                     "each output token too, as part of its input"),
     chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat template "
                               "(the template's tokens are not scored)"),
     contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the log-prob of the continuation "
@@ -223,11 +225,14 @@ def explain(
 
     if generate is not None and generate < 1:
         raise InputError(f"--generate {generate}: give a number of tokens to generate, 1 or more")
+    if target_side and generate is None:
+        raise InputError("--target-side scores the output written before each output token: add --generate N")
     # a contrast on the wrong kind of model, or with --target prob, is refused by prepare in one line
     examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
                                               reference=reference, dimension=dimension,
                                               steps=generate is not None, max_new_tokens=generate, chat=chat,
-                                              contrast=contrast, contrast_label=contrast_label),
+                                              contrast=contrast, contrast_label=contrast_label,
+                                              target_side=target_side),
                        strict_length=strict_length)
     names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:

@@ -149,10 +149,12 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
         table.add_column("token")
         for j, e in enumerate(steps):
             table.add_column(plain(f"{j}:{_shown(e.label_name)}"), justify="right", overflow="fold")
-        values = frame.to_numpy()  # [output, source]
-        for p, token in enumerate(first.tokens):
+        values = frame.to_numpy()  # [output, source]; target-side: the last row's source runs over the output too
+        widest = steps[-1]
+        for p, token in enumerate(widest.tokens):
             cells = ["" if v != v else f"{v:.3f}" for v in values[:, p].tolist()]
-            table.add_row(plain(token + (" *" if first.special[p] else "")), *cells)
+            written = " (output)" if p >= len(first.tokens) else ""
+            table.add_row(plain(token + (" *" if widest.special[p] else "") + written), *cells)
         console.print(table)
     console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
 
@@ -166,8 +168,11 @@ def print_generation_json(pm: ProbeModel, explanation, skipped: dict) -> None:
     group = explanation.outputs()[0]
     steps = [explanation.examples[i] for i in group]
     scores = {name: nan_to_none(explanation.stacked(name, 0).tolist()) for name in explanation.scores}
-    print(json.dumps({"model_path": pm.path, "tokens": steps[0].tokens, "token_ids": steps[0].input_ids,
-                      "output": [{"step": e.step, "token": e.label_name, "token_id": e.target_ids[e.step],
+    widest = steps[-1]  # target-side: its input is the prompt and every output token before the last
+    print(json.dumps({"model_path": pm.path, "tokens": widest.tokens, "token_ids": widest.input_ids,
+                      "prompt_tokens": len(steps[0].input_ids),
+                      "output": [{"step": e.output_index, "token": e.label_name,
+                                  "token_id": e.target_ids[e.step if e.step is not None else 0],
                                   "kind": e.kind, "value": e.original_value} for e in steps],
                       "scores": scores, "axes": {name: ["output token", *explanation[name].axes]
                                                  for name in explanation.scores},

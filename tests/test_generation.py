@@ -244,3 +244,35 @@ def test_a_left_padded_tokenizer_gives_the_same_step_matrices(loaded, tiny_dirs)
     for t in range(len(PROMPTS)):
         for m in methods:
             torch.testing.assert_close(a.stacked(m, t), b.stacked(m, t), equal_nan=True, atol=2e-5, rtol=1e-4)
+
+
+def test_target_side_steps_score_the_output_written_before_each_token(loaded):
+    """``target_side=True``: output token j's row covers the prompt and output tokens 0..j-1. Its
+    attention is HF eager attention at that position over all of them; its leave-one-out deletes a
+    prompt or an earlier output token and recomputes the rest (one unpadded forward each); on the
+    prompt it equals the prompt-only step."""
+    pm, eager = loaded("gpt2"), loaded("gpt2", "eager")
+    units = probe.prepare(pm, PROMPTS, generate=3, target_side=True)
+    plain = probe.prepare(pm, PROMPTS, generate=3)
+    assert [u.written for u in units] == [p.step for p in plain] and all(u.step is None for u in units)
+    ex = probe.explain(pm, units, ["attention", "loo_delete", "input_x_gradient"])
+    flat = probe.explain(pm, plain, ["input_x_gradient"])
+    for i, (u, p) in enumerate(zip(units, plain)):
+        n, j = len(p.input_ids), u.written
+        assert u.input_ids == p.input_ids + p.target_ids[:j] and u.target_ids == [p.target_ids[j]]
+        assert u.original_value == pytest.approx(p.original_value, abs=1e-5)
+        with torch.no_grad():
+            out = eager.model(input_ids=torch.tensor([u.input_ids]), output_attentions=True)
+        maps = torch.stack([a[0, :, n + j - 1, : n + j] for a in out.attentions])
+        torch.testing.assert_close(ex["attention"].scores[i], maps.float(), atol=1e-5, rtol=1e-4)
+        expected = [p.original_value - _step_values(pm, u.input_ids[:t] + u.input_ids[t + 1:], u.target_ids)[0]
+                    for t in range(n + j)]
+        np.testing.assert_allclose(ex["loo_delete"].scores[i].double().numpy(), expected, atol=1e-4)
+        np.testing.assert_allclose(ex["input_x_gradient"].scores[i][:n].numpy(),
+                                   flat["input_x_gradient"].scores[i].numpy(), atol=1e-5)
+    matrix = ex.matrix("loo_delete", 0)
+    assert matrix.shape == (3, len(plain[0].input_ids) + 2) and np.isnan(matrix.to_numpy()[0, -2:]).all()
+    with pytest.raises(InputError, match="target_side=True scores the output written"):
+        probe.prepare(pm, PROMPTS, target_side=True)
+    with pytest.raises(InputError, match="target-side attribution reads the output written so far"):
+        probe.prepare(loaded("t5"), PROMPTS, generate=2, target_side=True)

@@ -140,6 +140,7 @@ def test_the_report_of_a_step_study_draws_agreement_by_step_and_output_matrices(
     ({"generate": 4, "contrast": " bad"}, "a contrast is set against a given output"),
     ({"generate": 0}, "generate"),
     ({"generate": 2000}, "generate"),
+    ({"target_side": True}, "target_side scores the output written before each output token"),
 ])
 def test_a_study_file_refuses_a_step_target_it_cannot_explain(tmp_path, target, message):
     from probe.spec.study import study_from_dict

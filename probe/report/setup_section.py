@@ -116,6 +116,8 @@ def _target_text(target: TargetConfig) -> str:
                 "(one unit per output token; statistics over the examples, each the mean of its tokens)")
         if target.contrast is not None:
             text += f", minus that of the foil {target.contrast!r} at the same position"
+        if target.target_side:
+            text += "; the output before each token is scored too (target-side attribution)"
         return text
     text = f"{target.kind or 'default'} of " + (
         f"the pooled embedding with that of {target.reference!r} (cosine)" if target.reference else

@@ -51,8 +51,8 @@ def unit_matrix(r: StudyResult, source: int, method: str, layer: int = -1, head:
     where a token is not scored), with the output tokens' and the source tokens' labels."""
     examples, scores, tokens = r.table("examples"), r.table("scores"), r.table("tokens")
     units = examples[examples["source"] == source].sort_values("step")
-    first = int(units["example"].iloc[0])
-    tok = tokens[tokens["example"] == first].sort_values("position")
+    widest = int(units["example"].iloc[-1])  # target-side: the last token's input holds the output before it
+    tok = tokens[tokens["example"] == widest].sort_values("position")
     columns = [display_token(str(t)) for t in tok["token"]]
     scored = tok["scored"].to_numpy(dtype=bool)
     sel = scores[scores["example"].isin(units["example"]) & (scores["method"] == method)]
@@ -65,7 +65,7 @@ def unit_matrix(r: StudyResult, source: int, method: str, layer: int = -1, head:
     table = sel.groupby(["example", "position"])["score"].mean().unstack("position")
     table = table.reindex(index=units["example"].to_numpy(), columns=range(len(columns)))
     values = table.to_numpy(dtype=np.float64, copy=True)
-    values[:, ~scored] = np.nan
+    values[:, ~scored] = np.nan  # the template's and special tokens (NaN past a target-side row's own input already)
     rows = [f"{int(s) + 1}: {display_token(str(t))}" for s, t in zip(units["step"], units["target_name"])]
     return values, rows, columns
 

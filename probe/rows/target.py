@@ -66,6 +66,10 @@ class TargetSpec:
     #: output of up to ``max_new_tokens`` tokens
     steps: bool = False
     max_new_tokens: int | None = None
+    #: causal LMs, with ``steps``: score the output written before each token as well as the prompt
+    #: (target-side attribution): each output token's example reads the prompt and the output before
+    #: it as its input (:attr:`PreparedExample.written`)
+    target_side: bool = False
     #: chat models: each text is the user's message, laid out by the tokenizer's chat template with
     #: the assistant's turn opened; the template's own tokens are kept in the input and marked
     #: special (never scored or perturbed)
@@ -93,9 +97,19 @@ class PreparedExample:
     #: prob) of ``target_ids[step]`` alone, given the input and ``target_ids[:step]`` (teacher
     #: forced); None: the whole output's summed log-prob
     step: int | None = None
+    #: a target-side step (``TargetSpec.target_side``): the output token's index in its text's output;
+    #: ``input_ids`` then holds the prompt and the ``written`` output tokens before it, the target the
+    #: next token alone (``step`` None), so every method scores the earlier output as it scores the prompt
+    written: int | None = None
     foil_ids: list[int] = field(default_factory=list)  # LM contrast: the foil's id at each target position
     contrast_label: int | None = None  # classifier contrast: the class subtracted
     contrast_name: str | None = None  # what is contrasted (the foil text, the contrast label's name)
+
+    @property
+    def output_index(self) -> int | None:
+        """The output token this example explains, by its index in the text's output (a step or a
+        target-side step), or None for a whole target."""
+        return self.step if self.step is not None else self.written
 
     @property
     def contrasted(self) -> bool:
@@ -292,6 +306,8 @@ def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, stri
         examples = [dataclasses.replace(e, label_name=pm.tokenizer.decode(e.target_ids)) for e in examples]
     else:
         examples = prepare(pm, texts, whole, strict_length=strict_length, max_new_tokens=n_new)
+    if target.target_side:
+        return target_side_steps(pm, examples)
     return per_step(pm, examples)
 
 
@@ -322,6 +338,28 @@ def _tokenised(pm: ProbeModel, texts: list[str], kind: str, strict_length: bool)
         examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
                                         tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
     return examples
+
+
+def target_side_steps(pm: ProbeModel, examples: list[PreparedExample]) -> list[PreparedExample]:
+    """Each causal LM example's output token by token, the output before each token part of the
+    input (target-side attribution): the example of output token j reads the prompt and output
+    tokens 0..j-1 (not special: they are scored and perturbed as the prompt is) and explains the
+    next token, ``target_ids[j]``, alone; its ``written`` is j."""
+    if not pm.task.next_token:
+        raise InputError("target-side attribution reads the output written so far as input, which a causal LM "
+                         f"does; {pm.name} is a {pm.task.head} (its output is the decoder's): leave out target_side")
+    out = []
+    for e in examples:
+        for j, token in enumerate(e.target_ids):
+            before = [int(t) for t in e.target_ids[:j]]
+            unit = dataclasses.replace(
+                e, input_ids=[*e.input_ids, *before], special=[*e.special, *([False] * j)],
+                tokens=[*e.tokens, *pm.tokenizer.convert_ids_to_tokens(before)], target_ids=[int(token)],
+                foil_ids=[e.foil_ids[j]] if e.foil_ids else [], label_name=pm.tokenizer.decode([int(token)]),
+                original_value=None, step=None, written=j)
+            out.append(unit)
+    values = evaluate(pm, [(u.input_ids, u) for u in out]) if out else torch.zeros(0)
+    return [dataclasses.replace(u, original_value=float(v)) for u, v in zip(out, values.tolist())]
 
 
 def per_step(pm: ProbeModel, examples: list[PreparedExample]) -> list[PreparedExample]:

@@ -111,6 +111,8 @@ class TargetConfig(SpecModel):
     #: the examples): ``generate`` its greedy output of up to N tokens, ``steps`` each token of ``continuation``
     generate: Annotated[Int, Field(ge=1, le=1024)] | None = None
     steps: bool = False
+    #: causal LMs, with generate or steps: the output written before each token is scored too (target-side)
+    target_side: bool = False
 
     @property
     def stepwise(self) -> bool:
@@ -182,6 +184,9 @@ class TargetConfig(SpecModel):
 
     @model_validator(mode="after")
     def _steps(self) -> TargetConfig:
+        if self.target_side and not self.stepwise:
+            fail("target_side scores the output written before each output token: add generate: N (or steps: true "
+                  "with a continuation)", at=["target_side"])
         if not self.stepwise:
             return self
         key = "generate" if self.generate is not None else "steps"

@@ -373,8 +373,9 @@ class Study(SpecModel):
                 payload["target"].pop(key, None)
         if payload.get("spans") is None:
             payload.pop("spans", None)
-        if payload["target"].get("steps") is False:
-            payload["target"].pop("steps")
+        for key in ("steps", "target_side"):
+            if payload["target"].get(key) is False:
+                payload["target"].pop(key)
         if (payload["metrics"].get("erasure") or {}).get("flips") is True:
             payload["metrics"]["erasure"].pop("flips")
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

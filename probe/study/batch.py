@@ -199,7 +199,7 @@ def _step_frame(study: Study, data_examples: list[Example], examples: list[Prepa
     owners = sources(examples)
     frame = _examples_frame(study, [data_examples[o] for o in owners], examples, first_unit)
     frame.insert(1, "source", np.asarray(owners, dtype=np.int64) + data_index)
-    frame.insert(2, "step", np.asarray([e.step for e in examples], dtype=np.int64))
+    frame.insert(2, "step", np.asarray([e.output_index for e in examples], dtype=np.int64))
     return frame
 
 

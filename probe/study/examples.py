@@ -115,7 +115,8 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
         examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
                                                   reference=t.reference, dimension=t.dimension,
                                                   contrast=t.contrast, contrast_label=t.contrast_label,
-                                                  steps=t.stepwise, max_new_tokens=t.generate),
+                                                  steps=t.stepwise, max_new_tokens=t.generate,
+                                                  target_side=t.target_side),
                            strict_length=True)
     marked = []
     owners = sources(examples) if t.stepwise else range(len(examples))
@@ -130,7 +131,7 @@ def sources(examples: Sequence[PreparedExample]) -> list[int]:
     came from; for other examples, their own index."""
     owners, current = [], -1
     for example in examples:
-        current += example.step is None or example.step == 0
+        current += example.output_index is None or example.output_index == 0
         owners.append(current)
     return owners
 
