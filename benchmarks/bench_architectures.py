@@ -55,6 +55,10 @@ SIZES = {
 # Per model type: what a two-layer tiny model needs so that it has attention at all.
 OVERRIDES: dict[str, dict] = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    # block-sparse only above (5 + 2r) x block_size tokens (HF runs full attention below): blocks of
+    # one token and one random block, so that the sample texts (up to 11 tokens) run block-sparse
+    "big_bird": {"block_size": 1, "num_random_blocks": 1},
+    "bigbird_pegasus": {"block_size": 1, "num_random_blocks": 1},
 }
 
 WORDS = ("the movie was great and acting good not funny a boring story , bad ending . film is very "

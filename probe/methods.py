@@ -69,12 +69,17 @@ def run_method(pm: ProbeModel, examples, method: str, *, engine=None, params: Ma
     refuse_gradients_under_inference_mode([method], "it")
     if (why := entry.skip_reason("maps", pm, 0)) is not None:  # asked for by name on implicit maps
         raise InputError(why)
-    score = entry.load_scorer()
-    if entry.engine:
-        from probe.intervene.engine import Engine
+    from probe.hooks.blocksparse import AttentionTypeGuard
 
-        return score(engine or Engine(pm), examples, **{**dict(entry.preset), **params})
-    return _halving_examples(pm, examples, lambda part: score(pm, part, method, **params))
+    score = entry.load_scorer()
+    # HF's BigBird keeps full attention after one short input: each of this method's forwards
+    # runs what its own input runs (probe.hooks.blocksparse)
+    with AttentionTypeGuard(pm.model):
+        if entry.engine:
+            from probe.intervene.engine import Engine
+
+            return score(engine or Engine(pm), examples, **{**dict(entry.preset), **params})
+        return _halving_examples(pm, examples, lambda part: score(pm, part, method, **params))
 
 
 def _halving_examples(pm: ProbeModel, examples, compute) -> TokenScores:

@@ -24,6 +24,10 @@ over the padded length ``seq``. :func:`dense_from_banded` scatters them into a d
 gives the structure the model allows (:class:`BandStructure`: band, global rows and columns).
 
 Architecture knowledge is the table :data:`BANDED_ATTENTION_CLASSES`, keyed by module class.
+
+The same site kind ("banded": read densified, never edited) serves BigBird's block-sparse
+attention (:mod:`probe.hooks.blocksparse`); :func:`is_banded`, :func:`open_reader`,
+:func:`describe_layers` and :func:`refuse_hooks` dispatch on the module's family.
 """
 
 from __future__ import annotations
@@ -35,15 +39,29 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError
+from probe.hooks import blocksparse
 
 #: module classes whose forward computes banded (sliding-window + global) attention, Longformer's way
 BANDED_ATTENTION_CLASSES = frozenset({"LongformerSelfAttention", "LEDEncoderSelfAttention"})
 
 
-def is_banded(module: torch.nn.Module) -> bool:
+def is_longformer_band(module: torch.nn.Module) -> bool:
     """Whether ``module`` computes Longformer-style banded attention (see the module docstring)."""
     return type(module).__name__ in BANDED_ATTENTION_CLASSES and isinstance(
         getattr(module, "one_sided_attn_window_size", None), int)
+
+
+def is_banded(module: torch.nn.Module) -> bool:
+    """Whether probe reads ``module`` through the banded path: Longformer's band or BigBird's blocks."""
+    return is_longformer_band(module) or blocksparse.is_block_sparse_layer(module)
+
+
+def pattern(module: torch.nn.Module) -> str:
+    """The layer's sparse pattern in a few words, for one-line messages."""
+    if blocksparse.is_block_sparse_layer(module):
+        return f"block-sparse attention (blocks of {module.config.block_size}, {module.config.num_random_blocks} random)"
+    w = one_sided_window(module)
+    return f"banded attention (keys i-{w}..i+{w} plus global tokens)"
 
 
 def one_sided_window(module: torch.nn.Module) -> int:
@@ -79,6 +97,10 @@ class BandedCall:
     @property
     def batch(self) -> int:
         return int(self.local.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.local.device
 
     def structure(self) -> BandStructure:
         positions = tuple(tuple(int(p) for p in row.nonzero().flatten().tolist() if p < self.length)
@@ -144,6 +166,8 @@ def dense_from_banded(local: torch.Tensor, global_: torch.Tensor | None, is_glob
 
 def describe_layers(modules: Mapping[int, torch.nn.Module]) -> str:
     """The structure of a stack's banded layers in one line, for the contract."""
+    if any(blocksparse.is_block_sparse_layer(m) for m in modules.values()):
+        return blocksparse.describe_layers(modules)
     windows = [one_sided_window(modules[layer]) for layer in sorted(modules) if is_banded(modules[layer])]
     w = windows[0] if len(set(windows)) == 1 else None
     band = f"keys i-{w}..i+{w} (attention_window {2 * w})" if w is not None else \
@@ -163,10 +187,9 @@ def refuse_hooks(places: Mapping[str, list[tuple[str, int]]], modules: Mapping[s
             if any(place in hooks for hooks in hooked):
                 stack, layer = place
                 raise CaptureError(
-                    f"cannot edit or recompute {stack} layer {layer}: {type(modules[path]).__name__} computes banded "
-                    f"attention (keys i-{one_sided_window(modules[path])}..i+{one_sided_window(modules[path])} plus "
-                    "global tokens) in its own chunked layout, which probe reads but has no exact way to write an "
-                    "edited [query, key] map back into")
+                    f"cannot edit or recompute {stack} layer {layer}: {type(modules[path]).__name__} computes "
+                    f"{pattern(modules[path])} in its own chunked layout, which probe reads but has no exact way to "
+                    "write an edited [query, key] map back into")
 
 
 def _input_length(module, args, kwargs) -> int | None:
@@ -180,6 +203,33 @@ def _input_length(module, args, kwargs) -> int | None:
         if isinstance(value, torch.Tensor) and value.dim() >= 2:
             return int(value.shape[1])
     return None
+
+
+def open_reader(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], handle: Callable) -> _Readers:
+    """Readers for the banded layers ``modules`` (by path) of ``model``, one per family; each call
+    of a layer reaches ``handle(module, call)``, the call a :class:`BandedCall` or a
+    :class:`probe.hooks.blocksparse.BlockSparseCall` (both give ``batch``, ``length``, ``device``
+    and ``dense(rows)``). Close it to remove every hook."""
+    return _Readers(model, modules, handle)
+
+
+class _Readers:
+    def __init__(self, model, modules, handle):
+        self.readers: list = []
+        families = ((is_longformer_band, BandedReader), (blocksparse.is_block_sparse_layer, blocksparse.BlockSparseReader))
+        try:
+            for belongs, reader in families:
+                chosen = {path: m for path, m in modules.items() if belongs(m)}
+                if chosen:
+                    self.readers.append(reader(model, chosen, handle))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+        self.readers.clear()
 
 
 class BandedReader:

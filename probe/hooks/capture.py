@@ -229,8 +229,8 @@ class _Session:
 
         if self._banded_places:
             paths = {id(self.modules[path]): path for path in self._banded_places}
-            self._banded = banded.BandedReader(self.model, {path: self.modules[path] for path in self._banded_places},
-                                               lambda module, call: self._on_banded(paths[id(module)], call))
+            self._banded = banded.open_reader(self.model, {path: self.modules[path] for path in self._banded_places},
+                                              lambda module, call: self._on_banded(paths[id(module)], call))
 
     def on_implicit(self, place, module, args, kwargs) -> None:
         """The implicit path: a state-space mixer's matrix, recomputed from its input (probe.hooks.implicit)."""
@@ -248,11 +248,12 @@ class _Session:
         self._store(place, amath.gather_rows(maps, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0],
                     rows, maps.shape[2])
 
-    def _on_banded(self, path: str, call: banded.BandedCall) -> None:
-        """The banded path: the layer's sliding-window and global weights, densified over the rows asked for."""
+    def _on_banded(self, path: str, call) -> None:
+        """The banded path: the layer's own sparse weights (a BandedCall or a BlockSparseCall),
+        densified over the rows asked for."""
         place = self._next_place(path, self._banded_places[path])
         self.calls[place] = self.calls.get(place, 0) + 1
-        rows = self._rows(place[0], call.batch, call.length, call.local.device)
+        rows = self._rows(place[0], call.batch, call.length, call.device)
         observer = self.observers.get(place)
         if observer is not None:
             with torch.no_grad():

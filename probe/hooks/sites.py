@@ -16,7 +16,10 @@ Four paths (house rule 4: what the model's forward actually does, never its sour
 ``banded``         the module computes a sliding window plus global tokens (Longformer, LED's
                    encoder: :data:`probe.hooks.banded.BANDED_ATTENTION_CLASSES`): probe reads the
                    layer's own banded probabilities and scatters them into a dense map
-                   (:mod:`probe.hooks.banded`); it cannot edit them.
+                   (:mod:`probe.hooks.banded`); it cannot edit them. BigBird's block-sparse
+                   layers too (:mod:`probe.hooks.blocksparse`): HF swaps them for full attention
+                   while a short input runs, so the site is their parent (which HF keeps), and
+                   the watched pass puts the model's own modules back afterwards.
 
 A module that calls the registry is an attention module whatever its name; other candidates are the
 innermost modules whose class name ends in ``Attention``. Layers are numbered by the order in which
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.hooks.banded import is_banded
+from probe.hooks.blocksparse import AttentionTypeGuard, is_block_sparse, is_block_sparse_layer
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import implementation_of, open_session, sink_logits
 from probe.tasks import Task
@@ -171,6 +175,8 @@ class _WatchedPass:
         self.seen_softmax: dict[int, tuple[bool, bool]] = {}  # module id -> (folded heads, never looks ahead)
         self.causal_seen: dict[int, bool] = {}
         self.watch = _Watch(self.width)
+        # block-sparse layers are swapped out by HF for a short input: their parent is the site
+        self.stand_ins = {id(m) for m in self.named.values() if is_block_sparse_layer(m)}
 
     def _over_positions(self, t: torch.Tensor) -> bool:
         # [batch, head, query, key] (or [batch * head, query, key], batch 1 here) over the input's
@@ -211,7 +217,7 @@ class _WatchedPass:
             for module in self.named.values():
                 handles.append(module.register_forward_pre_hook(lambda mod, args: self.order.append(id(mod))))
             handles += self._probability_hooks()
-            with open_session(self.watch, implementation_of(model)), torch.no_grad():
+            with open_session(self.watch, implementation_of(model)), torch.no_grad(), AttentionTypeGuard(model):
                 model(**self.inputs)
         finally:
             modes.close()
@@ -232,12 +238,12 @@ class _WatchedPass:
     def sites(self, unreadable: dict[str, str]) -> list[Site]:
         """The readable layers in call order, numbered per stack; candidates that cannot be read are
         added to ``unreadable`` with the reason."""
-        attention_ids = self.watch.callers | {id(m) for m in self.candidates.values()}
+        attention_ids = self.watch.callers | {id(m) for p, m in self.candidates.items() if not is_block_sparse(m)}
         calls: dict[int, int] = {}
         counters: dict[str, int] = {}
         sites: list[Site] = []
         for module_id in self.order:
-            if module_id not in attention_ids:
+            if module_id not in attention_ids and module_id not in self.stand_ins:
                 continue
             path = self.modules_by_id[module_id]
             call = calls.get(module_id, 0)

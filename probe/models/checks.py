@@ -15,6 +15,7 @@ import torch
 
 from probe.errors import CaptureError
 from probe.hooks import math as amath
+from probe.hooks import blocksparse
 from probe.hooks.banded import dense_from_output_attentions, one_sided_window
 from probe.hooks.capture import capture_attention
 from probe.hooks.registry import original_attention_function
@@ -149,7 +150,7 @@ def eager_attentions(pm: ProbeModel, inputs):
     try:
         if before != "eager":
             model.set_attn_implementation("eager")
-        with torch.no_grad():
+        with torch.no_grad(), blocksparse.AttentionTypeGuard(model):  # HF's short-input fallback stays with this input
             out = model(**inputs, output_attentions=True)
     finally:
         if before != "eager":
@@ -171,6 +172,13 @@ def _dense_banded(pm: ProbeModel, found: dict, global_layers, inputs) -> dict:
         site_paths = [pm.contract.module_paths[(stack, i)] for i in range(len(layers or ()))
                       if (stack, i) in pm.contract.module_paths]
         if not layers or not site_paths or pm.contract.stacks[stack].capture_path != "banded reader":
+            continue
+        if blocksparse.is_block_sparse_layer(modules[site_paths[0]]):
+            layer = modules[site_paths[0]]  # ran block-sparse: it is in place (the guard) and the input is long
+            ran = blocksparse.is_block_sparse(layer.self) and \
+                int(inputs["input_ids"].shape[1]) > blocksparse.full_attention_limit(layer.config)
+            out[stack] = tuple(blocksparse.dense_from_output_attentions(a, modules[path], inputs["attention_mask"], ran)
+                               for a, path in zip(layers, site_paths))
             continue
         out[stack] = tuple(dense_from_output_attentions(
             local, global_layers[i] if global_layers else None, inputs["attention_mask"],
@@ -334,10 +342,28 @@ def _causal_future(pm: ProbeModel, o: _Observed) -> CheckResult | None:
                        f"{att_gap:.2e} (its own output by {moved:.2e})")
 
 
+def _padded_like(pm: ProbeModel, single: dict, batch: dict) -> dict:
+    """``single`` with its source padded to the batch's width: block-sparse attention's blocks
+    (which are global, whether it runs block-sparse at all) depend on the padded length, so only
+    an example padded the same way runs the same computation."""
+    width = int(batch["input_ids"].shape[1])
+    extra = width - int(single["input_ids"].shape[1])
+    if extra <= 0:
+        return single
+    pad = pm.model.config.pad_token_id or 0
+    out = dict(single)
+    out["input_ids"] = torch.nn.functional.pad(single["input_ids"], (0, extra), value=pad)
+    out["attention_mask"] = torch.nn.functional.pad(single["attention_mask"], (0, extra), value=0)
+    return out
+
+
 def _batch_of_one(pm: ProbeModel, o: _Observed) -> CheckResult:
     out_gap = att_gap = 0.0
+    same_width = any(blocksparse.is_block_sparse_layer(m) for m in pm.model.modules())
     for i, text in enumerate(o.texts):
         single = forward_inputs(pm, encode_texts(pm, [text]))
+        if same_width:
+            single = _padded_like(pm, single, o.inputs)
         logits_1, maps_1, _ = capture_all(pm, single)
         out_gap = max(out_gap, (_real_outputs(pm, logits_1, single, 0) - _real_outputs(pm, o.logits, o.inputs, i)).abs().max().item())
         for s in o.maps:
@@ -347,7 +373,8 @@ def _batch_of_one(pm: ProbeModel, o: _Observed) -> CheckResult:
     scale = max(1.0, o.logits.abs().max().item())
     return CheckResult("batch_of_one_equals_batch_of_n", out_gap <= o.tol * scale and att_gap <= o.tol,
                        f"max gap, batch of 1 vs batch of {o.n}: outputs {out_gap:.2e} (logits up to {scale:.1f}), "
-                       f"attention {att_gap:.2e}")
+                       f"attention {att_gap:.2e}" + (" (block-sparse: each example padded to the batch's length, "
+                                                     "on which its blocks depend)" if same_width else ""))
 
 
 #: the model-level checks, in the order ``probe contract`` lists them; a check returning None does
