@@ -16,9 +16,10 @@ Two paths (house rule 4: what the model's forward actually does, never its sourc
 
 A module that calls the registry is an attention module whatever its name; other candidates are the
 innermost modules whose class name ends in ``Attention``. Layers are numbered by the order in which
-the stack calls them, so a hybrid's attention layers are 0..n-1 whatever their place among the
-model's layers, and a module called several times in one forward (a shared layer) is one layer per
-call. A candidate that neither calls the registry nor exposes probabilities is returned with the
+the stack calls them, and a module called several times in one forward (a shared layer) is one layer
+per call. A token mixer that :mod:`probe.hooks.implicit` reads (Mamba, Mamba-2, RWKV, a gated short
+convolution) is a layer of kind ``implicit`` at its place in that order, so a hybrid's stack holds
+every token-mixing layer, softmax or not, in model order. A candidate that neither calls the registry nor exposes probabilities is returned with the
 reason it cannot be read.
 """
 
@@ -227,7 +228,11 @@ class _WatchedPass:
     def sites(self, unreadable: dict[str, str]) -> list[Site]:
         """The readable layers in call order, numbered per stack; candidates that cannot be read are
         added to ``unreadable`` with the reason."""
-        attention_ids = self.watch.callers | {id(m) for m in self.candidates.values()}
+        from probe.hooks.implicit import mixer_kind
+
+        # token mixers read as implicit attention (probe.hooks.implicit) are layers too, in call order
+        mixer_ids = {id(m) for m in self.named.values() if mixer_kind(m) is not None}
+        attention_ids = self.watch.callers | {id(m) for m in self.candidates.values()} | mixer_ids
         calls: dict[int, int] = {}
         counters: dict[str, int] = {}
         sites: list[Site] = []
@@ -239,7 +244,9 @@ class _WatchedPass:
             calls[module_id] = call + 1
             stack = stack_of(path)
             folded, causal = False, None
-            if module_id in self.watch.callers:
+            if module_id in mixer_ids:
+                kind, probability_path, causal = "implicit", None, True
+            elif module_id in self.watch.callers:
                 kind, probability_path = "function", None
             elif self.seen_probabilities.get(module_id):
                 kind, probability_path = "probabilities", sorted(self.seen_probabilities[module_id])[0]
