@@ -298,3 +298,14 @@ def test_per_token_sinks_and_attention_across_layers(tokenizer):
     warnings.simplefilter("ignore")
     row = sweep.sweep_one("inkling2_text", TASKS["inkling2_text"], "eager", tokenizer)
     assert (row["read"], row["edit"], row["explain"]) == ("ok",) * 3, row["reason"]
+
+
+@pytest.mark.parametrize("model_type, maps", [("mamba", "implicit"), ("jamba", "hybrid")])
+def test_the_sweep_records_which_maps_probe_reads(model_type, maps, tokenizer):
+    """A model of token mixers returns no output_attentions: its oracle is the mixers' own (their
+    matrices rebuild their outputs) and edits are refused; a hybrid is read like any other model."""
+    warnings.simplefilter("ignore")
+    row = sweep.sweep_one(model_type, TASKS[model_type], "eager", tokenizer)
+    assert row["maps"] == maps
+    expected = ("ok", "n/a", "ok", "ok") if maps == "implicit" else ("ok",) * 4
+    assert (row["read"], row["edit"], row["contract"], row["explain"]) == expected, row["reason"]
