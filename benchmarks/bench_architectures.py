@@ -12,6 +12,15 @@ implementations, records:
               attention on the last layer changes them
     contract  ``run_checks`` runs and every check passes (a failing check is named)
     explain   attention, rollout, loo_delete and integrated_gradients run and give finite scores
+              (rollout, which reads rows as probabilities, only where every map is a softmax)
+    maps      which maps probe reads: softmax, implicit (every layer a token mixer's matrix,
+              probe.hooks.implicit) or hybrid (both, layer by layer)
+
+A model whose layers are all token mixers returns no ``output_attentions``: its oracle is
+``implicit`` (every mixer's matrices, applied to its value path, rebuild the mixer's output within
+READ_TOL), ``edit`` is ``n/a`` (probe refuses edits of implicit maps) and ``read`` is that oracle with
+the logits unchanged by the capture. In a hybrid, ``read`` and ``edit`` cover its softmax layers (and
+``read`` also the mixers' oracle).
 
 Each architecture runs under a time limit; a failure is recorded with its reason, never raised.
 Writes ``reports/architectures.csv`` and ``reports/architectures.md`` (or ``--out``).
@@ -35,7 +44,8 @@ SDPA_READ_TOL = 1e-4  # sdpa model read against the eager oracle: the kernels di
 EDIT_TOL = 1e-4  # identity edit: probe's softmax(QK^T) @ V against the model's own kernel
 TEXTS = ("the movie was great and the acting was good", "not funny", "a boring story , bad ending")
 IMPLEMENTATIONS = ("eager", "sdpa")
-COLUMNS = ("model_type", "task", "implementation", "oracle", "read", "edit", "contract", "explain", "reason", "seconds")
+COLUMNS = ("model_type", "task", "implementation", "maps", "oracle", "read", "edit", "contract", "explain", "reason",
+           "seconds")
 
 # Sizes, under every name configs use for them; set only where the config has the attribute.
 SIZES = {
@@ -52,6 +62,7 @@ SIZES = {
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
     "embedding_size": HIDDEN, "rotary_dim": 8,
 }
+_MAMBA2_HEADS = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16}
 # Per model type: what a two-layer tiny model needs so that it has attention at all.
 OVERRIDES: dict[str, dict] = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
@@ -59,6 +70,16 @@ OVERRIDES: dict[str, dict] = {
     # one token and one random block, so that the sample texts (up to 11 tokens) run block-sparse
     "big_bird": {"block_size": 1, "num_random_blocks": 1},
     "bigbird_pegasus": {"block_size": 1, "num_random_blocks": 1},
+    # Mamba-2 mixers: 8 heads of 16 channels (expand 2 x hidden 64) and a small state, so that the
+    # tiny model's scan (and probe's maps, heads x T^2) stay small
+    "mamba2": {"num_heads": 8, "head_dim": 16, "state_size": 16},
+    # hybrids: layer 0 a token mixer, layer 1 softmax attention
+    "bamba": {"attn_layer_indices": [1], **_MAMBA2_HEADS},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"], **_MAMBA2_HEADS},
+    "falcon_h1": {**_MAMBA2_HEADS, "mamba_d_ssm": 128},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "n_mamba_heads": 8,
+               "mamba_headdim": 16, "mamba_d_state": 16},
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
 }
 
 WORDS = ("the movie was great and acting good not funny a boring story , bad ending . film is very "
@@ -120,17 +141,18 @@ def tiny_config(model_type: str):
 
     config = AutoConfig.for_model(model_type)
     kwargs = {name: value for name, value in SIZES.items() if name in config.to_dict() or hasattr(config, name)}
-    kwargs.update(OVERRIDES.get(model_type, {}))
     kwargs.update(pad_token_id=0, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2, num_labels=2)
+    overrides = OVERRIDES.get(model_type, {})
     for name in ("layer_types", "layers_block_type"):
         default = getattr(config, name, None)
-        if isinstance(default, list) and default:
+        if isinstance(default, list) and default and not overrides:
             # a hybrid keeps its first kind of layer and gains one softmax-attention layer behind it
             softmax = [t for t in default if "attention" in str(t) and "linear" not in str(t)]
             second = softmax[0] if softmax and default[0] != softmax[0] else default[1 % len(default)]
             kwargs[name] = [default[0], second]
     if hasattr(config, "attn_layer_indices"):
         kwargs["attn_layer_indices"] = [1]
+    kwargs.update(overrides)
     try:
         config = AutoConfig.for_model(model_type, **kwargs)
     except Exception:
@@ -192,7 +214,7 @@ def _oracle(pm, inputs):
 def check_read(pm, inputs, oracle, tol) -> str:
     import torch
 
-    from probe.models.checks import capture_all, layer_weights
+    from probe.models.checks import capture_all, softmax_layer_weights
 
     with torch.no_grad():
         plain = pm.model(**inputs).logits.float()
@@ -205,7 +227,8 @@ def check_read(pm, inputs, oracle, tol) -> str:
     for stack, layers in oracle.items():
         if stack not in maps:
             return f"no {stack} stack captured"
-        captured = layer_weights(maps[stack])  # per layer: stacks whose layers differ (canine) too
+        # per layer (stacks whose layers differ, canine, too); a hybrid's mixer layers have no HF map
+        captured = softmax_layer_weights(pm, stack, maps[stack])
         if len(captured) != len(layers):
             return f"{stack}: captured {len(captured)} layers, HF returns {len(layers)}"
         # real query rows and real keys of each example: what padded rows hold is no model's answer
@@ -227,7 +250,9 @@ def check_edit(pm, inputs) -> str:
 
     with torch.no_grad():
         plain = pm.model(**inputs).logits.float()
-    paths = pm.contract.module_paths
+    # the softmax layers: probe refuses edits of a mixer's implicit matrix (a hybrid's other layers)
+    paths = {place: path for place, path in pm.contract.module_paths.items()
+             if pm.contract.stacks[place[0]].layer_kind(place[1]) == "softmax"}
     masks = {"attention_mask": inputs["attention_mask"], "decoder_attention_mask": inputs.get("decoder_attention_mask")}
     with torch.no_grad(), capture_attention(pm, editors={p: (lambda w, c: w) for p in paths}, layers=(), **masks):
         same = pm.model(**inputs).logits.float()
@@ -249,6 +274,41 @@ def check_edit(pm, inputs) -> str:
     return ""
 
 
+def maps_kind(pm) -> str:
+    """softmax | implicit | hybrid: what probe reads of the model's layers."""
+    kinds = {info.maps for info in pm.contract.stacks.values()}
+    return kinds.pop() if len(kinds) == 1 else "hybrid"
+
+
+def check_implicit_read(pm, inputs) -> str:
+    """A model of token mixers only: the capture leaves the logits unchanged and every mixer's
+    matrices rebuild its output (probe.models.checks' implicit oracle)."""
+    import torch
+
+    from probe.models.checks import capture_all, implicit_oracle
+
+    with torch.no_grad():
+        plain = pm.model(**inputs).logits.float()
+    logits, _, _ = capture_all(pm, inputs)
+    if (logits - plain).abs().max().item() > 1e-6:
+        return "capture changed the output"
+    result = implicit_oracle(pm, inputs, READ_TOL)
+    return "" if result.passed else result.detail
+
+
+def check_edit_refused(pm) -> str:
+    """Edits of implicit maps are refused in one line."""
+    from probe.errors import CaptureError
+    from probe.hooks.capture import capture_attention
+
+    try:
+        with capture_attention(pm, editors={next(iter(pm.contract.module_paths)): lambda w, c: w}):
+            pass
+    except CaptureError as exc:
+        return "" if "\n" not in str(exc) else "refusal spans several lines"
+    return "an edit of an implicit map was accepted"
+
+
 def check_contract(pm) -> str:
     from probe.models.checks import run_checks
 
@@ -263,7 +323,10 @@ def check_explain(pm) -> str:
     from probe.rows.target import TargetSpec, prepare
 
     examples = prepare(pm, [TEXTS[0]], TargetSpec(), max_new_tokens=3)
-    results = run_methods(pm, examples, ["attention", "rollout", "loo_delete", "integrated_gradients"],
+    softmax = all(info.maps == "softmax" for info in pm.contract.stacks.values())
+    methods = ["attention", "rollout", "loo_delete", "integrated_gradients"] if softmax else \
+        ["attention", "loo_delete", "integrated_gradients"]  # rollout reads rows as probabilities
+    results = run_methods(pm, examples, methods,
                           params={"integrated_gradients": {"steps": 8}})
     bad = [name for name, r in results.items() if not bool(torch.isfinite(r.scores[0][~torch.isnan(r.scores[0])]).all())
            or bool(torch.isnan(r.scores[0]).all())]
@@ -282,7 +345,7 @@ def _stage(fn, *args) -> str:
 def sweep_one(model_type: str, task: str, implementation: str, tok) -> dict:
     import torch
 
-    row = {"model_type": model_type, "task": task, "implementation": implementation,
+    row = {"model_type": model_type, "task": task, "implementation": implementation, "maps": "",
            "oracle": "", "read": "", "edit": "", "contract": "", "explain": "", "reason": ""}
     try:
         eager_model = build(model_type, task, "eager")
@@ -309,6 +372,10 @@ def sweep_one(model_type: str, task: str, implementation: str, tok) -> dict:
         return row
     attentions = [a for name in ("attentions", "encoder_attentions", "decoder_attentions")
                   for a in (getattr(out, name, None) or ()) if isinstance(a, torch.Tensor)]
+    if pm_eager is not None and pm_eager.contract.stacks:
+        row["maps"] = maps_kind(pm_eager)
+    if row["maps"] == "implicit":  # rwkv returns attentions of its own: not [query, key] maps
+        return _sweep_implicit(row, model_type, task, implementation, tok, pm_eager, batch_inputs)
     if not attentions:
         row["reason"] = "reports no attention with output_attentions"
         return row
@@ -358,11 +425,44 @@ def sweep_one(model_type: str, task: str, implementation: str, tok) -> dict:
     return row
 
 
+def _sweep_implicit(row: dict, model_type: str, task: str, implementation: str, tok, pm_eager, inputs) -> dict:
+    """A model of token mixers only (no output_attentions): the mixers' own oracle, edits refused."""
+    row["oracle"] = "implicit"
+    if implementation == "eager":
+        pm = pm_eager
+    else:
+        try:
+            pm = wrap(build(model_type, task, implementation), tok, task)
+        except Exception as exc:  # noqa: BLE001
+            row["oracle"] = ""
+            row["reason"] = f"{implementation} not available: {_first_line(exc)}"
+            return row
+    reasons = []
+    for col, fn, args in (("read", check_implicit_read, (pm, inputs)), ("edit", check_edit_refused, (pm,)),
+                          ("contract", check_contract, (pm,)), ("explain", check_explain, (pm,))):
+        why = _stage(fn, *args)
+        row[col] = ("n/a" if col == "edit" else "ok") if not why else "fail"
+        if why:
+            reasons.append(f"{col}: {why}")
+    row["reason"] = " | ".join(reasons) or "implicit maps: edits refused (not a softmax)"
+    return row
+
+
 def summarise(rows: list[dict]) -> dict:
     out = {}
     for implementation in IMPLEMENTATIONS:
         part = [r for r in rows if r["implementation"] == implementation and r["oracle"] == "yes"]
         out[implementation] = {"oracle": len(part), **{c: sum(r[c] == "ok" for r in part) for c in ("read", "edit", "contract", "explain")}}
+    return out
+
+
+def maps_summary(rows: list[dict]) -> dict[str, int]:
+    """How many architectures (eager rows) probe reads as softmax, implicit or hybrid maps, all checks ok."""
+    out: dict[str, int] = {}
+    for r in rows:
+        if r["implementation"] == "eager" and r.get("maps") and r["read"] == "ok" and r["contract"] == "ok" \
+                and r["explain"] == "ok":
+            out[r["maps"]] = out.get(r["maps"], 0) + 1
     return out
 
 
@@ -388,11 +488,16 @@ def write(rows: list[dict], out: Path) -> None:
         n = max(s["oracle"], 1)
         lines.append(f"| {implementation} | {s['oracle']} | " + " | ".join(
             f"{s[c]} ({100 * s[c] / n:.0f}%)" for c in ("read", "edit", "contract", "explain")) + " |")
-    lines += ["", "| model_type | task | impl | read | edit | contract | explain | reason |", "|---|---|---|---|---|---|---|---|"]
+    by_maps = maps_summary(rows)
+    lines += ["", "Read (eager, read + contract + explain ok) by maps: " + (", ".join(
+        f"{kind} {n}" for kind, n in sorted(by_maps.items())) or "none") + " (implicit: token mixers read as their "
+              "[query, key] matrices, probe.hooks.implicit; hybrid: softmax and implicit layers in one stack).", ""]
+    lines += ["| model_type | task | impl | maps | read | edit | contract | explain | reason |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         reason = r["reason"].replace("|", "/").replace("\n", " ")
-        lines.append(f"| {r['model_type']} | {r['task']} | {r['implementation']} | {r['read']} | {r['edit']} | "
-                     f"{r['contract']} | {r['explain']} | {reason} |")
+        lines.append(f"| {r['model_type']} | {r['task']} | {r['implementation']} | {r.get('maps', '')} | {r['read']} | "
+                     f"{r['edit']} | {r['contract']} | {r['explain']} | {reason} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -422,12 +527,12 @@ def main(argv=None) -> None:
             try:
                 row = sweep_one(model_type, task, implementation, tok)
             except Timeout:
-                row = {"model_type": model_type, "task": task, "implementation": implementation, "oracle": "",
+                row = {"model_type": model_type, "task": task, "implementation": implementation, "maps": "", "oracle": "",
                        "read": "", "edit": "", "contract": "", "explain": "", "reason": f"time limit {args.limit_s}s"}
             except BaseException as exc:  # noqa: BLE001
                 if isinstance(exc, KeyboardInterrupt):
                     raise
-                row = {"model_type": model_type, "task": task, "implementation": implementation, "oracle": "",
+                row = {"model_type": model_type, "task": task, "implementation": implementation, "maps": "", "oracle": "",
                        "read": "", "edit": "", "contract": "", "explain": "", "reason": f"sweep error: {_first_line(exc)}"}
             finally:
                 signal.alarm(0)
@@ -435,7 +540,7 @@ def main(argv=None) -> None:
             rows.append(row)
             if len(rows) % 20 == 0:
                 write(rows, Path(args.out))  # a sweep cut short still leaves its table
-            print(f"{model_type:28s} {implementation:6s} {row['read'] or '-':4s} {row['edit'] or '-':4s} "
+            print(f"{model_type:28s} {implementation:6s} {row['maps'] or '-':8s} {row['read'] or '-':4s} {row['edit'] or '-':4s} "
                   f"{row['contract'] or '-':4s} {row['explain'] or '-':4s} {row['seconds']:>5s}s {row['reason'][:110]}",
                   flush=True)
     write(rows, Path(args.out))

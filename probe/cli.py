@@ -67,7 +67,16 @@ def _random_weights_text(contract) -> str:
             + "): " + ", ".join(contract.random_weights))
 
 
-def _contract_table(contract) -> "object":
+def _maps_text(stack) -> str:
+    """What a stack's maps are where some are a token mixer's implicit matrix (probe.hooks.implicit)."""
+    if stack.maps == "implicit":
+        return f"implicit: every layer is a {stack.mixer_class or stack.module_class} matrix, not editable"
+    kinds = ", ".join(f"{layer} {kind}" + (f" ({stack.layer_heads[layer]} heads)" if stack.layer_heads else "")
+                      for layer, kind in enumerate(stack.layer_maps))
+    return f"hybrid, by layer: {kinds}; implicit layers are {stack.mixer_class} matrices, not editable"
+
+
+def contract_table(contract) -> "object":
     from rich.table import Table
 
     table = Table(title="attention contract", show_header=False)
@@ -85,6 +94,8 @@ def _contract_table(contract) -> "object":
         table.add_row(f"{name} stack", _plain(f"{stack.n_layers} layers x {stack.n_heads} query heads, {stack.n_kv_heads} kv heads, "
                                        f"head dim {stack.head_dim}, mask {stack.mask_kind}, {stack.module_class}"))
         table.add_row(f"{name} kv map", kv_text)
+        if stack.maps != "softmax":
+            table.add_row(f"{name} maps", _plain(_maps_text(stack)))
     for method, why in contract.context_mixing.items():
         table.add_row(method, "supported" if why is None else _plain(why))
     return table
@@ -114,7 +125,7 @@ def contract(
         from rich.table import Table
 
         console = Console()
-        console.print(_contract_table(pm.contract))
+        console.print(contract_table(pm.contract))
         table = Table(title="invariance checks")
         table.add_column("check")
         table.add_column("result")
@@ -159,7 +170,7 @@ def inspect(
     from rich.table import Table
 
     console = Console()
-    console.print(_contract_table(pm.contract))
+    console.print(contract_table(pm.contract))
     console.print(_plain(f"prediction: {json.dumps(result['prediction'])}"))
     tokens = result["tokens"]
     query = tokens[result["query_position"]] if result["stack"] != "cross" else "last decoder position"

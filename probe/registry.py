@@ -262,10 +262,12 @@ class Method:
             return a.by_name
         if check == "maps" and self.needs_softmax is not None:
             stacks = getattr(getattr(pm, "contract", None), "stacks", None) or {}
-            implicit = [s for s in stacks.values() if getattr(s, "maps", "softmax") == "implicit"]
+            implicit = [s for s in stacks.values() if getattr(s, "maps", "softmax") != "softmax"]
             if implicit:
-                return (f"{self.label or self.name} {self.needs_softmax}; this model's {implicit[0].stack} maps are "
-                        f"the implicit matrices of {implicit[0].module_class} (signed, rows need not sum to one)")
+                s = implicit[0]
+                which = "include" if s.maps == "hybrid" else "are"
+                return (f"{self.label or self.name} {self.needs_softmax}; this model's {s.stack} maps {which} "
+                        f"the implicit matrices of {s.mixer_class or s.module_class} (signed, rows need not sum to one)")
         if check == "support" and a.support is not None:
             return _load(a.support)(pm, self.name)
         return None

@@ -227,16 +227,17 @@ def test_a_module_called_for_every_layer_is_one_layer_per_call(tokenizer):
     assert len(set(pm.contract.module_paths.values())) == 1
 
 
-def test_hybrid_attention_layers_are_keyed_by_their_own_index(tokenizer):
+def test_a_hybrids_mixing_layers_are_keyed_in_model_order(tokenizer):
     from probe.hooks.capture import capture_attention
 
     pm = _tiny("jamba", tokenizer)
-    assert pm.contract.stacks["decoder"].n_layers == 1  # layer 1 of the model, attention layer 0
-    assert pm.contract.module_paths[("decoder", 0)].endswith("layers.1.self_attn")
+    info = pm.contract.stacks["decoder"]
+    assert info.n_layers == 2 and info.layer_maps == ("implicit", "softmax")  # layer 0 the Mamba mixer
+    assert pm.contract.module_paths[("decoder", 1)].endswith("layers.1.self_attn")
     batch = pm.encode(["the movie was great"])
-    with torch.no_grad(), capture_attention(pm, layers=[0], attention_mask=batch["attention_mask"]) as cap:
+    with torch.no_grad(), capture_attention(pm, layers=[1], attention_mask=batch["attention_mask"]) as cap:
         pm.model(**batch)
-    assert cap.maps().layers == (0,)
+    assert cap.maps().layers == (1,)
 
 
 @pytest.mark.parametrize("model_type", ["mbart", "blenderbot"])
@@ -268,23 +269,26 @@ def test_a_check_that_raises_is_a_failed_row_not_a_traceback(tokenizer, monkeypa
     assert results["rows_sum_to_one"].passed
 
 
-def test_a_model_without_softmax_attention_is_refused_in_one_line(tokenizer, tmp_path):
+def test_a_model_without_a_mixer_probe_reads_is_refused_in_one_line(tokenizer, tmp_path):
+    """zamba (v1): its Mamba mixer interleaves value and gate, which probe.hooks.implicit has no
+    reader for, and its shared attention block reports none: refused in one line."""
     from probe.errors import ModelLoadError
     from probe.models.loading import load_model
 
-    model = sweep.build("mamba", "causal_lm", "eager")
+    model = sweep.build("zamba", "causal_lm", "eager")
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError) as info:
         load_model(str(tmp_path))
     message = str(info.value)
-    assert "\n" not in message and "'mamba'" in message and "no attention probe can read" in message
+    assert "\n" not in message and "'zamba'" in message and "no attention probe can read" in message
+    assert "token mixers" in message  # the fix names what probe does read
 
 
 def test_layers_of_different_lengths_are_compared_with_hf_layer_by_layer(tokenizer):
     """canine downsamples characters to molecules: its layers' maps cannot stack, and are read one
-    by one, each equal to HF's own (the sweep's read column); checks that need one stacked map say
-    so instead of failing on shapes."""
+    by one, each equal to HF's own (the sweep's read column); the row-sum check reads them layer by
+    layer too (issue 29, item 3: never refused for not stacking)."""
     warnings.simplefilter("ignore")
     row = sweep.sweep_one("canine", TASKS["canine"], "eager", tokenizer)
     assert row["read"] == "ok", row["reason"]
@@ -293,7 +297,7 @@ def test_layers_of_different_lengths_are_compared_with_hf_layer_by_layer(tokeniz
     pm = _tiny("canine", tokenizer)
     results = {r.name: r for r in run_checks(pm)}
     assert results["capture_equals_eager_output_attentions"].passed, results["capture_equals_eager_output_attentions"].detail
-    assert "cannot stack" in results["rows_sum_to_one"].detail
+    assert results["rows_sum_to_one"].passed and "cannot stack" not in results["rows_sum_to_one"].detail
 
 
 def test_per_token_sinks_and_attention_across_layers(tokenizer):
@@ -306,3 +310,14 @@ def test_per_token_sinks_and_attention_across_layers(tokenizer):
     warnings.simplefilter("ignore")
     row = sweep.sweep_one("inkling2_text", TASKS["inkling2_text"], "eager", tokenizer)
     assert (row["read"], row["edit"], row["explain"]) == ("ok",) * 3, row["reason"]
+
+
+@pytest.mark.parametrize("model_type, maps", [("mamba", "implicit"), ("jamba", "hybrid")])
+def test_the_sweep_records_which_maps_probe_reads(model_type, maps, tokenizer):
+    """A model of token mixers returns no output_attentions: its oracle is the mixers' own (their
+    matrices rebuild their outputs) and edits are refused; a hybrid is read like any other model."""
+    warnings.simplefilter("ignore")
+    row = sweep.sweep_one(model_type, TASKS[model_type], "eager", tokenizer)
+    assert row["maps"] == maps
+    expected = ("ok", "n/a", "ok", "ok") if maps == "implicit" else ("ok",) * 4
+    assert (row["read"], row["edit"], row["contract"], row["explain"]) == expected, row["reason"]

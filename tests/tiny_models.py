@@ -31,6 +31,9 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordLevel
 
 TINY_KINDS = ("bert", "gpt2", "llama_gqa", "bart", "t5")
+#: kinds build_tiny also makes, on demand only (not in the session's ``tiny_dirs``): token mixers
+#: read as implicit attention (probe.hooks.implicit), which have no query/key weights to sharpen
+ON_DEMAND_KINDS = ("mamba",)
 
 #: Name of the ``transformers`` Auto class that loads each kind.
 TINY_AUTO_CLASS = {
@@ -39,6 +42,7 @@ TINY_AUTO_CLASS = {
     "llama_gqa": "AutoModelForCausalLM",
     "bart": "AutoModelForSeq2SeqLM",
     "t5": "AutoModelForSeq2SeqLM",
+    "mamba": "AutoModelForCausalLM",
 }
 
 #: Word-level vocabulary shared by every tiny tokenizer (special tokens come first,
@@ -282,12 +286,30 @@ def _build_t5():
     return T5ForConditionalGeneration(config), tok
 
 
+def _build_mamba():
+    from transformers import MambaConfig, MambaForCausalLM
+
+    vocab = _vocab(_GPT2_SPECIALS)
+    eot = "<|endoftext|>"
+    tok = _wrap(_word_level_tokenizer(vocab, eot), bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot)
+    config = MambaConfig(vocab_size=len(vocab), hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+                         conv_kernel=4, bos_token_id=vocab[eot], eos_token_id=vocab[eot], pad_token_id=vocab[eot])
+    model = MambaForCausalLM(config)
+    # fan-in init: with the default (std 0.02) the mixers' outputs, and so their effect, are ~0
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+                module.weight.normal_(0.0, module.in_features ** -0.5)
+    return model, tok
+
+
 _BUILDERS = {
     "bert": _build_bert,
     "gpt2": _build_gpt2,
     "llama_gqa": _build_llama_gqa,
     "bart": _build_bart,
     "t5": _build_t5,
+    "mamba": _build_mamba,
 }
 
 # names of the query/key projection weights, per kind (matched on the parameter name suffix)
@@ -359,12 +381,12 @@ def build_tiny(kind: str, folder: Path, seed: int = 0, *, attn_logit_std: float 
     ``attn_logit_std=None`` keeps the library's own (near-uniform attention) init.
     """
     if kind not in _BUILDERS:
-        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {TINY_KINDS}")
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {TINY_KINDS + ON_DEMAND_KINDS}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model, tok = _BUILDERS[kind]()
-    if attn_logit_std is not None:
+    if attn_logit_std is not None and kind not in ON_DEMAND_KINDS:
         changed = _sharpen_attention(kind, model, attn_logit_std)
         assert changed > 0, f"no query/key weights found to sharpen for {kind}"
     model.eval()

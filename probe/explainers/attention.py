@@ -62,12 +62,21 @@ if TYPE_CHECKING:
 
 
 def target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, layers: Sequence[int] | None = None) -> torch.Tensor:
-    """Attention at the target rows: [batch, layer, head, rows, key] fp32 (keys padded to the batch width)."""
+    """Attention at the target rows: [batch, layer, head, rows, key] fp32 (keys padded to the batch width).
+    Layers with fewer heads than the stack's most (a hybrid's mixers, per-layer head counts) have
+    their missing heads NaN: the layers are read one by one and never refused for not stacking."""
     with torch.no_grad(), capture_attention(pm, queries={tq.stack: tq.rows}, stacks=[tq.stack],
                                             layers={tq.stack: layers} if layers is not None else None,
                                             **capture_masks(batch)) as capture:
         pm.model(**batch.inputs)
-    return capture.maps(tq.stack).weights
+    per_layer = [m.weights[:, 0] for _, m in sorted(capture.layer_maps(tq.stack).items())]  # [batch, head, rows, key]
+    heads = max(w.shape[1] for w in per_layer)
+    if all(w.shape[1] == heads for w in per_layer):
+        return torch.stack(per_layer, dim=1)
+    padded = per_layer[0].new_full((per_layer[0].shape[0], len(per_layer), heads, *per_layer[0].shape[2:]), torch.nan)
+    for i, w in enumerate(per_layer):
+        padded[:, i, : w.shape[1]] = w
+    return padded
 
 
 # ---------------------------------------------------------------------------
@@ -90,7 +99,8 @@ def attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size
 def attention_mean(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
     """Head-averaged attention of the target row per layer: [layer, tokens]."""
     raw = attention(pm, examples, batch_size=batch_size)
-    return TokenScores("attention_mean", [s.mean(dim=1) for s in raw.scores],
+    # nanmean: a layer with fewer heads than the stack's most (a hybrid) averages its own heads
+    return TokenScores("attention_mean", [s.nanmean(dim=1) for s in raw.scores],
                        params={**raw.params, "heads": "mean over query heads"}, per_layer=True)
 
 

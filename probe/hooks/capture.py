@@ -534,17 +534,26 @@ def _validate(contract, stacks, layers, heads, editors, observers, readers):
                 raise CaptureError(f"layer {layer} does not exist in the {stack}: it has layers 0..{info.n_layers - 1} "
                                    "(-1 is the last)")
         chosen_heads = for_stack(heads, stack)
+        most = max(info.layer_heads or (info.n_heads,))
         for head in chosen_heads or ():
-            if not 0 <= head < info.n_heads:
-                raise CaptureError(f"head {head} does not exist in the {stack}: it has heads 0..{info.n_heads - 1}")
+            if not 0 <= head < most:
+                raise CaptureError(f"head {head} does not exist in the {stack}: it has heads 0..{most - 1}")
     for hooked, verb in ((editors, "edit"), (observers, "observe"), (readers, "read")):
         for stack, layer in (hooked or {}):
             if (stack, layer) not in contract.module_paths:
                 raise CaptureError(f"cannot {verb} {stack} layer {layer}: the model has no such attention module")
-            if contract.stacks[stack].maps == "implicit":
+            info = contract.stacks[stack]
+            if info.layer_kind(layer) == "implicit":
+                mixer = info.mixer_class or info.module_class
                 raise CaptureError(f"cannot {verb} {stack} layer {layer}: its maps are the implicit matrix of a "
-                                   f"{contract.stacks[stack].module_class} (signed, not a softmax), which probe "
-                                   "reads but cannot hand to editors, observers or readers")
+                                   f"{mixer} (signed, not a softmax), which probe reads but cannot hand to "
+                                   "editors, observers or readers" + (
+                                       f"; this stack's softmax layers are {_softmax_layers(info)}"
+                                       if info.layer_maps else ""))
+
+
+def _softmax_layers(info) -> str:
+    return ", ".join(str(i) for i, kind in enumerate(info.layer_maps) if kind == "softmax")
 
 
 @contextmanager

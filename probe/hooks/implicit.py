@@ -15,6 +15,11 @@ so one matrix serves the head's channels:
 
 with ``B, C`` those of the head's group (``n_groups``). The mixer's output is then
 ``out_proj(y * silu(gate))`` (Mamba) or ``out_proj(norm(y, gate))`` (Mamba-2's gated RMSNorm).
+The hybrids' mixers are these same forms: Jamba's ``JambaMambaMixer`` is Mamba's (with dt/B/C norms);
+``BambaMixer``, ``Zamba2MambaMixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer`` and
+``FalconH1Mixer`` (its input and muP multipliers applied first) are Mamba-2's. LFM2's gated short
+convolution (``Lfm2ShortConv``) is ``y = C * conv(B * x)``, a banded matrix per channel
+``M_c[t, s] = C_t[c] w_c[K-1-(t-s)] B_s[c]`` for ``0 <= t-s < K``.
 RWKV's time mixing (``RwkvSelfAttention``) is a softmax per channel over the keys,
 ``M_c[t, s] ∝ exp(k_s + (t-1-s) w_c)`` for s < t and ``exp(u_c + k_t)`` at s = t, and its output
 ``output(sigmoid(r) * M v)`` (no D term).
@@ -22,7 +27,7 @@ RWKV's time mixing (``RwkvSelfAttention``) is a softmax per channel over the key
 What probe captures per layer (:func:`implicit_maps`) is ``[batch, head, query, key]`` fp32:
 
 - Mamba-2: its own heads, each head's exact ``M_h``;
-- Mamba (and RWKV): ``MAMBA_CHANNEL_GROUPS`` groups of consecutive channels (``d_inner / 4`` each),
+- Mamba (and RWKV, the short convolution): ``MAMBA_CHANNEL_GROUPS`` groups of consecutive channels (``d_inner / 4`` each),
   each the mean of its channels' ``M_d`` (these mixers have no heads; the groups are probe's).
 
 These maps are signed in general (``C_t . B_s`` may be negative) and their rows do not sum to one:
@@ -58,14 +63,14 @@ class ScanTerms:
     gate             [batch, channel, time]  z, the gate applied after the scan
     skip             [channel]               D
     step             [batch, unit, time]     dt (softplus, Mamba-2 also clamped to its limit)
-    decay            [unit, state] (Mamba) or [unit] (Mamba-2)   A = -exp(A_log)
+    decay            [unit, state] (Mamba) or [unit] (Mamba-2)   A = -exp(A_log); the kernel [channel, K] (conv)
     B, C             [batch, time, state] (Mamba, shared by channels) or
                      [batch, time, unit, state] (Mamba-2, each head its group's)
     unit_of_channel  [channel] long          the unit whose matrix mixes each channel
     key_mask         [batch, time] bool      real (not padded) positions
     """
 
-    kind: str  # mamba | mamba2 | rwkv
+    kind: str  # mamba | mamba2 | rwkv | conv
     value: torch.Tensor
     gate: torch.Tensor
     skip: torch.Tensor
@@ -94,6 +99,8 @@ class ScanTerms:
         units = slice(start, self.n_units if stop is None else stop)
         if self.kind == "rwkv":
             return self._wkv_matrices(units)
+        if self.kind == "conv":
+            return self._conv_matrices(units)
         between, causal = self._exponents(units)
         step = self.step[:, units]  # [batch, unit, time]
         if self.kind == "mamba2":
@@ -124,6 +131,23 @@ class ScanTerms:
         logits = torch.where(diagonal, (first[None, :, None] + key)[..., None, :].expand_as(logits), logits)
         logits = logits.masked_fill(~torch.ones(time, time, dtype=torch.bool, device=key.device).tril(), -torch.inf)
         matrix = torch.softmax(logits, dim=-1).float()
+        real = self.key_mask.to(matrix.dtype)
+        return matrix * real[:, None, None, :] * real[:, None, :, None]
+
+    def _conv_matrices(self, units: slice) -> torch.Tensor:
+        """A gated short convolution per channel: M_c[t, s] = C_t[c] * w_c[K-1-(t-s)] * B_s[c] for
+        0 <= t-s < K (``decay`` holds the kernel w [channel, K]), zero elsewhere: banded, signed.
+        [batch, channel, query, key] fp32."""
+        kernel = self.decay[units].float()  # [channel, K]
+        width = kernel.shape[-1]
+        time = self.B.shape[1]
+        position = torch.arange(time, device=kernel.device)
+        lag = position[:, None] - position[None, :]  # [query, key] t - s
+        band = (lag >= 0) & (lag < width)
+        taps = kernel[:, (width - 1 - lag).clamp(0, width - 1)] * band  # [channel, query, key]
+        query_gate = self.C[:, :, units].transpose(1, 2)  # [batch, channel, time]
+        key_gate = self.B[:, :, units].transpose(1, 2)
+        matrix = query_gate[..., :, None] * taps[None] * key_gate[..., None, :]
         real = self.key_mask.to(matrix.dtype)
         return matrix * real[:, None, None, :] * real[:, None, :, None]
 
@@ -189,11 +213,15 @@ def mamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
 
 
 def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
-    """A ``Mamba2Mixer``: scalar decay per head, B and C per group of heads."""
+    """A ``Mamba2Mixer`` (and the hybrids' copies of it: bamba, zamba2, nemotron_h, granitemoehybrid,
+    falcon_h1 with its input and muP multipliers): scalar decay per head, B and C per group of heads."""
     hidden = _zero_padding(hidden, attention_mask)
     inner, heads, groups = int(module.intermediate_size), int(module.num_heads), int(module.n_groups)
     state = int(module.ssm_state_size)
-    gate, mixed, step = module.in_proj(hidden).split([inner, module.conv_dim, heads], dim=-1)
+    projected = module.in_proj(hidden * getattr(module, "ssm_in_multiplier", 1.0))
+    if isinstance(getattr(module, "mup_vector", None), torch.Tensor):  # falcon_h1's muP multipliers
+        projected = projected * module.mup_vector
+    gate, mixed, step = projected.split([inner, module.conv_dim, heads], dim=-1)
     mixed = _zero_padding(_causal_conv(module, mixed.transpose(1, 2)).transpose(1, 2), attention_mask)
     value, B, C = torch.split(mixed, [inner, groups * state, groups * state], dim=-1)
     batch, time = value.shape[:2]
@@ -231,9 +259,44 @@ def rwkv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None
         B=key, C=key, unit_of_channel=torch.arange(channels, device=key.device), key_mask=_real(attention_mask, hidden))
 
 
+def short_conv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+    """An ``Lfm2ShortConv``: ``in_proj`` gives B, C and x per channel, then y = C * conv(B * x), a
+    causal depthwise convolution of kernel w: so y_t = sum_s C_t w[K-1-(t-s)] B_s x_s (+ C_t b with a
+    conv bias, no mixing). ``B`` and ``C`` are the key and query gates [batch, time, channel],
+    ``decay`` the kernel [channel, K]; no skip term."""
+    hidden = _zero_padding(hidden, attention_mask)
+    B, C, value = module.in_proj(hidden).float().chunk(3, dim=-1)  # [batch, time, channel] each
+    batch, time, channels = value.shape
+    return ScanTerms(
+        kind="conv", value=value.transpose(1, 2), gate=C.transpose(1, 2), skip=torch.zeros(channels, device=value.device),
+        step=torch.ones(batch, channels, time, device=value.device), decay=module.conv.weight[:, 0].float(),
+        B=B, C=C, unit_of_channel=torch.arange(channels, device=value.device), key_mask=_real(attention_mask, hidden))
+
+
+def mixer_output(module, terms: ScanTerms, scan: torch.Tensor | None = None) -> torch.Tensor:
+    """The mixer's output [batch, time, hidden] rebuilt from its matrices: ``scan`` (``y = M x + D x``
+    [batch, channel, time], by default :meth:`ScanTerms.scan_output`) through the mixer's own gate and
+    output projection. An oracle: equal to the module's output, the matrices are its mixing."""
+    scan = terms.scan_output() if scan is None else scan
+    if terms.kind == "rwkv":
+        return module.output((terms.gate * scan).transpose(1, 2))
+    if terms.kind == "conv":
+        bias = module.conv.bias
+        if bias is not None:  # C_t * b: the conv's bias, gated by the query side, mixes nothing
+            scan = scan + terms.gate * bias.float()[None, :, None]
+        return module.out_proj(scan.transpose(1, 2))
+    if terms.kind == "mamba2" and not isinstance(module.norm, torch.nn.Identity):  # gated RMSNorm
+        return module.out_proj(module.norm(scan.transpose(1, 2), terms.gate.transpose(1, 2)))
+    return module.out_proj((scan * F.silu(terms.gate)).transpose(1, 2))
+
+
 def _width(module) -> int:
     """Channels a mixer's scan mixes."""
-    return int(module.intermediate_size) if hasattr(module, "intermediate_size") else int(module.key.out_features)
+    if hasattr(module, "intermediate_size"):
+        return int(module.intermediate_size)
+    if hasattr(module, "key"):  # rwkv
+        return int(module.key.out_features)
+    return int(module.out_proj.in_features)  # a short convolution
 
 
 def _mamba_heads(module) -> int:
@@ -257,10 +320,14 @@ class MixerKind:
 
 
 MIXERS: tuple[MixerKind, ...] = (
-    MixerKind("mamba selective scan", ("MambaMixer", "FalconMambaMixer"), mamba_terms, _mamba_heads,
+    MixerKind("mamba selective scan", ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer"), mamba_terms,
+              _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
-    MixerKind("mamba2 selective scan", ("Mamba2Mixer",), mamba2_terms, lambda m: int(m.num_heads),
-              "the mixer's own heads"),
+    MixerKind("mamba2 selective scan", ("Mamba2Mixer", "BambaMixer", "Zamba2MambaMixer", "FalconH1Mixer",
+                                        "NemotronHMamba2Mixer", "GraniteMoeHybridMambaLayer"),
+              mamba2_terms, lambda m: int(m.num_heads), "the mixer's own heads"),
+    MixerKind("gated short convolution", ("Lfm2ShortConv",), short_conv_terms, _mamba_heads,
+              f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
     MixerKind("rwkv wkv", ("RwkvSelfAttention",), rwkv_terms, _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
 )
@@ -320,12 +387,3 @@ def implicit_maps(module, kind: MixerKind, hidden: torch.Tensor,
     maps = group_maps(terms, kind.heads(module))
     has_keys = terms.key_mask[:, None, :].expand(maps.shape[0], maps.shape[1], maps.shape[2])
     return maps, has_keys
-
-
-def implicit_sites(model) -> list:
-    """One :class:`probe.hooks.sites.Site` of kind ``implicit`` per mixer, numbered in module order
-    (the decoder stack: these mixers are causal)."""
-    from probe.hooks.sites import Site
-
-    return [Site(stack="decoder", layer=i, path=path, kind="implicit", causal=True)
-            for i, (path, _) in enumerate(find_mixers(model))]

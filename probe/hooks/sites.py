@@ -23,9 +23,10 @@ Four paths (house rule 4: what the model's forward actually does, never its sour
 
 A module that calls the registry is an attention module whatever its name; other candidates are the
 innermost modules whose class name ends in ``Attention``. Layers are numbered by the order in which
-the stack calls them, so a hybrid's attention layers are 0..n-1 whatever their place among the
-model's layers, and a module called several times in one forward (a shared layer) is one layer per
-call. A candidate that neither calls the registry nor exposes probabilities is returned with the
+the stack calls them, and a module called several times in one forward (a shared layer) is one layer
+per call. A token mixer that :mod:`probe.hooks.implicit` reads (Mamba, Mamba-2, RWKV, a gated short
+convolution) is a layer of kind ``implicit`` at its place in that order, so a hybrid's stack holds
+every token-mixing layer, softmax or not, in model order. A candidate that neither calls the registry nor exposes probabilities is returned with the
 reason it cannot be read.
 """
 
@@ -37,6 +38,7 @@ import torch
 
 from probe.hooks.banded import is_banded
 from probe.hooks.blocksparse import AttentionTypeGuard, is_block_sparse, is_block_sparse_layer
+from probe.hooks.implicit import find_mixers, mixer_kind
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.registry import implementation_of, open_session, sink_logits
 from probe.tasks import Task
@@ -238,7 +240,10 @@ class _WatchedPass:
     def sites(self, unreadable: dict[str, str]) -> list[Site]:
         """The readable layers in call order, numbered per stack; candidates that cannot be read are
         added to ``unreadable`` with the reason."""
-        attention_ids = self.watch.callers | {id(m) for p, m in self.candidates.items() if not is_block_sparse(m)}
+        # token mixers read as implicit attention (probe.hooks.implicit) are layers too, in call order
+        mixer_ids = {id(m) for m in self.named.values() if mixer_kind(m) is not None}
+        attention_ids = (self.watch.callers | {id(m) for m in self.candidates.values() if not is_block_sparse(m)}
+                         | mixer_ids)
         calls: dict[int, int] = {}
         counters: dict[str, int] = {}
         sites: list[Site] = []
@@ -252,6 +257,8 @@ class _WatchedPass:
             folded, causal = False, None
             if is_banded(self.named[path]):  # sliding window + global tokens (probe.hooks.banded)
                 kind, probability_path = "banded", None
+            elif module_id in mixer_ids:
+                kind, probability_path, causal = "implicit", None, True
             elif module_id in self.watch.callers:
                 kind, probability_path = "function", None
             elif self.seen_probabilities.get(module_id):
@@ -272,3 +279,11 @@ class _WatchedPass:
                               sinks=module_id in self.watch.with_sinks))
             counters[stack] = counters.get(stack, 0) + 1
         return sites
+
+
+def implicit_sites(model) -> list[Site]:
+    """One :class:`Site` of kind ``implicit`` per token mixer (probe.hooks.implicit), numbered in module order
+    (the decoder stack: these mixers are causal)."""
+    return [Site(stack="decoder", layer=i, path=path, kind="implicit", causal=True)
+            for i, (path, _) in enumerate(find_mixers(model))]
+

@@ -137,10 +137,19 @@ def _key_lengths(pm: ProbeModel, inputs, stack):
 
 
 def _real_block(pm: ProbeModel, inputs, maps, stack, index):
-    """[layer, head, real query, real key] of one example."""
+    """[head, real query, real key] of one example per layer, flattened into one vector (layers may
+    differ in heads: a hybrid's mixers)."""
     q = int(_lengths(pm, inputs, stack)[index])
     k = int(_key_lengths(pm, inputs, stack)[index])
-    return maps[stack].weights[index, :, :, :q, :k]
+    return torch.cat([w[index, :, :q, :k].reshape(-1) for w in layer_weights(maps[stack])])
+
+
+def softmax_layer_weights(pm: ProbeModel, stack: str, maps) -> list[torch.Tensor]:
+    """[batch, head, query, key] of the captured layers whose maps are a softmax (all but a hybrid's
+    implicit mixers), in layer order: what HF's ``output_attentions`` returns and rows sum to one in."""
+    info = pm.contract.stacks[stack]
+    layers = sorted(maps.per_layer) if isinstance(maps, PerLayerMaps) else list(maps.layers)
+    return [w for layer, w in zip(layers, layer_weights(maps), strict=True) if info.layer_kind(layer) == "softmax"]
 
 
 def eager_attentions(pm: ProbeModel, inputs):
@@ -255,14 +264,21 @@ def _row_sums(pm: ProbeModel, o: _Observed) -> CheckResult:
     worst = 0.0
     sink_low = 1.0
     sink_stacks = [s for s, c in pm.contract.stacks.items() if c.sinks]
+    checked = 0
     for stack, m in o.maps.items():
-        sums = m.weights.sum(-1)
-        valid = m.row_has_keys[:, :, None, :].expand_as(sums)
-        if stack in sink_stacks:  # 1 minus the sink mass: in (0, 1]
-            worst = max(worst, (sums[valid] - 1).clamp(min=0).max().item())
-            sink_low = min(sink_low, sums[valid].min().item())
-        else:
-            worst = max(worst, (sums[valid] - 1).abs().max().item())
+        has_keys = m.row_has_keys if not isinstance(m, PerLayerMaps) else None
+        for weights in softmax_layer_weights(pm, stack, m):  # implicit maps' rows need not sum to one
+            checked += 1
+            sums = weights.sum(-1)  # [batch, head, query]
+            rows = has_keys[:, 0] if has_keys is not None else weights.abs().sum(-1).amax(1) > 0
+            valid = rows[:, None, :].expand_as(sums)
+            if stack in sink_stacks:  # 1 minus the sink mass: in (0, 1]
+                worst = max(worst, (sums[valid] - 1).clamp(min=0).max().item())
+                sink_low = min(sink_low, sums[valid].min().item())
+            else:
+                worst = max(worst, (sums[valid] - 1).abs().max().item())
+    if not checked:
+        return None  # every map is a mixer's implicit matrix: signed, its rows are no probabilities
     if sink_stacks:
         return CheckResult("rows_sum_to_one", worst <= o.tol and sink_low > 0,
                            f"attention sinks in {', '.join(sink_stacks)}: rows sum to 1 minus the sink mass "
@@ -274,10 +290,11 @@ def _padded_keys(pm: ProbeModel, o: _Observed) -> CheckResult:
     leak = 0.0
     for stack, m in o.maps.items():
         key_len = _key_lengths(pm, o.inputs, stack)
-        keys = torch.arange(m.weights.shape[-1], device=key_len.device)
-        padded = keys[None, :] >= key_len[:, None]  # [batch, key]
-        if padded.any():
-            leak = max(leak, m.weights.masked_select(padded[:, None, None, None, :].expand_as(m.weights)).abs().max().item())
+        for weights in layer_weights(m):  # [batch, head, query, key]
+            keys = torch.arange(weights.shape[-1], device=key_len.device)
+            padded = keys[None, :] >= key_len[:, None]  # [batch, key]
+            if padded.any():
+                leak = max(leak, weights.masked_select(padded[:, None, None, :].expand_as(weights)).abs().max().item())
     return CheckResult("padded_keys_get_zero", leak == 0.0, f"max weight on a padded key {leak:.2e}")
 
 
@@ -288,7 +305,7 @@ def _equals_eager(pm: ProbeModel, o: _Observed) -> CheckResult:
     for stack, layers in eager.items():
         if stack not in o.maps or not layers:
             continue
-        captured = layer_weights(o.maps[stack])
+        captured = softmax_layer_weights(pm, stack, o.maps[stack])  # HF returns no map for a mixer layer
         if len(layers) != len(captured):
             return CheckResult("capture_equals_eager_output_attentions", False,
                                f"{stack}: probe captured {len(captured)} layers, HF returns {len(layers)}")
@@ -335,7 +352,8 @@ def _causal_future(pm: ProbeModel, o: _Observed) -> CheckResult | None:
     changed["input_ids"][i, last] = (changed["input_ids"][i, last] + 1) % pm.model.config.vocab_size
     logits_c, maps_c, _ = capture_all(pm, changed)
     out_gap = (logits[i, :last] - logits_c[i, :last]).abs().max().item()
-    att_gap = max((maps[s].weights[i, :, :, :last] - maps_c[s].weights[i, :, :, :last]).abs().max().item() for s in causal)
+    att_gap = max((a[i, :, :last] - b[i, :, :last]).abs().max().item()
+                  for s in causal for a, b in zip(layer_weights(maps[s]), layer_weights(maps_c[s]), strict=True))
     moved = (logits[i, last] - logits_c[i, last]).abs().max().item()
     return CheckResult("causal_future_changes_nothing_earlier", max(out_gap, att_gap) <= o.tol and moved > 0,
                        f"changing the last token moved earlier outputs by {out_gap:.2e}, earlier attention by "
@@ -377,12 +395,64 @@ def _batch_of_one(pm: ProbeModel, o: _Observed) -> CheckResult:
                                                      "on which its blocks depend)" if same_width else ""))
 
 
+def _implicit_oracle(pm: ProbeModel, o: _Observed) -> CheckResult | None:
+    return implicit_oracle(pm, o.inputs, o.tol)
+
+
+def implicit_oracle(pm: ProbeModel, inputs: dict, tol: float) -> CheckResult | None:
+    """Every implicit layer's matrices, applied to its value path, rebuild its mixer's output (within
+    ``tol`` times the outputs' size) on the model's keyword arguments ``inputs``; None without mixers."""
+    from probe.hooks import implicit
+
+    paths = {path for place, path in pm.contract.module_paths.items()
+             if pm.contract.stacks[place[0]].layer_kind(place[1]) == "implicit"}
+    if not paths:
+        return None
+    seen: dict[str, float] = {}
+    scale = 0.0
+    handles = []
+
+    def compare(module, args, kwargs, output):
+        hidden, mask = implicit.call_inputs(module, args, kwargs)
+        terms = implicit.mixer_kind(module).terms(module, hidden, mask)
+        own = (output[0] if isinstance(output, tuple) else output).float()
+        real = terms.key_mask
+        gap = (implicit.mixer_output(module, terms).float() - own)[real].abs().max().item()
+        seen[path_of[id(module)]] = max(seen.get(path_of[id(module)], 0.0), gap)
+        nonlocal scale
+        scale = max(scale, own[real].abs().max().item())
+
+    modules = dict(pm.model.named_modules())
+    path_of = {id(modules[p]): p for p in paths}
+    try:
+        for path in paths:
+            handles.append(modules[path].register_forward_hook(compare, with_kwargs=True))
+        with torch.no_grad():
+            pm.model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    gap = max(seen.values()) if seen else float("inf")
+    tol = tol * max(1.0, scale)
+    return CheckResult("implicit_matrices_rebuild_mixer_outputs", len(seen) == len(paths) and gap <= tol,
+                       f"{len(seen)} of {len(paths)} mixers: max |M x through gate and out_proj - the mixer's "
+                       f"output| {gap:.2e} (outputs up to {scale:.2f}, tolerance {tol:.0e})")
+
+
+def _eager_where_softmax(pm: ProbeModel, o: _Observed) -> CheckResult | None:
+    """HF's eager output_attentions against the softmax layers; no check where there are none."""
+    if all(info.maps == "implicit" for info in pm.contract.stacks.values()):
+        return None  # a state-space model returns no attention: the mixers' oracle is the check
+    return _equals_eager(pm, o)
+
+
 #: the model-level checks, in the order ``probe contract`` lists them; a check returning None does
 #: not apply to the model (no padding in the batch, not a causal LM)
 _MODEL_CHECKS = (
     ("every_layer_captured", _every_layer), ("capture_leaves_output_unchanged", _unchanged),
     ("rows_sum_to_one", _row_sums), ("padded_keys_get_zero", _padded_keys),
-    ("capture_equals_eager_output_attentions", _equals_eager),
+    ("capture_equals_eager_output_attentions", _eager_where_softmax),
+    ("implicit_matrices_rebuild_mixer_outputs", _implicit_oracle),
     ("padding_tokens_change_nothing", _padding_tokens),
     ("causal_future_changes_nothing_earlier", _causal_future),
     ("batch_of_one_equals_batch_of_n", _batch_of_one),
@@ -406,10 +476,11 @@ class _FunctionProbe:
     def __init__(self, pm: ProbeModel):
         contract = pm.contract
         stack = contract.primary_stack
-        self.module = dict(pm.model.named_modules())[contract.module_paths[(stack, 0)]]
+        self.info = info = contract.stacks[stack]
+        first = next(layer for layer in range(info.n_layers) if info.layer_kind(layer) == "softmax")
+        self.module = dict(pm.model.named_modules())[contract.module_paths[(stack, first)]]
         self.implementation = contract.implementation
         self.original = original_attention_function(self.implementation, self.module)
-        self.info = info = contract.stacks[stack]
         self.device, self.dtype = device, dtype = pm.device, pm.model.dtype
         self.gen = gen = torch.Generator().manual_seed(0)
         # key/value heads as the module's own function repeats them (num_key_value_groups), which is
@@ -494,7 +565,15 @@ def run_checks(pm: ProbeModel, texts=DEFAULT_TEXTS) -> list[CheckResult]:
     pm.model.eval()
     results = _model_checks(pm, texts)
     stack = pm.contract.primary_stack if pm.contract.stacks else None
-    site = (getattr(pm.contract, "sites", None) or {}).get((stack, 0))
+    sites = getattr(pm.contract, "sites", None) or {}
+    # the first softmax layer: a hybrid's first layer may be a mixer
+    site = next((sites[place] for place in sorted(sites) if place[0] == stack and sites[place].kind != "implicit"),
+                sites.get((stack, 0)))
+    if site is not None and site.kind == "implicit":
+        results.append(CheckResult("attention_function_checks", True,
+                                   f"skipped: the {stack}'s layers are token mixers read as implicit attention, "
+                                   "so there is no attention function to call on chosen inputs"))
+        return results
     if site is not None and site.kind != "function":
         results.append(CheckResult("attention_function_checks", True,
                                    f"skipped: the {stack} computes attention inline (read through its probability "

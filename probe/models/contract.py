@@ -6,12 +6,14 @@ and are re-exported here; this module builds them (:func:`build_contract`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from probe.hooks.implicit import implicit_sites, mixer_kind
+from probe.hooks.implicit import mixer_kind
 from probe.hooks.banded import describe_layers
 from probe.hooks.registry import implementation_of
-from probe.hooks.sites import Site, discover_sites
+from probe.hooks.sites import Site, discover_sites, implicit_sites
 from probe.models.architectures import (
     ATTENTION_LAYOUTS,
     CONFIG_HEAD_COUNT_ATTRIBUTES,
@@ -119,8 +121,14 @@ def _locate(model, tokenizer, task):
     sites = {(site.stack, site.layer): site for site in found if site.stack in STACK_ORDER}
     if not sites and (mixers := implicit_sites(model)):  # no softmax attention: state-space mixers, read implicitly
         sites = {(site.stack, site.layer): site for site in mixers}
-        return {p: site.path for p, site in sites.items()}, sites, unreadable, "mixer classes (implicit attention)"
-    return {p: site.path for p, site in sites.items()}, sites, unreadable, "a watched forward pass"
+    kinds = {site.kind == "implicit" for site in sites.values()}
+    if kinds == {True}:
+        how = "mixer classes (implicit attention)"
+    elif kinds == {True, False}:
+        how = "a watched forward pass (softmax attention and mixer classes read as implicit attention, in call order)"
+    else:
+        how = "a watched forward pass"
+    return {p: site.path for p, site in sites.items()}, sites, unreadable, how
 
 
 def _implicit_stack_contract(stack: str, layers: dict[int, object]) -> StackContract:
@@ -133,7 +141,39 @@ def _implicit_stack_contract(stack: str, layers: dict[int, object]) -> StackCont
         stack=stack, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_heads, kv_head_of_query=tuple(range(n_heads)),
         head_dim=kind.head_width(module), mask_kind="causal", module_class=type(module).__name__,
         capture_path=f"implicit {kind.name} matrix (heads: {kind.heads_are})", can_edit=False,
-        memory="full maps (recomputed from each mixer's input)", maps="implicit")
+        memory="full maps (recomputed from each mixer's input)", maps="implicit", mixer_class=type(module).__name__)
+
+
+def _hybrid_stack_contract(stack: str, layers: dict[int, object], config, task: Task, sites: dict) -> StackContract:
+    """A stack whose layers mix softmax attention with token mixers read as implicit attention (jamba,
+    bamba, lfm2, ...): the softmax layers' contract (heads, kv map, mask, how they are read and
+    edited), with every layer counted in model order, its map kind in ``layer_maps`` and its own
+    head count and head width where the layers differ. Edits apply to the softmax layers only."""
+    implicit = {layer for layer in layers if sites[(stack, layer)].kind == "implicit"}
+    softmax_sites = {place: site for place, site in sites.items() if site.kind != "implicit"}
+    base = _stack_contract(stack, {layer: m for layer, m in layers.items() if layer not in implicit}, config, task,
+                           softmax_sites)
+    heads, widths = [], []
+    for layer in sorted(layers):
+        module = layers[layer]
+        if layer in implicit:
+            kind = mixer_kind(module)
+            heads.append(kind.heads(module))
+            widths.append(kind.head_width(module))
+        else:
+            n_heads, head_dim = _heads_and_dim(module, config)
+            heads.append(n_heads or base.n_heads)
+            widths.append(head_dim or base.head_dim)
+    mixers = sorted({type(layers[layer]).__name__ for layer in implicit})
+    names = sorted({mixer_kind(layers[layer]).name for layer in implicit})
+    return replace(
+        base, n_layers=len(layers), maps="hybrid", mixer_class=" + ".join(mixers),
+        layer_maps=tuple("implicit" if layer in implicit else "softmax" for layer in sorted(layers)),
+        layer_heads=tuple(heads) if len(set(heads)) > 1 else (),
+        layer_head_dims=tuple(widths) if len(set(widths)) > 1 else (),
+        capture_path=f"{base.capture_path} ({len(layers) - len(implicit)} softmax layers) + implicit "
+                     f"{', '.join(names)} matrix ({len(implicit)} layers, not editable)",
+        memory=f"{base.memory}; full maps of the mixer layers (recomputed from each mixer's input)")
 
 
 def build_contract(model, tokenizer, task: Task | str | None = None, *, random_weights: tuple[str, ...] = (),
@@ -147,8 +187,11 @@ def build_contract(model, tokenizer, task: Task | str | None = None, *, random_w
         by_stack.setdefault(stack, {})[layer] = modules[path]
     stacks = {}
     for stack in STACK_ORDER:
-        if stack in by_stack and any(site.kind == "implicit" for (s, _), site in sites.items() if s == stack):
+        implicit = [site.kind == "implicit" for (s, _), site in sites.items() if s == stack]
+        if stack in by_stack and implicit and all(implicit):
             stacks[stack] = _implicit_stack_contract(stack, by_stack[stack])
+        elif stack in by_stack and any(implicit):
+            stacks[stack] = _hybrid_stack_contract(stack, by_stack[stack], config, task, sites)
         elif stack in by_stack:
             stacks[stack] = _stack_contract(stack, by_stack[stack], config, task, sites)
     parameter = next(model.parameters())

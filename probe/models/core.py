@@ -46,9 +46,19 @@ class StackContract:
     layer_head_dims: tuple[int, ...] = ()  # head dim per layer, where layers differ
     shared_layers: int = 0  # layers served by a module the model calls more than once per forward
     #: softmax (rows are probabilities) | implicit (a token mixer's matrix, probe.hooks.implicit: signed,
-    #: rows need not sum to one, not editable)
+    #: rows need not sum to one, not editable) | hybrid (both, layer by layer: ``layer_maps``)
     maps: str = "softmax"
     structure: str = ""  # a sparse pattern the maps live on (banded: window and global tokens), else ""
+    #: softmax | implicit per layer, in model order, where a stack mixes them (a hybrid); () otherwise
+    layer_maps: tuple[str, ...] = ()
+    #: the class of the stack's implicit mixers (its module_class where every layer is one); "" for none
+    mixer_class: str = ""
+
+    def layer_kind(self, layer: int) -> str:
+        """softmax | implicit: what layer ``layer``'s map is."""
+        if self.layer_maps and 0 <= layer < len(self.layer_maps):
+            return self.layer_maps[layer]
+        return "implicit" if self.maps == "implicit" else "softmax"
 
 
 @dataclass(frozen=True, repr=False)
@@ -123,7 +133,8 @@ class AttentionContract:
             "padding_side": self.padding_side,
             "special_tokens": list(self.special_tokens),
             "stacks": {name: {**asdict(s), "kv_head_of_query": list(s.kv_head_of_query),
-                              "layer_heads": list(s.layer_heads), "layer_head_dims": list(s.layer_head_dims)}
+                              "layer_heads": list(s.layer_heads), "layer_head_dims": list(s.layer_head_dims),
+                              "layer_maps": list(s.layer_maps)}
                        for name, s in self.stacks.items()},
             "unreadable": dict(self.unreadable),
             "detected_by": self.detected_by,

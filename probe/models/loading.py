@@ -317,7 +317,8 @@ def _require_readable_attention(name: str, config: PretrainedConfig, contract: A
         why = "; ".join(sorted(set(contract.unreadable.values()))) or "it has no softmax attention module"
         raise ModelLoadError(
             f"model {name!r} (type {config.model_type!r}) has no attention probe can read ({why}): "
-            "use a transformer with softmax self-attention (BERT, GPT-2, Llama, T5, BART families)"
+            "use a transformer with softmax self-attention (BERT, GPT-2, Llama, T5, BART families) or a model whose "
+            "token mixers probe reads (Mamba, Mamba-2, RWKV and the hybrids built on them)"
         )
 
 
@@ -408,7 +409,8 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
     label = name or str(getattr(model.config, "_name_or_path", "") or f"in-memory {type(model).__name__}")
     if not contract.stacks:
         raise InputError(f"model {label!r} (type {model.config.model_type!r}) has no attention modules probe can "
-                         "read: use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families)")
+                         "read: use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families) or a model "
+                         "whose token mixers probe reads (Mamba, Mamba-2, RWKV and the hybrids built on them)")
     return _with_method_support(ProbeModel(
         name=label, path=str(getattr(model.config, "_name_or_path", "") or ""), model=model, tokenizer=tokenizer,
         task=task, contract=contract, load_seconds=time.perf_counter() - started, metadata={"wrapped": True},
