@@ -1,5 +1,5 @@
 """Implicit attention of linear-recurrent mixers (probe.hooks.linear_mixers): RecurrentGemma's RG-LRU
-block and Qwen3-Next's gated DeltaNet. The exact matrices reproduce each mixer's own output (a
+block, Qwen3-Next's gated DeltaNet and MiniMax's lightning attention. The exact matrices reproduce each mixer's own output (a
 right-padded batch, fp32, 1e-5), one entry equals its product formula term by term, the matrices are
 causal, and an all-recurrent model is read through the implicit path (maps causal, padding-blind,
 batch 1 equal to batch N)."""
@@ -18,7 +18,7 @@ from probe.hooks.capture import capture_attention
 
 EOT = "<|endoftext|>"
 TEXTS = ["the film is good", "a bad movie with a dull plot", "good"]
-KINDS = ("recurrent_gemma", "qwen3_next")
+KINDS = ("recurrent_gemma", "qwen3_next", "minimax")
 
 
 def _tokenizer():
@@ -34,6 +34,8 @@ def _build(kind: str, hybrid: bool = False, seed: int = 0):
     for a stack of recurrent layers only."""
     import transformers
 
+    if kind == "minimax":
+        return _minimax(hybrid, seed)
     tok, vocab = _tokenizer()
     torch.manual_seed(seed)
     shared = {"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -180,7 +182,7 @@ def test_rglru_entry_against_its_formula():
         g = torch.sigmoid(x @ lru.recurrent_gate_weight[head, :, j].double() + lru.recurrent_gate_bias[head, j].double())
         return math.exp(-8.0 * float(g) * math.log1p(math.exp(float(lru.recurrent_param[d])))), float(i)
 
-    weight = module.conv_1d.weight[d, 0].double()
+    weight = module.conv_1d.weight[d, 0].detach().double()
     total = 0.0
     for s in range(r, t + 1):  # the conv reaches r from s in r..r+3
         tap = r - s + weight.shape[0] - 1
@@ -310,3 +312,51 @@ def test_an_all_recurrent_model_is_explained(wrapped):
     _, _, _, pm = wrapped
     explanation = probe.explain(pm, TEXTS[:2], methods=["attention_mean", "loo_delete"], continuation=" good")
     assert float(explanation.scores["attention_mean"].scores[0].abs().sum()) > 0
+
+
+# --- MiniMax's lightning attention -------------------------------------------------------------------
+
+def _minimax(hybrid: bool, seed: int = 0):
+    """A tiny MiniMax (2 experts), blocks of 4 positions so the blocked kernel carries a state from
+    block to block within the texts; hybrid: a full-attention layer after the lightning one."""
+    import transformers
+
+    tok, vocab = _tokenizer()
+    torch.manual_seed(seed)
+    config = transformers.MiniMaxConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, block_size=4,
+        layer_types=["linear_attention", "full_attention" if hybrid else "linear_attention"], use_cache=False,
+        pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    model = transformers.MiniMaxForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+                module.weight.normal_(0.0, module.in_features ** -0.5)
+    return model, tok
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_lightning_matrices_reproduce_the_layer(hybrid):
+    """In a right-padded batch through the model, out_proj(sigmoid(gate) * norm(M v)) with
+    M_h[t, s] = (q_t . k_s) exp(-lambda_h (t - s)) is each lightning layer's own output."""
+    model, tok = _minimax(hybrid)
+    batch = _padded(tok)
+    assert batch["input_ids"].shape[1] > 4  # more than one kernel block
+    calls = _mixer_calls(model, batch)
+    assert len(calls) == (1 if hybrid else 2)
+    for module, args, kwargs, (output, _) in calls:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        assert float(output.abs().max()) > 0.1
+        with torch.no_grad():
+            terms = linear_mixers.lightning_terms(module, hidden, kwargs.get("attention_mask"))
+            matrices = terms.channel_matrices()
+            scan = terms.scan_output(matrices).transpose(1, 2)  # [batch, time, channel]
+            rebuilt = module.out_proj(terms.gate.transpose(1, 2) * module.norm(scan))
+        assert float((rebuilt - output).abs().max()) < 1e-5
+        assert bool((matrices.triu(1) == 0).all())
+        # one entry against its formula
+        h, t, s = 2, 5, 1
+        q, k = terms.query[0, h, t].double(), terms.key[0, h, s].double()
+        rate = float(module.slope_rate.reshape(-1)[h])
+        assert abs(float(matrices[0, h * 8, t, s]) - float(q @ k) * math.exp(-rate * (t - s))) < 1e-6

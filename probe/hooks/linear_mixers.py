@@ -1,4 +1,4 @@
-"""Implicit attention of linear-recurrent token mixers: Griffin's RG-LRU block and the gated DeltaNet.
+"""Implicit attention of linear-recurrent token mixers: Griffin's RG-LRU block, the gated DeltaNet, lightning attention.
 
 Like the selective scans of :mod:`probe.hooks.implicit`, these mixers are linear in a value path
 once their input-dependent terms (gates, decays, keys, queries) are fixed, so each call is a causal
@@ -44,6 +44,16 @@ computed in closed form (the WY/UT form of the chunked kernel, over the whole se
 
 The value path is ``v`` after the conv1d and its SiLU, the output ``out_proj(norm(M v, z))`` (the
 gated RMSNorm per head). Probe's map heads are the value heads, each its exact ``M_h``.
+
+MiniMax's lightning attention (``MiniMaxLightningAttention``): linear attention with a fixed decay
+``lambda_h`` per head (``slope_rate``), no normalisation; the blocked kernel's intra- and inter-block
+decays compose to one exponential, so per head
+
+    M_h[t, s] = (q_t . k_s) exp(-lambda_h (t - s))                      (s <= t)
+
+with ``q, k, v = act(qkv_proj(u))`` (padded positions zero). The output is
+``out_proj(sigmoid(output_gate(u)) * norm(M v))``, the RMSNorm over all heads' channels together.
+Probe's map heads are the mixer's heads, each its exact ``M_h``.
 """
 
 from __future__ import annotations
@@ -72,9 +82,10 @@ class LinearTerms:
               (sqrt(1 - a^2) i, 1 at resets), segment [batch, time] long (resets so far),
               conv_weight [channel, width] (None: M over the conv's output), conv_bias [channel] | None
     DeltaNet: query, key [batch, unit, time, d_k], beta, log_decay [batch, unit, time] (g)
+    lightning: query, key [batch, unit, time, d_k], log_decay [batch, unit, time] (-lambda_h at every step)
     """
 
-    kind: str  # rglru | gated_deltanet
+    kind: str  # rglru | gated_deltanet | lightning
     value: torch.Tensor
     gate: torch.Tensor
     offset: torch.Tensor
@@ -98,6 +109,8 @@ class LinearTerms:
         units = slice(start, self.n_units if stop is None else stop)
         if self.kind == "rglru":
             return self._lru_matrices(units, fold=self.conv_weight is not None).float()
+        if self.kind == "lightning":
+            return self._lightning_matrices(units).float()
         return self._delta_matrices(units).float()
 
     def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -135,15 +148,23 @@ class LinearTerms:
         band = weight[:, tap.clamp(0, width - 1)]  # [channel, s, r]
         return band * inside[None].to(band.dtype)
 
+    def _decays(self, units: slice) -> torch.Tensor:
+        """G[t, s] = exp(sum_{r=s+1..t} log_decay_r), zero above the diagonal: [batch, head, query, key] fp64."""
+        cumulative = torch.cumsum(self.log_decay[:, units].double(), dim=-1)
+        causal = self._causal(cumulative.shape[-1])
+        return torch.exp((cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(~causal, -torch.inf))
+
+    def _lightning_matrices(self, units: slice) -> torch.Tensor:
+        """Decayed linear attention: (Q K^T) * G, [batch, head, query, key] fp64."""
+        query, key = self.query[:, units].double(), self.key[:, units].double()  # [batch, head, time, d_k]
+        return (query @ key.transpose(-1, -2)) * self._decays(units)
+
     def _delta_matrices(self, units: slice) -> torch.Tensor:
         """The delta rule's M in closed form: [batch, head, query, key] fp64."""
         query, key = self.query[:, units].double(), self.key[:, units].double()  # [batch, head, time, d_k]
         beta = self.beta[:, units].double()  # [batch, head, time]
-        cumulative = torch.cumsum(self.log_decay[:, units].double(), dim=-1)
-        time = cumulative.shape[-1]
-        causal = self._causal(time)
-        gaps = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(~causal, -torch.inf)
-        decay = torch.exp(gaps)  # [batch, head, query, key] G
+        decay = self._decays(units)  # [batch, head, query, key] G
+        time = decay.shape[-1]
         strict = (beta[..., :, None] * (key @ key.transpose(-1, -2)) * decay).tril(-1)
         eye = torch.eye(time, dtype=strict.dtype, device=strict.device)
         solved = torch.linalg.solve_triangular(eye + strict, torch.diag_embed(beta), upper=False, unitriangular=True)
@@ -255,6 +276,32 @@ def gated_deltanet_terms(module, hidden: torch.Tensor, attention_mask: torch.Ten
         offset=torch.zeros(batch, width, time, device=hidden.device),
         unit_of_channel=torch.arange(width, device=hidden.device) // int(module.head_v_dim),
         key_mask=_key_mask(attention_mask, hidden), log_decay=log_decay, query=query, key=key, beta=beta)
+
+
+def lightning_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+    """A ``MiniMaxLightningAttention`` (no cache: a prefill)."""
+    batch, time = hidden.shape[:2]
+    heads, width = int(module.num_attention_heads), int(module.head_dim)
+    states = module.act_fn(module.qkv_proj(hidden))
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:  # the layer zeroes padding here
+        states = (states * attention_mask[:, :, None]).to(states.dtype)
+    query, key, value = torch.split(states.reshape(batch, time, heads, 3 * width), width, dim=3)
+    slope = module.slope_rate.reshape(heads).double()  # lambda_h
+    return LinearTerms(
+        kind="lightning", value=value.float().reshape(batch, time, heads * width).transpose(1, 2),
+        gate=torch.sigmoid(module.output_gate(hidden)).float().transpose(1, 2),
+        offset=torch.zeros(batch, heads * width, time, device=hidden.device),
+        unit_of_channel=torch.arange(heads * width, device=hidden.device) // width,
+        key_mask=_key_mask(attention_mask, hidden), log_decay=(-slope)[None, :, None].expand(batch, heads, time),
+        query=query.float().transpose(1, 2), key=key.float().transpose(1, 2))
+
+
+def lightning_heads(module) -> int:
+    return int(module.num_attention_heads)
+
+
+def lightning_width(module) -> int:
+    return int(module.num_attention_heads) * int(module.head_dim)
 
 
 def rglru_heads(module) -> int:
