@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from probe.hooks import linear_mixers
+
 #: Mamba's channel groups read as heads (its inner width split into this many consecutive blocks)
 MAMBA_CHANNEL_GROUPS = 4
 #: elements of one [batch, channel, query, key, state] block of Mamba's exact form (memory bound)
@@ -313,10 +315,11 @@ class MixerKind:
     terms: Callable[..., ScanTerms]  # (module, hidden [batch, time, hidden], 2-D mask | None) -> ScanTerms
     heads: Callable[[object], int]  # the number of map heads of a module
     heads_are: str  # what a map head is, for the contract
+    width: Callable[[object], int] | None = None  # channels the mixer mixes (default: _width)
 
     def head_width(self, module) -> int:
         """Channels per map head."""
-        return _width(module) // self.heads(module)
+        return (self.width or _width)(module) // self.heads(module)
 
 
 MIXERS: tuple[MixerKind, ...] = (
@@ -330,6 +333,13 @@ MIXERS: tuple[MixerKind, ...] = (
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
     MixerKind("rwkv wkv", ("RwkvSelfAttention",), rwkv_terms, _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
+    MixerKind("rg-lru recurrence", ("RecurrentGemmaRecurrentBlock",), linear_mixers.rglru_terms,
+              linear_mixers.rglru_heads, "the RG-LRU's gate heads, each the mean of its channels' matrices (conv folded in)",
+              linear_mixers.rglru_width),
+    MixerKind("gated deltanet", ("Qwen3NextGatedDeltaNet",), linear_mixers.gated_deltanet_terms,
+              linear_mixers.deltanet_heads, "the mixer's value heads", linear_mixers.deltanet_width),
+    MixerKind("lightning attention", ("MiniMaxLightningAttention",), linear_mixers.lightning_terms,
+              linear_mixers.lightning_heads, "the mixer's own heads", linear_mixers.lightning_width),
 )
 
 
