@@ -59,6 +59,9 @@ OVERRIDES: dict[str, dict] = {
     # one token and one random block, so that the sample texts (up to 11 tokens) run block-sparse
     "big_bird": {"block_size": 1, "num_random_blocks": 1},
     "bigbird_pegasus": {"block_size": 1, "num_random_blocks": 1},
+    # local_radius 127 and global blocks of 16 would put the sample texts in one block: radius 2
+    # (blocks of 3) and global blocks of 4, transient-global (the local layer is its part)
+    "longt5": {"local_radius": 2, "global_block_size": 4, "encoder_attention_type": "transient-global"},
 }
 
 WORDS = ("the movie was great and acting good not funny a boring story , bad ending . film is very "
