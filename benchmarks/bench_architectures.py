@@ -80,6 +80,9 @@ OVERRIDES: dict[str, dict] = {
     "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "n_mamba_heads": 8,
                "mamba_headdim": 16, "mamba_d_state": 16},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
+    # local_radius 127 and global blocks of 16 would put the sample texts in one block: radius 2
+    # (blocks of 3) and global blocks of 4, transient-global (the local layer is its part)
+    "longt5": {"local_radius": 2, "global_block_size": 4, "encoder_attention_type": "transient-global"},
 }
 
 WORDS = ("the movie was great and acting good not funny a boring story , bad ending . film is very "

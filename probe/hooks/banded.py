@@ -26,7 +26,8 @@ gives the structure the model allows (:class:`BandStructure`: band, global rows 
 Architecture knowledge is the table :data:`BANDED_ATTENTION_CLASSES`, keyed by module class.
 
 The same site kind ("banded": read densified, never edited) serves BigBird's block-sparse
-attention (:mod:`probe.hooks.blocksparse`); :func:`is_banded`, :func:`open_reader`,
+attention (:mod:`probe.hooks.blocksparse`) and LongT5's local and transient-global encoder
+attention (:mod:`probe.hooks.local_global`); :func:`is_banded`, :func:`open_reader`,
 :func:`describe_layers` and :func:`refuse_hooks` dispatch on the module's family.
 """
 
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError
-from probe.hooks import blocksparse
+from probe.hooks import blocksparse, local_global
 
 #: module classes whose forward computes banded (sliding-window + global) attention, Longformer's way
 BANDED_ATTENTION_CLASSES = frozenset({"LongformerSelfAttention", "LEDEncoderSelfAttention"})
@@ -52,14 +53,17 @@ def is_longformer_band(module: torch.nn.Module) -> bool:
 
 
 def is_banded(module: torch.nn.Module) -> bool:
-    """Whether probe reads ``module`` through the banded path: Longformer's band or BigBird's blocks."""
-    return is_longformer_band(module) or blocksparse.is_block_sparse_layer(module)
+    """Whether probe reads ``module`` through the banded path: Longformer's band, BigBird's blocks or
+    LongT5's local (and transient-global) blocks."""
+    return is_longformer_band(module) or blocksparse.is_block_sparse_layer(module) or local_global.is_local_global(module)
 
 
 def pattern(module: torch.nn.Module) -> str:
     """The layer's sparse pattern in a few words, for one-line messages."""
     if blocksparse.is_block_sparse_layer(module):
         return f"block-sparse attention (blocks of {module.config.block_size}, {module.config.num_random_blocks} random)"
+    if local_global.is_local_global(module):
+        return local_global.pattern(module)
     w = one_sided_window(module)
     return f"banded attention (keys i-{w}..i+{w} plus global tokens)"
 
@@ -168,6 +172,8 @@ def describe_layers(modules: Mapping[int, torch.nn.Module]) -> str:
     """The structure of a stack's banded layers in one line, for the contract."""
     if any(blocksparse.is_block_sparse_layer(m) for m in modules.values()):
         return blocksparse.describe_layers(modules)
+    if any(local_global.is_local_global(m) for m in modules.values()):
+        return local_global.describe_layers(modules)
     windows = [one_sided_window(modules[layer]) for layer in sorted(modules) if is_banded(modules[layer])]
     w = windows[0] if len(set(windows)) == 1 else None
     band = f"keys i-{w}..i+{w} (attention_window {2 * w})" if w is not None else \
@@ -208,7 +214,8 @@ def _input_length(module, args, kwargs) -> int | None:
 def open_reader(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], handle: Callable) -> _Readers:
     """Readers for the banded layers ``modules`` (by path) of ``model``, one per family; each call
     of a layer reaches ``handle(module, call)``, the call a :class:`BandedCall` or a
-    :class:`probe.hooks.blocksparse.BlockSparseCall` (both give ``batch``, ``length``, ``device``
+    :class:`probe.hooks.blocksparse.BlockSparseCall` or a
+    :class:`probe.hooks.local_global.LocalGlobalCall` (all give ``batch``, ``length``, ``device``
     and ``dense(rows)``). Close it to remove every hook."""
     return _Readers(model, modules, handle)
 
@@ -216,7 +223,8 @@ def open_reader(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], 
 class _Readers:
     def __init__(self, model, modules, handle):
         self.readers: list = []
-        families = ((is_longformer_band, BandedReader), (blocksparse.is_block_sparse_layer, blocksparse.BlockSparseReader))
+        families = ((is_longformer_band, BandedReader), (blocksparse.is_block_sparse_layer, blocksparse.BlockSparseReader),
+                    (local_global.is_local_global, local_global.LocalGlobalReader))
         try:
             for belongs, reader in families:
                 chosen = {path: m for path, m in modules.items() if belongs(m)}

@@ -280,6 +280,8 @@ def mixer_output(module, terms: ScanTerms, scan: torch.Tensor | None = None) -> 
     [batch, channel, time], by default :meth:`ScanTerms.scan_output`) through the mixer's own gate and
     output projection. An oracle: equal to the module's output, the matrices are its mixing."""
     scan = terms.scan_output() if scan is None else scan
+    if isinstance(terms, linear_mixers.LinearTerms):  # RG-LRU, gated DeltaNet, lightning attention
+        return linear_mixers.linear_output(module, terms, scan)
     if terms.kind == "rwkv":
         return module.output((terms.gate * scan).transpose(1, 2))
     if terms.kind == "conv":

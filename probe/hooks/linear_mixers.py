@@ -320,3 +320,18 @@ def deltanet_heads(module) -> int:
 
 def deltanet_width(module) -> int:
     return int(module.value_dim)
+
+
+def linear_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+    """The mixer's output [batch, time, hidden] rebuilt from its mixed value path ``scan`` (``M x +
+    offset`` [batch, channel, time]) through the layer's own gate, norm and output projection: the
+    RG-LRU block's linear_out(y * act(linear_y(u))), the DeltaNet's out_proj(gated RMSNorm per head),
+    lightning attention's out_proj(sigmoid(gate) * norm(y))."""
+    if terms.kind == "rglru":
+        return module.linear_out((scan * terms.gate).transpose(1, 2))
+    if terms.kind == "gated_deltanet":
+        batch, channels, time = scan.shape
+        width = int(module.head_v_dim)
+        normed = module.norm(scan.transpose(1, 2).reshape(-1, width), terms.gate.transpose(1, 2).reshape(-1, width))
+        return module.out_proj(normed.reshape(batch, time, channels))
+    return module.out_proj(terms.gate.transpose(1, 2) * module.norm(scan.transpose(1, 2)))

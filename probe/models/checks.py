@@ -15,7 +15,7 @@ import torch
 
 from probe.errors import CaptureError
 from probe.hooks import math as amath
-from probe.hooks import blocksparse
+from probe.hooks import blocksparse, local_global
 from probe.hooks.banded import dense_from_output_attentions, one_sided_window
 from probe.hooks.capture import capture_attention
 from probe.hooks.registry import original_attention_function
@@ -187,6 +187,10 @@ def _dense_banded(pm: ProbeModel, found: dict, global_layers, inputs) -> dict:
             ran = blocksparse.is_block_sparse(layer.self) and \
                 int(inputs["input_ids"].shape[1]) > blocksparse.full_attention_limit(layer.config)
             out[stack] = tuple(blocksparse.dense_from_output_attentions(a, modules[path], inputs["attention_mask"], ran)
+                               for a, path in zip(layers, site_paths))
+            continue
+        if local_global.is_local_global(modules[site_paths[0]]):  # LongT5: [batch, block, head, bl, 3 bl + G]
+            out[stack] = tuple(local_global.dense_from_output_attentions(a, modules[path], inputs["attention_mask"])
                                for a, path in zip(layers, site_paths))
             continue
         out[stack] = tuple(dense_from_output_attentions(
