@@ -459,6 +459,23 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def ran(row: dict) -> bool:
+    """The tiny model built and ran a forward pass (whatever it reports: softmax attention, a token
+    mixer's own output, or no attention at all)."""
+    return row["oracle"] in ("yes", "implicit") or row["reason"] == "reports no attention with output_attentions"
+
+
+def runs_summary(rows: list[dict]) -> dict:
+    """Per implementation: the architectures that run (token-mixer and recurrent models included) and
+    how many of them probe reads (read ok), and reads and explains (read, contract and explain ok)."""
+    out = {}
+    for implementation in IMPLEMENTATIONS:
+        part = [r for r in rows if r["implementation"] == implementation and ran(r)]
+        out[implementation] = {"run": len(part), "read": sum(r["read"] == "ok" for r in part),
+                               "explained": sum(r["read"] == r["contract"] == r["explain"] == "ok" for r in part)}
+    return out
+
+
 def maps_summary(rows: list[dict]) -> dict[str, int]:
     """How many architectures (eager rows) probe reads as softmax, implicit or hybrid maps, all checks ok."""
     out: dict[str, int] = {}
@@ -491,6 +508,16 @@ def write(rows: list[dict], out: Path) -> None:
         n = max(s["oracle"], 1)
         lines.append(f"| {implementation} | {s['oracle']} | " + " | ".join(
             f"{s[c]} ({100 * s[c] / n:.0f}%)" for c in ("read", "edit", "contract", "explain")) + " |")
+    runs = runs_summary(rows)
+    lines += ["", "Every architecture that runs, token-mixer (state-space, recurrent, convolution) and hybrid models "
+              "included: `read` counts those probe reads (softmax attention against `output_attentions`, a token "
+              "mixer's matrices against the mixer's own output), `read and explained` those whose contract checks "
+              "and explainers pass too.", "",
+              "| implementation | run | read | read and explained |", "|---|---|---|---|"]
+    for implementation, s in runs.items():
+        n = max(s["run"], 1)
+        lines.append(f"| {implementation} | {s['run']} | {s['read']} ({100 * s['read'] / n:.0f}%) | "
+                     f"{s['explained']} ({100 * s['explained'] / n:.0f}%) |")
     by_maps = maps_summary(rows)
     lines += ["", "Read (eager, read + contract + explain ok) by maps: " + (", ".join(
         f"{kind} {n}" for kind, n in sorted(by_maps.items())) or "none") + " (implicit: token mixers read as their "
