@@ -130,16 +130,24 @@ def test_wrap_refuses_pairs_that_do_not_fit(tiny_dirs):
             probe.wrap(model, gpt2_tokenizer)
 
 
-def test_wrap_refuses_a_model_without_attention(tiny_dirs):
-    """Mamba (a state-space model: a head, no attention) is refused in one line."""
+def test_wrap_reads_a_state_space_model_and_refuses_a_model_without_a_mixer_it_reads(tiny_dirs):
+    """Mamba (a state-space model: a head, no attention) is read through its mixers' implicit
+    matrices; zamba (v1), whose mixers probe has no reader for, is refused in one line."""
+    import sys
+    from pathlib import Path
+
     from transformers import AutoTokenizer, MambaConfig, MambaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["gpt2"]))
     torch.manual_seed(0)
     model = MambaForCausalLM(MambaConfig(vocab_size=len(tokenizer), hidden_size=16, state_size=4,
                                          num_hidden_layers=2, expand=2))
-    with pytest.raises(InputError, match=r"\(type 'mamba'\) has no attention modules probe can read"):
-        probe.wrap(model, tokenizer)
+    assert probe.wrap(model, tokenizer).contract.stacks["decoder"].maps == "implicit"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_architectures as sweep
+
+    with pytest.raises(InputError, match=r"\(type 'zamba'\) has no attention modules probe can read"):
+        probe.wrap(sweep.build("zamba", "causal_lm", "eager"), sweep.tokenizer())
 
 
 # --------------------------------------------------------------------------------------- explain
