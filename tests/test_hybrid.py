@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import _vocab, _word_level_tokenizer, _wrap, build_tiny
+from tiny_models import build_tiny, eot_tokenizer, fan_in_init
 
 import probe
 from probe.errors import CaptureError, ProbeError
@@ -45,17 +45,13 @@ def _build(kind: str, seed: int = 0):
     """(a tiny hybrid causal LM, eager, fp32, eval, fan-in init so every layer's output is O(1); its tokenizer)."""
     import transformers
 
-    vocab = _vocab((EOT,))
-    tok = _wrap(_word_level_tokenizer(vocab, EOT), bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT)
+    tok, vocab = eot_tokenizer((EOT,))
     torch.manual_seed(seed)
     classes = {"jamba": transformers.JambaForCausalLM, "bamba": transformers.BambaForCausalLM,
                "lfm2": transformers.Lfm2ForCausalLM}
     model = classes[kind](_config(kind, len(vocab))).float().eval()
     model.set_attn_implementation("eager")
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
-                module.weight.normal_(0.0, module.in_features ** -0.5)
+    fan_in_init(model)
     return model, tok
 
 

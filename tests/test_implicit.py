@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import _vocab, _word_level_tokenizer, _wrap
+from tiny_models import eot_tokenizer, fan_in_init
 
 import probe
 from probe.errors import CaptureError, ProbeError
@@ -40,16 +40,12 @@ def _build(kind: str, seed: int = 0):
     """(a tiny causal LM of ``kind``, fp32, eval, seeded, fan-in init so the mixers' outputs are O(1); its tokenizer)."""
     import transformers
 
-    vocab = _vocab((EOT,))
-    tok = _wrap(_word_level_tokenizer(vocab, EOT), bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT)
+    tok, vocab = eot_tokenizer((EOT,))
     torch.manual_seed(seed)
     classes = {"mamba": transformers.MambaForCausalLM, "falcon_mamba": transformers.FalconMambaForCausalLM,
                "mamba2": transformers.Mamba2ForCausalLM}
     model = classes[kind](_config(kind, len(vocab))).float().eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
-                module.weight.normal_(0.0, module.in_features ** -0.5)
+    fan_in_init(model)
     return model, tok
 
 
@@ -260,17 +256,13 @@ def test_rwkv_wkv_matrices_reproduce_its_time_mixing_and_it_is_read():
     time-mixing module's own output; a wrapped RWKV is read through the implicit path."""
     import transformers
 
-    vocab = _vocab((EOT,))
-    tok = _wrap(_word_level_tokenizer(vocab, EOT), bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT)
+    tok, vocab = eot_tokenizer((EOT,))
     torch.manual_seed(0)
     config = transformers.RwkvConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
                                      intermediate_size=64, context_length=64, bos_token_id=0, eos_token_id=0,
                                      pad_token_id=0)
     model = transformers.RwkvForCausalLM(config).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not model.head:
-                module.weight.normal_(0.0, module.in_features ** -0.5)
+    fan_in_init(model)
     batch = _padded(tok, TEXTS[1:2])
     calls = _mixer_calls(model, {"input_ids": batch["input_ids"]})
     assert len(calls) == 2

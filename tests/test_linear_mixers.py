@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import _vocab, _word_level_tokenizer, _wrap
+from tiny_models import eot_tokenizer, fan_in_init
 
 import probe
 from probe.hooks import implicit, linear_mixers
@@ -22,8 +22,7 @@ KINDS = ("recurrent_gemma", "qwen3_next", "minimax")
 
 
 def _tokenizer():
-    vocab = _vocab((EOT,))
-    return _wrap(_word_level_tokenizer(vocab, EOT), bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT), vocab
+    return eot_tokenizer((EOT,))
 
 
 def _build(kind: str, hybrid: bool = False, seed: int = 0):
@@ -329,10 +328,7 @@ def _minimax(hybrid: bool, seed: int = 0):
         layer_types=["linear_attention", "full_attention" if hybrid else "linear_attention"], use_cache=False,
         pad_token_id=0, bos_token_id=0, eos_token_id=0)
     model = transformers.MiniMaxForCausalLM(config).float().eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
-                module.weight.normal_(0.0, module.in_features ** -0.5)
+    fan_in_init(model)
     return model, tok
 
 

@@ -289,18 +289,34 @@ def _build_t5():
 def _build_mamba():
     from transformers import MambaConfig, MambaForCausalLM
 
-    vocab = _vocab(_GPT2_SPECIALS)
+    tok, vocab = eot_tokenizer(_GPT2_SPECIALS)
     eot = "<|endoftext|>"
-    tok = _wrap(_word_level_tokenizer(vocab, eot), bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot)
     config = MambaConfig(vocab_size=len(vocab), hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
                          conv_kernel=4, bos_token_id=vocab[eot], eos_token_id=vocab[eot], pad_token_id=vocab[eot])
     model = MambaForCausalLM(config)
-    # fan-in init: with the default (std 0.02) the mixers' outputs, and so their effect, are ~0
+    fan_in_init(model)
+    return model, tok
+
+
+def eot_tokenizer(specials: tuple[str, ...] = ("<|endoftext|>",)):
+    """(a word-level tokenizer whose bos, eos, pad and unk are all the first of ``specials``, as
+    GPT-2's end-of-text token is; its vocabulary) for the tiny token-mixer models of the tests."""
+    eot = specials[0]
+    vocab = _vocab(specials)
+    return _wrap(_word_level_tokenizer(vocab, eot), bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot), vocab
+
+
+def fan_in_init(model, bias_std: float | None = None) -> None:
+    """Every linear layer but the output head drawn N(0, 1/fan_in) (and its bias N(0, bias_std^2)
+    where given), in module order: with the default init (std 0.02) a tiny mixer's output, and so
+    its effect, is about 0."""
+    head = model.get_output_embeddings()
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+            if isinstance(module, torch.nn.Linear) and module is not head:
                 module.weight.normal_(0.0, module.in_features ** -0.5)
-    return model, tok
+                if bias_std is not None and module.bias is not None:
+                    module.bias.normal_(0.0, bias_std)
 
 
 _BUILDERS = {
