@@ -154,16 +154,14 @@ class AuditContext:
         """``method`` as leave-one-out of whole spans, one vector per example (span order)."""
         key = f"span:{method}"
         if key not in self._spans:
-            from probe.intervene.spans import span_loo
+            from probe.intervene.spans import span_loo, span_vectors
 
             mode = registry.method(method).span_mode
             if mode is None:
                 raise InputError(f"{self.file.where(index, 'reference')}: {method} has no span form (a span is deleted "
                                  "or replaced by the mask, unk or pad token); use loo_delete, loo_mask, loo_unk or "
                                  "loo_pad, or remove spans")
-            frame = span_loo(self.engine, self.examples, self.spans(), mode)
-            self._spans[key] = [frame[frame["example"] == i].sort_values("span_index")["score"].to_numpy(np.float64)
-                                for i in range(len(self.examples))]
+            self._spans[key] = span_vectors(span_loo(self.engine, self.examples, self.spans(), mode), len(self.examples))
         return self._spans[key]
 
     def describe(self, i: int) -> dict:

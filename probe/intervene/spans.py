@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from probe.errors import InputError
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.rows.target import PreparedExample
 
-__all__ = ["span_loo"]
+__all__ = ["span_loo", "span_vectors"]
 
 
 def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
@@ -49,3 +50,9 @@ def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequenc
                             "score": float(values[at] - values[at + 1 + j]), "original_value": float(values[at])})
         at += 1 + len(spans)
     return pd.DataFrame(records, columns=[*SPAN_COLUMNS, "mode", "score", "original_value"])
+
+
+def span_vectors(frame: pd.DataFrame, n_examples: int) -> list[np.ndarray]:
+    """A :func:`span_loo` frame as one float64 vector of scores per example, in span order."""
+    return [frame[frame["example"] == i].sort_values("span_index")["score"].to_numpy(np.float64)
+            for i in range(n_examples)]

@@ -142,7 +142,7 @@ def _span_units(pm: ProbeModel, study: Study, examples: list[PreparedExample], t
     the positions of a unit example (its tokens the spans' texts, none special), each method's
     token scores folded over them, and every leave-one-out with a span form (loo_delete, loo_mask,
     loo_unk, loo_pad) run again on whole spans (:func:`probe.intervene.spans.span_loo`)."""
-    from probe.intervene.spans import span_loo
+    from probe.intervene.spans import span_loo, span_vectors
     from probe.registry import method as method_entry
     from probe.rows.spans import folded_scores, spans_per_example
 
@@ -154,8 +154,7 @@ def _span_units(pm: ProbeModel, study: Study, examples: list[PreparedExample], t
             scores[name] = folded_scores(result, found, study.spans.aggregate)
             continue
         frame = timed(f"{name} (spans)", lambda m=mode: span_loo(engine, examples, found, m))
-        by_example = [frame[frame["example"] == i].sort_values("span_index")["score"].to_numpy()
-                      for i in range(len(examples))]
+        by_example = span_vectors(frame, len(examples))
         scores[name] = TokenScores(name, [torch.from_numpy(v.astype(np.float32)) for v in by_example],
                                    params=result.params)
     units = [dataclasses.replace(e, input_ids=[e.input_ids[s.positions[0]] for s in spans],
