@@ -129,6 +129,53 @@ def _whole(pm, step_example):
     return dataclasses.replace(whole, original_value=float(evaluate(pm, [(whole.input_ids, whole)])[0]))
 
 
+@pytest.mark.parametrize("method,params", [
+    ("saliency", None), ("input_x_gradient", None), ("integrated_gradients", {"steps": 6}),
+    ("integrated_gradients", {"steps": 5, "rule": "riemann_trapezoid", "internal_batch_size": 4}),
+])
+def test_output_tokens_of_one_text_share_each_gradient_forward(steps, method, params):
+    """The steps of one text feed the same sequence, so a gradient method runs one forward per
+    point for all of them (a backward per output token). Each row equals that method on the step
+    alone, through captum's own path (a group of one shares nothing), and, for input x gradient on
+    the causal LM, one plain autograd call per step."""
+    from probe.explainers.gradient_forward import embedding_forward
+
+    pm, examples = steps
+    problem = embedding_forward(pm, examples)
+    assert [[examples[i].step for i in g] for g in problem.groups] == [
+        [e.step for e in examples if e.text == text] for text in PROMPTS]
+    fed = []  # rows of every forward
+    original = pm.model.forward
+
+    def counted(*args, **kwargs):
+        fed.append(len(kwargs.get("inputs_embeds", kwargs.get("input_ids"))))
+        return original(*args, **kwargs)
+
+    pm.model.forward = counted
+    try:
+        together = probe.explain(pm, examples, [method], params={method: params} if params else None)
+    finally:
+        del pm.model.forward
+    # every point once per text, not once per output token (IG adds f(x) and f(baseline) per text)
+    points = (params or {}).get("steps", 1) + (2 if method == "integrated_gradients" else 0)
+    assert sum(fed) == points * len(PROMPTS) and len(examples) > len(PROMPTS)
+    for i, e in enumerate(examples):
+        alone = probe.explain(pm, [e], [method], params={method: params} if params else None)
+        torch.testing.assert_close(together[method].scores[i], alone[method].scores[0], atol=2e-6, rtol=1e-4)
+        if method == "integrated_gradients":
+            for key in ("convergence_delta", "target_value", "baseline_value"):
+                assert together[method].extras[key][i] == pytest.approx(alone[method].extras[key][0], abs=1e-5)
+    if method == "input_x_gradient" and not pm.task.encoder_decoder:
+        for i, e in enumerate(examples):
+            ids = torch.tensor([list(e.input_ids) + list(e.target_ids[:-1])])
+            embeds = pm.model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            n = len(e.input_ids)
+            logp = torch.log_softmax(pm.model(inputs_embeds=embeds).logits[0, n - 1 + e.step], -1)[e.target_ids[e.step]]
+            (grad,) = torch.autograd.grad(logp, embeds)
+            expected = (grad * embeds).sum(-1)[0, :n].detach()
+            torch.testing.assert_close(together[method].scores[i], expected, atol=2e-6, rtol=1e-4)
+
+
 def test_batch_of_one_equals_batch_of_several_and_matrices_read_per_text(steps):
     pm, examples = steps
     methods = ["attention_mean", "rollout", "saliency", "loo_delete"]

@@ -22,6 +22,7 @@ from probe.rows.target import (
     RowBatch,
     build_rows,
     keep_target_logits,
+    position_values,
     target_values,
 )
 
@@ -186,6 +187,8 @@ class EmbeddingForward:
     explained: torch.Tensor  # [rows, seq] bool: positions taken from ``embeds``
     rows: torch.Tensor  # [rows] long: 0..rows-1, the ``row`` argument for the unexpanded inputs
     site: Site = Site("word", "get_input_embeddings()")
+    #: rows that differ only in the output token they explain (:func:`step_groups`), or None
+    groups: list[list[int]] | None = None
 
     @property
     def mask(self) -> torch.Tensor:
@@ -193,6 +196,16 @@ class EmbeddingForward:
         return self.explained[:, : self.embeds.shape[1]]
 
     def __call__(self, embeds: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        selected, logits = self._logits(embeds, row)
+        return target_values(self.pm, selected, logits)  # [n] fp32
+
+    def positions(self, embeds: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        """``[n, n_target]`` fp32: a language model's value at each output position of each input
+        (:func:`probe.rows.target.position_values`), of which every step target is one column."""
+        selected, logits = self._logits(embeds, row)
+        return position_values(self.pm, selected, logits)
+
+    def _logits(self, embeds: torch.Tensor, row: torch.Tensor) -> tuple[RowBatch, torch.Tensor]:
         seq = self.fixed.shape[1]
         padded = F.pad(embeds, (0, 0, 0, seq - embeds.shape[1]))  # [n, seq, dim]
         full = torch.where(self.explained[row][..., None], padded, self.fixed[row])  # [n, seq, dim]
@@ -208,7 +221,7 @@ class EmbeddingForward:
             replaced = full.to(_model_dtype(self.pm))
             with hooked(self.site.module, _replace_site_output(replaced)):
                 logits = self.pm.model(**inputs).logits
-        return target_values(self.pm, selected, logits)  # [n] fp32
+        return selected, logits
 
 
 def _select_rows(batch: RowBatch, row: torch.Tensor) -> RowBatch:
@@ -250,7 +263,97 @@ def embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site:
     embeds = fixed[:, :width] * explained[:, :width, None]  # [rows, width, dim]
     rows = torch.arange(len(examples), device=input_ids.device)  # [rows]
     return EmbeddingForward(pm=pm, batch=batch, embeds=embeds, fixed=fixed, explained=explained, rows=rows,
-                             site=where)
+                             site=where, groups=step_groups(pm, examples))
+
+
+# ---------------------------------------------------------------------------
+# the output tokens of one text: one forward serves every step
+# ---------------------------------------------------------------------------
+
+
+def step_groups(pm: ProbeModel, examples: Sequence[PreparedExample]) -> list[list[int]] | None:
+    """Indices of ``examples`` in groups whose model rows are the same but for the output token
+    each explains (:attr:`PreparedExample.step`): one prompt, one output, one foil, one target kind.
+
+    A step row feeds the whole output (teacher forced) and reads one output position, so one
+    forward of a group's sequence gives every step's value (a column of
+    :meth:`EmbeddingForward.positions`) and a gradient method needs one forward per point for the
+    group and one backward per step, not one forward per step. None when the examples are not all
+    steps of log-prob or logit targets (a ``prob`` step is the exponential of its column) or no two
+    share a row.
+    """
+    if not pm.task.continuations or not examples:
+        return None
+    if any(e.step is None or e.kind not in ("logprob", "logit") for e in examples):
+        return None
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(examples):
+        key = (tuple(e.input_ids), tuple(e.special), tuple(e.target_ids), tuple(e.foil_ids), e.kind)
+        groups.setdefault(key, []).append(i)
+    found = list(groups.values())
+    return None if all(len(group) == 1 for group in found) else found
+
+
+def _group_members(problem: EmbeddingForward) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[groups]`` the row whose sequence stands for each group, and ``[groups, n_target]`` the
+    row explaining each output position of it (-1: none)."""
+    device = problem.embeds.device
+    groups = problem.groups
+    n_target = problem.batch.target_tokens.shape[1]
+    member = torch.full((len(groups), n_target), -1, dtype=torch.long, device=device)
+    for u, group in enumerate(groups):
+        for r in group:
+            member[u, problem.batch.examples[r].step] = r
+    return torch.tensor([group[0] for group in groups], device=device), member
+
+
+def grouped_gradients(problem: EmbeddingForward, base: torch.Tensor, alphas: Sequence[float],
+                      weights: Sequence[float], chunk: int | None) -> torch.Tensor:
+    """``[rows, width, dim]`` fp32: for every row r, the sum over points i of ``weights[i]`` x
+    d target_r / d e at ``e = base_r + alphas[i] (embeds_r - base_r)``, with the rows of each of
+    ``problem.groups`` sharing one forward per point (one backward per output position).
+
+    ``alphas=[1], weights=[1]`` is the plain gradient at the embeddings (saliency); a quadrature
+    rule's points and weights are integrated gradients' path sum. ``chunk``: at most this many
+    (group, point) inputs per forward (None: all).
+    """
+    reps, member = _group_members(problem)
+    x, b = problem.embeds[reps], base[reps]  # [groups, width, dim]
+    device = x.device
+    alphas_t = torch.tensor(list(alphas), dtype=torch.float32, device=device)
+    weights_t = torch.tensor(list(weights), dtype=torch.float32, device=device)
+    point_of = torch.arange(len(alphas), device=device).repeat_interleave(len(reps))  # [points * groups]
+    group_of = torch.arange(len(reps), device=device).repeat(len(alphas))
+    out = torch.zeros_like(problem.embeds)
+    size = len(point_of) if chunk is None else max(1, chunk)
+    for start in range(0, len(point_of), size):
+        at, group = point_of[start:start + size], group_of[start:start + size]
+        alpha = alphas_t[at][:, None, None]
+        points = (b[group] + alpha * (x[group] - b[group])).detach().requires_grad_(True)  # [c, width, dim]
+        values = problem.positions(points, reps[group])  # [c, n_target]
+        who = member[group]  # [c, n_target]
+        present = [k for k in range(who.shape[1]) if bool((who[:, k] >= 0).any())]
+        for n, k in enumerate(present):
+            wanted = who[:, k] >= 0
+            (grad,) = torch.autograd.grad(values[:, k], points, grad_outputs=wanted.to(values.dtype),
+                                          retain_graph=n < len(present) - 1)
+            scale = weights_t[at][wanted][:, None, None]
+            out.index_add_(0, who[wanted, k], grad[wanted].float() * scale)
+    return out
+
+
+def grouped_values(problem: EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
+    """``[len(embeds) * rows]`` every row's target at each ``[rows, width, dim]`` set of embeddings
+    (rows of a group equal within each set), one forward per group and set."""
+    reps, member = _group_members(problem)
+    steps = torch.tensor([e.step for e in problem.batch.examples], device=reps.device)  # [rows]
+    group_of = torch.empty(len(steps), dtype=torch.long, device=reps.device)
+    for u, group in enumerate(problem.groups):
+        group_of[group] = u
+    with torch.no_grad():
+        values = problem.positions(torch.cat([e[reps] for e in embeds]), reps.repeat(len(embeds)))
+    values = values.reshape(len(embeds), len(reps), -1)  # [sets, groups, n_target]
+    return values[:, group_of, steps].reshape(-1)
 
 
 @contextlib.contextmanager

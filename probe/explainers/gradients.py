@@ -50,6 +50,7 @@ from probe.explainers.gradient_forward import (
     embedding_forward,
     EmbeddingForward,
     gradient_mode,
+    grouped_gradients,
     per_example,
     join_buckets,
     width_buckets,
@@ -75,6 +76,9 @@ def _gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *, times_inp
 
     problem = embedding_forward(pm, examples, site)
     with gradient_mode(pm.model, inputs_only=True):
+        if problem.groups:  # the output tokens of one text: one forward of their row, a backward per token
+            grads = grouped_gradients(problem, problem.embeds, [1.0], [1.0], None)
+            return (grads * problem.embeds if times_input else grads).detach().float(), problem
         if times_input:
             attributions = InputXGradient(problem).attribute(problem.embeds.clone().requires_grad_(),
                                                              additional_forward_args=(problem.rows,))

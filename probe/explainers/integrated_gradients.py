@@ -16,6 +16,8 @@ from probe.explainers.gradient_forward import (
     embedding_forward,
     EmbeddingForward,
     gradient_mode,
+    grouped_gradients,
+    grouped_values,
     per_example,
     join_buckets,
     site_values,
@@ -100,7 +102,10 @@ def _baseline_norm(pm: ProbeModel, problem: EmbeddingForward, baseline: str, bas
 
 
 def _values(problem: EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
-    """[len(embeds) * rows] target at each ``[rows, width, dim]`` set of embeddings, in one forward."""
+    """[len(embeds) * rows] target at each ``[rows, width, dim]`` set of embeddings, in one forward
+    (the output tokens of one text: one forward of their shared row)."""
+    if problem.groups:
+        return grouped_values(problem, *embeds)
     with torch.no_grad():
         return problem(torch.cat(embeds), problem.rows.repeat(len(embeds)))
 
@@ -170,10 +175,20 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
 
 def _ig_attributions(pm: ProbeModel, problem: EmbeddingForward, base: torch.Tensor, steps: int, rule: str,
                      internal_batch_size: int | str | None) -> torch.Tensor:
-    """captum ``IntegratedGradients`` of ``problem`` from ``base``: [rows, width, dim] fp32."""
+    """captum ``IntegratedGradients`` of ``problem`` from ``base``: [rows, width, dim] fp32.
+
+    The output tokens of one text (``problem.groups``) share each point's forward: the same
+    quadrature as captum's (:func:`quadrature`), summed by :func:`grouped_gradients`.
+    """
     from captum.attr import IntegratedGradients
 
     rows = problem.embeds.shape[0]
+    if problem.groups:
+        alphas, weights = quadrature(rule, steps)
+        chunk = None if internal_batch_size is None else _chunk(problem, internal_batch_size)
+        with gradient_mode(pm.model, inputs_only=True):
+            path = grouped_gradients(problem, base, alphas, weights, chunk)  # [rows, width, dim]
+        return (path * (problem.embeds - base)).detach().float()
     with gradient_mode(pm.model, inputs_only=True):
         ig = IntegratedGradients(problem)
         return ig.attribute(
@@ -182,6 +197,27 @@ def _ig_attributions(pm: ProbeModel, problem: EmbeddingForward, base: torch.Tens
             # captum splits steps, never rows, and refuses a chunk smaller than the rows
             internal_batch_size=None if internal_batch_size is None else max(_chunk(problem, internal_batch_size), rows),
         ).detach().float()  # [rows, width, dim]
+
+
+def quadrature(rule: str, steps: int) -> tuple[list[float], list[float]]:
+    """Points on [0, 1] and their weights for ``steps`` points of ``rule`` (one of :data:`IG_RULES`),
+    the ones captum's ``IntegratedGradients`` uses: Gauss-Legendre nodes mapped from [-1, 1], or
+    a Riemann sum's left, right, middle or trapezoid points."""
+    import numpy as np
+
+    if rule == "gausslegendre":
+        nodes, weights = np.polynomial.legendre.leggauss(steps)
+        return (0.5 * (1 + nodes)).tolist(), (0.5 * weights).tolist()
+    if steps < 2:
+        raise InputError(f"the {rule} rule needs at least 2 steps, got {steps}")
+    kind = rule.split("_")[-1]
+    if kind == "trapezoid":  # captum's weights: 1/n, halved at both ends
+        weights = [1 / steps] * steps
+        weights[0] = weights[-1] = 1 / (2 * steps)
+        return torch.linspace(0, 1, steps).tolist(), weights
+    points = {"left": torch.linspace(0, 1 - 1 / steps, steps), "right": torch.linspace(1 / steps, 1, steps),
+              "middle": torch.linspace(1 / (2 * steps), 1 - 1 / (2 * steps), steps)}[kind]
+    return points.tolist(), [1 / steps] * steps
 
 
 #: |delta| (target units) below which steps="auto" calls an example converged whatever its gap
