@@ -221,10 +221,15 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
 
     ``chat=True`` (chat models): each text is the user's message in the tokenizer's chat template,
     the assistant's turn opened; the template's tokens stay in the input, marked special (never
-    scored or perturbed), and ``example.text`` is the laid-out prompt."""
+    scored or perturbed), and ``example.text`` is the laid-out prompt. A text may instead be a
+    conversation, a list of ``{"role": ..., "content": ...}`` messages (one conversation alone, or a
+    list of them): every message's content is scored, and ``spans="@roles"`` reads each message as
+    one span named by its role (``example.messages`` says where they lie)."""
     from probe.rows.target import prepare as _prepare
 
     texts = _text_list(texts)
+    if chat and isinstance(texts[0], Mapping):  # one conversation: a list of messages
+        texts = [texts]
     if generate is not None:
         _positive(generate, "generate")
     target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
@@ -293,9 +298,13 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
                              "examples are prepared already (their targets are fixed): pass the texts instead")
         _check_prepared_by(pm, items)
         return items
-    if not all(isinstance(e, str) for e in items):
+    if chat and isinstance(items[0], Mapping):  # one conversation: a list of messages
+        items = [items]
+    conversation = chat and all(isinstance(e, (str, list, tuple)) for e in items)
+    if not conversation and not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})
-        raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}")
+        raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}"
+                         + ("" if chat else " (a conversation, a list of messages, needs chat=True)"))
     return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
                    generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label,
                    target_side=target_side)
@@ -797,18 +806,21 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
 @_in_eval
 def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]], mode: str = "delete", *,
              label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
-             contrast: str | None = None, contrast_label: int | str | None = None) -> pd.DataFrame:
+             contrast: str | None = None, contrast_label: int | str | None = None, chat: bool = False,
+             generate: int | None = None) -> pd.DataFrame:
     """Leave-one-out of whole spans: per (example, span), ``score`` = f(x) - f(x with every token of
     the span deleted, or replaced by the mask, unk or pad token: ``mode``). ``spans``: a regular
-    expression (each match is a span) or character offsets ``[(start, end), ...]`` into each
-    text; a token belongs to a span when its characters overlap it, special tokens never. Columns:
+    expression (each match is a span), character offsets ``[(start, end), ...]`` into each
+    text, or ``"@roles"`` with ``chat=True`` (each message of the conversation, a ``role`` column
+    naming it); a token belongs to a span when its characters overlap it, special tokens never.
+    ``generate=N``: every output token of the greedy output is its own example. Columns:
     example, span_index, span, start, end, n_tokens, mode, score, original_value."""
     from probe.intervene.engine import Engine
     from probe.intervene.spans import span_loo as _span_loo
     from probe.rows.spans import spans_per_example
 
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
-                         contrast_label=contrast_label)
+                         contrast_label=contrast_label, chat=chat, generate=generate)
     return _span_loo(Engine(pm), examples, spans_per_example(pm, examples, spans), mode)
 
 

@@ -267,6 +267,28 @@ def test_a_chat_model_reads_the_message_in_its_template_and_scores_only_the_mess
     assert ex.examples[0].label_name.strip() != ""
 
 
+@pytest.mark.slow
+def test_the_chat_model_explains_a_conversation_message_by_message():
+    """SmolLM2-Instruct's own template over a system and a user message: each message is a span
+    named by its role, and deleting a whole message is one forward of the prompt without it."""
+    from probe.rows.target import evaluate
+
+    pm = probe.load_model("builtin:smollm2-135m")
+    conversation = [{"role": "system", "content": "Answer in one word."},
+                    {"role": "user", "content": "What is the capital of France?"}]
+    loo = probe.span_loo(pm, conversation, "@roles", chat=True, generate=2)
+    examples = probe.prepare(pm, conversation, chat=True, generate=2)
+    assert list(loo.role.unique()) == ["system", "user"] and len(loo) == 2 * len(examples)
+    assert list(loo.span.unique()) == [m["content"] for m in conversation]
+    for _, row in loo.iterrows():
+        e = examples[row.example]
+        start, end, _ = e.messages[row.span_index]
+        offsets = pm.tokenizer(e.text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+        kept = [t for t, (a, b) in zip(e.input_ids, offsets) if not (a < end and b > start)]
+        expected = e.original_value - float(evaluate(pm, [(kept, e)])[0])
+        assert row.score == pytest.approx(expected, abs=1e-4)
+
+
 def test_chat_needs_a_chat_template(loaded):
     pm = loaded("gpt2")
     if getattr(pm.tokenizer, "chat_template", None):

@@ -135,3 +135,62 @@ def test_a_study_refuses_spans_with_a_reference_that_has_no_span_form(tmp_path):
         study_from_dict(spec)
     with pytest.raises(InputError, match="is not a regular expression"):
         study_from_dict({**spec, "references": ["loo_delete"], "spans": {"pattern": "(unclosed"}})
+
+
+# in the tiny word-level vocabulary: "you ," opens the user's turn, "i ," any other
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}you{% else %}i{% endif %} , "
+                 "{{ m['content'] }} .\n{% endfor %}{% if add_generation_prompt %}i ,{% endif %}")
+CONVERSATION = [{"role": "system", "content": "be very short"}, {"role": "user", "content": "was the plot good"}]
+
+
+@pytest.fixture(scope="module")
+def chat_gpt2(tiny_dirs):
+    """The tiny GPT-2 with a chat template of its own (its tokenizer ships none)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dirs["gpt2"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dirs["gpt2"]).eval()
+    return probe.wrap(model, tokenizer)
+
+
+def test_chat_roles_are_spans_of_the_conversation(chat_gpt2):
+    """A conversation laid out by the chat template: each message's content is scored, the
+    template's tokens are not, and ``spans="@roles"`` reads every message as one span named by its
+    role: scores folded over the message's tokens, and leave-one-out of the whole message equal to
+    one forward of the laid-out prompt without those tokens."""
+    pm = chat_gpt2
+    ex = probe.explain(pm, CONVERSATION, ["saliency", "loo_delete"], chat=True, generate=2, spans="@roles")
+    first = ex.examples[0]
+    laid_out = pm.tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert first.text == laid_out and len(ex.examples) == len(first.target_ids) >= 1
+    assert [(first.text[a:b], role) for a, b, role in first.messages] == [
+        ("be very short", "system"), ("was the plot good", "user")]
+    scored = [t for t, s in zip(first.tokens, first.special) if not s]
+    assert scored == "be very short was the plot good".split()  # not the template's "i , ... ." 
+    spans = ex.spans[0]
+    assert [(s.role, s.text) for s in spans] == [("system", "be very short"), ("user", "was the plot good")]
+    table = ex.to_pandas(level="span")
+    assert list(table.columns[:7]) == ["example", "span_index", "span", "start", "end", "n_tokens", "role"]
+    for i in range(len(ex.examples)):
+        for s in ex.spans[i]:
+            row = table[(table.example == i) & (table.role == s.role) & (table.method == "saliency")]
+            assert row.score.item() == pytest.approx(float(ex["saliency"].scores[i][list(s.positions)].sum()), abs=1e-6)
+    loo = probe.span_loo(pm, CONVERSATION, "@roles", chat=True, generate=2)
+    assert set(loo.role) == {"system", "user"}
+    for _, row in loo.iterrows():
+        e, s = ex.examples[row.example], ex.spans[row.example][row.span_index]
+        without = [t for p, t in enumerate(e.input_ids) if p not in s.positions]
+        assert row.score == pytest.approx(e.original_value - _value(pm, e, without), abs=1e-5)
+
+
+def test_chat_role_spans_refusals_are_one_line(chat_gpt2):
+    pm = chat_gpt2
+    with pytest.raises(InputError, match="chat=True"):
+        probe.explain(pm, TEXTS, ["saliency"], spans="@roles")
+    with pytest.raises(InputError, match="is not \\{'role'"):
+        probe.prepare(pm, [[{"role": "user"}]], chat=True)
+    with pytest.raises(InputError, match="message is empty"):
+        probe.prepare(pm, [{"role": "user", "content": ""}], chat=True)
+    with pytest.raises(InputError, match="needs chat=True"):
+        probe.explain(pm, [CONVERSATION], ["saliency"])

@@ -46,10 +46,12 @@ def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequenc
     for i, spans in enumerate(found):
         for j, span in enumerate(spans):
             records.append({"example": i, "span_index": j, "span": span.text, "start": span.start, "end": span.end,
-                            "n_tokens": len(span.positions), "mode": mode,
+                            "n_tokens": len(span.positions), "role": span.role, "mode": mode,
                             "score": float(values[at] - values[at + 1 + j]), "original_value": float(values[at])})
         at += 1 + len(spans)
-    return pd.DataFrame(records, columns=[*SPAN_COLUMNS, "mode", "score", "original_value"])
+    roles = any(span.role is not None for spans in found for span in spans)  # chat messages: their role
+    return pd.DataFrame(records, columns=[*SPAN_COLUMNS, *(["role"] if roles else []), "mode", "score",
+                                          "original_value"])
 
 
 def span_vectors(frame: pd.DataFrame, n_examples: int) -> list[np.ndarray]:

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 SpanSpec = str | Sequence[tuple[int, int]]
 
+#: the span spec that reads a chat prompt's messages (``prepare(..., chat=True)``): each message's
+#: content is one span, named by its role
+ROLE_SPANS = "@roles"
+
 #: how a span's token scores are folded (as words' are: probe.explainers.words)
 SPAN_AGGREGATIONS = ("sum", "max", "mean")
 
@@ -42,12 +46,22 @@ SPAN_COLUMNS = ["example", "span_index", "span", "start", "end", "n_tokens"]
 
 @dataclass(frozen=True)
 class Span:
-    """One span of one example: its text, character offsets and token positions."""
+    """One span of one example: its text, character offsets and token positions (and, for a chat
+    message, its role)."""
 
     text: str
     start: int
     end: int
     positions: tuple[int, ...]
+    role: str | None = None
+
+
+def with_roles(frame: pd.DataFrame, spans: Sequence[Span], at: np.ndarray) -> pd.DataFrame:
+    """``frame`` with a ``role`` column (each row's span's role, rows pointing at ``spans`` by
+    ``at``) when any span is a chat message; unchanged otherwise."""
+    if any(s.role is not None for s in spans):
+        frame["role"] = np.array([s.role for s in spans], dtype=object)[at]
+    return frame
 
 
 def token_offsets(pm: ProbeModel, example: PreparedExample) -> list[tuple[int, int]]:
@@ -66,13 +80,19 @@ def token_offsets(pm: ProbeModel, example: PreparedExample) -> list[tuple[int, i
 
 def find_spans(pm: ProbeModel, example: PreparedExample, spans: SpanSpec) -> list[Span]:
     """``example``'s spans: each match of the regular expression ``spans``, or each ``(start, end)``
-    of the character offsets given; spans without a scorable token are left out."""
-    if isinstance(spans, str):
+    of the character offsets given, or with :data:`ROLE_SPANS` each chat message; spans without a
+    scorable token are left out."""
+    if spans == ROLE_SPANS:
+        if not example.messages:
+            raise InputError(f"spans={ROLE_SPANS!r} reads the messages of a chat prompt: prepare the texts with "
+                             "chat=True (a conversation is a list of {'role': ..., 'content': ...})")
+        ranges = list(example.messages)
+    elif isinstance(spans, str):
         try:
             pattern = re.compile(spans)
         except re.error as err:
             raise InputError(f"spans={spans!r} is not a regular expression ({err})") from None
-        ranges = [(m.start(), m.end()) for m in pattern.finditer(example.text) if m.end() > m.start()]
+        ranges = [(m.start(), m.end(), None) for m in pattern.finditer(example.text) if m.end() > m.start()]
     else:
         ranges = []
         for item in spans:
@@ -80,14 +100,14 @@ def find_spans(pm: ProbeModel, example: PreparedExample, spans: SpanSpec) -> lis
                     or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
                     or not 0 <= item[0] < item[1]):
                 raise InputError(f"span {item!r} is not a pair of character offsets (start, end) with 0 <= start < end")
-            ranges.append((int(item[0]), int(item[1])))
+            ranges.append((int(item[0]), int(item[1]), None))
     offsets = token_offsets(pm, example)
     out = []
-    for start, end in ranges:
+    for start, end, role in ranges:
         positions = tuple(p for p, (a, b) in enumerate(offsets)
                           if not example.special[p] and a < end and b > start)
         if positions:
-            out.append(Span(example.text[start:end], start, end, positions))
+            out.append(Span(example.text[start:end], start, end, positions, role))
     return out
 
 
@@ -137,7 +157,9 @@ def span_table(scores: Mapping[str, TokenScores], found: Sequence[Sequence[Span]
             frame["end"] = np.array([s.end for s in spans])[at]
             frame["n_tokens"] = np.array([len(s.positions) for s in spans])[at]
             frame["method"] = method
-            frames.append(frame[[*SPAN_COLUMNS, "method", "layer", "head", "score"]])
+            frame = with_roles(frame, spans, at)
+            frames.append(frame[[*SPAN_COLUMNS, *(["role"] if "role" in frame else []), "method", "layer", "head",
+                                 "score"]])
     columns = [*SPAN_COLUMNS, "method", "layer", "head", "score"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 

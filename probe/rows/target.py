@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -104,6 +105,8 @@ class PreparedExample:
     foil_ids: list[int] = field(default_factory=list)  # LM contrast: the foil's id at each target position
     contrast_label: int | None = None  # classifier contrast: the class subtracted
     contrast_name: str | None = None  # what is contrasted (the foil text, the contrast label's name)
+    #: a chat prompt (``TargetSpec.chat``): each message's content in ``text``, ``(start, end, role)``
+    messages: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def output_index(self) -> int | None:
@@ -243,42 +246,71 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
 
 
-def chat_layout(pm: ProbeModel, text: str) -> tuple[str, tuple[int, int]]:
-    """``text`` as the user's message in the tokenizer's chat template, the assistant's turn opened,
-    and where the message lies in the laid-out string (character span)."""
+#: a chat message: its role and its text, as the tokenizer's chat template takes it
+Message = Mapping[str, str]
+
+
+def chat_layout(pm: ProbeModel, text: str | Sequence[Message]) -> tuple[str, tuple[tuple[int, int, str], ...]]:
+    """``text`` in the tokenizer's chat template with the assistant's turn opened: a string is the
+    user's one message, a list of ``{"role": ..., "content": ...}`` a conversation. Returns the
+    laid-out string and where each message's content lies in it: ``(start, end, role)`` per message."""
     tokenizer = pm.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise InputError(f"{pm.name}'s tokenizer has no chat template: leave out chat (or --chat), or give the "
                          "prompt as the model reads it")
-    marker = "\u2063probe-message\u2063"
-    laid_out = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
-                                             add_generation_prompt=True)
-    if laid_out.count(marker) != 1:
-        raise InputError(f"{pm.name}'s chat template does not show the user's message once: give the prompt as "
-                         "the model reads it instead of chat")
-    start = laid_out.index(marker)
-    return laid_out.replace(marker, text), (start, start + len(text))
+    messages = _messages(text)
+    markers = [f"\u2063probe-message-{i}\u2063" for i in range(len(messages))]
+    laid_out = tokenizer.apply_chat_template([{**m, "content": marker} for m, marker in zip(messages, markers)],
+                                             tokenize=False, add_generation_prompt=True)
+    if any(laid_out.count(marker) != 1 for marker in markers):
+        raise InputError(f"{pm.name}'s chat template does not show each message once: give the prompt as the model "
+                         "reads it instead of chat")
+    regions = []
+    for message, marker in sorted(zip(messages, markers), key=lambda pair: laid_out.index(pair[1])):
+        start = laid_out.index(marker)
+        laid_out = laid_out.replace(marker, message["content"])
+        regions.append((start, start + len(message["content"]), message["role"]))
+    return laid_out, tuple(regions)
 
 
-def _prepare_chat(pm: ProbeModel, texts: list[str], target: TargetSpec, *, strict_length: bool,
+def _messages(text: str | Sequence[Message]) -> list[dict]:
+    """A chat text as a list of messages, checked: a string is one user message."""
+    if isinstance(text, str):
+        return [{"role": "user", "content": text}]
+    if not isinstance(text, Sequence) or not text:
+        raise InputError(f"a chat text is a string (the user's message) or a non-empty list of messages, "
+                         f"got {text!r}")
+    messages = []
+    for m in text:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InputError(f"chat message {m!r} is not {{'role': str, 'content': str}}: write e.g. "
+                             "{'role': 'user', 'content': 'Hello'}")
+        if not m["content"]:
+            raise InputError(f"the {m['role']} message is empty: give every message some text")
+        messages.append({"role": m["role"], "content": m["content"]})
+    return messages
+
+
+def _prepare_chat(pm: ProbeModel, texts: list, target: TargetSpec, *, strict_length: bool,
                   max_new_tokens: int) -> list[PreparedExample]:
     """Each text laid out by the chat template (:func:`chat_layout`), then prepared as any prompt;
-    every token outside the user's message is marked special."""
+    every token outside the messages' contents is marked special, and each example keeps where
+    its messages lie (:attr:`PreparedExample.messages`: the spans ``@roles``)."""
     layouts = [chat_layout(pm, text) for text in texts]
     examples = prepare(pm, [laid for laid, _ in layouts], dataclasses.replace(target, chat=False),
                        strict_length=strict_length, max_new_tokens=max_new_tokens)
-    spans = {laid: span for laid, span in layouts}
+    regions = {laid: where for laid, where in layouts}
     out = []
     for e in examples:
-        start, end = spans[e.text]
         enc = pm.tokenizer(e.text, return_offsets_mapping=True, add_special_tokens=False)
         if list(enc["input_ids"]) != list(e.input_ids):  # a tokenizer that adds tokens of its own
             enc = pm.tokenizer(e.text, return_offsets_mapping=True)
         if list(enc["input_ids"]) != list(e.input_ids):
             raise InputError(f"cannot find the message's tokens in {pm.name}'s chat layout (the tokenizer's "
                              "offsets do not match its ids): give the prompt as the model reads it instead of chat")
-        outside = [not (a < end and b > start) for a, b in enc["offset_mapping"]]
-        out.append(dataclasses.replace(e, special=[s or o for s, o in zip(e.special, outside)]))
+        outside = [not any(a < end and b > start for start, end, _ in regions[e.text]) for a, b in enc["offset_mapping"]]
+        out.append(dataclasses.replace(e, special=[s or o for s, o in zip(e.special, outside)],
+                                       messages=regions[e.text]))
     return out
 
 
