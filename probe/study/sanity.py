@@ -174,8 +174,8 @@ def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapp
             bad = scale <= DEGENERACY_TOLERANCE
             whole = "the embedding sum entering the norm" if w is not x else "the site's vector"
             detail = (f"site {site.name}: sum|w.g| / sum|w||g| = {scale:.1e} with w = {whole}"
-                      + (f"; the model is invariant to scaling it, so x . grad = -(rest of the sum) . grad: "
-                         f"use site embeddings" if bad else ""))
+                      + ("; the model is invariant to scaling it, so x . grad = -(rest of the sum) . grad: "
+                         "use site embeddings" if bad else ""))
             checks.append(Check(method, "degeneracy", "fail" if bad else "pass", scale, detail))
         elif entry.reduction == "sum":  # sum_d grad: zero where a mean-subtracting norm follows
             cancel = float(((g * m).sum(-1).abs()).sum() / (g.abs() * m).sum().clamp_min(1e-30))
