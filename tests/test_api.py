@@ -132,7 +132,7 @@ def test_wrap_refuses_pairs_that_do_not_fit(tiny_dirs):
 
 def test_wrap_reads_a_state_space_model_and_refuses_a_model_without_a_mixer_it_reads(tiny_dirs):
     """Mamba (a state-space model: a head, no attention) is read through its mixers' implicit
-    matrices; zamba (v1), whose mixers probe has no reader for, is refused in one line."""
+    matrices; FNet, whose Fourier mixing probe has no reader for, is refused in one line."""
     import sys
     from pathlib import Path
 
@@ -146,8 +146,8 @@ def test_wrap_reads_a_state_space_model_and_refuses_a_model_without_a_mixer_it_r
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_architectures as sweep
 
-    with pytest.raises(InputError, match=r"\(type 'zamba'\) has no attention modules probe can read"):
-        probe.wrap(sweep.build("zamba", "causal_lm", "eager"), sweep.tokenizer())
+    with pytest.raises(InputError, match=r"\(type 'fnet'\) has no attention modules probe can read"):
+        probe.wrap(sweep.build("fnet", "classification", "eager"), sweep.tokenizer())
 
 
 # --------------------------------------------------------------------------------------- explain

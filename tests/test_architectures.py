@@ -273,18 +273,18 @@ def test_a_check_that_raises_is_a_failed_row_not_a_traceback(tokenizer, monkeypa
 
 
 def test_a_model_without_a_mixer_probe_reads_is_refused_in_one_line(tokenizer, tmp_path):
-    """zamba (v1): its Mamba mixer interleaves value and gate, which probe.hooks.implicit has no
-    reader for, and its shared attention block reports none: refused in one line."""
+    """FNet: its token mixing is a Fourier transform over tokens and hidden units at once, which
+    probe has no reader for, and it reports no attention: refused in one line."""
     from probe.errors import ModelLoadError
     from probe.models.loading import load_model
 
-    model = sweep.build("zamba", "causal_lm", "eager")
+    model = sweep.build("fnet", "classification", "eager")
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError) as info:
         load_model(str(tmp_path))
     message = str(info.value)
-    assert "\n" not in message and "'zamba'" in message and "no attention probe can read" in message
+    assert "\n" not in message and "'fnet'" in message and "no attention probe can read" in message
     assert "token mixers" in message  # the fix names what probe does read
 
 

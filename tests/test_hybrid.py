@@ -228,3 +228,66 @@ def _contract_table_text(table) -> str:
     console = Console(width=200, record=True)
     console.print(table)
     return console.export_text()
+
+
+def test_zamba_mamba_heads_and_shared_attention_are_read_layer_by_layer():
+    """Zamba (v1): every layer a Mamba scan run on separate heads of the inner width (its own
+    x_proj, dt_proj, B and C per head, value and gate interleaved by in_proj), the hybrid layers
+    also the shared attention block. The mixers' matrices rebuild each mixer's output (fp32, 1e-5);
+    each map head is the mean of its Mamba head's channels; the attention layers equal HF eager;
+    every contract check passes and the methods run."""
+    import transformers
+
+    tok, vocab = eot_tokenizer((EOT,))
+    torch.manual_seed(0)
+    config = transformers.ZambaConfig(**{**SHARED, "vocab_size": len(vocab), "num_hidden_layers": 3},
+                                      layers_block_type=["mamba", "hybrid", "hybrid"], n_mamba_heads=2,
+                                      mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+                                      attention_hidden_size=64, attention_head_dim=16)
+    model = transformers.ZambaForCausalLM(config).float().eval()
+    model.set_attn_implementation("eager")
+    fan_in_init(model)
+    with torch.no_grad():  # zamba's per-head projections are parameters, not linear layers
+        for name, parameter in model.named_parameters():
+            if name.endswith(("x_proj_weight", "dt_proj_weight", "mamba.conv1d.weight")):
+                parameter.normal_(0.0, parameter.shape[-1] ** -0.5)
+    pm = probe.wrap(model, tok)
+    stack = pm.contract.stacks["decoder"]
+    assert stack.maps == "hybrid" and stack.layer_maps == ("implicit", "softmax", "implicit", "softmax", "implicit")
+    batch = _padded(tok)
+    real = batch["attention_mask"].bool()
+    mixers = _mixer_inputs(model, batch)
+    assert len(mixers) == 3
+    for module, hidden, mask, output in mixers.values():
+        with torch.no_grad():
+            terms = implicit.zamba_terms(module, hidden, mask)
+            rebuilt = implicit.mixer_output(module, terms)
+        assert float((rebuilt - output)[real].abs().max()) < 1e-5 * max(1.0, float(output.abs().max()))
+        channels = terms.channel_matrices()
+        assert channels.shape[1] == 2 * int(module.mamba_head_dim)
+        assert float(channels.tril(-1).abs().max()) > 1e-2  # it mixes: weight on earlier tokens
+        # an off-by-one matrix (keys shifted by one) misses the output by far more than the tolerance
+        with torch.no_grad():
+            shifted = implicit.mixer_output(module, terms, terms.scan_output(torch.roll(channels, 1, dims=-1)))
+        assert float((shifted - output)[real].abs().max()) > 1e-3
+    with capture_attention(pm, attention_mask=batch["attention_mask"]) as cap, torch.no_grad():
+        out = pm.model(**batch, output_attentions=True)
+    per_layer = cap.layer_maps("decoder")
+    module, hidden, mask, _ = next(iter(mixers.values()))
+    with torch.no_grad():
+        channels = implicit.zamba_terms(module, hidden, mask).channel_matrices()
+    expected = channels.view(channels.shape[0], 2, -1, *channels.shape[2:]).mean(2)
+    assert float((per_layer[0].weights[:, 0] - expected).abs().max()) < 1e-6
+    eager = [a for a in out.attentions if a is not None]
+    assert len(eager) == 2
+    for layer, attention in zip((1, 3), eager):
+        gap = (per_layer[layer].weights[:, 0] - attention.float()) * real[:, None, :, None] * real[:, None, None, :]
+        assert float(gap.abs().max()) < 1e-6
+    failed = [(r.name, r.detail) for r in run_checks(pm) if not r.passed]
+    assert not failed, failed
+    ex = probe.explain(pm, TEXTS[:2], ["attention", "loo_delete", "integrated_gradients"])
+    for i, e in enumerate(ex.examples):
+        scored = ~torch.tensor(e.special)
+        assert torch.isfinite(ex["loo_delete"].scores[i][scored]).all()
+        heads = torch.isfinite(ex["attention"].scores[i]).all(-1)  # [layer, head]: the mixers have 2 heads
+        assert heads.sum(-1).tolist() == [2, 4, 2, 4, 2]

@@ -15,7 +15,8 @@ so one matrix serves the head's channels:
 
 with ``B, C`` those of the head's group (``n_groups``). The mixer's output is then
 ``out_proj(y * silu(gate))`` (Mamba) or ``out_proj(norm(y, gate))`` (Mamba-2's gated RMSNorm).
-The hybrids' mixers are these same forms: Jamba's ``JambaMambaMixer`` is Mamba's (with dt/B/C norms);
+The hybrids' mixers are these same forms: Jamba's ``JambaMambaMixer`` is Mamba's (with dt/B/C norms),
+Zamba's ``ZambaMambaMixer`` Mamba's run on separate heads of the inner width (B, C, dt per head);
 ``BambaMixer``, ``Zamba2MambaMixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer`` and
 ``FalconH1Mixer`` (its input and muP multipliers applied first) are Mamba-2's. LFM2's gated short
 convolution (``Lfm2ShortConv``) is ``y = C * conv(B * x)``, a banded matrix per channel
@@ -66,8 +67,9 @@ class ScanTerms:
     skip             [channel]               D
     step             [batch, unit, time]     dt (softplus, Mamba-2 also clamped to its limit)
     decay            [unit, state] (Mamba) or [unit] (Mamba-2)   A = -exp(A_log); the kernel [channel, K] (conv)
-    B, C             [batch, time, state] (Mamba, shared by channels) or
-                     [batch, time, unit, state] (Mamba-2, each head its group's)
+    B, C             [batch, time, state] (Mamba, shared by channels), [batch, time, channel, state]
+                     (zamba: each Mamba head its own) or [batch, time, unit, state] (Mamba-2, each
+                     head its group's)
     unit_of_channel  [channel] long          the unit whose matrix mixes each channel
     key_mask         [batch, time] bool      real (not padded) positions
     """
@@ -115,7 +117,11 @@ class ScanTerms:
             exponent = between[..., None] * decay[None, :, None, None, :]  # [batch, unit, query, key, state]
             exponent = exponent.masked_fill(~causal[..., None], -torch.inf)
             weights = torch.exp(exponent).float()
-            matrix = torch.einsum("bqN,buqkN,bkN->buqk", self.C, weights, self.B) * step[:, :, None, :]
+            if self.B.dim() == 4:  # B, C per channel (zamba's heads)
+                matrix = torch.einsum("bquN,buqkN,bkuN->buqk", self.C[:, :, units], weights, self.B[:, :, units])
+            else:
+                matrix = torch.einsum("bqN,buqkN,bkN->buqk", self.C, weights, self.B)
+            matrix = matrix * step[:, :, None, :]
         real = self.key_mask.to(matrix.dtype)
         return matrix * real[:, None, None, :] * real[:, None, :, None]
 
@@ -212,6 +218,32 @@ def mamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
         step=F.softplus(step.float()).transpose(1, 2), decay=-torch.exp(module.A_log.float()),
         B=B.float(), C=C.float(), unit_of_channel=torch.arange(channels, device=value.device),
         key_mask=_real(attention_mask, hidden))
+
+
+def zamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+    """A ``ZambaMambaMixer``: Mamba's scan run on ``n_mamba_heads`` heads of the inner width, each
+    with its own ``x_proj`` and ``dt_proj``, so ``B`` and ``C`` are per head (kept per channel:
+    [batch, time, channel, state]). ``in_proj`` interleaves value and gate channel by channel."""
+    hidden = _zero_padding(hidden, attention_mask)
+    batch, time, _ = hidden.shape
+    heads, width = int(module.n_mamba_heads), int(module.mamba_head_dim)
+    rank, state = int(module.time_step_rank), int(module.ssm_state_size)
+    value, gate = module.in_proj(hidden).transpose(1, 2).reshape(batch, -1, 2, time).unbind(2)  # [batch, inner, time]
+    value = _zero_padding(_causal_conv(module, value.contiguous()).transpose(1, 2), attention_mask)  # [batch, time, inner]
+    per_head = value.reshape(batch, time, heads, width)
+    params = torch.einsum("hpw,bthw->bthp", module.x_proj_weight, per_head)  # [batch, time, head, rank + 2 state]
+    step, B, C = torch.split(params, [rank, state, state], dim=-1)
+    step = torch.einsum("hwr,bthr->bthw", module.dt_proj_weight, step) + module.dt_proj_bias  # [batch, time, head, width]
+
+    def per_channel(t: torch.Tensor) -> torch.Tensor:  # [batch, time, head, state] -> [batch, time, channel, state]
+        return t.float().repeat_interleave(width, dim=2)
+
+    channels = heads * width
+    return ScanTerms(
+        kind="mamba", value=value.transpose(1, 2).float(), gate=gate.float(), skip=module.D.float().reshape(channels),
+        step=F.softplus(step.float()).reshape(batch, time, channels).transpose(1, 2),
+        decay=-torch.exp(module.A_log.float()).reshape(channels, state), B=per_channel(B), C=per_channel(C),
+        unit_of_channel=torch.arange(channels, device=value.device), key_mask=_real(attention_mask, hidden))
 
 
 def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
@@ -328,6 +360,8 @@ MIXERS: tuple[MixerKind, ...] = (
     MixerKind("mamba selective scan", ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer"), mamba_terms,
               _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
+    MixerKind("zamba multi-head selective scan", ("ZambaMambaMixer",), zamba_terms, lambda m: int(m.n_mamba_heads),
+              "the mixer's mamba heads, each the mean of its channels' matrices"),
     MixerKind("mamba2 selective scan", ("Mamba2Mixer", "BambaMixer", "Zamba2MambaMixer", "FalconH1Mixer",
                                         "NemotronHMamba2Mixer", "GraniteMoeHybridMambaLayer"),
               mamba2_terms, lambda m: int(m.num_heads), "the mixer's own heads"),
