@@ -80,6 +80,13 @@ OVERRIDES: dict[str, dict] = {
     "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "n_mamba_heads": 8,
                "mamba_headdim": 16, "mamba_d_state": 16},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
+    # Kimi Linear: the delta-attention layer 4 heads of 16 channels (the default 32 x 128 is larger
+    # than the whole tiny model), then an MLA attention layer
+    "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16,
+                    "layer_types": ["linear_attention", "full_attention"]},
+    # zamba (v1): a Mamba layer and two hybrid ones (a Mamba mixer behind the shared attention
+    # block; HF ties the shared block across hybrid layers, so it needs two of them)
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["mamba", "hybrid", "hybrid"]},
     # local_radius 127 and global blocks of 16 would put the sample texts in one block: radius 2
     # (blocks of 3) and global blocks of 4, transient-global (the local layer is its part)
     "longt5": {"local_radius": 2, "global_block_size": 4, "encoder_attention_type": "transient-global"},
@@ -155,6 +162,8 @@ def tiny_config(model_type: str):
             kwargs[name] = [default[0], second]
     if hasattr(config, "attn_layer_indices"):
         kwargs["attn_layer_indices"] = [1]
+    if "kv_lora_rank" in kwargs:  # multi-head latent attention expands its latent to one key/value head per query head
+        kwargs["num_key_value_heads"] = HEADS
     kwargs.update(overrides)
     try:
         config = AutoConfig.for_model(model_type, **kwargs)

@@ -374,6 +374,8 @@ MIXERS: tuple[MixerKind, ...] = (
               linear_mixers.rglru_width),
     MixerKind("gated deltanet", ("Qwen3NextGatedDeltaNet",), linear_mixers.gated_deltanet_terms,
               linear_mixers.deltanet_heads, "the mixer's value heads", linear_mixers.deltanet_width),
+    MixerKind("kimi delta attention", ("KimiLinearDeltaAttention",), linear_mixers.kimi_delta_terms,
+              linear_mixers.kimi_delta_heads, "the mixer's own heads", linear_mixers.kimi_delta_width),
     MixerKind("lightning attention", ("MiniMaxLightningAttention",), linear_mixers.lightning_terms,
               linear_mixers.lightning_heads, "the mixer's own heads", linear_mixers.lightning_width),
 )

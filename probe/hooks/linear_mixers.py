@@ -81,11 +81,12 @@ class LinearTerms:
     RG-LRU:   log_decay [batch, channel, time] fp64 (log a_t), input_scale [batch, channel, time]
               (sqrt(1 - a^2) i, 1 at resets), segment [batch, time] long (resets so far),
               conv_weight [channel, width] (None: M over the conv's output), conv_bias [channel] | None
-    DeltaNet: query, key [batch, unit, time, d_k], beta, log_decay [batch, unit, time] (g)
+    DeltaNet: query, key [batch, unit, time, d_k], beta, log_decay [batch, unit, time] (g);
+              Kimi's delta attention the same with log_decay [batch, unit, time, d_k] (a decay per key channel)
     lightning: query, key [batch, unit, time, d_k], log_decay [batch, unit, time] (-lambda_h at every step)
     """
 
-    kind: str  # rglru | gated_deltanet | lightning
+    kind: str  # rglru | gated_deltanet | kimi_delta | lightning
     value: torch.Tensor
     gate: torch.Tensor
     offset: torch.Tensor
@@ -163,16 +164,32 @@ class LinearTerms:
         """The delta rule's M in closed form: [batch, head, query, key] fp64."""
         query, key = self.query[:, units].double(), self.key[:, units].double()  # [batch, head, time, d_k]
         beta = self.beta[:, units].double()  # [batch, head, time]
-        decay = self._decays(units)  # [batch, head, query, key] G
-        time = decay.shape[-1]
-        strict = (beta[..., :, None] * (key @ key.transpose(-1, -2)) * decay).tril(-1)
+        if self.log_decay.dim() == 4:  # a decay per key channel (Kimi): G inside the products
+            qk, kk = self._channel_decayed(query, key, units)
+        else:
+            decay = self._decays(units)  # [batch, head, query, key] G
+            qk, kk = (query @ key.transpose(-1, -2)) * decay, (key @ key.transpose(-1, -2)) * decay
+        time = qk.shape[-1]
+        strict = (beta[..., :, None] * kk).tril(-1)
         eye = torch.eye(time, dtype=strict.dtype, device=strict.device)
         solved = torch.linalg.solve_triangular(eye + strict, torch.diag_embed(beta), upper=False, unitriangular=True)
-        return ((query @ key.transpose(-1, -2)) * decay) @ solved
+        return qk @ solved
+
+    def _channel_decayed(self, query: torch.Tensor, key: torch.Tensor, units: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sum_c q_t[c] k_s[c] G_c[t, s]`` and ``sum_c k_t[c] k_s[c] G_c[t, s]`` with
+        ``G_c[t, s] = exp(sum_{r=s+1..t} g_r[c])`` (zero above the diagonal): [batch, head, query, key] fp64."""
+        cumulative = torch.cumsum(self.log_decay[:, units].double(), dim=2)  # [batch, head, time, d_k]
+        time = cumulative.shape[2]
+        causal = self._causal(time)
+        exponent = (cumulative[:, :, :, None] - cumulative[:, :, None, :]).masked_fill(~causal[..., None], -torch.inf)
+        decay = torch.exp(exponent)  # [batch, head, query, key, d_k]
+        return (torch.einsum("bhqc,bhkc,bhqkc->bhqk", query, key, decay),
+                torch.einsum("bhqc,bhkc,bhqkc->bhqk", key, key, decay))
 
     def _unit_blocks(self) -> list[tuple[int, int]]:
         batch, _, time = self.value.shape
-        size = max(1, _BLOCK_ELEMENTS // max(batch * time * time, 1))
+        per_unit = batch * time * time * (int(self.log_decay.shape[-1]) if self.log_decay.dim() == 4 else 1)
+        size = max(1, _BLOCK_ELEMENTS // max(per_unit, 1))
         return [(start, min(start + size, self.n_units)) for start in range(0, self.n_units, size)]
 
     def channel_matrices(self, exact: bool = True) -> torch.Tensor:
@@ -278,6 +295,46 @@ def gated_deltanet_terms(module, hidden: torch.Tensor, attention_mask: torch.Ten
         key_mask=_key_mask(attention_mask, hidden), log_decay=log_decay, query=query, key=key, beta=beta)
 
 
+def kimi_delta_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+    """A ``KimiLinearDeltaAttention`` (Kimi delta attention: the gated delta rule with a decay per
+    key channel, ``g = -exp(A_log) softplus(f_b(f_a(u)) + dt_bias)``; the torch fallback's maths,
+    no cache: a prefill)."""
+    from transformers.activations import ACT2FN
+
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:  # the layer zeroes padding first
+        hidden = (hidden * attention_mask[:, :, None]).to(hidden.dtype)
+    batch, time = hidden.shape[:2]
+    heads, width = int(module.num_heads), int(module.head_dim)
+    mixed = torch.cat([module.q_proj(hidden), module.k_proj(hidden), module.v_proj(hidden)], dim=-1).transpose(1, 2)
+    conv = module.conv1d
+    mixed = F.conv1d(mixed.to(conv.weight.dtype), conv.weight, conv.bias, padding=conv.kernel_size[0] - 1,
+                     groups=conv.groups)[..., :time]
+    mixed = ACT2FN[module.activation](mixed).transpose(1, 2)  # [batch, time, 3 * heads * width]
+    query, key, value = torch.split(mixed, [heads * width] * 3, dim=-1)
+
+    def per_head(t: torch.Tensor) -> torch.Tensor:  # [batch, time, heads * width] -> [batch, head, time, width], l2-normalised
+        t = t.float().reshape(batch, time, heads, width).transpose(1, 2)
+        return t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+    gate = module.g_b_proj(module.g_a_proj(hidden))  # [batch, time, heads * width]
+    return LinearTerms(
+        kind="kimi_delta", value=value.float().transpose(1, 2), gate=gate.float().transpose(1, 2),
+        offset=torch.zeros(batch, heads * width, time, device=hidden.device),
+        unit_of_channel=torch.arange(heads * width, device=hidden.device) // width,
+        key_mask=_key_mask(attention_mask, hidden),
+        log_decay=module.forget_gate(hidden).float().transpose(1, 2),  # [batch, head, time, width]
+        query=per_head(query) * width ** -0.5, key=per_head(key),
+        beta=torch.sigmoid(module.b_proj(hidden).float()).transpose(1, 2))
+
+
+def kimi_delta_heads(module) -> int:
+    return int(module.num_heads)
+
+
+def kimi_delta_width(module) -> int:
+    return int(module.num_heads) * int(module.head_dim)
+
+
 def lightning_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
     """A ``MiniMaxLightningAttention`` (no cache: a prefill)."""
     batch, time = hidden.shape[:2]
@@ -329,6 +386,12 @@ def linear_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tenso
     lightning attention's out_proj(sigmoid(gate) * norm(y))."""
     if terms.kind == "rglru":
         return module.linear_out((scan * terms.gate).transpose(1, 2))
+    if terms.kind == "kimi_delta":
+        batch, channels, time = scan.shape
+        width = int(module.head_dim)
+        normed = module.o_norm(scan.transpose(1, 2).reshape(batch, time, -1, width),
+                               terms.gate.transpose(1, 2).reshape(batch, time, -1, width))
+        return module.o_proj(normed.reshape(batch, time, channels))
     if terms.kind == "gated_deltanet":
         batch, channels, time = scan.shape
         width = int(module.head_v_dim)
