@@ -356,3 +356,78 @@ def test_lightning_matrices_reproduce_the_layer(hybrid):
         q, k = terms.query[0, h, t].double(), terms.key[0, h, s].double()
         rate = float(module.slope_rate.reshape(-1)[h])
         assert abs(float(matrices[0, h * 8, t, s]) - float(q @ k) * math.exp(-rate * (t - s))) < 1e-6
+
+
+# --- Kimi Linear's delta attention (a decay per key channel) -------------------------------------------
+
+def _kimi():
+    """The sweep's tiny Kimi Linear (a delta-attention layer, then MLA attention), every weight of the
+    delta layer drawn so that no term is trivially zero."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_architectures as sweep
+
+    torch.manual_seed(0)
+    model = sweep.build("kimi_linear", "causal_lm", "eager")
+    module = next(m for m in model.modules() if type(m).__name__ == "KimiLinearDeltaAttention")
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            parameter.normal_(0.0, parameter.shape[-1] ** -0.5 if parameter.dim() >= 2 else 0.5)
+    return model, module, sweep.tokenizer()
+
+
+def test_kimi_delta_matrices_reproduce_the_layer_across_the_kernels_chunks():
+    """out_proj(gated norm(M v)) is the layer's own output (fp32, 1e-5) at 9 and at 70 positions (the
+    torch kernel's chunks are 64 long), a right-padded row included; M is causal and signed."""
+    _, module, _ = _kimi()
+    torch.manual_seed(1)
+    for time in (9, 70):
+        hidden = torch.randn(2, time, module.hidden_size)
+        mask = torch.ones(2, time, dtype=torch.long)
+        mask[1, time - 3:] = 0
+        with torch.no_grad():
+            output = module(hidden, attention_mask=mask)
+            terms = linear_mixers.kimi_delta_terms(module, hidden, mask)
+            matrices = terms.channel_matrices()
+            rebuilt = implicit.mixer_output(module, terms, terms.scan_output(matrices))
+        real = mask.bool()
+        assert float(output[real].abs().max()) > 0.1
+        assert float((rebuilt - output)[real].abs().max()) < 1e-5
+        assert bool((matrices.triu(1) == 0).all()) and bool((matrices < 0).any())
+
+
+def test_kimi_delta_entry_is_the_product_of_transitions():
+    """M_h[t, s] = q_t^T B_t ... B_{s+1} k_s beta_s with B_r = (I - beta_r k_r k_r^T) diag(alpha_r),
+    alpha_r a decay per key channel (and the channels do decay differently), multiplied out here (fp64)."""
+    _, module, _ = _kimi()
+    torch.manual_seed(2)
+    hidden = torch.randn(1, 8, module.hidden_size)
+    with torch.no_grad():
+        terms = linear_mixers.kimi_delta_terms(module, hidden, None)
+        matrices = terms.exact_matrices()
+    h = 1
+    q, k = terms.query[0, h].double(), terms.key[0, h].double()  # [time, d_k]
+    beta, alpha = terms.beta[0, h].double(), terms.log_decay[0, h].double().exp()  # [time], [time, d_k]
+    time, dim = k.shape
+    eye = torch.eye(dim, dtype=torch.float64)
+    expected = torch.zeros(time, time, dtype=torch.float64)
+    for t in range(time):
+        row = q[t]
+        for s in range(t, -1, -1):
+            expected[t, s] = row @ k[s] * beta[s]
+            row = torch.diag(alpha[s]) @ (eye - beta[s] * torch.outer(k[s], k[s])) @ row  # B_s^T q
+    assert float((matrices[0, h].double() - expected).abs().max()) < 1e-6
+    assert float(alpha.std(dim=1).max()) > 1e-2  # the channels decay differently
+
+
+def test_kimi_linear_is_a_hybrid_read_layer_by_layer():
+    model, module, tok = _kimi()
+    pm = probe.wrap(model, tok)
+    stack = pm.contract.stacks["decoder"]
+    assert stack.maps == "hybrid" and stack.layer_maps == ("implicit", "softmax")
+    from probe.models.checks import run_checks
+
+    failed = [(r.name, r.detail) for r in run_checks(pm) if not r.passed]
+    assert not failed, failed

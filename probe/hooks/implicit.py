@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from probe.hooks import linear_mixers
+from probe.hooks import kernel_mixers, linear_mixers
 
 #: Mamba's channel groups read as heads (its inner width split into this many consecutive blocks)
 MAMBA_CHANNEL_GROUPS = 4
@@ -314,6 +314,8 @@ def mixer_output(module, terms: ScanTerms, scan: torch.Tensor | None = None) -> 
     scan = terms.scan_output() if scan is None else scan
     if isinstance(terms, linear_mixers.LinearTerms):  # RG-LRU, gated DeltaNet, lightning attention
         return linear_mixers.linear_output(module, terms, scan)
+    if isinstance(terms, kernel_mixers.KernelTerms):  # YOSO
+        return kernel_mixers.kernel_output(module, terms, scan)
     if terms.kind == "rwkv":
         return module.output((terms.gate * scan).transpose(1, 2))
     if terms.kind == "conv":
@@ -350,6 +352,8 @@ class MixerKind:
     heads: Callable[[object], int]  # the number of map heads of a module
     heads_are: str  # what a map head is, for the contract
     width: Callable[[object], int] | None = None  # channels the mixer mixes (default: _width)
+    causal: bool = True  # False: an encoder's mixer, every query reads every key
+    mask_arg: int = 2  # the position of the attention mask among the forward's positional arguments
 
     def head_width(self, module) -> int:
         """Channels per map head."""
@@ -376,6 +380,8 @@ MIXERS: tuple[MixerKind, ...] = (
               linear_mixers.deltanet_heads, "the mixer's value heads", linear_mixers.deltanet_width),
     MixerKind("kimi delta attention", ("KimiLinearDeltaAttention",), linear_mixers.kimi_delta_terms,
               linear_mixers.kimi_delta_heads, "the mixer's own heads", linear_mixers.kimi_delta_width),
+    MixerKind("yoso expected-collision attention", ("YosoSelfAttention",), kernel_mixers.yoso_terms,
+              kernel_mixers.yoso_heads, "the layer's own heads", kernel_mixers.yoso_width, causal=False, mask_arg=1),
     MixerKind("lightning attention", ("MiniMaxLightningAttention",), linear_mixers.lightning_terms,
               linear_mixers.lightning_heads, "the mixer's own heads", linear_mixers.lightning_width),
 )
@@ -395,7 +401,8 @@ def find_mixers(model) -> list[tuple[str, MixerKind]]:
 def call_inputs(module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(hidden states, attention mask) a mixer's forward is called with (a forward pre-hook's view)."""
     hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("hidden"))
-    mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+    at = kind.mask_arg if (kind := mixer_kind(module)) is not None else 2
+    mask = kwargs.get("attention_mask", args[at] if len(args) > at else None)
     return hidden, mask if isinstance(mask, torch.Tensor) else None
 
 

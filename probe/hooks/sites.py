@@ -258,7 +258,7 @@ class _WatchedPass:
             if is_banded(self.named[path]):  # sliding window + global tokens (probe.hooks.banded)
                 kind, probability_path = "banded", None
             elif module_id in mixer_ids:
-                kind, probability_path, causal = "implicit", None, True
+                kind, probability_path, causal = "implicit", None, mixer_kind(self.named[path]).causal
             elif module_id in self.watch.callers:
                 kind, probability_path = "function", None
             elif self.seen_probabilities.get(module_id):

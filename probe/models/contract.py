@@ -139,8 +139,8 @@ def _implicit_stack_contract(stack: str, layers: dict[int, object]) -> StackCont
     n_heads = kind.heads(module)
     return StackContract(
         stack=stack, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_heads, kv_head_of_query=tuple(range(n_heads)),
-        head_dim=kind.head_width(module), mask_kind="causal", module_class=type(module).__name__,
-        capture_path=f"implicit {kind.name} matrix (heads: {kind.heads_are})", can_edit=False,
+        head_dim=kind.head_width(module), mask_kind="causal" if kind.causal else "bidirectional",
+        module_class=type(module).__name__, capture_path=f"implicit {kind.name} matrix (heads: {kind.heads_are})", can_edit=False,
         memory="full maps (recomputed from each mixer's input)", maps="implicit", mixer_class=type(module).__name__)
 
 
