@@ -324,3 +324,19 @@ def test_the_sweep_records_which_maps_probe_reads(model_type, maps, tokenizer):
     assert row["maps"] == maps
     expected = ("ok", "n/a", "ok", "ok") if maps == "implicit" else ("ok",) * 4
     assert (row["read"], row["edit"], row["contract"], row["explain"]) == expected, row["reason"]
+
+
+def test_a_model_with_its_own_attention_registry_is_read_under_sdpa(tokenizer):
+    """doge's modeling file makes a registry of its own (``ALL_ATTENTION_FUNCTIONS =
+    AttentionInterface()``) and fetches sdpa from it: probe's wrapper goes into every registry, so
+    doge under sdpa is read as under eager (it was "no attention probe can read"), and none is left
+    installed afterwards."""
+    from probe.hooks import registry
+
+    warnings.simplefilter("ignore")
+    row = sweep.sweep_one("doge", TASKS.get("doge", "causal_lm"), "sdpa", tokenizer)
+    assert (row["read"], row["edit"], row["contract"], row["explain"]) == ("ok",) * 4, row["reason"]
+    import transformers.models.doge.modeling_doge as doge
+
+    assert registry.installed_wrappers() == [] and not any(
+        getattr(v, "__probe_wrapper__", False) for v in doge.ALL_ATTENTION_FUNCTIONS._local_mapping.values())

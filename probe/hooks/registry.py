@@ -26,13 +26,35 @@ _MISSING = object()
 _LOCK = threading.RLock()
 #: open sessions, newest last: each has ``where`` (a module id -> its place, ``.get``) and ``call``
 _SESSIONS: list = []
-_SAVED: dict[str, object] = {}  # implementation name -> what the local mapping held before us
+#: (id of a registry, implementation name) -> what that registry's local mapping held before us
+_SAVED: dict[tuple[int, str], object] = {}
+_HELD: dict[int, object] = {}  # id -> a registry probe has installed into (kept alive while installed)
 
 
 def _registry():
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS
+
+
+def _registries() -> list:
+    """transformers' registry and every other registry instance a loaded modeling file made for
+    itself (doge's ``ALL_ATTENTION_FUNCTIONS = AttentionInterface()``): each has its own local
+    mapping, so the wrapper goes into each."""
+    found = [_registry()]
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("transformers.models.") or ".modeling_" not in name:
+            continue
+        other = vars(module).get("ALL_ATTENTION_FUNCTIONS") if hasattr(module, "__dict__") else None
+        if other is not None and hasattr(other, "_local_mapping") and all(other is not r for r in found):
+            found.append(other)
+    return found
+
+
+def _registry_of(module):
+    """The registry the module's own modeling file fetches its attention function from."""
+    own = vars(sys.modules.get(type(module).__module__, sys)).get("ALL_ATTENTION_FUNCTIONS")
+    return own if own is not None and hasattr(own, "_local_mapping") else _registry()
 
 
 def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -46,7 +68,7 @@ def _generic_eager(module, query, key, value, attention_mask, scaling=None, drop
 
 def original_attention_function(name: str, module) -> Callable:
     """The function the module would have used had no capture been open."""
-    saved = _SAVED.get(name, _MISSING)
+    saved = _SAVED.get((id(_registry_of(module)), name), _MISSING)
     if saved is not _MISSING:
         return saved
     if name == "eager":
@@ -69,27 +91,30 @@ def _make_wrapper(name: str) -> Callable:
 
 
 def _install(name: str) -> None:
-    registry = _registry()
-    current = registry._local_mapping.get(name, _MISSING)
-    if getattr(current, "__probe_wrapper__", False):
-        return
-    _SAVED[name] = current
-    registry._local_mapping[name] = _make_wrapper(name)
+    for registry in _registries():
+        current = registry._local_mapping.get(name, _MISSING)
+        if getattr(current, "__probe_wrapper__", False):
+            continue
+        _SAVED[(id(registry), name)] = current
+        _HELD[id(registry)] = registry
+        registry._local_mapping[name] = _make_wrapper(name)
 
 
 def _uninstall_all() -> None:
-    registry = _registry()
-    for name, previous in list(_SAVED.items()):
+    for (key, name), previous in list(_SAVED.items()):
+        registry = _HELD[key]
         if previous is _MISSING:
             registry._local_mapping.pop(name, None)
         else:
             registry._local_mapping[name] = previous
-        del _SAVED[name]
+        del _SAVED[(key, name)]
+    _HELD.clear()
 
 
 def installed_wrappers() -> list[str]:
-    """Names under which a probe wrapper sits in the registry now (empty when no capture is open)."""
-    return [k for k, v in _registry()._local_mapping.items() if getattr(v, "__probe_wrapper__", False)]
+    """Names under which a probe wrapper sits in a registry now (empty when no capture is open)."""
+    return sorted({k for registry in _registries() for k, v in registry._local_mapping.items()
+                   if getattr(v, "__probe_wrapper__", False)})
 
 
 def implementation_of(model) -> str:
