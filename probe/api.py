@@ -387,14 +387,13 @@ class Explanation(PicklableFrozen):
         """A step-by-step explanation (``generate=`` / ``steps=True``): per explained text, the
         indices into :attr:`examples` of its output tokens, in order (empty when the targets are
         not steps)."""
-        groups: list[list[int]] = []
-        for i, e in enumerate(self.examples):
-            if e.output_index is None:
-                continue
-            if e.output_index == 0 or not groups:
-                groups.append([])
-            groups[-1].append(i)
-        return [tuple(g) for g in groups]
+        from probe.rows.target import sources
+
+        groups: dict[int, list[int]] = {}
+        for i, (e, text) in enumerate(zip(self.examples, sources(self.examples))):
+            if e.output_index is not None:
+                groups.setdefault(text, []).append(i)
+        return [tuple(g) for g in groups.values()]
 
     def _output_group(self, text: int) -> tuple[int, ...]:
         groups = self.outputs()

@@ -11,7 +11,7 @@ from probe import registry
 from probe.claims.rules import Judgement, judge
 from probe.errors import InputError
 from probe.spec.claims import AttentionRanking, ClaimFile
-from probe.study.examples import sources
+from probe.rows.target import sources
 from probe.study.steps import per_example_means
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from probe.report.analysis import best_attention_unit, best_gradient
 from probe.document import Para, Section, Table
 from probe.report.output import Writer
 from probe.report.results import StudyResult
-from probe.report.tokens import display_token
+from probe.report.tokens import display_token, unit_rows
 from probe.study.steps import step_agreement
 
 __all__ = ["steps_section", "step_lines", "unit_matrix"]
@@ -55,13 +55,7 @@ def unit_matrix(r: StudyResult, source: int, method: str, layer: int = -1, head:
     tok = tokens[tokens["example"] == widest].sort_values("position")
     columns = [display_token(str(t)) for t in tok["token"]]
     scored = tok["scored"].to_numpy(dtype=bool)
-    sel = scores[scores["example"].isin(units["example"]) & (scores["method"] == method)]
-    if layer >= 0 and (sel["layer"] >= 0).any():
-        sel = sel[sel["layer"] == layer]
-        if head >= 0:
-            sel = sel[sel["head"] == head]
-    elif (sel["layer"] >= 0).any():  # a per-layer method used as token-level: its last layer
-        sel = sel[sel["layer"] == sel["layer"].max()]
+    sel = unit_rows(scores[scores["example"].isin(units["example"]) & (scores["method"] == method)], layer, head)
     table = sel.groupby(["example", "position"])["score"].mean().unstack("position")
     table = table.reindex(index=units["example"].to_numpy(), columns=range(len(columns)))
     values = table.to_numpy(dtype=np.float64, copy=True)

@@ -31,6 +31,17 @@ class TokenExample:
     rows: list[TokenRow]
 
 
+def unit_rows(scores, layer: int = -1, head: int = -1):
+    """One method's rows of the scores table as one unit reads them: its ``layer`` (and ``head``)
+    where the method has layers, else, for a per-layer method read as token-level, its last layer."""
+    if layer >= 0 and (scores["layer"] >= 0).any():
+        scores = scores[scores["layer"] == layer]
+        return scores[scores["head"] == head] if head >= 0 else scores
+    if (scores["layer"] >= 0).any():
+        return scores[scores["layer"] == scores["layer"].max()]
+    return scores
+
+
 def display_token(token: str) -> str:
     return token.replace("\u0120", " ").replace("\u2581", " ").replace("\u010a", "\u23ce").strip() or token
 
@@ -71,13 +82,7 @@ def token_examples(r: StudyResult, n: int = 3) -> tuple[dict | None, list[TokenE
                     (f"{r.reference} (verdict reference)", r.reference, -1, -1)):
                 if method is None:
                     continue
-                s = sc[(sc["example"] == e) & (sc["method"] == method)]
-                if layer >= 0 and (s["layer"] >= 0).any():
-                    s = s[s["layer"] == layer]
-                    if head >= 0:
-                        s = s[s["head"] == head]
-                elif (s["layer"] >= 0).any():  # a per-layer method used as token-level: last layer
-                    s = s[s["layer"] == s["layer"].max()]
+                s = unit_rows(sc[(sc["example"] == e) & (sc["method"] == method)], layer, head)
                 v = s.groupby("position")["score"].mean()
                 values = np.full(length, np.nan)
                 keep = v.index[v.index < length]

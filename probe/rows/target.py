@@ -128,6 +128,16 @@ class PreparedExample:
         return described
 
 
+def sources(examples: Sequence[PreparedExample]) -> list[int]:
+    """For step units in order (each text's output tokens, step 0 first), the index of the text each
+    came from; for other examples, their own index."""
+    owners, current = [], -1
+    for example in examples:
+        current += example.output_index is None or example.output_index == 0
+        owners.append(current)
+    return owners
+
+
 @dataclass
 class RowBatch:
     """Padded model inputs for a list of rows, and where each row's target lives."""

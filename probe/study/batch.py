@@ -17,7 +17,8 @@ import torch
 
 from probe.rows.scores import TokenScores
 from probe.errors import InputError
-from probe.study.examples import prepare_examples, sources
+from probe.rows.target import sources
+from probe.study.examples import prepare_examples
 from probe.study.plan import erasure_rankings, methods_needed
 from probe.study.steps import STEP_STRIDE, unit_number
 from probe.study.tables import (

@@ -15,7 +15,7 @@ import torch
 
 from probe.data import Example, take, load_dataset
 from probe.errors import InputError
-from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare
+from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare, sources
 from probe.spec.claims import DataSpec
 from probe.spec.parts import DatasetSpec, Filters, TargetConfig
 
@@ -124,16 +124,6 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
         template = _template_positions(pm, t, texts[owner], example.input_ids)
         marked.append(dataclasses.replace(example, special=[s or m for s, m in zip(example.special, template)]))
     return marked
-
-
-def sources(examples: Sequence[PreparedExample]) -> list[int]:
-    """For step units in order (each text's output tokens, step 0 first), the index of the text each
-    came from; for other examples, their own index."""
-    owners, current = [], -1
-    for example in examples:
-        current += example.output_index is None or example.output_index == 0
-        owners.append(current)
-    return owners
 
 
 def check_contrast(pm: ProbeModel, target: TargetConfig, where: str = "") -> None:

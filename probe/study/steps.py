@@ -36,6 +36,13 @@ def is_stepwise(examples: pd.DataFrame | None) -> bool:
     return examples is not None and "source" in examples.columns and "step" in examples.columns
 
 
+def by_source(frame: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (a per-unit table) with its ``example`` column turned into the dataset example each
+    unit came from (the examples table's ``source``)."""
+    owner = examples.set_index("example")["source"]
+    return frame.assign(example=owner.reindex(frame["example"]).to_numpy())
+
+
 def per_source(agreement: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
     """The agreement table with one row per dataset example and unit of comparison: each measure the
     mean over the example's output tokens (those where it is finite), ``example`` the dataset
@@ -44,8 +51,7 @@ def per_source(agreement: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
     reported for a step study)."""
     if not len(agreement):
         return agreement
-    owner = examples.set_index("example")["source"]
-    frame = agreement.assign(example=owner.reindex(agreement["example"]).to_numpy())
+    frame = by_source(agreement, examples)
     keys = [c for c in ("example", "explainer", "reference", "role", "layer", "head") if c in frame.columns]
     values = [m for m, _ in measure_columns(frame)]
     pvalues = [p for _, p in measure_columns(frame) if p is not None]
@@ -79,8 +85,7 @@ def per_source_rows(frame: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame
     (``example`` becomes the dataset example's index)."""
     if frame is None or not len(frame) or "example" not in frame.columns:
         return frame
-    owner = examples.set_index("example")["source"]
-    frame = frame.assign(example=owner.reindex(frame["example"]).to_numpy())
+    frame = by_source(frame, examples)
     values = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c]) and c not in FLOAT_KEYS]
     keys = [c for c in frame.columns if c not in values]
     return frame.groupby(keys, sort=True, dropna=False)[values].mean().reset_index()[list(frame.columns)]
