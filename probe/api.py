@@ -680,6 +680,13 @@ def _example_record(example: PreparedExample) -> dict[str, Any]:
     return {f.name: _json_value(getattr(example, f.name)) for f in dataclasses.fields(example)}
 
 
+def _example_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A saved example's fields as the example holds them (JSON keeps a chat prompt's messages as lists)."""
+    if "messages" in fields:
+        fields["messages"] = tuple(tuple(m) for m in fields["messages"])
+    return fields
+
+
 def load_explanation(path: str | Path) -> Explanation:
     """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, equal to
     the one saved (every score exactly; no model is loaded)."""
@@ -700,7 +707,7 @@ def load_explanation(path: str | Path) -> Explanation:
     if record.get("format") != EXPLANATION_FORMAT:
         raise InputError(f"{folder}: explanation format {record.get('format')!r} is not {EXPLANATION_FORMAT}, the one "
                          "this probe reads; save it again with this version")
-    examples = tuple(PreparedExample(**_from_json(e)) for e in record["examples"])
+    examples = tuple(PreparedExample(**_example_fields(_from_json(e))) for e in record["examples"])
     table = table.sort_values(["method", "example", "layer", "head", "position"], kind="stable")
     grouped = {key: part["score"].to_numpy() for key, part in table.groupby(["method", "example"], sort=False)}
     scores = {}

@@ -154,7 +154,7 @@ def chat_gpt2(tiny_dirs):
     return probe.wrap(model, tokenizer)
 
 
-def test_chat_roles_are_spans_of_the_conversation(chat_gpt2):
+def test_chat_roles_are_spans_of_the_conversation(chat_gpt2, tmp_path):
     """A conversation laid out by the chat template: each message's content is scored, the
     template's tokens are not, and ``spans="@roles"`` reads every message as one span named by its
     role: scores folded over the message's tokens, and leave-one-out of the whole message equal to
@@ -176,6 +176,8 @@ def test_chat_roles_are_spans_of_the_conversation(chat_gpt2):
         for s in ex.spans[i]:
             row = table[(table.example == i) & (table.role == s.role) & (table.method == "saliency")]
             assert row.score.item() == pytest.approx(float(ex["saliency"].scores[i][list(s.positions)].sum()), abs=1e-6)
+    ex.save(tmp_path / "saved")
+    assert probe.load_explanation(tmp_path / "saved").examples == ex.examples  # the messages come back as they were
     loo = probe.span_loo(pm, CONVERSATION, "@roles", chat=True, generate=2)
     assert set(loo.role) == {"system", "user"}
     for _, row in loo.iterrows():
