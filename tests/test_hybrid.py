@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny, eot_tokenizer, fan_in_init
+from tiny_models import build_tiny, eot_tokenizer, fan_in_init, mixer_inputs
 
 import probe
 from probe.errors import CaptureError, ProbeError
@@ -65,23 +65,6 @@ def _padded(tok, texts=TEXTS):
     return dict(tok(texts, return_tensors="pt", padding=True))
 
 
-def _mixer_inputs(model, inputs):
-    """{path: (module, hidden, mask, own output)} of every implicit mixer in one forward pass."""
-    seen, handles = {}, []
-    for path, _ in implicit.find_mixers(model):
-        def keep(mod, args, kwargs, output, path=path):
-            seen[path] = (mod, *implicit.call_inputs(mod, args, kwargs), output)
-
-        handles.append(model.get_submodule(path).register_forward_hook(keep, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen
-
-
 def test_contract_counts_every_mixing_layer_in_model_order(hybrid):
     kind, pm = hybrid
     stack = pm.contract.stacks["decoder"]
@@ -108,7 +91,7 @@ def test_mixer_and_attention_layers_equal_their_oracles(hybrid):
         out = pm.model(**batch, output_attentions=True)
     per_layer = cap.layer_maps("decoder")
     assert sorted(per_layer) == [0, 1]
-    (module, hidden, mask, _), = _mixer_inputs(pm.model, batch).values()
+    (module, hidden, mask, _), = mixer_inputs(pm.model, batch).values()
     with torch.no_grad():
         terms = implicit.mixer_kind(module).terms(module, hidden, mask)
         channels = terms.channel_matrices()  # [batch, channel, query, key]
@@ -187,7 +170,7 @@ def test_short_convolution_matrix_rebuilds_the_module_output():
     and M x through out_proj is the module's own output (1e-5, fp32)."""
     model, tok = _build("lfm2")
     batch = _padded(tok)
-    (module, hidden, mask, output), = _mixer_inputs(model, batch).values()
+    (module, hidden, mask, output), = mixer_inputs(model, batch).values()
     with torch.no_grad():
         terms = implicit.short_conv_terms(module, hidden, mask)
         matrices = terms.channel_matrices()
@@ -256,7 +239,7 @@ def test_zamba_mamba_heads_and_shared_attention_are_read_layer_by_layer():
     assert stack.maps == "hybrid" and stack.layer_maps == ("implicit", "softmax", "implicit", "softmax", "implicit")
     batch = _padded(tok)
     real = batch["attention_mask"].bool()
-    mixers = _mixer_inputs(model, batch)
+    mixers = mixer_inputs(model, batch)
     assert len(mixers) == 3
     for module, hidden, mask, output in mixers.values():
         with torch.no_grad():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import mixer_inputs
 
 import probe
 from probe.errors import CaptureError
@@ -33,19 +34,7 @@ def yoso():
 
 def _calls(model, inputs):
     """[(module, hidden, mask, its context)] of every YOSO self-attention in one forward."""
-    seen, handles = [], []
-    for path, _ in implicit.find_mixers(model):
-        def keep(module, args, kwargs, output):
-            seen.append((module, *implicit.call_inputs(module, args, kwargs), output[0]))
-
-        handles.append(model.get_submodule(path).register_forward_hook(keep, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen
+    return [(module, hidden, mask, output[0]) for module, hidden, mask, output in mixer_inputs(model, inputs).values()]
 
 
 def test_matrices_rebuild_the_context_and_one_entry_is_its_formula(yoso):

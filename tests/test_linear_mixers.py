@@ -234,6 +234,23 @@ def test_deltanet_across_the_kernels_chunk_boundary():
     assert float((rebuilt - output).abs().max()) < 1e-5
 
 
+def _transition_products(terms: linear_mixers.LinearTerms, h: int):
+    """(q, k, beta, M) of head ``h`` of example 0, M[t, s] = q_t^T B_t ... B_{s+1} k_s beta_s with the
+    d_k x d_k transitions B_r = (I - beta_r k_r k_r^T) diag(alpha_r) multiplied out (fp64); alpha_r is
+    one decay (the DeltaNet: B_r is then symmetric) or one per key channel (Kimi)."""
+    q, k = terms.query[0, h].double(), terms.key[0, h].double()  # [time, d_k]
+    beta, alpha = terms.beta[0, h].double(), terms.log_decay[0, h].double().exp()  # [time], [time] or [time, d_k]
+    time, dim = k.shape
+    eye = torch.eye(dim, dtype=torch.float64)
+    expected = torch.zeros(time, time, dtype=torch.float64)
+    for t in range(time):
+        row = q[t]
+        for s in range(t, -1, -1):
+            expected[t, s] = row @ k[s] * beta[s]
+            row = alpha[s].reshape(-1, 1) * (eye - beta[s] * torch.outer(k[s], k[s])) @ row  # B_s^T q
+    return q, k, beta, expected
+
+
 def test_deltanet_entry_is_the_product_of_transitions():
     """M_h[t, s] = q_t^T A_t ... A_{s+1} k_s beta_s with A_r = alpha_r (I - beta_r k_r k_r^T), the
     d_k x d_k transitions multiplied out here (fp64), for every (t, s) of one head."""
@@ -243,16 +260,7 @@ def test_deltanet_entry_is_the_product_of_transitions():
         terms = linear_mixers.gated_deltanet_terms(module, kwargs["hidden_states"], kwargs["attention_mask"])
         matrices = terms.exact_matrices()
     h = 3
-    q, k = terms.query[0, h].double(), terms.key[0, h].double()  # [time, d_k]
-    beta, alpha = terms.beta[0, h].double(), terms.log_decay[0, h].double().exp()
-    time, dim = k.shape
-    eye = torch.eye(dim, dtype=torch.float64)
-    expected = torch.zeros(time, time, dtype=torch.float64)
-    for t in range(time):
-        row = q[t]
-        for s in range(t, -1, -1):
-            expected[t, s] = row @ k[s] * beta[s]
-            row = alpha[s] * (eye - beta[s] * torch.outer(k[s], k[s])) @ row  # A_s^T q (A_s is symmetric)
+    q, k, beta, expected = _transition_products(terms, h)
     assert float((matrices[0, h].double() - expected).abs().max()) < 1e-6
     # the delta rule matters: plain decayed linear attention (no -beta k k^T) is far from it
     gaps = torch.cumsum(terms.log_decay[0, h].double(), 0)
@@ -408,17 +416,9 @@ def test_kimi_delta_entry_is_the_product_of_transitions():
         terms = linear_mixers.kimi_delta_terms(module, hidden, None)
         matrices = terms.exact_matrices()
     h = 1
-    q, k = terms.query[0, h].double(), terms.key[0, h].double()  # [time, d_k]
-    beta, alpha = terms.beta[0, h].double(), terms.log_decay[0, h].double().exp()  # [time], [time, d_k]
-    time, dim = k.shape
-    eye = torch.eye(dim, dtype=torch.float64)
-    expected = torch.zeros(time, time, dtype=torch.float64)
-    for t in range(time):
-        row = q[t]
-        for s in range(t, -1, -1):
-            expected[t, s] = row @ k[s] * beta[s]
-            row = torch.diag(alpha[s]) @ (eye - beta[s] * torch.outer(k[s], k[s])) @ row  # B_s^T q
+    _, _, _, expected = _transition_products(terms, h)
     assert float((matrices[0, h].double() - expected).abs().max()) < 1e-6
+    alpha = terms.log_decay[0, h].double().exp()  # [time, d_k]
     assert float(alpha.std(dim=1).max()) > 1e-2  # the channels decay differently
 
 

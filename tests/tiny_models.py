@@ -306,6 +306,26 @@ def eot_tokenizer(specials: tuple[str, ...] = ("<|endoftext|>",)):
     return _wrap(_word_level_tokenizer(vocab, eot), bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot), vocab
 
 
+def mixer_inputs(model, inputs: dict) -> dict:
+    """{path: (module, hidden, mask, own output)} of every mixer ``probe.hooks.implicit`` reads, in one
+    forward pass of ``inputs`` (the module's inputs as its forward hook sees them)."""
+    from probe.hooks import implicit
+
+    seen, handles = {}, []
+    for path, _ in implicit.find_mixers(model):
+        def keep(mod, args, kwargs, output, path=path):
+            seen[path] = (mod, *implicit.call_inputs(mod, args, kwargs), output)
+
+        handles.append(model.get_submodule(path).register_forward_hook(keep, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
 def fan_in_init(model, bias_std: float | None = None) -> None:
     """Every linear layer but the output head drawn N(0, 1/fan_in) (and its bias N(0, bias_std^2)
     where given), in module order: with the default init (std 0.02) a tiny mixer's output, and so
