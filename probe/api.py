@@ -227,9 +227,7 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     one span named by its role (``example.messages`` says where they lie)."""
     from probe.rows.target import prepare as _prepare
 
-    texts = _text_list(texts)
-    if chat and isinstance(texts[0], Mapping):  # one conversation: a list of messages
-        texts = [texts]
+    texts = _text_list(texts, chat=chat)
     if generate is not None:
         _positive(generate, "generate")
     target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
@@ -249,7 +247,8 @@ def _one_or_each(value: Any) -> Any:
     return value
 
 
-def _text_list(texts: Any) -> list:
+def _text_list(texts: Any, *, chat: bool = False) -> list:
+    """``texts`` as a non-empty list; with ``chat``, a list of messages is one conversation."""
     if texts is None:
         raise InputError("texts is None: give a string or a non-empty list of strings")
     if isinstance(texts, str):
@@ -270,6 +269,8 @@ def _text_list(texts: Any) -> list:
     items = list(texts)
     if not items:
         raise InputError("no text given: give a string or a non-empty list of strings")
+    if chat and isinstance(items[0], Mapping):  # one conversation: a list of messages
+        return [items]
     return items
 
 
@@ -290,7 +291,7 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
     """Texts prepared with the target options, or prepared examples as they are (then no options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
-    items = _text_list(texts)
+    items = _text_list(texts, chat=chat)
     if all(isinstance(e, PreparedExample) for e in items):
         if any(v is not None for v in (label, continuation, kind, contrast, contrast_label, generate)) or steps or chat \
                 or target_side:
@@ -298,8 +299,6 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
                              "examples are prepared already (their targets are fixed): pass the texts instead")
         _check_prepared_by(pm, items)
         return items
-    if chat and isinstance(items[0], Mapping):  # one conversation: a list of messages
-        items = [items]
     conversation = chat and all(isinstance(e, (str, list, tuple)) for e in items)
     if not conversation and not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})

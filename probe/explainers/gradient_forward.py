@@ -345,7 +345,7 @@ def grouped_gradients(problem: EmbeddingForward, base: torch.Tensor, alphas: Seq
 def grouped_values(problem: EmbeddingForward, *embeds: torch.Tensor) -> torch.Tensor:
     """``[len(embeds) * rows]`` every row's target at each ``[rows, width, dim]`` set of embeddings
     (rows of a group equal within each set), one forward per group and set."""
-    reps, member = _group_members(problem)
+    reps, _ = _group_members(problem)
     steps = torch.tensor([e.step for e in problem.batch.examples], device=reps.device)  # [rows]
     group_of = torch.empty(len(steps), dtype=torch.long, device=reps.device)
     for u, group in enumerate(problem.groups):
