@@ -37,10 +37,16 @@ def _registry():
     return ALL_ATTENTION_FUNCTIONS
 
 
+_FOUND: list = [-1, []]  # [len(sys.modules) when last scanned, the registries found then]
+
+
 def _registries() -> list:
     """transformers' registry and every other registry instance a loaded modeling file made for
     itself (doge's ``ALL_ATTENTION_FUNCTIONS = AttentionInterface()``): each has its own local
-    mapping, so the wrapper goes into each."""
+    mapping, so the wrapper goes into each. Rescanned only when a module was imported since (a
+    scan of ``sys.modules`` costs about a millisecond, and every capture session opens here)."""
+    if _FOUND[0] == len(sys.modules):
+        return _FOUND[1]
     found = [_registry()]
     for name, module in list(sys.modules.items()):
         if not name.startswith("transformers.models.") or ".modeling_" not in name:
@@ -48,6 +54,7 @@ def _registries() -> list:
         other = vars(module).get("ALL_ATTENTION_FUNCTIONS") if hasattr(module, "__dict__") else None
         if other is not None and hasattr(other, "_local_mapping") and all(other is not r for r in found):
             found.append(other)
+    _FOUND[:] = [len(sys.modules), found]
     return found
 
 
