@@ -89,6 +89,9 @@ OVERRIDES: dict[str, dict] = {
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["mamba", "hybrid", "hybrid"]},
     # local_radius 127 and global blocks of 16 would put the sample texts in one block: radius 2
     # (blocks of 3) and global blocks of 4, transient-global (the local layer is its part)
+    # xLSTM: the mLSTM kernels in fp32 (bfloat16 by default), chunks of 4 so that the chunkwise
+    # kernel and the recurrent one both run on the sample texts
+    "xlstm": {"autocast_kernel_dtype": "float32", "chunk_size": 4},
     "longt5": {"local_radius": 2, "global_block_size": 4, "encoder_attention_type": "transient-global"},
 }
 
@@ -150,7 +153,8 @@ def tiny_config(model_type: str):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type)
-    kwargs = {name: value for name, value in SIZES.items() if name in config.to_dict() or hasattr(config, name)}
+    kwargs = {name: value for name, value in SIZES.items() if (name in config.to_dict() or hasattr(config, name))
+              and not isinstance(getattr(type(config), name, None), property)}  # a derived size (xlstm's v_head_dim)
     kwargs.update(pad_token_id=0, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2, num_labels=2)
     overrides = OVERRIDES.get(model_type, {})
     for name in ("layer_types", "layers_block_type"):

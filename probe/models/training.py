@@ -1,0 +1,39 @@
+"""What the built-in recipes that train share: seeding and a progress bar."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, description: str, total: int):
+    if not enabled:
+        yield lambda status="": None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(description, total=total, status="")
+        yield lambda status="": bar.update(task, advance=1, status=status)
+
