@@ -280,3 +280,18 @@ def test_rwkv_wkv_matrices_reproduce_its_time_mixing_and_it_is_read():
     assert pm.contract.stacks["decoder"].maps == "implicit"
     maps = _captured(pm, dict(batch))
     assert maps.shape["head"] == implicit.MAMBA_CHANNEL_GROUPS and maps.shape["layer"] == 2
+    # the time mixing is never handed the padding mask: padded keys and query rows are zero from
+    # the batch's own mask, and the contract's padding checks pass
+    padded = _padded(tok, TEXTS[:2])
+    real = padded["attention_mask"].bool()
+    assert not bool(real.all())
+    weights = _captured(pm, dict(padded)).weights
+    assert bool((weights * ~real[:, None, None, None, :] == 0).all())
+    assert bool((weights * ~real[:, None, None, :, None] == 0).all())
+    assert float(weights[real[:, None, None, :, None].expand_as(weights)].abs().max()) > 0
+    with capture_attention(pm) as cap, torch.no_grad():  # no mask given: the one the model's forward got
+        pm.model(**padded)
+    assert torch.equal(cap.maps("decoder").weights, weights)
+    from probe.models.checks import run_checks
+    results = {c.name: c for c in run_checks(pm)}
+    assert results["padded_keys_get_zero"].passed, results["padded_keys_get_zero"].detail
