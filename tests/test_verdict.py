@@ -183,3 +183,21 @@ def test_the_verdict_is_whole_when_built_and_its_table_has_a_row_per_family():
     assert weights.best_head is None and np.isnan(weights.best_head_mean)  # this study has no single heads
     empty = Verdict.from_dict({**v, "families": {}}).to_pandas()
     assert not len(empty) and "best_head_mean" in empty.columns
+
+
+def test_a_signed_mixing_matrix_that_ranks_tokens_in_reverse_is_named_never_counted():
+    """A token mixer's implicit matrix is signed: a unit far below the random ranking carries the
+    ranking reversed. The verdict names it in a warning (only for a mixer: softmax attention is
+    non-negative, there it is just a bad ranking) and never counts it as tracking."""
+    means = {**GOOD, ("explainer", "attention_mean", "loo_delete"): -0.5}
+    study = _study()
+    agreement = _agreement(means)
+    summary = summary_table(agreement, study)
+    mixer = verdict(agreement, summary, study, "m", mixing="its mixing matrix (implicit attention)")[0]
+    assert mixer["families"]["attention weights"]["answer"] == "no"
+    assert mixer["headline"].startswith("On m, its mixing matrix (implicit attention) does not track")
+    (warning,) = [w for w in mixer["warnings"] if "reverse" in w]
+    assert "1 unit(s)" in warning and "attention_mean L0 -0.5" in warning
+    softmax = verdict(agreement, summary, study, "m")[0]
+    assert not [w for w in softmax["warnings"] if "reverse" in w]
+    assert softmax["headline"].startswith("On m, attention does not track")

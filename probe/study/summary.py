@@ -162,7 +162,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     headline_family = next(iter(families), None)
     chosen = families.get(headline_family) if headline_family else None
     answer = "undecidable" if reason else (chosen["answer"] if chosen else "no")
-    warnings = [w for w in [decide.concentration_warning(measure, profile)] if w]
+    warnings = [w for w in [decide.concentration_warning(measure, profile),
+                            _reversed_warning(mixing, ordered, numbers["random"])] if w]
 
     def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
         return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
@@ -260,6 +261,23 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.
         test["tracks"] = bool(test["above_random"] and not below and test["reliable"])
         tests.append(test)
     return pd.DataFrame(tests)
+
+
+def _reversed_warning(mixing: str, ordered: pd.DataFrame, random: dict | None) -> str | None:
+    """A token mixer's signed matrix may rank tokens in reverse: its sign is relative to the value
+    path's direction downstream, which the matrix does not carry. Units whose agreement lies
+    entirely below the random ranking are named (they are never counted as tracking)."""
+    if mixing == "attention" or random is None or not len(ordered):
+        return None
+    maps = ordered[pd.Series([verdict_family(e) is not None for e in ordered.explainer], index=ordered.index, dtype=bool)]
+    below = maps[maps.ci_high < random["ci"][0]]
+    if not len(below):
+        return None
+    worst = below.sort_values("mean").iloc[0]
+    return (f"{len(below)} unit(s) of the signed mixing matrix agree below the random ranking, most "
+            f"{worst.unit} {worst['mean']:+.3f} [{worst.ci_low:+.3f}, {worst.ci_high:+.3f}]: a signed matrix can rank "
+            f"tokens in reverse (its sign is relative to the value path's direction, which it does not carry); "
+            f"such units carry a ranking but are not counted as tracking")
 
 
 def _describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
