@@ -42,6 +42,9 @@ SAMPLE = {
     "hrm_text": "modules shared between two stacks",
     # attention sinks
     "gpt_oss": "attention sink", "flint": "attention sink",
+    # a language model that attends to every position (no permutation mask), and whose probability
+    # module (dropout) also runs on the layer's output
+    "xlnet": "bidirectional LM, dropout called twice per layer",
     # tolerances and exceptions
     "umt5": "eager vs sdpa drift", "pegasus_x": "exception escaped probe contract",
     "gpt_bigcode": "function checks: kv heads as the module repeats them",

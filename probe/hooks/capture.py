@@ -210,6 +210,10 @@ class _Session:
             self._handles.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True))
         for path, places in self._probability_places.items():
             def hook(module, args, output, path=path, places=places):
+                if isinstance(output, torch.Tensor) and output.dim() < 4:
+                    # the module's other call in the layer (xlnet's dropout also runs on the
+                    # layer's [query, batch, hidden] output): not the probabilities, not a layer
+                    return None
                 return self.on_probabilities(self._next_place(path, places), output)
 
             self._handles.append(self.modules[path].register_forward_hook(hook))

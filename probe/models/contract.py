@@ -74,8 +74,9 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
         mask_kind = "cross"
     elif stack == "encoder" and not task.next_token:
         mask_kind = "bidirectional"
-    elif seen and not all(seen) and not task.next_token:
-        # a stack named neither encoder nor decoder (xlm's "attentions") whose maps, watched, look ahead
+    elif seen and not all(seen):
+        # a stack named neither encoder nor decoder (xlm's "attentions") whose maps, watched, look
+        # ahead; or a language model that reads every position (xlnet without a permutation mask)
         mask_kind = "bidirectional"
     else:
         window = getattr(sub, "sliding_window", None)
