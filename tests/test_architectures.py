@@ -13,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -304,6 +305,15 @@ def test_layers_of_different_lengths_are_compared_with_hf_layer_by_layer(tokeniz
     results = {r.name: r for r in run_checks(pm)}
     assert results["capture_equals_eager_output_attentions"].passed, results["capture_equals_eager_output_attentions"].detail
     assert results["rows_sum_to_one"].passed and "cannot stack" not in results["rows_sum_to_one"].detail
+    # token-level attention over its molecule layers is refused in one line naming them; the
+    # interventions and gradients still explain it
+    import probe
+
+    from probe.errors import CaptureError
+
+    with pytest.raises(CaptureError, match=r"encoder layers 1, 2 attend over \d+ positions, not the \d+ tokens"):
+        probe.explain(pm, list(sweep.TEXTS), ["attention"])
+    assert len(probe.explain(pm, list(sweep.TEXTS), ["loo_delete"]).to_pandas()) > 0
 
 
 def test_per_token_sinks_and_attention_across_layers(tokenizer):
@@ -343,3 +353,24 @@ def test_a_model_with_its_own_attention_registry_is_read_under_sdpa(tokenizer):
 
     assert registry.installed_wrappers() == [] and not any(
         getattr(v, "__probe_wrapper__", False) for v in doge.ALL_ATTENTION_FUNCTIONS._local_mapping.values())
+
+
+def test_a_model_whose_layers_read_token_ids_gets_gradients_through_its_word_embedding(tokenizer, monkeypatch):
+    """deepseek_v4 routes experts by token id, so it cannot be fed embeddings instead of ids: the
+    gradient methods feed it its ids and replace the word embedding's output. On llama (which takes
+    either) that path gives the scores of the inputs_embeds path."""
+    import probe
+    from probe.explainers import gradient_forward
+
+    methods = ["saliency", "input_x_gradient", "integrated_gradients"]
+    pm = _tiny("deepseek_v4", tokenizer)
+    assert gradient_forward.reads_token_ids(pm.model)
+    scores = probe.explain(pm, list(sweep.TEXTS), methods, continuation=" good").to_pandas()
+    assert np.isfinite(scores.score).all() and float(scores.score.abs().sum()) > 0
+
+    llama = _tiny("llama", tokenizer)
+    assert not gradient_forward.reads_token_ids(llama.model)
+    plain = probe.explain(llama, list(sweep.TEXTS), methods, continuation=" good").to_pandas()
+    monkeypatch.setattr(gradient_forward, "reads_token_ids", lambda model: True)
+    hooked = probe.explain(llama, list(sweep.TEXTS), methods, continuation=" good").to_pandas()
+    np.testing.assert_allclose(hooked.score.to_numpy(), plain.score.to_numpy(), rtol=1e-5, atol=1e-6)

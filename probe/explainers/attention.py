@@ -69,7 +69,15 @@ def target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, layers: S
                                             layers={tq.stack: layers} if layers is not None else None,
                                             **capture_masks(batch)) as capture:
         pm.model(**batch.inputs)
-    per_layer = [m.weights[:, 0] for _, m in sorted(capture.layer_maps(tq.stack).items())]  # [batch, head, rows, key]
+    layer_maps = sorted(capture.layer_maps(tq.stack).items())
+    per_layer = [m.weights[:, 0] for _, m in layer_maps]  # [batch, head, rows, key]
+    keys = {layer: int(m.weights.shape[-1]) for layer, m in layer_maps}
+    width = max(keys.values())
+    shorter = [layer for layer, k in keys.items() if k != width]
+    if shorter:  # canine's deep stack attends over downsampled "molecules", not over the input's tokens
+        raise CaptureError(f"{tq.stack} layers {', '.join(map(str, shorter))} attend over {keys[shorter[0]]} "
+                           f"positions, not the {width} tokens of the other layers (downsampled keys): token-level "
+                           "attention methods cannot score them; use leave-one-out or gradient methods")
     heads = max(w.shape[1] for w in per_layer)
     if all(w.shape[1] == heads for w in per_layer):
         return torch.stack(per_layer, dim=1)

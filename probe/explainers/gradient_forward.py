@@ -81,6 +81,21 @@ def _word_name(model) -> str:
     return next((name for name, module in model.named_modules() if module is word), "get_input_embeddings()")
 
 
+def reads_token_ids(model) -> bool:
+    """Whether a module inside the model's layer stack takes ``input_ids`` in its forward (a layer
+    that routes by token id), so the model needs its ids even when given embeddings."""
+    import inspect
+
+    for stack in (m for m in model.modules() if isinstance(m, torch.nn.ModuleList)):
+        for module in stack.modules():
+            try:
+                if "input_ids" in inspect.signature(module.forward).parameters:
+                    return True
+            except (TypeError, ValueError):
+                continue
+    return False
+
+
 def normalising_module(model) -> str | None:
     """Class name of the norm applied inside the embeddings module (None: no module, or no norm)."""
     found = embeddings_module(model)
@@ -102,7 +117,10 @@ def resolve_site(pm: ProbeModel, site: str | None = None) -> Site:
     if site not in SITES:
         raise InputError(f"unknown gradient site {site!r}: use one of {', '.join(SITES)} (or auto)")
     if site == "word":
-        return Site("word", _word_name(pm.model), None, normalising_module(pm.model))
+        # a model whose layers read the token ids themselves (deepseek_v4 routes experts by id)
+        # cannot be fed embeddings instead of ids: it is fed its ids and the word embedding's output replaced
+        module = pm.model.get_input_embeddings() if reads_token_ids(pm.model) else None
+        return Site("word", _word_name(pm.model), module, normalising_module(pm.model))
     found = embeddings_module(pm.model)
     if found is None:
         raise InputError(f"gradient site 'embeddings' needs an embeddings module: looked for the parent module of "
