@@ -152,9 +152,7 @@ class _Session:
             if spec == "first":
                 return torch.zeros(batch, 1, dtype=torch.long, device=device)
             if spec == "last":
-                mask = self.masks.get(stack)
-                if mask is None:
-                    mask = self.forward_masks.get(stack)
+                mask = self._batch_mask(stack)
                 if mask is None and batch > 1:
                     # rows of different lengths end at different positions: without the mask the
                     # shorter ones' last row would be padding
@@ -180,6 +178,11 @@ class _Session:
         count = self._module_calls.get(key, 0)
         self._module_calls[key] = count + 1
         return places[count % len(places)]
+
+    def _batch_mask(self, stack: str) -> torch.Tensor | None:
+        """The padding mask of ``stack``: the one given to the capture, else the one the model's forward got."""
+        mask = self.masks.get(stack)
+        return self.forward_masks.get(stack) if mask is None else mask
 
     def _wants_forward_masks(self) -> bool:
         """Whether some stack asks for its "last" query rows, or reads a mixer the model never hands
@@ -250,8 +253,7 @@ class _Session:
                                "capture a full forward pass without a filled cache")
         hidden, mask = implicit.call_inputs(module, args, kwargs)
         if mask is None and not implicit.mixer_kind(module).takes_mask:  # padding from the batch's own mask
-            given = self.masks.get(stack)
-            given = self.forward_masks.get(stack) if given is None else given
+            given = self._batch_mask(stack)
             if isinstance(given, torch.Tensor) and given.dim() == 2 and tuple(given.shape) == tuple(hidden.shape[:2]):
                 mask = given
         with torch.set_grad_enabled(self.keep_grad and torch.is_grad_enabled()):

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from probe.errors import ModelLoadError
+from probe.models import scratch
 from probe.models.training import progress_bar, seed_everything
 
 METADATA_FILE = "probe_builtin.json"
@@ -469,9 +470,7 @@ def _dist_version(dist: str) -> str | None:
 
 def _scratch_builder(mixer: str):
     def build(package_folder: Path, out: Path, progress: bool) -> dict[str, Any]:
-        from probe.models.scratch import build_scratch
-
-        return build_scratch(mixer, out, progress)
+        return scratch.build_scratch(mixer, out, progress)
 
     return build
 
@@ -479,5 +478,5 @@ def _scratch_builder(mixer: str):
 _BUILDERS = {
     "minilm-rt": _build_minilm_rt,
     "smollm2-135m": _build_smollm2,
-    **{f"rt-{mixer}": _scratch_builder(mixer) for mixer in ("transformer", "mamba", "conv")},
+    **{f"rt-{mixer}": _scratch_builder(mixer) for mixer in scratch.MIXERS},
 }
