@@ -8,6 +8,7 @@ method on the whole output (a sum of log-probs); batch of one equals batch of se
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -174,6 +175,123 @@ def test_output_tokens_of_one_text_share_each_gradient_forward(steps, method, pa
             (grad,) = torch.autograd.grad(logp, embeds)
             expected = (grad * embeds).sum(-1)[0, :n].detach()
             torch.testing.assert_close(together[method].scores[i], expected, atol=2e-6, rtol=1e-4)
+
+
+def _fed_rows(pm):
+    """A context whose list collects the rows of every forward of ``pm.model``."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def counting():
+        fed, original = [], pm.model.forward
+
+        def counted(*args, **kwargs):
+            fed.append(len(kwargs.get("inputs_embeds", kwargs.get("input_ids"))))
+            return original(*args, **kwargs)
+
+        pm.model.forward = counted
+        try:
+            yield fed
+        finally:
+            del pm.model.forward
+    return counting()
+
+
+def test_output_tokens_of_one_text_share_one_row_for_attention_and_their_values(steps):
+    """A text's output tokens feed the same row: attention reads every step's query row from one
+    forward of it, and each step's value is a column of one forward (not a row per step). The
+    oracles for both are the HF eager and unpadded-forward tests above; here, what is fed."""
+    from probe.rows.target import per_step
+
+    pm, examples = steps
+    with _fed_rows(pm) as fed:
+        together = probe.explain(pm, examples, ["attention"])
+    assert sum(fed) == len(PROMPTS) and len(examples) > len(PROMPTS)
+    for i, e in enumerate(examples):
+        alone = probe.explain(pm, [e], ["attention"])
+        torch.testing.assert_close(together["attention"].scores[i], alone["attention"].scores[0], atol=1e-6, rtol=1e-5)
+    whole = [dataclasses.replace(examples[g[0]], step=None, original_value=None) for g in together.outputs()]
+    with _fed_rows(pm) as fed:
+        again = per_step(pm, whole)
+    assert sum(fed) == len(PROMPTS)
+    assert [(e.text, e.step) for e in again] == [(e.text, e.step) for e in examples]
+    np.testing.assert_allclose([e.original_value for e in again], [e.original_value for e in examples], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_truncated_backward_pieces_give_the_gradients_of_one_forward(loaded, monkeypatch, kind):
+    """Fed through the key/value cache a column at a time, each output token's backward reaches only
+    the columns up to it; the gradients are those of one forward of the whole row (and so of one
+    autograd call per step, the test above), for every gradient method that shares forwards, with
+    a contrast too, and texts of different lengths in one batch."""
+    from probe.explainers import gradient_forward
+
+    pm = loaded(kind)
+    texts = ["the movie was good and", "bad plot", "a long and winding story that"]
+    examples = probe.prepare(pm, texts, generate=4)
+    contrasted = probe.prepare(pm, texts[:2], continuation=(" it was", " so so"), contrast=(" he is", " the a"),
+                               steps=True)
+    methods = ["saliency", "input_x_gradient", "integrated_gradients"]
+    params = {"integrated_gradients": {"steps": 5}}
+    problem = gradient_forward.embedding_forward(pm, examples)
+    assert gradient_forward.truncates(pm, problem)
+    calls = []
+    original = pm.model.forward
+
+    def counted(*args, **kwargs):
+        calls.append("cache" in kwargs)
+        return original(*args, **kwargs)
+
+    for chunks in (examples, contrasted):
+        whole = probe.explain(pm, chunks, methods, params=params)
+        monkeypatch.setattr(gradient_forward, "TRUNCATION_CALLS", 0)  # a column a piece
+        pm.model.forward = counted
+        try:
+            pieces = probe.explain(pm, chunks, methods, params=params)
+        finally:
+            del pm.model.forward
+            monkeypatch.undo()
+        assert sum(calls) > len(calls) / 2  # the pieces were fed through the cache
+        calls.clear()
+        for m in methods:
+            for i in range(len(chunks)):
+                torch.testing.assert_close(pieces[m].scores[i], whole[m].scores[i], atol=2e-6, rtol=1e-4)
+        np.testing.assert_allclose(pieces["integrated_gradients"].extras["convergence_delta"],
+                                   whole["integrated_gradients"].extras["convergence_delta"], atol=1e-5)
+
+
+def test_truncation_is_refused_where_the_cache_or_the_site_does_not_allow_it(loaded):
+    from probe.explainers import gradient_forward
+
+    gpt2, t5, bert = loaded("gpt2"), loaded("t5"), loaded("bert")
+    steps = probe.prepare(gpt2, PROMPTS, generate=3)
+    assert gradient_forward.truncates(gpt2, gradient_forward.embedding_forward(gpt2, steps))
+    whole = probe.prepare(gpt2, PROMPTS, continuation=" ok")  # one target per text: nothing to truncate
+    assert not gradient_forward.truncates(gpt2, gradient_forward.embedding_forward(gpt2, whole))
+    assert not gradient_forward.truncates(t5, gradient_forward.embedding_forward(t5, probe.prepare(t5, PROMPTS, generate=3)))
+    assert not gradient_forward.truncates(bert, gradient_forward.embedding_forward(bert, probe.prepare(bert, PROMPTS)))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_prompts_generated_together_write_what_each_writes_alone(loaded, kind):
+    """Greedy outputs are generated in one left-padded batch; each equals the prompt's own
+    unpadded generation, however long the others are."""
+    from probe.rows.target import greedy_outputs
+
+    pm = loaded(kind)
+    texts = ["the movie was good and", "bad plot", "a long and winding story that ends in tears", "ok"]
+    prompts = [pm.tokenizer(t)["input_ids"] for t in texts]
+    assert len({len(p) for p in prompts}) == len(prompts)
+    together = greedy_outputs(pm, prompts, 6)
+    alone = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = pm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                    do_sample=False, pad_token_id=pm.tokenizer.pad_token_id)
+        alone.append(out[0, len(prompt):].tolist())
+    eos = pm.tokenizer.eos_token_id
+    assert together == [a[: a.index(eos) + 1] if eos in a else a for a in alone]
 
 
 def test_batch_of_one_equals_batch_of_several_and_matrices_read_per_text(steps):

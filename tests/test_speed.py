@@ -20,6 +20,7 @@ from tolerances import (
     model_depth,
 )
 
+import probe
 import probe.explainers.integrated_gradients as IG
 import probe.explainers.rollout as RO
 from probe import registry
@@ -77,6 +78,19 @@ def test_width_buckets_partition_the_examples_by_width(loaded):
         assert max(widths[i] for i in a) <= min(widths[i] for i in b)
     # one point per example and tiny widths: one call beats several
     assert len(G.width_buckets(pm, examples[:1] * 3, points=1)) == 1
+
+
+def test_width_buckets_keep_the_output_tokens_of_a_text_together(loaded):
+    """A text's output tokens are one model row between them (one forward per point): a bucket
+    holds all of them or none, and the row is counted once, not once per output token."""
+    pm = loaded("gpt2")
+    examples = probe.prepare(pm, TEXTS, generate=4)
+    texts = {e.text for e in examples}
+    buckets = G.width_buckets(pm, examples, points=18)
+    assert sorted(i for b in buckets for i in b) == list(range(len(examples)))
+    for text in texts:
+        assert sum(any(examples[i].text == text for i in b) for b in buckets) == 1
+    assert len(G.width_buckets(pm, examples, points=1)) == 1
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)

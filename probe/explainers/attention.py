@@ -53,6 +53,7 @@ from probe.rows.queries import (
     capture_masks,
     eval_mode,
     row_batches,
+    shared_row_batches,
 )
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, RowBatch, target_values
@@ -94,13 +95,17 @@ def target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, layers: S
 
 def attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_size: int = 16) -> TokenScores:
     """Raw attention weights of the target row, every layer and query head: [layer, head, tokens]."""
-    scores: list[torch.Tensor] = []
+    scores: list[torch.Tensor | None] = [None] * len(examples)
     stack = None
     with eval_mode(pm.model):
-        for batch, tq in row_batches(pm, examples, batch_size):
+        # the output tokens of one text share its row: one forward, each reads its own query row
+        for batch, tq, picks in shared_row_batches(pm, examples, batch_size):
             stack = tq.stack
-            weights = tq.mean_over_rows(target_rows(pm, batch, tq))  # [batch, layer, head, key]
-            scores += crop(weights, tq.lengths)
+            weights = target_rows(pm, batch, tq)  # [batch, layer, head, rows, key]
+            merged = tq.mean_over_rows(weights)  # [batch, layer, head, key]
+            for r, (pick, n) in enumerate(zip(picks, tq.lengths.tolist())):
+                for i, q in pick:
+                    scores[i] = (merged[r] if q is None else weights[r, :, :, q])[..., : int(n)]
     return TokenScores("attention", scores, params=_params(pm, stack), per_head=True)
 
 

@@ -40,7 +40,7 @@ from probe.rows.target import (
     PreparedExample,
     RowBatch,
     foil_tokens,
-    forward_accepts,
+    plain_kv_cache,
     position_values,
 )
 
@@ -65,20 +65,11 @@ def supports_prefix_reuse(engine: RowCache) -> bool:
 
 
 def _model_supports_reuse(pm: ProbeModel) -> bool:
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    try:
-        probe_cache = DynamicCache(config=pm.model.config)
-        layers = getattr(probe_cache, "layers", [])
-        plain = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-    except Exception:  # an unusual config: do not reuse
-        plain = False
     implementation = implementation_of(pm.model)
     # inline attention (read through a probability module) builds its own masks (bloom's
     # alibi from a 2-D mask): only models that call the attention function take a 4-D one
     inline = any(site.kind != "function" for site in (getattr(pm.contract, "sites", None) or {}).values())
-    return plain and forward_accepts(pm.model, "cache") and implementation in ("eager", "sdpa") and not inline
+    return plain_kv_cache(pm) and implementation in ("eager", "sdpa") and not inline
 
 
 def evaluate_prefix_reuse(engine: RowCache, rows: Sequence[Row]) -> None:

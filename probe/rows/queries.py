@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import InputError
-from probe.rows.target import PreparedExample, RowBatch, build_rows
+from probe.rows.target import PreparedExample, RowBatch, build_rows, same_row_groups
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -106,6 +106,48 @@ def row_batches(pm: ProbeModel, examples: Sequence[PreparedExample], batch_size:
         chunk = examples[start: start + batch_size]
         batch = build_rows(pm, [(e.input_ids, e) for e in chunk])
         yield batch, target_queries(pm, batch)
+
+
+def shared_row_batches(pm: ProbeModel, examples: Sequence[PreparedExample],
+                       batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries, list[list[tuple[int, int | None]]]]]:
+    """:func:`row_batches` with the output tokens of one text sharing one row: examples that feed
+    the model the same row (:func:`~probe.rows.target.same_row_groups`) are run once, their target
+    queries the query row of each, so a text's T output tokens cost one forward, not T.
+
+    Yields ``(batch, tq, picks)``: ``picks[r]`` lists ``(example index, query column)`` read from
+    row ``r`` of ``batch``; the column is None for an example that is a row of its own (read it
+    with :meth:`TargetQueries.mean_over_rows`, as :func:`row_batches`' rows are).
+    """
+    if not examples:
+        raise InputError("no examples to explain: give at least one prepared example")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    groups = same_row_groups(examples)
+    for start in range(0, len(groups), batch_size):
+        chunk = groups[start: start + batch_size]
+        batch = build_rows(pm, [(examples[g[0]].input_ids, examples[g[0]]) for g in chunk])
+        if all(len(g) == 1 for g in chunk):
+            yield batch, target_queries(pm, batch), [[(g[0], None)] for g in chunk]
+            continue
+        # every member's own query row, found without a forward: build_rows only lays out tensors
+        members = [i for g in chunk for i in g]
+        own = target_queries(pm, build_rows(pm, [(examples[i].input_ids, examples[i]) for i in members]))
+        if not bool((own.valid.sum(1) == 1).all()):  # a member reading several rows: one row each
+            for i in members:
+                one = build_rows(pm, [(examples[i].input_ids, examples[i])])
+                yield one, target_queries(pm, one), [[(i, None)]]
+            continue
+        at = own.rows.gather(1, own.valid.long().argmax(1, keepdim=True))[:, 0].tolist()  # [members]
+        width = max(len(g) for g in chunk)
+        rows = torch.zeros((len(chunk), width), dtype=torch.long, device=own.rows.device)
+        valid = torch.zeros((len(chunk), width), dtype=torch.bool, device=own.rows.device)
+        picks, n = [], 0
+        for r, g in enumerate(chunk):
+            rows[r, : len(g)] = torch.tensor(at[n: n + len(g)], device=rows.device)
+            valid[r, : len(g)] = True
+            picks.append([(i, j) for j, i in enumerate(g)])
+            n += len(g)
+        yield batch, TargetQueries(own.stack, rows, valid, batch.input_lengths), picks
 
 
 def crop(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:

@@ -138,6 +138,18 @@ def sources(examples: Sequence[PreparedExample]) -> list[int]:
     return owners
 
 
+def same_row_groups(examples: Sequence[PreparedExample]) -> list[list[int]]:
+    """Indices of ``examples`` in groups that feed the model the same row: the output tokens of one
+    text (:attr:`PreparedExample.step` set; one input, output, foil and target kind), each reading
+    its own output position of that row. Every other example is a group of its own."""
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(examples):
+        key = ((tuple(e.input_ids), tuple(e.special), tuple(e.target_ids), tuple(e.foil_ids), e.kind)
+               if e.step is not None else ("example", i))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
 @dataclass
 class RowBatch:
     """Padded model inputs for a list of rows, and where each row's target lives."""
@@ -343,8 +355,9 @@ def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, stri
             raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
         kind = target.kind or task.default_kind
         _check_encoder_target(pm, target, kind)
-        examples = [dataclasses.replace(e, target_ids=_greedy_output(pm, e.input_ids, n_new))
-                    for e in _tokenised(pm, texts, kind, strict_length)]
+        tokenised = _tokenised(pm, texts, kind, strict_length)
+        outputs = greedy_outputs(pm, [e.input_ids for e in tokenised], n_new)
+        examples = [dataclasses.replace(e, target_ids=out) for e, out in zip(tokenised, outputs)]
         examples = [dataclasses.replace(e, label_name=pm.tokenizer.decode(e.target_ids)) for e in examples]
     else:
         examples = prepare(pm, texts, whole, strict_length=strict_length, max_new_tokens=n_new)
@@ -353,19 +366,41 @@ def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, stri
     return per_step(pm, examples)
 
 
-def _greedy_output(pm: ProbeModel, input_ids: list[int], n_new: int) -> list[int]:
-    """A causal LM's greedy output ids after ``input_ids`` (up to ``n_new`` tokens, its end token
-    included when it writes one), one unpadded prompt at a time (right padding would put pad
-    tokens between a short prompt and its output)."""
-    ids = torch.tensor([input_ids], device=pm.device)
+#: prompts one batched greedy generation takes at most (:func:`greedy_outputs`)
+GENERATION_BATCH = 32
+
+
+def greedy_outputs(pm: ProbeModel, prompts: list[list[int]], n_new: int) -> list[list[int]]:
+    """A causal LM's greedy output ids after each prompt (up to ``n_new`` tokens, its end token
+    included when it writes one).
+
+    Prompts are generated together, left-padded (a pad between a prompt and its output would be
+    read as part of it): the mask keeps the pads out and position ids count from each prompt's
+    first token, so every prompt reads what it reads alone. A model whose forward takes no
+    position ids, or whose key/value cache is not plain (:func:`plain_kv_cache`: a recurrent or
+    windowed state), generates one unpadded prompt at a time."""
     eos = pm.tokenizer.eos_token_id
-    with torch.no_grad():
-        generated = pm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
-                                      do_sample=False, pad_token_id=pm.tokenizer.pad_token_id)
-    out = [int(t) for t in generated[0, len(input_ids):].tolist()]
-    if eos is not None and eos in out:
-        out = out[: out.index(eos) + 1]
-    return out or ([int(eos)] if eos is not None else [])
+    pad = pm.tokenizer.pad_token_id if pm.tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
+    together = forward_accepts(pm.model, "position_ids") and plain_kv_cache(pm)
+    size = GENERATION_BATCH if together else 1
+    outputs = []
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start: start + size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, prompt in enumerate(chunk):
+            ids[r, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[r, width - len(prompt):] = 1
+        with torch.no_grad():
+            generated = pm.model.generate(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device),
+                                          max_new_tokens=n_new, do_sample=False, pad_token_id=pad)
+        for row in generated[:, width:].tolist():
+            out = [int(t) for t in row]
+            if eos is not None and eos in out:
+                out = out[: out.index(eos) + 1]
+            outputs.append(out or ([int(eos)] if eos is not None else []))
+    return outputs
 
 
 def _tokenised(pm: ProbeModel, texts: list[str], kind: str, strict_length: bool) -> list[PreparedExample]:
@@ -409,12 +444,25 @@ def per_step(pm: ProbeModel, examples: list[PreparedExample]) -> list[PreparedEx
     ``original_value`` that token's log-prob (or logit, prob) given the input and the output before it."""
     out = []
     for e in examples:
-        steps = [dataclasses.replace(e, step=j, original_value=None,
-                                     label_name=pm.tokenizer.decode([e.target_ids[j]]))
-                 for j in range(len(e.target_ids))]
-        values = evaluate(pm, [(s.input_ids, s) for s in steps])
-        out += [dataclasses.replace(s, original_value=float(v)) for s, v in zip(steps, values.tolist())]
+        values = output_values(pm, e).tolist()  # [n_target]: every step's value from one forward of its row
+        out += [dataclasses.replace(e, step=j, original_value=values[j],
+                                    label_name=pm.tokenizer.decode([e.target_ids[j]]))
+                for j in range(len(e.target_ids))]
     return out
+
+
+def output_values(pm: ProbeModel, example: PreparedExample) -> torch.Tensor:
+    """``[n_target]`` the value of each output token of ``example`` (log-prob, logit or prob, minus
+    its foil's where contrasted) given the input and the output before it, from one forward of the
+    example's row: every step of it reads a column of the same row (:func:`position_values`)."""
+    whole = dataclasses.replace(example, step=None)
+    batch = build_rows(pm, [(whole.input_ids, whole)])
+    inputs = dict(batch.inputs)
+    kept = keep_target_logits(pm, batch, inputs)
+    with torch.no_grad():
+        logits = pm.model(**inputs).logits
+    values = position_values(pm, kept, logits)[0]  # [n_target]
+    return values.exp() if example.kind == "prob" else values
 
 
 #: rows x width of one forward when :func:`prepare` labels and values a classifier's examples
@@ -651,6 +699,22 @@ def forward_accepts(model, name: str) -> bool:
     """Whether the model class's forward takes ``name`` (the class, not the instance: a wrapped
     instance method would hide the signature)."""
     return _class_accepts(type(model), name)
+
+
+def plain_kv_cache(pm: ProbeModel) -> bool:
+    """Whether the model takes a ``cache`` and its ``DynamicCache`` holds plain full-attention
+    layers (``DynamicLayer``: every key and value kept, appended in order). Sliding-window,
+    chunked, linear-attention or shared-KV layers keep another state, and an unusual config
+    counts as not plain."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        layers = getattr(DynamicCache(config=pm.model.config), "layers", [])
+        plain = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    except Exception:  # an unusual config: not plain
+        plain = False
+    return plain and forward_accepts(pm.model, "cache")
 
 
 @functools.lru_cache(maxsize=None)
