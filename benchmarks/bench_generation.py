@@ -15,7 +15,11 @@ rounds:
              no padding). What a capable user writes.
 * ``probe``  ``probe.explain(pm, prompts, generate=T, methods=[saliency, integrated_gradients,
              attention, loo_delete])`` (IG with S Gauss-Legendre points): every output token is its
-             own target; the interventions score each perturbed prompt once over the whole output.
+             own target. The output tokens of one prompt share its row: greedy outputs come from
+             one left-padded batch, attention and the steps' values from one forward of each row,
+             the gradient methods from one forward per point (fed through the key/value cache in
+             pieces, so each output token's backward stops at its own position), and the
+             interventions score each perturbed prompt once over the whole output.
 * ``inseq``  inseq 0.7.1 on the same model object: ``saliency``, ``integrated_gradients``
              (n_steps=S), ``attention`` (an eager copy of the model: inseq reads
              ``output_attentions``) and ``occlusion`` (its leave-one-out) with ``generation_args``
