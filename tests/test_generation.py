@@ -8,6 +8,7 @@ method on the whole output (a sum of log-probs); batch of one equals batch of se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -130,6 +131,27 @@ def _whole(pm, step_example):
     return dataclasses.replace(whole, original_value=float(evaluate(pm, [(whole.input_ids, whole)])[0]))
 
 
+def _rows_fed(kwargs) -> int:
+    return len(kwargs.get("inputs_embeds", kwargs.get("input_ids")))
+
+
+@contextlib.contextmanager
+def _fed(pm, record=_rows_fed):
+    """Within the block, the yielded list collects ``record(kwargs)`` of every forward of ``pm.model``
+    (by default the rows fed)."""
+    seen, original = [], pm.model.forward
+
+    def counted(*args, **kwargs):
+        seen.append(record(kwargs))
+        return original(*args, **kwargs)
+
+    pm.model.forward = counted
+    try:
+        yield seen
+    finally:
+        del pm.model.forward
+
+
 @pytest.mark.parametrize("method,params", [
     ("saliency", None), ("input_x_gradient", None), ("integrated_gradients", {"steps": 6}),
     ("integrated_gradients", {"steps": 5, "rule": "riemann_trapezoid", "internal_batch_size": 4}),
@@ -145,18 +167,8 @@ def test_output_tokens_of_one_text_share_each_gradient_forward(steps, method, pa
     problem = embedding_forward(pm, examples)
     assert [[examples[i].step for i in g] for g in problem.groups] == [
         [e.step for e in examples if e.text == text] for text in PROMPTS]
-    fed = []  # rows of every forward
-    original = pm.model.forward
-
-    def counted(*args, **kwargs):
-        fed.append(len(kwargs.get("inputs_embeds", kwargs.get("input_ids"))))
-        return original(*args, **kwargs)
-
-    pm.model.forward = counted
-    try:
+    with _fed(pm) as fed:  # rows of every forward
         together = probe.explain(pm, examples, [method], params={method: params} if params else None)
-    finally:
-        del pm.model.forward
     # every point once per text, not once per output token (IG adds f(x) and f(baseline) per text)
     points = (params or {}).get("steps", 1) + (2 if method == "integrated_gradients" else 0)
     assert sum(fed) == points * len(PROMPTS) and len(examples) > len(PROMPTS)
@@ -177,26 +189,6 @@ def test_output_tokens_of_one_text_share_each_gradient_forward(steps, method, pa
             torch.testing.assert_close(together[method].scores[i], expected, atol=2e-6, rtol=1e-4)
 
 
-def _fed_rows(pm):
-    """A context whose list collects the rows of every forward of ``pm.model``."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def counting():
-        fed, original = [], pm.model.forward
-
-        def counted(*args, **kwargs):
-            fed.append(len(kwargs.get("inputs_embeds", kwargs.get("input_ids"))))
-            return original(*args, **kwargs)
-
-        pm.model.forward = counted
-        try:
-            yield fed
-        finally:
-            del pm.model.forward
-    return counting()
-
-
 def test_output_tokens_of_one_text_share_one_row_for_attention_and_their_values(steps):
     """A text's output tokens feed the same row: attention reads every step's query row from one
     forward of it, and each step's value is a column of one forward (not a row per step). The
@@ -204,14 +196,14 @@ def test_output_tokens_of_one_text_share_one_row_for_attention_and_their_values(
     from probe.rows.target import per_step
 
     pm, examples = steps
-    with _fed_rows(pm) as fed:
+    with _fed(pm) as fed:
         together = probe.explain(pm, examples, ["attention"])
     assert sum(fed) == len(PROMPTS) and len(examples) > len(PROMPTS)
     for i, e in enumerate(examples):
         alone = probe.explain(pm, [e], ["attention"])
         torch.testing.assert_close(together["attention"].scores[i], alone["attention"].scores[0], atol=1e-6, rtol=1e-5)
     whole = [dataclasses.replace(examples[g[0]], step=None, original_value=None) for g in together.outputs()]
-    with _fed_rows(pm) as fed:
+    with _fed(pm) as fed:
         again = per_step(pm, whole)
     assert sum(fed) == len(PROMPTS)
     assert [(e.text, e.step) for e in again] == [(e.text, e.step) for e in examples]
@@ -235,24 +227,15 @@ def test_truncated_backward_pieces_give_the_gradients_of_one_forward(loaded, mon
     params = {"integrated_gradients": {"steps": 5}}
     problem = gradient_forward.embedding_forward(pm, examples)
     assert gradient_forward.truncates(pm, problem)
-    calls = []
-    original = pm.model.forward
-
-    def counted(*args, **kwargs):
-        calls.append("cache" in kwargs)
-        return original(*args, **kwargs)
-
     for chunks in (examples, contrasted):
         whole = probe.explain(pm, chunks, methods, params=params)
         monkeypatch.setattr(gradient_forward, "TRUNCATION_CALLS", 0)  # a column a piece
-        pm.model.forward = counted
         try:
-            pieces = probe.explain(pm, chunks, methods, params=params)
+            with _fed(pm, lambda kwargs: "cache" in kwargs) as calls:
+                pieces = probe.explain(pm, chunks, methods, params=params)
         finally:
-            del pm.model.forward
             monkeypatch.undo()
         assert sum(calls) > len(calls) / 2  # the pieces were fed through the cache
-        calls.clear()
         for m in methods:
             for i in range(len(chunks)):
                 torch.testing.assert_close(pieces[m].scores[i], whole[m].scores[i], atol=2e-6, rtol=1e-4)

@@ -96,12 +96,16 @@ def eval_mode(model) -> Iterator[None]:
         model.train(was_training)
 
 
-def row_batches(pm: ProbeModel, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
-    """Unperturbed rows of ``examples`` in chunks of ``batch_size``, with their target queries."""
+def _check_batching(examples: Sequence[PreparedExample], batch_size) -> None:
     if not examples:
         raise InputError("no examples to explain: give at least one prepared example")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def row_batches(pm: ProbeModel, examples: Sequence[PreparedExample], batch_size: int) -> Iterator[tuple[RowBatch, TargetQueries]]:
+    """Unperturbed rows of ``examples`` in chunks of ``batch_size``, with their target queries."""
+    _check_batching(examples, batch_size)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start: start + batch_size]
         batch = build_rows(pm, [(e.input_ids, e) for e in chunk])
@@ -118,10 +122,7 @@ def shared_row_batches(pm: ProbeModel, examples: Sequence[PreparedExample],
     row ``r`` of ``batch``; the column is None for an example that is a row of its own (read it
     with :meth:`TargetQueries.mean_over_rows`, as :func:`row_batches`' rows are).
     """
-    if not examples:
-        raise InputError("no examples to explain: give at least one prepared example")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    _check_batching(examples, batch_size)
     groups = same_row_groups(examples)
     for start in range(0, len(groups), batch_size):
         chunk = groups[start: start + batch_size]
