@@ -19,6 +19,7 @@ import torch
 
 import probe
 from probe.errors import InputError
+from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 PROMPTS = ["the movie was good and", "bad plot"]
 
@@ -446,3 +447,33 @@ def test_target_side_steps_score_the_output_written_before_each_token(loaded):
         probe.prepare(pm, PROMPTS, target_side=True)
     with pytest.raises(InputError, match="target-side attribution reads the output written so far"):
         probe.prepare(loaded("t5"), PROMPTS, generate=2, target_side=True)
+
+
+@pytest.mark.slow
+def test_the_real_model_generates_in_a_batch_and_truncates_its_backward_exactly(monkeypatch):
+    """builtin:smollm2-135m: the left-padded batch writes what each prompt writes alone, and the
+    truncated backward (pieces through the key/value cache) gives the one-forward gradients."""
+    from probe.explainers import gradient_forward
+    from probe.rows.target import greedy_outputs
+
+    pm = probe.load_model("builtin:smollm2-135m")
+    texts = ["The capital of France is", "This movie was a delight from start to finish. Overall it was"]
+    prompts = [pm.tokenizer(t)["input_ids"] for t in texts]
+    assert greedy_outputs(pm, prompts, 6) == [greedy_outputs(pm, [p], 6)[0] for p in prompts]
+    examples = probe.prepare(pm, texts, generate=6)
+    assert gradient_forward.truncates(pm, gradient_forward.embedding_forward(pm, examples))
+    whole = probe.explain(pm, examples, ["saliency", "input_x_gradient"])
+    monkeypatch.setattr(gradient_forward, "TRUNCATION_CALLS", 0)  # a column a piece
+    with _fed(pm, lambda kwargs: "cache" in kwargs) as calls:
+        pieces = probe.explain(pm, examples, ["saliency", "input_x_gradient"])
+    assert sum(calls) > 2
+    # rounding only: each text's [output, token] matrix within the tolerance of its depth and scale
+    # (tolerances.py; a signed sum over the embedding dim at the scale of its terms)
+    depth = model_depth(pm, backward=True)
+    terms = gradient_term_scales(pm, examples, "input_x_gradient")
+    for m in ("saliency", "input_x_gradient"):
+        for text in texts:
+            rows = [i for i, e in enumerate(examples) if e.text == text]
+            scale = max(terms[i] for i in rows) if m == "input_x_gradient" else None
+            assert_fp_close(torch.stack([pieces[m].scores[i] for i in rows]),
+                            torch.stack([whole[m].scores[i] for i in rows]), depth=depth, scale=scale, msg=m)
