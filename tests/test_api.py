@@ -378,12 +378,12 @@ def test_audit_from_a_dict_with_a_loaded_model(tiny_dirs, loaded):
     pm = loaded("bert")
     result = probe.audit({
         "model": {"id": str(tiny_dirs["bert"])},
-        "data": {"texts": TEXTS * 3},
+        "data": {"texts": TEXTS * 4},
         "statistics": {"bootstrap": 100},
         "claims": [{"claim": "head 0.1 matters", "kind": "head_role", "head": "0.1"}],
     }, model=pm)
     (claim,) = result.claims
-    assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 3
+    assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 4
     table = result.to_pandas()
     assert list(table.columns) == ["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n", "threshold",
                                    "measure", "intervention", "seconds"]

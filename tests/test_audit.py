@@ -107,8 +107,11 @@ def test_judge_decides_from_per_example_effects():
     assert mixed.verdict == "inconclusive" and mixed.n == 6 and mixed.mean == 0.5
     assert mixed.n_needed is None  # mean == threshold: no sample size helps
     # NaN effects (examples a measure does not apply to) are dropped
-    j = judge([0.2, 0.3, float("nan"), 0.25, 0.22], RULES["specific_tokens"])
-    assert j.verdict == "supported" and j.n == 4 and j.n_needed is None
+    j = judge([0.2, 0.3, float("nan"), 0.25, 0.22, 0.21, 0.28, 0.24, 0.26, 0.23, 0.27], RULES["specific_tokens"])
+    assert j.verdict == "supported" and j.n == 10 and j.n_needed is None
+    # too few: never decided, however clear (issue 40: "supported" on n = 2 was a bootstrap over two values)
+    few = judge([0.2, 0.3, float("nan"), 0.25, 0.22], RULES["specific_tokens"])
+    assert few.verdict == "inconclusive" and few.n == 4 and few.why == "n = 4, at least 10 needed"
     # a faithfulness threshold clearly above every tau
     assert judge(np.linspace(0.1, 0.3, 20), faithfulness_rule(0.9)).verdict == "refuted"
     # one example: no CI, inconclusive, no estimate
@@ -117,7 +120,7 @@ def test_judge_decides_from_per_example_effects():
 
 
 def test_n_needed_formula_when_the_ci_straddles():
-    values = np.array([0.3, -0.1, 0.25, -0.05, 0.2])
+    values = np.array([0.3, -0.2, 0.25, -0.15, 0.2, -0.25, 0.1, -0.05, 0.15, -0.1])
     j = judge(values, RULES["specific_tokens"])
     assert j.verdict == "inconclusive" and j.ci[0] < 0 < j.ci[1]
     std = values.std(ddof=1)
@@ -338,12 +341,13 @@ def test_too_few_examples_is_inconclusive_with_n_needed(tiny_dirs, loaded):
              "adversarial": False}
     first = run_audit(claim_file(tiny_dirs["bert"], [claim], texts=TEXTS[:4]), model=pm).claims[0]
     mean, std = first.effect, first.evidence["std"]
-    # a bound a tenth of a standard deviation above the mean: 4 examples cannot decide
+    # a bound a tenth of a standard deviation above the mean: 4 examples cannot decide (and never would)
     bound = mean + 0.1 * std
     second = run_audit(claim_file(tiny_dirs["bert"], [{**claim, "bound": bound}], texts=TEXTS[:4]), model=pm).claims[0]
     assert second.verdict == "inconclusive" and second.n == 4
-    assert second.ci[0] < bound < second.ci[1]
-    assert second.evidence["n_needed"] == math.ceil((1.96 * std / abs(mean - bound)) ** 2) > 4
+    assert math.isnan(second.ci[0]) and math.isnan(second.ci[1])  # no interval over fewer than 10 values
+    assert second.evidence["why"] == "n = 4, at least 10 needed"
+    assert second.evidence["n_needed"] == max(10, math.ceil((1.96 * std / abs(mean - bound)) ** 2))
 
 
 def test_run_time_errors_are_one_line(tiny_dirs, loaded, tmp_path):

@@ -141,6 +141,10 @@ def _result(claim, judgement: Judgement, *, measure: str, rule, intervention: st
     evidence["std"] = judgement.std
     if verdict == "inconclusive":
         evidence["n_needed"] = judgement.n_needed if n_needed is None else n_needed
+        if judgement.why:
+            evidence["why"] = judgement.why
+    if judgement.p_value is not None:
+        evidence["sign_flip_p"] = judgement.p_value
     settings = claim.model_dump(mode="json", exclude={"claim", "kind"})
     return ClaimResult(claim=claim.claim, kind=claim.kind, verdict=verdict, effect=judgement.mean, ci=judgement.ci,
                        n=judgement.n, threshold=judgement.threshold, measure=measure, rule=rule_text or rule.describe(),

@@ -125,7 +125,10 @@ _EXAMPLE_COLUMNS = ["id", "effect", "text", "details"]
 
 
 def _needed(c: dict) -> str:
-    return f"; n_needed = {_num(c['evidence'].get('n_needed'))}" if c["verdict"] == "inconclusive" else ""
+    if c["verdict"] != "inconclusive":
+        return ""
+    why = c["evidence"].get("why")
+    return f"; n_needed = {_num(c['evidence'].get('n_needed'))}" + (f" ({_md(why)})" if why else "")
 
 
 def _md_claim(i: int, c: dict) -> list[str]:

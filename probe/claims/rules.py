@@ -21,8 +21,16 @@ counterfactual      median output TVD over permutations of     bound          lo
                     the target row's attention
 ==================  =========================================  =============  ============  ============
 
-Anything else is ``inconclusive``: the CI straddles the threshold (or fewer than 2 examples had an
-effect). Then ``n_needed = ceil((z * std / |mean - T|)^2)`` estimates how many examples would make
+Anything else is ``inconclusive``: the CI straddles the threshold.
+
+No claim is decided on little evidence. With fewer than ``MIN_EVIDENCE`` (10) examples that have an
+effect, no CI is computed (a bootstrap over a handful of values is not an interval) and the claim is
+``inconclusive (n = 2, at least 10 needed)``, whatever the effects. Below ``SMALL_N`` (30) examples a
+percentile bootstrap CI is too narrow, so a decision also needs the one-sample sign-flip permutation
+test of the effects against T (:func:`sign_flip_p`: exact over all 2^n sign patterns up to n = 20,
+else 100,000 seeded draws) at the same tail, ``(1 - level) / 2``; where the two disagree the claim
+is inconclusive and ``why`` says so. For 0/1 effects against 0.5 (token_importance) that test is the
+exact sign test. Then ``n_needed = ceil((z * std / |mean - T|)^2)`` estimates how many examples would make
 a CI of that width clear the threshold (z = the normal quantile of the level to two decimals, 1.96
 at 0.95; std with ddof=1); ``None`` when mean == T or std is undefined. It is an estimate for
 planning, not a promise: the bootstrap CI is not exactly the normal one.
@@ -43,6 +51,13 @@ import numpy as np
 from probe.metrics.statistics import summarize
 
 VERDICTS = ("supported", "refuted", "inconclusive")
+#: the fewest examples with an effect on which a claim is supported or refuted (and a CI computed)
+MIN_EVIDENCE = 10
+#: below this many examples a decision also needs the sign-flip permutation test
+SMALL_N = 30
+#: up to this many examples the sign-flip test enumerates every sign pattern
+SIGN_FLIP_EXACT_MAX_N = 20
+SIGN_FLIP_DRAWS = 100_000
 #: Half the largest Jensen-Shannon divergence (natural log): an adversarial attention this far from
 #: the original is "very different" in the counterfactual evidence.
 LN2_HALF = 0.5 * math.log(2.0)
@@ -113,18 +128,61 @@ class Judgement:
     n: int
     threshold: float
     n_needed: int | None  # only when inconclusive
+    why: str | None = None  # why inconclusive, where it is for want of evidence
+    p_value: float | None = None  # the sign-flip test's one-sided p in the decided direction (n < SMALL_N)
 
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "effect": self.mean, "std": self.std, "ci": list(self.ci), "n": self.n,
-                "threshold": self.threshold, "n_needed": self.n_needed}
+                "threshold": self.threshold, "n_needed": self.n_needed, "why": self.why, "p_value": self.p_value}
+
+
+def sign_flip_p(differences, *, greater: bool = True, seed: int = 0) -> float:
+    """One-sided p-value of the one-sample sign-flip permutation test that the mean of
+    ``differences`` (effect - threshold) is above 0 (``greater``) or below it: the share of sign
+    patterns whose mean is at least as extreme as the observed one, the observed pattern included.
+    Exact up to ``SIGN_FLIP_EXACT_MAX_N`` values, else ``SIGN_FLIP_DRAWS`` seeded patterns plus the
+    observed. NaN without values."""
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    n = d.size
+    if not n:
+        return float("nan")
+    d = d if greater else -d
+    observed = d.sum()
+    tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
+    if n <= SIGN_FLIP_EXACT_MAX_N:
+        patterns = ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1) * 2 - 1  # [2^n, n]
+        sums = patterns @ d
+        return float((sums >= observed - tol).mean())
+    rng = np.random.default_rng(seed)
+    sums = (rng.integers(0, 2, size=(SIGN_FLIP_DRAWS, n)) * 2 - 1) @ d
+    return float((1 + (sums >= observed - tol).sum()) / (SIGN_FLIP_DRAWS + 1))
 
 
 def judge(values, rule: Rule, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> Judgement:
-    """Decide a claim from its per-example effects (non-finite ones are dropped)."""
-    s = summarize(np.asarray(values, dtype=np.float64), n_boot=n_boot, level=level, seed=seed)
+    """Decide a claim from its per-example effects (non-finite ones are dropped; module docstring)."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    n = int(v.size)
+    mean = float(v.mean()) if n else float("nan")
+    std = float(v.std(ddof=1)) if n >= 2 else float("nan")
+    if n < MIN_EVIDENCE:
+        needed = n_needed(mean, std, rule.threshold, level)
+        return Judgement("inconclusive", mean, std, (float("nan"), float("nan")), n, rule.threshold,
+                         max(MIN_EVIDENCE, needed) if needed is not None else None,
+                         why=f"n = {n}, at least {MIN_EVIDENCE} needed")
+    s = summarize(v, n_boot=n_boot, level=level, seed=seed)
     decided = verdict(s["ci_low"], s["ci_high"], rule)
+    why = p_value = None
+    if decided != "inconclusive" and n < SMALL_N:
+        p_value = sign_flip_p(v - rule.threshold, greater=decided == "supported", seed=seed)
+        if not p_value <= (1.0 - level) / 2.0:
+            why = (f"the CI says {decided} but the sign-flip test does not (one-sided p = {p_value:.3f} > "
+                   f"{(1.0 - level) / 2.0:g}, n = {n})")
+            decided = "inconclusive"
     needed = n_needed(s["mean"], s["std"], rule.threshold, level) if decided == "inconclusive" else None
-    return Judgement(decided, s["mean"], s["std"], (s["ci_low"], s["ci_high"]), s["n"], rule.threshold, needed)
+    return Judgement(decided, s["mean"], s["std"], (s["ci_low"], s["ci_high"]), s["n"], rule.threshold, needed,
+                     why=why, p_value=p_value)
 
 
 def conjunction(*verdicts: str) -> str:
@@ -136,5 +194,5 @@ def conjunction(*verdicts: str) -> str:
     return "inconclusive"
 
 
-__all__ = ["Judgement", "LN2_HALF", "RULES", "Rule", "VERDICTS", "conjunction", "counterfactual_rule", "faithfulness_rule",
-           "judge", "n_needed", "verdict", "z_value"]
+__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "RULES", "Rule", "SMALL_N", "VERDICTS", "conjunction", "counterfactual_rule", "faithfulness_rule",
+           "judge", "n_needed", "sign_flip_p", "verdict", "z_value"]
