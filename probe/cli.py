@@ -362,6 +362,8 @@ def audit(
         low, high = c.ci
         ci = "n/a" if low != low or high != high else f"[{low:.3g}, {high:.3g}]"
         needed = f", n_needed {c.evidence.get('n_needed')}" if c.verdict == "inconclusive" else ""
+        if c.verdict == "inconclusive" and c.evidence.get("why"):
+            needed += f" ({c.evidence['why']})"
         print(f"{c.verdict.upper():13s} {printable(c.claim)}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
               f"n {c.n}{needed})")
     print(printable(f"report: {Path(folder) / 'audit.html'}"))
@@ -407,8 +409,11 @@ def planted(
     results: str = typer.Option("results/planted", "--results", help="where each model's study result goes"),
     out: str = typer.Option("reports/planted", "--out", help="where planted.md, planted.csv and planted.json go"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
+    calibrate: int = typer.Option(200, "--calibrate", min=0,
+                                  help="statistics seeds each verdict is recomputed at from its tables (0: none)"),
 ):
-    """The verdict's self-test: the study on every planted-truth model, each answer beside the known truth."""
+    """The verdict's self-test: the study on every planted-truth model, each answer beside the known truth,
+    and how the answer holds over many statistics seeds."""
     from pathlib import Path
 
     from probe.spec.study import load_study
@@ -423,9 +428,10 @@ def planted(
     names = [x.strip() for x in only.split(",") if x.strip()] if only else None
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
-        frame = run_planted(spec, names=names, results=Path(results), n=n,
+        frame = run_planted(spec, names=names, results=Path(results), n=n, calibrate=calibrate,
                             log=lambda text: print(text, file=sys.stderr))
-    paths = write_planted(frame, Path(out), command=f"probe planted {study}" + (f" --n {n}" if n else ""))
+    paths = write_planted(frame, Path(out), command=f"probe planted {study}" + (f" --n {n}" if n else "")
+                          + (f" --calibrate {calibrate}" if calibrate != 200 else ""))
     for r in frame.itertuples():
         print(f"{'ok   ' if r.right else 'WRONG'} {r.model}: {r.answer} (expected {r.expected})")
     print(f"{int(frame.right.sum())}/{len(frame)} right; {paths[0]}")

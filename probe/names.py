@@ -39,6 +39,13 @@ def measure_columns(agreement) -> list[tuple[str, str | None]]:
     return out
 
 
+def unit_name(method: str, layer: int, head: int) -> str:
+    """``attention L3.H2``, ``rollout L0``, ``saliency``: a unit's name as the verdict writes it."""
+    if layer < 0:
+        return method
+    return f"{method} L{layer}.H{head}" if head >= 0 else f"{method} L{layer}"
+
+
 def describe_group(group: Sequence[str]) -> str:
     """``flow L1-L5 = attention_mean L0``: layers of one method joined into a range where consecutive."""
     by_method: dict[str, list[int | None]] = {}

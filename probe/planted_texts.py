@@ -49,6 +49,8 @@ PLANTED_TEXT_KINDS: dict[str, str] = {
     "randomised": "trigger",
     "copy-lm": "copy",
     "copy-seq2seq": "copy",
+    "position-heads": "one-trigger",
+    "one-head": "one-trigger",
 }
 
 
@@ -104,7 +106,7 @@ def draw_texts(kind: str, n: int, seed: int, start: int = 0, min_words: int = MI
 
 # ------------------------------------------------------------------------------------------ helpers
 
-_GROUPS = {"trigger": 2, "two-triggers": 4, "distinct": 1, "copy": len(MARKED)}
+_GROUPS = {"trigger": 2, "two-triggers": 4, "distinct": 1, "copy": len(MARKED), "one-trigger": 1}
 
 
 def _kind_seed(kind: str) -> int:
@@ -120,6 +122,9 @@ def _draw(kind: str, group: int, rng: random.Random, min_words: int) -> PlantedT
         marked = MARKED[group]
         words[rng.randrange(length - 1)] = marked  # never the last word: the copy must look back
         return PlantedText(" ".join(words), None, marked)
+    if kind == "one-trigger":  # zz once, at a uniformly drawn place
+        words[rng.randrange(length)] = TRIGGER
+        return PlantedText(" ".join(words), 1)
     specials = {"trigger": [(), (TRIGGER,)],
                 "two-triggers": [(), (TRIGGER,), (SECOND_TRIGGER,), (TRIGGER, SECOND_TRIGGER)]}[kind][group]
     for word, place in zip(specials, rng.sample(range(length), len(specials))):

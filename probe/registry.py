@@ -220,6 +220,14 @@ class Method:
     needs_softmax: str | None = None
 
     @property
+    def bottom_up(self) -> bool:
+        """Whether its layer-l scores are computed from the embeddings and layers 0..l alone (a forward
+        read of attention, rolled or decomposed up to layer l): the randomisation check then asks
+        each unit about exactly those weights. Attention x gradient reads the gradient of the target,
+        which flows from every layer above: not bottom-up."""
+        return self.family == "attention" and not self.needs_gradients
+
+    @property
     def reads_attention(self) -> bool:
         """Whether it reads (or edits) the model's attention modules through probe's hooks."""
         return self.family == "attention"

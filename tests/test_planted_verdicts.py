@@ -18,12 +18,27 @@ from probe.study.planted import run_planted, write_planted
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    """``planted_run(name)``: studies/planted.yaml run on planted model ``name`` once per module, as
+    ``(row of run_planted's frame, result folder)``."""
+    root = tmp_path_factory.mktemp("planted")
+    done = {}
+
+    def get(name):
+        if name not in done:
+            frame = run_planted(load_study(ROOT / "studies" / "planted.yaml"), names=[name], results=root)
+            done[name] = (frame.iloc[0], root / name)
+        return done[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name", planted_model_names())
-def test_the_verdict_gives_the_planted_answer(name, tmp_path):
-    frame = run_planted(load_study(ROOT / "studies" / "planted.yaml"), names=[name], results=tmp_path)
-    row = frame.iloc[0]
+def test_the_verdict_gives_the_planted_answer(name, planted_run):
+    row, folder = planted_run(name)
     assert row.answer in PLANTED_MODELS[name].expected, row.headline
-    verdict = json.loads((tmp_path / name / "verdict.json").read_text())
+    verdict = json.loads((folder / "verdict.json").read_text())
     if row.answer == "undecidable":
         assert verdict["undecidable"] and verdict["undecidable"] in verdict["headline"]
     if name == "uniform-attention":  # attention is constant: its own check fails, so it cannot carry anything
@@ -54,3 +69,15 @@ def test_probe_planted_writes_the_table_and_fails_on_a_wrong_answer(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "probe", "planted", "--only", "nosuch"], capture_output=True,
                          text=True, cwd=ROOT)
     assert bad.returncode != 0 and "unknown planted model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_verdict_is_calibrated_over_200_statistics_seeds(planted_run):
+    """The verdict recomputed from the stored tables at 200 statistics seeds (no model reruns): on 72
+    heads whose attention knows nothing of the causal token, a "yes" or "heads only" at no more than
+    5% of the seeds; with one planted head among them, that head named, alone, at 95% of them at least."""
+    from probe.study.calibration import calibration_summary, folder_calibration
+
+    null = calibration_summary(folder_calibration(planted_run("position-heads")[1], seeds=range(200)))
+    assert null["seeds"] == 200 and null["positive"] <= 0.05 and null["rule1_any"] <= 0.05, null
+    sparse = calibration_summary(folder_calibration(planted_run("one-head")[1], seeds=range(200)), ["attention L5.H7"])
+    assert sparse["exactly_expected"] >= 0.95 and sparse["answers"]["heads only"] >= 0.95, sparse

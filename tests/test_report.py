@@ -129,7 +129,15 @@ def test_markdown_and_figures_next_to_it(report):
 def test_csv_tables_are_readable_with_the_right_columns(report, result):
     tables = {p.stem: pd.read_csv(p) for p in report.tables}
     assert set(tables) == {"agreement_by_layer", "baselines_and_ceiling", "erasure_aopc", "erasure_curves",
-                           "counterfactual", "heads", "sanity"}
+                           "counterfactual", "heads", "sanity", "sanity_units", "verdict_units"}
+    # rule 1's p-values per unit, as paired.parquet holds them; each bottom-up unit's own randomisation check
+    units = tables["verdict_units"]
+    paired = pd.read_parquet(result / "paired.parquet")
+    assert list(units.unit) == list(paired.unit) and np.allclose(units.p_family, paired.p_family)
+    assert ((units.p_family >= units.p_chance - 1e-12) & (units.p_chance > 0)).all()
+    own = tables["sanity_units"]
+    assert {"method", "layer", "head", "status"} <= set(own) and (own.layer >= 0).all()
+    assert {"attention_mean", "rollout"} <= set(own.method)
     by_layer = tables["agreement_by_layer"]
     assert {"explainer", "layer", "reference", "measure", "n", "mean", "ci_low", "ci_high", "sig_frac"} <= set(by_layer)
     assert set(by_layer.reference) == {"loo_delete", "loo_mask"} and "attention" not in set(by_layer.explainer)
@@ -247,7 +255,8 @@ def test_sections_without_their_tables_say_so(result, tmp_path):
         assert f"{what} not part of this study." in body and "<img" not in body
     heads = html.split('<section id="heads">')[1].split("</section>")[0]
     assert "Head ablation is not part of this study." in heads
-    assert {p.stem for p in files.tables} == {"agreement_by_layer", "baselines_and_ceiling", "heads", "sanity"}
+    assert {p.stem for p in files.tables} == {"agreement_by_layer", "baselines_and_ceiling", "heads", "sanity",
+                                              "sanity_units", "verdict_units"}
     assert "mean_abs_ablation_change" not in pd.read_csv(folder / "report" / "tables" / "heads.csv").columns
     assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "heads", "randomisation"}
 

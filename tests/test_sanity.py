@@ -228,3 +228,35 @@ def test_randomisation_on_the_builtin_llama(builtin_cache):
     checks = {c.method: c for c in S.randomisation(pm, examples, scorers, fractions=(0.5,))}
     assert checks["input_x_gradient"].status == "pass" and checks["input_x_gradient"].value < 0.5
     assert checks["position"].status == "fail"
+
+
+def test_each_unit_of_a_bottom_up_method_is_asked_about_the_weights_it_is_computed_from(loaded):
+    """Per-unit randomisation (issue 40 item 5): attention_mean's units depend on the weights and pass;
+    a per-layer 'method' whose scores are the positions (no weight makes them) stays put while the
+    reference moves: every one of its units fails, alone (the method itself is not marked unreliable,
+    its units are); two methods with identical rankings get identical answers; the model comes back."""
+    from probe.methods import run_method
+
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    before = {k: v.clone() for k, v in pm.model.state_dict().items()}
+    n_layers = pm.contract.n_layers
+    attention = lambda pm, ex: run_method(pm, ex, "attention_mean").scores  # noqa: E731
+    positional = lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32).repeat(n_layers, 1)  # noqa: E731
+                                 for e in ex]
+    reference = ("loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
+    checks = S.unit_randomisation(pm, examples, {"attention_mean": attention, "twin": attention, "positional": positional},
+                                  seed=0, reference=reference)
+    by = {(c.method, c.layer): c for c in checks if c.unit is not None}
+    ref = [c for c in checks if c.method == "loo_delete"]
+    assert ref and ref[0].status == "pass" and ref[0].value < S.RANDOMISATION_LIMIT
+    for layer in range(n_layers):
+        assert by[("positional", layer)].status == "fail" and by[("positional", layer)].value == pytest.approx(1.0)
+        assert by[("attention_mean", layer)].status == "pass"
+        assert by[("twin", layer)].status == by[("attention_mean", layer)].status
+        assert by[("twin", layer)].value == by[("attention_mean", layer)].value
+        assert f"layers 0..{layer}" in by[("attention_mean", layer)].detail
+    assert S.failed_methods(checks) == {}
+    assert set(S.failed_units(checks)) == {("positional", layer, -1) for layer in range(n_layers)}
+    for name, value in pm.model.state_dict().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)

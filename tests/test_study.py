@@ -18,6 +18,7 @@ import scipy.stats
 from tolerances import fp_close, fp_tol, model_depth
 
 from probe.errors import InputError, ProbeError
+from probe.metrics.statistics import wilcoxon_method
 from probe.names import TABLES
 from probe.spec.study import study_from_dict
 from probe.study.runner import run_study
@@ -350,14 +351,17 @@ def test_cli_overrides_n_and_dataset_and_reports_a_verdict(tiny_dirs, tiny_data,
     study["metrics"]["heads"] = None
     path.write_text(yaml.safe_dump(study))
     out = tmp_path / "cli"
-    proc = _cli("run", str(path), "--n", "7", "--dataset", str(other), "--out", str(out), "--no-progress")
+    proc = _cli("run", str(path), "--n", "11", "--dataset", str(other), "--out", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split(":")[0] in ("YES", "NO", "HEADS ONLY") and str(out) in proc.stdout
     examples = pd.read_parquet(out / "examples.parquet")
     texts = set(pd.read_csv(other).text)
-    assert len(examples) == 7 and set(examples.text) <= texts
+    assert len(examples) == 11 and set(examples.text) <= texts
     recorded = json.loads((out / "study.json").read_text())["study"]
-    assert recorded["dataset"]["n"] == 7 and recorded["dataset"]["name"] == str(other)
+    assert recorded["dataset"]["n"] == 11 and recorded["dataset"]["name"] == str(other)
+    # fewer examples than any answer may rest on: undecidable, and it says why (DESIGN rule 16)
+    few = _cli("run", str(path), "--n", "7", "--dataset", str(other), "--out", str(tmp_path / "few"), "--no-progress")
+    assert few.returncode == 0 and few.stdout.startswith("UNDECIDABLE") and "at least 10 needed" in few.stdout
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -451,8 +455,33 @@ def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
     diff = (x - y).dropna()
     row = paired[(paired.explainer == "attention_mean") & (paired.layer == 1)]
     assert row.diff_vs_gradient.item() == pytest.approx(diff.mean())
-    assert row.wilcoxon_p.item() == pytest.approx(scipy.stats.wilcoxon(diff.to_numpy()).pvalue)
-    assert row.tracks.item() == (row.above_random.item() and not (diff.mean() < 0 and row.wilcoxon_p.item() <= 0.05))
+    method = wilcoxon_method(diff.to_numpy())
+    assert row.wilcoxon_p.item() == pytest.approx(scipy.stats.wilcoxon(diff.to_numpy(), method=method).pvalue)
+    assert row.above_chance.item() == (row.p_family.item() <= 0.05)
+    assert row.tracks.item() == (row.above_chance.item() and not (diff.mean() < 0 and row.wilcoxon_p.item() <= 0.05))
+
+
+def test_rule_1_is_rebuilt_from_the_stored_tables_exactly(full_run):
+    """chance.parquet: every attention unit's observed statistic is the summary's mean (the permutation
+    engine rebuilt each comparison from scores.parquet as agreement_rows did), its p-values lie in
+    [1/(B+1), 1] and the family-wise one is never below the raw one."""
+    study, result, out = full_run
+    chance = pd.read_parquet(out / "chance.parquet")
+    summary = pd.read_parquet(out / "summary.parquet")
+    verdict = json.loads((out / "verdict.json").read_text())
+    units = chance[chance.family != "ceiling"]
+    assert len(units) and set(units.family) <= {"attention weights", "attention-derived", "context mixing",
+                                                 "attention x gradient"}
+    s = summary[(summary.role == "explainer") & (summary.reference == verdict["reference"])
+                & (summary.measure == verdict["measure"])]
+    merged = units.merge(s, on=["explainer", "layer", "head"])
+    assert len(merged) == len(units)
+    assert np.allclose(merged.observed, merged["mean"], atol=1e-9) and (merged.n_x == merged.n_y).all()
+    b = study.statistics.permutations
+    assert (units.p_chance >= 1 / (b + 1) - 1e-12).all() and (units.p_chance <= 1).all()
+    assert (units.p_family >= units.p_chance - 1e-12).all()
+    ceilings = chance[chance.family == "ceiling"]
+    assert len(ceilings) and verdict["ceiling"]["p_chance"] in set(ceilings.p_chance)
 
 
 @pytest.mark.parametrize("table", ["counterfactual", "heads"])

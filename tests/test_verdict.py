@@ -10,7 +10,7 @@ import pytest
 
 from probe.spec.study import study_from_dict
 from probe.study import decide
-from probe.study.summary import summary_table, verdict
+from probe.study.summary import summary_table, verdict, verdict_family
 
 N = 20
 
@@ -37,6 +37,30 @@ def _agreement(means: dict[tuple[str, str, str], float], seed: int = 0) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def _chance(summary: pd.DataFrame) -> pd.DataFrame:
+    """Rule 1's tests as the permutation engine would give them on these synthetic tables, which hold
+    no token scores to permute: a unit (or a ceiling pair) with a mean above 0.2 is far above chance
+    (p = 0.001), any other is not (p = 0.5). probe.metrics.nulls is tested on its own
+    (tests/test_chance.py)."""
+    from probe.study.chance import CHANCE_COLUMNS
+
+    if not len(summary):
+        return pd.DataFrame(columns=CHANCE_COLUMNS)
+    rows = summary[(summary.reference == "loo_delete") | (summary.role == "ceiling")]
+    rows = rows[[r == "ceiling" or verdict_family(e) is not None for r, e in zip(rows.role, rows.explainer)]]
+    rows = rows.drop_duplicates(["role", "explainer", "reference", "layer", "head"])
+    p = np.where(rows["mean"] > 0.2, 0.001, 0.5)
+    return pd.DataFrame({"family": ["ceiling" if r == "ceiling" else verdict_family(e) for r, e in
+                                    zip(rows.role, rows.explainer)],
+                         "explainer": rows.explainer, "reference": rows.reference, "layer": rows.layer,
+                         "head": rows["head"], "n": rows.n, "observed": rows["mean"], "chance_mean": 0.0,
+                         "chance_high": 0.2, "p_chance": p, "p_family": p})
+
+
+def _verdict(agreement, summary, study, name, **kw):
+    return verdict(agreement, summary, study, name, chance=_chance(summary), **kw)
+
+
 GOOD = {("explainer", "attention_mean", "loo_delete"): 0.6, ("explainer", "rollout", "loo_delete"): 0.1,
         ("explainer", "alti", "loo_delete"): 0.6, ("explainer", "saliency", "loo_delete"): 0.5,
         ("explainer", "input_x_gradient", "loo_delete"): 0.55, ("baseline", "random", "loo_delete"): 0.0,
@@ -46,7 +70,7 @@ GOOD = {("explainer", "attention_mean", "loo_delete"): 0.6, ("explainer", "rollo
 def _run(means=GOOD, unreliable=None, profile=None, **statistics):
     study = _study(**statistics)
     agreement = _agreement(means)
-    return verdict(agreement, summary_table(agreement, study), study, "m", unreliable=unreliable, profile=profile)[0]
+    return _verdict(agreement, summary_table(agreement, study), study, "m", unreliable=unreliable, profile=profile)[0]
 
 
 def test_families_are_answered_separately_and_the_headline_is_the_attention_weights():
@@ -78,7 +102,7 @@ def test_the_gradient_bar_says_which_method_it_is_and_why_others_were_excluded()
 def test_references_that_do_not_agree_above_random_are_undecidable():
     means = {**GOOD, ("ceiling", "loo_mask", "loo_delete"): 0.0}
     v = _run(means)
-    assert v["answer"] == "undecidable" and "do not agree with each other above random" in v["undecidable"]
+    assert v["answer"] == "undecidable" and "do not agree with each other above chance" in v["undecidable"]
     assert v["headline"].startswith("On m, whether attention tracks causal importance cannot be decided")
 
 
@@ -100,7 +124,7 @@ def test_too_few_examples_are_undecidable():
     study = _study()
     agreement = _agreement(GOOD)
     few = agreement[agreement.example < decide.MIN_EXAMPLES - 1]
-    v = verdict(few, summary_table(few, study), study, "m")[0]
+    v = _verdict(few, summary_table(few, study), study, "m")[0]
     assert v["answer"] == "undecidable" and "too few scored examples" in v["undecidable"]
 
 
@@ -154,7 +178,7 @@ def test_measure_is_validated():
 def test_nothing_compared_at_all_is_undecidable_not_an_error():
     study = _study()
     empty = _agreement(GOOD).iloc[0:0]
-    v = verdict(empty, summary_table(empty, study), study, "m", profile=_profile(max_abs=0.0, all_zero=True))[0]
+    v = _verdict(empty, summary_table(empty, study), study, "m", profile=_profile(max_abs=0.0, all_zero=True))[0]
     assert v["answer"] == "undecidable" and v["families"] == {} and v["best_gradient"] is None
 
 
@@ -166,9 +190,9 @@ def test_the_verdict_is_whole_when_built_and_its_table_has_a_row_per_family():
     agreement = _agreement(GOOD)
     check = Check(method="rollout", check="randomisation", status="fail", value=0.99, detail="unchanged")
     groups = [{"description": "attention_mean L0 = alti L0", "units": ["attention_mean L0", "alti L0"]}]
-    v, _ = verdict(agreement, summary_table(agreement, study), study, "m", unreliable={"rollout": ["randomisation"]},
+    v, _ = _verdict(agreement, summary_table(agreement, study), study, "m", unreliable={"rollout": ["randomisation"]},
                    sanity=[check], redundant=groups)
-    assert list(v)[-4:] == ["headline", "sanity", "unreliable", "redundant"]
+    assert list(v)[-5:] == ["headline", "sanity", "unreliable", "unreliable_units", "redundant"]
     assert v["sanity"] == [check.to_dict()] and v["redundant"] == groups
     assert v["headline"].endswith("rollout (randomisation). Identical rankings: attention_mean L0 = alti L0.")
     decided = Verdict.from_dict(v)
@@ -193,11 +217,39 @@ def test_a_signed_mixing_matrix_that_ranks_tokens_in_reverse_is_named_never_coun
     study = _study()
     agreement = _agreement(means)
     summary = summary_table(agreement, study)
-    mixer = verdict(agreement, summary, study, "m", mixing="its mixing matrix (implicit attention)")[0]
+    mixer = _verdict(agreement, summary, study, "m", mixing="its mixing matrix (implicit attention)")[0]
     assert mixer["families"]["attention weights"]["answer"] == "no"
     assert mixer["headline"].startswith("On m, its mixing matrix (implicit attention) does not track")
     (warning,) = [w for w in mixer["warnings"] if "reverse" in w]
     assert "1 unit(s)" in warning and "attention_mean L0 -0.5" in warning
-    softmax = verdict(agreement, summary, study, "m")[0]
+    softmax = _verdict(agreement, summary, study, "m")[0]
     assert not [w for w in softmax["warnings"] if "reverse" in w]
     assert softmax["headline"].startswith("On m, attention does not track")
+
+
+def test_a_unit_that_failed_its_own_check_never_tracks_and_only_that_unit():
+    study = _study()
+    agreement = _agreement(GOOD)
+    v = _verdict(agreement, summary_table(agreement, study), study, "m",
+                 unreliable_units={("attention_mean", 0, -1): ["randomisation"]})[0]
+    assert v["families"]["attention weights"]["answer"] == "no"
+    assert v["families"]["context mixing"]["answer"] == "yes"  # alti L0, the same layer, is not touched
+    assert v["unreliable_units"] == {"attention_mean L0": ["randomisation"]} and v["unreliable"] == {}
+    assert "Failed randomisation as units" in v["headline"] and "attention_mean L0" in v["headline"]
+
+
+def test_rule_1_is_the_family_wise_p_value_never_the_random_ranking():
+    """A unit far above a random ranking that happened to score 0 everywhere (its CI [0, 0]) does not
+    pass when its own permutation test says chance; one below that line passes when its test says so."""
+    study = _study()
+    agreement = _agreement(GOOD)
+    summary = summary_table(agreement, study)
+    chance = _chance(summary)
+    chance.loc[chance.explainer == "attention_mean", ["p_chance", "p_family"]] = [0.01, 0.2]
+    v = verdict(agreement, summary, study, "m", chance=chance)[0]
+    assert v["families"]["attention weights"]["answer"] == "no" and not v["best_layers"][0]["tracks"]
+    assert v["best_layers"][0]["p_family"] == 0.2
+    chance.loc[chance.explainer == "attention_mean", ["p_chance", "p_family"]] = [0.001, 0.01]
+    assert verdict(agreement, summary, study, "m", chance=chance)[0]["answer"] == "yes"
+    with pytest.raises(ValueError, match="chance tests"):
+        verdict(agreement, summary, study, "m")

@@ -32,7 +32,16 @@ copy-lm                     causal_lm       GPT-2 (1 layer): the next token copi
                                             prompt; the last position's attention concentrates on it
 copy-seq2seq                seq2seq         T5 (1+1 layers): the output is the marked source word, then EOS;      yes
                                             decoder cross-attention concentrates on it
+position-heads              classification  hand-wired BERT, 6 layers x 12 heads: every head's query and key read   no
+                                            the position embeddings only (moving zz changes no weight); zz, once
+                                            per text, decides through the last layer's values
+one-head                    classification  position-heads with head L5.H7 wired onto zz (over 90% of its          heads only
+                                            attention), the other 71 heads positional
 ==========================  ==============  ==================================================================  ==================
+
+The last two are the verdict's calibration pair: over many statistics seeds the null's heads must pass
+the test against chance at no more than alpha of them, and the planted head alone must be named
+(:mod:`probe.study.calibration`).
 
 ``materialize_planted(name)`` builds a folder once under ``<cache>/planted/<name>-v<recipe_version>``
 (a temporary folder renamed into place, under the built-ins' lock) and reuses it afterwards.
@@ -85,6 +94,7 @@ class PlantedModel:
     expected: tuple[str, ...]  # the verdict answer(s) probe must give, from ANSWERS
     why: str  # why that answer is the right one
     recipe_version: int = 1
+    tracking: tuple[str, ...] = ()  # the units planted to track, where the truth names them
 
 
 PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
@@ -169,6 +179,25 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
         "largest effect.",
         ("yes",),
         "the source token the output copies is the token cross-attention concentrates on",
+    ),
+    PlantedModel(
+        "position-heads", "classification",
+        "hand-wired BERT with 6 layers x 12 heads (72 heads): every head's query and key read the position "
+        "embeddings only, so its [CLS] attention depends on positions alone (moving zz changes no weight); each "
+        "text holds zz once, at a random place, and only the last layer's values read it: deleting zz is the "
+        "largest effect on every text. Nothing in any head's attention knows where zz is.",
+        ("no",),
+        "72 heads that carry no information about the causal token: none may pass the chance test, at any seed",
+    ),
+    PlantedModel(
+        "one-head", "classification",
+        "position-heads with one exception: head L5.H7's query reads 'is [CLS]' and its key reads the "
+        "trigger, so it puts over 90% of its attention on zz wherever it stands; the other 71 heads are "
+        "positional as in position-heads (the 11 others of layer 5 share one sharp pattern, so that layer's head "
+        "mean peaks on a position, not on zz).",
+        ("heads only",),
+        "one head among 72 carries the causal token: exactly that head tracks, and no layer mean",
+        tracking=("attention L5.H7",),
     ),
 )}
 
@@ -781,6 +810,151 @@ def _kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
     return (concordant - discordant) / denominator if denominator else float("nan")
 
 
+# ---------------------------------------------------------------------- position-heads, one-head
+
+#: 6 layers x 12 heads (72 heads), as the verdict's calibration needs many units
+MANY_LAYERS, MANY_HEADS, MANY_HEAD_DIM = 6, 12, 4
+#: z = [signal, trigger, is CLS, 6 word dims, word filler | 13 position dims, position filler]
+_Z_WORD, _Z_POSITION = 10, 14
+_WORD_NORM2, _POSITION_NORM2 = 4.0, 20.0  # |word part|^2 + |position part|^2 = 24 = hidden / 2
+POSITION_SCORE_STD = 2.0  # the spread of a position head's [CLS] scores over the keys
+#: one-head: the planted layer's other heads share one pattern, sharper, so their mean has a clear positional
+#: peak that the planted head's 1/12 share on zz does not outweigh: the layer mean stays positional
+LAST_LAYER_SHARPNESS, LAST_LAYER_SPREAD = 2.0, 0.3
+PLANTED_HEAD = (MANY_LAYERS - 1, 7)  # one-head: the head whose key reads the trigger
+PLANTED_HEAD_SCORE = 8.0  # its [CLS] score on zz (0 elsewhere): about all of its attention
+SIGNAL_GAIN, POOL_GAIN, POSITION_LOGIT_GAIN, POSITION_LOGIT_BIAS = 1.0, 1.0, 4.0, 0.1
+
+
+def _build_position_heads():
+    return _many_heads(planted_head=False)
+
+
+def _build_one_head():
+    return _many_heads(planted_head=True)
+
+
+def _many_heads(planted_head: bool):
+    """6 layers x 12 heads, hidden 48, hand-wired (no training). Every embedding is ``[z, -z]`` (mean 0)
+    with ``|z|^2 = 24`` (variance 1): the word embedding fills z's word part and the position embedding
+    its position part, each to a fixed norm, so every LayerNorm is the identity on them. Every head's
+    query and key read the position part only (random weights, seeded): its [CLS] row depends on the
+    positions alone, never on which word stands where. Layers 0-4 write nothing (value, output and FFN
+    weights zero), so every layer's input is the embeddings and every head's attention is exactly
+    positional. In the last layer every head's value reads the trigger coordinate (1 for zz, 0 for any
+    other token) and the output adds the summed attention on zz, s, to the [CLS] signal coordinate;
+    the pooler and classifier rise with it, class 1 is predicted on every text (each holds zz once),
+    and deleting zz removes s. With ``planted_head`` (one-head) the last layer's head 7 is the
+    exception: its query reads "is CLS" and its key the trigger coordinate, so it puts almost all of
+    its attention on zz, wherever zz stands; the layer's other 11 heads share one sharper positional
+    pattern, so the layer's head mean peaks on a position, not on zz."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    tokenizer = _tokenizer("bert")
+    vocab = tokenizer.get_vocab()
+    generator = torch.Generator().manual_seed(SEED + 11)
+    settings = ClassifierTraining(hidden=2 * (_Z_WORD + _Z_POSITION), heads=MANY_HEADS, layers=MANY_LAYERS)
+    config = _bert_config(settings, len(tokenizer))
+    config.id2label, config.label2id = {0: "low", 1: "high"}, {"low": 0, "high": 1}
+    model = BertForSequenceClassification(config)
+    d = _Z_WORD + _Z_POSITION
+
+    def fill(vector: torch.Tensor, norm2: float) -> torch.Tensor:  # last entry tops the norm up
+        vector = vector.clone()
+        vector[-1] = 0.0
+        vector[:-1] *= min(1.0, math.sqrt(0.75 * norm2) / max(float(vector[:-1].norm()), 1e-9))
+        vector[-1] = math.sqrt(norm2 - float(vector[:-1].pow(2).sum()))
+        return vector
+
+    word = torch.zeros(len(tokenizer), _Z_WORD)  # [vocab, word part]
+    for token, index in vocab.items():
+        part = torch.zeros(_Z_WORD)
+        part[3:9] = torch.randn(6, generator=generator) * 0.5
+        part[1] = 1.0 if token == TRIGGER else 0.0
+        part[2] = 1.0 if token == "[CLS]" else 0.0
+        part[-1] = 0.0
+        word[index] = fill(part, _WORD_NORM2)
+    position = torch.stack([fill(torch.cat([torch.randn(_Z_POSITION - 1, generator=generator), torch.zeros(1)]),
+                                 _POSITION_NORM2) for _ in range(MAX_POSITIONS)])  # [position, position part]
+    heads = MANY_HEADS * MANY_HEAD_DIM
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in _layer_norms(model):
+            norm.weight.fill_(1.0)
+        emb = model.bert.embeddings
+        z_word = torch.cat([word, torch.zeros(len(tokenizer), _Z_POSITION)], dim=1)
+        z_position = torch.cat([torch.zeros(MAX_POSITIONS, _Z_WORD), position], dim=1)
+        emb.word_embeddings.weight.copy_(torch.cat([z_word, -z_word], dim=1))
+        emb.position_embeddings.weight.copy_(torch.cat([z_position, -z_position], dim=1))
+        scale = POSITION_SCORE_STD * math.sqrt(math.sqrt(MANY_HEAD_DIM) / _POSITION_NORM2)  # score std ~ the target
+        for index, layer in enumerate(model.bert.encoder.layer):
+            attention = layer.attention.self
+            for weight in (attention.query.weight, attention.key.weight):
+                draw = torch.randn(heads, _Z_POSITION, generator=generator)
+                if planted_head and index == MANY_LAYERS - 1:  # the other heads share one sharp positional pattern
+                    common = torch.randn(MANY_HEAD_DIM, _Z_POSITION, generator=generator).repeat(MANY_HEADS, 1)
+                    draw = LAST_LAYER_SHARPNESS * (common + LAST_LAYER_SPREAD * draw)
+                weight[:, _Z_WORD:d] = draw * scale / math.sqrt(_Z_POSITION)
+        last = model.bert.encoder.layer[-1]
+        for h in range(MANY_HEADS):
+            last.attention.self.value.weight[h * MANY_HEAD_DIM, 1] = 1.0  # every head's value: the trigger coordinate
+            last.attention.output.dense.weight[0, h * MANY_HEAD_DIM] = SIGNAL_GAIN  # zero-mean write of s
+            last.attention.output.dense.weight[d, h * MANY_HEAD_DIM] = -SIGNAL_GAIN
+        if planted_head:
+            _, h = PLANTED_HEAD
+            rows = slice(h * MANY_HEAD_DIM, (h + 1) * MANY_HEAD_DIM)
+            last.attention.self.query.weight[rows] = 0.0
+            last.attention.self.key.weight[rows] = 0.0
+            last.attention.self.query.weight[h * MANY_HEAD_DIM, 2] = PLANTED_HEAD_SCORE * math.sqrt(MANY_HEAD_DIM)
+            last.attention.self.key.weight[h * MANY_HEAD_DIM, 1] = 1.0
+        model.bert.pooler.dense.weight[0, 0] = POOL_GAIN
+        model.classifier.weight[1, 0] = POSITION_LOGIT_GAIN
+        model.classifier.bias[1] = POSITION_LOGIT_BIAS
+    model.eval()
+
+    name = "one-head" if planted_head else "position-heads"
+    m = measure_classifier(model, tokenizer, study_texts(name))
+    facts = _classifier_facts(m)
+    swaps = _trigger_swap_change(model, tokenizer, m.texts)
+    facts.update({"predicted_class_1_share": _share([c == 1 for c in m.predicted]), **swaps})
+    if planted_head:
+        layer, h = PLANTED_HEAD
+        on_trigger = [float(m.attention[i][layer, h, 0, 1:-1][w.index(TRIGGER)]) for i, w in enumerate(m.words)]
+        facts["planted_head_attention_on_trigger_min"] = min(on_trigger)
+        _require(min(on_trigger) > 0.9, name, f"the planted head puts only {min(on_trigger):.3f} on zz somewhere")
+    else:
+        _require(swaps["position_heads_max_change_when_zz_moves"] < 1e-5, name,
+                 f"moving zz changes a head's attention by {swaps['position_heads_max_change_when_zz_moves']:.1e}")
+    _require(facts["top_loo_is_trigger"] == 1.0, name, f"deleting zz is the largest effect on {facts['top_loo_is_trigger']}")
+    _require(facts["predicted_class_1_share"] == 1.0, name, "class 0 predicted somewhere")
+    return model, tokenizer, {"training": None, "construction": _many_heads.__doc__.strip(), "facts": facts}
+
+
+def _trigger_swap_change(model, tokenizer, texts: Sequence[PlantedText]) -> dict[str, float]:
+    """The largest change of any position head's [CLS] row when zz trades places with another word
+    (a plain eager forward of both texts): 0 up to rounding where attention depends on positions only."""
+    import torch
+
+    worst = 0.0
+    for text in texts[:16]:
+        words = text.text.split()
+        t = words.index(TRIGGER)
+        other = (t + 1) % len(words)
+        swapped = list(words)
+        swapped[t], swapped[other] = swapped[other], swapped[t]
+        rows = [_ids(tokenizer, " ".join(w)) for w in (words, swapped)]
+        ids, mask = _pad(rows)
+        with torch.no_grad():
+            attentions = torch.stack(model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions, 1)
+        cls = attentions[:, :, :, 0, :]  # [2, layer, head, key]
+        keep = torch.ones(MANY_LAYERS, MANY_HEADS, dtype=torch.bool)
+        keep[PLANTED_HEAD] = False
+        worst = max(worst, float((cls[0] - cls[1]).abs()[keep].max()))
+    return {"position_heads_max_change_when_zz_moves": worst}
+
+
 # ----------------------------------------------------------------------------------------- copy-lm
 
 
@@ -1003,4 +1177,6 @@ _BUILDERS: dict[str, Callable[[], tuple[Any, Any, dict[str, Any]]]] = {
     "randomised": _build_randomised,
     "copy-lm": _build_copy_lm,
     "copy-seq2seq": _build_copy_seq2seq,
+    "position-heads": _build_position_heads,
+    "one-head": _build_one_head,
 }

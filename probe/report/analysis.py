@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from probe.metrics.statistics import bootstrap_ci
-from probe.names import describe_group
+from probe.names import describe_group, unit_name
 from probe.names import method_family as family
 from probe.plots import Band
 from probe.report.lines import (
@@ -19,14 +19,6 @@ from probe.report.lines import (
     summary_layer_lines,
 )
 from probe.report.results import StudyResult
-
-
-def unit_name(explainer: str, layer: int, head: int) -> str:
-    if head >= 0:
-        return f"{explainer} L{layer}.H{head}"
-    if layer >= 0:
-        return f"{explainer} L{layer}"
-    return str(explainer)
 
 
 def redundant_units(r: StudyResult) -> dict[str, list[str]]:
@@ -60,7 +52,8 @@ def agreement_by_layer(r: StudyResult) -> pd.DataFrame:
     out = out.assign(_e=out["explainer"].map(order), _r=out["reference"].map(refs).fillna(99))
     out = out.sort_values(["measure", "_r", "_e", "layer"]).drop(columns=["_e", "_r"])
     if r.paired is not None and len(r.paired):
-        tracks = r.paired[r.paired["head"] < 0][["explainer", "layer", "tracks"]]
+        keep = [c for c in ("explainer", "layer", "p_family", "tracks") if c in r.paired.columns]
+        tracks = r.paired[r.paired["head"] < 0][keep]
         tracks = tracks.assign(reference=r.reference, measure=r.measure)
         out = out.merge(tracks, on=["explainer", "layer", "reference", "measure"], how="left")
     groups = redundant_units(r)

@@ -129,7 +129,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
                   "The verdict comes when the run completes; everything below covers the finished batches only.")
     sections = []
     if r.complete:
-        sections.append(verdict_section(r))
+        sections.append(verdict_section(r, w))
     sections += [setup_section(r, w), agreement_section(r, w)]
     sections += [s for s in [steps_section(r, w)] if s is not None]
     sections += [_erasure_section(r, w), counterfactual_section(r, w), heads_section(r, w), tokens_section(r),

@@ -39,7 +39,7 @@ def _kv_map(r: StudyResult) -> list[int] | None:
     return list(kv) if kv and n_heads and n_kv and n_kv < n_heads else None
 
 
-def verdict_section(r: StudyResult) -> Section:
+def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
     v = r.verdict.data if r.verdict is not None else {}
     blocks = [Para(str(v.get("answer", "?")), "answer"), Para(str(v.get("headline", "")), "lead")]
     layer_units, head_units = v.get("layer_units") or {}, v.get("head_units") or {}
@@ -72,8 +72,10 @@ def verdict_section(r: StudyResult) -> Section:
                         f"({noise.get('below_effect_floor', 0)} examples below it: no token matters there)"
                         + (f"; {100 * noise['top2_share']:.0f}% of |effect| on each example's top two tokens"
                            if noise.get("top2_share") is not None else "")))
+    if v.get("chance_test"):
+        numbers.append(("rule 1 (above chance)", str(v["chance_test"])))
     numbers += [
-        ("random ranking (mean [CI])", stat_text(v.get("random"))),
+        ("random ranking (mean [CI]; one draw, shown, not deciding)", stat_text(v.get("random"))),
         ("best gradient", (f"{v['best_gradient']['explainer']}: {stat_text(v['best_gradient'])}" if v.get("best_gradient")
                            else "no gradient explainer in the study (rule 2 not applied)")),
         ("ceiling", (f"{' vs '.join(v['ceiling']['pair'])}: {stat_text(v['ceiling'])}" if v.get("ceiling")
@@ -91,13 +93,27 @@ def verdict_section(r: StudyResult) -> Section:
         for unit in v.get(key) or []:
             ci = unit.get("ci") or [np.nan, np.nan]
             rows.append({"group": title, "unit": unit.get("unit"), "mean": unit.get("mean"), "ci_low": ci[0],
-                         "ci_high": ci[1], "tracks": bool(unit.get("tracks"))})
+                         "ci_high": ci[1], "p_family": unit.get("p_family"), "tracks": bool(unit.get("tracks"))})
     if rows:
-        blocks.append(Table(pd.DataFrame(rows), caption="best and worst units against the verdict reference"))
+        blocks.append(Table(pd.DataFrame(rows), caption="best and worst units against the verdict reference "
+                                                        "(p_family: rule 1's permutation p-value, family-wise)"))
+    if w is not None and r.paired is not None and len(r.paired):
+        columns = [c for c in ("family", "unit", "n", "mean", "ci_low", "ci_high", "chance_mean", "chance_high",
+                               "p_chance", "p_family", "above_chance", "diff_vs_gradient", "wilcoxon_p",
+                               "below_gradient", "reliable", "tracks") if c in r.paired.columns]
+        csv = w.csv("verdict_units", r.paired[columns])
+        blocks.append(Para(f"Every attention unit's rule tests (raw and family-wise permutation p-values, the mean and "
+                           f"95th percentile of its chance distribution, the paired test against the gradient bar, "
+                           f"its checks): {csv}.", "note"))
     notes = []
     for method, checks in (v.get("unreliable") or {}).items():
         notes.append(f"{method} failed its sanity checks ({', '.join(checks)}): its units never track, and it is "
                      "neither the gradient bar nor part of a ceiling.")
+    failed_units = list(v.get("unreliable_units") or {})
+    if failed_units:
+        notes.append(f"{len(failed_units)} unit(s) failed their own randomisation check (their ranking stayed once the "
+                     f"weights they are computed from were re-initialised) and never track: {', '.join(failed_units[:10])}"
+                     + (f" and {len(failed_units) - 10} more" if len(failed_units) > 10 else "") + ".")
     for warning in v.get("warnings") or []:
         notes.append(f"warning: {warning}.")
     for unit in v.get("above_ceiling") or []:
@@ -330,7 +346,8 @@ def limitations_section(r: StudyResult) -> Section:
         f"Rank correlation over few tokens is noisy (median {median:.0f} scored tokens per example here): single "
         "examples say little, means over examples with their CIs say more.",
         f"The verdict rule's thresholds are conventions: {100 * r.spec.statistics.level:.0f}% CIs, "
-        f"alpha {r.spec.statistics.alpha}, uncorrected paired tests, the best gradient as the bar; other "
+        f"alpha {r.spec.statistics.alpha} family-wise for the test against chance, uncorrected paired tests "
+        "against the best gradient as the bar; other "
         "choices move units across the line.",
         f"The results are for this model ({r.model_id}), this data, this target and this tokenisation only.",
     ]

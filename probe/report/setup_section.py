@@ -4,6 +4,7 @@ the methods' sanity checks."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from probe.report import analysis as an
@@ -222,11 +223,20 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
     blocks = [Para("Sanity checks", "h3")]
     if not checks:
         return blocks + [Para("No explainer in this study has a check that applies.", "note")]
-    frame = pd.DataFrame([{k: c.get(k) for k in ("method", "check", "status", "value", "detail")} for c in checks])
+    whole = [c for c in checks if int(c.get("layer", -1) if c.get("layer") is not None else -1) < 0]
+    units = [c for c in checks if c not in whole]
+    frame = pd.DataFrame([{k: c.get(k) for k in ("method", "check", "status", "value", "detail")}
+                          for c in whole] + unit_rollup(units), columns=["method", "check", "status", "value", "detail"])
     blocks.append(Table(frame, caption="sanity checks of each method (fail: unreliable for this study, its units never "
-                                       "track; not informative: the check could not tell; not run: why)",
-                        csv=w.csv("sanity", frame)))
-    curves = {c["method"]: c["curve"] for c in checks if c.get("check") == "randomisation" and c.get("curve")}
+                                       "track; per unit: the units of a bottom-up method, each asked on its own, a "
+                                       "failed unit never tracks; not informative: the check could not tell; not run: "
+                                       "why)", csv=w.csv("sanity", frame)))
+    if units:
+        unit_frame = pd.DataFrame([{k: c.get(k) for k in ("method", "layer", "head", "check", "status", "value",
+                                                           "detail")} for c in units])
+        blocks.append(Para(f"Every unit's own randomisation check ({len(units)} units) is in "
+                           f"{w.csv('sanity_units', unit_frame)}.", "note"))
+    curves = {c["method"]: c["curve"] for c in whole if c.get("check") == "randomisation" and c.get("curve")}
     if curves:
         blocks.append(w.figure("randomisation", fg.randomisation_curves(curves, r.reference),
                                randomisation_caption(curves)))
@@ -241,6 +251,31 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
         table = r.table("convergence")
         blocks.append(w.figure("ig_convergence", fg.convergence_curves(table), convergence_caption(table)))
     return blocks
+
+
+def unit_rollup(units: list[dict]) -> list[dict]:
+    """One row per (method, check) of per-unit checks: how many units passed, failed or could not tell,
+    the range of their values, and the failed units by name."""
+    from probe.names import unit_name
+
+    rows = []
+    grouped: dict[tuple[str, str], list[dict]] = {}
+    for c in units:
+        grouped.setdefault((c["method"], c["check"]), []).append(c)
+    for (method, check), group in grouped.items():
+        counts: dict[str, int] = {}
+        for c in group:
+            counts[c["status"]] = counts.get(c["status"], 0) + 1
+        values = [float(c["value"]) for c in group if c.get("value") is not None]
+        failed = [unit_name(method, int(c["layer"]), int(c["head"])) for c in group if c["status"] == "fail"]
+        detail = (f"per unit, each asked about the weights it is computed from (the embeddings and its layers 0..l); "
+                  + (f"values {min(values):+.2f} to {max(values):+.2f}; " if values else "")
+                  + (f"failed: {', '.join(failed[:8])}" + (f" and {len(failed) - 8} more" if len(failed) > 8 else "")
+                     if failed else "no unit failed"))
+        rows.append({"method": method, "check": f"{check} (per unit)",
+                     "status": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                     "value": float(np.median(values)) if values else None, "detail": detail})
+    return rows
 
 
 def randomisation_caption(curves: dict[str, list]) -> str:

@@ -242,6 +242,9 @@ class StatisticsSpec(SpecModel):
     seed: Int = 0
     include_special: Bool = False
     reference: str | None = None
+    #: random rankings per example in the verdict's chance test (probe.metrics.nulls): rule 1's p-values
+    #: are resolved to 1 / (permutations + 1)
+    permutations: Annotated[Int, Field(ge=1000, le=100_000)] = 1000
     #: the verdict's measure: kendall_tau, spearman, topK (top-k agreement, K one of metrics.top_k),
     #: or auto (top-1 or top-k when the reference's effect sits on one or two tokens, else kendall_tau:
     #: probe.study.decide)

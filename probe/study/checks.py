@@ -78,10 +78,20 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
         ref_scorer = ((ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref))) if reference is not None
                       else None)
         top = _sample_top(study, reference, scored)
+        trained = {m: r.scores for m, r in results.items()}
+        # bottom-up methods (a layer's attention, rolled or decomposed up to it): one check per unit, asked
+        # about the weights that unit is computed from; the rest (gradients, attention x gradient): the
+        # cascade from the output head down, one check per method
+        bottom_up = [m for m in scorers if registry.method(m).bottom_up]
+        whole = [m for m in scorers if m not in bottom_up]
         try:
-            checks += S.randomisation(pm, examples, scorers, fractions=tuple(spec.fractions), seed=study.statistics.seed,
-                                      trained_scores={m: r.scores for m, r in results.items()}, reference=ref_scorer,
-                                      scored=scored, top=top)
+            if bottom_up:
+                checks += S.unit_randomisation(pm, examples, {m: scorers[m] for m in bottom_up}, seed=study.statistics.seed,
+                                               trained_scores=trained, reference=ref_scorer, scored=scored, top=top)
+            if whole:
+                checks += S.randomisation(pm, examples, {m: scorers[m] for m in whole}, fractions=tuple(spec.fractions),
+                                          seed=study.statistics.seed, trained_scores=trained, reference=ref_scorer,
+                                          scored=scored, top=top)
         except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
             checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks
@@ -109,8 +119,9 @@ def _sample_top(study: Study, reference, scored) -> int | None:
 
 
 def sanity_table(checks) -> pd.DataFrame:
+    """One row per check: ``layer`` and ``head`` name the unit of a per-unit check (-1: the whole method)."""
     return pd.DataFrame([{**c.to_dict(), "curve": repr([list(p) for p in c.curve])} for c in checks],
-                        columns=["method", "check", "status", "value", "detail", "curve"])
+                        columns=["method", "check", "status", "value", "detail", "curve", "layer", "head"])
 
 
 # --------------------------------------------------------------------------- left out

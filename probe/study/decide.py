@@ -42,7 +42,7 @@ from probe.names import method_family
 NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
 CONCENTRATED = 0.8  # share of the reference's |effect| on the top 1 (or 2) tokens that makes it sparse
 EFFECT_SHARE = 0.01  # an example's largest |effect| below this share of the study's 90th percentile: no effect
-MIN_EXAMPLES = 5  # fewer scored examples than this and no CI means anything
+MIN_EXAMPLES = 10  # fewer scored examples than this and no answer rests on them (DESIGN rule 16; claims: MIN_EVIDENCE)
 
 EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.float32).eps),
        "bf16": 2.0 ** -7, "bfloat16": 2.0 ** -7, "fp16": float(np.finfo(np.float16).eps),
@@ -178,8 +178,10 @@ def concentration_warning(measure: str, profile: ReferenceProfile | None) -> str
 
 
 def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling: dict | None,
-                       random: dict | None) -> str | None:
-    """Why nothing can be decided about the verdict reference, or None."""
+                       alpha: float = 0.05) -> str | None:
+    """Why nothing can be decided about the verdict reference, or None. ``ceiling``: the verdict's
+    ceiling (``{"pair", "mean", "ci", "p_chance"}``): references whose best agreement is not above
+    chance (its permutation p-value above ``alpha``) give no ranking to track."""
     if profile is not None:
         if profile.n_examples == 0 or profile.all_zero:
             return (f"the output does not depend on the input: no perturbation ({profile.method}) changed the target "
@@ -189,11 +191,9 @@ def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling:
                     f"{profile.max_abs:.1e}, the floor {profile.floor_text()}")
     if n_scored < MIN_EXAMPLES:
         return f"too few scored examples: {n_scored} compared with the reference, at least {MIN_EXAMPLES} needed"
-    if ceiling is not None and random is not None:
-        low, high = ceiling["ci"][0], random["ci"][1]
-        if np.isfinite(low) and np.isfinite(high) and low <= high:
-            a, b = ceiling["pair"]
-            return (f"the references do not agree with each other above random: the best ceiling ({a} vs {b}) is "
-                    f"{ceiling['mean']:+.3f} [{low:+.3f}, {ceiling['ci'][1]:+.3f}], random reaches {high:+.3f}: "
-                    "there is no causal ranking stable enough to track")
+    if ceiling is not None and ceiling.get("p_chance") is not None and ceiling["p_chance"] > alpha:
+        a, b = ceiling["pair"]
+        return (f"the references do not agree with each other above chance: the best ceiling ({a} vs {b}) is "
+                f"{ceiling['mean']:+.3f} [{ceiling['ci'][0]:+.3f}, {ceiling['ci'][1]:+.3f}], permutation p = "
+                f"{ceiling['p_chance']:.3f} > alpha {alpha}: there is no causal ranking stable enough to track")
     return None

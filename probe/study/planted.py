@@ -56,8 +56,12 @@ def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, s
 
 
 def run_planted(template: Study, *, names: Sequence[str] | None = None, results: Path, n: int | None = None,
-                log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Run ``template`` on every planted model (or ``names``); one row per model."""
+                calibrate: int = 0, log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Run ``template`` on every planted model (or ``names``); one row per model. With ``calibrate``,
+    each verdict is recomputed from its tables at that many statistics seeds
+    (:func:`probe.study.calibration.folder_calibration`): the row gains the share of seeds giving each
+    answer (``seeds_yes``, ``seeds_heads_only``, ``seeds_no``, ``seeds_undecidable``), ``seeds_right``
+    (the expected answer) and, for a model with planted units, ``seeds_exact`` (exactly those track)."""
     from probe.models.loading import load_model
     from probe.models.planted import PLANTED_MODELS
     from probe.registry import skipped as skipped_methods
@@ -87,8 +91,22 @@ def run_planted(template: Study, *, names: Sequence[str] | None = None, results:
                      "undecidable": (v.undecidable if v is not None else None) or "",
                      "families": "; ".join(f"{k}: {a}" for k, a in families.items()), "why": recipe.why,
                      "headline": v.headline if v is not None else ""})
+        if calibrate and v is not None:
+            rows[-1].update(_calibrated(Path(results) / name, recipe, calibrate))
         log(f"planted {name}: {answer} (expected {' or '.join(recipe.expected)})")
     return pd.DataFrame(rows)
+
+
+def _calibrated(folder: Path, recipe, seeds: int) -> dict:
+    from probe.study.calibration import calibration_summary, folder_calibration
+
+    frame = folder_calibration(folder, seeds=range(seeds))
+    summary = calibration_summary(frame, recipe.tracking)
+    out = {"seeds": seeds, **{f"seeds_{a.replace(' ', '_')}": share for a, share in summary["answers"].items()},
+           "seeds_right": float(frame.answer.isin(recipe.expected).mean()), "seeds_rule1": summary["rule1_any"]}
+    if recipe.tracking:
+        out["seeds_exact"] = summary["exactly_expected"]
+    return out
 
 
 def _atomic_text(path: Path, text: str) -> None:
@@ -101,6 +119,32 @@ def _atomic_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _calibration_lines(frame: pd.DataFrame) -> list[str]:
+    """The calibration table: each verdict recomputed from its stored tables at many statistics seeds."""
+    seeds = int(frame.seeds.dropna().max())
+    lines = ["", "## Calibration: the answers over statistics seeds", "",
+             f"Each verdict recomputed from its stored tables at statistics seeds 0..{seeds - 1} (no model rerun): only "
+             "rule 1's permutations change with the seed. The share of seeds giving each answer; *exactly planted* is "
+             "the share where the planted units, and no other, track; *rule 1 alone* the share where any unit of the "
+             "headline family passes the test against chance, whatever rules 2 and 3 say (on a model whose attention "
+             "carries nothing, that is the statistic's own family-wise false-positive rate). A model whose attention "
+             "carries nothing must say yes or heads only, and pass rule 1 anywhere, at no more than alpha (5%) of the "
+             "seeds.", "",
+             "| model | expected | yes | heads only | no | undecidable | expected answer | exactly planted | "
+             "rule 1 alone |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(value) -> str:
+        return "" if value is None or value != value else f"{100 * value:.1f}%"
+
+    for r in frame.itertuples():
+        lines.append(f"| `{r.model}` | {r.expected} | {pct(getattr(r, 'seeds_yes', None))} | "
+                     f"{pct(getattr(r, 'seeds_heads_only', None))} | {pct(getattr(r, 'seeds_no', None))} | "
+                     f"{pct(getattr(r, 'seeds_undecidable', None))} | {pct(getattr(r, 'seeds_right', None))} | "
+                     f"{pct(getattr(r, 'seeds_exact', None))} | {pct(getattr(r, 'seeds_rule1', None))} |")
+    return lines
 
 
 def _cell(text) -> str:
@@ -123,6 +167,8 @@ def write_planted(frame: pd.DataFrame, out: Path, *, command: str = "probe plant
     lines += ["", "## Headlines", ""]
     for r in frame.itertuples():
         lines += [f"- `{r.model}`: {_cell(r.headline)}"]
+    if "seeds" in frame.columns:
+        lines += _calibration_lines(frame)
     lines += ["", "## Why each expected answer", ""] + [f"- `{r.model}`: {_cell(r.why)}" for r in frame.itertuples()]
     paths = [out / "planted.md", out / "planted.csv", out / "planted.json"]
     _atomic_text(paths[0], "\n".join(lines) + "\n")

@@ -81,6 +81,13 @@ class Check:
     value: float | None
     detail: str
     curve: tuple = ()  # randomisation: ((fraction of layers randomised, mean Spearman), ...)
+    layer: int = -1  # a check of one unit (randomisation of a bottom-up method): its layer and head
+    head: int = -1
+
+    @property
+    def unit(self) -> tuple[str, int, int] | None:
+        """``(method, layer, head)`` for a check of one unit, None for a check of the whole method."""
+        return (self.method, self.layer, self.head) if self.layer >= 0 else None
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -89,12 +96,23 @@ class Check:
 
 
 def failed_methods(checks: Sequence[Check]) -> dict[str, list[str]]:
-    """Method -> the checks it failed (a method failing any check is unreliable for the study)."""
+    """Method -> the checks of the whole method it failed (a method failing any is unreliable for
+    the study); a unit's own failed check marks that unit only (:func:`failed_units`)."""
     out: dict[str, list[str]] = {}
     for c in checks:
-        if c.status == "fail":
+        if c.status == "fail" and c.unit is None:
             out.setdefault(c.method, []).append(c.check)
     return out
+
+
+def failed_units(checks: Sequence[Check]) -> dict[tuple[str, int, int], list[str]]:
+    """``(method, layer, head)`` -> the checks of that unit alone it failed (it never tracks)."""
+    out: dict[tuple[str, int, int], list[str]] = {}
+    for c in checks:
+        if c.status == "fail" and c.unit is not None:
+            out.setdefault(c.unit, []).append(c.check)
+    return out
+
 
 
 # --------------------------------------------------------------------------- degeneracy
@@ -426,6 +444,102 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
                   + (f" (>= {RANDOMISATION_LIMIT}: the scores do not depend on the model's upper layers)" if bad else ""))
         checks[name] = Check(name, "randomisation", "fail" if bad else "pass", at_half, detail, tuple(curve))
     return [checks[name] for name in names if name in checks]
+
+
+def _unit_rows(values: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """A bottom-up method's per-example scores as unit rows ``[unit, tokens]`` with ``(layer, head)``
+    per row (head -1 for a per-layer method)."""
+    v = values.double().numpy()
+    if v.ndim == 3:
+        n_layers, n_heads, _ = v.shape
+        return v.reshape(n_layers * n_heads, -1), [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    if v.ndim == 2:
+        return v, [(l, -1) for l in range(v.shape[0])]
+    return v[None], [(-1, -1)]
+
+
+def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, seed: int = 0,
+                       trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
+                       reference: tuple[str, Callable] | None = None, scored: Sequence[Sequence[bool]] | None = None,
+                       top: int | None = None, draws: int = RANDOM_DRAWS) -> list[Check]:
+    """Model-parameter randomisation asked of every unit of the bottom-up methods (``scorers``:
+    name -> ``f(pm, examples)`` per-example score tensors ``[layer, (head,) tokens]``), one check per
+    unit. A layer-l unit is computed from the embeddings and layers 0..l only, so that is what is
+    re-initialised for it: every weight of the model is drawn afresh (matrices N(0, init std), biases
+    0, norm scales 1; ``draws`` draws, correlations averaged), which changes what a unit is computed
+    from entirely and nothing else it could depend on. The unit fails where its scores keep Spearman
+    (or, with ``top``, chance-corrected top-k agreement) >= :data:`RANDOMISATION_LIMIT` with its
+    trained scores while the reference's own ranking moved below it: its ranking does not come from
+    the weights. Where the reference did not move, every unit is ``not informative``. Units whose
+    trained rankings are identical get identical randomised rankings too, hence the same answer."""
+    names = list(scorers)
+    params = [(name, p) for name, p in pm.model.named_parameters()]
+    std = float(getattr(pm.model.config, "initializer_range", 0.02) or 0.02)
+    trained: dict[str, list[np.ndarray]] = {}
+    units: dict[str, list[tuple[int, int]]] = {}
+    out: list[Check] = []
+    for name in names:
+        try:
+            given = (trained_scores or {}).get(name)
+            values = given if given is not None else scorers[name](pm, examples)
+        except ProbeError as error:
+            out.append(Check(name, "randomisation", "not run", None, str(error)))
+            continue
+        rows = [_unit_rows(v) for v in values]
+        trained[name] = [r for r, _ in rows]
+        units[name] = rows[0][1] if rows else []
+    ref_trained = None
+    if reference is not None:
+        try:
+            ref_trained = [output_unit(v).double().numpy() for v in reference[1](pm, examples).scores]
+        except ProbeError:
+            ref_trained = None
+    rhos: dict[str, list[np.ndarray]] = {name: [] for name in trained}
+    ref_rhos: list[float] = []
+    for draw in range(draws):
+        with randomised(params, seed=seed + draw, std=std):
+            for name in trained:
+                try:
+                    fresh = [_unit_rows(v)[0] for v in scorers[name](pm, examples)]
+                except ProbeError as error:
+                    out.append(Check(name, "randomisation", "not run", None, f"on the randomised model: {error}"))
+                    trained.pop(name)
+                    break
+                per_unit = [_mean_spearman([t[u] for t in trained[name]], [f[u] for f in fresh], scored, top)
+                            for u in range(len(units[name]))]
+                rhos[name].append(np.array(per_unit))
+            if ref_trained is not None:
+                moved = [output_unit(v).double().numpy() for v in reference[1](pm, examples).scores]
+                ref_rhos.append(_mean_spearman(ref_trained, moved, scored, top))
+    word = "Spearman" if top is None else f"top-{top} agreement (chance-corrected)"
+    ref_rho = float(np.nanmean(ref_rhos)) if ref_rhos and np.isfinite(ref_rhos).any() else None
+    informative = ref_rho is None or not (ref_rho >= RANDOMISATION_LIMIT)
+    if reference is not None:
+        detail = (f"the reference's own {word} with its trained ranking once every weight is re-initialised: "
+                  + ("not computed" if ref_rho is None else f"{ref_rho:+.2f}")
+                  + ("" if informative else f" (>= {RANDOMISATION_LIMIT}: the randomisation did not change what the "
+                                            "model does with its input, so the check cannot tell units apart)"))
+        out.append(Check(reference[0], "randomisation (units)", "pass" if informative else "not informative", ref_rho,
+                         detail, ((0.0, 1.0), (1.0, ref_rho if ref_rho is not None else float("nan")))))
+    for name in trained:
+        if not rhos[name]:
+            continue
+        mean = np.nanmean(np.stack(rhos[name]), axis=0) if np.isfinite(np.stack(rhos[name])).any() else \
+            np.full(len(units[name]), np.nan)
+        for (layer, head), rho in zip(units[name], mean):
+            rho = float(rho)
+            where = f"the embeddings and layers 0..{layer}" if layer >= 0 else "every weight"
+            if not informative:
+                status = "not informative"
+            elif not np.isfinite(rho):
+                status = "not run"
+            else:
+                status = "fail" if rho >= RANDOMISATION_LIMIT else "pass"
+            detail = (f"{word} {rho:+.2f} with the trained scores once what it is computed from ({where}) is "
+                      "re-initialised" + (" (its ranking does not come from the weights)" if status == "fail" else ""))
+            out.append(Check(name, "randomisation", status, rho if np.isfinite(rho) else None, detail,
+                             ((0.0, 1.0), (1.0, rho)), layer=int(layer), head=int(head)))
+    return out
 
 
 def sign_check(method: str, scores: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],

@@ -7,7 +7,8 @@ Layout of ``OUT/``::
     done/bNNNNN.json      written after every part of batch NNNNN: the batch is complete
     TABLE.parquet         the merged tables (every batch, in batch order), written at the end
     summary.parquet       mean, std, bootstrap CI, Sig. Frac. per explainer x reference x layer x head x measure
-    paired.parquet        each attention unit against the best gradient explainer (the verdict's rule 2)
+    chance.parquet        each attention unit's permutation test against chance, raw and family-wise (rule 1)
+    paired.parquet        each attention unit: rule 1's p-values, rule 2 (against the best gradient), whether it tracks
     comparisons.parquet   paired tests between every two explainers (token- and layer-level), Holm-adjusted
     verdict.json, provenance.json
 

@@ -9,8 +9,11 @@ The verdict rule (stored with every result in ``verdict.json``):
     measure auto: top-1 agreement when one token carries the effect, else Kendall tau-b), over
     the examples:
 
-    1. better than chance: the lower bound of the bootstrap CI of U's mean agreement with R is
-       above the upper bound of the CI of the random ranking's mean agreement with R;
+    1. better than chance: U's mean agreement is above what random rankings of the same examples
+       give: its permutation p-value (the reference's values permuted over each example's scored
+       tokens, ``statistics.permutations`` times, the same permutations for every unit), adjusted
+       across the units of U's family by the max-T method (family-wise error control), is at most
+       alpha. The seeded random ranking is shown beside it and decides nothing;
     2. not worse than gradients: U's agreement is not significantly below that of the best
        gradient explainer G* that passed its sanity checks (the bar): a paired two-sided Wilcoxon
        signed-rank test over the same examples with p <= alpha and a negative mean difference
@@ -24,10 +27,14 @@ The verdict rule (stored with every result in ``verdict.json``):
     only" when only single heads do, "no" when none does. The study's answer is the attention
     weights' (the first family the study has), or "undecidable" when nothing can be decided: the
     output does not depend on the input, R's effects are at the numerical noise floor, too few
-    examples were scored, or the references do not agree with each other above random.
+    examples were scored, or the references do not agree with each other above chance (the ceiling's
+    own permutation test).
 
-Why this rule: rule 1 asks that attention carry real information about which tokens matter (CIs
-that do not overlap is the conservative way to say so); rule 2 asks that it do so about as well as
+Why this rule: rule 1 asks that attention carry real information about which tokens matter, against
+the whole distribution chance gives (one random ranking is a single draw: where it happens to score
+0 on every example its interval is [0, 0] and half the heads would clear it), with the family's
+hundreds of heads tested together so that a model whose heads carry nothing passes none of them in
+more than alpha of statistics seeds (reports/planted shows that calibration); rule 2 asks that it do so about as well as
 the cheap, standard alternative, since an explanation clearly worse than plain gradients is not one
 an auditor should rely on; rule 3 keeps a unit whose own assumption failed on this model from
 carrying the answer. The paired test is uncorrected across units, which makes "significantly
@@ -52,6 +59,7 @@ from probe.registry import VERDICT_FAMILIES, find
 from probe.study.verdict import Verdict
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
+from probe.names import unit_name
 from probe.study.identity import weights_digest
 from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
@@ -82,11 +90,7 @@ def summary_table(agreement: pd.DataFrame, study) -> pd.DataFrame:
 
 
 def _unit_name(row) -> str:
-    if row["head"] >= 0:
-        return f"{row['explainer']} L{row['layer']}.H{row['head']}"
-    if row["layer"] >= 0:
-        return f"{row['explainer']} L{row['layer']}"
-    return str(row["explainer"])
+    return unit_name(str(row["explainer"]), int(row["layer"]), int(row["head"]))
 
 
 def per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer: int, head: int, measure: str) -> pd.Series:
@@ -115,7 +119,8 @@ def reference_words(ref: str, study) -> str:
 def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
             unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
             measure: str | None = None, measure_why: str = "set by the study", sanity: Sequence[Check] = (),
-            redundant: Sequence[dict] = (), mixing: str = "attention") -> tuple[dict, pd.DataFrame]:
+            redundant: Sequence[dict] = (), mixing: str = "attention",
+            chance: pd.DataFrame | None = None, unreliable_units: dict | None = None) -> tuple[dict, pd.DataFrame]:
     """Apply the rule (module docstring); returns the whole verdict (what ``verdict.json`` holds)
     and the per-unit paired tests.
 
@@ -126,7 +131,12 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     concentration); ``measure``: the measure the verdict uses (default the study's).
     ``sanity``: the study's checks (the verdict's ``sanity``); ``redundant``: the groups of units
     with identical rankings (:func:`probe.study.checks.redundancy`), named in the headline.
-    ``mixing``: what the headline calls the maps (``"attention"``, or a token mixer's matrix)."""
+    ``mixing``: what the headline calls the maps (``"attention"``, or a token mixer's matrix).
+    ``chance``: rule 1's permutation tests (:func:`probe.study.chance.chance_tests`) of every
+    attention unit, and of the ceiling pairs (family ``ceiling``). ``unreliable_units``: units that
+    failed a check of their own (``(method, layer, head)`` -> checks): they never track."""
+    if chance is None:
+        raise ValueError("the verdict needs rule 1's chance tests (probe.study.chance.chance_tests)")
     unreliable = unreliable or {}
     st = study.statistics
     ref = study.verdict_reference
@@ -137,14 +147,16 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     all_grads = _where(explainers, (family(e) == "gradient" for e in explainers.explainer))
     grads = _where(all_grads, (e not in unreliable for e in all_grads.explainer))
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
-    paired = _paired_tests(agreement, explainers, random, best_grad, ref, measure, study, unreliable)
+    unreliable_units = unreliable_units or {}
+    paired = _paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units)
     n_most = int(paired.n.max()) if len(paired) else 0
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     ceiling = _ceiling(summary, ref, measure, unreliable)
     numbers = {
         "random": _stat(random.iloc[0]) if len(random) else None,
         "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
-        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling)} if ceiling is not None else None),
+        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling),
+                     "p_chance": _ceiling_p(chance, ceiling)} if ceiling is not None else None),
         "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
     }
     excluded = {e: unreliable[e] for e in dict.fromkeys(all_grads.explainer) if e in unreliable}
@@ -152,13 +164,9 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     above = _above_ceiling(ceiling, ordered, grads)
     n_scored = int(agreement[(agreement.reference == ref) & (agreement.role == "explainer")].example.nunique()) \
         if len(agreement) else 0
-    reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], numbers["random"])
+    reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], st.alpha)
 
-    families = {}
-    for fam in VERDICT_FAMILIES:
-        rows = _where(paired, (verdict_family(e) == fam for e in paired.explainer)) if len(paired) else paired
-        if len(rows):
-            families[fam] = _family_answer(fam, rows, n_most, reason)
+    families = family_answers(paired, reason)
     headline_family = next(iter(families), None)
     chosen = families.get(headline_family) if headline_family else None
     answer = "undecidable" if reason else (chosen["answer"] if chosen else "no")
@@ -174,7 +182,9 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     fields = {
         "answer": answer, "rule": RULE, "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute)
         else "signed", "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
-        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
+        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap, "permutations": st.permutations,
+        "chance_test": (f"max-T permutation test per family: {st.permutations} random rankings of each example, "
+                        f"family-wise alpha {st.alpha}"),
         "undecidable": reason, "headline_family": headline_family, "families": families,
         "layer_units": chosen["layer_units"] if chosen else {"tracking": 0, "total": 0},
         "head_units": chosen["head_units"] if chosen else {"tracking": 0, "total": 0},
@@ -190,13 +200,19 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     if unreliable:
         headline.append(" Failed sanity checks (their units never track; never the gradient bar nor in a ceiling): "
                         + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
+    if unreliable_units:
+        names = [unit_name(*u) for u in unreliable_units]
+        headline.append(f" Failed randomisation as units (their ranking stayed once the weights they are computed from "
+                        f"were re-initialised; they never track): {', '.join(names[:6])}"
+                        + (f" and {len(names) - 6} more" if len(names) > 6 else "") + ".")
     if above:
         headline.append(" Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + ".")
     headline += [f" Warning: {warning}." for warning in warnings]
     if redundant:
         headline.append(" Identical rankings: " + "; ".join(g["description"] for g in redundant) + ".")
     result = {**fields, "headline": "".join(headline), "sanity": [c.to_dict() for c in sanity],
-              "unreliable": unreliable, "redundant": list(redundant)}
+              "unreliable": unreliable, "unreliable_units": {unit_name(*u): c for u, c in unreliable_units.items()},
+              "redundant": list(redundant)}
     return result, paired
 
 
@@ -207,7 +223,7 @@ def _family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None
     methods = list(dict.fromkeys(rows.explainer))
     unreliable = sorted({e for e, ok in zip(rows.explainer, rows.reliable) if not ok})
     why = None
-    if answer == "no" and unreliable and set(unreliable) == set(methods):
+    if answer == "no" and len(rows) and not rows.reliable.astype(bool).any():
         why = "every method of this family failed a sanity check: " + ", ".join(unreliable)
     best = rows.sort_values("mean", ascending=False)
     return {"answer": "undecidable" if reason else answer, "methods": methods,
@@ -231,23 +247,30 @@ def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: boo
     return {"explainer": best_grad.explainer if best_grad is not None else None, "excluded": excluded, "text": text}
 
 
-def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.DataFrame, best_grad: pd.Series | None,
-                  ref: str, measure: str, study: Study, unreliable: dict) -> pd.DataFrame:
-    """One row per attention unit: its mean and CI, rule 1 (above random), rule 2 (the paired test
-    against the best gradient), rule 3 (its method reliable), and whether it tracks."""
+def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.DataFrame, best_grad: pd.Series | None,
+                  ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict) -> pd.DataFrame:
+    """One row per attention unit: its mean and CI, rule 1 (its chance test: raw and family-wise
+    p-values, the mean and 95th percentile of its null), rule 2 (the paired test against the best
+    gradient), rule 3 (its method reliable), and whether it tracks."""
     st = study.statistics
-    random_high = float(random.ci_high.iloc[0]) if len(random) else float("-inf")
     attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
     wide = agreement[(agreement.reference == ref)]
     grad_values = (per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
                    if best_grad is not None else None)
+    tested = chance[chance.reference == ref] if len(chance) else chance
+    lookup = {(str(r.explainer), int(r.layer), int(r["head"])): r for _, r in tested.iterrows()}
     tests = []
     for _, row in attn.iterrows():
         unit = per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
+        found = lookup.get((str(row.explainer), int(row.layer), int(row["head"])))
+        p_family = float(found.p_family) if found is not None else float("nan")
         test = {"explainer": row.explainer, "family": verdict_family(row.explainer), "layer": int(row.layer),
                 "head": int(row["head"]), "unit": _unit_name(row),
                 "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),
-                "n": int(row.n), "above_random": bool(row.ci_low > random_high)}
+                "n": int(row.n), "chance_mean": float(found.chance_mean) if found is not None else float("nan"),
+                "chance_high": float(found.chance_high) if found is not None else float("nan"),
+                "p_chance": float(found.p_chance) if found is not None else float("nan"), "p_family": p_family,
+                "above_chance": bool(np.isfinite(p_family) and p_family <= st.alpha)}
         if grad_values is not None:
             a, b = unit.align(grad_values, join="inner")
             pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
@@ -257,10 +280,47 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, random: pd.
         else:
             below = False
         test["below_gradient"] = bool(below)
-        test["reliable"] = row.explainer not in unreliable
-        test["tracks"] = bool(test["above_random"] and not below and test["reliable"])
+        test["reliable"] = (row.explainer not in unreliable
+                            and (str(row.explainer), int(row.layer), int(row["head"])) not in unreliable_units)
+        test["tracks"] = bool(test["above_chance"] and not below and test["reliable"])
         tests.append(test)
     return pd.DataFrame(tests)
+
+
+def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """``paired`` with rule 1 taken from another run of the chance tests (another seed): its chance
+    columns replaced, ``above_chance`` and ``tracks`` decided again by the same rule (rules 2 and 3
+    kept). What :func:`probe.study.calibration` applies at every seed."""
+    if not len(paired):
+        return paired
+    keys = ["explainer", "layer", "head"]
+    columns = ["chance_mean", "chance_high", "p_chance", "p_family"]
+    fresh = chance[chance.family != "ceiling"][keys + columns].drop_duplicates(keys)
+    out = paired.drop(columns=columns).merge(fresh, on=keys, how="left")[list(paired.columns)]
+    out["above_chance"] = np.isfinite(out.p_family.to_numpy(float)) & (out.p_family.to_numpy(float) <= alpha)
+    out["tracks"] = out.above_chance & ~out.below_gradient.astype(bool) & out.reliable.astype(bool)
+    return out
+
+
+def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
+    """Each verdict family's answer (:func:`_family_answer`) from the per-unit tests, in
+    :data:`probe.registry.VERDICT_FAMILIES` order (the headline family first)."""
+    n_most = int(paired.n.max()) if len(paired) else 0
+    families = {}
+    for fam in VERDICT_FAMILIES:
+        rows = _where(paired, (verdict_family(e) == fam for e in paired.explainer)) if len(paired) else paired
+        if len(rows):
+            families[fam] = _family_answer(fam, rows, n_most, reason)
+    return families
+
+
+def _ceiling_p(chance: pd.DataFrame, ceiling: pd.Series) -> float | None:
+    """The ceiling pair's raw permutation p-value (its references agree above chance), or None."""
+    if not len(chance):
+        return None
+    row = chance[(chance.family == "ceiling") & (chance.explainer == ceiling.explainer)
+                 & (chance.reference == ceiling.reference)]
+    return float(row.p_chance.iloc[0]) if len(row) and np.isfinite(row.p_chance.iloc[0]) else None
 
 
 def _reversed_warning(mixing: str, ordered: pd.DataFrame, random: dict | None) -> str | None:
@@ -282,7 +342,8 @@ def _reversed_warning(mixing: str, ordered: pd.DataFrame, random: dict | None) -
 
 def _describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
     return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
-             "n": int(r.n), **({} if r.get("reliable", True) else {"unreliable": True}),
+             "n": int(r.n), **({"p_family": float(r.p_family)} if pd.notna(r.get("p_family")) else {}),
+             **({} if r.get("reliable", True) else {"unreliable": True}),
              **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
             for _, r in rows.iterrows()]
 
@@ -394,8 +455,10 @@ def _headline(model: str, v: dict, study, mixing: str = "attention") -> str:
               for name, info in v["families"].items() if name != fam and v["answer"] != "undecidable"]
     if others:
         parts.append("Other attention explanations: " + "; ".join(others) + ".")
+    if v["answer"] != "undecidable" and v.get("chance_test"):
+        parts.append(f"Chance: {v['chance_test']}.")
     if v["random"]:
-        parts.append(f"Random ranking: {_fmt(v['random'])}.")
+        parts.append(f"Random ranking (one draw, shown, not deciding): {_fmt(v['random'])}.")
     if v["best_gradient"]:
         parts.append(f"Best gradient ({v['best_gradient']['explainer']}): {_fmt(v['best_gradient'])}.")
     if v["gradient_bar"]["excluded"] or (v["best_gradient"] is None and v["gradient_bar"]["text"]):
@@ -467,40 +530,96 @@ def _accuracy(examples: pd.DataFrame) -> float | None:
     return float((known.label == known.target_label).mean()) if len(known) else None
 
 
-def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
-             sanity: Sequence[Check] | None = None) -> Verdict:
-    """Merge the parts, compute the statistics and the verdict, write them; returns the verdict
-    (frozen; ``verdict.json`` holds its :meth:`~probe.study.verdict.Verdict.to_dict`).
-    ``sanity``: the study's :class:`probe.study.sanity.Check` list (``sanity.parquet``, and the
-    verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
-    from probe.study.sanity import failed_methods
+def _chance_units(summary: pd.DataFrame, ref: str, measure: str) -> pd.DataFrame:
+    """The units rule 1 tests: every attention-family unit compared with ``ref`` on ``measure``,
+    with its verdict family (the family its max-T test runs over)."""
+    rows = summary[(summary.role == "explainer") & (summary.reference == ref) & (summary.measure == measure)]
+    rows = _where(rows, (verdict_family(e) is not None for e in rows.explainer))
+    return pd.DataFrame({"explainer": rows.explainer.astype(str), "layer": rows.layer.astype(int),
+                         "head": rows["head"].astype(int), "family": [verdict_family(e) for e in rows.explainer]})
 
-    tables = store.merge(n_batches)
-    found = decide.profiles(tables, study, pm.contract.dtype)
+
+def chance_plan(tables: dict, unit_agreement: pd.DataFrame, summary: pd.DataFrame, study, measure: str) -> list:
+    """What rule 1 tests (:func:`probe.study.chance.chance_families`), seed-free: every attention unit
+    by family, and every ceiling pair on its own (family ``ceiling``)."""
+    from probe.study.chance import chance_families
+
+    ref = study.verdict_reference
+    plan = []
+    units = _chance_units(summary, ref, measure)
+    if len(units):
+        plan += chance_families(tables, unit_agreement, study, measure, units)
+    ceilings = summary[(summary.role == "ceiling") & (summary.measure == measure)]
+    for a, b in dict.fromkeys(zip(ceilings.explainer, ceilings.reference)):
+        pair = pd.DataFrame({"explainer": [a], "layer": [-1], "head": [-1], "family": ["ceiling"]})
+        plan += chance_families(tables, unit_agreement, study, measure, pair, role="ceiling", reference=b)
+    return plan
+
+
+def chance_frame(plan: Sequence, *, permutations: int, seed: int) -> pd.DataFrame:
+    """Rule 1's tests of a :func:`chance_plan` at one seed (:data:`probe.study.chance.CHANCE_COLUMNS`)."""
+    from probe.study.chance import CHANCE_COLUMNS
+
+    frames = [f.test(permutations=permutations, seed=seed) for f in plan]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CHANCE_COLUMNS)
+
+
+def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = None, mixing: str = "attention",
+                 sanity: Sequence[Check] = ()) -> dict:
+    """Everything the verdict is made of, from a study's merged tables alone (no model): the
+    statistics, rule 1's chance tests and the verdict. Returns ``{"verdict"`` (verdict.json's dict),
+    ``"summary"``, ``"paired"``, ``"chance"``, ``"comparisons"``, ``"agreement"`` (per dataset
+    example, after the noise floor), ``"left_out"`` (None when unchanged)}``. A study whose
+    ``statistics`` differ (another seed, another alpha) gives that study's verdict on the same tables."""
+    from probe.study.sanity import failed_methods, failed_units
+
+    found = decide.profiles(tables, study, dtype)
     agreement, at_floor = decide.without_noise(tables["agreement"], found)
+    left_out = None
     if len(at_floor):  # the pairs left out for a reference at its noise floor are left-out rows like any
-        tables["left_out"] = pd.concat([t for t in (tables.get("left_out"), at_floor) if t is not None and len(t)],
-                                       ignore_index=True)
-        write_table(store.root / "left_out.parquet", tables["left_out"])
+        left_out = pd.concat([t for t in (tables.get("left_out"), at_floor) if t is not None and len(t)],
+                             ignore_index=True)
+    unit_agreement = agreement
     n_examples = len(tables["examples"])
     if is_stepwise(tables["examples"]):  # statistics over dataset examples, each the mean of its output tokens
         agreement = per_source(agreement, tables["examples"])
         n_examples = int(tables["examples"]["source"].nunique())
     summary = summary_table(agreement, study)
-    summary = with_left_out(summary, agreement, tables.get("left_out"), n_examples)
-    write_table(store.root / "summary.parquet", summary)
+    summary = with_left_out(summary, agreement, left_out if left_out is not None else tables.get("left_out"),
+                            n_examples)
     checks = list(sanity or [])
-    write_table(store.root / "sanity.parquet", sanity_table(checks))
-    unreliable = failed_methods(checks)
-    groups = redundancy(tables, study)
     profile = found.get(study.verdict_reference)
     measure, why = decide.choose_measure(study.statistics.measure, profile, list(agreement.columns))
-    result, paired = verdict(agreement, summary, study, study.model.id, unreliable=unreliable, profile=profile,
-                             measure=measure, measure_why=why, sanity=checks, redundant=groups,
-                             mixing=mixing_words(pm.contract))
-    decided = Verdict.from_dict(result)
-    write_table(store.root / "paired.parquet", paired)
-    write_table(store.root / "comparisons.parquet", comparisons(agreement, study, measure))
+    plan = chance_plan(tables, unit_agreement, summary, study, measure)
+    chance = chance_frame(plan, permutations=study.statistics.permutations, seed=study.statistics.seed)
+    result, paired = verdict(agreement, summary, study, model_name or study.model.id, unreliable=failed_methods(checks),
+                             unreliable_units=failed_units(checks),
+                             profile=profile, measure=measure, measure_why=why, sanity=checks,
+                             redundant=redundancy(tables, study), mixing=mixing, chance=chance)
+    return {"verdict": result, "summary": summary, "paired": paired, "chance": chance, "plan": plan,
+            "profile": profile, "comparisons": comparisons(agreement, study, measure), "agreement": agreement,
+            "left_out": left_out}
+
+
+def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
+             sanity: Sequence[Check] | None = None) -> Verdict:
+    """Merge the parts, compute the statistics and the verdict (:func:`judge_tables`), write them;
+    returns the verdict (frozen; ``verdict.json`` holds its :meth:`~probe.study.verdict.Verdict.to_dict`).
+    ``sanity``: the study's :class:`probe.study.sanity.Check` list (``sanity.parquet``, and the
+    verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
+    tables = store.merge(n_batches)
+    checks = list(sanity or [])
+    judged = judge_tables(tables, study, dtype=pm.contract.dtype, mixing=mixing_words(pm.contract), sanity=checks)
+    if judged["left_out"] is not None:
+        tables["left_out"] = judged["left_out"]
+        write_table(store.root / "left_out.parquet", judged["left_out"])
+    decided = Verdict.from_dict(judged["verdict"])
+    write_table(store.root / "summary.parquet", judged["summary"])
+    write_table(store.root / "sanity.parquet", sanity_table(checks))
+    write_table(store.root / "chance.parquet", judged["chance"])
+    write_table(store.root / "paired.parquet", judged["paired"])
+    write_table(store.root / "comparisons.parquet", judged["comparisons"])
     write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
     write_json(store.root / "verdict.json", decided.to_dict())
     return decided

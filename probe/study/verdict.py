@@ -45,6 +45,15 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _family_order(families: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The families in :data:`probe.registry.VERDICT_FAMILIES` order (the headline's first), whatever
+    order a file kept them in (``verdict.json`` is written with sorted keys)."""
+    from probe.registry import VERDICT_FAMILIES
+
+    rank = {name: i for i, name in enumerate(VERDICT_FAMILIES)}
+    return sorted(families.items(), key=lambda item: rank.get(str(item[0]), len(rank)))
+
+
 @dataclass(frozen=True, repr=False)
 class Verdict(PicklableFrozen):
     """Does attention track the reference? ``answer`` is yes (some layer-level unit of the attention
@@ -196,7 +205,7 @@ class Verdict(PicklableFrozen):
             best=rows("best"), worst=rows("worst"), best_layers=rows("best_layers"), best_heads=rows("best_heads"),
             random=entry("random"), best_gradient=entry("best_gradient"), ceiling=entry("ceiling"),
             undecidable=str(data["undecidable"]) if data.get("undecidable") else None,
-            families=MappingProxyType({str(k): MappingProxyType(dict(v)) for k, v in (data.get("families") or {}).items()}),
+            families=MappingProxyType({str(k): MappingProxyType(dict(v)) for k, v in _family_order(data.get("families") or {})}),
             data=MappingProxyType(dict(data)),
         )
 

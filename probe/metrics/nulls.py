@@ -1,0 +1,236 @@
+"""Chance as a distribution: permutation nulls of mean agreement, and many units tested together.
+
+A *unit* (a head, a layer's head mean, a token-level method) is compared with a reference on many
+examples; its statistic is its mean agreement over them (Kendall tau-b, Spearman's rho or top-k
+overlap, as :mod:`probe.metrics.agreement` computes them). Under the null hypothesis the unit's
+ranking carries no information about the reference's, so every assignment of the reference's
+values to the example's scored tokens is equally likely. The null distribution of the unit's mean
+is drawn by permuting the reference's values over each example's tokens, ``B`` times, independently
+per example, and recomputing the unit's agreement on every permuted example (vectorised: one
+matrix product per example and measure). The first column of every result is the identity
+permutation, i.e. the observed statistic, computed by the same arithmetic as the null draws.
+
+Every unit of a family sees the *same* permutations of an example (the draw of example ``e`` and
+permutation ``b`` depends on the seed and ``e`` only; on a subset of its tokens it is the order of
+the same random keys), so the units' null draws keep the correlation the units have with each
+other. That is what the family-wise test needs:
+
+- ``p_raw``: ``(1 + #{b: null_b >= observed}) / (B + 1)``, one-sided (agreement above chance);
+- ``p_family``: the single-step max-T adjustment (Westfall & Young 1993): each unit's statistic is
+  standardised by its own null mean and standard deviation, the largest standardised null value
+  over the family's units is taken per permutation, and ``p_family = (1 + #{b: max_t_b >= t}) /
+  (B + 1)``. It controls the family-wise error rate (the chance that any unit of the family passes
+  when none carries information) at the level it is compared with, and is less conservative than
+  Holm where units are correlated (heads of one layer, a layer's mean and its heads). It is never
+  below ``p_raw``. A unit whose null has no spread (nothing to permute) gets ``p = 1``.
+
+The smallest p-value is ``1 / (B + 1)``: with ``B = 1000`` a family-wise test at alpha 0.05 is
+resolved well. Ties between a null draw and the observed statistic count against the unit
+(``>=``), so a discrete measure such as top-1 is tested conservatively.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["NullBlock", "max_t_test", "measure_k", "permutation_means"]
+
+# upper bound on the elements of one [permutations, pairs] sign block (float32: 16 MiB)
+_BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class NullBlock:
+    """One example's comparison of some units with the reference, on the tokens both score.
+
+    ``owner``: the index (0..O-1) of the value the example's agreement is averaged into (the
+    example itself; in a study of generated text the dataset example its output token came from);
+    ``key``: what the example's permutations are drawn from (the same key, the same permutations);
+    ``units``: ``[U_b]`` indices of the units compared here; ``x``: ``[U_b, n]`` their scores on
+    the ``n`` kept tokens; ``y``: ``[n]`` the reference's; ``positions``: ``[n]`` the kept tokens'
+    positions in the example (the permutation of a subset is the order of the same keys)."""
+
+    owner: int
+    key: int
+    units: np.ndarray  # [U_b] int
+    x: np.ndarray  # [U_b, n] float64
+    y: np.ndarray  # [n] float64
+    positions: np.ndarray  # [n] int
+
+
+def measure_k(measure: str) -> int | None:
+    """k of a ``topK`` measure; None for a rank correlation; ValueError for anything else."""
+    if measure in ("kendall_tau", "spearman"):
+        return None
+    if measure.startswith("top") and measure[3:].isdigit() and int(measure[3:]) >= 1:
+        return int(measure[3:])
+    raise ValueError(f"{measure!r} is not a measure: kendall_tau, spearman or topK")
+
+
+def _key_seed(seed: int, key: int) -> int:
+    text = repr(("null", int(seed), int(key))).encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def _permutations(seed: int, key: int, positions: np.ndarray, n_perm: int) -> np.ndarray:
+    """``[n_perm + 1, n]``: row 0 the identity, then ``n_perm`` uniform permutations of ``0..n-1``,
+    each the order of random keys drawn for every position up to the largest one."""
+    size = int(positions.max()) + 1 if positions.size else 0
+    keys = np.random.default_rng(_key_seed(seed, key)).random((n_perm, size))[:, positions]  # [B, n]
+    order = np.argsort(keys, axis=1, kind="stable")
+    return np.concatenate([np.arange(positions.size)[None, :], order], axis=0)
+
+
+def _pair_signs(values: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """sign(v_j - v_i) over the pairs (i < j) of each row, float32 (exact)."""
+    return np.sign(values[:, j] - values[:, i]).astype(np.float32)
+
+
+def _kendall(x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b of every row of x [U, n] with every row of y_perm [P, n]: [U, P]; NaN where
+    either side is constant. The same formula as :func:`probe.metrics.agreement.kendall_tau_b`."""
+    u, n = x.shape
+    p = y_perm.shape[0]
+    out = np.full((u, p), np.nan)
+    if n < 2:
+        return out
+    i, j = np.triu_indices(n, 1)
+    tot = i.size
+    sx = _pair_signs(x, i, j)  # [U, pairs]
+    xtie = (sx == 0).sum(axis=1).astype(np.int64)
+    ytie = int((_pair_signs(y_perm[:1], i, j) == 0).sum())  # a permutation keeps the ties
+    ok = xtie != tot
+    if ytie == tot or not ok.any():
+        return out
+    step = max(1, _BLOCK_ELEMENTS // tot)
+    cmd = np.empty((u, p), dtype=np.int64)
+    for lo in range(0, p, step):
+        sy = _pair_signs(y_perm[lo:lo + step], i, j)  # [p_blk, pairs]
+        cmd[:, lo:lo + step] = np.rint(sx @ sy.T).astype(np.int64)  # exact below 2**24 pairs
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = cmd / np.sqrt(tot - xtie)[:, None] / np.sqrt(tot - ytie)
+    out[ok] = np.clip(tau[ok], -1.0, 1.0)
+    return out
+
+
+def _spearman(x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
+    """Spearman's rho (Pearson of average ranks) of every row of x with every row of y_perm: [U, P]."""
+    from scipy.stats import rankdata
+
+    u, n = x.shape
+    out = np.full((u, y_perm.shape[0]), np.nan)
+    if n < 2:
+        return out
+    cx = rankdata(x, axis=1)
+    cx -= cx.mean(axis=1, keepdims=True)
+    cy = rankdata(y_perm, axis=1)
+    cy -= cy.mean(axis=1, keepdims=True)
+    sxx = np.einsum("ut,ut->u", cx, cx)
+    syy = float(np.einsum("t,t->", cy[0], cy[0]))  # the same multiset of ranks in every row
+    ok = sxx > 0
+    if syy <= 0 or not ok.any():
+        return out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = (cx @ cy.T) / np.sqrt(sxx)[:, None] / np.sqrt(syy)
+    out[ok] = np.clip(rho[ok], -1.0, 1.0)
+    return out
+
+
+def _top_mask(a: np.ndarray, k: int) -> np.ndarray:
+    """[R, n] float32: 1 on each row's k highest scores (ties: the earlier position, as
+    :func:`probe.metrics.agreement.top_k_overlap`)."""
+    top = np.argsort(-a, axis=1, kind="stable")[:, :k]
+    out = np.zeros(a.shape, dtype=np.float32)
+    np.put_along_axis(out, top, 1.0, axis=1)
+    return out
+
+
+def _top_k(x: np.ndarray, y_perm: np.ndarray, k: int) -> np.ndarray:
+    """|top-k of x ∩ top-k of y| / k for every row of x [U, n] and y_perm [P, n]: [U, P], gathered
+    (the k positions each y row puts on top pick columns of x's top-k mask)."""
+    n = x.shape[1]
+    if n == 0:
+        return np.full((x.shape[0], y_perm.shape[0]), np.nan)
+    k = min(k, n)
+    top_y = np.argsort(-y_perm, axis=1, kind="stable")[:, :k]  # [P, k]
+    hits = _top_mask(x, k)[:, top_y].sum(axis=2)  # [U, P]
+    return hits.astype(np.float64) / k
+
+
+def _agreement(measure: str, x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
+    k = measure_k(measure)
+    if k is not None:
+        return _top_k(x, y_perm, k)
+    return _kendall(x, y_perm) if measure == "kendall_tau" else _spearman(x, y_perm)
+
+
+def permutation_means(blocks: Iterable[NullBlock], n_units: int, measure: str, *, permutations: int = 1000,
+                      seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(observed [U], null [U, B])``: each unit's mean agreement over the owners it has a finite
+    value on (an owner's value the mean over its blocks, as a study of generated text averages its
+    output tokens), on the data and under ``B = permutations`` permutations of the reference per
+    example. A unit with no finite value is NaN throughout. Memory: ``U x (B + 1)`` floats per
+    owner being summed, whatever the number of examples."""
+    if isinstance(permutations, bool) or not isinstance(permutations, (int, np.integer)) or permutations < 1:
+        raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
+    measure_k(measure)
+    by_owner: dict[int, list[NullBlock]] = {}
+    for block in blocks:
+        by_owner.setdefault(int(block.owner), []).append(block)
+    columns = permutations + 1
+    total = np.zeros((n_units, columns))
+    n = np.zeros(n_units, dtype=np.int64)
+    for owner in sorted(by_owner):
+        local = np.zeros((n_units, columns))
+        count = np.zeros(n_units, dtype=np.int64)
+        for block in by_owner[owner]:
+            if block.x.shape[1] < 2:
+                continue
+            order = _permutations(seed, block.key, np.asarray(block.positions), permutations)  # [B + 1, n]
+            values = _agreement(measure, np.asarray(block.x, dtype=np.float64), np.asarray(block.y)[order])
+            finite = np.isfinite(values[:, 0])  # [U_b]; finiteness does not depend on the permutation
+            units = np.asarray(block.units)[finite]
+            local[units] += values[finite]  # a block names each unit once
+            count[units] += 1
+        seen = count > 0
+        total[seen] += local[seen] / count[seen, None]
+        n += seen
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = total / n[:, None]
+    means[n == 0] = np.nan
+    return means[:, 0], means[:, 1:]
+
+
+def max_t_test(observed: np.ndarray, null: np.ndarray, *, quantile: float = 0.95) -> dict[str, np.ndarray]:
+    """Per unit: ``p_raw``, ``p_family`` (max-T over every unit given, module docstring),
+    ``null_mean``, ``null_sd`` and ``null_high`` (the ``quantile`` of the unit's null: the line a
+    unit's mean must clear to pass alone at ``1 - quantile``). NaN where the observed value is NaN."""
+    observed = np.asarray(observed, dtype=np.float64)
+    null = np.asarray(null, dtype=np.float64)
+    if null.ndim != 2 or null.shape[0] != observed.shape[0]:
+        raise ValueError(f"null must be [units, permutations] for {observed.shape[0]} units, got {null.shape}")
+    b = null.shape[1]
+    tol = 1e-9 * np.maximum(1.0, np.abs(observed))
+    with np.errstate(invalid="ignore"):
+        mean = null.mean(axis=1)
+        sd = null.std(axis=1)
+        high = np.quantile(null, quantile, axis=1) if b else np.full(observed.shape, np.nan)
+        spread = np.isfinite(observed) & (sd > 0)
+        p_raw = (1.0 + (null >= (observed - tol)[:, None]).sum(axis=1)) / (b + 1.0)
+        t_obs = (observed - mean) / sd
+        t_null = (null - mean[:, None]) / sd[:, None]
+    p_family = np.ones(observed.shape)
+    if spread.any() and b:
+        top = t_null[spread].max(axis=0)  # [B] the largest standardised null value of the family
+        t_tol = 1e-9 * np.maximum(1.0, np.abs(t_obs[spread]))
+        p_family[spread] = (1.0 + (top[None, :] >= (t_obs[spread] - t_tol)[:, None]).sum(axis=1)) / (b + 1.0)
+    p_raw = np.where(spread, p_raw, 1.0)
+    p_family = np.maximum(p_family, p_raw)
+    missing = ~np.isfinite(observed)
+    for arr in (p_raw, p_family):
+        arr[missing] = np.nan
+    return {"p_raw": p_raw, "p_family": p_family, "null_mean": mean, "null_sd": sd, "null_high": high}

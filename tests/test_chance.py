@@ -1,0 +1,214 @@
+"""Chance as a distribution (probe.metrics.nulls): each unit against the permutation null of its own
+mean agreement, units of a family together (max-T), and the small-n tests of the claims
+(probe.claims.rules). Oracles: probe.metrics.agreement (itself equal to scipy) for the observed
+statistic, exact enumeration of every permutation for the p-value, scipy's permutation_test for the
+sign-flip test and scipy's wilcoxon for the paired comparisons."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from probe.claims.rules import MIN_EVIDENCE, RULES, Rule, judge, sign_flip_p
+from probe.metrics.agreement import agreement
+from probe.metrics.nulls import NullBlock, max_t_test, permutation_means
+from probe.metrics.statistics import paired_test, wilcoxon_method
+
+MEASURES = ["kendall_tau", "spearman", "top1", "top2"]
+
+
+def _blocks(rng, n_examples=8, n_units=4, ties=True):
+    blocks = []
+    for e in range(n_examples):
+        n = int(rng.integers(3, 10))
+        x = rng.normal(size=(n_units, n))
+        y = rng.normal(size=n)
+        if ties:  # ties on both sides, as stored scores have them (zeros, equal attention)
+            x[1] = np.round(x[1])
+            y = np.round(y * 2) / 2
+        blocks.append(NullBlock(owner=e, key=e, units=np.arange(n_units), x=x, y=y, positions=np.arange(n)))
+    return blocks
+
+
+@pytest.mark.parametrize("measure", MEASURES)
+def test_the_observed_statistic_is_the_mean_agreement_the_study_computes(measure):
+    blocks = _blocks(np.random.default_rng(0))
+    observed, null = permutation_means(blocks, 4, measure, permutations=1000, seed=3)
+    per_example = np.array([agreement(b.x, b.y, k=[1, 2])[measure] for b in blocks])  # [example, unit]
+    assert observed == pytest.approx(np.nanmean(per_example, axis=0), abs=1e-12)
+    assert null.shape == (4, 1000) and np.isfinite(null).all()
+
+
+@pytest.mark.parametrize("measure", ["kendall_tau", "top1"])
+def test_the_permutation_p_value_equals_exact_enumeration_within_its_monte_carlo_error(measure):
+    x1, y1 = np.array([[0.1, 0.5, 0.3, 0.9]]), np.array([1.0, 0.0, 3.0, 2.0])
+    x2, y2 = np.array([[2.0, 1.0, 0.0, 3.0, 0.5]]), np.array([0.0, 2.0, 1.0, 3.0, 3.0])
+    blocks = [NullBlock(0, 0, np.array([0]), x1, y1, np.arange(4)), NullBlock(1, 1, np.array([0]), x2, y2, np.arange(5))]
+
+    def stat(a, b):
+        return (agreement(x1, a, k=[1])[measure][0] + agreement(x2, b, k=[1])[measure][0]) / 2
+
+    observed = stat(y1, y2)
+    draws = np.array([stat(y1[list(p)], y2[list(q)]) for p in itertools.permutations(range(4))
+                      for q in itertools.permutations(range(5))])
+    exact = float((draws >= observed - 1e-12).mean())
+    b = 20000
+    got, null = permutation_means(blocks, 1, measure, permutations=b, seed=1)
+    assert got[0] == pytest.approx(observed)
+    p = max_t_test(got, null)["p_raw"][0]
+    assert abs(p - exact) < 4 * math.sqrt(exact * (1 - exact) / b) + 1e-3
+    assert null.mean() == pytest.approx(draws.mean(), abs=4 * draws.std() / math.sqrt(b))
+
+
+def test_every_unit_of_an_example_sees_the_same_permutations_also_on_a_subset_of_its_tokens():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 9))
+    y = rng.normal(size=9)
+    whole = [NullBlock(0, 7, np.array([0, 1]), x, y, np.arange(9))]
+    split = [NullBlock(0, 7, np.array([0]), x[:1], y, np.arange(9)), NullBlock(0, 7, np.array([1]), x[1:], y, np.arange(9))]
+    a = permutation_means(whole, 2, "kendall_tau", permutations=50, seed=5)[1]
+    b = permutation_means(split, 2, "kendall_tau", permutations=50, seed=5)[1]
+    assert np.array_equal(a, b)
+    # a unit that skips a token is permuted by the same keys' order over the tokens it has
+    keep = np.array([0, 1, 2, 4, 5, 6, 7, 8])
+    sub = [NullBlock(0, 7, np.array([0]), x[:1, keep], y[keep], keep)]
+    again = [NullBlock(0, 7, np.array([0]), x[:1, keep], y[keep], keep)]
+    assert np.array_equal(permutation_means(sub, 1, "top1", permutations=50, seed=5)[1],
+                          permutation_means(again, 1, "top1", permutations=50, seed=5)[1])
+    assert not np.array_equal(permutation_means(sub, 1, "top1", permutations=50, seed=6)[1],
+                              permutation_means(sub, 1, "top1", permutations=50, seed=5)[1])
+
+
+def test_a_unit_at_chance_level_never_passes_because_one_random_ranking_scored_zero():
+    """The failure the single random ranking had: 4 top-1 hits in 40 texts of 10 tokens is what
+    chance gives (3.75 hits expected); against a random ranking that scored 0 on every text (its CI
+    [0, 0]) it passed. Against its own null it is nowhere near."""
+    rng = np.random.default_rng(2)
+    blocks = []
+    for e in range(40):
+        y = rng.normal(size=10)
+        x = rng.normal(size=(1, 10))
+        if e < 4:  # a hit on 4 texts
+            x[0, int(np.argmax(y))] = 10.0
+        else:
+            x[0, int(np.argmax(y))] = -10.0
+        blocks.append(NullBlock(e, e, np.array([0]), x, y, np.arange(10)))
+    observed, null = permutation_means(blocks, 1, "top1", permutations=1000, seed=0)
+    assert observed[0] == pytest.approx(0.1)
+    test = max_t_test(observed, null)
+    assert test["p_raw"][0] > 0.3 and test["null_mean"][0] == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_unit_with_nothing_to_permute_gets_p_one_and_nan_stays_nan():
+    observed = np.array([0.5, np.nan, 0.2])
+    null = np.array([[0.5] * 10, [np.nan] * 10, np.linspace(-0.1, 0.1, 10)])
+    test = max_t_test(observed, null)
+    assert test["p_raw"][0] == 1.0 and test["p_family"][0] == 1.0
+    assert np.isnan(test["p_raw"][1]) and np.isnan(test["p_family"][1])
+    assert test["p_raw"][2] == pytest.approx(1 / 11) and test["p_family"][2] >= test["p_raw"][2]
+
+
+def test_max_t_controls_the_family_wise_error_on_many_correlated_null_units():
+    """30 units that share half their scores (correlated, as heads of one model are), a reference
+    drawn independently of them: over 200 datasets, the family passes any unit in at most 5% (plus
+    the Monte Carlo margin), while the raw p-values pass one in most datasets."""
+    alpha, datasets, units = 0.05, 200, 30
+    family_hits = raw_hits = 0
+    for d in range(datasets):
+        rng = np.random.default_rng(100 + d)
+        blocks = []
+        for e in range(12):
+            n = 6
+            shared = rng.normal(size=n)
+            x = 0.7 * shared + rng.normal(size=(units, n))
+            blocks.append(NullBlock(e, e, np.arange(units), x, rng.normal(size=n), np.arange(n)))
+        observed, null = permutation_means(blocks, units, "kendall_tau", permutations=1000, seed=d)
+        test = max_t_test(observed, null)
+        family_hits += bool((test["p_family"] <= alpha).any())
+        raw_hits += bool((test["p_raw"] <= alpha).any())
+    assert family_hits / datasets <= alpha + 2 * math.sqrt(alpha * (1 - alpha) / datasets)
+    assert raw_hits / datasets > 0.3
+
+
+def test_a_unit_that_tracks_passes_the_family_test_among_many_null_units():
+    rng = np.random.default_rng(4)
+    blocks = []
+    for e in range(30):
+        y = rng.normal(size=8)
+        x = rng.normal(size=(40, 8))
+        x[17] = y + 0.5 * rng.normal(size=8)  # unit 17 carries the reference
+        blocks.append(NullBlock(e, e, np.arange(40), x, y, np.arange(8)))
+    test = max_t_test(*permutation_means(blocks, 40, "kendall_tau", permutations=1000, seed=0))
+    assert np.flatnonzero(test["p_family"] <= 0.05).tolist() == [17]
+    assert test["p_family"][17] == pytest.approx(1 / 1001)
+
+
+def test_owners_average_their_blocks_first_as_a_study_of_generated_text_does():
+    rng = np.random.default_rng(5)
+    blocks = [NullBlock(o, k, np.array([0]), rng.normal(size=(1, 6)), rng.normal(size=6), np.arange(6))
+              for k, o in enumerate([0, 0, 0, 1])]
+    observed, _ = permutation_means(blocks, 1, "kendall_tau", permutations=10, seed=0)
+    taus = [agreement(b.x, b.y)["kendall_tau"][0] for b in blocks]
+    assert observed[0] == pytest.approx((np.mean(taus[:3]) + taus[3]) / 2)
+
+
+# --------------------------------------------------------------------------- claims on little evidence
+
+
+def test_no_claim_is_decided_on_fewer_than_the_minimum_of_examples():
+    two = judge([1.0, 1.0], RULES["token_importance"])
+    assert two.verdict == "inconclusive" and two.why == f"n = 2, at least {MIN_EVIDENCE} needed"
+    assert all(math.isnan(b) for b in two.ci) and two.n_needed >= MIN_EVIDENCE
+    nine = judge([0.9, 0.8, 0.95, 0.7, 0.85, 0.9, 0.8, 0.75, 0.9], RULES["specific_tokens"])
+    assert nine.verdict == "inconclusive" and "at least 10" in nine.why
+    ten = judge([0.9, 0.8, 0.95, 0.7, 0.85, 0.9, 0.8, 0.75, 0.9, 0.8], RULES["specific_tokens"])
+    assert ten.verdict == "supported" and ten.why is None and ten.p_value == pytest.approx(1 / 1024)
+
+
+def test_a_small_sample_needs_the_sign_flip_test_to_agree_with_the_bootstrap_interval():
+    """0/1 hits against 0.5: 11 of 15 put the percentile bootstrap CI above 0.5, but the exact sign
+    test gives p = 0.059 > 0.025: inconclusive, and it says why."""
+    hits = [1] * 11 + [0] * 4
+    j = judge(hits, RULES["token_importance"], n_boot=2000, seed=0)
+    assert j.ci[0] > 0.5  # the interval alone would have said supported
+    assert j.verdict == "inconclusive" and "sign-flip" in j.why
+    assert j.p_value == pytest.approx(stats.binomtest(11, 15, 0.5, alternative="greater").pvalue)
+    nine_of_ten = judge([1] * 10 + [1] * 9 + [0], RULES["token_importance"])  # 19 of 20
+    assert nine_of_ten.verdict == "supported"
+
+
+@pytest.mark.parametrize("n", [6, 12, 25])
+def test_the_sign_flip_p_value_equals_scipys_permutation_test(n):
+    d = np.random.default_rng(n).normal(0.3, 1.0, size=n)
+    for greater in (True, False):
+        ours = sign_flip_p(d, greater=greater, seed=0)
+        theirs = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf if n <= 20 else 100_000,
+                                        alternative="greater" if greater else "less", random_state=0).pvalue
+        tol = 1e-12 if n <= 20 else 4 * math.sqrt(theirs * (1 - theirs) / 100_000) + 1e-4
+        assert ours == pytest.approx(theirs, abs=tol)
+
+
+def test_a_refutation_on_a_small_sample_is_checked_the_same_way():
+    rule = Rule(0.0, refute_inclusive=True)
+    j = judge([-0.5, -0.4, -0.6, -0.5, -0.45, -0.55, -0.5, -0.4, -0.6, -0.5], rule)
+    assert j.verdict == "refuted" and j.p_value == pytest.approx(1 / 1024)
+
+
+# --------------------------------------------------------------------------- paired comparisons
+
+
+def test_paired_tests_use_the_tie_corrected_normal_approximation_where_ties_or_zeros_are():
+    a = np.array([0.5, 0.5, 0.25, 0.0, 1.0, 0.5, 0.75, 0.5, 0.25, 0.5, 0.5, 1.0, 0.5])
+    b = np.array([0.25, 0.5, 0.0, 0.25, 0.5, 0.25, 0.5, 0.0, 0.5, 0.25, 0.0, 0.75, 0.25])
+    assert wilcoxon_method(a - b) == "approx"
+    assert paired_test(a, b)["wilcoxon_p"] == pytest.approx(stats.wilcoxon(a, b, method="approx").pvalue, rel=1e-12)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=14), rng.normal(size=14)
+    assert wilcoxon_method(x - y) == "exact"
+    assert paired_test(x, y)["wilcoxon_p"] == pytest.approx(stats.wilcoxon(x, y).pvalue, rel=1e-12)
+    long = rng.normal(size=60)
+    assert wilcoxon_method(long) == "approx"
