@@ -16,7 +16,7 @@ from probe.metrics.statistics import group_seed, summarize
 from probe.rows.target import TargetSpec, prepare
 
 WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting"]
-N_EXAMPLES = 6
+N_EXAMPLES = 10
 NEW_TOKENS = 3
 
 
@@ -31,7 +31,7 @@ def _study(model, data, out, target, **metrics) -> dict:
             "target": target, "explainers": ["attention_mean", "saliency"], "references": ["loo_delete"],
             "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
                         "sanity": {"randomisation": False, "examples": 2}, **metrics},
-            "statistics": {"bootstrap": 200}, "engine": {"batch_size": 4}, "output": str(out)}
+            "statistics": {"bootstrap": 200}, "engine": {"batch_size": 5}, "output": str(out)}
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +84,12 @@ def test_the_statistics_are_over_the_examples_each_the_mean_of_its_output_tokens
     row = summary[(summary["explainer"] == "attention_mean") & (summary["layer"] == 0)
                   & (summary["measure"] == "kendall_tau")].iloc[0]
     assert int(row["n"]) == N_EXAMPLES and row["mean"] == pytest.approx(per_prompt.mean(), abs=1e-12)
-    # the CI is a bootstrap over the six prompts (resampling the units would give another interval)
+    # the CI is a bootstrap over the ten prompts (resampling the units would give another interval)
     seeded = summarize(per_prompt.to_numpy(), n_boot=200, level=0.95,
                        seed=group_seed(("explainer", "attention_mean", "loo_delete", 0, -1), 0))
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((seeded["ci_low"], seeded["ci_high"]), abs=1e-12)
     verdict = json.loads((out / "verdict.json").read_text())
-    assert "too few scored examples" not in json.dumps(verdict)  # six examples decide, whatever the units
+    assert "too few scored examples" not in json.dumps(verdict)  # ten examples decide, whatever the units
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["examples"] == N_EXAMPLES and provenance["output_tokens"] == len(examples)
 

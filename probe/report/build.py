@@ -128,12 +128,18 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
         banner = (f"PARTIAL: {r.batches_done} of {total} batches done ({r.n_examples} examples). "
                   "The verdict comes when the run completes; everything below covers the finished batches only.")
     sections = []
-    if r.complete:
-        sections.append(verdict_section(r, w))
-    sections += [setup_section(r, w), agreement_section(r, w)]
-    sections += [s for s in [steps_section(r, w)] if s is not None]
-    sections += [_erasure_section(r, w), counterfactual_section(r, w), heads_section(r, w), tokens_section(r),
-                 limitations_section(r)]
+    try:  # the sections write their tables into the staging folder already: a failure removes it
+        if r.complete:
+            sections.append(verdict_section(r, w))
+        sections += [setup_section(r, w), agreement_section(r, w)]
+        sections += [s for s in [steps_section(r, w)] if s is not None]
+        sections += [_erasure_section(r, w), counterfactual_section(r, w), heads_section(r, w), tokens_section(r),
+                     limitations_section(r)]
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(w.staging, ignore_errors=True)
+        raise
     subtitle = f"{r.model_id} \u00b7 {r.n_examples} examples \u00b7 result folder {r.root}"
     doc = Document(title=f"probe study report: {r.name}", subtitle=subtitle, banner=banner, sections=sections)
     return write_report(doc, w, out, partial=not r.complete)
