@@ -34,6 +34,19 @@ def same_values(a: Any, b: Any) -> bool:
     return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+
+def score_unit_rows(values: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One example's scores (``[layer, head, tokens]``, ``[layer, tokens]`` or ``[tokens]``) as rows
+    ``[unit, tokens]`` (float64), with the layer and the head of each row (-1: the method has none)."""
+    values = values.double().numpy()
+    if values.ndim == 3:  # [layer, head, tokens]
+        n_layers, n_heads, _ = values.shape
+        layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+        return values.reshape(n_layers * n_heads, -1), layer, head
+    if values.ndim == 2:  # [layer, tokens]
+        return values, np.arange(values.shape[0]), np.full(values.shape[0], -1)
+    return values[None], np.array([-1]), np.array([-1])  # [tokens]
+
 @dataclass(frozen=True, repr=False)
 class TokenScores(PicklableFrozen):
     """One method's scores for a list of examples; frozen (a changed result is a new TokenScores).
@@ -101,14 +114,7 @@ class TokenScores(PicklableFrozen):
     def unit_rows(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Example ``index``'s scores as rows ``[unit, tokens]`` (float64), with the layer and the
         head of each row (-1: the method has none): a token-level method has one row."""
-        values = self.scores[index].double().numpy()
-        if values.ndim == 3:  # [layer, head, tokens]
-            n_layers, n_heads, _ = values.shape
-            layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-            return values.reshape(n_layers * n_heads, -1), layer, head
-        if values.ndim == 2:  # [layer, tokens]
-            return values, np.arange(values.shape[0]), np.full(values.shape[0], -1)
-        return values[None], np.array([-1]), np.array([-1])  # [tokens]
+        return score_unit_rows(self.scores[index])
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per (example, layer, head, token): columns ``example`` (index into the examples),

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from probe.study import decide
-from probe.study.summary import chance_frame, family_answers, judge_tables, with_chance
+from probe.study.summary import ceiling_p, chance_frame, family_answers, judge_tables, with_chance
 
 __all__ = ["CALIBRATION_COLUMNS", "calibration", "calibration_summary", "folder_calibration", "read_folder"]
 
@@ -46,11 +46,7 @@ def calibration(tables: dict, study, *, dtype: str, sanity: Sequence = (), seeds
     rows = []
     for seed in seeds:
         chance = chance_frame(plan, permutations=st.permutations, seed=int(seed))
-        ceiling = dict(v["ceiling"]) if pair is not None else None
-        if ceiling is not None:
-            a, b = pair
-            row = chance[(chance.family == "ceiling") & (chance.explainer == a) & (chance.reference == b)]
-            ceiling["p_chance"] = float(row.p_chance.iloc[0]) if len(row) else None
+        ceiling = {**v["ceiling"], "p_chance": ceiling_p(chance, *pair)} if pair is not None else None
         reason = decide.undecidable_reason(judged["profile"], n_scored, ceiling, st.alpha)
         decided = with_chance(paired, chance, st.alpha)
         families = family_answers(decided, reason)

@@ -55,6 +55,7 @@ import torch
 
 from probe import registry
 from probe.errors import ProbeError
+from probe.rows.scores import score_unit_rows
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -447,15 +448,9 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
 
 
 def _unit_rows(values: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """A bottom-up method's per-example scores as unit rows ``[unit, tokens]`` with ``(layer, head)``
-    per row (head -1 for a per-layer method)."""
-    v = values.double().numpy()
-    if v.ndim == 3:
-        n_layers, n_heads, _ = v.shape
-        return v.reshape(n_layers * n_heads, -1), [(l, h) for l in range(n_layers) for h in range(n_heads)]
-    if v.ndim == 2:
-        return v, [(l, -1) for l in range(v.shape[0])]
-    return v[None], [(-1, -1)]
+    """A bottom-up method's per-example scores as unit rows ``[unit, tokens]`` with ``(layer, head)``."""
+    rows, layer, head = score_unit_rows(values)
+    return rows, [(int(l), int(h)) for l, h in zip(layer, head)]
 
 
 def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, seed: int = 0,

@@ -156,7 +156,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
         "random": _stat(random.iloc[0]) if len(random) else None,
         "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
         "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling),
-                     "p_chance": _ceiling_p(chance, ceiling)} if ceiling is not None else None),
+                     "p_chance": ceiling_p(chance, ceiling.explainer, ceiling.reference)}
+                    if ceiling is not None else None),
         "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
     }
     excluded = {e: unreliable[e] for e in dict.fromkeys(all_grads.explainer) if e in unreliable}
@@ -257,20 +258,13 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
     wide = agreement[(agreement.reference == ref)]
     grad_values = (per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
                    if best_grad is not None else None)
-    tested = chance[chance.reference == ref] if len(chance) else chance
-    lookup = {(str(r.explainer), int(r.layer), int(r["head"])): r for _, r in tested.iterrows()}
     tests = []
     for _, row in attn.iterrows():
         unit = per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
-        found = lookup.get((str(row.explainer), int(row.layer), int(row["head"])))
-        p_family = float(found.p_family) if found is not None else float("nan")
         test = {"explainer": row.explainer, "family": verdict_family(row.explainer), "layer": int(row.layer),
                 "head": int(row["head"]), "unit": _unit_name(row),
                 "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),
-                "n": int(row.n), "chance_mean": float(found.chance_mean) if found is not None else float("nan"),
-                "chance_high": float(found.chance_high) if found is not None else float("nan"),
-                "p_chance": float(found.p_chance) if found is not None else float("nan"), "p_family": p_family,
-                "above_chance": bool(np.isfinite(p_family) and p_family <= st.alpha)}
+                "n": int(row.n)}
         if grad_values is not None:
             a, b = unit.align(grad_values, join="inner")
             pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
@@ -282,24 +276,29 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
         test["below_gradient"] = bool(below)
         test["reliable"] = (row.explainer not in unreliable
                             and (str(row.explainer), int(row.layer), int(row["head"])) not in unreliable_units)
-        test["tracks"] = bool(test["above_chance"] and not below and test["reliable"])
         tests.append(test)
-    return pd.DataFrame(tests)
+    return with_chance(pd.DataFrame(tests), chance[chance.reference == ref] if len(chance) else chance, st.alpha)
+
+
+#: rule 1's columns of the per-unit tests, placed after ``n``
+CHANCE_FIELDS = ["chance_mean", "chance_high", "p_chance", "p_family", "above_chance"]
 
 
 def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.DataFrame:
-    """``paired`` with rule 1 taken from another run of the chance tests (another seed): its chance
-    columns replaced, ``above_chance`` and ``tracks`` decided again by the same rule (rules 2 and 3
-    kept). What :func:`probe.study.calibration` applies at every seed."""
+    """``paired`` (rules 2 and 3 per unit) with rule 1 from ``chance`` (its p-values, the mean and
+    95th percentile of the unit's null; ``above_chance``: ``p_family <= alpha``) and ``tracks``, all
+    three rules. The verdict applies it once; :mod:`probe.study.calibration` again at every seed."""
     if not len(paired):
         return paired
     keys = ["explainer", "layer", "head"]
-    columns = ["chance_mean", "chance_high", "p_chance", "p_family"]
-    fresh = chance[chance.family != "ceiling"][keys + columns].drop_duplicates(keys)
-    out = paired.drop(columns=columns).merge(fresh, on=keys, how="left")[list(paired.columns)]
-    out["above_chance"] = np.isfinite(out.p_family.to_numpy(float)) & (out.p_family.to_numpy(float) <= alpha)
+    fresh = chance[chance.family != "ceiling"][keys + CHANCE_FIELDS[:4]].drop_duplicates(keys)
+    base = paired.drop(columns=[c for c in [*CHANCE_FIELDS, "tracks"] if c in paired.columns])
+    out = base.merge(fresh, on=keys, how="left")
+    p = out.p_family.to_numpy(float)
+    out["above_chance"] = np.isfinite(p) & (p <= alpha)
     out["tracks"] = out.above_chance & ~out.below_gradient.astype(bool) & out.reliable.astype(bool)
-    return out
+    at = list(base.columns).index("n") + 1
+    return out[[*base.columns[:at], *CHANCE_FIELDS, *base.columns[at:], "tracks"]]
 
 
 def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
@@ -314,12 +313,12 @@ def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
     return families
 
 
-def _ceiling_p(chance: pd.DataFrame, ceiling: pd.Series) -> float | None:
-    """The ceiling pair's raw permutation p-value (its references agree above chance), or None."""
+def ceiling_p(chance: pd.DataFrame, a: str, b: str) -> float | None:
+    """The raw permutation p-value of the ceiling pair ``a`` vs ``b`` (do the references agree above
+    chance), or None where it was not tested."""
     if not len(chance):
         return None
-    row = chance[(chance.family == "ceiling") & (chance.explainer == ceiling.explainer)
-                 & (chance.reference == ceiling.reference)]
+    row = chance[(chance.family == "ceiling") & (chance.explainer == a) & (chance.reference == b)]
     return float(row.p_chance.iloc[0]) if len(row) and np.isfinite(row.p_chance.iloc[0]) else None
 
 
