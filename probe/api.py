@@ -132,6 +132,40 @@ def _method_params(params: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _unknown_keywords(options: Mapping[str, Any], accepted: Sequence[str], doing: str) -> None:
+    """Refuse, in one line, keyword arguments ``doing`` does not take, naming the first and the accepted ones."""
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        raise InputError(f"{doing} got an unknown keyword {unknown[0]!r}; it accepts: {', '.join(accepted)}")
+
+
+def _arguments_checked(function):
+    """``function`` with its arguments bound before it runs: an unknown keyword, a missing argument or
+    too many positional ones is one :class:`InputError` line (naming the accepted keywords), not
+    Python's TypeError. Keywords a function passes on (``**options``) it checks itself."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(function)
+    parameters = signature.parameters
+    passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    accepted = [n for n, p in parameters.items()
+                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    doing = f"probe.{function.__name__}()"
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if not passes_on:
+            _unknown_keywords(kwargs, accepted, doing)
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise InputError(f"{doing}: {err}; its parameters: {', '.join(accepted)}") from None
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
 def _in_eval(function):
     """Run an API function with its model in eval mode (dropout off for every pass, the targets'
     included); the model's mode is restored afterwards."""
@@ -160,9 +194,14 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
     causal_lm or seq2seq (default: read from the config). Other keyword ``options`` go to
     :func:`probe.models.loading.load_model`.
     """
+    import inspect
+
     from probe.models.loading import load_model as _load
     from probe.models.loading import not_a_model_name
 
+    own = [p for p in inspect.signature(load_model).parameters if p != "options"]
+    _unknown_keywords(options, [*own, *(p for p in inspect.signature(_load).parameters if p not in own)],
+                      "probe.load_model()")
     if not isinstance(name, (str, Path)):
         raise InputError(not_a_model_name(name))
     return _load(str(name), device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
@@ -224,7 +263,9 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     scored or perturbed), and ``example.text`` is the laid-out prompt. A text may instead be a
     conversation, a list of ``{"role": ..., "content": ...}`` messages (one conversation alone, or a
     list of them): every message's content is scored, and ``spans="@roles"`` reads each message as
-    one span named by its role (``example.messages`` says where they lie)."""
+    one span named by its role (``example.messages`` says where they lie). A message is always read
+    as plain text: a control token's text in it (``<|im_end|>``) is spelled by ordinary tokens and
+    scored, never a turn of its own (a tokenizer that cannot spell it refuses it in one line)."""
     from probe.rows.target import prepare as _prepare
 
     texts = _text_list(texts, chat=chat)
@@ -464,6 +505,7 @@ class Explanation(PicklableFrozen):
         from probe.study.store import write_table
 
         folder = Path(path)
+        _check_explanation_folder(folder)
         record = {
             "format": EXPLANATION_FORMAT, "model": self.model,
             "examples": [_example_record(e) for e in self.examples],
@@ -683,7 +725,31 @@ def _example_fields(fields: dict[str, Any]) -> dict[str, Any]:
     """A saved example's fields as the example holds them (JSON keeps a chat prompt's messages as lists)."""
     if "messages" in fields:
         fields["messages"] = tuple(tuple(m) for m in fields["messages"])
+    if "offsets" in fields:
+        fields["offsets"] = tuple(tuple(o) for o in fields["offsets"])
     return fields
+
+
+#: what a folder :meth:`Explanation.save` may write into holds besides these: nothing (hidden files aside)
+EXPLANATION_FILES = ("explanation.json", "scores.parquet")
+
+
+def _check_explanation_folder(folder: Path) -> None:
+    """Refuse, in one line, a folder :meth:`Explanation.save` would overwrite something else in: a file,
+    a study's result folder (its ``scores.parquet`` is the study's), any folder with other files; a
+    new folder, an empty one and an earlier save's are fine."""
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder} is a file; Explanation.save writes a folder: give a new or empty folder")
+    if not folder.is_dir():
+        return
+    others = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in EXPLANATION_FILES)
+    earlier = (folder / "explanation.json").is_file()
+    if others or ((folder / "scores.parquet").exists() and not earlier):
+        what = ("a study's result folder" if (folder / "study.json").exists() or (folder / "complete.json").exists()
+                else "other files")
+        shown = ", ".join(others[:3] or ["scores.parquet"]) + (", ..." if len(others) > 3 else "")
+        raise InputError(f"{folder} holds {what} ({shown}); Explanation.save would overwrite its scores.parquet: "
+                         "give a new or empty folder (or one an earlier Explanation.save wrote)")
 
 
 def load_explanation(path: str | Path) -> Explanation:
@@ -753,6 +819,10 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     params = _method_params(params)
     if chosen is not None:
         _no_gradients_here(chosen)
+    if spans is not None:
+        from probe.rows.spans import span_spec
+
+        span_spec(spans)  # a wrong type or a bad pattern refused before any method runs
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
                          generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label,
                          target_side=target_side)
@@ -822,8 +892,9 @@ def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]
     example, span_index, span, start, end, n_tokens, mode, score, original_value."""
     from probe.intervene.engine import Engine
     from probe.intervene.spans import span_loo as _span_loo
-    from probe.rows.spans import spans_per_example
+    from probe.rows.spans import span_spec, spans_per_example
 
+    span_spec(spans)  # a wrong type or a bad pattern refused before the texts are prepared
     examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
                          contrast_label=contrast_label, chat=chat, generate=generate)
     return _span_loo(Engine(pm), examples, spans_per_example(pm, examples, spans), mode)
@@ -912,8 +983,14 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     sample]``, and ``summary()`` per example. ``options`` go to the function of that name in
     :mod:`probe.intervene.counterfactual` (permuted: ``n``, ``seed``; adversarial: ``candidates``,
     ``steps``, ``bound``, ``seed``, ...)."""
+    import inspect
+
     if how not in COUNTERFACTUALS:
         raise InputError(f"unknown counterfactual attention {how!r}: use one of {', '.join(COUNTERFACTUALS)}")
+    own = [p for p in inspect.signature(counterfactual_attention).parameters if p not in ("pm", "texts", "options")]
+    passed_on = [p for p in inspect.signature(registry.counterfactual(how).load()).parameters
+                 if p not in ("pm", "examples", "layer", "head")]
+    _unknown_keywords(options, [*own, *passed_on], f"probe.counterfactual_attention(how={how!r})")
     if registry.counterfactual(how).needs_gradients and torch.is_inference_mode_enabled():
         raise InputError(f"{how} attention searches by gradient, which torch.inference_mode() switches off: call "
                          "probe.counterfactual_attention outside the `with torch.inference_mode():` block")
@@ -1060,8 +1137,15 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
         claim_file = claims_from_dict(dict(claims))
     else:
         raise InputError(f"claims must be a claim file's path, a ClaimFile or a dict, got {type(claims).__name__}")
-    return run_audit(claim_file, out_dir=out, progress=progress, model=model)
+    return run_audit(claim_file, out_dir=out, progress=progress, model=None if model is None else _model(model, "model"))
 
+
+# Every public function binds its arguments first: a misspelt keyword is one line naming the accepted ones.
+for _name in ("audit", "capture", "counterfactual_attention", "erasure", "explain", "find_spans", "head_ablation",
+              "head_importance", "load_claims", "load_explanation", "load_model", "load_results", "load_study", "loo",
+              "prepare", "run_study", "span_loo", "study_from_dict", "wrap"):
+    globals()[_name] = _arguments_checked(globals()[_name])
+del _name
 
 __all__ = [
     "COUNTERFACTUALS", "Explanation", "Texts", "audit", "capture", "counterfactual_attention",

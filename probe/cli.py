@@ -46,8 +46,19 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def _say(text, *, err: bool = False) -> None:
+    """Print one line of text that may hold user-derived parts (paths, names, tokens, claims): every
+    control character shows as an escape (:func:`probe.names.printable`); ``err``: on standard error."""
+    print(printable(text), file=sys.stderr if err else sys.stdout)
+
+
+def _log(text) -> None:
+    """A run's progress line, on standard error (see :func:`_say`)."""
+    _say(text, err=True)
+
+
 def _warn_one_line(message, category, filename, lineno, file=None, line=None):
-    print(printable(f"warning: {message}"), file=sys.stderr)
+    _say(f"warning: {message}", err=True)
 
 
 def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
@@ -201,7 +212,7 @@ def explain(
     target_side: bool = typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output written before "
                                      "each output token too, as part of its input"),
     chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat template "
-                              "(the template's tokens are not scored)"),
+                              "(the template's tokens are not scored; control-token text in TEXT is read as plain text)"),
     contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the log-prob of the continuation "
                                         "minus the foil's at the same positions (as many tokens, or one)"),
     contrast_label: str | None = typer.Option(None, "--contrast-label", help="for a classifier, a label (index or name): explain "
@@ -323,10 +334,10 @@ def run(
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
         result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new,
-                           log=lambda text: print(text, file=sys.stderr))
+                           log=_log)
     if result.verdict is not None:
-        print(printable(f"{result.verdict.answer.upper()}: {result.verdict.headline}"))
-        print(f"results: {result.root}")
+        _say(f"{result.verdict.answer.upper()}: {result.verdict.headline}")
+        _say(f"results: {result.root}")
 
 
 @app.command()
@@ -364,9 +375,9 @@ def audit(
         needed = f", n_needed {c.evidence.get('n_needed')}" if c.verdict == "inconclusive" else ""
         if c.verdict == "inconclusive" and c.evidence.get("why"):
             needed += f" ({c.evidence['why']})"
-        print(f"{c.verdict.upper():13s} {printable(c.claim)}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
-              f"n {c.n}{needed})")
-    print(printable(f"report: {Path(folder) / 'audit.html'}"))
+        _say(f"{c.verdict.upper():13s} {c.claim}  (effect {c.effect:.3g}, 95% CI {ci}, threshold {c.threshold:g}, "
+             f"n {c.n}{needed})")
+    _say(f"report: {Path(folder) / 'audit.html'}")
 
 
 AUDIT_FILES = {"audit.json", "audit.md", "audit.html"}
@@ -429,12 +440,12 @@ def planted(
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
         frame = run_planted(spec, names=names, results=Path(results), n=n, calibrate=calibrate,
-                            log=lambda text: print(text, file=sys.stderr))
+                            log=_log)
     paths = write_planted(frame, Path(out), command=f"probe planted {study}" + (f" --n {n}" if n else "")
                           + (f" --calibrate {calibrate}" if calibrate != 200 else ""))
     for r in frame.itertuples():
-        print(f"{'ok   ' if r.right else 'WRONG'} {r.model}: {r.answer} (expected {r.expected})")
-    print(f"{int(frame.right.sum())}/{len(frame)} right; {paths[0]}")
+        _say(f"{'ok   ' if r.right else 'WRONG'} {r.model}: {r.answer} (expected {r.expected})")
+    _say(f"{int(frame.right.sum())}/{len(frame)} right; {paths[0]}")
     if not frame.right.all():
         raise typer.Exit(1)
 
@@ -449,9 +460,9 @@ def report(
 
     files = build_report(result_dir, out)
     if files.partial:
-        print("PARTIAL: the run has not finished; the report covers its finished batches", file=sys.stderr)
-    print(f"report: {files.html}")
-    print(f"markdown: {files.markdown}")
+        _say("PARTIAL: the run has not finished; the report covers its finished batches", err=True)
+    _say(f"report: {files.html}")
+    _say(f"markdown: {files.markdown}")
 
 
 @app.command()
@@ -463,8 +474,8 @@ def compare(
     from probe.report.build import build_comparison  # probe.build_comparison: torch-free
 
     files = build_comparison(result_dirs, out)
-    print(f"report: {files.html}")
-    print(f"markdown: {files.markdown}")
+    _say(f"report: {files.html}")
+    _say(f"markdown: {files.markdown}")
 
 
 def usage_error_classes() -> tuple[type, ...]:
@@ -497,7 +508,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except ProbeError as exc:
-        print(printable(f"error: {exc}"), file=sys.stderr)
+        _say(f"error: {exc}", err=True)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -509,7 +520,7 @@ def main() -> None:
 
         if getattr(exc, "errno", None) is None:
             raise
-        print(printable(f"error: {storage_error(exc, exc.filename or 'a file', 'write')}"), file=sys.stderr)
+        _say(f"error: {storage_error(exc, exc.filename or 'a file', 'write')}", err=True)
         sys.exit(2)
     except MemoryError as exc:  # e.g. --steps 100000000: say so in one line, not 200 lines of traceback
         print(f"error: out of memory ({' '.join(str(exc).split()) or 'MemoryError'}); lower --steps, --n or the "
@@ -521,7 +532,7 @@ def main() -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command: its help, as click shows it
             exc.show()
             sys.exit(exc.exit_code)
-        print(_usage_line(exc), file=sys.stderr)
+        _say(_usage_line(exc), err=True)
         sys.exit(2)
 
 

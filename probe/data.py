@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from probe.errors import InputError, warn_at_caller
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
@@ -89,13 +89,8 @@ def load_dataset(
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise InputError(f"n={n!r} is not a positive integer; give n >= 1 or leave it unset for all examples")
 
-    if spec.startswith(BUILTIN_PREFIX):
-        examples = _load_builtin(spec[len(BUILTIN_PREFIX):], split)
-    elif spec.startswith(PLANTED_PREFIX):
-        examples = _load_planted(spec[len(PLANTED_PREFIX):])
-    else:
-        examples = _load_user_file(Path(spec).expanduser(), text_column, label_column)
-    return take(examples, n, seed, spec)
+    scan = scan_dataset(spec, split=split, text_column=text_column, label_column=label_column, hold=n is None)
+    return scan.take(n, seed)
 
 
 def builtin_dataset_names() -> list[str]:
@@ -251,9 +246,22 @@ def _load_planted(name: str) -> list[Example]:
 
 
 # ------------------------------------------------------------------------------------- user files
+#
+# A user file is read row by row, never whole: a first pass reads its columns, counts its rows and
+# checks that its labels are of one type; the examples are then made one at a time. A selection of
+# n examples needs only the count of the candidates (a seeded shuffle is a permutation of their
+# positions, whatever they hold), so :func:`scan_dataset` keeps their positions (8 bytes each) and
+# reads the file once more for the n selected: memory follows the selection, not the file. A
+# ``.json`` list is the exception: JSON cannot be read in part, so it is parsed whole on each pass.
+
+#: the longest CSV field probe reads (the csv module's own default is 128 KiB): a text this long is
+#: far past any model's window, and is left out by the study's length limit
+MAX_CSV_FIELD = 16 * 2**20
+#: examples handed to a scan's ``keep`` at once (tokenised together for the length limit)
+SCAN_CHUNK = 1024
 
 
-def _load_user_file(path: Path, text_column: str, label_column: str) -> list[Example]:
+def _check_user_path(path: Path) -> None:
     suffix = path.suffix.lower()
     if not path.exists():
         hint = "" if suffix in USER_FILE_SUFFIXES else f"; or use one of: {', '.join(BUILTIN_PREFIX + n for n in builtin_dataset_names())}"
@@ -263,115 +271,198 @@ def _load_user_file(path: Path, text_column: str, label_column: str) -> list[Exa
     if suffix not in USER_FILE_SUFFIXES:
         raise InputError(f"dataset file {path} has suffix {suffix or '(none)'!r}; supported: {', '.join(USER_FILE_SUFFIXES)}")
 
-    records, columns, where = _read_csv(path) if suffix == ".csv" else _read_json_records(path)
-    if not records and not columns:
+
+def _raw_records(path: Path, header: list[str]) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` per row of a user file, in order (``where``: "line N" or "item N"); a CSV's
+    header is appended to ``header`` as soon as it is read."""
+    if path.suffix.lower() == ".csv":
+        return _csv_records(path, header)
+    return _json_records(path)
+
+
+def _csv_records(path: Path, header: list[str]) -> Iterator[tuple[str, dict]]:
+    import csv
+
+    def read(step):
+        # the csv module's field limit is process-wide: raised for each read only, then put back
+        limit = csv.field_size_limit(MAX_CSV_FIELD)
+        try:
+            return step()
+        except csv.Error as exc:
+            if "field larger than field limit" in str(exc):
+                raise InputError(f"{path} line {reader.line_num}: a field is longer than {MAX_CSV_FIELD:,} characters, "
+                                 "the most probe reads from a CSV (a text that long is past any model's window): "
+                                 "shorten or drop that row") from None
+            raise InputError(f"{path} is not a readable CSV at line {reader.line_num} ({exc}); save it as UTF-8 CSV "
+                             "with a header row") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path} is not a readable UTF-8 CSV ({exc}); save it as UTF-8 CSV with a header row") from None
+        finally:
+            csv.field_size_limit(limit)
+
+    # utf-8-sig: spreadsheet programs often write a byte-order mark before the header.
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        header.extend(read(lambda: reader.fieldnames) or [])
+        previous_end = reader.line_num
+        while True:
+            record = read(lambda: next(reader, None))
+            if record is None:
+                return
+            yield f"line {previous_end + 1}", record  # a quoted field may span several lines
+            previous_end = reader.line_num
+
+
+def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
+    import io
+
+    try:
+        if path.suffix.lower() == ".json":
+            content = path.read_text(encoding="utf-8-sig")
+            stripped = content.lstrip()
+            if stripped.startswith("{"):
+                try:
+                    whole = json.loads(content)
+                except json.JSONDecodeError:
+                    whole = None  # perhaps one object per line: read below
+                if isinstance(whole, dict) and any(isinstance(v, (list, dict)) for v in whole.values()):  # a wrapper
+                    keys = ", ".join(sorted(map(str, whole))[:5]) or "no keys"
+                    raise InputError(f"{path} holds one JSON object ({keys}), not a list of examples; give a list like "
+                                     '[{"text": "...", "label": 1}, ...] or one object per line')
+            if stripped.startswith("["):
+                try:
+                    items = json.loads(content)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+                yield from ((f"item {i}", item) for i, item in enumerate(items))
+                return
+            lines: Iterable[str] = io.StringIO(content)
+            yield from _json_lines(path, lines)
+            return
+        with path.open(encoding="utf-8-sig") as handle:
+            yield from _json_lines(path, handle)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 ({exc}); save it as UTF-8") from None
+
+
+def _json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: line {line_number} is not valid JSON ({exc.msg}); one object per line") from None
+        yield f"line {line_number}", record
+
+
+def _label_kind(value: Any) -> str | None:
+    """What a label value is (None: no label): a class id (an integer, also written 1.0 or "1"), a
+    boolean, a string, a non-integer number, ..."""
+    if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return "string"
+        return "class id" if number.is_integer() else "string"
+    if isinstance(value, (int, float)):
+        return "class id" if float(value).is_integer() else "non-integer number"
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class _UserFile:
+    """A user file whose columns, row count and label types were checked by a first pass."""
+
+    path: Path
+    text_column: str
+    label_column: str
+    has_labels: bool
+    n_rows: int
+
+    def rows(self) -> Iterator[tuple[int, str, Example]]:
+        """``(row, where, example)`` per row, in file order, each row checked as it is made."""
+        stem = self.path.stem
+        for row, (where, record) in enumerate(_raw_records(self.path, [])):
+            text = record.get(self.text_column)
+            if text is None:
+                raise InputError(f"{self.path}: row {row} ({where}) has no {self.text_column!r} (missing or null); "
+                                 "every example needs text")
+            if not isinstance(text, str):
+                raise InputError(f"{self.path}: row {row} ({where}) has {self.text_column}={text!r}, a "
+                                 f"{type(text).__name__}, not a string; write every text as a string (in quotes)")
+            if not text.strip():
+                raise InputError(f"{self.path}: row {row} ({where}) has an empty {self.text_column!r}; every example needs text")
+            label = (_parse_label(record.get(self.label_column), self.path, row, where, self.label_column)
+                     if self.has_labels else None)
+            yield row, where, Example(id=f"{stem}-{row}", text=text, label=label)
+
+
+def _open_user_file(path: Path, text_column: str, label_column: str) -> _UserFile:
+    """The first pass over a user file: its columns, its rows counted, its labels of one type."""
+    _check_user_path(path)
+    header: list[str] = []
+    columns: dict[str, None] = {}
+    n_rows = 0
+    first_label: tuple[int, str, Any, str] | None = None  # row, where, value, kind of the first label
+    for row, (where, record) in enumerate(_raw_records(path, header)):
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: row {row} is a {type(record).__name__}, not an object like {{\"text\": ..., \"label\": ...}}")
+        n_rows += 1
+        for key in record:
+            if key is not None:  # a CSV row with more fields than the header: csv's "rest" key
+                columns.setdefault(key, None)
+        value = record.get(label_column)
+        kind = _label_kind(value)
+        if kind is None:
+            continue
+        if first_label is None:
+            first_label = (row, where, value, kind)
+        elif kind != first_label[3]:
+            r0, w0, v0, k0 = first_label
+            raise InputError(f"{path}: row {row} ({where}) has {label_column}={value!r}, a {kind}, but row {r0} ({w0}) "
+                             f"has {v0!r}, a {k0}: a file's labels are of one type, integer class ids (0 = negative, "
+                             "1 = positive for the built-in classifier), not a mix")
+    names = list(dict.fromkeys([*header, *columns]))
+    suffix = path.suffix.lower()
+    if not n_rows and not names:
         layout = ("a header row (e.g. text,label) and one row per example" if suffix == ".csv"
                   else "one JSON object per line" if suffix == ".jsonl"
                   else 'a list of objects like [{"text": "...", "label": 1}] (or one object per line)')
         raise InputError(f"{path} is empty: no examples and no columns; give {layout}")
-    if text_column not in columns:
-        raise InputError(
-            f"{path} has no text column {text_column!r}; its columns are {sorted(columns)}; "
-            f"pass text_column=<one of them>"
-        )
-    has_labels = label_column in columns
+    if text_column not in names:
+        raise InputError(f"{path} has no text column {text_column!r}; its columns are {sorted(names)}; "
+                         f"pass text_column=<one of them>")
+    has_labels = label_column in names
     if not has_labels and label_column != "label":
-        raise InputError(
-            f"{path} has no label column {label_column!r}; its columns are {sorted(columns)}"
-        )
-
-    stem = path.stem
-    examples = []
-    for row, record in enumerate(records):
-        text = record.get(text_column)
-        if not isinstance(text, str) or not text.strip():
-            raise InputError(f"{path}: row {row} ({where(row)}) has an empty {text_column!r}; every example needs text")
-        label = _parse_label(record.get(label_column), path, row, where(row), label_column) if has_labels else None
-        examples.append(Example(id=f"{stem}-{row}", text=text, label=label))
-    if not examples:
+        raise InputError(f"{path} has no label column {label_column!r}; its columns are {sorted(names)}")
+    if not n_rows:
         raise InputError(f"{path} has no examples; give a file with at least one row")
-    _warn_about_duplicates(path, examples, where)
-    return examples
+    return _UserFile(path, text_column, label_column, has_labels, n_rows)
 
 
-def _warn_about_duplicates(path: Path, examples: list[Example], where) -> None:
-    """Rows whose text repeats an earlier row's are kept (each is an example) but said: they inflate n."""
-    first: dict[str, int] = {}
+def _warn_about_duplicates(path: Path, rows: Sequence[tuple[int, str, Example]]) -> None:
+    """Rows whose text repeats an earlier row's are kept (each is an example) but said: they inflate n.
+    ``rows``: ``(row, where, example)`` of the examples taken, in file order."""
+    first: dict[str, tuple[int, str, Example]] = {}
     repeats = []
-    for row, example in enumerate(examples):
-        if example.text in first:
-            repeats.append((row, first[example.text]))
+    for entry in rows:
+        if entry[2].text in first:
+            repeats.append((entry, first[entry[2].text]))
         else:
-            first[example.text] = row
+            first[entry[2].text] = entry
     if not repeats:
         return
-    row, earlier = repeats[0]
-    conflicting = sum(1 for r, e in repeats if examples[r].label != examples[e].label)
+    (row, where, _), (earlier, earlier_where, _) = repeats[0]
+    conflicting = sum(1 for (_, _, e), (_, _, f) in repeats if e.label != f.label)
     detail = f"; {conflicting} of them with another label" if conflicting else ""
-    warn_at_caller(f"{path}: {len(repeats)} rows repeat the text of an earlier row (first: row {row} ({where(row)}) = "
-                   f"row {earlier} ({where(earlier)})){detail}; each counts as an example, so n counts them twice: "
+    warn_at_caller(f"{path}: {len(repeats)} rows repeat the text of an earlier row (first: row {row} ({where}) = "
+                   f"row {earlier} ({earlier_where})){detail}; each counts as an example, so n counts them twice: "
                    "drop the duplicates to avoid that")
-
-
-def _read_csv(path: Path):
-    import csv
-
-    records, first_lines = [], []
-    try:
-        # utf-8-sig: spreadsheet programs often write a byte-order mark before the header.
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            columns = list(reader.fieldnames or [])
-            previous_end = reader.line_num
-            for record in reader:
-                records.append(dict(record))
-                first_lines.append(previous_end + 1)  # a quoted field may span several lines
-                previous_end = reader.line_num
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"{path} is not a readable UTF-8 CSV ({exc}); save it as UTF-8 CSV with a header row") from None
-    return records, columns, lambda row: f"line {first_lines[row]}"
-
-
-def _read_json_records(path: Path):
-    try:
-        content = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path} is not UTF-8 ({exc}); save it as UTF-8") from None
-
-    if path.suffix.lower() == ".json" and content.lstrip().startswith("{"):
-        try:
-            whole = json.loads(content)
-        except json.JSONDecodeError:
-            whole = None  # perhaps one object per line: read below
-        if isinstance(whole, dict) and any(isinstance(v, (list, dict)) for v in whole.values()):  # a wrapper
-            keys = ", ".join(sorted(map(str, whole))[:5]) or "no keys"
-            raise InputError(f"{path} holds one JSON object ({keys}), not a list of examples; give a list like "
-                             '[{"text": "...", "label": 1}, ...] or one object per line')
-    if path.suffix.lower() == ".json" and content.lstrip().startswith("["):
-        try:
-            records = json.loads(content)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        line_numbers = None
-    else:
-        records, line_numbers = [], []
-        for line_number, line in enumerate(content.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {line_number} is not valid JSON ({exc.msg}); one object per line") from None
-            line_numbers.append(line_number)
-
-    columns: list[str] = []
-    for row, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise InputError(f"{path}: row {row} is a {type(record).__name__}, not an object like {{\"text\": ..., \"label\": ...}}")
-        columns.extend(key for key in record if key not in columns)
-    if line_numbers is None:
-        return records, columns, lambda row: f"item {row}"
-    return records, columns, lambda row: f"line {line_numbers[row]}"
 
 
 def _parse_label(value: Any, path: Path, row: int, where: str, label_column: str) -> int | None:
@@ -380,7 +471,8 @@ def _parse_label(value: Any, path: Path, row: int, where: str, label_column: str
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, bool):
-        return int(value)
+        raise InputError(f"{path}: row {row} ({where}) has {label_column}={json.dumps(value)}, a boolean; labels are "
+                         "integer class ids: write 1 and 0 (0 = negative, 1 = positive for the built-in classifier)")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -396,6 +488,119 @@ def _parse_label(value: Any, path: Path, row: int, where: str, label_column: str
         f"{path}: row {row} ({where}) has {label_column}={value!r}; labels must be integer class ids "
         f"(0 = negative, 1 = positive for the built-in sentiment classifier)"
     )
+
+
+# ------------------------------------------------------------------------------------ selection
+
+
+def _rows(spec: str, split: str, text_column: str, label_column: str,
+          user: _UserFile | None = None) -> tuple[Iterator[tuple[int, str, Example]], _UserFile | None]:
+    """``(row, where, example)`` of every example of ``spec`` in order, and the user file once its
+    first pass ran (None for built-in and planted data, which are in memory already); ``user``: that
+    file from an earlier call, not checked again."""
+    if spec.startswith(BUILTIN_PREFIX):
+        examples = _load_builtin(spec[len(BUILTIN_PREFIX):], split)
+    elif spec.startswith(PLANTED_PREFIX):
+        examples = _load_planted(spec[len(PLANTED_PREFIX):])
+    else:
+        user = user or _open_user_file(Path(spec).expanduser(), text_column, label_column)
+        return user.rows(), user
+    return ((i, f"row {i}", e) for i, e in enumerate(examples)), None
+
+
+def iter_dataset(spec: str, split: str = "test", text_column: str = "text",
+                 label_column: str = "label") -> Iterator[Example]:
+    """Every example of ``spec``, in order, one at a time (see :func:`load_dataset`): a user file
+    is checked whole first (its columns and label types), its examples are made as they are read."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError(f"dataset spec {spec!r} is empty; give builtin:NAME or a path to a .csv/.jsonl file")
+    rows, _ = _rows(spec, split, text_column, label_column)
+    return (example for _, _, example in rows)
+
+
+@dataclass(frozen=True)
+class DatasetScan:
+    """One pass over a dataset: how many examples it has, and where the ones ``keep`` kept lie.
+    :meth:`take` then selects from the kept ones as :func:`take` would from a list of them."""
+
+    spec: str
+    split: str
+    text_column: str
+    label_column: str
+    #: examples the dataset has
+    total: int
+    #: the positions (in dataset order) of the examples kept
+    positions: Sequence[int]
+    #: ``(row, where, example)`` of the kept examples, when the scan held them (``hold=True``)
+    held: tuple | None
+    #: the user file read (None for built-in and planted data)
+    user: _UserFile | None = None
+
+    @property
+    def count(self) -> int:
+        """How many examples were kept."""
+        return len(self.positions)
+
+    def take(self, n: int | None, seed: int) -> list[Example]:
+        """The first ``n`` kept examples after a shuffle seeded with ``seed`` (every kept one, in
+        order, for None): the same examples :func:`take` gives on a list of them. Unless the scan held
+        them, the dataset is read once more and only the selected examples are made into objects."""
+        import array
+
+        if n is not None and n > self.count:
+            raise InputError(f"n={n} is larger than the {self.count} examples of {self.spec}; give n <= {self.count}")
+        order = array.array("q", range(self.count))  # 8 bytes per kept example
+        if n is not None:
+            random.Random(seed).shuffle(order)  # a shuffle of n items depends on n and the seed only
+            order = order[:n]
+        if self.held is not None:
+            chosen = [self.held[i] for i in order]
+        else:
+            rank = {self.positions[i]: r for r, i in enumerate(order)}
+            chosen = [None] * len(order)
+            rows, _ = _rows(self.spec, self.split, self.text_column, self.label_column, self.user)
+            for position, entry in enumerate(rows):
+                r = rank.get(position)
+                if r is not None:
+                    chosen[r] = entry
+        if self.user is not None:
+            _warn_about_duplicates(self.user.path, sorted(chosen, key=lambda entry: entry[0]))
+        return [example for _, _, example in chosen]
+
+
+def scan_dataset(spec: str, *, split: str = "test", text_column: str = "text", label_column: str = "label",
+                 keep: Callable[[list[Example]], Sequence[bool]] | None = None, hold: bool = False) -> DatasetScan:
+    """Read ``spec`` once, handing its examples to ``keep`` in chunks of :data:`SCAN_CHUNK` (``keep``
+    says which to keep; None keeps all), and remember only the kept ones' positions, or with
+    ``hold`` the kept examples themselves (when all of them will be used)."""
+    import array
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError(f"dataset spec {spec!r} is empty; give builtin:NAME or a path to a .csv/.jsonl file")
+    rows, user = _rows(spec, split, text_column, label_column)
+    positions = array.array("q")
+    held: list | None = [] if hold else None
+    total = 0
+
+    def flush(chunk: list) -> None:
+        kept = keep([e for _, _, e in chunk]) if keep is not None else [True] * len(chunk)
+        for offset, (entry, yes) in enumerate(zip(chunk, kept)):
+            if yes:
+                positions.append(total - len(chunk) + offset)
+                if held is not None:
+                    held.append(entry)
+
+    chunk: list = []
+    for entry in rows:
+        chunk.append(entry)
+        total += 1
+        if len(chunk) >= SCAN_CHUNK:
+            flush(chunk)
+            chunk = []
+    if chunk:
+        flush(chunk)
+    return DatasetScan(spec, split, text_column, label_column, total, positions,
+                       None if held is None else tuple(held), user)
 
 
 # ----------------------------------------------------------------------------------------- helpers

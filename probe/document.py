@@ -178,6 +178,16 @@ def escape_html(text) -> str:
 _h = escape_html
 
 
+def script_json(value) -> str:
+    """``value`` as JSON safe inside an HTML ``<script>`` element: ``<``, ``>`` and ``&`` as ``\\u``
+    escapes (so no ``</script>`` or ``<!--`` can end or bend the element) and every non-ASCII
+    character escaped too (U+2028 and U+2029 end a line in older JavaScript)."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def html_page(title: str, css: str, body: Iterable[str]) -> str:
     """One self-contained page: ``css`` inline, no script, font or image from elsewhere, and an empty
     icon so that a browser asks for none. ``title`` is text; ``body`` is HTML, one line per item."""

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from probe import registry
+from probe.names import printable
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -16,10 +17,11 @@ if TYPE_CHECKING:
 
 def plain(value) -> str:
     """Text from the model or the user, shown by rich as written: ``[bold]`` or ``[/]`` in a token,
-    label or continuation is not markup."""
+    label or continuation is not markup, and a control character (ESC, a right-to-left override,
+    ...) shows as an escape (:func:`probe.names.printable`) instead of acting on the terminal."""
     from rich.markup import escape
 
-    return escape(str(value))
+    return escape(printable(value))
 
 
 def nan_to_none(values):
@@ -95,7 +97,7 @@ def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dic
     for name, reason in skipped.items():
         console.print(f"[dim]skipped {name}: {plain(reason)}[/]")
     for line in summary_lines(checks):
-        console.print(line, markup=False, highlight=False)
+        console.print(printable(line), markup=False, highlight=False)
     shown_layer = layer if layer is not None else pm.contract.n_layers - 1
     titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",
               "gradient": "gradient methods", "intervention": "leave-one-out: f(x) - f(x perturbed)"}

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "probe"
 #: of its users, the explainers and the interventions; ``methods`` (the dispatcher that runs any
 #: registered method by name) sits above both.
 RANKS = {
-    "errors": 0, "names": 0, "registry": 0, "tasks": 0, "frozen": 0,
+    "errors": 0, "names": 0, "registry": 0, "tasks": 0, "frozen": 0, "patterns": 0,
     "data": 1, "planted_texts": 1, "spec": 1, "document": 1, "display": 1, "plots": 1,
     "hooks": 2,
     "models": 3,

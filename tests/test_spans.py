@@ -60,7 +60,7 @@ def test_span_refusals_are_one_line(loaded):
     pm = loaded("bert")
     with pytest.raises(InputError, match="covers no scored token"):
         probe.span_loo(pm, TEXTS, r"zebra")
-    with pytest.raises(InputError, match="not a regular expression"):
+    with pytest.raises(InputError, match="not a valid regular expression"):
         probe.explain(pm, TEXTS, ["attention_mean"], spans="(")
     with pytest.raises(InputError, match="not a pair of character offsets"):
         probe.span_loo(pm, TEXTS, [(5, 2)])
@@ -133,7 +133,7 @@ def test_a_study_refuses_spans_with_a_reference_that_has_no_span_form(tmp_path):
             "explainers": ["saliency"], "references": ["loo_lm"], "spans": {"pattern": r"\w+"}}
     with pytest.raises(InputError, match="loo_lm has no span form"):
         study_from_dict(spec)
-    with pytest.raises(InputError, match="is not a regular expression"):
+    with pytest.raises(InputError, match="is not a valid regular expression"):
         study_from_dict({**spec, "references": ["loo_delete"], "spans": {"pattern": "(unclosed"}})
 
 

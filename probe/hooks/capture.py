@@ -137,6 +137,8 @@ class _Session:
         self.model = model
         # the 2-D masks the model's own forward was handed, read where "last" has no mask given
         self.forward_masks: dict[str, torch.Tensor | None] = {}
+        # and the token ids it was handed ([batch, seq]), to tell a padded row handed over without its mask
+        self.forward_ids: dict[str, torch.Tensor | None] = {}
 
     def _wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
@@ -158,8 +160,14 @@ class _Session:
                     # shorter ones' last row would be padding
                     raise InputError("queries='last' needs attention_mask=... (the padded batch's mask): pass "
                                      "attention_mask=batch['attention_mask'] to probe.capture or to the model")
-                if mask is None or mask.dim() != 2 or mask.shape[1] != q_len:
+                if mask is None:
+                    self._refuse_trailing_padding(stack)
                     return torch.full((batch, 1), q_len - 1, dtype=torch.long, device=device)
+                if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] < q_len:
+                    raise InputError(f"queries='last' reads each row's last real token from the attention mask, which "
+                                     f"has shape {list(mask.shape)}, not [batch {batch}, length {q_len}]: pass the "
+                                     "batch's own 2-D attention_mask (batch['attention_mask'])")
+                mask = mask[:, -q_len:]  # a mask over cached keys too (decoding) ends with these rows' columns
                 # the last position the mask keeps: with right padding its length - 1, and right with left padding too
                 positions = torch.arange(q_len, device=mask.device).expand(batch, q_len)
                 return (positions * mask.bool()).amax(dim=1).long().view(batch, 1).to(device)
@@ -172,6 +180,24 @@ class _Session:
         if bool((rows >= q_len).any()) or bool((rows < 0).any()):
             raise CaptureError(f"query position out of range: the sequence has {q_len} positions")
         return rows
+
+    def _refuse_trailing_padding(self, stack: str) -> None:
+        """With no mask anywhere, "last" is the row's last position, and the model attends every position
+        alike; refused when that position holds the pad token (a padded row handed over without its
+        mask), unless the pad token doubles as a real one (bos, eos, sep)."""
+        ids = self.forward_ids.get(stack)
+        config = getattr(self.model, "config", None)
+        pad = getattr(config, "pad_token_id", None)
+        if ids is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] == 0 or pad is None:
+            return
+        real = set()
+        for name in ("bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id"):
+            value = getattr(config, name, None)
+            real.update(value if isinstance(value, (list, tuple)) else [value])
+        if pad not in real and bool((ids[:, -1] == pad).any()):
+            raise InputError(f"queries='last' without an attention mask: the row ends in the pad token (id {pad}), so "
+                             "its last position is padding: pass attention_mask=batch['attention_mask'] to "
+                             "probe.capture or to the model")
 
     def _next_place(self, key, places):
         """The layer of this call of a module: shared modules step through their layers call by call."""
@@ -201,10 +227,13 @@ class _Session:
         except TypeError:
             bound = kwargs
         encoder, decoder = bound.get("attention_mask"), bound.get("decoder_attention_mask")
+        encoder_ids, decoder_ids = bound.get("input_ids"), bound.get("decoder_input_ids")
         if self.contract.task.encoder_decoder:
             self.forward_masks = {"encoder": encoder, "decoder": decoder, "cross": decoder}
+            self.forward_ids = {"encoder": encoder_ids, "decoder": decoder_ids, "cross": decoder_ids}
         else:
             self.forward_masks = {stack: encoder for stack in self.contract.stacks}
+            self.forward_ids = {stack: encoder_ids for stack in self.contract.stacks}
 
     def attach(self) -> None:
         """Forward hooks on the probability modules of inline-attention layers, and on the model's

@@ -92,7 +92,11 @@ class AttentionMaps:
         and numbers the captured layers from 0; ``tokens`` (that row's token strings, padding
         excluded) set how many positions are shown, so padding keys never appear. Needs bertviz
         (``pip install bertviz``)."""
+        import re
+        import uuid
+
         from probe.display import clean_token
+        from probe.document import script_json
         from probe.errors import InputError
 
         if view not in ("head", "model"):
@@ -114,7 +118,16 @@ class AttentionMaps:
         weights = self.weights[example, :, :, :n, :n].detach().cpu().float()  # [layer, head, query, key]
         attention = tuple(weights[i].unsqueeze(0) for i in range(weights.shape[0]))  # bertviz: per layer [1, H, Q, K]
         show = bertviz.head_view if view == "head" else bertviz.model_view
-        return show(attention, labels, html_action="return")
+        # bertviz writes the tokens with json.dumps into a <script> element, where a token holding
+        # "</script>" would end it and run what follows: it is handed placeholders, each then replaced
+        # by its token as script-safe JSON (probe.document.script_json)
+        marker = f"probe-token-{uuid.uuid4().hex}-"
+        page = show(attention, [f"{marker}{i}" for i in range(n)], html_action="return")
+        html = re.sub(rf'"{marker}(\d+)"', lambda m: script_json(labels[int(m.group(1))]), page.data)
+        if marker in html:
+            raise InputError("bertviz wrote the tokens where probe cannot escape them (a bertviz version probe does "
+                             "not know): pip install 'bertviz>=1.4,<2'")
+        return type(page)(html)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per (batch, layer, head, query row, key): ``layer`` and ``head`` as captured (the

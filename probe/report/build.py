@@ -17,7 +17,15 @@ from probe.report import analysis as an
 from probe.report import figures as fg
 from probe.document import Document, Para, Section, Table
 from probe.names import COMPLETE_FILE
-from probe.report.output import INPUTS_FILE, ReportFiles, Writer, prepare_out, write_report
+from probe.report.output import (
+    RECORDED_FILES,
+    SOURCE_FILE,
+    ReportFiles,
+    Writer,
+    prepare_out,
+    read_inputs,
+    write_report,
+)
 from probe.report.results import StudyResult, load_result
 from probe.report.sections import (
     agreement_section,
@@ -101,14 +109,25 @@ def _inputs_stamp(root: Path) -> str | None:
 
 def report_is_current(result_dir: str | Path, out_dir: str | Path | None = None) -> bool:
     """Whether ``out_dir`` (default ``result_dir/report``) holds the report of exactly what the
-    finished folder holds now, rendered by this probe version (``probe report`` rebuilds it anyway)."""
+    finished folder holds now, rendered by this probe version from this folder where it is now (a
+    moved or copied folder's report names the folder it was rendered in: it is rendered again), with
+    ``report.html`` and ``report.md`` as they were written (``probe report`` rebuilds it anyway).
+
+    Like ``complete.json``, the digests this compares are kept in the folder they describe: they
+    catch an accidental change (an edited or damaged report, a report of other results), not a
+    forger who can write the folder and rewrites the digests with the files."""
+    from probe.study.identity import file_digest
+
     root = Path(result_dir)
     out = Path(out_dir) if out_dir is not None else root / "report"
     stamp = _inputs_stamp(root)
-    if stamp is None or not (out / "report.html").is_file() or not (out / "report.md").is_file():
+    recorded, written = read_inputs(out)
+    if stamp is None or recorded != stamp or set(written) != set(RECORDED_FILES):
         return False
     try:
-        return (out / INPUTS_FILE).read_text(encoding="utf-8").strip() == stamp
+        if (out / SOURCE_FILE).read_text(encoding="utf-8").strip() != str(root.resolve()):
+            return False
+        return all(file_digest(out / name) == digest for name, digest in written.items())
     except OSError:
         return False
 
@@ -119,9 +138,10 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     ``tables/*.csv``. A run that has not finished gets a PARTIAL banner and no verdict."""
     r = load_result(result_dir)
     out = Path(out_dir) if out_dir is not None else r.root / "report"
-    prepare_out(out, f"probe study report: {r.name}", source=r.root)
+    inputs = _inputs_stamp(r.root) if r.complete else None
+    prepare_out(out, f"probe study report: {r.name}", source=r.root, inputs=inputs)
     w = Writer(out, source=r.root)
-    w.inputs = _inputs_stamp(r.root) if r.complete else None
+    w.inputs = inputs
     banner = None
     if not r.complete:
         total = r.batches_total if r.batches_total is not None else "?"

@@ -167,21 +167,63 @@ def _incomplete_report(out: Path, entries: list[str], first: str) -> bool:
 
 #: beside a study's report: the result folder it was rendered from
 SOURCE_FILE = ".probe-source"
-#: beside a study's report: the digest of the completion record (and probe version) it was rendered from
+#: beside a study's report: the digest of the completion record (and probe version) it was rendered from,
+#: then the sha256 of each report file as written (``SHA256  NAME`` lines)
 INPUTS_FILE = ".probe-inputs"
+#: the report files whose digests ``INPUTS_FILE`` keeps
+RECORDED_FILES = ("report.html", "report.md")
 
 
-def prepare_out(out: Path, title: str, source: Path | None = None) -> None:
+def read_inputs(out: Path) -> tuple[str | None, dict[str, str]]:
+    """(the inputs stamp, ``{report file: sha256 as written}``) kept beside the report in ``out``;
+    (None, {}) where there is none (a partial report's, or one written before it was kept)."""
+    try:
+        lines = (Path(out) / INPUTS_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None, {}
+    if not lines or not lines[0].strip():
+        return None, {}
+    written = {}
+    for line in lines[1:]:
+        digest, _, name = line.strip().partition("  ")
+        if name:
+            written[name] = digest
+    return lines[0].strip(), written
+
+
+def _own_report_folder(out: Path, source: Path) -> bool:
+    """Whether ``out`` is the report folder inside the result folder ``source`` (``SOURCE/report``):
+    it moves and is copied with its folder, so it is that folder's own whatever path it recorded."""
+    try:
+        return Path(out).resolve() == Path(source).resolve() / "report"
+    except OSError:
+        return False
+
+
+def _moved_here(out: Path, recorded: str, inputs: str | None) -> bool:
+    """Whether the report in ``out``, recorded as of the result folder ``recorded``, is of a folder
+    since moved: ``recorded`` holds no result any more and the report was rendered from the very
+    completion record (``inputs``) the folder now given holds."""
+    if inputs is None or (Path(recorded) / "study.json").exists():
+        return False
+    return read_inputs(out)[0] == inputs
+
+
+def prepare_out(out: Path, title: str, source: Path | None = None, inputs: str | None = None) -> None:
     """Create ``out``, or accept it when it is empty or holds a report with this ``title`` (this
     study's report, written before) of the result folder ``source``; anything else is refused, so
     no other report or file is overwritten (another result's report of a study with the same name
-    included)."""
+    included). A result folder that was moved or copied is still itself: the report folder inside it
+    (``SOURCE/report``) is its own whatever path it recorded, and a report elsewhere recorded as of a
+    folder that no longer exists is accepted when it was rendered from the completion record
+    ``inputs`` that ``source`` holds now."""
     if out.exists() and not out.is_dir():
         raise InputError(f"the report folder {out} is a file; give a folder as --out")
     recorded = out / SOURCE_FILE
     if source is not None and recorded.is_file():
         other = recorded.read_text(encoding="utf-8", errors="replace").strip()
-        if other and other != str(Path(source).resolve()):
+        if (other and other != str(Path(source).resolve()) and not _own_report_folder(out, source)
+                and not _moved_here(out, other, inputs)):
             raise InputError(f"the report folder {out} holds the report of another result folder ({other}); give an "
                              "empty or new --out (or this result's own report folder)")
     if out.is_dir():
@@ -216,12 +258,17 @@ def write_report(doc: Document, w: Writer, out: Path, partial: bool) -> ReportFi
             atomic_text(w.staging / "figures" / f"{name}.png", png)
             figure_paths[name] = f"figures/{name}.png"
             written.append(out / "figures" / f"{name}.png")
-        atomic_text(w.staging / "report.html", render_html(doc))
-        atomic_text(w.staging / "report.md", render_markdown(doc, figure_paths))
+        rendered = {"report.html": render_html(doc).encode("utf-8"),
+                    "report.md": render_markdown(doc, figure_paths).encode("utf-8")}
+        for name, data in rendered.items():
+            atomic_text(w.staging / name, data)
         if w.source is not None:
             atomic_text(w.staging / SOURCE_FILE, str(Path(w.source).resolve()) + "\n")
-        if w.inputs is not None:
-            atomic_text(w.staging / INPUTS_FILE, w.inputs + "\n")
+        if w.inputs is not None:  # what report_is_current checks: the inputs, and each file as written
+            import hashlib
+
+            atomic_text(w.staging / INPUTS_FILE, w.inputs + "\n" + "".join(
+                f"{hashlib.sha256(rendered[name]).hexdigest()}  {name}\n" for name in RECORDED_FILES))
         os.chmod(w.staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a report is meant to be shared
         commit_folder(w.staging, out)
     except BaseException:

@@ -15,7 +15,6 @@ Two uses, for every method and every model:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ import pandas as pd
 import torch
 
 from probe.errors import InputError
+from probe.patterns import UserPattern, user_pattern
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -70,6 +70,8 @@ def token_offsets(pm: ProbeModel, example: PreparedExample) -> list[tuple[int, i
     if not getattr(pm.tokenizer, "is_fast", False):
         raise InputError(f"spans need character offsets, which {pm.name}'s slow tokenizer does not give: load the "
                          "model with its fast tokenizer")
+    if len(example.offsets) == len(example.input_ids):  # a chat prompt's, its messages read as plain text
+        return [tuple(map(int, o)) for o in example.offsets]
     for add_special in (True, False):
         encoding = pm.tokenizer(example.text, return_offsets_mapping=True, add_special_tokens=add_special)
         if list(encoding["input_ids"]) == list(example.input_ids):
@@ -78,29 +80,48 @@ def token_offsets(pm: ProbeModel, example: PreparedExample) -> list[tuple[int, i
                      "spans need the text's own tokens; give shorter texts")
 
 
+def span_spec(spans: SpanSpec | UserPattern | tuple) -> str | UserPattern | tuple[tuple[int, int], ...]:
+    """``spans`` checked once, before any text is read: :data:`ROLE_SPANS`, a regular expression
+    (compiled, bounded in time: :mod:`probe.patterns`) or the character offsets as a tuple of
+    ``(start, end)`` pairs; anything else refused in one line."""
+    if isinstance(spans, UserPattern):
+        return spans
+    if isinstance(spans, str):
+        return spans if spans == ROLE_SPANS else user_pattern(spans, "spans")
+    if not isinstance(spans, (list, tuple)):
+        shown = repr(spans) if len(repr(spans)) <= 60 else repr(spans)[:60] + "..."
+        raise InputError(f"spans={shown} is a {type(spans).__name__}: give a regular expression (e.g. r'\\w+'), "
+                         f"character offsets [(start, end), ...] or {ROLE_SPANS!r} for a chat's messages")
+    pairs = []
+    for item in spans:
+        if (not isinstance(item, (tuple, list)) or len(item) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+                or not 0 <= item[0] < item[1]):
+            raise InputError(f"span {item!r} is not a pair of character offsets (start, end) with 0 <= start < end")
+        pairs.append((int(item[0]), int(item[1])))
+    return tuple(pairs)
+
+
 def find_spans(pm: ProbeModel, example: PreparedExample, spans: SpanSpec) -> list[Span]:
     """``example``'s spans: each match of the regular expression ``spans``, or each ``(start, end)``
-    of the character offsets given, or with :data:`ROLE_SPANS` each chat message; spans without a
-    scorable token are left out."""
+    of the character offsets given (refused past the text's end), or with :data:`ROLE_SPANS` each
+    chat message; spans without a scorable token are left out."""
+    spans = span_spec(spans)
     if spans == ROLE_SPANS:
         if not example.messages:
             raise InputError(f"spans={ROLE_SPANS!r} reads the messages of a chat prompt: prepare the texts with "
                              "chat=True (a conversation is a list of {'role': ..., 'content': ...})")
         ranges = list(example.messages)
-    elif isinstance(spans, str):
-        try:
-            pattern = re.compile(spans)
-        except re.error as err:
-            raise InputError(f"spans={spans!r} is not a regular expression ({err})") from None
-        ranges = [(m.start(), m.end(), None) for m in pattern.finditer(example.text) if m.end() > m.start()]
+    elif isinstance(spans, UserPattern):
+        ranges = [(start, end, None) for start, end in spans.ranges(example.text) if end > start]
     else:
-        ranges = []
-        for item in spans:
-            if (not isinstance(item, (tuple, list)) or len(item) != 2
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
-                    or not 0 <= item[0] < item[1]):
-                raise InputError(f"span {item!r} is not a pair of character offsets (start, end) with 0 <= start < end")
-            ranges.append((int(item[0]), int(item[1]), None))
+        length = len(example.text)
+        beyond = [pair for pair in spans if pair[1] > length]
+        if beyond:
+            raise InputError(f"span {beyond[0]} ends past the end of the text, which has {length} characters "
+                             f"({example.text[:40]!r}{'...' if length > 40 else ''}): give offsets within each text "
+                             f"(end <= {length}), or a regular expression")
+        ranges = [(start, end, None) for start, end in spans]
     offsets = token_offsets(pm, example)
     out = []
     for start, end, role in ranges:
@@ -111,10 +132,14 @@ def find_spans(pm: ProbeModel, example: PreparedExample, spans: SpanSpec) -> lis
     return out
 
 
-def spans_per_example(pm: ProbeModel, examples: Sequence[PreparedExample], spans: SpanSpec) -> list[list[Span]]:
-    """:func:`find_spans` of every example; refused in one line when no example has a span."""
-    found = [find_spans(pm, e, spans) for e in examples]
-    if not any(found):
+def spans_per_example(pm: ProbeModel, examples: Sequence[PreparedExample], spans: SpanSpec, *,
+                      require_any: bool = True) -> list[list[Span]]:
+    """:func:`find_spans` of every example (an example without a span: an empty list); with
+    ``require_any``, refused in one line when no example has a span (a study, which reads its
+    examples batch by batch, checks that over all of them: :func:`probe.study.examples.check_spans`)."""
+    checked = span_spec(spans)
+    found = [find_spans(pm, e, checked) for e in examples]
+    if require_any and not any(found):
         what = f"the pattern {spans!r}" if isinstance(spans, str) else f"the offsets {list(spans)!r}"
         raise InputError(f"{what} covers no scored token of any example: check it against the texts "
                          "(e.g. probe.prepare(pm, texts)[0].text)")

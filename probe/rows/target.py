@@ -73,7 +73,7 @@ class TargetSpec:
     target_side: bool = False
     #: chat models: each text is the user's message, laid out by the tokenizer's chat template with
     #: the assistant's turn opened; the template's own tokens are kept in the input and marked
-    #: special (never scored or perturbed)
+    #: special (never scored or perturbed), a message's content is plain text (:func:`chat_encoding`)
     chat: bool = False
     contrast: str | tuple[str, ...] | None = None  # language models: the foil text
     contrast_label: int | str | tuple[int | str, ...] | None = None  # classifiers: the contrasted class
@@ -107,6 +107,10 @@ class PreparedExample:
     contrast_name: str | None = None  # what is contrasted (the foil text, the contrast label's name)
     #: a chat prompt (``TargetSpec.chat``): each message's content in ``text``, ``(start, end, role)``
     messages: tuple[tuple[int, int, str], ...] = ()
+    #: a chat prompt: each input token's character offsets in ``text`` ((0, 0): a token the tokenizer
+    #: adds). Its messages are read as plain text (:func:`chat_encoding`), so where one holds a control
+    #: token's text (``<|im_end|>``) re-encoding ``text`` does not give ``input_ids``; empty otherwise
+    offsets: tuple[tuple[int, int], ...] = ()
 
     @property
     def output_index(self) -> int | None:
@@ -170,6 +174,13 @@ def label_index(pm: ProbeModel, label) -> int:
         if label not in mapping:
             raise InputError(f"unknown label {label!r}: this model's labels are {', '.join(mapping)}")
         return mapping[label]
+    if isinstance(label, bool) or type(label).__name__ == "bool_":  # True would silently be class 1
+        raise InputError(f"label={label!r} is a boolean, not a class: give the class index (e.g. label=1) or its name")
+    if isinstance(label, float) or type(label).__name__.startswith("float"):
+        if not float(label).is_integer():
+            raise InputError(f"label={label!r} is not a class index: give a whole number or the class name")
+    elif not isinstance(label, str) and not hasattr(label, "__index__"):
+        raise InputError(f"label={label!r} is a {type(label).__name__}, not a class: give the class index or its name")
     index = int(label)
     if not 0 <= index < n_labels:
         raise InputError(f"label {index} is out of range: this model has labels 0..{n_labels - 1}")
@@ -196,16 +207,16 @@ DEFAULT_NEW_TOKENS = 16
 
 
 def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(), *, strict_length: bool = False,
-            max_new_tokens: int = 16) -> list[PreparedExample]:
+            max_new_tokens: int = 16, token_ids: Sequence[Sequence[int]] | None = None) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve the target of each (predicted label, continuation ids).
     With ``target.steps`` every output token becomes its own example (:func:`per_step`), in order:
-    text 0's steps, then text 1's, ..."""
+    text 0's steps, then text 1's, ... ``token_ids``: each text's ids as the model reads them, where
+    encoding the text would not give them (a chat prompt's, :func:`chat_encoding`), already fitting
+    the model's positions."""
     if target.chat:
         return _prepare_chat(pm, texts, target, strict_length=strict_length, max_new_tokens=max_new_tokens)
     if target.steps:
-        return _prepare_steps(pm, texts, target, strict_length=strict_length)
-    from probe.models.core import encode_texts
-
+        return _prepare_steps(pm, texts, target, strict_length=strict_length, token_ids=token_ids)
     task = pm.task
     kind = target.kind or task.default_kind
     if kind is not None and kind not in TARGET_KINDS:
@@ -218,7 +229,7 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
     continuations = _per_text(target.continuation, texts, "continuation")
     contrasts = _per_text(target.contrast_label if task.labels else target.contrast, texts,
                           "contrast_label" if task.labels else "contrast")
-    batch = encode_texts(pm, texts, strict_length=strict_length)
+    batch = _encode(pm, texts, strict_length=strict_length, token_ids=token_ids)
     lengths = batch["attention_mask"].sum(1).tolist()
     examples = []
     for i, text in enumerate(texts):
@@ -242,6 +253,7 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
                 raise InputError(f"target continuation {text!r} tokenises to nothing: give a non-empty text")
         examples = [dataclasses.replace(e, target_ids=list(ids[text]), label_name=text)
                     for e, text in zip(examples, continuations)]
+        _check_positions(pm, examples)
     elif task.next_token:
         with torch.no_grad():
             logits = pm.model(**batch).logits
@@ -282,22 +294,92 @@ def chat_layout(pm: ProbeModel, text: str | Sequence[Message]) -> tuple[str, tup
                          "prompt as the model reads it")
     messages = _messages(text)
     markers = [f"\u2063probe-message-{i}\u2063" for i in range(len(messages))]
-    laid_out = tokenizer.apply_chat_template([{**m, "content": marker} for m, marker in zip(messages, markers)],
+    template = tokenizer.apply_chat_template([{**m, "content": marker} for m, marker in zip(messages, markers)],
                                              tokenize=False, add_generation_prompt=True)
-    if any(laid_out.count(marker) != 1 for marker in markers):
+    if any(template.count(marker) != 1 for marker in markers):
         raise InputError(f"{pm.name}'s chat template does not show each message once: give the prompt as the model "
                          "reads it instead of chat")
-    regions = []
-    for message, marker in sorted(zip(messages, markers), key=lambda pair: laid_out.index(pair[1])):
-        start = laid_out.index(marker)
-        laid_out = laid_out.replace(marker, message["content"])
-        regions.append((start, start + len(message["content"]), message["role"]))
-    return laid_out, tuple(regions)
+    # each content goes in at its marker's place in the template's own text, in one pass: a content is never
+    # searched, so one that holds a marker (or another message's text) cannot move where a message lies
+    parts, regions, cursor, length = [], [], 0, 0
+    for i in sorted(range(len(messages)), key=lambda i: template.index(markers[i])):
+        at, content = template.index(markers[i]), messages[i]["content"]
+        parts += [template[cursor:at], content]
+        start = length + at - cursor
+        regions.append((start, start + len(content), messages[i]["role"]))
+        length, cursor = start + len(content), at + len(markers[i])
+    parts.append(template[cursor:])
+    return "".join(parts), tuple(regions)
+
+
+def control_texts(tokenizer) -> list[str]:
+    """The texts ``tokenizer`` reads as control tokens (its special tokens and the added tokens marked
+    special, e.g. ``<|im_end|>``), longest first."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts |= {token.content for token in added.values() if getattr(token, "special", False)}
+    return sorted((t for t in texts if t), key=lambda t: (-len(t), t))
+
+
+def _control_ids(tokenizer) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", None) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return ids | {int(i) for i, token in added.items() if getattr(token, "special", False)}
+
+
+def chat_encoding(pm: ProbeModel, laid_out: str, regions: Sequence[tuple[int, int, str]]
+                  ) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+    """The ids of a chat layout (:func:`chat_layout`) as the model reads it, and each token's character
+    offsets in it ((0, 0): a token the tokenizer adds).
+
+    The template's text is read as the tokenizer reads it (its control tokens are control tokens); a
+    message's content always as plain text: a control token's text inside a message (``<|im_end|>``,
+    ``<|endoftext|>``) becomes the ordinary pieces that spell it, so no message can close its turn,
+    open another or end the text. Where no message holds such text this is the tokenizer's own
+    encoding of the layout; otherwise each piece of the layout is encoded on its own (the messages
+    with special tokens split) between the tokens the tokenizer adds around a text. A tokenizer that
+    cannot spell such text (its pieces still come out as a control token, e.g. an unknown-word token
+    that is also the end token) is refused in one line."""
+    tokenizer = pm.tokenizer
+    whole = tokenizer(laid_out, return_offsets_mapping=True, verbose=False)
+    ids = [int(t) for t in whole["input_ids"]]
+    offsets = [(int(a), int(b)) for a, b in whole["offset_mapping"]]
+    held = [t for t in control_texts(tokenizer) if any(t in laid_out[start:end] for start, end, _ in regions)]
+    if not held:
+        return ids, tuple(offsets)
+    bare = [int(t) for t in tokenizer(laid_out, add_special_tokens=False, verbose=False)["input_ids"]]
+    added = next((k for k in range(len(ids) - len(bare) + 1) if ids[k: k + len(bare)] == bare), None)
+    if added is None:
+        raise InputError(f"a chat message holds {held[0]!r}, a control token of {pm.name}'s tokenizer, and the "
+                         "tokenizer's encoding of the layout cannot be split to read it as text: remove it from the "
+                         "message, or give the prompt as the model reads it instead of chat")
+    cuts = sorted({0, len(laid_out), *(edge for start, end, _ in regions for edge in (start, end))})
+    pieces, piece_offsets = [], []
+    for a, b in zip(cuts, cuts[1:]):
+        in_message = any(start <= a and b <= end for start, end, _ in regions)
+        enc = tokenizer(laid_out[a:b], add_special_tokens=False, return_offsets_mapping=True, verbose=False,
+                        split_special_tokens=in_message)
+        pieces += [int(t) for t in enc["input_ids"]]
+        piece_offsets += [(int(x) + a, int(y) + a) for x, y in enc["offset_mapping"]]
+    n_after = len(ids) - added - len(bare)
+    ids = ids[:added] + pieces + ids[len(ids) - n_after:]
+    offsets = [(0, 0)] * added + piece_offsets + [(0, 0)] * n_after
+    control = _control_ids(tokenizer)
+    leaked = [t for t, (a, b) in zip(ids, offsets)
+              if t in control and any(a < end and b > start for start, end, _ in regions)]
+    if leaked:
+        spelled = tokenizer.convert_ids_to_tokens([leaked[0]])[0]
+        raise InputError(f"a chat message holds {held[0]!r}, a control token of {pm.name}'s tokenizer, which this "
+                         f"tokenizer cannot spell as plain text (it still reads as the control token {spelled!r}): "
+                         "remove it from the message")
+    return ids, tuple(offsets)
 
 
 def _messages(text: str | Sequence[Message]) -> list[dict]:
     """A chat text as a list of messages, checked: a string is one user message."""
     if isinstance(text, str):
+        if not text.strip():
+            raise InputError(f"the chat text {text!r} is empty: give the user's message, at least one word")
         return [{"role": "user", "content": text}]
     if not isinstance(text, Sequence) or not text:
         raise InputError(f"a chat text is a string (the user's message) or a non-empty list of messages, "
@@ -307,36 +389,44 @@ def _messages(text: str | Sequence[Message]) -> list[dict]:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f"chat message {m!r} is not {{'role': str, 'content': str}}: write e.g. "
                              "{'role': 'user', 'content': 'Hello'}")
-        if not m["content"]:
-            raise InputError(f"the {m['role']} message is empty: give every message some text")
+        if not m["content"].strip():
+            raise InputError(f"the {m['role']} message is empty ({m['content']!r}): give every message some text")
         messages.append({"role": m["role"], "content": m["content"]})
     return messages
 
 
 def _prepare_chat(pm: ProbeModel, texts: list, target: TargetSpec, *, strict_length: bool,
                   max_new_tokens: int) -> list[PreparedExample]:
-    """Each text laid out by the chat template (:func:`chat_layout`), then prepared as any prompt;
-    every token outside the messages' contents is marked special, and each example keeps where
-    its messages lie (:attr:`PreparedExample.messages`: the spans ``@roles``)."""
+    """Each text laid out by the chat template (:func:`chat_layout`) and encoded with its messages as
+    plain text (:func:`chat_encoding`), then prepared as any prompt; every token outside the messages'
+    contents is marked special, and each example keeps where its messages lie
+    (:attr:`PreparedExample.messages`: the spans ``@roles``) and its tokens' offsets. A layout longer
+    than the model's positions is refused (cutting it would cut the assistant's opened turn)."""
     layouts = [chat_layout(pm, text) for text in texts]
+    encoded = {laid: chat_encoding(pm, laid, where) for laid, where in layouts}
+    limit = pm.contract.max_positions
+    for i, (laid, _) in enumerate(layouts):
+        if len(encoded[laid][0]) > limit:
+            raise InputError(f"chat text #{i} laid out in {pm.name}'s chat template has {len(encoded[laid][0])} "
+                             f"tokens, more than the model's {limit} (max positions): give a shorter message")
     examples = prepare(pm, [laid for laid, _ in layouts], dataclasses.replace(target, chat=False),
-                       strict_length=strict_length, max_new_tokens=max_new_tokens)
+                       strict_length=strict_length, max_new_tokens=max_new_tokens,
+                       token_ids=[encoded[laid][0] for laid, _ in layouts])
     regions = {laid: where for laid, where in layouts}
     out = []
     for e in examples:
-        enc = pm.tokenizer(e.text, return_offsets_mapping=True, add_special_tokens=False)
-        if list(enc["input_ids"]) != list(e.input_ids):  # a tokenizer that adds tokens of its own
-            enc = pm.tokenizer(e.text, return_offsets_mapping=True)
-        if list(enc["input_ids"]) != list(e.input_ids):
+        ids, offsets = encoded[e.text]
+        if list(ids) != list(e.input_ids):
             raise InputError(f"cannot find the message's tokens in {pm.name}'s chat layout (the tokenizer's "
                              "offsets do not match its ids): give the prompt as the model reads it instead of chat")
-        outside = [not any(a < end and b > start for start, end, _ in regions[e.text]) for a, b in enc["offset_mapping"]]
+        outside = [not any(a < end and b > start for start, end, _ in regions[e.text]) for a, b in offsets]
         out.append(dataclasses.replace(e, special=[s or o for s, o in zip(e.special, outside)],
-                                       messages=regions[e.text]))
+                                       messages=regions[e.text], offsets=offsets))
     return out
 
 
-def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, strict_length: bool) -> list[PreparedExample]:
+def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, strict_length: bool,
+                   token_ids: Sequence[Sequence[int]] | None = None) -> list[PreparedExample]:
     """Each text's output (the given continuation, else the greedy output of up to
     ``target.max_new_tokens`` tokens), one example per output token."""
     task = pm.task
@@ -355,12 +445,13 @@ def _prepare_steps(pm: ProbeModel, texts: list[str], target: TargetSpec, *, stri
             raise InputError("--label applies to classifiers; for a language model give --continuation TEXT")
         kind = target.kind or task.default_kind
         _check_encoder_target(pm, target, kind)
-        tokenised = _tokenised(pm, texts, kind, strict_length)
+        tokenised = _tokenised(pm, texts, kind, strict_length, token_ids)
+        _check_generation_room(pm, [len(e.input_ids) for e in tokenised], n_new)
         outputs = greedy_outputs(pm, [e.input_ids for e in tokenised], n_new)
         examples = [dataclasses.replace(e, target_ids=out) for e, out in zip(tokenised, outputs)]
         examples = [dataclasses.replace(e, label_name=pm.tokenizer.decode(e.target_ids)) for e in examples]
     else:
-        examples = prepare(pm, texts, whole, strict_length=strict_length, max_new_tokens=n_new)
+        examples = prepare(pm, texts, whole, strict_length=strict_length, max_new_tokens=n_new, token_ids=token_ids)
     if target.target_side:
         return target_side_steps(pm, examples)
     return per_step(pm, examples)
@@ -403,11 +494,10 @@ def greedy_outputs(pm: ProbeModel, prompts: list[list[int]], n_new: int) -> list
     return outputs
 
 
-def _tokenised(pm: ProbeModel, texts: list[str], kind: str, strict_length: bool) -> list[PreparedExample]:
-    """``texts`` tokenised as the model reads them, without a target yet."""
-    from probe.models.core import encode_texts
-
-    batch = encode_texts(pm, texts, strict_length=strict_length)
+def _tokenised(pm: ProbeModel, texts: list[str], kind: str, strict_length: bool,
+               token_ids: Sequence[Sequence[int]] | None = None) -> list[PreparedExample]:
+    """``texts`` tokenised as the model reads them (or their ``token_ids``), without a target yet."""
+    batch = _encode(pm, texts, strict_length=strict_length, token_ids=token_ids)
     lengths = batch["attention_mask"].sum(1).tolist()
     examples = []
     for i, text in enumerate(texts):
@@ -415,6 +505,50 @@ def _tokenised(pm: ProbeModel, texts: list[str], kind: str, strict_length: bool)
         examples.append(PreparedExample(text=text, input_ids=ids, special=special_mask(pm, ids),
                                         tokens=pm.tokenizer.convert_ids_to_tokens(ids), kind=kind))
     return examples
+
+
+def _encode(pm: ProbeModel, texts: list[str], *, strict_length: bool,
+            token_ids: Sequence[Sequence[int]] | None) -> Mapping[str, torch.Tensor]:
+    """The right-padded model batch of ``texts`` (:func:`~probe.models.core.encode_texts`), or of
+    ``token_ids`` where given: ``input_ids`` and ``attention_mask``, each ``[text, longest]``."""
+    from probe.models.core import encode_texts
+
+    if token_ids is None:
+        return encode_texts(pm, texts, strict_length=strict_length)
+    pad = pm.tokenizer.pad_token_id if pm.tokenizer.pad_token_id is not None else 0
+    width = max(len(ids) for ids in token_ids)
+    input_ids = torch.full((len(token_ids), width), pad, dtype=torch.long)  # [text, longest]
+    attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)  # [text, longest]
+    for row, ids in enumerate(token_ids):
+        input_ids[row, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids.to(pm.device), "attention_mask": attention_mask.to(pm.device)}
+
+
+def _check_generation_room(pm: ProbeModel, prompt_lengths: list[int], n_new: int) -> None:
+    """A causal LM's prompts and ``n_new`` output tokens fit in the model's positions (the last output
+    token is never fed: a prompt of P tokens needs P + n_new - 1), else one line naming the limit and
+    the largest ``n_new`` that fits, before anything is generated."""
+    limit = pm.contract.max_positions
+    for i, n in enumerate(prompt_lengths):
+        if n + n_new - 1 > limit:
+            fits = limit - n + 1
+            raise InputError(f"--generate {n_new} (Python: generate={n_new}): text #{i} has {n} tokens, and it and "
+                             f"{n_new} output tokens need {n + n_new - 1} positions, more than the model's {limit} "
+                             f"(max positions): give --generate {fits} or less, or a shorter text")
+
+
+def _check_positions(pm: ProbeModel, examples: list[PreparedExample]) -> None:
+    """A causal LM's input and target (continuation) fit in the model's positions together (the last
+    target token is never fed), else one line naming the limit, before any forward."""
+    if not pm.task.next_token:
+        return
+    limit = pm.contract.max_positions
+    for i, e in enumerate(examples):
+        n, m = len(e.input_ids), len(e.target_ids)
+        if n + m - 1 > limit:
+            raise InputError(f"text #{i} ({n} tokens) and its continuation ({m} tokens) need {n + m - 1} positions, "
+                             f"more than the model's {limit} (max positions): give a shorter text or continuation")
 
 
 def target_side_steps(pm: ProbeModel, examples: list[PreparedExample]) -> list[PreparedExample]:

@@ -42,6 +42,7 @@ from probe import registry
 from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.errors import InputError
 from probe.names import ALL_METHODS, ATTENTION_METHODS, method_family
+from probe.patterns import UserPattern, pattern_problem, user_pattern
 from probe.registry import AdversarialParams
 from probe.spec.parts import ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
@@ -129,10 +130,9 @@ def _check_regex(value: str | None) -> str | None:
     if value is not None:
         if not value.strip():
             fail("is empty; give a regular expression matched against each token's text")
-        try:
-            re.compile(value)
-        except re.error as exc:
-            fail(f"{value!r} is not a valid regular expression ({exc}); escape special characters with \\")
+        problem = pattern_problem(value)
+        if problem is not None:
+            fail(f"{value!r} {problem}")
     return value
 
 
@@ -240,11 +240,11 @@ class SpecificTokensClaim(_Claim):
     def ranking(self) -> AttentionRanking:
         return parse_attention(self.attention)
 
-    def matcher(self) -> re.Pattern:
-        """The compiled, case-insensitive full-match pattern for a token's text."""
+    def matcher(self) -> UserPattern:
+        """The compiled, case-insensitive full-match pattern for a token's text (bounded in time)."""
         if self.words is not None:
-            return re.compile("|".join(re.escape(w.strip()) for w in self.words), re.IGNORECASE)
-        return re.compile(self.pattern, re.IGNORECASE)
+            return user_pattern("|".join(re.escape(w.strip()) for w in self.words), "words", ignore_case=True)
+        return user_pattern(self.pattern, "pattern", ignore_case=True)
 
     @property
     def matches_what(self) -> str:
@@ -274,8 +274,8 @@ class HeadRoleClaim(_Claim):
     def site(self) -> tuple[int | str, int]:
         return parse_head(self.head)
 
-    def matcher(self) -> re.Pattern | None:
-        return None if self.attends_to is None else re.compile(self.attends_to, re.IGNORECASE)
+    def matcher(self) -> UserPattern | None:
+        return None if self.attends_to is None else user_pattern(self.attends_to, "attends_to", ignore_case=True)
 
 
 class CounterfactualClaim(_Claim):

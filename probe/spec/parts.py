@@ -6,12 +6,12 @@ Frozen pydantic models (:class:`~probe.spec.validation.SpecModel`); problems are
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from probe.data import BUILTIN_PREFIX, SPLITS
+from probe.patterns import pattern_problem
 from probe.spec.validation import Int, SpecModel, check_dataset_name, fail, show
 
 __all__ = ["DatasetSpec", "Filters", "ModelSpec", "SpansSpec", "TargetConfig"]
@@ -51,11 +51,9 @@ class Filters(SpecModel):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                fail(f"{value!r} is not a valid regular expression ({exc}); "
-                      "fix it (escape special characters with \\)")
+            problem = pattern_problem(value)
+            if problem is not None:
+                fail(f"{value!r} {problem}")
         return value
 
     @model_validator(mode="after")
@@ -246,8 +244,7 @@ class SpansSpec(SpecModel):
     def _pattern(cls, value: str) -> str:
         if not value.strip():
             fail("is empty; give a regular expression whose matches are the spans (e.g. '\\w+' for words)")
-        try:
-            re.compile(value)
-        except re.error as err:
-            fail(f"{value!r} is not a regular expression ({err}); e.g. '[^,.]+' for clauses")
+        problem = pattern_problem(value)
+        if problem is not None:
+            fail(f"{value!r} {problem}; e.g. '[^,.]+' for clauses")
         return value

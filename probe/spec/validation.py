@@ -232,12 +232,37 @@ def check_node_graph(root: yaml.Node, source: str) -> None:
         stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
 
 
+#: and nests at most this deep (the shipped files nest a few levels); PyYAML composes nodes recursively,
+#: so a deeper file would end in a RecursionError
+MAX_YAML_DEPTH = 100
+
+
+class _DepthBoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses, in one line, a document nested deeper than :data:`MAX_YAML_DEPTH`."""
+
+    def __init__(self, text: str, source: str):
+        super().__init__(text)
+        self._source = source
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_YAML_DEPTH:
+            line = self.peek_event().start_mark.line + 1
+            raise InputError(f"{self._source} line {line}: the YAML nests more than {MAX_YAML_DEPTH} levels deep; "
+                             "a study or claim file needs a few: flatten it")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def _parse_yaml(text: str, path: Path) -> tuple[yaml.Node | None, Any]:
     """(the node tree, the data) of one YAML document; bad YAML is one line with its line number."""
     if len(text) > MAX_YAML_BYTES:
         raise InputError(f"{path} is {len(text) / 2**20:.0f} MiB; a study or claim file is at most "
                          f"{MAX_YAML_BYTES // 2**20} MiB (put long data in a .csv/.jsonl dataset file)")
-    loader = yaml.SafeLoader(text)
+    loader = _DepthBoundedLoader(text, str(path))
     try:
         root = loader.get_single_node()
         if root is not None:

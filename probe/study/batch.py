@@ -147,7 +147,7 @@ def _span_units(pm: ProbeModel, study: Study, examples: list[PreparedExample], t
     from probe.registry import method as method_entry
     from probe.rows.spans import folded_scores, spans_per_example
 
-    found = spans_per_example(pm, examples, study.spans.pattern)
+    found = spans_per_example(pm, examples, study.spans.pattern, require_any=False)  # checked over the study: runner
     scores = {}
     for name, result in token_scores.items():
         mode = method_entry(name).span_mode

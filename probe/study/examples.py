@@ -7,14 +7,14 @@ study with the same data would, and prepares them with the same target.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from probe.data import Example, take, load_dataset
+from probe.data import Example, scan_dataset
 from probe.errors import InputError
+from probe.patterns import user_pattern
 from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare, sources
 from probe.spec.claims import DataSpec
 from probe.spec.parts import DatasetSpec, Filters, TargetConfig
@@ -22,7 +22,7 @@ from probe.spec.parts import DatasetSpec, Filters, TargetConfig
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-__all__ = ["check_contrast", "model_text", "passes_filters", "prepare_examples", "select_examples", "sources"]
+__all__ = ["check_contrast", "check_spans", "model_text", "passes_filters", "prepare_examples", "select_examples", "sources"]
 
 
 def passes_filters(example: Example, filters: Filters) -> bool:
@@ -33,9 +33,27 @@ def passes_filters(example: Example, filters: Filters) -> bool:
         return False
     if filters.labels is not None and example.label not in filters.labels:
         return False
-    if filters.contains is not None and not re.search(filters.contains, example.text):
+    if filters.contains is not None and not user_pattern(filters.contains, "dataset.filters.contains").search(example.text):
         return False
     return True
+
+
+def check_spans(pattern: str, target: TargetConfig, data: Sequence[Example], name: str) -> None:
+    """Refuse, before any batch runs, a span pattern that matches no text the study's examples give the
+    model, or none twice (one span cannot be ranked); an example without spans to rank is left out
+    (and counted) batch by batch, whatever its batch."""
+    found = user_pattern(pattern, "spans.pattern")
+    most = 0
+    for e in data:
+        most = max(most, sum(1 for start, end in found.ranges(model_text(target, e.text)) if end > start))
+        if most >= 2:
+            return
+    if most == 0:
+        raise InputError(f"spans.pattern {pattern!r} matches none of the {len(data)} selected examples of {name}: "
+                         "check it against the texts (a span is a match of the pattern in an example's text)")
+    raise InputError(f"spans.pattern {pattern!r} matches at most once in each of the {len(data)} selected examples "
+                     f"of {name}, and agreement ranks an example's spans, so some example needs two: give a pattern "
+                     "with more matches (e.g. '\\w+' for words)")
 
 
 def model_text(target: TargetConfig, text: str) -> str:
@@ -58,22 +76,30 @@ def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: Target
         return (items[: data.n] if data.n is not None else items), {}
     name = data.name if isinstance(data, DatasetSpec) else data.dataset
     filters = data.filters if isinstance(data, DatasetSpec) else None
-    everything = load_dataset(name, split=data.split, n=None, seed=data.seed,
-                              text_column=data.text_column, label_column=data.label_column)
-    kept = everything if filters is None else [e for e in everything if passes_filters(e, filters)]
-    dropped = {"filters": len(everything) - len(kept)}
     limit = min(data.max_length or pm.contract.max_positions, pm.contract.max_positions)
-    lengths = [len(ids) for ids in pm.tokenizer([model_text(target, e.text) for e in kept])["input_ids"]]
-    fitting = [e for e, n in zip(kept, lengths) if n <= limit]
-    dropped["too_long"] = len(kept) - len(fitting)
-    if not fitting and filters is None:
+    dropped = {"filters": 0, "too_long": 0}
+
+    def fits(chunk: list[Example]) -> list[bool]:
+        """Which examples of a chunk pass the filters and fit ``limit`` (tokenised a chunk at a time)."""
+        passing = [filters is None or passes_filters(e, filters) for e in chunk]
+        texts = [model_text(target, e.text) for e, p in zip(chunk, passing) if p]
+        lengths = iter([len(ids) for ids in pm.tokenizer(texts)["input_ids"]] if texts else [])  # a tokenizer refuses an empty batch
+        kept = [p and next(lengths) <= limit for p in passing]
+        dropped["filters"] += passing.count(False)
+        dropped["too_long"] += sum(p and not k for p, k in zip(passing, kept))
+        return kept
+
+    # one pass keeps only the fitting examples' positions; take reads the file again for the n selected
+    scan = scan_dataset(name, split=data.split, text_column=data.text_column, label_column=data.label_column,
+                        keep=fits, hold=data.n is None)
+    if not scan.count and filters is None:
         raise InputError(f"no example of {name} fits in {limit} tokens; raise data.max_length")
-    if not fitting:
+    if not scan.count:
         raise InputError(f"no example of {name} is left after the filters and max_length={limit}; loosen them")
-    if filters is not None and data.n is not None and data.n > len(fitting):
-        raise InputError(f"n={data.n} is larger than the {len(fitting)} examples of {name} left after the filters "
-                         f"and the length limit; give n <= {len(fitting)}")
-    return take(fitting, data.n, data.seed, name), dropped
+    if filters is not None and data.n is not None and data.n > scan.count:
+        raise InputError(f"n={data.n} is larger than the {scan.count} examples of {name} left after the filters "
+                         f"and the length limit; give n <= {scan.count}")
+    return scan.take(data.n, data.seed), dropped
 
 
 def _template_positions(pm: ProbeModel, target: TargetConfig, text: str, ids: list[int]) -> list[bool]:

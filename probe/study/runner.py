@@ -30,7 +30,7 @@ from probe.study.verdict import Verdict
 from probe.rows.target import PreparedExample
 from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
-from probe.study.examples import check_contrast, prepare_examples, select_examples
+from probe.study.examples import check_contrast, check_spans, prepare_examples, select_examples
 from probe.study.lock import folder_lock
 from probe.study.plan import methods_needed
 from probe.study.store import ResultStore
@@ -127,6 +127,10 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, w
     locked = out.is_dir()
     if locked:  # a run to continue: whoever holds the folder is found before the model loads
         locks.enter_context(folder_lock(out, shard=shard, wait=wait, log=log))
+        if shard is None and store.is_result():  # held exclusively: no other write is under way
+            stale = store.remove_stale_temporaries()  # left by a run killed while writing (kill -9 in the merge)
+            if stale:
+                log(f"removed {len(stale)} temporary file(s) a killed run left in {out} ({stale[0].name}, ...)")
         if not (force_new and store.is_result()):
             store.check(record)  # the holder may have started the folder meanwhile
     if locked and dist_info is None and not force_new:
@@ -137,6 +141,8 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, w
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study.dataset, study.target)
     _check_labels(pm, study, data)
+    if study.spans is not None:
+        check_spans(study.spans.pattern, study.target, data, study.dataset.name)
     _check_memory(study, len(data))
     from probe.study.identity import study_identity
 
@@ -323,7 +329,11 @@ def _stored_scores(store: ResultStore, study: Study, examples: list[PreparedExam
 
 
 def _record_completion(store: ResultStore, study: Study, pm: ProbeModel, *, n_examples: int, n_batches: int) -> None:
-    """``complete.json``: what lets the next run of this study return at once (see :func:`_finished`)."""
+    """``complete.json``: what lets the next run of this study return at once (see :func:`_finished`).
+
+    It protects against accidental change (an edited dataset or model file, a damaged or foreign
+    result file), not against a forger: its digests are kept in the folder they describe, so whoever
+    can write the folder can rewrite files and digests together (:mod:`probe.study.identity`)."""
     from probe.names import COMPLETE_FILE
     from probe.study.identity import completion_record, quick_identity
     from probe.study.store import write_json

@@ -157,6 +157,24 @@ class ResultStore:
                 raise InputError(f"the output folder {self.root} holds this study's results on {change}; resuming "
                                  "would mix the two: run with --force-new to start over, or give a new --out")
 
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Remove the temporary files (``.NAME.*.tmp``) a killed writer left in the folder, its
+        ``parts/TABLE/`` and ``done/``; returns them. Only for a caller that holds the folder
+        exclusively (:mod:`probe.study.lock`): another run's write in progress looks the same."""
+        folders = [self.root, self.root / "done", *sorted((self.root / "parts").glob("*"))]
+        removed = []
+        for folder in folders:
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for path in folder.glob(".*.tmp"):
+                if path.is_file() and not path.is_symlink():
+                    try:
+                        path.unlink()
+                    except OSError as err:
+                        raise storage_error(err, path, "remove") from None
+                    removed.append(path)
+        return removed
+
     def is_result(self) -> bool:
         """Whether the folder holds a probe study (study.json), whatever its state."""
         return (self.root / "study.json").is_file()

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from probe.errors import InputError
 from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
@@ -507,7 +508,8 @@ def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables
         "device": str(pm.device), "dtype": pm.contract.dtype, "attn_implementation": pm.contract.implementation,
         "seed": study.statistics.seed, "dataset_seed": study.dataset.seed, "fingerprint": study.fingerprint(),
         "examples": int(examples["source"].nunique()) if is_stepwise(examples) else n,
-        **({"output_tokens": n} if is_stepwise(examples) else {}), "batches": n_batches, "left_out": dropped,
+        **({"output_tokens": n} if is_stepwise(examples) else {}), "batches": n_batches,
+        "left_out": {**dropped, **_without_spans(tables)},
         "accuracy": None if study.target.label is not None else _accuracy(examples),
         "sequence_length": {"mean": float(lengths.mean()), "median": float(lengths.median()),
                             "min": int(lengths.min()), "max": int(lengths.max())},
@@ -601,6 +603,39 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
             "left_out": left_out}
 
 
+def _without_spans(tables: dict) -> dict:
+    """``{"no_span": N}``: the examples of a span study that had no spans to rank (each left out of every
+    pair, :data:`probe.study.tables.NO_SPAN`); empty when there are none."""
+    from probe.study.tables import NO_SPAN
+
+    left = tables.get("left_out")
+    if left is None or not len(left):
+        return {}
+    units = pd.unique(left.loc[left["reason"] == NO_SPAN, "example"])
+    if not len(units):
+        return {}
+    examples = tables["examples"]
+    if is_stepwise(examples):  # units are output tokens: count the dataset examples they belong to
+        units = pd.unique(examples.set_index("example").loc[units, "source"])
+    return {"no_span": int(len(units))}
+
+
+def _refuse_without_agreement(tables: dict) -> None:
+    """Refuse in one line a study none of whose examples could be compared (every pair left out),
+    naming why they were left out."""
+    agreement = tables.get("agreement")
+    if agreement is not None and len(agreement):
+        return
+    left = tables.get("left_out")
+    n = len(tables["examples"])
+    why = ""
+    if left is not None and len(left):
+        counts = left.groupby("reason")["example"].nunique().sort_values(ascending=False)
+        why = " (" + "; ".join(f"{reason}: {count}" for reason, count in counts.items()) + ")"
+    raise InputError(f"none of the {n} examples has 2 units to rank, so nothing could be compared{why}: give "
+                     "longer texts, or with spans a pattern that matches at least twice in an example")
+
+
 def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
              sanity: Sequence[Check] | None = None) -> Verdict:
     """Merge the parts, compute the statistics and the verdict (:func:`judge_tables`), write them;
@@ -608,6 +643,7 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
     ``sanity``: the study's :class:`probe.study.sanity.Check` list (``sanity.parquet``, and the
     verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
     tables = store.merge(n_batches)
+    _refuse_without_agreement(tables)
     checks = list(sanity or [])
     judged = judge_tables(tables, study, dtype=pm.contract.dtype, mixing=mixing_words(pm.contract), sanity=checks)
     if judged["left_out"] is not None:

@@ -71,6 +71,11 @@ class _Columns:
         return pd.DataFrame(columns)
 
 
+#: why an example of a span study has no agreement row: the pattern covers none of its scored tokens
+#: (its unit example has no token at all); counted as ``no_span`` in the provenance's ``left_out``
+NO_SPAN = "no span (the pattern covers none of its scored tokens)"
+
+
 def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, TokenScores],
                    baselines: dict[str, TokenScores], left_out: list | None = None) -> pd.DataFrame:
     """One row per example x explainer x reference x layer x head (see :mod:`probe.study` docs).
@@ -93,7 +98,7 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
         pairs.append((a, b, "ceiling"))
     columns = _Columns()
     for i, example in enumerate(examples):
-        scorable = np.array([include_special or not s for s in example.special])
+        scorable = np.array([include_special or not s for s in example.special], dtype=bool)
         for explainer, reference, role in pairs:
             y = scores[reference].scores[i].double().numpy()
             if reference in absolute:
@@ -112,7 +117,8 @@ def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, T
             if n < 2:
                 if left_out is not None:
                     left_out.append({"example": first_index + i, "explainer": explainer, "reference": reference,
-                                     "role": role, "reason": _left_out_reason(scorable, x, y)})
+                                     "role": role, "reason": _left_out_reason(scorable, x, y) if len(scorable)
+                                     else NO_SPAN})
                 continue
             if explainer == "uniform":
                 values = {"kendall_tau": [0.0], "kendall_p": [1.0], "spearman": [0.0], "spearman_p": [1.0]}
