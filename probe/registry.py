@@ -101,6 +101,18 @@ class LeaveOneOutParams:
 
 
 @dataclass(frozen=True)
+class ShapleyParams:
+    """Shapley values (probe.intervene.shapley): an absent player's tokens deleted or replaced
+    (``mode``); players are tokens or words (``units``); exact up to ``exact_max`` players, else
+    ``permutations`` sampled orders in antithetic pairs, seeded per example."""
+    mode: str = "delete"
+    units: str = "token"
+    exact_max: int = 10
+    permutations: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class UniformParams:
     head: int | None = None
     batch_size: int = 16
@@ -375,6 +387,11 @@ REGISTRY: tuple[Method, ...] = (
     _loo("random", takes_seed=True),
     _loo("lm", takes_seed=True, applies=Applies(tasks=("causal_lm",),
                                                 task_reason="needs a causal LM to draw in-context replacements")),
+    Method("shapley", "intervention", "intervention", "probe.intervene.shapley:shapley", ShapleyParams,
+           "probe.intervene.shapley:shapley", engine=True, signed=True, takes_seed=True,
+           note="exact or sampled",
+           applies=Applies(by_name="Shapley values cost 2^n coalitions (exact) or permutations x tokens rows per "
+                                   "example; ask for shapley by name")),
     # attn_norm summed over heads: a variant, run by name only (probe.explainers.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
            preset=(("per_head", False),), listed=False, verdict_family="context mixing",
@@ -402,7 +419,9 @@ GROUPS: tuple[Group, ...] = (
           "baseline the pad embedding by default, Gauss-Legendre steps (or `steps: auto`), convergence delta "
           "reported"),
     Group("intervention", "leave-one-out references: f(x) - f(x with the token deleted or replaced), on token ids, "
-          "never re-tokenised text"),
+          "never re-tokenised text; `shapley`: each token's (or word's) Shapley value with absent tokens deleted or "
+          "replaced as leave-one-out's, exact up to `exact_max` players, else sampled orders in antithetic pairs "
+          "with a standard error; it sees tokens that stand in for each other, which single deletion cannot"),
 )
 
 COUNTERFACTUALS: tuple[Counterfactual, ...] = (

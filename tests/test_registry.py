@@ -89,7 +89,7 @@ def test_unknown_names_are_one_line_errors_listing_the_valid_ones():
 
 
 def test_seeded_methods():
-    assert registry.seeded() == ("gradient_shap", "loo_random", "loo_lm")
+    assert registry.seeded() == ("gradient_shap", "loo_random", "loo_lm", "shapley")
     assert registry.seeded(["loo_lm", "saliency"]) == ("loo_lm",)
 
 
@@ -106,10 +106,10 @@ class _Model:
 def test_skipped_reasons_come_in_check_order():
     checks = registry.CHECKS[:-1]  # the layout check (support) needs a real model: test_context_mixing runs it
     reasons = registry.skipped(_Model("classification"), longest=65, checks=checks)
-    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "saliency_sum"]
+    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "saliency_sum", "shapley"]
     assert reasons["flow"] == "attention flow is limited to 64 tokens (longest input has 65)"
     assert reasons["loo_mask"] == "the tokenizer has no mask token"
-    assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == ["saliency_sum"]
+    assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == ["saliency_sum", "shapley"]
 
 
 def test_readme_method_table_is_rendered_from_the_registry():

@@ -1,0 +1,271 @@
+"""Shapley values of tokens, words or spans: a causal reference that sees interactions.
+
+Leave-one-out asks what one token does when every other token is present. Two tokens that stand in
+for each other (two copies of a trigger) each do almost nothing alone, and deleting either leaves the
+prediction where it was; the Shapley value shares their joint effect between them. For a set ``N`` of
+``n`` players (an example's scorable tokens, its words, or given spans) and the value ``v(S)`` = the
+target when only the players in ``S`` are present::
+
+    phi_i = sum over S in N without i of  |S|! (n - |S| - 1)! / n!  (v(S + i) - v(S))
+
+An absent player is perturbed as leave-one-out perturbs a token (``mode``): its tokens are deleted,
+or each replaced by the mask, unk or pad id. Tokens that are no player (special tokens) are always
+present. Scores are ``phi`` per token (signed, in the target's units: positive supports the target);
+a word's or span's value is shared equally among its tokens, so the token scores still sum to it.
+
+Exact or sampled:
+
+* ``n <= exact_max``: every one of the ``2^n`` coalitions is a row, and ``phi`` is the formula above.
+* above it, ``permutations`` random orders of the players (seeded per example from its ids), each
+  with its reverse (antithetic pairs: a player early in one is late in the other, which cancels
+  much of the order's noise). A player's value is its mean marginal contribution
+  ``v(players before it + it) - v(players before it)``; its standard error is the standard deviation
+  of the pair means over the number of pairs. Every order walks from no player to all of them, so the
+  values of every order, and their mean, sum to ``v(N) - v(empty)`` exactly (efficiency).
+
+Every coalition is a row of the shared engine (:mod:`probe.intervene.engine`): rows from all
+examples go in one call, packed under the token budget; identical coalitions (orders share their
+first and last prefixes, and often more) are de-duplicated, here and in the engine's cache; a causal
+LM's rows reuse the unchanged prefix.
+
+``extras`` per example: ``standard_error`` (a tensor over tokens, 0 where exact, NaN where unscored),
+``exact``, ``permutations`` (0 where exact), ``players``, ``coalitions`` (distinct rows),
+``full_value`` v(N), ``empty_value`` v(empty) and ``efficiency_delta`` = sum(phi) - (v(N) - v(empty)),
+the efficiency axiom's check, as integrated gradients' completeness delta is its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from probe.errors import InputError
+from probe.intervene.tokens import example_seed, replacement_token_id, scorable_positions
+from probe.rows.scores import TokenScores
+
+if TYPE_CHECKING:
+    from probe.intervene.engine import Engine
+    from probe.models.core import ProbeModel
+    from probe.rows.target import PreparedExample
+
+__all__ = ["SHAPLEY_MODES", "SHAPLEY_UNITS", "shapley", "shapley_players", "shapley_values", "word_players"]
+
+#: how an absent player is perturbed (as leave-one-out's deterministic modes)
+SHAPLEY_MODES = ("delete", "mask", "unk", "pad")
+#: what a player is: one scorable token, or one word (its word pieces together)
+SHAPLEY_UNITS = ("token", "word")
+#: the most players computed exactly by default (2^10 = 1024 coalitions per example)
+EXACT_MAX = 10
+#: the most players exact values are allowed for (2^16 coalitions per example)
+EXACT_LIMIT = 16
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One example's players and the coalitions (rows of presence bits) its values need."""
+
+    players: tuple[tuple[int, ...], ...]  # each player's token positions
+    exact: bool
+    coalitions: np.ndarray  # [coalitions, players] bool, distinct
+    #: sampled: [orders, players + 1] index into ``coalitions`` of each order's prefix of length 0..n
+    #: and the order itself [orders, players]; exact: None
+    prefixes: np.ndarray | None = None
+    orders: np.ndarray | None = None
+
+
+def word_players(pm: ProbeModel, example: PreparedExample) -> tuple[tuple[int, ...], ...]:
+    """The example's scorable tokens grouped into words: a token continues the word before it when it
+    starts where that token ends and both characters there are letters or digits (``##ing``,
+    ``Ġgo`` + ``ing``); punctuation is a word of its own."""
+    from probe.rows.spans import token_offsets
+
+    offsets = token_offsets(pm, example)
+    text = example.text
+    words: list[list[int]] = []
+    previous_end = None
+    for t in scorable_positions(example):
+        start, end = offsets[t]
+        joined = (previous_end is not None and start == previous_end and 0 < start < len(text)
+                  and text[start].isalnum() and text[start - 1].isalnum() and words)
+        if joined:
+            words[-1].append(t)
+        else:
+            words.append([t])
+        previous_end = end
+    return tuple(tuple(w) for w in words)
+
+
+def shapley_players(pm: ProbeModel, example: PreparedExample, units: str) -> tuple[tuple[int, ...], ...]:
+    """An example's players: each scorable token (``units="token"``) or each word (``"word"``)."""
+    if units == "token":
+        return tuple((t,) for t in scorable_positions(example))
+    if units == "word":
+        return word_players(pm, example)
+    raise InputError(f"unknown Shapley unit {units!r}: use one of {', '.join(SHAPLEY_UNITS)}")
+
+
+def _exact_coalitions(n: int) -> np.ndarray:
+    """``[2^n, n]`` bool: coalition ``c`` holds player ``j`` when bit ``j`` of ``c`` is set."""
+    codes = np.arange(2 ** n, dtype=np.int64)
+    return ((codes[:, None] >> np.arange(n, dtype=np.int64)[None, :]) & 1).astype(bool)
+
+
+def _sampled_plan(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``permutations // 2`` random orders, each followed by its reverse; the distinct prefixes of
+    all of them as coalitions, and each order's prefix indices."""
+    pairs = max(1, permutations // 2)
+    first = np.stack([rng.permutation(n) for _ in range(pairs)])  # [pairs, n]
+    orders = np.empty((2 * pairs, n), dtype=np.int64)  # [orders, n]: order, its reverse, ...
+    orders[0::2] = first
+    orders[1::2] = first[:, ::-1]
+    # prefix k of an order holds its first k players: [orders, n + 1, n]
+    ranks = np.empty_like(orders)
+    ranks[np.arange(len(orders))[:, None], orders] = np.arange(n)[None, :]  # rank of each player in each order
+    present = ranks[:, None, :] < np.arange(n + 1)[None, :, None]  # [orders, n + 1, n]
+    flat = present.reshape(-1, n)
+    packed = np.packbits(flat, axis=1)  # [orders * (n + 1), bytes]: a key per coalition
+    _, first_seen, inverse = np.unique(packed, axis=0, return_index=True, return_inverse=True)
+    coalitions = flat[first_seen]  # [distinct, n]
+    return coalitions, inverse.reshape(len(orders), n + 1), orders
+
+
+def _plan(players: tuple[tuple[int, ...], ...], exact_max: int, permutations: int,
+          rng: np.random.Generator) -> _Plan:
+    n = len(players)
+    if n <= exact_max:
+        return _Plan(players, True, _exact_coalitions(n))
+    coalitions, prefixes, orders = _sampled_plan(n, permutations, rng)
+    return _Plan(players, False, coalitions, prefixes, orders)
+
+
+def _row(ids: tuple[int, ...], players: tuple[tuple[int, ...], ...], present: np.ndarray,
+         replacement: int | None) -> tuple[int, ...]:
+    """The example's ids with every absent player's tokens deleted (``replacement`` None) or replaced."""
+    absent = {t for j, positions in enumerate(players) if not present[j] for t in positions}
+    if not absent:
+        return ids
+    if replacement is None:
+        return tuple(x for t, x in enumerate(ids) if t not in absent)
+    return tuple(replacement if t in absent else x for t, x in enumerate(ids))
+
+
+def _exact_values(values: np.ndarray, n: int) -> np.ndarray:
+    """``[n]`` Shapley values from ``values[code]`` = v(coalition ``code``) over all ``2^n`` codes."""
+    codes = np.arange(2 ** n, dtype=np.int64)
+    sizes = np.array([bin(int(c)).count("1") for c in codes], dtype=np.int64)
+    # weight of a coalition of size s not holding the player: s! (n - s - 1)! / n!
+    weights = np.array([math.factorial(s) * math.factorial(n - s - 1) / math.factorial(n) for s in range(n)])
+    phi = np.empty(n, dtype=np.float64)
+    for j in range(n):
+        without = codes[(codes >> j) & 1 == 0]
+        phi[j] = float(np.sum(weights[sizes[without]] * (values[without | (1 << j)] - values[without])))
+    return phi
+
+
+def _sampled_values(values: np.ndarray, plan: _Plan) -> tuple[np.ndarray, np.ndarray]:
+    """``([n] values, [n] standard errors)`` from the orders' marginal contributions."""
+    along = values[plan.prefixes]  # [orders, n + 1]: v of each order's prefixes
+    steps = np.diff(along, axis=1)  # [orders, n]: the marginal of the order's k-th player
+    marginal = np.empty_like(steps)
+    marginal[np.arange(len(steps))[:, None], plan.orders] = steps  # [orders, players]
+    pairs = 0.5 * (marginal[0::2] + marginal[1::2])  # [pairs, players]: antithetic pair means
+    phi = pairs.mean(axis=0)
+    se = pairs.std(axis=0, ddof=1) / math.sqrt(len(pairs)) if len(pairs) > 1 else np.full(len(phi), np.nan)
+    return phi, se
+
+
+def shapley_values(engine: Engine, examples: Sequence[PreparedExample],
+                   players: Sequence[tuple[tuple[int, ...], ...]], *, mode: str = "delete",
+                   exact_max: int = EXACT_MAX, permutations: int = 64, seed: int = 0) -> list[dict]:
+    """Per example ``{"values": [players], "standard_error": [players], "exact", "permutations",
+    "coalitions", "full_value", "empty_value", "efficiency_delta"}`` for the given players (each a
+    tuple of token positions), every coalition of every example through ``engine`` in one call."""
+    if mode not in SHAPLEY_MODES:
+        raise InputError(f"unknown Shapley mode {mode!r}: use one of {', '.join(SHAPLEY_MODES)}")
+    if not 0 <= int(exact_max) <= EXACT_LIMIT:
+        raise InputError(f"shapley exact_max {exact_max!r}: give 0..{EXACT_LIMIT} (2^{EXACT_LIMIT} coalitions "
+                         "per example at most); above it values are sampled")
+    if int(permutations) < 2:
+        raise InputError(f"shapley needs at least 2 permutations (one antithetic pair), got {permutations!r}")
+    replacement = None if mode == "delete" else replacement_token_id(engine.pm, mode)
+    plans, rows, starts = [], [], []
+    for example, own in zip(examples, players):
+        if mode == "delete" and own and len(example.input_ids) == sum(map(len, own)):
+            raise InputError(
+                f"shapley with mode delete removes every token of {example.text[:40]!r} in its empty coalition "
+                f"(the tokenizer of {engine.pm.name!r} adds no special token that stays): use mode pad, unk or "
+                "mask, whose empty coalition keeps the positions")
+        rng = np.random.default_rng(example_seed(seed, example))
+        plan = _plan(tuple(own), int(exact_max), int(permutations), rng)
+        plans.append(plan)
+        starts.append(len(rows))
+        ids = tuple(int(x) for x in example.input_ids)
+        rows.extend((_row(ids, plan.players, present, replacement), example) for present in plan.coalitions)
+    values = engine.values(rows, reuse_prefix=engine.pm.task.next_token).double().numpy()  # [rows]
+    out = []
+    for plan, start in zip(plans, starts):
+        n = len(plan.players)
+        own = values[start:start + len(plan.coalitions)]
+        if n == 0:
+            out.append({"values": np.zeros(0), "standard_error": np.zeros(0), "exact": True, "permutations": 0,
+                        "coalitions": len(own), "full_value": float(own[0]), "empty_value": float(own[0]),
+                        "efficiency_delta": 0.0})
+            continue
+        if plan.exact:
+            phi, se = _exact_values(own, n), np.zeros(n)
+            full, empty = own[-1], own[0]
+        else:
+            phi, se = _sampled_values(own, plan)
+            full, empty = own[plan.prefixes[0, -1]], own[plan.prefixes[0, 0]]
+        out.append({"values": phi, "standard_error": se, "exact": plan.exact,
+                    "permutations": 0 if plan.exact else len(plan.orders), "coalitions": len(own),
+                    "full_value": float(full), "empty_value": float(empty),
+                    "efficiency_delta": float(phi.sum() - (full - empty))})
+    return out
+
+
+def shapley(engine: Engine, examples: Sequence[PreparedExample], mode: str = "delete", *, units: str = "token",
+            exact_max: int = EXACT_MAX, permutations: int = 64, seed: int = 0) -> TokenScores:
+    """Shapley values of each example's tokens (``units="token"``) or words (``"word"``, shared
+    equally among a word's tokens) as token scores ``[tokens]``; special tokens NaN. See the module
+    docstring for the exact and sampled computations and the ``extras``."""
+    if units not in SHAPLEY_UNITS:
+        raise InputError(f"unknown Shapley unit {units!r}: use one of {', '.join(SHAPLEY_UNITS)}")
+    players = [shapley_players(engine.pm, e, units) for e in examples]
+    before = engine.stats.as_dict()
+    found = shapley_values(engine, examples, players, mode=mode, exact_max=exact_max,
+                           permutations=permutations, seed=seed)
+    after = engine.stats.as_dict()
+    scores, errors = [], []
+    for example, own, result in zip(examples, players, found):
+        score = torch.full((len(example.input_ids),), float("nan"), dtype=torch.float64)
+        error = torch.full((len(example.input_ids),), float("nan"), dtype=torch.float64)
+        for j, positions in enumerate(own):
+            score[list(positions)] = float(result["values"][j]) / len(positions)
+            error[list(positions)] = float(result["standard_error"][j]) / len(positions)
+        scores.append(score)
+        errors.append(error)
+    params = {"mode": mode, "units": units, "exact_max": int(exact_max), "permutations": int(permutations),
+              "seed": int(seed)}
+    if mode != "delete":
+        replacement = replacement_token_id(engine.pm, mode)
+        params.update(replacement_id=replacement, replacement_token=engine.pm.tokenizer.convert_ids_to_tokens(replacement))
+    extras = {
+        "standard_error": errors,
+        "exact": [r["exact"] for r in found],
+        "permutations": [r["permutations"] for r in found],
+        "players": [len(p) for p in players],
+        "coalitions": [r["coalitions"] for r in found],
+        "full_value": [r["full_value"] for r in found],
+        "empty_value": [r["empty_value"] for r in found],
+        "efficiency_delta": [r["efficiency_delta"] for r in found],
+        "original_values": [r["full_value"] for r in found],
+        "rows_evaluated": after["rows_evaluated"] - before["rows_evaluated"],
+        "forward_passes": after["forward_passes"] - before["forward_passes"],
+    }
+    return TokenScores(method="shapley", scores=scores, params=params, extras=extras)

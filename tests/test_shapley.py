@@ -1,0 +1,212 @@
+"""Shapley values (probe.intervene.shapley): exact values equal captum's ShapleyValues on token ids,
+delete mode equals a by-hand enumeration over plain forwards, sampled values sit within a few
+standard errors of the exact ones, efficiency holds, every task runs, and two redundant copies of a
+trigger share the effect that single deletion cannot see."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from tolerances import assert_fp_close, model_depth
+
+from probe.errors import InputError
+from probe.intervene.engine import Engine
+from probe.intervene.shapley import shapley, shapley_players
+from probe.intervene.tokens import loo
+from probe.models.loading import load_model
+from probe.rows.target import TargetSpec, evaluate, prepare
+
+TEXTS = ["the movie was very good", "i hated this film", "a great story"]
+REAL_TEXTS = ["bleak, witty and desperate"]
+
+
+@pytest.fixture(scope="module")
+def bert(tiny_dirs):
+    return load_model(str(tiny_dirs["bert"]))
+
+
+def _scale(example, *scores) -> float:
+    finite = torch.cat([s[~torch.isnan(s)].double().flatten() for s in scores])
+    return 2 * abs(example.original_value) + (float(finite.abs().max()) if finite.numel() else 0.0)
+
+
+def _captum_shapley(pm, example, baseline: int) -> torch.Tensor:
+    """captum's exact ShapleyValues (every order of the players) over the scorable token ids, the
+    special tokens put back around them by the forward function (never perturbed)."""
+    from captum.attr import ShapleyValues
+
+    ids = torch.tensor(example.input_ids)  # [tokens]
+    scorable = ~torch.tensor(example.special)
+
+    def forward(players: torch.Tensor) -> torch.Tensor:  # [batch, players] -> [batch]
+        rows = ids.repeat(len(players), 1)
+        rows[:, scorable] = players
+        return evaluate(pm, [(row.tolist(), example) for row in rows])
+
+    attribution = ShapleyValues(forward).attribute(ids[scorable][None], baselines=baseline,
+                                                   perturbations_per_eval=64)
+    out = torch.full((len(ids),), float("nan"), dtype=torch.float64)
+    out[scorable] = attribution[0].double()
+    return out
+
+
+def _by_hand_delete(pm, example) -> np.ndarray:
+    """Exact Shapley values with deletion, from plain per-coalition forwards and the textbook weights."""
+    positions = [t for t, s in enumerate(example.special) if not s]
+    n = len(positions)
+    value = {}
+    for r in range(n + 1):
+        for subset in itertools.combinations(range(n), r):
+            keep = {positions[j] for j in subset}
+            ids = [x for t, x in enumerate(example.input_ids) if example.special[t] or t in keep]
+            value[frozenset(subset)] = float(evaluate(pm, [(ids, example)])[0])
+    phi = np.zeros(n)
+    for j in range(n):
+        others = [k for k in range(n) if k != j]
+        for r in range(n):
+            for subset in itertools.combinations(others, r):
+                s = frozenset(subset)
+                weight = math.factorial(r) * math.factorial(n - r - 1) / math.factorial(n)
+                phi[j] += weight * (value[s | {j}] - value[s])
+    return phi
+
+
+@pytest.mark.parametrize("mode", ["mask", "unk", "pad"])
+def test_exact_shapley_equals_captum_shapley_values_tiny(bert, mode):
+    examples = prepare(bert, TEXTS, TargetSpec(kind="logit"))
+    result = shapley(Engine(bert), examples, mode)
+    baseline = result.params["replacement_id"]
+    for example, ours in zip(examples, result.scores):
+        theirs = _captum_shapley(bert, example, baseline)
+        scored = ~torch.tensor(example.special)
+        assert torch.isnan(ours[~scored]).all()
+        assert_fp_close(ours[scored].double(), theirs[scored], depth=model_depth(bert), scale=_scale(example, ours))
+        assert ours[scored].abs().max() > 1e-4
+    assert all(result.extras["exact"])
+    assert max(abs(d) for d in result.extras["efficiency_delta"]) < 1e-4
+
+
+def test_exact_shapley_equals_captum_on_pretrained_minilm(minilm):
+    examples = prepare(minilm, REAL_TEXTS)
+    result = shapley(Engine(minilm, token_budget=4096), examples, "mask")
+    theirs = _captum_shapley(minilm, examples[0], minilm.tokenizer.mask_token_id)
+    scored = ~torch.tensor(examples[0].special)
+    assert_fp_close(result.scores[0][scored].double(), theirs[scored], depth=model_depth(minilm),
+                    scale=_scale(examples[0], result.scores[0]))
+
+
+def test_exact_shapley_with_deletion_equals_a_by_hand_enumeration(bert):
+    examples = prepare(bert, TEXTS[:2], TargetSpec(kind="logit"))
+    result = shapley(Engine(bert), examples, "delete")
+    for example, ours in zip(examples, result.scores):
+        scored = ~torch.tensor(example.special)
+        theirs = torch.from_numpy(_by_hand_delete(bert, example))
+        assert_fp_close(ours[scored].double(), theirs, depth=model_depth(bert), scale=_scale(example, ours))
+
+
+def test_sampled_shapley_is_within_three_standard_errors_of_exact(bert):
+    examples = prepare(bert, ["i hated this film , it was boring and too long"], TargetSpec(kind="logit"))
+    engine = Engine(bert)
+    exact = shapley(engine, examples, "pad", exact_max=16)
+    sampled = shapley(engine, examples, "pad", exact_max=0, permutations=200, seed=3)
+    assert exact.extras["exact"] == [True] and sampled.extras["exact"] == [False]
+    assert sampled.extras["permutations"] == [200]
+    scored = ~torch.tensor(examples[0].special)
+    se = sampled.extras["standard_error"][0][scored].double()
+    gap = (sampled.scores[0][scored].double() - exact.scores[0][scored].double()).abs()
+    assert (se > 0).all()
+    assert (gap <= 3 * se + 1e-6).float().mean() >= 0.9  # 3 SE covers nearly every player
+    # efficiency holds exactly for every order, so for their mean too
+    assert abs(sampled.extras["efficiency_delta"][0]) < 1e-4
+    # the sampled orders share coalitions: fewer distinct rows than orders x players
+    assert sampled.extras["coalitions"][0] < 200 * (sampled.extras["players"][0] + 1)
+
+
+def test_sampled_shapley_is_seeded_per_example(bert):
+    texts = ["i hated this film , it was boring and too long", "a great story with wonderful acting , really"]
+    examples = prepare(bert, texts, TargetSpec(kind="logit"))
+    both = shapley(Engine(bert), examples, "pad", exact_max=4, permutations=8, seed=1)
+    alone = shapley(Engine(bert), examples[1:], "pad", exact_max=4, permutations=8, seed=1)
+    other = shapley(Engine(bert), examples[1:], "pad", exact_max=4, permutations=8, seed=2)
+    assert torch.allclose(both.scores[1], alone.scores[0], atol=1e-5, equal_nan=True)
+    assert not torch.allclose(alone.scores[0], other.scores[0], atol=1e-6, equal_nan=True)
+
+
+def test_word_units_group_word_pieces_and_share_the_value(minilm):
+    examples = prepare(minilm, ["unflinchingly bleak"])
+    players = shapley_players(minilm, examples[0], "word")
+    assert len(players) == 2 and len(players[0]) > 1  # "unflinchingly" is several pieces
+    result = shapley(Engine(minilm), examples, "mask", units="word")
+    first = result.scores[0][list(players[0])]
+    assert torch.allclose(first, first[0].expand_as(first))  # one value shared equally
+    assert abs(result.extras["efficiency_delta"][0]) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa", "t5"])
+def test_shapley_runs_on_every_task_with_efficiency(tiny_dirs, kind):
+    pm = load_model(str(tiny_dirs[kind]))
+    if pm.task.name == "causal_lm":
+        examples = prepare(pm, ["the movie was good", "paris is the capital of"], TargetSpec(continuation="it was"))
+        mode = "pad"
+    else:
+        examples = prepare(pm, ["the movie was good"])
+        mode = "pad"
+    result = shapley(Engine(pm), examples, mode)
+    for example, score in zip(examples, result.scores):
+        scored = ~torch.tensor(example.special)
+        assert torch.isfinite(score[scored]).all()
+    assert max(abs(d) for d in result.extras["efficiency_delta"]) < 1e-3
+
+
+def test_shapley_per_generated_token_steps(tiny_dirs):
+    pm = load_model(str(tiny_dirs["gpt2"]))
+    examples = prepare(pm, ["the movie was good"], TargetSpec(continuation="it was fine", steps=True))
+    assert len(examples) > 1 and examples[0].step is not None
+    result = shapley(Engine(pm), examples, "pad")
+    full = evaluate(pm, [(e.input_ids, e) for e in examples])
+    for example, score, value, empty in zip(examples, result.scores, full, result.extras["empty_value"]):
+        scored = ~torch.tensor(example.special)
+        assert math.isclose(float(score[scored].double().sum()), float(value) - empty, abs_tol=1e-4)
+
+
+def test_delete_mode_without_any_fixed_token_is_refused(tiny_dirs):
+    pm = load_model(str(tiny_dirs["gpt2"]))
+    examples = prepare(pm, ["the movie was good"], TargetSpec(continuation="it was"))
+    if any(examples[0].special):
+        pytest.skip("this tokenizer adds a special token")
+    with pytest.raises(InputError, match="mode pad"):
+        shapley(Engine(pm), examples, "delete")
+
+
+@pytest.mark.parametrize("bad, match", [({"mode": "random"}, "Shapley mode"), ({"units": "sentence"}, "unit"),
+                                        ({"exact_max": 40}, "exact_max"), ({"permutations": 1}, "permutations")])
+def test_bad_shapley_parameters_are_one_line(bert, bad, match):
+    examples = prepare(bert, TEXTS[:1])
+    with pytest.raises(InputError, match=match):
+        shapley(Engine(bert), examples, **bad)
+
+
+def test_two_redundant_copies_share_the_effect_single_deletion_misses(bert):
+    """An OR of two copies, computed as a value function over the engine's rows: with either copy the
+    target is high, with neither low. Deleting one copy changes nothing; Shapley gives each copy half."""
+    examples = prepare(bert, ["good movie good"], TargetSpec(kind="logit"))
+    example = examples[0]
+    copies = [t for t, tok in enumerate(example.tokens) if tok == "good"]
+    assert len(copies) == 2
+
+    class OrEngine(Engine):
+        def values(self, rows, *, reuse_prefix=False):
+            target = self.pm.tokenizer.convert_tokens_to_ids("good")
+            return torch.tensor([1.0 if target in ids else 0.0 for ids, _ in rows])
+
+    engine = OrEngine(bert)
+    phi = shapley(engine, examples, "delete")
+    single = loo(engine, examples, "delete")
+    assert float(single.scores[0][copies].abs().max()) == 0.0  # single deletion sees nothing
+    assert torch.allclose(phi.scores[0][copies], torch.tensor([0.5, 0.5]))
+    other = [t for t, s in enumerate(example.special) if not s and t not in copies]
+    assert float(phi.scores[0][other].abs().max()) == 0.0
