@@ -17,7 +17,8 @@ ALL_METHODS = registry.names()
 #: A result folder's on-disk format (study.json's ``format_version``) and the tables a study
 #: writes, per batch and merged (probe.study.store writes them, probe.report reads them).
 FORMAT_VERSION = 1
-TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence")
+TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence",
+          "interactions")
 #: a finished folder's record of what it was computed from and what it holds (probe.study.identity
 #: writes it; a rerun that finds it unchanged returns at once, and a report records which one it drew)
 COMPLETE_FILE = "complete.json"

@@ -51,6 +51,8 @@ PLANTED_TEXT_KINDS: dict[str, str] = {
     "copy-seq2seq": "copy",
     "position-heads": "one-trigger",
     "one-head": "one-trigger",
+    "trigger-twice": "two-copies",
+    "trigger-twice-soft": "two-copies",
 }
 
 
@@ -106,7 +108,7 @@ def draw_texts(kind: str, n: int, seed: int, start: int = 0, min_words: int = MI
 
 # ------------------------------------------------------------------------------------------ helpers
 
-_GROUPS = {"trigger": 2, "two-triggers": 4, "distinct": 1, "copy": len(MARKED), "one-trigger": 1}
+_GROUPS = {"trigger": 2, "two-triggers": 4, "distinct": 1, "copy": len(MARKED), "one-trigger": 1, "two-copies": 1}
 
 
 def _kind_seed(kind: str) -> int:
@@ -124,6 +126,10 @@ def _draw(kind: str, group: int, rng: random.Random, min_words: int) -> PlantedT
         return PlantedText(" ".join(words), None, marked)
     if kind == "one-trigger":  # zz once, at a uniformly drawn place
         words[rng.randrange(length)] = TRIGGER
+        return PlantedText(" ".join(words), 1)
+    if kind == "two-copies":  # zz twice, at two uniformly drawn places: either copy alone decides the label
+        for place in rng.sample(range(length), 2):
+            words[place] = TRIGGER
         return PlantedText(" ".join(words), 1)
     specials = {"trigger": [(), (TRIGGER,)],
                 "two-triggers": [(), (TRIGGER,), (SECOND_TRIGGER,), (TRIGGER, SECOND_TRIGGER)]}[kind][group]

@@ -81,3 +81,27 @@ def test_the_verdict_is_calibrated_over_200_statistics_seeds(planted_run):
     assert null["seeds"] == 200 and null["positive"] <= 0.05 and null["rule1_any"] <= 0.05, null
     sparse = calibration_summary(folder_calibration(planted_run("one-head")[1], seeds=range(200)), ["attention L5.H7"])
     assert sparse["exactly_expected"] >= 0.95 and sparse["answers"]["heads only"] >= 0.95, sparse
+
+
+@pytest.mark.parametrize("name", ["trigger-twice", "trigger-twice-soft"])
+def test_redundant_copies_are_judged_against_shapley_and_single_deletion_says_why_not(name, planted_run):
+    """Two copies of the trigger: against Shapley values the verdict is right ("yes"); judged on the same
+    tables against single deletion it is not ("undecidable": no single deletion moved the target; "no":
+    filler words ranked above the copies), and the pair check says why, naming the copies."""
+    from probe.study.calibration import read_folder
+    from probe.study.summary import judge_tables
+
+    row, folder = planted_run(name)
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert verdict["reference"] == "shapley" and row.answer == "yes"
+    substitutes = verdict["interactions"]["substitutes"]
+    assert len(substitutes["examples"]) >= 0.9 * verdict["interactions"]["examples"]
+    assert substitutes["strongest"]["tokens"] == ["zz", "zz"]
+    tables, study, dtype, sanity = read_folder(folder)
+    single = study.model_copy(update={"statistics": study.statistics.model_copy(update={"reference": "loo_delete"})})
+    judged = judge_tables(tables, single, dtype=dtype, sanity=sanity)["verdict"]
+    if name == "trigger-twice":  # saturated: deleting one copy changes nothing at all
+        assert judged["answer"] == "undecidable" and "stand in for each other" in judged["undecidable"]
+    else:
+        assert judged["answer"] == "no"
+    assert any("misjudges interacting tokens" in w and "'zz' + 'zz'" in w for w in judged["warnings"])

@@ -210,3 +210,81 @@ def test_two_redundant_copies_share_the_effect_single_deletion_misses(bert):
     assert torch.allclose(phi.scores[0][copies], torch.tensor([0.5, 0.5]))
     other = [t for t, s in enumerate(example.special) if not s and t not in copies]
     assert float(phi.scores[0][other].abs().max()) == 0.0
+
+
+def test_a_study_judged_against_shapley_beside_deletion(tiny_dirs, tmp_path):
+    """A study with shapley among its references, the verdict judged against it (statistics.reference),
+    its scores stored like any reference's and the ceiling including it."""
+    import json
+
+    from test_faults import _dataset, _run, _study
+
+    data = _dataset(tmp_path / "data.csv", n=10)
+    study = _study(tiny_dirs["bert"], data, tmp_path / "out", dataset={"name": str(data), "n": 10, "seed": 0},
+                   references=["loo_delete", "shapley"], params={"shapley": {"exact_max": 4, "permutations": 8}},
+                   statistics={"bootstrap": 100, "reference": "shapley", "permutations": 1000})
+    result = _run(study, report=False)
+    assert result.complete
+    import pandas as pd
+
+    scores = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    assert set(scores["method"]) >= {"loo_delete", "shapley", "attention_mean"}
+    verdict = json.loads((tmp_path / "out" / "verdict.json").read_text())
+    assert verdict["reference"] == "shapley"
+    assert sorted(verdict["ceiling"]["pair"]) == ["loo_delete", "shapley"]  # the ceiling between references
+    pairs = pd.read_parquet(tmp_path / "out" / "interactions.parquet")
+    assert len(pairs) and set(pairs["example"]) == set(range(10))
+    assert verdict["interactions"]["examples"] == 10
+
+
+class _RuleEngine(Engine):
+    """An engine whose target is a rule over which words a row still holds (a planted truth)."""
+
+    def __init__(self, pm, rule):
+        super().__init__(pm)
+        self.rule = rule
+
+    def values(self, rows, *, reuse_prefix=False):
+        vocab = self.pm.tokenizer.convert_ids_to_tokens
+        return torch.tensor([float(self.rule(vocab(list(ids)))) for ids, _ in rows], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("rule, kind", [
+    (lambda toks: toks.count("good") >= 1, "substitutes"),  # either copy is enough
+    (lambda toks: "good" in toks and "movie" in toks, "complements"),  # both are needed
+    (lambda toks: 0.3 * toks.count("good") + 0.2 * ("movie" in toks), "additive"),
+])
+def test_pair_interactions_name_substitutes_complements_and_additive_tokens(bert, rule, kind):
+    from probe.intervene.pairs import pair_interactions
+
+    text = "good movie good" if kind == "substitutes" else "good movie"  # two copies, or one of each
+    examples = prepare(bert, [text], TargetSpec(kind="logit"))
+    tokens = examples[0].tokens
+    pairs = [tokens.index("good"), len(tokens) - 2] if kind == "substitutes" else \
+        [tokens.index("good"), tokens.index("movie")]
+    frame = pair_interactions(_RuleEngine(bert, rule), examples, [pairs])
+    assert len(frame) == 1
+    row = frame.iloc[0]
+    assert row["kind"] == kind
+    # the copies' single effects are 0 (misranked); the AND pair's singles are the largest (ranked right)
+    assert bool(row["misranked"]) == (kind == "substitutes")
+    assert math.isclose(row["interaction"], row["joint"] - row["single_a"] - row["single_b"], abs_tol=1e-12)
+
+
+def test_the_verdict_warns_when_single_deletion_misjudges_substitutes():
+    import pandas as pd
+
+    from probe.study.decide import interaction_summary, interaction_warning
+
+    rows = pd.DataFrame([{"example": e, "position_a": 1, "position_b": 3, "token_a": "zz", "token_b": "zz",
+                          "single_a": 6e-4, "single_b": 6e-4, "joint": 0.78, "interaction": 0.78 - 1.2e-3,
+                          "largest_single": 0.01, "original_value": 0.9, "kind": "substitutes" if e < 7 else "additive",
+                          "misranked": e < 7} for e in range(10)])
+    found = interaction_summary(rows)
+    assert found["substitutes"]["examples"] == list(range(7)) and found["complements"]["examples"] == []
+    text = interaction_warning(found, "loo_delete")
+    assert "in 7 of 10 examples" in text and "'zz' + 'zz'" in text and "shapley" in text
+    assert interaction_warning(found, "shapley") is None  # Shapley values share the joint effect
+    assert interaction_warning(interaction_summary(rows.assign(kind="additive", misranked=False)), "loo_delete") is None
+    # two triggers that keep clear effects of their own: flagged as interacting, ranked right, no warning
+    assert interaction_warning(interaction_summary(rows.assign(misranked=False)), "loo_delete") is None

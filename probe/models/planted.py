@@ -37,11 +37,18 @@ position-heads              classification  hand-wired BERT, 6 layers x 12 heads
                                             per text, decides through the last layer's values
 one-head                    classification  position-heads with head L5.H7 wired onto zz (over 90% of its          heads only
                                             attention), the other 71 heads positional
+trigger-twice               classification  trigger-saturated on texts holding zz twice: deleting one copy        yes
+                                            changes nothing, both flips the label; judged against Shapley values
+trigger-twice-soft          classification  trigger-soft on texts holding zz twice: single deletion ranks filler   yes
+                                            words first; judged against Shapley values
 ==========================  ==============  ==================================================================  ==================
 
 The last two are the verdict's calibration pair: over many statistics seeds the null's heads must pass
 the test against chance at no more than alpha of them, and the planted head alone must be named
-(:mod:`probe.study.calibration`).
+(:mod:`probe.study.calibration`). The two ``trigger-twice`` models plant redundancy: their truth is one
+single-token deletion cannot see, so the planted study adds ``shapley`` to their references and judges
+them against it (``PlantedModel.reference``); judged against ``loo_delete`` on the same tables the
+verdict is undecidable or no, and the pair check names the two copies as substitutes.
 
 ``materialize_planted(name)`` builds a folder once under ``<cache>/planted/<name>-v<recipe_version>``
 (a temporary folder renamed into place, under the built-ins' lock) and reuses it afterwards.
@@ -95,6 +102,9 @@ class PlantedModel:
     why: str  # why that answer is the right one
     recipe_version: int = 1
     tracking: tuple[str, ...] = ()  # the units planted to track, where the truth names them
+    #: a reference the planted study adds for this model and judges its verdict against (its truth is
+    #: one single-token deletion cannot see), or None: the study's own
+    reference: str | None = None
 
 
 PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
@@ -198,6 +208,28 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
         ("heads only",),
         "one head among 72 carries the causal token: exactly that head tracks, and no layer mean",
         tracking=("attention L5.H7",),
+    ),
+    PlantedModel(
+        "trigger-twice", "classification",
+        "trigger-saturated (label = 1 iff zz is present) on texts that each hold zz twice: either copy alone "
+        "decides the label, so deleting one copy leaves the prediction where it was (effects of order 1e-4) while "
+        "deleting both flips it; the copies share the joint effect (their Shapley values), and [CLS] attention "
+        "(last layer, head mean) ranks the two copies on top.",
+        ("yes",),
+        "the two copies carry the effect together, and attention ranks them on top; single deletion sees only "
+        "the copies' leftovers, so the verdict is judged against Shapley values (added for this model), and the "
+        "pair check names the copies as substitutes",
+        reference="shapley",
+    ),
+    PlantedModel(
+        "trigger-twice-soft", "classification",
+        "trigger-soft (label smoothing 0.2: the other words have small real effects) on texts that each hold zz "
+        "twice: deleting one copy barely moves the prediction, so single deletion ranks a filler word first on "
+        "most texts, while the two copies hold most of the Shapley value and attention ranks them on top.",
+        ("yes",),
+        "the copies substitute for each other: single deletion ranks filler words above them, Shapley values do "
+        "not; judged against Shapley values (added for this model), attention tracks",
+        reference="shapley",
     ),
 )}
 
@@ -592,6 +624,25 @@ def _build_trigger_saturated():
     _require(facts["target_prob_min"] > 0.99, "trigger-saturated", f"min target prob {facts['target_prob_min']:.4f}")
     _require(facts["top_attended_is_trigger"] >= 0.95, "trigger-saturated",
              f"attention puts zz first on {facts['top_attended_is_trigger']} of the texts holding it")
+    return model, tokenizer, {"training": training, "facts": facts}
+
+
+def _build_twice(settings: ClassifierTraining, name: str):
+    """A trigger model (``settings``) measured on texts holding zz twice: the copies substitute for each
+    other (deleting one barely moves the prediction, deleting both flips it)."""
+    model, tokenizer, training = _trained_classifier(settings)
+    m = measure_classifier(model, tokenizer, study_texts(name))
+    facts = _classifier_facts(m)
+    copies = [[k for k, w in enumerate(words) if w == TRIGGER] for words in m.words]
+    facts["copy_loo_max"] = max(abs(m.loo[i][k]) for i, ks in enumerate(copies) for k in ks)
+    facts["copies_top2_attended"] = _share([
+        set(_cls_word_attention(m, i).argsort(descending=True)[:2].tolist()) == set(ks)
+        for i, ks in enumerate(copies)])
+    _require(all(len(ks) == 2 for ks in copies), name, "a text without two copies of zz")
+    _require(facts["accuracy"] == 1.0, name, f"held-out accuracy {facts['accuracy']}")
+    _require(facts["copy_loo_max"] < 0.05, name, f"deleting one copy moves the prediction by {facts['copy_loo_max']:.3f}")
+    _require(facts["copies_top2_attended"] >= 0.9, name,
+             f"attention ranks both copies on top on only {facts['copies_top2_attended']} of the texts")
     return model, tokenizer, {"training": training, "facts": facts}
 
 
@@ -1168,6 +1219,8 @@ def _build_copy_seq2seq():
 
 _BUILDERS: dict[str, Callable[[], tuple[Any, Any, dict[str, Any]]]] = {
     "trigger-saturated": _build_trigger_saturated,
+    "trigger-twice": lambda: _build_twice(SATURATED, "trigger-twice"),
+    "trigger-twice-soft": lambda: _build_twice(SOFT, "trigger-twice-soft"),
     "trigger-soft": _build_trigger_soft,
     "two-triggers": _build_two_triggers,
     "uniform-attention": _build_uniform_attention,

@@ -112,6 +112,9 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
                                                                         left_out))
         tables["left_out"] = pd.DataFrame(left_out, columns=["example", "explainer", "reference", "role", "reason"])
         tables.update(_intervention_tables(pm, study, examples, first_index, token_scores, engine, timed))
+        if study.spans is None:
+            tables["interactions"] = timed("interactions", lambda: _interactions(study, examples, first_index,
+                                                                                  token_scores, engine))
     finally:
         counter.close()
     wall = time.perf_counter() - started
@@ -222,6 +225,36 @@ def _intervention_tables(pm: ProbeModel, study: Study, examples: list[PreparedEx
     if study.metrics.heads is not None and (study.metrics.heads.ablation or study.metrics.heads.importance):
         tables["heads"] = timed("heads", lambda: head_rows(pm, study, examples, first_index))
     return tables
+
+
+def interaction_mode(study: Study) -> str:
+    """How the pair check removes a token: as the verdict reference does (its leave-one-out or Shapley
+    mode, where deterministic), else by deletion."""
+    from probe.registry import find
+
+    ref = study.verdict_reference
+    entry = find(ref)
+    mode = entry.span_mode if entry is not None else None
+    if mode is None and ref == "shapley":
+        mode = (study.params.get("shapley") or {}).get("mode", "delete")
+    return mode or "delete"
+
+
+def _interactions(study: Study, examples: list[PreparedExample], first_index: int,
+                  scores: dict[str, TokenScores], engine: Engine) -> pd.DataFrame:
+    """Joint deletion of each example's top tokens in pairs (:func:`probe.intervene.pairs.pair_interactions`):
+    the top tokens of the verdict reference and of the study's first attention explainer."""
+    from probe.intervene.pairs import pair_interactions, top_positions
+    from probe.registry import find
+
+    rankings = [ranking_vectors(scores[study.verdict_reference], study.verdict_reference)]
+    attention = [m for m in study.explainers if (entry := find(m)) is not None and entry.family == "attention"]
+    if attention:
+        first = "attention_mean" if "attention_mean" in attention else attention[0]
+        rankings.append(ranking_vectors(scores[first], first))
+    candidates = [sorted({t for ranking in rankings for t in top_positions(ranking[i], e)})
+                  for i, e in enumerate(examples)]
+    return pair_interactions(engine, examples, candidates, mode=interaction_mode(study), first_index=first_index)
 
 
 def peak_memory(pm: ProbeModel) -> int:

@@ -177,13 +177,63 @@ def concentration_warning(measure: str, profile: ReferenceProfile | None) -> str
             "(or auto) asks whether the tokens that matter agree")
 
 
+def interaction_summary(interactions: pd.DataFrame | None) -> dict | None:
+    """What the pair check (:func:`probe.intervene.pairs.pair_interactions`) found: the number of pairs
+    and of examples looked at, and the examples with a misranked pair of each kind (single deletion
+    ranks another token above one of them), with the strongest such pair."""
+    if interactions is None or not len(interactions):
+        return None
+    out: dict = {"pairs": int(len(interactions)), "examples": int(interactions["example"].nunique())}
+    for kind in ("substitutes", "complements"):
+        misranked = interactions["misranked"].astype(bool) if "misranked" in interactions else True
+        flagged = interactions[(interactions["kind"] == kind) & misranked]
+        strongest = None
+        if len(flagged):
+            r = flagged.loc[flagged["interaction"].abs().idxmax()]
+            strongest = {"example": int(r["example"]), "tokens": [str(r["token_a"]), str(r["token_b"])],
+                         "joint": float(r["joint"]), "singles": [float(r["single_a"]), float(r["single_b"])]}
+        out[kind] = {"examples": sorted(int(e) for e in flagged["example"].unique()), "strongest": strongest}
+    return out
+
+
+def interaction_warning(found: dict | None, reference: str) -> str | None:
+    """A warning when single-token deletion (the verdict reference ``reference``, a leave-one-out)
+    misjudges pairs of tokens that stand in for each other or need each other; None when the
+    reference is a Shapley value (it shares joint effects) or nothing was flagged."""
+    if found is None or reference == "shapley":
+        return None
+    parts = []
+    for kind, words in (("substitutes", "stand in for each other (deleting one shows little, both a lot)"),
+                        ("complements", "need each other (each deletion removes their shared effect: counted twice)")):
+        flagged = found[kind]["examples"]
+        if not flagged:
+            continue
+        s = found[kind]["strongest"]
+        shown = ", ".join(f"#{e}" for e in flagged[:5]) + (f" and {len(flagged) - 5} more" if len(flagged) > 5 else "")
+        parts.append(f"in {len(flagged)} of {found['examples']} examples ({shown}) two top tokens {words}, e.g. "
+                     f"#{s['example']} {s['tokens'][0]!r} + {s['tokens'][1]!r}: joint {s['joint']:+.3g}, singles "
+                     f"{s['singles'][0]:+.3g} and {s['singles'][1]:+.3g}")
+    if not parts:
+        return None
+    return (f"single-token deletion ({reference}) misjudges interacting tokens: " + "; ".join(parts)
+            + "; a Shapley reference shares joint effects (references: [..., shapley], statistics.reference: shapley)")
+
+
 def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling: dict | None,
-                       alpha: float = 0.05) -> str | None:
+                       alpha: float = 0.05, interactions: dict | None = None) -> str | None:
     """Why nothing can be decided about the verdict reference, or None. ``ceiling``: the verdict's
     ceiling (``{"pair", "mean", "ci", "p_chance"}``): references whose best agreement is not above
-    chance (its permutation p-value above ``alpha``) give no ranking to track."""
+    chance (its permutation p-value above ``alpha``) give no ranking to track. ``interactions``: the
+    pair check (:func:`interaction_summary`): where no single perturbation changed the target but a
+    pair did, the reason says so rather than that the output ignores the input."""
     if profile is not None:
         if profile.n_examples == 0 or profile.all_zero:
+            pair = (interactions or {}).get("substitutes", {}).get("strongest")
+            if pair is not None:
+                return (f"no single perturbation ({profile.method}) changed the target on any example, while deleting "
+                        f"two tokens together did (#{pair['example']} {pair['tokens'][0]!r} + {pair['tokens'][1]!r}: "
+                        f"{pair['joint']:+.3g}): the tokens stand in for each other, which single deletion cannot "
+                        "rank; judge against shapley (statistics.reference: shapley)")
             return (f"the output does not depend on the input: no perturbation ({profile.method}) changed the target "
                     "on any example")
         if len(profile.at_floor) == profile.n_examples:

@@ -30,7 +30,10 @@ PLANTED_PREFIX = "planted:"
 
 def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, str], task: Task) -> Study:
     """``template`` aimed at the planted model ``name``: its model and data, its own output folder,
-    the methods that apply to it (``skipped``: method -> why not)."""
+    the methods that apply to it (``skipped``: method -> why not), and the model's own reference
+    (:attr:`probe.models.planted.PlantedModel.reference`) added and judged against where it has one."""
+    from probe.models.planted import PLANTED_MODELS
+
     from probe.spec.study import parse_ranking, study_from_dict
 
     data = template.to_dict()
@@ -50,6 +53,10 @@ def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, s
     if metrics.get("ceilings"):
         metrics["ceilings"] = [p for p in metrics["ceilings"] if set(p) <= used]
     metrics["absolute"] = [m for m in metrics.get("absolute") or [] if m in used]
+    own = PLANTED_MODELS[name].reference if name in PLANTED_MODELS else None
+    if own is not None:
+        data["references"] = list(dict.fromkeys([*data["references"], own]))
+        data["statistics"]["reference"] = own
     if data["statistics"].get("reference") not in data["references"]:
         data["statistics"]["reference"] = None
     return study_from_dict(data, source=f"{template.name} on {PLANTED_PREFIX}{name}")

@@ -121,7 +121,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
             unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
             measure: str | None = None, measure_why: str = "set by the study", sanity: Sequence[Check] = (),
             redundant: Sequence[dict] = (), mixing: str = "attention",
-            chance: pd.DataFrame | None = None, unreliable_units: dict | None = None) -> tuple[dict, pd.DataFrame]:
+            chance: pd.DataFrame | None = None, unreliable_units: dict | None = None,
+            interactions: pd.DataFrame | None = None) -> tuple[dict, pd.DataFrame]:
     """Apply the rule (module docstring); returns the whole verdict (what ``verdict.json`` holds)
     and the per-unit paired tests.
 
@@ -135,7 +136,9 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     ``mixing``: what the headline calls the maps (``"attention"``, or a token mixer's matrix).
     ``chance``: rule 1's permutation tests (:func:`probe.study.chance.chance_tests`) of every
     attention unit, and of the ceiling pairs (family ``ceiling``). ``unreliable_units``: units that
-    failed a check of their own (``(method, layer, head)`` -> checks): they never track."""
+    failed a check of their own (``(method, layer, head)`` -> checks): they never track.
+    ``interactions``: the pair check's rows (:func:`probe.intervene.pairs.pair_interactions`): pairs of top
+    tokens that single deletion misjudges are named in a warning."""
     if chance is None:
         raise ValueError("the verdict needs rule 1's chance tests (probe.study.chance.chance_tests)")
     unreliable = unreliable or {}
@@ -166,14 +169,16 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     above = _above_ceiling(ceiling, ordered, grads)
     n_scored = int(agreement[(agreement.reference == ref) & (agreement.role == "explainer")].example.nunique()) \
         if len(agreement) else 0
-    reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], st.alpha)
+    found_pairs = decide.interaction_summary(interactions)
+    reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], st.alpha, found_pairs)
 
     families = family_answers(paired, reason)
     headline_family = next(iter(families), None)
     chosen = families.get(headline_family) if headline_family else None
     answer = "undecidable" if reason else (chosen["answer"] if chosen else "no")
     warnings = [w for w in [decide.concentration_warning(measure, profile),
-                            _reversed_warning(mixing, ordered, numbers["random"])] if w]
+                            _reversed_warning(mixing, ordered, numbers["random"]),
+                            decide.interaction_warning(found_pairs, ref)] if w]
 
     def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
         return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
@@ -194,7 +199,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
         "worst": _describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
         "best_layers": top(layer_units, False), "worst_layers": top(layer_units, True),
         "best_heads": top(head_units, False), "worst_heads": top(head_units, True), **numbers,
-        "gradient_bar": bar, "above_ceiling": above, "warnings": warnings,
+        "gradient_bar": bar, "above_ceiling": above, "warnings": warnings, "interactions": found_pairs,
         "reference_profile": profile.to_dict() if profile is not None else None,
         "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
     }
@@ -597,7 +602,8 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
     result, paired = verdict(agreement, summary, study, model_name or study.model.id, unreliable=failed_methods(checks),
                              unreliable_units=failed_units(checks),
                              profile=profile, measure=measure, measure_why=why, sanity=checks,
-                             redundant=redundancy(tables, study), mixing=mixing, chance=chance)
+                             redundant=redundancy(tables, study), mixing=mixing, chance=chance,
+                             interactions=tables.get("interactions"))
     return {"verdict": result, "summary": summary, "paired": paired, "chance": chance, "plan": plan,
             "profile": profile, "comparisons": comparisons(agreement, study, measure), "agreement": agreement,
             "left_out": left_out}
