@@ -288,3 +288,26 @@ def test_the_verdict_warns_when_single_deletion_misjudges_substitutes():
     assert interaction_warning(interaction_summary(rows.assign(kind="additive", misranked=False)), "loo_delete") is None
     # two triggers that keep clear effects of their own: flagged as interacting, ranked right, no warning
     assert interaction_warning(interaction_summary(rows.assign(misranked=False)), "loo_delete") is None
+
+
+def test_shapley_explains_a_contrast_and_runs_from_the_cli(bert, tiny_dirs, monkeypatch, capsys):
+    """A classifier contrast (logit[1] - logit[0]): the values sum to the contrast's own change; and
+    `probe explain --methods shapley` prints them (asked for by name: not in the default set)."""
+    import json
+
+    from test_faults import _cli
+
+    examples = prepare(bert, ["the movie was very good"], TargetSpec(label=1, contrast_label=0))
+    result = shapley(Engine(bert), examples, "pad")
+    scored = ~torch.tensor(examples[0].special)
+    total = float(result.scores[0][scored].double().sum())
+    assert math.isclose(total, result.extras["full_value"][0] - result.extras["empty_value"][0], abs_tol=1e-5)
+    assert math.isclose(result.extras["full_value"][0], float(evaluate(bert, [(examples[0].input_ids, examples[0])])[0]),
+                        abs_tol=1e-5)
+    code, out, err = _cli(monkeypatch, capsys, "explain", tiny_dirs["bert"], "the movie was very good",
+                          "--methods", "shapley", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert list(data["scores"]) == ["shapley"] and data["params"]["shapley"]["exact_max"] == 10
+    values = [v for v in data["scores"]["shapley"] if v is not None]
+    assert len(values) == 5 and data["scores"]["shapley"][0] is None  # [CLS] is never a player
