@@ -353,6 +353,21 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
 # --------------------------------------------------------------------------------------- explain
 
 
+class ScoresWarning(UserWarning):
+    """Scores asked for come from a method whose own check failed on them (not converged, constant,
+    a degenerate site): :meth:`Explanation.top_tokens` warns with why."""
+
+
+class TopTokens(list):
+    """:meth:`Explanation.top_tokens`' ``[(position, token, score), ...]``; ``flags``: a line per
+    failed check of the method on this example (empty when none), which the repr shows below the list."""
+
+    flags: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return super().__repr__() + "".join(f"\n# {line}" for line in self.flags)
+
+
 @dataclass(frozen=True, repr=False)
 class Explanation(PicklableFrozen):
     """Token scores of several methods on the same prepared examples.
@@ -381,17 +396,59 @@ class Explanation(PicklableFrozen):
     words: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] | None = field(default=None, compare=False)
     #: per example, the spans ``explain(..., spans=...)`` found (:class:`probe.rows.spans.Span`)
     spans: tuple[tuple[Any, ...], ...] | None = field(default=None, compare=False)
+    #: the methods' own checks that failed on these scores (:class:`probe.study.sanity.ScoreFlag`:
+    #: IG completeness above its tolerance, constant scores, a degenerate site), per example where
+    #: the check is; every display marks them. None: not recorded, found from the scores when asked
+    #: (:meth:`failed_checks`; a degenerate site needs the model, so only :func:`explain` finds it)
+    flags: tuple[Any, ...] | None = field(default=None, compare=False)
 
     @property
     def methods(self) -> list[str]:
         return list(self.scores)
 
+    def failed_checks(self, method: str | None = None, example: int | None = None) -> list:
+        """The failed checks (:class:`~probe.study.sanity.ScoreFlag`) of ``method`` (default: every
+        method) that mark example ``example`` (default: any): e.g. integrated gradients whose
+        completeness delta on that example is above its tolerance (not converged)."""
+        flags = self.flags
+        if flags is None:
+            from probe.study.sanity import score_flags
+
+            flags = tuple(score_flags(self.examples, self.scores))
+            object.__setattr__(self, "flags", flags)  # found once; the scores are frozen
+        return [f for f in flags if (method is None or f.method == method)
+                and (example is None or f.covers(example % max(len(self.examples), 1)))]
+
+    def _flag_words(self, method: str, example: int) -> str:
+        """``"⚠ not converged"`` (the failed checks' words) where ``method`` is marked on ``example``, else ''."""
+        from probe.names import FLAG_MARK
+
+        words = list(dict.fromkeys(f.words for f in self.failed_checks(method, example)))
+        return f"{FLAG_MARK} {', '.join(words)}" if words else ""
+
+    def _flag_lines(self, example: int | None = None, method: str | None = None) -> list[str]:
+        """One line per failed check (of ``method`` or any, on ``example``'s scores or any), with why."""
+        from probe.names import FLAG_MARK
+
+        lines = []
+        for f in self.failed_checks(method, example):
+            if example is None:
+                named = [f"{i} ({self.examples[i].label_name!r})" if self.examples[i].step is not None else str(i)
+                         for i in f.examples]  # an output token: its text beside its index
+                where = f" on examples {', '.join(named)}" if f.examples else ""
+                lines.append(f"{FLAG_MARK} {f.method} {f.words}{where}: {f.detail}")
+            else:
+                lines.append(f"{FLAG_MARK} {f.method} {f.words} here: {f.note(example)}")
+        return lines
+
     def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
-                   head: int | None = None) -> list[tuple[int, str, float]]:
+                   head: int | None = None) -> TopTokens:
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
         by ``method`` (default: the only method), highest first: special tokens and NaN scores are
         left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
-        last), a per-head one at ``layer`` and ``head``."""
+        last), a per-head one at ``layer`` and ``head``. Where the method's own check failed on this
+        example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
+        shows them) and a :class:`ScoresWarning` is issued."""
         _positive(k, "k")
         if method is None:
             if len(self.scores) != 1:
@@ -421,7 +478,13 @@ class Explanation(PicklableFrozen):
         scores = values.double().numpy()
         real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
         ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
-        return [(p, chosen.tokens[p], float(scores[p])) for p in ranked]
+        top = TopTokens((p, chosen.tokens[p], float(scores[p])) for p in ranked)
+        top.flags = tuple(self._flag_lines(example % len(self.examples), method))
+        if top.flags:
+            from probe.errors import warn_at_caller
+
+            warn_at_caller(f"top_tokens(method={method!r}, example={example}): " + "; ".join(top.flags), ScoresWarning)
+        return top
 
     def outputs(self) -> list[tuple[int, ...]]:
         """A step-by-step explanation (``generate=`` / ``steps=True``): per explained text, the
@@ -444,6 +507,24 @@ class Explanation(PicklableFrozen):
             raise InputError(f"text={text!r} does not exist: this explanation has texts 0..{len(groups) - 1}")
         return groups[text]
 
+    def _generated_groups(self) -> list[tuple[int, ...]]:
+        """:meth:`outputs` where every example is an output token (a generated or step explanation), else []."""
+        groups = self.outputs()
+        return groups if groups and sum(len(g) for g in groups) == len(self.examples) else []
+
+    def _read_at(self, method: str, layer: int = -1, head: int | None = None) -> str:
+        """Which layer (and head) a one-layer view of ``method`` shows, as words: ``"layer 5 of 0..5,
+        head mean"``; "" for a token-level method."""
+        result = self[method]
+        if not (result.per_head or result.per_layer) or not len(result.scores):
+            return ""
+        n_layers = int(result.scores[0].shape[0])
+        shown = layer % n_layers if isinstance(layer, int) and -n_layers <= layer < n_layers else layer
+        words = f"layer {shown} of 0..{n_layers - 1}" + (", the last" if shown == n_layers - 1 else "")
+        if result.per_head:
+            words += ", head mean" if head is None else f", head {head}"
+        return words
+
     def stacked(self, method: str, text: int = 0) -> torch.Tensor:
         """``method``'s scores of text ``text``'s output tokens stacked: ``[output token, ...,
         source token]`` (``...``: the method's layer and head axes, if any); a row per output token,
@@ -455,10 +536,11 @@ class Explanation(PicklableFrozen):
 
     def matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> pd.DataFrame:
         """The ``[output token x source token]`` matrix of ``method`` for text ``text``: one row per
-        output token (index: ``"step: token"``), one column per source token (``"position: token"``).
+        output token (index: ``"step: token"``), one column per source token (``"position: token"``),
+        each token as :func:`probe.display.shown_token` shows it (whitespace visible: ``2: ↵``).
         A per-layer method is read at ``layer`` (default the last), a per-head one at ``layer`` and
         ``head`` (None: the mean over heads). NaN where the method does not score a token."""
-        from probe.display import clean_token
+        from probe.display import shown_token
 
         values = self.stacked(method, text)
         result = self[method]
@@ -477,22 +559,37 @@ class Explanation(PicklableFrozen):
                 values = values[:, head]
         group = self._output_group(text)
         widest = self.examples[max(group, key=lambda i: len(self.examples[i].tokens))]
-        rows = [f"{self.examples[i].output_index}: {self.examples[i].label_name}" for i in group]
-        columns = [f"{p}: {clean_token(t)}" for p, t in enumerate(widest.tokens)]
+        rows = [f"{self.examples[i].output_index}: {shown_token(self.examples[i].label_name)}" for i in group]
+        columns = [f"{p}: {shown_token(t)}" for p, t in enumerate(widest.tokens)]
         return pd.DataFrame(values.double().numpy(), index=pd.Index(rows, name="output token"),
                             columns=pd.Index(columns, name="source token"))
 
     def plot_matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None):
-        """:meth:`matrix` as a heatmap: output tokens down, source tokens across. Returns a
-        :class:`matplotlib.figure.Figure`."""
-        from probe.display import clip
+        """:meth:`matrix` as a heatmap: output tokens down, source tokens across; a per-layer or
+        per-head method at ``layer`` (default the last) and ``head`` (default their mean), which the
+        title names; the prompt (a chat prompt's messages) above the map, wrapped, not cut. Returns
+        a :class:`matplotlib.figure.Figure`."""
+        from probe.display import prompt_text
         from probe.plots import matrix_figure
+        from probe.names import FLAG_MARK
 
         frame = self.matrix(method, text, layer=layer, head=head)
-        first = self.examples[self._output_group(text)[0]]
-        return matrix_figure(frame.to_numpy(), [str(r) for r in frame.index], [str(c) for c in frame.columns],
-                             title=f"{method}: {self.model}, text {text}: {clip(first.text, 60)}",
-                             label=f"{method} score")
+        at = self._read_at(method, layer, head)  # which layer (and head) a per-layer method shows
+        group = self._output_group(text)
+        first = self.examples[group[0]]
+        marks = [self._flag_words(method, i) for i in group]
+        rows = [f"{FLAG_MARK} {r}" if mark else str(r) for r, mark in zip(frame.index, marks)]
+        flagged = sum(bool(m) for m in marks)
+        words = ", ".join(dict.fromkeys(m.split(" ", 1)[1] for m in marks if m))
+        fig = matrix_figure(frame.to_numpy(), rows, [str(c) for c in frame.columns],
+                            title=(f"{FLAG_MARK} {words} on {flagged} of {len(group)} output tokens; " if flagged
+                                   else "") + (f"{method} ({at})" if at else method),
+                            subtitle=f"{self.model}, text {text}: {prompt_text(first)}",
+                            label=f"{method} score")
+        for label, mark in zip(fig.axes[0].get_yticklabels(), marks):
+            if mark:
+                label.set_color(FLAG_COLOUR)
+        return fig
 
     def save(self, path: str | Path) -> Path:
         """Write the explanation into the folder ``path`` (made if missing): ``scores.parquet``
@@ -513,6 +610,9 @@ class Explanation(PicklableFrozen):
                          "extras": _json_value(s.extras), "shapes": [list(v.shape) for v in s.scores]}
                         for m, s in self.scores.items()],
             "skipped": dict(self.skipped),
+            # the methods' failed checks, as found when explained (a degenerate site needs the model): a loaded
+            # explanation marks the same scores
+            "flags": [f.to_dict() for f in self.failed_checks()],
         }
         # each file whole or not at all, a failed write's temporary file removed (the store's own writers)
         write_table(folder / "scores.parquet", self.to_pandas())
@@ -528,7 +628,10 @@ class Explanation(PicklableFrozen):
         from probe.display import name_list
 
         n = len(self.examples)
-        text = f"<Explanation {self.model}: {n} text{'s' if n != 1 else ''} x {len(self.scores)} method"
+        groups = self._generated_groups()
+        counted = (f"{len(groups)} prompt{'s' if len(groups) != 1 else ''}, {n} output token{'s' if n != 1 else ''}"
+                   if groups else f"{n} text{'s' if n != 1 else ''}")
+        text = f"<Explanation {self.model}: {counted} x {len(self.scores)} method"
         text += f"{'s' if len(self.scores) != 1 else ''} ({name_list(self.scores)})"
         return text + (f", {len(self.skipped)} skipped>" if self.skipped else ">")
 
@@ -638,48 +741,131 @@ class Explanation(PicklableFrozen):
             return pd.DataFrame(columns=columns)
         return pd.concat(frames, ignore_index=True)
 
-    def _rows(self, index: int, methods: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def _rows(self, index: int, methods: Sequence[str] | None = None, *, marked: bool = False) -> dict[str, np.ndarray]:
         """Method label -> example ``index``'s ``[tokens]`` row (per-layer and per-head methods: their
-        last layer, heads averaged; the label says so)."""
+        last layer, heads averaged; the label says so). ``marked``: a method whose own check failed
+        on this example says so in its label (``integrated_gradients ⚠ not converged``)."""
         from probe.display import unit_row
 
         chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
         rows = {}
         for method in chosen:
             values, what = unit_row(self[method].scores[index].double().numpy())
-            rows[f"{method} ({what})" if what else method] = values
+            label = f"{method} ({what})" if what else method
+            flagged = self._flag_words(method, index) if marked else ""
+            rows[f"{label} {flagged}" if flagged else label] = values
         return rows
 
     def _repr_html_(self) -> str:
-        from probe.display import MAX_EXAMPLES, block_html, clip, token_table_html
+        from probe.display import MAX_EXAMPLES, block_html, clip, prompt_text, token_table_html
 
-        parts = [block_html(repr(self), "", "cells shaded by each method's score over the text's scored tokens "
+        if self._generated_groups():
+            return self._generated_html()
+        parts = [block_html(repr(self), _warning_html(self._flag_lines()),
+                            "cells shaded by each method's score over the text's scored tokens "
                             "(red positive, blue negative); grey: special tokens")]
         for i, example in enumerate(self.examples[:MAX_EXAMPLES]):
             target = example.label_name if example.label_name is not None else example.label
             value = "" if example.original_value is None else f" = {example.original_value:.4g}"
-            title = f"example {i}: {clip(example.text, 120)}"
+            title = f"example {i}: {clip(prompt_text(example), 120)}"
             note = f"explained: {example.kind} of {target if target is not None else 'the continuation'}{value}"
-            parts.append(block_html(title, token_table_html(example.tokens, example.special, self._rows(i)), note))
+            table = token_table_html(example.tokens, example.special, self._rows(i, marked=True))
+            parts.append(block_html(title, _warning_html(self._flag_lines(i)) + table, note))
         more = len(self.examples) - MAX_EXAMPLES
         if more > 0:
             parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
                                     "(ex.to_pandas() has them all)", ""))
         return "<div>" + "".join(parts) + "</div>"
 
+    def _generated_html(self) -> str:
+        """A generated (step) explanation as inseq shows one: per prompt (at most ``MAX_EXAMPLES``),
+        its output, then one output x source matrix per method (:meth:`matrix`; a per-layer method
+        at its last layer, heads averaged, as its title says)."""
+        from probe.display import (
+            MAX_EXAMPLES,
+            WHITESPACE_SIGNS,
+            block_html,
+            clip,
+            matrix_table_html,
+            prompt_text,
+            shown_token,
+        )
+
+        groups = self._generated_groups()
+        parts = [block_html(repr(self), _warning_html(self._flag_lines()),
+                            "per prompt, one matrix per method: a row per output token (explained: that token given "
+                            "the prompt and the output before it), a column per source token; cells shaded by the "
+                            "method's score over the matrix's scored tokens (red positive, blue negative); grey: "
+                            "special tokens; \u2423 a space, \u21b5 a newline, ## a word piece")]
+        for t, group in enumerate(groups[:MAX_EXAMPLES]):
+            steps = [self.examples[i] for i in group]
+            first, widest = steps[0], max(steps, key=lambda e: len(e.tokens))
+            written = len(widest.tokens) - len(first.tokens)  # target-side: the output written before the last
+            output = "".join(str(e.label_name) for e in steps)
+            output = "".join(c if c == " " else WHITESPACE_SIGNS.get(c, c) for c in output)
+            values = ", ".join(f"{shown_token(e.label_name)} {e.original_value:.3f}" for e in steps
+                               if e.original_value is not None)
+            note = (f"output ({len(steps)} token{'s' if len(steps) != 1 else ''}): {output}; {first.kind} of each: "
+                    f"{values}" + ("" if written else "; sources: the prompt (target_side=True scores the output "
+                                                      "written before each token too)"))
+            body = []
+            for method, result in self.scores.items():
+                if not len(result.scores):
+                    continue
+                marks = [self._flag_words(method, i) for i in group]
+                rows = [f"{e.output_index}: {shown_token(e.label_name)}" + (f" {mark}" if mark else "")
+                        for e, mark in zip(steps, marks)]
+                at = self._read_at(method)
+                table = matrix_table_html(self.matrix(method, t).to_numpy(), rows, widest.tokens, widest.special,
+                                          written)
+                body.append(block_html(f"{method} ({at})" if at else method, table))
+            parts.append(block_html(f"prompt {t}: {clip(prompt_text(first), 200)}", "".join(body), note))
+        more = len(groups) - MAX_EXAMPLES
+        if more > 0:
+            parts.append(block_html(f"... and {more} more prompt{'s' if more != 1 else ''} "
+                                    "(ex.matrix(method, text) has each)", ""))
+        return "<div>" + "".join(parts) + "</div>"
+
     def plot(self, example: int = 0, methods: str | Sequence[str] | None = None):
         """Example ``example``'s token scores, one bar panel per method (default: all), the tokens
         on the x axis; per-layer and per-head methods show their last layer (heads averaged).
         Returns a :class:`matplotlib.figure.Figure` (on its own Agg canvas; nothing global changed)."""
-        from probe.display import clean_token, clip
+        from probe.display import clip, prompt_text, shown_token
         from probe.plots import token_scores_figure
+        from probe.names import FLAG_MARK
 
         if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < len(self.examples):
             raise InputError(f"example={example!r} is not an example of this explanation: use 0..{len(self.examples) - 1}")
         e = self.examples[example]
-        return token_scores_figure([clean_token(t) for t in e.tokens], self._rows(example, methods),
-                                   [bool(s) for s in e.special], title=f"{self.model}, example {example}: "
-                                   f"{clip(e.text, 70)}")
+        chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
+        marks = [self._flag_words(m, example) for m in chosen]
+        flagged = [m for m, mark in zip(chosen, marks) if mark]
+        fig = token_scores_figure([shown_token(t) for t in e.tokens], self._rows(example, chosen),
+                                  [bool(s) for s in e.special],
+                                  title=(f"{FLAG_MARK} {', '.join(flagged)}: own check failed; " if flagged else "")
+                                  + f"{self.model}, example {example}: {clip(prompt_text(e), 70)}")
+        for ax, mark in zip(fig.axes, marks):
+            _mark_axes(ax, mark)
+        return fig
+
+
+FLAG_COLOUR = "#b00000"
+
+
+def _warning_html(lines: Sequence[str]) -> str:
+    """Failed checks' lines as HTML, in the colour of a warning (each line escaped)."""
+    from probe.document import escape_html
+
+    return "".join(f'<div style="color:{FLAG_COLOUR}">{escape_html(line)}</div>' for line in lines)
+
+
+def _mark_axes(ax, mark: str) -> None:
+    """A panel of a method whose check failed: its label in the warning colour and ``mark`` inside it."""
+    if not mark:
+        return
+    ax.yaxis.label.set_color(FLAG_COLOUR)
+    ax.text(0.005, 0.96, mark, transform=ax.transAxes, ha="left", va="top", fontsize=7, color=FLAG_COLOUR,
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1})
 
 
 #: the version of the folder :meth:`Explanation.save` writes
@@ -783,8 +969,11 @@ def load_explanation(path: str | Path) -> Explanation:
         scores[name] = TokenScores(method=name, scores=values, params=_from_json(entry["params"]),
                                    per_head=entry["per_head"], per_layer=entry["per_layer"],
                                    extras=_from_json(entry["extras"]))
+    from probe.study.sanity import ScoreFlag
+
+    flags = None if "flags" not in record else tuple(ScoreFlag.from_dict(f) for f in record["flags"])
     return Explanation(model=record["model"], examples=examples, scores=MappingProxyType(scores),
-                       skipped=MappingProxyType(dict(record.get("skipped") or {})))
+                       skipped=MappingProxyType(dict(record.get("skipped") or {})), flags=flags)
 
 
 @_in_eval
@@ -833,14 +1022,33 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     unused = [m for m in params if m not in chosen]
     if unused:
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
+    params = _auto_steps_for_outputs(examples, chosen, params)
     results = run_methods(pm, examples, chosen, params=params, progress=_flag(progress, "progress"))
     found = None
     if spans is not None:
         from probe.rows.spans import spans_per_example
 
         found = tuple(tuple(f) for f in spans_per_example(pm, examples, spans))
+    from probe.study.sanity import explanation_flags
+
     return Explanation(model=pm.name, examples=tuple(examples), scores=MappingProxyType(dict(results)), spans=found,
-                       skipped=MappingProxyType(skipped), words=_words(pm, examples))
+                       skipped=MappingProxyType(skipped), words=_words(pm, examples),
+                       flags=tuple(explanation_flags(pm, examples, results)))
+
+
+def _auto_steps_for_outputs(examples: Sequence[PreparedExample], methods: Sequence[str],
+                            params: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``params`` with ``steps: "auto"`` for each path method (registry ``points == "steps"``) not
+    given steps, where the targets are output tokens (``generate=`` / ``steps=True``): a generated
+    token's log-prob often moves by several nats along the path, which a fixed number of steps
+    may not integrate (see the README on integrated gradients' completeness)."""
+    out = {m: dict(p) for m, p in params.items()}
+    if not any(e.step is not None for e in examples):
+        return out
+    for method in methods:
+        if registry.method(method).points == "steps" and "steps" not in out.get(method, {}):
+            out.setdefault(method, {})["steps"] = "auto"
+    return out
 
 
 def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
@@ -1148,7 +1356,7 @@ for _name in ("audit", "capture", "counterfactual_attention", "erasure", "explai
 del _name
 
 __all__ = [
-    "COUNTERFACTUALS", "Explanation", "Texts", "audit", "capture", "counterfactual_attention",
+    "COUNTERFACTUALS", "Explanation", "ScoresWarning", "Texts", "TopTokens", "audit", "capture", "counterfactual_attention",
     "erasure", "explain", "head_ablation", "head_importance", "load_claims", "load_explanation", "load_model",
     "load_results", "load_study", "loo", "prepare", "run_study", "study_from_dict", "wrap",
 ]

@@ -222,7 +222,8 @@ def explain(
     reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
     dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled embedding"),
     layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
-    steps: int = typer.Option(IG_STEPS, "--steps", min=1, help="integrated gradients steps"),
+    steps: str | None = typer.Option(None, "--steps", help=f"integrated gradients steps: a number, or auto (more until the "
+                                     f"completeness delta is within tolerance); default auto with --generate, else {IG_STEPS}"),
     site: str | None = typer.Option(None, "--site", help="where gradient methods are taken: word or embeddings (default: decided from the model)"),
     seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
@@ -240,6 +241,7 @@ def explain(
     chosen = parse_methods(methods) if methods and methods.strip() != "all" else None
     if seed < 0:
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
+    ig_steps = _steps_option(steps)
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
     _check_continuation(pm, continuation)
     from probe import api
@@ -263,7 +265,7 @@ def explain(
         from probe.explainers.gradient_forward import resolve_site
 
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
-    params = terminal.explain_params(names, steps=steps, seed=seed, site=site)
+    params = terminal.explain_params(names, steps=ig_steps, seed=seed, site=site)
     explanation = api.explain(pm, examples, names, params={m: p for m, p in params.items() if m in names})
     results = dict(explanation.scores)
     if generate is not None:
@@ -280,6 +282,15 @@ def explain(
         terminal.print_explain_json(pm, examples[0], results, skipped, checks)
     else:
         terminal.print_explain_tables(pm, examples[0], results, skipped, checks, layer)
+
+
+def _steps_option(steps: str | None) -> int | str | None:
+    """``--steps``: a positive whole number or auto; None when not given (the method's default)."""
+    if steps is None or steps.strip().lower() == "auto":
+        return None if steps is None else "auto"
+    if not steps.strip().isdigit() or int(steps) < 1:
+        raise InputError(f"--steps {steps}: give a positive whole number of steps (e.g. {IG_STEPS}) or auto")
+    return int(steps)
 
 
 def _check_continuation(pm: ProbeModel, continuation: str | None) -> None:

@@ -7,6 +7,7 @@ Torch-free and matplotlib-free; the figures of ``.plot()`` are :mod:`probe.plots
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -36,6 +37,45 @@ def clean_token(token: str) -> str:
             break
     text = text.replace(NEWLINE_MARKER, "\u23ce")
     return text if text.strip() else str(token)
+
+
+#: whitespace as a reader sees it in a token: a space, a newline, a tab, a carriage return
+WHITESPACE_SIGNS = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": "\u240d"}  # ␣ ↵ ⇥ ␍
+#: byte-level BPE's stand-ins for whitespace bytes (GPT-2, Llama 3, SmolLM, ...) and sentencepiece's space
+MARKED_WHITESPACE = {"\u0120": " ", "\u010a": "\n", "\u0109": "\t", "\u010d": "\r", "\u2581": " "}
+#: sentencepiece's byte fallback: a whitespace byte as a token of its own (``<0x0A>``)
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def shown_token(token: str) -> str:
+    """``token`` (a tokenizer's string such as ``Ġcapital``, ``##ing``, ``Ċ``, or decoded text such
+    as ``" Paris"``, ``"\\n"``) as the HTML tables, the plots and the terminal show it: the space that
+    starts a word (``Ġ``, ``▁``, a leading space) dropped, every other space, newline, tab and carriage
+    return visible (``␣``, ``↵``, ``⇥``, ``␍``: a token that is only whitespace never shows blank), and
+    a WordPiece continuation keeps its ``##`` (``play ##ing`` reads as one word in two pieces). Unlike
+    :func:`clean_token` (the tables' ``clean_token`` column, words joined from pieces) it never strips
+    ``##``."""
+    text = str(token)
+    fallback = BYTE_FALLBACK.fullmatch(text)
+    if fallback and chr(int(fallback.group(1), 16)) in WHITESPACE_SIGNS:
+        text = chr(int(fallback.group(1), 16))
+    elif not text.startswith(CONTINUATION_PREFIX):
+        text = "".join(MARKED_WHITESPACE.get(c, c) for c in text)
+    if text.startswith(" ") and text.strip():
+        text = text[1:]  # the space that starts a word: the word reads as itself
+    return "".join(WHITESPACE_SIGNS.get(c, c) for c in text)
+
+
+def prompt_text(example) -> str:
+    """What a prompt says, for a header: a chat prompt's messages (``role: content``; a single user
+    message as it is), not the template around them (whose system prompt comes first and would fill
+    the header); any other example's text."""
+    messages = getattr(example, "messages", ()) or ()
+    if not messages:
+        return str(example.text)
+    if len(messages) == 1 and messages[0][2] == "user":
+        return example.text[messages[0][0]:messages[0][1]]
+    return " | ".join(f"{role}: {example.text[start:end]}" for start, end, role in messages)
 
 
 def name_list(names: Iterable[str], limit: int = 4) -> str:
@@ -95,7 +135,7 @@ def token_table_html(tokens: Sequence[str], special: Sequence[bool], columns: Ma
               "</tr></thead><tbody>")]
     for i, token in enumerate(tokens):
         grey = f' style="{SPECIAL_STYLE}"' if special[i] else ""
-        cells = [f"<td{grey}>{i}</td>", f'<td{grey} title="{escape_html(token)}">{escape_html(clean_token(token))}</td>']
+        cells = [f"<td{grey}>{i}</td>", f'<td{grey} title="{escape_html(token)}">{escape_html(shown_token(token))}</td>']
         for name, values in columns.items():
             value = float(values[i])
             shade = shades[name][i]
@@ -108,6 +148,43 @@ def token_table_html(tokens: Sequence[str], special: Sequence[bool], columns: Ma
                              f'{escape_html(f"{value:+.3g}")}</td>')
         lines.append("<tr>" + "".join(cells) + "</tr>")
     lines.append("</tbody></table>")
+    return "".join(lines)
+
+
+def matrix_table_html(values: np.ndarray, rows: Sequence[str], columns: Sequence[str],
+                      special: Sequence[bool], written: int) -> str:
+    """One prompt x output matrix (inseq's layout turned so that it reads down the output): a row
+    per output token (``rows``: their text), a column per source token (``columns``: the tokenizer's
+    strings, shown by :func:`shown_token`, the raw string on hover); the last ``written`` columns are
+    output tokens (target-side steps), their headers underlined. ``values``: ``[output, source]``,
+    NaN where a token is not scored (left empty). Cells shaded by their score over the matrix's
+    largest |score| of non-special tokens; special tokens' columns greyed, never shaded."""
+    values = np.asarray(values, dtype=float)  # [output, source]
+    special = np.asarray([bool(s) for s in special], dtype=bool)
+    shades = normalised_scores(values, np.broadcast_to(~special, values.shape))
+    first_written = len(columns) - written
+    header = []
+    for p, token in enumerate(columns):
+        style = CELL_STYLE + (";" + SPECIAL_STYLE if special[p] else "") + (
+            ";text-decoration:underline" if p >= first_written else "")
+        title = escape_html(f"{p}: {token}")
+        header.append(f'<th style="{style}" title="{title}">{escape_html(shown_token(token))}</th>')
+    lines = ['<div style="overflow-x:auto"><table style="border-collapse:collapse;font-size:12px"><thead><tr>'
+             '<th style="text-align:left">output \u2193 / source \u2192</th>' + "".join(header)
+             + "</tr></thead><tbody>"]
+    for j, row in enumerate(rows):
+        cells = [f'<th style="text-align:left;white-space:nowrap">{escape_html(row)}</th>']
+        for p in range(len(columns)):
+            value = float(values[j, p])
+            if not np.isfinite(value):
+                cells.append(f'<td style="{CELL_STYLE}"></td>')
+            elif special[p] or not np.isfinite(shades[j, p]):
+                cells.append(f'<td style="{CELL_STYLE};{SPECIAL_STYLE}">{escape_html(f"{value:+.3g}")}</td>')
+            else:
+                cells.append(f'<td style="{CELL_STYLE};background:{token_colour(float(shades[j, p]))}">'
+                             f'{escape_html(f"{value:+.3g}")}</td>')
+        lines.append("<tr>" + "".join(cells) + "</tr>")
+    lines.append("</tbody></table></div>")
     return "".join(lines)
 
 

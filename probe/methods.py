@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,17 @@ def run_method(pm: ProbeModel, examples, method: str, *, engine=None, params: Ma
             from probe.intervene.engine import Engine
 
             return score(engine or Engine(pm), examples, **{**dict(entry.preset), **params})
-        return _halving_examples(pm, examples, lambda part: score(pm, part, method, **params))
+        return _with_target_queries(pm, examples, _halving_examples(pm, examples, lambda part: score(pm, part, method,
+                                                                                                      **params)))
+
+
+def _with_target_queries(pm: ProbeModel, examples, result: TokenScores) -> TokenScores:
+    """``result`` whose ``params.target_query`` (an attention method's) names the query row of every
+    example (:meth:`probe.tasks.Task.target_query_params`: each output token's own position), not only
+    the rule for a whole target."""
+    if "target_query" not in result.params:
+        return result
+    return dataclasses.replace(result, params={**result.params, **pm.task.target_query_params(examples)})
 
 
 def _halving_examples(pm: ProbeModel, examples, compute) -> TokenScores:

@@ -14,6 +14,10 @@ GRADIENT_METHODS = registry.names(family="gradient")
 INTERVENTION_METHODS = registry.names(family="intervention")
 ALL_METHODS = registry.names()
 
+#: the mark every display puts beside scores whose method's own check failed on them (not converged,
+#: constant, a degenerate site: probe.study.sanity.ScoreFlag)
+FLAG_MARK = "\u26a0"  # ⚠
+
 #: A result folder's on-disk format (study.json's ``format_version``) and the tables a study
 #: writes, per batch and merged (probe.study.store writes them, probe.report reads them).
 FORMAT_VERSION = 1

@@ -97,6 +97,22 @@ def wrap_label(text: str, width: int = LEGEND_WIDTH) -> str:
     return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)) or text
 
 
+#: lines a figure's subtitle (a prompt) may take before the rest is cut with an ellipsis
+SUBTITLE_LINES = 4
+
+
+def wrapped_lines(text: str, width: int, limit: int) -> str:
+    """``text`` (on one line: newlines as spaces) in lines of at most ``width`` characters, at most
+    ``limit`` of them, the last ending in an ellipsis where text was left out."""
+    import textwrap
+
+    lines = textwrap.wrap(" ".join(str(text).split()), width) or [""]
+    if len(lines) > limit:
+        lines = lines[:limit]
+        lines[-1] = lines[-1][: max(width - 1, 1)] + "\u2026"
+    return "\n".join(lines)
+
+
 def new_figure(width: float, height: float) -> Figure:
     """A figure on its own Agg canvas, laid out by constrained layout (legends and labels inside)."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
@@ -259,9 +275,10 @@ def attention_figure(weights: np.ndarray, query_positions: Sequence[int], tokens
 
 
 def matrix_figure(values: np.ndarray, rows: Sequence[str], columns: Sequence[str], *, title: str = "",
-                  label: str = "score") -> Figure:
+                  label: str = "score", subtitle: str = "") -> Figure:
     """A ``[row, column]`` matrix of scores (e.g. output token x source token) as a heatmap, signed
-    values on a diverging scale centred on 0, NaN cells left blank."""
+    values on a diverging scale centred on 0, NaN cells left blank; ``subtitle`` (a prompt) above
+    the map, wrapped to its width (at most :data:`SUBTITLE_LINES` lines), not cut to one line."""
     n_rows, n_cols = values.shape
     fig = new_figure(min(max(4.0, 0.32 * n_cols + 3.0), 18.0), min(max(2.4, 0.3 * n_rows + 2.2), 16.0))
     ax = fig.subplots()
@@ -275,6 +292,9 @@ def matrix_figure(values: np.ndarray, rows: Sequence[str], columns: Sequence[str
     ax.set_yticks(range(n_rows), list(rows), fontsize=7)
     ax.set_xlabel("source token")
     ax.set_ylabel("output token")
+    if subtitle:
+        ax.set_title(wrapped_lines(subtitle, max(int(fig.get_figwidth() * 12), 30), SUBTITLE_LINES), fontsize=8,
+                     loc="left")
     fig.colorbar(image, ax=ax, shrink=0.85, label=label)
     if title:
         set_title(fig, title)

@@ -15,6 +15,7 @@ models and every layer above may name it; it imports neither torch nor transform
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
 from probe.errors import InputError
@@ -62,6 +63,26 @@ class Task:
     def continuations(self) -> bool:
         """The target is output text (a continuation or a decoded output): ``--continuation`` applies."""
         return self.next_token or self.encoder_decoder
+
+    def target_query_params(self, examples: Sequence) -> dict:
+        """``params.target_query`` of an attention result on ``examples`` (prepared examples): this
+        task's note, and where a language model explains its output token by token (``step``), each
+        step's own query position (``target_query_positions``, one per example; -1: not a step)."""
+        if not self.continuations or all(getattr(e, "step", None) is None for e in examples):
+            return {"target_query": self.target_query_note}
+        if self.encoder_decoder:  # a step's own decoder row alone
+            positions = [-1 if e.step is None else e.step for e in examples]
+            rule = ("seq2seq, output token by token: the cross-attention row of each output token's decoder "
+                    "position (step")
+        else:  # the row that predicts output token `step`: after the prompt and the output before it
+            positions = [len(e.input_ids) - 1 + (e.step or 0) for e in examples]
+            rule = ("causal LM, output token by token: the attention row that predicts each output token "
+                    "(len(input_ids)-1+step")
+        first = [p for e, p in zip(examples, positions) if e.step is not None][:6]
+        more = ", ..." if sum(e.step is not None for e in examples) > len(first) else ""
+        return {"target_query": f"{rule}; here positions {', '.join(map(str, first))}{more}; every example's in "
+                                "target_query_positions)",
+                "target_query_positions": positions}
 
     def target_stack(self, contract: _Contract) -> str:
         """The attention the target query reads the explained tokens through."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from probe import registry
-from probe.names import printable
+from probe.names import FLAG_MARK, printable
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -40,11 +40,13 @@ def summary_column(scores, layer: int | None):
     return values
 
 
-def explain_params(chosen, *, steps: int, seed: int, site: str | None) -> dict[str, dict]:
+def explain_params(chosen, *, steps: int | str | None, seed: int, site: str | None) -> dict[str, dict]:
     """``probe explain``'s keyword parameters per method: ``--steps`` for the path methods whose
-    points the registry counts in steps (integrated gradients), ``--seed`` for every method the
-    registry says takes one, ``--site`` for the gradient methods."""
-    params: dict[str, dict] = {m.name: {"steps": steps} for m in registry.methods() if m.points == "steps"}
+    points the registry counts in steps (integrated gradients; None: their default, which is
+    ``auto`` for output tokens), ``--seed`` for every method the registry says takes one,
+    ``--site`` for the gradient methods."""
+    params: dict[str, dict] = ({} if steps is None else
+                               {m.name: {"steps": steps} for m in registry.methods() if m.points == "steps"})
     params.update({name: {"seed": seed} for name in registry.seeded()})
     if site is not None:
         for name in chosen:
@@ -98,14 +100,16 @@ def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dic
         console.print(f"[dim]skipped {name}: {plain(reason)}[/]")
     for line in summary_lines(checks):
         console.print(printable(line), markup=False, highlight=False)
+    failed = {c.method for c in checks if c.status == "fail"}
     shown_layer = layer if layer is not None else pm.contract.n_layers - 1
     titles = {"attention": f"attention methods at layer {shown_layer} (head mean where per head)",
               "gradient": "gradient methods", "intervention": "leave-one-out: f(x) - f(x perturbed)"}
     # One table per family keeps each within an ordinary terminal's width.
     for kind, title in titles.items():
         names = [name for name in results if registry.method(name).family == kind]
-        if names:
-            console.print(_family_table(title, example, {name: summary_column(results[name], layer) for name in names}))
+        if names:  # a method whose own check failed (the sanity line above says which) is marked in its header
+            console.print(_family_table(title, example, {name + (f" {FLAG_MARK}" if name in failed else ""):
+                                                         summary_column(results[name], layer) for name in names}))
     console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
 
 
@@ -121,8 +125,8 @@ def _family_table(title: str, example, columns: Mapping):
         for values in columns.values():
             value = float(values[i])
             cells.append("" if value != value else f"{value:.3f}")
-        table.add_row(plain(token + (" *" if example.special[i] else "")), *cells)
-    return table
+        table.add_row(plain(_shown(token) + (" *" if example.special[i] else "")), *cells)
+    return fitted(table)
 
 
 def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> None:
@@ -141,6 +145,8 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
     console.print(plain("per token: " + ", ".join(f"{_shown(e.label_name)} {e.original_value:.3f}" for e in steps)))
     if pm.random_weights:
         console.print(f"[bold red]random weights (allowed explicitly):[/] {plain(', '.join(pm.random_weights))}")
+    for line in generation_flag_lines(explanation):
+        console.print(f"[bold red]{plain(line)}[/]")
     shown_layer = layer if layer is not None else -1
     for name in explanation.scores:
         result = explanation[name]
@@ -149,21 +155,93 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
         frame = explanation.matrix(name, 0, layer=shown_layer)
         table = Table(title=f"{name}{where}: rows prompt tokens, columns output tokens")
         table.add_column("token")
-        for j, e in enumerate(steps):
-            table.add_column(plain(f"{j}:{_shown(e.label_name)}"), justify="right", overflow="fold")
+        for j, (i, e) in enumerate(zip(group, steps)):
+            mark = f" {FLAG_MARK}" if explanation.failed_checks(name, i) else ""  # a check failed on this token's scores
+            table.add_column(plain(f"{j}:{_shown(e.label_name)}{mark}"), justify="right", overflow="fold")
         values = frame.to_numpy()  # [output, source]; target-side: the last row's source runs over the output too
         widest = steps[-1]
         for p, token in enumerate(widest.tokens):
             cells = ["" if v != v else f"{v:.3f}" for v in values[:, p].tolist()]
             written = " (output)" if p >= len(first.tokens) else ""
-            table.add_row(plain(token + (" *" if widest.special[p] else "") + written), *cells)
-        console.print(table)
+            table.add_row(plain(_shown(token) + (" *" if widest.special[p] else "") + written), *cells)
+        console.print(fitted(table))
     console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
 
 
+def generation_flag_lines(explanation) -> list[str]:
+    """A line per method and output token (of the first text) whose scores failed the method's own
+    check: ``⚠ integrated_gradients not converged on output token 1 '.': completeness delta ...``."""
+    group = explanation.outputs()[0]
+    lines = []
+    for flag in explanation.failed_checks():
+        if not flag.examples:
+            lines.append(f"{FLAG_MARK} {flag.method} {flag.words}: {flag.detail}")
+            continue
+        for j, i in enumerate(group):
+            if i in flag.examples:
+                lines.append(f"{FLAG_MARK} {flag.method} {flag.words} on output token {j} "
+                             f"'{_shown(explanation.examples[i].label_name)}': {flag.note(i)}")
+    return lines
+
+
 def _shown(token: str) -> str:
-    """An output token on one line: newlines and tabs as escapes."""
-    return json.dumps(token, ensure_ascii=False)[1:-1]
+    """A token on one line, its whitespace visible (:func:`probe.display.shown_token`: ``↵``, ``␣``)."""
+    from probe.display import shown_token  # pandas: not at import (``probe --help`` stays fast)
+
+    return shown_token(token)
+
+
+def fitted(table):
+    """``table`` (rich) as a renderable that never breaks a number across lines: every column after
+    the first (the tokens) as wide as its widest cell, and where they do not all fit the width
+    (a pipe's 80 columns), several tables, each the first column and as many others as fit."""
+    return _FittedTable(table)
+
+
+#: the width a token takes in a terminal table before it folds onto a second line
+TOKEN_WIDTH = 16
+
+
+class _FittedTable:
+    def __init__(self, table):
+        self.table = table
+
+    def _part(self, indices: list[int], note: str):
+        from rich.table import Table
+
+        table = self.table
+        title = table.title if not note or table.title is None else f"{table.title} {note}"
+        part = Table(title=title, box=table.box, show_lines=table.show_lines)
+        cells = [list(c.cells) for c in table.columns]
+        for i in [0, *indices]:
+            c = table.columns[i]
+            part.add_column(c.header, justify=c.justify, overflow=c.overflow, no_wrap=c.no_wrap, min_width=c.min_width)
+        for r in range(table.row_count):
+            part.add_row(*[cells[i][r] for i in [0, *indices]])
+        return part
+
+    def __rich_console__(self, console, options):
+        from rich.measure import Measurement
+        from rich.text import Text
+
+        columns = self.table.columns
+        for k, column in enumerate(columns):
+            widths = [Text.from_markup(c).cell_len if isinstance(c, str) else 0 for c in column.cells]
+            # numbers whole; a token up to TOKEN_WIDTH before it folds (never cut to "c…")
+            column.min_width = max([column.min_width or 0, *widths]) if k else min(max(widths, default=1), TOKEN_WIDTH)
+            column.overflow = "fold"
+        unbounded = options.update(max_width=10**6)  # Measurement.get clamps to the width it is given
+        chunks: list[list[int]] = [[]]
+        for i in range(1, len(columns)):
+            needed = Measurement.get(console, unbounded, self._part([*chunks[-1], i], "")).minimum if chunks[-1] else 0
+            if needed > options.max_width:
+                chunks.append([])
+            chunks[-1].append(i)
+        if len(chunks) == 1:
+            yield self._part(chunks[0], "")
+            return
+        for k, chunk in enumerate(chunks):
+            yield self._part(chunk, f"({k + 1} of {len(chunks)})")
 
 
 def print_generation_json(pm: ProbeModel, explanation, skipped: dict) -> None:
@@ -179,4 +257,6 @@ def print_generation_json(pm: ProbeModel, explanation, skipped: dict) -> None:
                       "scores": scores, "axes": {name: ["output token", *explanation[name].axes]
                                                  for name in explanation.scores},
                       "params": {name: dict(r.params) for name, r in explanation.scores.items()},
+                      # the methods' failed checks; their "examples" index "output" (one text)
+                      "failed_checks": [f.to_dict() for f in explanation.failed_checks()],
                       "skipped": skipped, "random_weights": list(pm.random_weights)}, default=str))

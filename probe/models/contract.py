@@ -106,6 +106,27 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
     )
 
 
+#: how a contract says its sites were found when the watched forward pass failed (then the reason follows)
+WATCH_FAILED = "module names (the watched forward pass failed: "
+
+
+def _runs_without_cache(model, tokenizer, task) -> bool:
+    """Whether the watched forward pass, which failed with the model's ``use_cache=True``, runs with
+    the cache off: then the cache (transformers'), not the model, is what fails. The config is
+    restored in ``finally``."""
+    config = model.config
+    if not getattr(config, "use_cache", False):
+        return False
+    config.use_cache = False
+    try:
+        discover_sites(model, tokenizer, task)
+    except Exception:  # noqa: BLE001 - it fails either way: the cache is not the (only) cause
+        return False
+    finally:
+        config.use_cache = True
+    return True
+
+
 def _locate(model, tokenizer, task):
     """(paths, sites, unreadable, how): the layout table where the model type has an entry, else one
     watched forward pass (probe.hooks.sites), else module names."""
@@ -117,8 +138,11 @@ def _locate(model, tokenizer, task):
     except Exception as exc:  # noqa: BLE001 - any failure of the watched forward falls back to module names
         paths = find_attention_modules(model)
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ''}"
+        if not paths and _runs_without_cache(model, tokenizer, task):
+            reason += ("; it runs with use_cache=False, so transformers' key/value cache of this model fails "
+                       "(e.g. an LFM2 without attention layers): set model.config.use_cache = False")
         return paths, {p: Site(p[0], p[1], path, "function") for p, path in paths.items()}, {}, \
-            f"module names (the watched forward pass failed: {reason})"
+            f"{WATCH_FAILED}{reason})"
     sites = {(site.stack, site.layer): site for site in found if site.stack in STACK_ORDER}
     if not sites and (mixers := implicit_sites(model)):  # no softmax attention: state-space mixers, read implicitly
         sites = {(site.stack, site.layer): site for site in mixers}

@@ -312,9 +312,19 @@ def _attach_pooling(model: PreTrainedModel, task: Task, folder: str | None) -> P
     return pooling
 
 
+def _no_sites_reason(contract: AttentionContract) -> str:
+    """Why a model has no site probe reads: its watched forward pass failed (and why: e.g.
+    transformers' cache), or it has no softmax attention module."""
+    from probe.models.contract import WATCH_FAILED
+
+    if contract.detected_by.startswith(WATCH_FAILED):
+        return "its forward pass failed: " + contract.detected_by[len(WATCH_FAILED):-1]
+    return "it has no softmax attention module"
+
+
 def _require_readable_attention(name: str, config: PretrainedConfig, contract: AttentionContract) -> None:
     if not contract.stacks:
-        why = "; ".join(sorted(set(contract.unreadable.values()))) or "it has no softmax attention module"
+        why = "; ".join(sorted(set(contract.unreadable.values()))) or _no_sites_reason(contract)
         raise ModelLoadError(
             f"model {name!r} (type {config.model_type!r}) has no attention probe can read ({why}): "
             "use a transformer with softmax self-attention (BERT, GPT-2, Llama, T5, BART families) or a model whose "
@@ -409,7 +419,8 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
     label = name or str(getattr(model.config, "_name_or_path", "") or f"in-memory {type(model).__name__}")
     if not contract.stacks:
         raise InputError(f"model {label!r} (type {model.config.model_type!r}) has no attention modules probe can "
-                         "read: use a transformer with self-attention (BERT, GPT-2, Llama, T5, BART families) or a model "
+                         f"read ({_no_sites_reason(contract)}): use a transformer with self-attention (BERT, GPT-2, "
+                         "Llama, T5, BART families) or a model "
                          "whose token mixers probe reads (Mamba, Mamba-2, RWKV and the hybrids built on them)")
     return _with_method_support(ProbeModel(
         name=label, path=str(getattr(model.config, "_name_or_path", "") or ""), model=model, tokenizer=tokenizer,

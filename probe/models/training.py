@@ -33,7 +33,10 @@ def progress_bar(enabled: bool, description: str, total: int):
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
     )
-    with Progress(*columns, transient=False) as bar:
+    from rich.console import Console
+
+    # standard error: a built-in built on first use must not write into a command's JSON on stdout
+    with Progress(*columns, transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task(description, total=total, status="")
         yield lambda status="": bar.update(task, advance=1, status=status)
 

@@ -1,6 +1,7 @@
 """Sanity checks that guard each explainer's assumption (house rule 13), run by every study and by
 ``probe explain``; results are data (:class:`Check` rows, a table in the result folder and a list in
-``verdict.json``).
+``verdict.json``). On an explanation (``probe.explain``) the checks that need no rerun mark the scores
+they failed on, per example where the check is (:class:`ScoreFlag`, :func:`explanation_flags`).
 
     degeneracy     gradient methods: is the target invariant along the direction the method
                    measures? ``input_x_gradient`` scores x_t . g_t, the derivative along scaling
@@ -637,3 +638,141 @@ def summary_lines(checks: Sequence[Check]) -> list[str]:
             ran = [f"{c.check} {c.status}" for c in items]
             lines.append(f"sanity {method}: ok ({', '.join(ran)})")
     return lines
+
+
+# --------------------------------------------------------------------------- marks on an explanation's scores
+
+#: the words a display puts beside a method's scores where one of its own checks failed
+FLAG_WORDS = {"completeness": "not converged", "constant": "constant scores", "degeneracy": "degenerate site"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreFlag:
+    """A method's own check failed on the scores of an explanation (``Explanation.flags``): every
+    display of those scores marks them. ``examples``: the examples (indices into the explanation's)
+    it failed on, each with its line in ``notes``; empty where the check is of the method as a
+    whole (a degenerate site), which marks every example."""
+
+    method: str
+    check: str  # a key of FLAG_WORDS
+    detail: str
+    examples: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def words(self) -> str:
+        """``not converged``, ``constant scores`` or ``degenerate site``."""
+        return FLAG_WORDS.get(self.check, f"{self.check} failed")
+
+    def covers(self, example: int) -> bool:
+        return not self.examples or example in self.examples
+
+    def note(self, example: int) -> str:
+        """Why example ``example`` is marked (the whole method's detail where the check is the method's)."""
+        if example in self.examples:
+            return self.notes[self.examples.index(example)]
+        return self.detail
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "check": self.check, "detail": self.detail, "examples": list(self.examples),
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, record: Mapping) -> "ScoreFlag":
+        return cls(str(record["method"]), str(record["check"]), str(record["detail"]),
+                   tuple(int(i) for i in record.get("examples", ())), tuple(str(n) for n in record.get("notes", ())))
+
+
+def completeness_flag(result) -> ScoreFlag | None:
+    """The examples on which a path method (registry ``completeness``) breaks completeness: |delta|
+    above ``tolerance`` x |f(x) - f(baseline)| (the method's ``tolerance``, which ``steps: auto``
+    records, else its default) and above the absolute floor ``steps: auto`` uses; where ``steps:
+    auto`` says per example whether it converged, that. None when every example is within."""
+    from probe.explainers.integrated_gradients import AUTO_ABSOLUTE_TOLERANCE
+
+    entry = registry.find(result.method)
+    extras = result.extras
+    if entry is None or not entry.completeness or "convergence_delta" not in extras:
+        return None
+    tolerance = result.params.get("tolerance", getattr(entry.defaults(), "tolerance", COMPLETENESS_TOLERANCE))
+    steps = result.params.get("steps")
+    bad, notes = [], []
+    for i, delta in enumerate(extras["convergence_delta"]):
+        gap = float(extras["target_value"][i]) - float(extras["baseline_value"][i])
+        delta = float(delta)
+        converged = extras.get("converged")
+        failed = (not converged[i]) if converged is not None else \
+            not abs(delta) <= max(float(tolerance) * abs(gap), AUTO_ABSOLUTE_TOLERANCE)  # NaN fails too
+        if failed:
+            used = extras["steps_used"][i] if "steps_used" in extras else steps
+            bad.append(i)
+            notes.append(f"completeness delta {delta:+.4g} against f(x) - f(baseline) = {gap:+.4g} at {used} steps "
+                         f"(tolerance {float(tolerance):g} x |f(x) - f(baseline)|)")
+    if not bad:
+        return None
+    more = ("; steps: auto found no convergence up to max_steps " f"{result.params.get('max_steps')}"
+            if steps == "auto" else "; try steps='auto' (or more steps)")
+    return ScoreFlag(result.method, "completeness", f"integral not converged on {len(bad)} of "
+                     f"{len(extras['convergence_delta'])} examples{more}", tuple(bad), tuple(notes))
+
+
+def constant_flag(result, examples) -> ScoreFlag | None:
+    """The examples whose scored tokens (not special, finite) all have the same score, zero
+    included, to float precision (as :func:`constant_scores` counts them); None when none do."""
+    bad, notes = [], []
+    for i, (values, example) in enumerate(zip(result.scores, examples)):
+        row = output_unit(values).detach().double()
+        keep = torch.tensor([not s for s in example.special], dtype=torch.bool)[: row.shape[-1]] & torch.isfinite(row)
+        kept = row[keep]
+        if kept.numel() < 2:
+            continue
+        spread, size = float(kept.max() - kept.min()), float(kept.abs().max())
+        if spread <= 1e-6 * size or size <= 1e-12:
+            bad.append(i)
+            notes.append(f"every scored token has the score {float(kept[0]):.3g}: the scores rank nothing")
+    if not bad:
+        return None
+    return ScoreFlag(result.method, "constant", f"constant scores on {len(bad)} of {len(result.scores)} examples",
+                     tuple(bad), tuple(notes))
+
+
+def score_flags(examples, results: Mapping) -> list[ScoreFlag]:
+    """The marks that need no model: completeness per example (path methods) and constant scores
+    per example (every method but the interventions, whose all-zero effect can be the truth)."""
+    from probe.names import method_family
+
+    flags = []
+    for name, result in results.items():
+        if not len(result.scores):
+            continue
+        found = [completeness_flag(result)]
+        if method_family(name) != "intervention":
+            found.append(constant_flag(result, examples))
+        flags += [f for f in found if f is not None]
+    return flags
+
+
+def explanation_flags(pm: ProbeModel, examples, results: Mapping) -> list[ScoreFlag]:
+    """:func:`score_flags`, and the degeneracy of each gradient method that sums over the hidden
+    axis (registry ``reduction == "sum"``) on the word embedding where it enters a norm inside the
+    embeddings module (BERT family), the one place the invariance it measures is exact (one gradient
+    pass of the model; elsewhere none is spent): a method whose check failed, marked on every example."""
+    from probe.explainers.gradient_forward import resolve_site
+    from probe.names import method_family
+
+    flags = score_flags(examples, results)
+    gradients = []
+    for m in results:
+        if method_family(m) != "gradient" or not len(results[m].scores) or registry.method(m).reduction != "sum":
+            continue
+        try:
+            site = resolve_site(pm, results[m].params.get("site"))
+        except ProbeError:
+            continue
+        if site.name == "word" and site.normalising is not None:  # the word vector is one part of a normalised sum
+            gradients.append(m)
+    if gradients:
+        sites = {m: {"site": results[m].params.get("site")} for m in gradients}
+        flags += [ScoreFlag(c.method, c.check, c.detail) for c in degeneracy(pm, examples, gradients, params=sites)
+                  if c.status == "fail"]
+    return flags
