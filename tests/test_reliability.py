@@ -77,7 +77,7 @@ def _run(study: dict, report: bool = True, **kwargs):
     (["inspect", "builtin:minilm-rt"], ["Missing argument", "text"]),
     (["run", "X.yaml", "--n", "abc"], ["--n", "integer"]),
     (["inspect", "M", "good", "--top", "0"], ["--top", "greater than or equal to 1"]),
-    (["explain", "M", "good", "--steps", "0"], ["--steps", "greater than or equal to 1"]),
+    (["explain", "M", "good", "--steps", "0"], ["--steps", "positive whole number"]),
     (["run", "X.yaml", "--threads", "-1"], ["--threads", "greater than or equal to 0"]),
     (["audit", "X.yaml", "--threads", "-2"], ["--threads", "greater than or equal to 0"]),
     (["report"], ["Missing argument"]),

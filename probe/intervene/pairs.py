@@ -17,7 +17,7 @@ A pair is flagged when its interaction is at least as large as the example's lar
 (the single effects then misjudge those two tokens by more than anything they rank) and at least
 :data:`RELATIVE_FLOOR` of the target's own size (so a flag never comes from float rounding on an
 example where nothing matters). A flagged pair is ``misranked`` when single deletion ranks some other
-token above the weaker of the two (or ranks nothing at all): then the reference's ranking, not only its
+token above the weaker of the two by more than that floor (or ranks nothing at all): then the reference's ranking, not only its
 sizes, is wrong about them, and the verdict warns (two triggers that each keep a clear effect of their
 own are flagged but not misranked).
 
@@ -106,11 +106,13 @@ def pair_interactions(engine: Engine, examples: Sequence[PreparedExample], candi
             kind = _kind(interaction, joint, single[a] + single[b], largest, original)
             weaker = min(abs(single[a]), abs(single[b]))
             floor = max(RELATIVE_FLOOR * abs(original), ABSOLUTE_FLOOR)
+            # the largest single effect of another token: above the weaker of the pair (past rounding)?
+            above = max((abs(v) for t, v in single.items() if t not in (a, b) and np.isfinite(v)), default=0.0)
             records.append({"example": first_index + i, "position_a": a, "position_b": b,
                             "token_a": example.tokens[a], "token_b": example.tokens[b],
                             "single_a": single[a], "single_b": single[b], "joint": joint,
                             "interaction": interaction, "largest_single": largest, "original_value": original,
-                            "kind": kind, "misranked": kind != "additive" and (weaker < largest or largest < floor)})
+                            "kind": kind, "misranked": kind != "additive" and (above > weaker + floor or largest < floor)})
     frame = pd.DataFrame(records, columns=INTERACTION_COLUMNS)
     for column in ("example", "position_a", "position_b"):
         frame[column] = frame[column].astype("int64")

@@ -177,16 +177,18 @@ def concentration_warning(measure: str, profile: ReferenceProfile | None) -> str
             "(or auto) asks whether the tokens that matter agree")
 
 
-def interaction_summary(interactions: pd.DataFrame | None) -> dict | None:
+def interaction_summary(interactions: pd.DataFrame | None, floor: float = 0.0) -> dict | None:
     """What the pair check (:func:`probe.intervene.pairs.pair_interactions`) found: the number of pairs
     and of examples looked at, and the examples with a misranked pair of each kind (single deletion
-    ranks another token above one of them), with the strongest such pair."""
+    ranks another token above one of them), with the strongest such pair. Interactions below ``floor``
+    (the reference's effect floor: what the study counts as no effect) are not named."""
     if interactions is None or not len(interactions):
         return None
+    floor = float(floor) if np.isfinite(floor) else 0.0
     out: dict = {"pairs": int(len(interactions)), "examples": int(interactions["example"].nunique())}
     for kind in ("substitutes", "complements"):
         misranked = interactions["misranked"].astype(bool) if "misranked" in interactions else True
-        flagged = interactions[(interactions["kind"] == kind) & misranked]
+        flagged = interactions[(interactions["kind"] == kind) & misranked & (interactions["interaction"].abs() >= floor)]
         strongest = None
         if len(flagged):
             r = flagged.loc[flagged["interaction"].abs().idxmax()]

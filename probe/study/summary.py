@@ -169,7 +169,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     above = _above_ceiling(ceiling, ordered, grads)
     n_scored = int(agreement[(agreement.reference == ref) & (agreement.role == "explainer")].example.nunique()) \
         if len(agreement) else 0
-    found_pairs = decide.interaction_summary(interactions)
+    found_pairs = decide.interaction_summary(interactions, getattr(profile, "effect_floor", 0.0) or 0.0)
     reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], st.alpha, found_pairs)
 
     families = family_answers(paired, reason)
