@@ -15,7 +15,7 @@ from scipy import stats
 
 from probe.claims.rules import MIN_EVIDENCE, RULES, Rule, judge, sign_flip_p
 from probe.metrics.agreement import agreement
-from probe.metrics.nulls import NullBlock, max_t_test, permutation_means
+from probe.metrics.nulls import NullBlock, exact_top_k, max_t_test, permutation_means
 from probe.metrics.statistics import paired_test, wilcoxon_method
 
 MEASURES = ["kendall_tau", "spearman", "top1", "top2"]
@@ -62,6 +62,87 @@ def test_the_permutation_p_value_equals_exact_enumeration_within_its_monte_carlo
     p = max_t_test(got, null)["p_raw"][0]
     assert abs(p - exact) < 4 * math.sqrt(exact * (1 - exact) / b) + 1e-3
     assert null.mean() == pytest.approx(draws.mean(), abs=4 * draws.std() / math.sqrt(b))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_the_closed_form_top_k_null_equals_exact_enumeration(k):
+    # three examples, n = 4, 5 and 3 tokens, no tie in the reference: every permutation enumerated
+    xs = [np.array([[0.1, 0.5, 0.3, 0.9], [0.9, 0.8, 0.1, 0.2]]), np.array([[2.0, 1.0, 0.0, 3.0, 0.5], [0.0, 0.0, 1.0, 0.0, 0.0]]),
+          np.array([[0.2, 0.1, 0.3], [1.0, 2.0, 3.0]])]
+    ys = [np.array([1.0, 0.0, 3.0, 2.0]), np.array([0.0, 2.0, 1.0, 3.0, 2.5]), np.array([5.0, 1.0, 2.0])]
+    blocks = [NullBlock(e, e, np.array([0, 1]), x, y, np.arange(y.size)) for e, (x, y) in enumerate(zip(xs, ys))]
+    got = exact_top_k(blocks, 2, k)
+    assert got["exact"].all()
+
+    for unit in range(2):
+        # per example, the overlap under each of its permutations; the null of the mean is every combination
+        per = [np.array([agreement(x[unit:unit + 1], y[list(q)], k=[k])[f"top{k}"][0]
+                         for q in itertools.permutations(range(y.size))]) for x, y in zip(xs, ys)]
+        observed = np.mean([agreement(x[unit:unit + 1], y, k=[k])[f"top{k}"][0] for x, y in zip(xs, ys)])
+        draws = np.mean(np.meshgrid(*per, indexing="ij"), axis=0).ravel()
+        assert got["p_raw"][unit] == pytest.approx(float((draws >= observed - 1e-12).mean()), abs=1e-12)
+        assert got["null_mean"][unit] == pytest.approx(draws.mean(), abs=1e-12)
+        high = got["null_high"][unit]
+        assert (draws <= high + 1e-12).mean() >= 0.95 > (draws < high - 1e-12).mean()
+
+
+def test_the_closed_form_single_example_is_scipys_hypergeometric_tail():
+    rng = np.random.default_rng(4)
+    n, k = 30, 5
+    x, y = rng.normal(size=(1, n)), rng.normal(size=n)
+    y[np.argsort(-x[0])[:3]] += 10.0  # three of the unit's top five are the reference's top five
+    got = exact_top_k([NullBlock(0, 0, np.array([0]), x, y, np.arange(n))], 1, k)
+    hits = int(round(agreement(x, y, k=[k])[f"top{k}"][0] * k))
+    assert hits >= 3
+    assert got["p_raw"][0] == pytest.approx(stats.hypergeom.sf(hits - 1, n, k, k), rel=1e-10)
+
+
+def test_the_closed_form_agrees_with_the_permutations_on_a_study_sized_family():
+    rng = np.random.default_rng(5)
+    blocks = []
+    for e in range(40):
+        n = int(rng.integers(2, 25))  # some examples shorter than k: k becomes n there
+        x, y = rng.normal(size=(3, n)), rng.normal(size=n)
+        x[0] += y  # unit 0 tracks, units 1 and 2 do not
+        blocks.append(NullBlock(e, e, np.arange(3), x, y, np.arange(n)))
+    got = exact_top_k(blocks, 3, 3)
+    observed, null = permutation_means(blocks, 3, "top3", permutations=20000, seed=2)
+    mc = max_t_test(observed, null)
+    assert got["exact"].all()
+    for unit in range(3):
+        p = got["p_raw"][unit]
+        assert abs(mc["p_raw"][unit] - p) < 4 * math.sqrt(max(p * (1 - p), 1e-4) / 20000) + 2e-4
+    assert got["null_mean"] == pytest.approx(null.mean(axis=1), abs=0.003)
+    assert got["p_raw"][0] < 1e-6 < got["p_raw"][1]  # below what 20,000 permutations can resolve
+
+
+def test_the_closed_form_steps_aside_for_ties_at_the_k_th_place_and_averaged_output_tokens():
+    x = np.array([[0.3, 0.2, 0.1, 0.0]])
+    tied = NullBlock(0, 0, np.array([0]), x, np.array([2.0, 1.0, 1.0, 0.0]), np.arange(4))  # tie across 2nd place
+    assert not exact_top_k([tied], 1, 2)["exact"][0]
+    assert exact_top_k([tied], 1, 1)["exact"][0]  # the tie is below the top 1
+    steps = [NullBlock(0, key, np.array([0]), x, np.array([3.0, 1.0, 2.0, 0.0]), np.arange(4)) for key in (0, 1)]
+    got = exact_top_k(steps, 1, 1)  # two output tokens of one example, averaged first
+    assert not got["exact"][0] and np.isnan(got["p_raw"][0])
+
+
+def test_a_top_k_family_reports_the_exact_null_and_a_rank_correlation_the_permutations():
+    import pandas as pd
+
+    from probe.study.chance import ChanceFamily
+
+    blocks = tuple(_blocks(np.random.default_rng(6), n_examples=12, n_units=3, ties=False))
+    units = pd.DataFrame({"explainer": ["attention"] * 3, "layer": [0, 0, 0], "head": [0, 1, 2]})
+    for measure, kind in (("top2", "exact"), ("kendall_tau", "permutation")):
+        rows = ChanceFamily("attention weights", "loo_delete", measure, units, blocks, (12, 12, 12)).test(
+            permutations=500, seed=0)
+        assert list(rows["null"]) == [kind] * 3
+        assert (rows.p_family >= rows.p_chance - 1e-12).all()
+    exact = exact_top_k(blocks, 3, 2)
+    assert rows.shape[0] == 3 and exact["exact"].all()
+    top = ChanceFamily("attention weights", "loo_delete", "top2", units, blocks, (12, 12, 12)).test(permutations=500, seed=0)
+    assert top.p_chance.to_numpy() == pytest.approx(exact["p_raw"])
+    assert top.chance_mean.to_numpy() == pytest.approx(exact["null_mean"])
 
 
 def test_every_unit_of_an_example_sees_the_same_permutations_also_on_a_subset_of_its_tokens():

@@ -25,19 +25,29 @@ other. That is what the family-wise test needs:
   below ``p_raw``. A unit whose null has no spread (nothing to permute) gets ``p = 1``.
 
 The smallest p-value is ``1 / (B + 1)``: with ``B = 1000`` a family-wise test at alpha 0.05 is
-resolved well. Ties between a null draw and the observed statistic count against the unit
+resolved well.
+
+Top-k overlap has a closed form (:func:`exact_top_k`): under the null the reference's top k of an
+example's ``n`` tokens is a uniformly random k-subset, so the unit's hits there are hypergeometric
+(``n`` tokens, ``k`` marked by the unit, ``k`` drawn), independently per example; the null of the
+mean over examples is the convolution of those laws. Where it applies (one comparison per averaged
+value, no tie in the reference across its k-th place), ``p_raw``, the null mean and its 95th
+percentile are exact; ``p_family`` still comes from the permutations (the joint law of correlated
+units has no closed form) and is never below the exact ``p_raw``. Ties between a null draw and the observed statistic count against the unit
 (``>=``), so a discrete measure such as top-1 is tested conservatively.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["NullBlock", "max_t_test", "measure_k", "permutation_means"]
+__all__ = ["NullBlock", "exact_top_k", "max_t_test", "measure_k", "permutation_means"]
 
 # upper bound on the elements of one [permutations, pairs] sign block (float32: 16 MiB)
 _BLOCK_ELEMENTS = 1 << 22
@@ -234,3 +244,78 @@ def max_t_test(observed: np.ndarray, null: np.ndarray, *, quantile: float = 0.95
     for arr in (p_raw, p_family):
         arr[missing] = np.nan
     return {"p_raw": p_raw, "p_family": p_family, "null_mean": mean, "null_sd": sd, "null_high": high}
+
+
+@lru_cache(maxsize=4096)
+def _hits_law(n: int, k: int) -> np.ndarray:
+    """``[k + 1]``: P(h hits) when a uniformly random k-subset of ``n`` tokens meets a fixed k-subset."""
+    from scipy.stats import hypergeom
+
+    return hypergeom.pmf(np.arange(k + 1), n, k, k)
+
+
+@lru_cache(maxsize=256)
+def _mean_law(draws: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, int]:
+    """The law of the summed overlap of independent examples ``(n, k)``, on the lattice ``1 / L``
+    (``L`` the lcm of the k): ``(pmf over 0..L * len(draws), L)``."""
+    lattice = math.lcm(*(k for _, k in draws)) if draws else 1
+    law = np.ones(1)
+    for n, k in draws:
+        step = lattice // k
+        spread = np.zeros(k * step + 1)
+        spread[::step] = _hits_law(n, k)
+        law = np.convolve(law, spread)
+    return law, lattice
+
+
+def exact_top_k(blocks: Iterable[NullBlock], n_units: int, k: int, *, quantile: float = 0.95) -> dict[str, np.ndarray]:
+    """The exact null of each unit's mean top-``k`` overlap (module docstring): per unit ``p_raw``
+    (one-sided, ties counted against the unit, as the permutations count them), ``null_mean``,
+    ``null_high`` (the null's ``quantile``: the smallest mean the null stays at or below with at
+    least that probability, so a mean strictly above it passes alone at ``1 - quantile``) and ``exact`` (bool: where the closed
+    form applies; elsewhere the other three are NaN and the permutation null stands). It does not
+    apply to a unit with more than one comparison averaged into one value (a study of generated text,
+    whose output tokens are averaged per example) or with a tie in the reference across its k-th
+    place on some example (the top k of a permuted reference with ties is then not a uniform k-subset).
+    Examples with fewer than 2 scored tokens are left out, as :func:`permutation_means` leaves them."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    draws: list[list[tuple[int, int]]] = [[] for _ in range(n_units)]
+    hits: list[list[tuple[int, int]]] = [[] for _ in range(n_units)]
+    owners: list[set[int]] = [set() for _ in range(n_units)]
+    exact = np.ones(n_units, dtype=bool)
+    for block in blocks:
+        x = np.asarray(block.x, dtype=np.float64)
+        n = x.shape[1]
+        if n < 2:
+            continue
+        kk = min(int(k), n)
+        y = np.asarray(block.y, dtype=np.float64)
+        ordered = np.sort(y)[::-1]
+        tied = kk < n and ordered[kk - 1] == ordered[kk]
+        got = np.rint(_top_k(x, y[None, :], kk)[:, 0] * kk).astype(np.int64)  # [U_b] observed hits
+        for unit, h in zip(np.asarray(block.units, dtype=np.int64), got):
+            unit = int(unit)
+            if tied or int(block.owner) in owners[unit]:
+                exact[unit] = False
+            owners[unit].add(int(block.owner))
+            draws[unit].append((n, kk))
+            hits[unit].append((int(h), kk))
+    p_raw = np.full(n_units, np.nan)
+    mean = np.full(n_units, np.nan)
+    high = np.full(n_units, np.nan)
+    for unit in range(n_units):
+        if not draws[unit]:
+            exact[unit] = False
+        if not exact[unit]:
+            continue
+        law, lattice = _mean_law(tuple(sorted(draws[unit])))
+        count = len(draws[unit])
+        observed = sum(h * (lattice // kk) for h, kk in hits[unit])
+        tail = np.cumsum(law[::-1])[::-1]  # tail[s] = P(sum >= s)
+        p_raw[unit] = min(1.0, float(tail[observed]))
+        mean[unit] = float(np.mean([kk / n for n, kk in draws[unit]]))
+        below = np.cumsum(law)  # below[s] = P(sum <= s)
+        line = int(np.searchsorted(below, quantile - 1e-12))  # the discrete quantile
+        high[unit] = min(line, law.size - 1) / (lattice * count)
+    return {"p_raw": p_raw, "null_mean": mean, "null_high": high, "exact": exact}

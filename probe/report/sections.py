@@ -99,7 +99,7 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
                                                         "(p_family: rule 1's permutation p-value, family-wise)"))
     if w is not None and r.paired is not None and len(r.paired):
         columns = [c for c in ("family", "unit", "n", "mean", "ci_low", "ci_high", "chance_mean", "chance_high",
-                               "p_chance", "p_family", "above_chance", "diff_vs_gradient", "wilcoxon_p",
+                               "p_chance", "p_family", "null", "above_chance", "diff_vs_gradient", "wilcoxon_p",
                                "below_gradient", "reliable", "tracks") if c in r.paired.columns]
         csv = w.csv("verdict_units", r.paired[columns])
         blocks.append(Para(f"Every attention unit's rule tests (raw and family-wise permutation p-values, the mean and "

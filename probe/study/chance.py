@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from probe.metrics.nulls import NullBlock, max_t_test, permutation_means
+from probe.metrics.nulls import NullBlock, exact_top_k, max_t_test, measure_k, permutation_means
 from probe.study.steps import is_stepwise
 
 __all__ = ["CHANCE_COLUMNS", "ChanceFamily", "chance_families", "chance_tests"]
 
 CHANCE_COLUMNS = ["family", "explainer", "reference", "layer", "head", "n", "observed", "chance_mean", "chance_high",
-                  "p_chance", "p_family"]
+                  "p_chance", "p_family", "null"]
 UNIT_KEYS = ["explainer", "layer", "head"]
 
 
@@ -109,11 +109,20 @@ class ChanceFamily:
         observed, null = permutation_means(self.blocks, len(self.units), self.measure, permutations=permutations,
                                            seed=seed)
         test = max_t_test(observed, null)
+        kind = np.full(len(self.units), "permutation", dtype=object)
+        k = measure_k(self.measure)
+        if k is not None:  # top-k overlap: the closed form where it applies
+            exact = exact_top_k(self.blocks, len(self.units), k)
+            use = exact["exact"] & np.isfinite(observed)
+            for ours, theirs in (("p_raw", "p_raw"), ("null_mean", "null_mean"), ("null_high", "null_high")):
+                test[ours] = np.where(use, exact[theirs], test[ours])
+            test["p_family"] = np.where(use, np.maximum(test["p_family"], test["p_raw"]), test["p_family"])
+            kind[use] = "exact"
         return pd.DataFrame({
             "family": self.family, "explainer": self.units.explainer.to_numpy(), "reference": self.reference,
             "layer": self.units.layer.to_numpy(int), "head": self.units["head"].to_numpy(int), "n": list(self.n),
             "observed": observed, "chance_mean": test["null_mean"], "chance_high": test["null_high"],
-            "p_chance": test["p_raw"], "p_family": test["p_family"]}, columns=CHANCE_COLUMNS)
+            "p_chance": test["p_raw"], "p_family": test["p_family"], "null": kind}, columns=CHANCE_COLUMNS)
 
 
 def chance_families(tables: dict, agreement: pd.DataFrame, study, measure: str, units: pd.DataFrame, *,
@@ -149,6 +158,8 @@ def chance_tests(tables: dict, agreement: pd.DataFrame, study, measure: str, uni
     """One row per unit of ``units`` (:func:`chance_families`): its observed mean ``measure``, the mean
     and the 95th percentile of its permutation null (``chance_mean``, ``chance_high``), its one-sided
     permutation p-value ``p_chance`` and ``p_family``, adjusted (max-T) over the units of its family;
+    ``null`` says where the first three came from (``exact`` for a top-k measure where the closed
+    form of :func:`probe.metrics.nulls.exact_top_k` applies, else ``permutation``);
     ``study.statistics`` gives the permutations and the seed."""
     st = study.statistics
     frames = [f.test(permutations=st.permutations, seed=st.seed)

@@ -287,21 +287,25 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
 
 
 #: rule 1's columns of the per-unit tests, placed after ``n``
-CHANCE_FIELDS = ["chance_mean", "chance_high", "p_chance", "p_family", "above_chance"]
+CHANCE_FIELDS = ["chance_mean", "chance_high", "p_chance", "p_family", "null", "above_chance"]
 
 
 def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """``paired`` (rules 2 and 3 per unit) with rule 1 from ``chance`` (its p-values, the mean and
-    95th percentile of the unit's null; ``above_chance``: ``p_family <= alpha``) and ``tracks``, all
+    95th percentile of the unit's null; ``null``: ``exact`` or ``permutation``, where they came from;
+    ``above_chance``: ``p_family <= alpha``) and ``tracks``, all
     three rules. The verdict applies it once; :mod:`probe.study.calibration` again at every seed."""
     if not len(paired):
         return paired
     keys = ["explainer", "layer", "head"]
-    fresh = chance[chance.family != "ceiling"][keys + CHANCE_FIELDS[:4]].drop_duplicates(keys)
+    taken = [c for c in CHANCE_FIELDS[:5] if c in chance.columns]  # "null": tables from before it lack it
+    fresh = chance[chance.family != "ceiling"][keys + taken].drop_duplicates(keys)
     base = paired.drop(columns=[c for c in [*CHANCE_FIELDS, "tracks"] if c in paired.columns])
     out = base.merge(fresh, on=keys, how="left")
     p = out.p_family.to_numpy(float)
     out["above_chance"] = np.isfinite(p) & (p <= alpha)
+    if "null" not in out.columns:
+        out["null"] = "permutation"
     out["tracks"] = out.above_chance & ~out.below_gradient.astype(bool) & out.reliable.astype(bool)
     at = list(base.columns).index("n") + 1
     return out[[*base.columns[:at], *CHANCE_FIELDS, *base.columns[at:], "tracks"]]
