@@ -48,6 +48,7 @@ PLANTED_TEXT_KINDS: dict[str, str] = {
     "below-noise": "trigger",
     "randomised": "trigger",
     "copy-lm": "copy",
+    "copy-lm-cue": "copy",
     "copy-seq2seq": "copy",
     "position-heads": "one-trigger",
     "one-head": "one-trigger",

@@ -45,8 +45,14 @@ def test_the_verdict_gives_the_planted_answer(name, planted_run):
         assert "attention_mean" in verdict["unreliable"] and "constant" in verdict["unreliable"]["attention_mean"]
     if name == "trigger-soft":  # the sign check catches input x gradient scoring zz as lowering the target
         assert "sign" in verdict["unreliable"].get("input_x_gradient", [])
-    if name in ("trigger-saturated", "trigger-soft", "copy-lm"):  # one token carries the effect: top-1 is the measure
+    if name in ("trigger-saturated", "trigger-soft", "copy-lm", "copy-lm-cue"):  # one token carries the effect: top-1
         assert verdict["measure"] == "top1"
+    if name == "copy-lm-cue":  # rollout and ALTI are right there, and their randomisation check says so
+        families = verdict["families"]
+        assert families["attention-derived"]["answer"] == "yes" and families["context mixing"]["answer"] == "yes"
+        assert families["attention-derived"]["best_layer"]["unit"] == "rollout L0"
+        assert families["context mixing"]["best_layer"]["unit"] == "alti L0"
+        assert not any(unit.startswith(("rollout", "alti")) for unit in verdict["unreliable_units"]), verdict["unreliable_units"]
 
 
 def test_probe_planted_writes_the_table_and_fails_on_a_wrong_answer(tmp_path):

@@ -30,6 +30,8 @@ below-noise                 classification  trigger-saturated with its classifie
 randomised                  classification  the trigger architecture with fresh random weights (nothing trained)   no, undecidable
 copy-lm                     causal_lm       GPT-2 (1 layer): the next token copies the one marked word of the     yes
                                             prompt; the last position's attention concentrates on it
+copy-lm-cue                 causal_lm       copy-lm on prompts ending with a cue word (not explained): the        yes
+                                            cue's attention, rollout and ALTI put the copied word first
 copy-seq2seq                seq2seq         T5 (1+1 layers): the output is the marked source word, then EOS;      yes
                                             decoder cross-attention concentrates on it
 position-heads              classification  hand-wired BERT, 6 layers x 12 heads: every head's query and key read   no
@@ -91,6 +93,8 @@ ANSWERS = ("yes", "heads only", "no", "undecidable")
 DATA_FILE = "data.jsonl"
 SEED = 0
 MAX_POSITIONS = 16  # 12 words + [CLS] + [SEP], with room
+#: copy-lm-cue's prompts end with this word (one the copy texts never hold): the copy is read at it
+COPY_CUE = SECOND_TRIGGER
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,9 @@ class PlantedModel:
     #: a reference the planted study adds for this model and judges its verdict against (its truth is
     #: one single-token deletion cannot see), or None: the study's own
     reference: str | None = None
+    #: a prompt template the planted study reads the texts through (``{text}`` the text; its own
+    #: tokens are not explained), or None: the text alone
+    prompt: str | None = None
 
 
 PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
@@ -179,6 +186,17 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
         "greedy token's log-prob.",
         ("yes",),
         "the token the output copies is the token attention concentrates on",
+    ),
+    PlantedModel(
+        "copy-lm-cue", "causal_lm",
+        "copy-lm trained on prompts that end with the cue word yy (read through the template '{text} yy', whose "
+        "cue is not explained): at the cue the next token copies the marked word (greedy accuracy 1.0), the cue's "
+        "attention concentrates on the marked word, and so do attention rollout (the cue's own residual share "
+        "falls on the cue, outside the explained text) and ALTI; deleting the marked word has the largest effect.",
+        ("yes",),
+        "attention, rollout and ALTI each put the copied word first, as deletion does; a randomised copy of the "
+        "model ranks the words by chance, so none of them fails its randomisation check",
+        prompt="{text} " + COPY_CUE,
     ),
     PlantedModel(
         "copy-seq2seq", "seq2seq",
@@ -1050,10 +1068,14 @@ def _with_unmarked(texts: list[PlantedText], seed: int) -> list[PlantedText]:
     return out
 
 
-def _build_copy_lm():
+def _build_copy_lm(cue: str | None = None):
+    """copy-lm; with ``cue``, copy-lm-cue: every prompt (training and study) ends with the word ``cue``,
+    and deletion (the recipe's and the study's) removes text words only, never the cue."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    name = "copy-lm-cue" if cue else "copy-lm"
+    suffix = f" {cue}" if cue else ""
     settings = COPY_LM
     tokenizer = _tokenizer("gpt2")
     eos = tokenizer.eos_token_id
@@ -1065,7 +1087,7 @@ def _build_copy_lm():
     torch.manual_seed(settings.seed)
     model = GPT2LMHeadModel(config)
     train = _with_unmarked(training_texts("copy", settings.n_train, seed=settings.seed), settings.seed)
-    prompts = [_ids(tokenizer, t.text) for t in train]
+    prompts = [_ids(tokenizer, t.text + suffix) for t in train]
     answers = torch.tensor([tokenizer.convert_tokens_to_ids(t.answer) if t.answer else eos
                             for t in train])  # [example] a prompt without a marked word continues with eos
     ids, mask = _pad(prompts, eos)  # [example, seq]
@@ -1084,9 +1106,10 @@ def _build_copy_lm():
     model.eval()
     seconds = time.perf_counter() - started
 
-    study = study_texts("copy-lm")
-    rows = [_ids(tokenizer, t.text) for t in study]
-    deleted = [[r[:t] + r[t + 1:] for t in range(len(r))] for r in rows]
+    study = study_texts(name)
+    rows = [_ids(tokenizer, t.text + suffix) for t in study]
+    kept = 1 if cue else 0  # the cue is never deleted
+    deleted = [[r[:t] + r[t + 1:] for t in range(len(r) - kept)] for r in rows]
     flat = rows + [d for ds in deleted for d in ds]
     ids, mask = _pad(flat, eos)
     with torch.no_grad():
@@ -1096,7 +1119,7 @@ def _build_copy_lm():
     n = len(rows)
     greedy = logprobs[:n].argmax(-1)  # [example]
     attention = torch.stack(out.attentions, dim=1)  # [row, layer, head, query, key]
-    correct, top_attended, top_loo, marked_mass, loo_marked, loo_other = [], [], [], [], [], []
+    correct, top_attended, top_loo, marked_mass, loo_marked, loo_other, top_rollout = [], [], [], [], [], [], []
     first = n
     for i, (t, r) in enumerate(zip(study, rows)):
         place = t.text.split().index(t.answer)
@@ -1104,11 +1127,15 @@ def _build_copy_lm():
         row = attention[i, -1, :, last[i], :len(r)].mean(0)  # [key] last layer, head mean, last position
         top_attended.append(int(row.argmax()) == place)
         marked_mass.append(float(row[place]))
-        effect = logprobs[i, greedy[i]] - logprobs[first:first + len(r), greedy[i]]  # [word]
+        effect = logprobs[i, greedy[i]] - logprobs[first:first + len(r) - kept, greedy[i]]  # [word]
         top_loo.append(int(effect.argmax()) == place)
         loo_marked.append(float(effect[place]))
         loo_other += [abs(float(e)) for j, e in enumerate(effect) if j != place]
-        first += len(r)
+        if cue:  # rollout at the cue, from the same attention: 0.5 A + 0.5 I, the cue's share left out
+            words = len(r) - kept
+            rolled = (0.5 * attention[i, -1, :, last[i], :len(r)].mean(0))[:words]
+            top_rollout.append(int(rolled.argmax()) == place)
+        first += len(r) - kept
     facts = {
         "study_examples": n,
         "greedy_accuracy": _share(correct),
@@ -1119,8 +1146,11 @@ def _build_copy_lm():
         "marked_loo_min": min(loo_marked),
         "other_abs_loo_max": max(loo_other),
     }
-    _require(facts["greedy_accuracy"] == 1.0, "copy-lm", f"greedy accuracy {facts['greedy_accuracy']}")
-    _require(facts["top_attended_is_marked"] >= 0.95, "copy-lm",
+    if cue:
+        facts["cue"] = cue
+        facts["top_rollout_is_marked"] = _share(top_rollout)
+    _require(facts["greedy_accuracy"] == 1.0, name, f"greedy accuracy {facts['greedy_accuracy']}")
+    _require(facts["top_attended_is_marked"] >= 0.95, name,
              f"attention peaks on the marked word on {facts['top_attended_is_marked']} of the prompts")
     training = {**asdict(settings), "train_seconds": round(seconds, 2)}
     return model, tokenizer, {"training": training, "facts": facts}
@@ -1229,6 +1259,7 @@ _BUILDERS: dict[str, Callable[[], tuple[Any, Any, dict[str, Any]]]] = {
     "below-noise": _build_below_noise,
     "randomised": _build_randomised,
     "copy-lm": _build_copy_lm,
+    "copy-lm-cue": lambda: _build_copy_lm(cue=COPY_CUE),
     "copy-seq2seq": _build_copy_seq2seq,
     "position-heads": _build_position_heads,
     "one-head": _build_one_head,

@@ -30,7 +30,8 @@ PLANTED_PREFIX = "planted:"
 
 def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, str], task: Task) -> Study:
     """``template`` aimed at the planted model ``name``: its model and data, its own output folder,
-    the methods that apply to it (``skipped``: method -> why not), and the model's own reference
+    the methods that apply to it (``skipped``: method -> why not), its prompt template where it has one
+    (:attr:`probe.models.planted.PlantedModel.prompt`), and the model's own reference
     (:attr:`probe.models.planted.PlantedModel.reference`) added and judged against where it has one."""
     from probe.models.planted import PLANTED_MODELS
 
@@ -53,6 +54,9 @@ def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, s
     if metrics.get("ceilings"):
         metrics["ceilings"] = [p for p in metrics["ceilings"] if set(p) <= used]
     metrics["absolute"] = [m for m in metrics.get("absolute") or [] if m in used]
+    prompt = PLANTED_MODELS[name].prompt if name in PLANTED_MODELS else None
+    if prompt is not None:  # the model reads its texts through its own template
+        data["target"] = {**(data.get("target") or {}), "prompt": prompt}
     own = PLANTED_MODELS[name].reference if name in PLANTED_MODELS else None
     if own is not None:
         data["references"] = list(dict.fromkeys([*data["references"], own]))
