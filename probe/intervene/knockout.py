@@ -1,0 +1,435 @@
+"""Attention edge knockout: block the edges from query rows to one key, and measure the target.
+
+An *edge* is one entry ``(layer, head, query, key)`` of the attention map. Knocking out the edges
+to key ``k`` removes what the chosen query rows read from ``k`` directly in the chosen heads of the
+chosen layers, and nothing else (the key's own residual stream, and every other edge, run as
+usual). The effect of key ``k`` is
+
+    score[k] = f(x) - f(x with the edges to k blocked)
+
+with ``f`` the target every reference explains (:func:`probe.rows.target.target_values`: a class
+probability / logit / log-prob, a continuation's log-prob, ...). Positive: reading ``k`` through
+these edges supports the target.
+
+Which query rows (``query``):
+
+``target``  the rows that read the target (:func:`probe.rows.queries.target_queries`): [CLS] of a
+            classifier, the last prompt token (or the step's position) of a causal LM, the
+            predicting decoder rows of a seq2seq model's cross-attention. Geva et al. 2023
+            ("Dissecting recall"): the last position is blocked from attending to a token.
+``from``    every query row from a position on (``query_from``): None = the key's own position + 1
+            (every later token loses its direct read of the key: the key's information then
+            reaches the target only through positions that read it before the window, or not at
+            all), an int >= 0 = that position, a negative int = counted from each row's explained
+            length (-1: the last explained token). Continuation rows of a causal LM lie after it
+            and are blocked too.
+
+Which edges (``layers``, ``heads``): a window of layers of the target stack (None = every layer;
+an int = one layer; negatives count from the last) and query heads (None = every head; under
+GQA a query head is blocked alone, the other query heads reading the same key/value head are not).
+
+Two scores come out of one call, both batched:
+
+* per token ``[tokens]``: the key blocked in every chosen head of every layer of the window at once;
+* per (layer, head, token) ``[layer, head, tokens]`` (the layout of per-head methods: every layer
+  and head of the stack, NaN outside the window and the chosen heads): the key blocked in that one
+  head of that one layer. Knockouts do not add up (the target is not linear in the weights), so the
+  per-head scores need not sum to the per-token one; with a window of one layer and one head the
+  two are the same row, and are then equal exactly.
+
+Renormalisation (``renormalise``), an experimental factor to report:
+
+``True``   the blocked weight is removed and the row renormalised over its remaining keys: what a
+           score of -inf before the softmax gives (``w_i / (1 - w_k)``; with an attention sink the
+           sink's mass stays in the denominator, exactly as its logit stays in the softmax). A row
+           whose only allowed key is blocked reads nothing (all weights 0), never NaN.
+``False``  the blocked weight is set to 0 and the row keeps its other weights: the row then sums to
+           ``1 - w_k`` (the head's output shrinks with it).
+
+How: every pass runs under :func:`probe.hooks.capture.capture_attention` with one editor per layer
+of the window, i.e. the same attention-edit mechanism as counterfactual attention and head
+ablation, on every read path that can edit (the attention-function path under eager, sdpa and
+flash, with GQA, sliding windows, sinks and position biases; the probability-module and softmax
+paths of inline attention). A read path that cannot edit (banded, block-sparse, local-global and
+implicit mixers) is refused in one line before any pass. The unedited target ``f(x)`` is computed
+in the same batches through the same recomputed attention (an identity edit), so a score holds the
+edit's effect and not the drift between the model's own kernel and the recomputation.
+
+Batched: each example becomes one row per (key, blocked edge set) plus its original; rows are
+packed ``batch_size`` at a time, each batch row blocking its own key in its own heads. De-duplicated:
+identical rows (the per-token row and the per-head row of a one-layer, one-head window) run once,
+and a row whose blocked edges the causal mask already closes (every chosen query row before the
+key) is a no-op whose score is exactly 0: it runs no pass. Within a row, a query row whose blocked
+weight is already 0 is left untouched, so masked edges (a sliding window's, padding's) never move a
+row by rounding either.
+
+Special tokens ([CLS], [SEP], <s>) are not scored by default (NaN, as leave-one-out's);
+``keep_special=True`` scores them too (blocking the edges to a sink token is a meaningful knockout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from probe.errors import CaptureError, InputError
+from probe.hooks.capture import capture_attention
+from probe.hooks.types import python_layer
+from probe.rows.queries import capture_masks, eval_mode, target_queries
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample, build_rows, keep_target_logits, target_values
+
+if TYPE_CHECKING:
+    from probe.models.core import ProbeModel, StackContract
+
+QUERIES = ("target", "from")
+METHOD = "edge_knockout"
+
+#: one batch row: (example index, key position or -1 for the original, frozenset of (layer, head) blocked)
+_Row = tuple[int, int, frozenset]
+
+
+@dataclass(repr=False)
+class KnockoutResult:
+    """Edge-knockout scores of a list of examples (see the module docstring).
+
+    ``tokens``: per example ``[tokens]``, the key blocked in every chosen head of the window.
+    ``per_head``: per example ``[layer, head, tokens]`` over the stack's every layer and head, NaN
+    outside the window and the chosen heads (None when not asked for).
+    ``original_value``: ``[example]`` the target unedited (through the same recomputed attention)."""
+
+    tokens: TokenScores
+    per_head: TokenScores | None
+    original_value: torch.Tensor
+    stats: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        p = self.tokens.params
+        return (f"<KnockoutResult {p['stack']} layers {list(p['layers'])} heads {list(p['heads'])}, "
+                f"query={p['query']}, renormalise={p['renormalise']}: {len(self.tokens.scores)} examples, "
+                f"{self.stats.get('rows_run', 0)} rows run in {self.stats.get('forward_passes', 0)} passes>")
+
+
+# ---------------------------------------------------------------------------
+# checking the options
+# ---------------------------------------------------------------------------
+
+
+def _window(info: StackContract, layers) -> tuple[int, ...]:
+    if layers is None:
+        chosen = list(range(info.n_layers))
+    elif isinstance(layers, (list, tuple, range)):
+        chosen = list(layers)
+    else:
+        chosen = [layers]
+    out = []
+    for layer in chosen:
+        index = python_layer(layer, info.n_layers)
+        if index is None:
+            raise InputError(f"layer {layer!r} does not exist in the {info.stack}: it has layers "
+                             f"0..{info.n_layers - 1} (-1 is the last)")
+        out.append(index)
+    if not out:
+        raise InputError("edge knockout needs at least one layer: give layers=None (all), an int or a list")
+    return tuple(sorted(set(out)))
+
+
+def _heads(info: StackContract, heads) -> tuple[int, ...]:
+    chosen = list(range(info.n_heads)) if heads is None else list(heads) if isinstance(heads, (list, tuple, range)) \
+        else [heads]
+    for head in chosen:
+        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < info.n_heads:
+            raise InputError(f"head {head!r} does not exist in the {info.stack}: it has query heads "
+                             f"0..{info.n_heads - 1} (or None = all)")
+    if not chosen:
+        raise InputError("edge knockout needs at least one head: give heads=None (all), an int or a list")
+    return tuple(sorted(set(chosen)))
+
+
+def _refuse_uneditable(pm: ProbeModel, stack: str, info: StackContract, window: tuple[int, ...]) -> None:
+    """One line where a layer of the window is read by a path that cannot hand edited weights back."""
+    if not info.can_edit:
+        raise InputError(f"edge knockout edits attention weights, and probe reads the {stack} of "
+                         f"{pm.contract.model_type} through the {info.capture_path} path, which cannot edit")
+    for layer in window:
+        if info.layer_kind(layer) != "softmax":
+            raise InputError(f"edge knockout cannot block edges in {stack} layer {layer}: its map is the implicit "
+                             f"matrix of a {info.mixer_class or info.module_class} (signed, not a softmax), "
+                             "which probe reads but cannot edit")
+
+
+def _query_from(query: str, query_from) -> int | None:
+    if query not in QUERIES:
+        raise InputError(f"unknown knockout query {query!r}: use one of {', '.join(QUERIES)}")
+    if query == "target":
+        if query_from is not None:
+            raise InputError(f"query_from={query_from!r} applies to query='from' only; query='target' blocks the "
+                             "target rows")
+        return None
+    if query_from is not None and (isinstance(query_from, bool) or not isinstance(query_from, int)):
+        raise InputError(f"query_from={query_from!r}: give a position (int, negative = from the end of the "
+                         "explained tokens) or None (the key's own position + 1)")
+    return query_from
+
+
+# ---------------------------------------------------------------------------
+# the editor
+# ---------------------------------------------------------------------------
+
+
+def _knockout_editor(key: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Tensor, *, renormalise: bool,
+                     sinks: bool):
+    """Editor blocking, in batch row ``b``, the edges from the query rows ``rows_on[b]`` to key
+    ``key[b]`` in the heads ``heads_on[b]``.
+
+    key      [batch] long, -1 where the row blocks nothing in this layer
+    heads_on [batch, head] bool
+    rows_on  [batch, query] bool (over the layer's query positions; longer maps: rows beyond are off)
+    """
+
+    def edit(weights, context):  # weights [batch, head, query, key] fp32, full rows
+        batch, n_heads, q_len, k_len = weights.shape
+        rows = rows_on[:, :q_len]
+        if rows.shape[1] < q_len:
+            rows = torch.nn.functional.pad(rows, (0, q_len - rows.shape[1]))
+        index = key.clamp(min=0)[:, None, None, None].expand(batch, n_heads, q_len, 1)  # [batch, head, query, 1]
+        blocked = weights.gather(-1, index)  # [batch, head, query, 1] the weight of each blocked edge
+        hit = (heads_on[:, :, None, None] & rows[:, None, :, None] & (key >= 0)[:, None, None, None]
+               & (blocked > 0))  # [batch, head, query, 1]: rows where something is removed
+        if not bool(hit.any()):
+            return weights
+        kept = weights.scatter(-1, index, torch.where(hit, torch.zeros_like(blocked), blocked))
+        if not renormalise:
+            return kept
+        remaining = kept.sum(dim=-1, keepdim=True)  # [batch, head, query, 1] the row's other keys
+        if sinks:
+            # the sink's mass is what the row's weights leave of 1; its logit stays in the softmax
+            remaining = remaining + (1.0 - weights.sum(dim=-1, keepdim=True)).clamp(min=0.0)
+        scale = torch.where(remaining > 0, 1.0 / remaining.clamp(min=torch.finfo(remaining.dtype).tiny),
+                            torch.zeros_like(remaining))
+        return torch.where(hit, kept * scale, weights)
+
+    return edit
+
+
+# ---------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------
+
+
+def _scored_keys(example: PreparedExample, keep_special: bool) -> list[int]:
+    return [t for t, special in enumerate(example.special) if keep_special or not special]
+
+
+def _query_rows(pm: ProbeModel, example: PreparedExample, query: str) -> list[int]:
+    """Positions of the target query rows of one example (no forward: build_rows only lays out tensors)."""
+    if query != "target":
+        return []
+    tq = target_queries(pm, build_rows(pm, [(example.input_ids, example)], device="cpu"))
+    return [int(r) for r, v in zip(tq.rows[0].tolist(), tq.valid[0].tolist()) if v]
+
+
+def _row_width(pm: ProbeModel, example: PreparedExample, stack: str) -> int:
+    """How many query rows the target stack has for this example (a causal LM's fed continuation
+    included; the decoder's for cross-attention)."""
+    if stack == "cross" or (pm.task.encoder_decoder and stack == "decoder"):
+        return max(1, len(example.target_ids))
+    extra = max(0, len(example.target_ids) - 1) if pm.task.next_token else 0
+    return len(example.input_ids) + extra
+
+
+def _first_row(example: PreparedExample, key: int, query_from: int | None) -> int:
+    """query='from': the first blocked query row for ``key``."""
+    if query_from is None:
+        return key + 1
+    if query_from < 0:
+        return max(0, len(example.input_ids) + query_from)
+    return query_from
+
+
+def _is_noop(pm: ProbeModel, stack: str, example: PreparedExample, key: int, query: str, query_from: int | None,
+             target_rows: list[int]) -> bool:
+    """Whether every blocked edge of ``key`` is closed before any edit: no chosen query row exists, or
+    (a causal stack) every chosen query row lies before the key."""
+    causal = pm.contract.stacks[stack].mask_kind.startswith(("causal", "sliding"))
+    width = _row_width(pm, example, stack)
+    if query == "target":
+        rows = target_rows
+    else:  # rows first .. width - 1; a causal stack's rows before the key never read it
+        first = _first_row(example, key, query_from)
+        rows = [max(first, key) if causal else first]
+    rows = [r for r in rows if r < width]
+    return not rows or (causal and max(rows) < key)
+
+
+def _plan(pm: ProbeModel, stack: str, examples: Sequence[PreparedExample], window, heads, query, query_from,
+          per_head: bool, keep_special: bool):
+    """The unique rows to run, and for every score where its row is (None: a no-op, exactly 0).
+
+    Returns (rows, token_at, head_at): ``token_at[i][t]`` and ``head_at[i][(layer, head, t)]`` map
+    to a row index or None; ``rows[originals[i]]`` is example i's unedited row."""
+    rows: list[_Row] = []
+    index: dict[_Row, int] = {}
+
+    def add(row: _Row) -> int:
+        if row not in index:
+            index[row] = len(rows)
+            rows.append(row)
+        return index[row]
+
+    originals, token_at, head_at = [], [], []
+    everything = frozenset((layer, head) for layer in window for head in heads)
+    for i, example in enumerate(examples):
+        originals.append(add((i, -1, frozenset())))
+        target_rows = _query_rows(pm, example, query)
+        tokens, singles = {}, {}
+        for t in _scored_keys(example, keep_special):
+            noop = _is_noop(pm, stack, example, t, query, query_from, target_rows)
+            tokens[t] = None if noop else add((i, t, everything))
+            if per_head:
+                for layer in window:
+                    for head in heads:
+                        singles[(layer, head, t)] = None if noop else add((i, t, frozenset({(layer, head)})))
+        token_at.append(tokens)
+        head_at.append(singles)
+    return rows, originals, token_at, head_at
+
+
+# ---------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------
+
+
+def _rows_on(batch, tq, keys: torch.Tensor, query: str, query_from: int | None,
+             width: int) -> torch.Tensor:
+    """[rows, width] bool: the query rows each batch row blocks."""
+    positions = torch.arange(width, device=keys.device)
+    if query == "target":
+        on = torch.zeros((keys.shape[0], width), dtype=torch.bool, device=keys.device)
+        batch_index, column = tq.valid.nonzero(as_tuple=True)
+        on[batch_index, tq.rows[batch_index, column].to(keys.device)] = True
+        return on
+    lengths = batch.input_lengths.to(keys.device)
+    if query_from is None:
+        first = keys + 1
+    elif query_from < 0:
+        first = (lengths + query_from).clamp(min=0)
+    else:
+        first = torch.full_like(keys, query_from)
+    return positions[None, :] >= first[:, None]
+
+
+def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], window, query, query_from,
+               renormalise: bool) -> torch.Tensor:
+    """[rows] target values of one batch of rows, every window layer under its editor."""
+    info = pm.contract.stacks[stack]
+    batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i, _, _ in rows])
+    tq = target_queries(pm, batch)
+    device = pm.device
+    keys = torch.tensor([k for _, k, _ in rows], dtype=torch.long, device=device)  # [rows]
+    width = max(batch.inputs["input_ids"].shape[1],
+                batch.inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch.inputs else 0)
+    rows_on = _rows_on(batch, tq, keys, query, query_from, width)  # [rows, width]
+    editors = {}
+    for layer in window:
+        heads_on = torch.zeros((len(rows), info.n_heads), dtype=torch.bool)  # [rows, head]
+        for r, (_, _, blocked) in enumerate(rows):
+            for (blocked_layer, head) in blocked:
+                if blocked_layer == layer:
+                    heads_on[r, head] = True
+        editors[(stack, layer)] = _knockout_editor(keys, heads_on.to(device), rows_on, renormalise=renormalise,
+                                                   sinks=info.sinks)
+    kwargs = dict(batch.inputs)
+    if pm.task.continuations:
+        kwargs["use_cache"] = False
+    batch = keep_target_logits(pm, batch, kwargs)
+    with torch.no_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
+                                            **capture_masks(batch)):
+        logits = pm.model(**kwargs).logits
+    return target_values(pm, batch, logits).float().cpu()
+
+
+def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int | Sequence[int] | None = None,
+                  heads: int | Sequence[int] | None = None, query: str = "target", query_from: int | None = None,
+                  renormalise: bool = True, per_head: bool = True, keep_special: bool = False,
+                  batch_size: int = 32) -> KnockoutResult:
+    """Edge-knockout scores of every scored token of every example (see the module docstring).
+
+    ``layers``: the window (None = every layer of the target stack); ``heads``: query heads (None =
+    all); ``query``: ``"target"`` (the target rows) or ``"from"`` (every query row from ``query_from``
+    on; None = after the key); ``renormalise``: remaining weights renormalised (= -inf before the
+    softmax) or not (the blocked weight zeroed); ``per_head``: also the ``[layer, head, tokens]``
+    scores; ``batch_size``: model rows per pass.
+    """
+    if not examples:
+        raise InputError("no examples to knock out: give at least one prepared example")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(renormalise, bool):
+        raise InputError(f"renormalise={renormalise!r}: give True (renormalise the row, = -inf before the softmax) "
+                         "or False (zero the blocked weight only)")
+    query_from = _query_from(query, query_from)
+    stack = pm.task.target_stack(pm.contract)
+    info = pm.contract.stacks[stack]
+    window = _window(info, layers)
+    chosen_heads = _heads(info, heads)
+    _refuse_uneditable(pm, stack, info, window)
+    examples = list(examples)
+    rows, originals, token_at, head_at = _plan(pm, stack, examples, window, chosen_heads, query, query_from,
+                                               per_head, keep_special)
+
+    # one target kind per batch (target_values reads the kind from a batch's first example)
+    order = sorted(range(len(rows)), key=lambda r: (examples[rows[r][0]].kind, rows[r][0]))
+    values = torch.full((len(rows),), float("nan"), dtype=torch.float64)
+    passes = 0
+    with eval_mode(pm.model):
+        start = 0
+        while start < len(order):
+            kind = examples[rows[order[start]][0]].kind
+            stop = start
+            while stop < len(order) and stop - start < batch_size and examples[rows[order[stop]][0]].kind == kind:
+                stop += 1
+            chunk = order[start:stop]
+            try:
+                out = _run_batch(pm, stack, examples, [rows[r] for r in chunk], window, query, query_from, renormalise)
+            except CaptureError as err:
+                raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
+            values[chunk] = out.double()
+            passes += 1
+            start = stop
+
+    original = values[originals]  # [example]
+    n_layers, n_heads = info.n_layers, info.n_heads
+    token_scores, head_scores = [], []
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        scores = torch.full((n,), float("nan"), dtype=torch.float64)
+        for t, r in token_at[i].items():
+            scores[t] = 0.0 if r is None else original[i] - values[r]
+        token_scores.append(scores)
+        if per_head:
+            grid = torch.full((n_layers, n_heads, n), float("nan"), dtype=torch.float64)
+            for (layer, head, t), r in head_at[i].items():
+                grid[layer, head, t] = 0.0 if r is None else original[i] - values[r]
+            head_scores.append(grid)
+
+    params = {"stack": stack, "layers": list(window), "heads": list(chosen_heads), "query": query,
+              "query_from": query_from, "renormalise": renormalise, "keep_special": keep_special,
+              "renormalisation": ("-inf before the softmax: w_i / (1 - w_key)" if renormalise
+                                  else "blocked weight set to 0, the row not renormalised"),
+              "target_kind": examples[0].kind}
+    n_requested = sum(len(t) for t in token_at) + sum(len(h) for h in head_at)
+    stats = {"rows_requested": n_requested + len(examples), "rows_run": len(rows), "forward_passes": passes,
+             "noops": sum(r is None for t in token_at for r in t.values())
+             + sum(r is None for h in head_at for r in h.values())}
+    extras = {"original_values": original.tolist(), **stats}
+    tokens = TokenScores(method=METHOD, scores=token_scores, params={**params, "scope": "window"}, extras=extras)
+    heads_result = (TokenScores(method=METHOD, scores=head_scores, params={**params, "scope": "layer x head"},
+                                per_head=True, extras=extras) if per_head else None)
+    return KnockoutResult(tokens=tokens, per_head=heads_result, original_value=original.float(), stats=stats)
+
+
+__all__ = ["KnockoutResult", "QUERIES", "edge_knockout"]

@@ -1,0 +1,355 @@
+"""Attention edge knockout (probe.intervene.knockout) against a hand oracle.
+
+The oracle never touches probe's hooks or editors: it loads the same weights as plain transformers
+models in eager attention and replaces the modeling file's own ``eager_attention_forward`` for the
+duration of one forward. Renormalised knockout: the attention mask handed to that function gets
+-inf at the blocked (head, query, key) entries, so the softmax itself leaves the key out.
+Not renormalised: the model's own function runs unchanged and the blocked edge's contribution
+``w[h, q, k] * v[k]`` is subtracted from its output. The target is recomputed by hand from the
+logits (the label's probability; the continuation's summed log-prob).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build_tiny
+from tolerances import assert_fp_close, fp_tol, model_depth
+
+from probe.errors import InputError
+from probe.intervene.knockout import edge_knockout
+from probe.models.loading import load_model
+from probe.rows.target import TargetSpec, prepare
+
+TEXTS = ["the movie was good and fun", "a bad film", "i loved the music but the plot was slow"]
+KINDS = ("bert", "gpt2", "llama_gqa", "mistral_sw")
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@pytest.fixture(scope="module")
+def folders(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
+    """The session's tiny models, and a Mistral with GQA and a sliding window of 3 keys (built here:
+    the session's tiny set has no sliding-window model), sharing the tiny Llama's tokenizer."""
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    from tiny_models import _sharpen_attention
+
+    folder = tmp_path_factory.mktemp("knockout") / "mistral_sw"
+    tok = AutoTokenizer.from_pretrained(tiny_dirs["llama_gqa"])
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                           sliding_window=3, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                           pad_token_id=tok.pad_token_id, tie_word_embeddings=False, attention_dropout=0.0)
+    model = MistralForCausalLM(config)
+    _sharpen_attention("llama_gqa", model)  # the same q_proj / k_proj names
+    model.eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return {**{k: tiny_dirs[k] for k in ("bert", "gpt2", "llama_gqa")}, "mistral_sw": folder}
+
+
+_PMS: dict = {}
+
+
+def _pm(folders, kind, implementation):
+    if (kind, implementation) not in _PMS:
+        _PMS[(kind, implementation)] = load_model(str(folders[kind]), attn_implementation=implementation)
+    return _PMS[(kind, implementation)]
+
+
+_ORACLES: dict = {}
+
+
+def _oracle_model(folders, kind):
+    """The same weights as a plain transformers model in eager attention (not probe's)."""
+    if kind not in _ORACLES:
+        import transformers
+
+        auto = "AutoModelForSequenceClassification" if kind == "bert" else "AutoModelForCausalLM"
+        model = getattr(transformers, auto).from_pretrained(folders[kind], attn_implementation="eager").eval()
+        _ORACLES[kind] = model
+    return _ORACLES[kind]
+
+
+def _attention_modules(model) -> list[torch.nn.Module]:
+    """The module of each layer that calls the eager attention function, read from the model's layout."""
+    if hasattr(model, "bert"):
+        return [layer.attention.self for layer in model.bert.encoder.layer]
+    if hasattr(model, "transformer"):
+        return [block.attn for block in model.transformer.h]
+    return [layer.self_attn for layer in model.model.layers]
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+
+@contextlib.contextmanager
+def _blocked_edges(model, edges: dict[int, list[tuple[int, int, int]]], renormalise: bool):
+    """Within the block, the eager attention of layer ``l`` runs with edges ``(head, query, key)``
+    of ``edges[l]`` blocked (see the module docstring)."""
+    modules = _attention_modules(model)
+    modeling = sys.modules[type(modules[0]).__module__]
+    original = modeling.eager_attention_forward
+    layer_of = {id(m): layer for layer, m in enumerate(modules)}
+
+    def patched(module, query, key, value, attention_mask, *args, **kwargs):
+        blocked = edges.get(layer_of.get(id(module)), [])
+        if not blocked:
+            return original(module, query, key, value, attention_mask, *args, **kwargs)
+        batch, n_heads, q_len, _ = query.shape
+        k_len = key.shape[2]
+        if renormalise:
+            base = torch.zeros((1, 1, q_len, k_len), dtype=query.dtype) if attention_mask is None \
+                else attention_mask[..., :k_len]
+            mask = base.expand(batch, n_heads, q_len, k_len).clone()  # [batch, head, query, key] additive
+            for head, q, k in blocked:
+                mask[:, head, q, k] = float("-inf")
+            return original(module, query, key, value, mask, *args, **kwargs)
+        output, weights = original(module, query, key, value, attention_mask, *args, **kwargs)
+        output = output.clone()  # [batch, query, head, dim]
+        group = n_heads // value.shape[1]
+        for head, q, k in blocked:
+            output[:, q, head, :] -= weights[:, head, q, k, None] * value[:, head // group, k, :]
+        return output, weights
+
+    modeling.eager_attention_forward = patched
+    try:
+        yield
+    finally:
+        modeling.eager_attention_forward = original
+
+
+@torch.no_grad()
+def _target(model, example) -> float:
+    """The example's target from a plain forward of one row (no padding), by hand."""
+    if example.target_ids:  # causal LM: the continuation's summed log-prob
+        ids = list(example.input_ids) + list(example.target_ids[:-1])
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+        n = len(example.input_ids)
+        logprobs = [torch.log_softmax(logits[n - 1 + j], -1)[t] for j, t in enumerate(example.target_ids)]
+        value = torch.stack(logprobs).sum()
+        return float(value.exp() if example.kind == "prob" else value)
+    logits = model(input_ids=torch.tensor([example.input_ids])).logits[0].double()
+    assert example.kind == "prob"
+    return float(torch.softmax(logits, -1)[example.label])
+
+
+def _query_rows(example, key: int, query: str, query_from) -> list[int]:
+    width = len(example.input_ids) + max(0, len(example.target_ids) - 1)
+    if query == "target":
+        return [0] if not example.target_ids else [len(example.input_ids) - 1]
+    first = key + 1 if query_from is None else (len(example.input_ids) + query_from if query_from < 0 else query_from)
+    return list(range(first, width))
+
+
+def _oracle_score(model, example, key, units, query, query_from, renormalise) -> float:
+    rows = _query_rows(example, key, query, query_from)
+    edges: dict[int, list] = {}
+    for layer, head in units:
+        edges.setdefault(layer, []).extend((head, q, key) for q in rows)
+    with _blocked_edges(model, edges, renormalise):
+        knocked = _target(model, example)
+    return _target(model, example) - knocked
+
+
+def _check(pm, model, examples, result, *, layers, heads, query="target", query_from=None, renormalise,
+           per_head_units=None, label=""):
+    """Every scored token's per-token score, and the per-head scores of ``per_head_units``, against the oracle."""
+    depth = model_depth(pm)
+    worst = 0.0
+    for i, example in enumerate(examples):
+        scale = abs(float(result.original_value[i]))
+        expected_tokens = torch.full((len(example.input_ids),), float("nan"), dtype=torch.float64)
+        for t, special in enumerate(example.special):
+            if not special:
+                expected_tokens[t] = _oracle_score(model, example, t, list(itertools.product(layers, heads)), query,
+                                                   query_from, renormalise)
+        assert_fp_close(result.tokens.scores[i], expected_tokens, depth=depth, scale=scale,
+                        msg=f"{label} tokens ex {i}")
+        worst = max(worst, float((result.tokens.scores[i].double() - expected_tokens).nan_to_num().abs().max()))
+        for layer, head in per_head_units or ():
+            got = result.per_head.scores[i][layer, head]
+            expected = torch.full_like(expected_tokens, float("nan"))
+            for t, special in enumerate(example.special):
+                if not special:
+                    expected[t] = _oracle_score(model, example, t, [(layer, head)], query, query_from, renormalise)
+            assert_fp_close(got, expected, depth=depth, scale=scale, msg=f"{label} L{layer}H{head} ex {i}")
+            worst = max(worst, float((got.double() - expected).nan_to_num().abs().max()))
+    print(f"{label}: largest |probe - oracle| {worst:.3g}")  # shown with pytest -s
+    return worst
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("renormalise", [True, False])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_knockout_of_the_target_row_equals_the_masked_eager_forward(folders, kind, implementation, renormalise):
+    pm = _pm(folders, kind, implementation)
+    model = _oracle_model(folders, kind)
+    examples = prepare(pm, TEXTS, TargetSpec())
+    n_layers = pm.contract.stacks[pm.task.target_stack(pm.contract)].n_layers
+    result = edge_knockout(pm, examples, renormalise=renormalise, batch_size=16)
+    units = [(0, 1), (n_layers - 1, 2)]
+    _check(pm, model, examples, result, layers=range(n_layers), heads=range(4), renormalise=renormalise,
+           per_head_units=units, label=f"{kind} {implementation} renormalise={renormalise}")
+    # per-head grid: NaN exactly at special tokens, every layer and head scored
+    for i, example in enumerate(examples):
+        grid = result.per_head.scores[i]
+        assert grid.shape == (n_layers, 4, len(example.input_ids))
+        special = torch.tensor(example.special)
+        assert bool(grid[:, :, special].isnan().all()) and not bool(grid[:, :, ~special].isnan().any())
+    # the knockout moves the target far beyond the tolerance: not a vacuous comparison
+    largest = max(float(s.nan_to_num().abs().max()) for s in result.tokens.scores)
+    assert largest > 100 * fp_tol(float(result.original_value.abs().max()), depth=model_depth(pm))
+
+
+@pytest.mark.parametrize("renormalise", [True, False])
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa", "mistral_sw"])
+def test_a_layer_window_and_a_head_subset_equal_the_oracle(folders, kind, renormalise):
+    pm = _pm(folders, kind, "sdpa")
+    model = _oracle_model(folders, kind)
+    examples = prepare(pm, TEXTS[:2], TargetSpec())
+    # one layer, two query heads that read the same key/value head under GQA (0 and 1 share kv head 0)
+    result = edge_knockout(pm, examples, layers=[-1], heads=[0, 1], renormalise=renormalise)
+    assert result.tokens.params["layers"] == [1] and result.tokens.params["heads"] == [0, 1]
+    _check(pm, model, examples, result, layers=[1], heads=[0, 1], renormalise=renormalise,
+           per_head_units=[(1, 0), (1, 1)], label=f"{kind} window renormalise={renormalise}")
+    for grid in result.per_head.scores:  # outside the window and the heads: not scored
+        assert bool(grid[0].isnan().all()) and bool(grid[1, 2:].isnan().all())
+
+
+@pytest.mark.parametrize("query_from", [None, -2, 1])
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama_gqa", "mistral_sw"])
+def test_every_query_row_from_a_position_on_equals_the_oracle(folders, kind, query_from):
+    pm = _pm(folders, kind, "sdpa")
+    model = _oracle_model(folders, kind)
+    if kind == "bert":
+        examples = prepare(pm, TEXTS[:2], TargetSpec())
+    else:  # a two-token continuation: its first token's row is blocked too
+        examples = prepare(pm, TEXTS[:2], TargetSpec(continuation=" very good"))
+        assert all(len(e.target_ids) == 2 for e in examples)
+    for renormalise in (True, False):
+        result = edge_knockout(pm, examples, query="from", query_from=query_from, renormalise=renormalise,
+                               per_head=True)
+        _check(pm, model, examples, result, layers=[0, 1], heads=range(4), query="from", query_from=query_from,
+               renormalise=renormalise, per_head_units=[(0, 3)],
+               label=f"{kind} from={query_from} renormalise={renormalise}")
+
+
+def test_a_one_layer_one_head_window_is_one_row_and_equals_its_per_head_score(folders):
+    pm = _pm(folders, "llama_gqa", "sdpa")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    result = edge_knockout(pm, examples, layers=1, heads=3)
+    n_scored = sum(not s for e in examples for s in e.special)
+    assert result.stats["rows_run"] == len(examples) + n_scored  # the per-head row is the per-token row
+    for i in range(len(examples)):
+        assert torch.equal(result.tokens.scores[i].nan_to_num(7.0), result.per_head.scores[i][1, 3].nan_to_num(7.0))
+
+
+def test_per_head_scores_are_consistent_with_the_window(folders):
+    """Knockouts do not add up exactly (the target is not linear in the weights), but blocking one
+    head's edge without renormalising is a change linear in that head's output: for small effects
+    the sum of the per-head scores of a window approaches its per-token score (first order)."""
+    pm = _pm(folders, "llama_gqa", "sdpa")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    result = edge_knockout(pm, examples, layers=1, renormalise=False)
+    for i, example in enumerate(examples):
+        summed = result.per_head.scores[i][1].sum(0)  # [tokens] over the layer's heads
+        token = result.tokens.scores[i]
+        scored = ~torch.tensor(example.special)
+        error = (summed[scored] - token[scored]).abs()
+        # second order in the removed weights: well under the effects' own size
+        assert float(error.max()) <= 0.5 * float(token[scored].abs().max()) + fp_tol(1.0, depth=model_depth(pm))
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_a_batch_of_one_equals_a_batch_of_several(folders, kind):
+    pm = _pm(folders, kind, "sdpa")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    together = edge_knockout(pm, examples, batch_size=64)
+    for i in range(len(examples)):
+        alone = edge_knockout(pm, examples[i:i + 1], batch_size=1)
+        scale = abs(float(together.original_value[i]))
+        assert_fp_close(alone.tokens.scores[0], together.tokens.scores[i], depth=model_depth(pm), scale=scale)
+        assert_fp_close(alone.per_head.scores[0], together.per_head.scores[i], depth=model_depth(pm), scale=scale)
+
+
+def test_closed_edges_are_exact_zeros_without_a_pass(folders):
+    """query='from' after the key: the last prompt token of a one-token target has no later row, so
+    its knockout is a no-op (0, no row run); a sliding window's closed edges change nothing either."""
+    pm = _pm(folders, "gpt2", "sdpa")
+    examples = prepare(pm, TEXTS[:1], TargetSpec())
+    assert len(examples[0].target_ids) == 1
+    result = edge_knockout(pm, examples, query="from", per_head=False)
+    assert float(result.tokens.scores[0][-1]) == 0.0
+    assert result.stats["noops"] == 1
+    # Mistral, window 3: the target row (the last token) cannot see keys more than 2 back in any layer
+    pm = _pm(folders, "mistral_sw", "sdpa")
+    examples = prepare(pm, TEXTS[:1], TargetSpec())
+    n = len(examples[0].input_ids)
+    result = edge_knockout(pm, examples, layers=[0, 1], per_head=False)
+    closed = result.tokens.scores[0][1: n - 3]  # scored keys outside the window of the target row
+    assert closed.numel() > 0
+    assert_fp_close(closed, torch.zeros_like(closed), depth=model_depth(pm), scale=abs(float(result.original_value[0])))
+    assert float(result.tokens.scores[0][n - 3:].abs().max()) > 1e-4  # and the keys inside it matter
+
+
+def test_bad_options_are_refused_in_one_line(folders):
+    pm = _pm(folders, "gpt2", "sdpa")
+    examples = prepare(pm, TEXTS[:1], TargetSpec())
+    for kwargs, words in [({"query": "all"}, "target, from"), ({"layers": 5}, "0..1"), ({"heads": [4]}, "0..3"),
+                          ({"query_from": 2}, "query='from'"), ({"renormalise": "yes"}, "True"),
+                          ({"batch_size": 0}, "positive")]:
+        with pytest.raises(InputError) as info:
+            edge_knockout(pm, examples, **kwargs)
+        assert words in str(info.value) and "\n" not in str(info.value), kwargs
+
+
+def test_a_read_path_that_cannot_edit_is_refused_in_one_line(tmp_path):
+    """Banded attention (Longformer) is read densified but cannot take edited weights back; an
+    implicit mixer (Mamba) has no softmax to knock an edge out of."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_architectures as sweep
+
+    tok = sweep.tokenizer()
+    pm = sweep.wrap(sweep.build("longformer", "classification", "eager"), tok, "classification")
+    examples = prepare(pm, ["the movie was good"], TargetSpec())
+    with pytest.raises(InputError) as info:
+        edge_knockout(pm, examples)
+    message = str(info.value)
+    assert "edge knockout" in message and "\n" not in message, message
+
+    folder = build_tiny("mamba", tmp_path / "mamba")
+    pm = load_model(str(folder))
+    examples = prepare(pm, ["the movie was good"], TargetSpec())
+    with pytest.raises(InputError) as info:
+        edge_knockout(pm, examples)
+    message = str(info.value)
+    assert "edge knockout" in message and "\n" not in message, message
+
+
+@pytest.mark.slow
+def test_knockout_on_the_smollm2_builtin_equals_the_masked_eager_forward(builtin_cache):
+    """SmolLM2-135M (Llama layout, GQA 9 query / 3 kv heads, 30 layers): a window of two layers,
+    knocked out in sdpa by probe, against the eager oracle on the same weights."""
+    pm = load_model("builtin:smollm2-135m", cache_dir=str(builtin_cache))
+    assert pm.contract.n_kv_heads < pm.contract.n_heads  # GQA
+    examples = prepare(pm, ["The capital of France is"], TargetSpec(continuation=" Paris"))
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(pm.path, attn_implementation="eager").eval()
+    heads = [0, 4]  # query heads 0 and 4 read different kv heads (3 query heads per kv head)
+    for renormalise in (True, False):
+        result = edge_knockout(pm, examples, layers=[10, 11], heads=heads, renormalise=renormalise, per_head=True)
+        _check(pm, model, examples, result, layers=[10, 11], heads=heads, renormalise=renormalise,
+               per_head_units=[(11, 4)], label=f"smollm2 renormalise={renormalise}")
+
