@@ -311,3 +311,30 @@ def test_shapley_explains_a_contrast_and_runs_from_the_cli(bert, tiny_dirs, monk
     assert list(data["scores"]) == ["shapley"] and data["params"]["shapley"]["exact_max"] == 10
     values = [v for v in data["scores"]["shapley"] if v is not None]
     assert len(values) == 5 and data["scores"]["shapley"][0] is None  # [CLS] is never a player
+
+
+def test_a_claim_is_judged_against_shapley_values(tiny_dirs, bert):
+    """``reference: shapley`` in a claim file: the audit's token-importance effect is the share of
+    examples whose most-attended word is Shapley's most important one, as computed here by hand."""
+    from probe.claims.run import run_audit
+    from probe.explainers.attention import attention
+    from probe.spec.claims import claims_from_dict
+
+    texts = ["the movie was very good", "i hated this film", "a great story", "not bad at all",
+             "the plot was thin", "wonderful acting", "a waste of time", "it was fine", "i loved it",
+             "dull and slow", "never again", "quite funny"]
+    spec = claims_from_dict({"model": {"id": str(tiny_dirs["bert"])}, "data": {"texts": texts}, "claims": [
+        {"claim": "top-1 by Shapley", "kind": "token_importance", "attention": "attention@0.1", "reference": "shapley"},
+        {"claim": "ranks like Shapley", "kind": "faithfulness", "attention": "attention_mean@last",
+         "reference": "shapley", "threshold": 0.0}]})
+    result = run_audit(spec, model=bert)
+    examples = prepare(bert, texts)
+    phi = shapley(Engine(bert), examples).scores
+    att = attention(bert, examples).scores
+    matches = []
+    for example, a, s in zip(examples, att, phi):
+        scored = ~np.array(example.special)
+        matches.append(float(np.argmax(a[0, 1].numpy()[scored]) == np.argmax(s.numpy()[scored])))
+    assert result.claims[0].effect == pytest.approx(np.mean(matches))
+    assert result.claims[0].n == len(texts) and "shapley" in result.claims[0].intervention
+    assert result.claims[1].verdict in ("supported", "refuted", "inconclusive") and result.claims[1].n == len(texts)
