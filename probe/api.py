@@ -360,12 +360,16 @@ class ScoresWarning(UserWarning):
 
 class TopTokens(list):
     """:meth:`Explanation.top_tokens`' ``[(position, token, score), ...]``; ``flags``: a line per
-    failed check of the method on this example (empty when none), which the repr shows below the list."""
+    failed check of the method on this example (empty when none), which the repr shows below the list;
+    ``read_at``: which layer and head a per-layer or per-head method was read at (``"layer 5 of 0..5,
+    the last, head mean"``; "" for a token-level method), which the repr shows where heads were averaged."""
 
     flags: tuple[str, ...] = ()
+    read_at: str = ""
 
     def __repr__(self) -> str:
-        return super().__repr__() + "".join(f"\n# {line}" for line in self.flags)
+        shown = [f"read at {self.read_at}"] if self.read_at.endswith("head mean") else []
+        return super().__repr__() + "".join(f"\n# {line}" for line in (*shown, *self.flags))
 
 
 @dataclass(frozen=True, repr=False)
@@ -446,7 +450,9 @@ class Explanation(PicklableFrozen):
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
         by ``method`` (default: the only method), highest first: special tokens and NaN scores are
         left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
-        last), a per-head one at ``layer`` and ``head``. Where the method's own check failed on this
+        last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
+        as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
+        say so). Where the method's own check failed on this
         example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
         shows them) and a :class:`ScoresWarning` is issued."""
         _positive(k, "k")
@@ -468,17 +474,18 @@ class Explanation(PicklableFrozen):
             values = values[layer]
         if result.per_head:
             n_heads = values.shape[0]
-            if head is None:
-                raise InputError(f"{method} scores every head: give head=H (0..{n_heads - 1}), or use "
-                                 "attention_mean for the head mean")
-            if isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
+            if head is None:  # [head, tokens] -> [tokens]: the head mean the table and the plots show
+                values = torch.nanmean(values.double(), dim=0)
+            elif isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
                 raise InputError(f"head={head!r} does not exist: {method} has heads 0..{n_heads - 1}")
-            values = values[head]
+            else:
+                values = values[head]
         chosen = self.examples[example]
         scores = values.double().numpy()
         real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
         ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
         top = TopTokens((p, chosen.tokens[p], float(scores[p])) for p in ranked)
+        top.read_at = self._read_at(method, layer, head)
         top.flags = tuple(self._flag_lines(example % len(self.examples), method))
         if top.flags:
             from probe.errors import warn_at_caller
@@ -762,20 +769,45 @@ class Explanation(PicklableFrozen):
         if self._generated_groups():
             return self._generated_html()
         parts = [block_html(repr(self), _warning_html(self._flag_lines()),
-                            "cells shaded by each method's score over the text's scored tokens "
-                            "(red positive, blue negative); grey: special tokens")]
+                            "cells shaded by each method's score over its largest |score| on the text's scored "
+                            "tokens, written under its name (red positive, blue negative); a method at the "
+                            "target's noise floor or whose own check failed is not shaded; grey: special tokens")]
         for i, example in enumerate(self.examples[:MAX_EXAMPLES]):
             target = example.label_name if example.label_name is not None else example.label
             value = "" if example.original_value is None else f" = {example.original_value:.4g}"
             title = f"example {i}: {clip(prompt_text(example), 120)}"
             note = f"explained: {example.kind} of {target if target is not None else 'the continuation'}{value}"
-            table = token_table_html(example.tokens, example.special, self._rows(i, marked=True))
+            rows = self._rows(i, marked=True)
+            table = token_table_html(example.tokens, example.special, rows, self._faded(i, rows))
             parts.append(block_html(title, _warning_html(self._flag_lines(i)) + table, note))
         more = len(self.examples) - MAX_EXAMPLES
         if more > 0:
             parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
                                     "(ex.to_pandas() has them all)", ""))
         return "<div>" + "".join(parts) + "</div>"
+
+    def _faded(self, index: int, rows: Mapping[str, np.ndarray]) -> dict[str, str]:
+        """The columns of example ``index``'s table (``rows``: :meth:`_rows` with ``marked``, in the
+        order of ``scores``) left unshaded, each with why: a method whose own check failed on it,
+        and an intervention whose largest |effect| on the scored tokens is at or below the target's
+        noise floor (:data:`probe.study.decide.NOISE_ULPS` float32 epsilons times the target's
+        |value|: an explanation does not record its dtype, and float32's is the lowest floor)."""
+        from probe.names import method_family
+        from probe.study.decide import EPS, NOISE_ULPS
+
+        example = self.examples[index]
+        special = np.asarray([bool(s) for s in example.special], dtype=bool)
+        value = example.original_value
+        floor = NOISE_ULPS * EPS["fp32"] * abs(float(value)) if value is not None and np.isfinite(value) else None
+        faded = {}
+        for method, (label, values) in zip(self.scores, rows.items()):
+            if self._flag_words(method, index):
+                faded[label] = "its own check failed"
+                continue
+            scored = np.abs(values[~special & np.isfinite(values)])
+            if floor is not None and method_family(method) == "intervention" and scored.size and scored.max() <= floor:
+                faded[label] = f"at the target's noise floor ({floor:.1e})"
+        return faded
 
     def _generated_html(self) -> str:
         """A generated (step) explanation as inseq shows one: per prompt (at most ``MAX_EXAMPLES``),

@@ -123,29 +123,50 @@ def frame_html(frame: pd.DataFrame, caption: str = "", max_rows: int = MAX_ROWS)
     return out
 
 
-def token_table_html(tokens: Sequence[str], special: Sequence[bool], columns: Mapping[str, np.ndarray]) -> str:
+def score_cell(value: float, shade: float, plain: bool = False) -> str:
+    """One score's ``<td>``: empty where ``value`` is not finite (not scored); the value in grey
+    italics, unshaded, where ``plain`` (a special token, a faded method) or ``shade`` (the value over
+    its scale, in [-1, 1]) is not finite; else its background shaded by ``shade``
+    (:func:`probe.document.token_colour`: red positive, blue negative)."""
+    if not np.isfinite(value):
+        return f'<td style="{CELL_STYLE}"></td>'
+    text = escape_html(f"{value:+.3g}")
+    if plain or not np.isfinite(shade):
+        return f'<td style="{CELL_STYLE};{SPECIAL_STYLE}">{text}</td>'
+    return f'<td style="{CELL_STYLE};background:{token_colour(float(shade))}">{text}</td>'
+
+
+def token_table_html(tokens: Sequence[str], special: Sequence[bool], columns: Mapping[str, np.ndarray],
+                     faded: Mapping[str, str] | None = None) -> str:
     """A token x method table: one row per token (its readable text, the raw token on hover), one
-    column per method, each cell's background shaded by its score divided by the method's largest
-    |score| over the text's scored tokens (red positive, blue negative; finite scores of non-special
-    tokens); special tokens greyed and never shaded, unscored cells empty."""
+    column per method.
+
+    Each method is shaded against its own scale, and the scale is stated: a cell's background is
+    its score divided by the method's largest |score| over the text's scored tokens (finite scores
+    of non-special tokens; red positive, blue negative), and that largest |score| is written under
+    the method's name (``max |s| 0.0033``), so two columns equally red are told apart by their
+    scales. A method in ``faded`` (column label -> why: its scores are at the target's noise floor,
+    its own check failed) is never shaded: its values are grey, and its header says why, so that
+    noise never looks as strong as a real effect. Special tokens are greyed and never shaded;
+    unscored cells are empty."""
+    faded = dict(faded or {})
     special = np.asarray([bool(s) for s in special], dtype=bool)
+    header = []
+    for name, values in columns.items():
+        values = np.asarray(values, dtype=float)
+        scored = values[~special & np.isfinite(values)]
+        scale = f"max |s| {float(np.abs(scored).max()):.2g}" if scored.size else "no scored token"
+        note = f"{scale}; not shaded: {faded[name]}" if name in faded else scale
+        header.append(f'<th style="{CELL_STYLE}">{escape_html(name)}<br>'
+                      f'<span style="font-weight:normal;font-size:10px;color:#666">{escape_html(note)}</span></th>')
     shades = {name: normalised_scores(np.asarray(values, dtype=float), ~special) for name, values in columns.items()}
-    header = "".join(f'<th style="{CELL_STYLE}">{escape_html(name)}</th>' for name in columns)
-    lines = [(f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th>#</th><th>token</th>{header}'
-              "</tr></thead><tbody>")]
+    lines = [(f'<table style="border-collapse:collapse;font-size:12px"><thead><tr><th>#</th><th>token</th>'
+              f'{"".join(header)}</tr></thead><tbody>')]
     for i, token in enumerate(tokens):
         grey = f' style="{SPECIAL_STYLE}"' if special[i] else ""
         cells = [f"<td{grey}>{i}</td>", f'<td{grey} title="{escape_html(token)}">{escape_html(shown_token(token))}</td>']
-        for name, values in columns.items():
-            value = float(values[i])
-            shade = shades[name][i]
-            if not np.isfinite(value):
-                cells.append(f'<td style="{CELL_STYLE}"></td>')
-            elif special[i] or not np.isfinite(shade):
-                cells.append(f'<td style="{CELL_STYLE};{SPECIAL_STYLE}">{escape_html(f"{value:+.3g}")}</td>')
-            else:
-                cells.append(f'<td style="{CELL_STYLE};background:{token_colour(float(shade))}">'
-                             f'{escape_html(f"{value:+.3g}")}</td>')
+        cells += [score_cell(float(values[i]), float(shades[name][i]), bool(special[i]) or name in faded)
+                  for name, values in columns.items()]
         lines.append("<tr>" + "".join(cells) + "</tr>")
     lines.append("</tbody></table>")
     return "".join(lines)
@@ -174,15 +195,7 @@ def matrix_table_html(values: np.ndarray, rows: Sequence[str], columns: Sequence
              + "</tr></thead><tbody>"]
     for j, row in enumerate(rows):
         cells = [f'<th style="text-align:left;white-space:nowrap">{escape_html(row)}</th>']
-        for p in range(len(columns)):
-            value = float(values[j, p])
-            if not np.isfinite(value):
-                cells.append(f'<td style="{CELL_STYLE}"></td>')
-            elif special[p] or not np.isfinite(shades[j, p]):
-                cells.append(f'<td style="{CELL_STYLE};{SPECIAL_STYLE}">{escape_html(f"{value:+.3g}")}</td>')
-            else:
-                cells.append(f'<td style="{CELL_STYLE};background:{token_colour(float(shades[j, p]))}">'
-                             f'{escape_html(f"{value:+.3g}")}</td>')
+        cells += [score_cell(float(values[j, p]), float(shades[j, p]), bool(special[p])) for p in range(len(columns))]
         lines.append("<tr>" + "".join(cells) + "</tr>")
     lines.append("</tbody></table></div>")
     return "".join(lines)

@@ -196,7 +196,7 @@ class Method:
     :data:`VERDICT_FAMILIES`; attention family only); ``signed`` True where the sign of a score says
     whether the token pushes the target up or down (the sign check compares it with a signed reference).
 
-    Gradient methods: ``reduction`` (``"l2"`` or ``"sum"`` over the embedding axis) marks one computed
+    Gradient methods: ``reduction`` (``"l2"``, ``"l1"`` or ``"sum"`` over the embedding axis) marks one computed
     from a single gradient of the target, shared between such methods, with ``times_input`` True
     where it is embedding x gradient; ``points`` names the parameter that says how many inputs one
     example becomes (IG's steps, GradientSHAP's samples; ``"auto"`` there: the method picks, and
@@ -374,6 +374,10 @@ REGISTRY: tuple[Method, ...] = (
     _mixing("alti"),
     _mixing("globenc"),
     _gradient("saliency", note="L2", reduction="l2"),
+    # captum's Saliency (abs=True) summed over the embedding axis, as captum's tutorials sum it (and inseq's
+    # 2021 sources did); inseq 0.7 takes the L2 norm, as `saliency` does (README: Coming from captum, inseq or bertviz)
+    _gradient("saliency_l1", note="L1", reduction="l1",
+              applies=Applies(by_name="a variant of saliency (L1 norm, captum's Saliency summed); ask for it by name")),
     _gradient("saliency_sum", applies=Applies(by_name="a variant of saliency; ask for it by name"), signed=True,
               reduction="sum"),
     _gradient("input_x_gradient", signed=True, reduction="sum", times_input=True),
@@ -416,8 +420,10 @@ GROUPS: tuple[Group, ...] = (
           "position embeddings) or `embeddings` (the output of the model's embeddings module, what enters the first "
           "layer). The default is `embeddings` where that module normalises its sum (BERT family: there x . grad on "
           "the word embedding is 0 exactly, PROTOCOLS.md), else `word`; recorded in params and provenance. IG "
-          "baseline the pad embedding by default, Gauss-Legendre steps (or `steps: auto`), convergence delta "
-          "reported"),
+          "baseline the pad embedding by default, special tokens included (`keep_special: true` keeps [CLS]/[SEP], "
+          "as captum's tutorial reference does), Gauss-Legendre steps (or `steps: auto`), convergence delta "
+          "reported. `saliency` is the L2 norm over the embedding axis (inseq's), `saliency_l1` the L1 norm "
+          "(captum's Saliency summed)"),
     Group("intervention", "leave-one-out references: f(x) - f(x with the token deleted or replaced), on token ids, "
           "never re-tokenised text; `shapley`: each token's (or word's) Shapley value with absent tokens deleted or "
           "replaced as leave-one-out's, exact up to `exact_max` players, else sampled orders in antithetic pairs "
@@ -438,9 +444,54 @@ _BY_NAME = {m.name: m for m in REGISTRY}
 # reading it
 # ---------------------------------------------------------------------------
 
+def _spelling(name: str) -> str:
+    """A family or group name as compared: case, ``_`` and ``-`` do not matter (``context_mixing`` is
+    ``context mixing``, ``attention-derived`` is ``attention derived``)."""
+    return " ".join(str(name).lower().replace("_", " ").replace("-", " ").split())
+
+
+def family_names() -> tuple[str, ...]:
+    """Every name ``family=`` takes: the registry's families (:data:`FAMILIES`), the rows of the
+    README's method table (:data:`GROUPS`, e.g. ``context mixing``) and the verdict's kinds
+    (:data:`VERDICT_FAMILIES`, e.g. ``attention-derived``), each once, in that order."""
+    return tuple(dict.fromkeys((*FAMILIES, *(g.name for g in GROUPS), *VERDICT_FAMILIES)))
+
+
+def _family_test(family: str) -> Callable[[Method], bool]:
+    """Whether a method belongs to ``family`` (any spelling of :func:`family_names`). A registry
+    family wins where a name is also a table row (``attention`` includes the context-mixing methods,
+    as the verdict counts them); a table row next; then a verdict kind. An unknown name is a
+    one-line error naming the valid ones."""
+    wanted = _spelling(family)
+    if wanted in FAMILIES:
+        return lambda m: m.family == wanted
+    if wanted in {g.name for g in GROUPS}:
+        return lambda m: m.group == wanted
+    kinds = {_spelling(v): v for v in VERDICT_FAMILIES}
+    if wanted in kinds:
+        return lambda m: m.verdict_family == kinds[wanted]
+    raise InputError(f"unknown method family {family!r}: valid families are {', '.join(family_names())} "
+                     "(spaces, '_' and '-' alike)")
+
+
+def _group_name(group: str) -> str:
+    wanted = _spelling(group)
+    valid = [g.name for g in GROUPS]
+    if wanted not in valid:
+        raise InputError(f"unknown method group {group!r}: valid groups are {', '.join(valid)} "
+                         "(spaces, '_' and '-' alike)")
+    return wanted
+
+
 def methods(*, family: str | None = None, group: str | None = None, listed: bool = True) -> tuple[Method, ...]:
-    """The registered methods in order (only the listed ones unless ``listed`` is False)."""
-    return tuple(m for m in REGISTRY if (m.listed or not listed) and (family is None or m.family == family)
+    """The registered methods in order (only the listed ones unless ``listed`` is False).
+
+    ``family``: a registry family (attention, gradient, intervention), a row of the README's method
+    table (``context mixing``) or a verdict kind (``attention-derived``): :func:`family_names`, in
+    any spelling (``context_mixing``); ``group``: a row of the table. Unknown names are refused in one line."""
+    in_family = (lambda m: True) if family is None else _family_test(family)
+    group = None if group is None else _group_name(group)
+    return tuple(m for m in REGISTRY if (m.listed or not listed) and in_family(m)
                  and (group is None or m.group == group))
 
 
@@ -569,6 +620,6 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
 
 __all__ = [
     "AdversarialParams", "Applies", "CHECKS", "COUNTERFACTUALS", "Counterfactual", "FAMILIES", "FLOW_MAX_TOKENS",
-    "GROUPS", "Group", "Method", "REGISTRY", "counterfactual", "find", "method", "method_table", "methods",
-    "names", "param_fields", "params_problem", "seeded", "skipped",
+    "GROUPS", "Group", "Method", "REGISTRY", "counterfactual", "family_names", "find", "method", "method_table",
+    "methods", "names", "param_fields", "params_problem", "seeded", "skipped",
 ]

@@ -106,10 +106,11 @@ class _Model:
 def test_skipped_reasons_come_in_check_order():
     checks = registry.CHECKS[:-1]  # the layout check (support) needs a real model: test_context_mixing runs it
     reasons = registry.skipped(_Model("classification"), longest=65, checks=checks)
-    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "saliency_sum", "shapley"]
+    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "saliency_l1", "saliency_sum", "shapley"]
     assert reasons["flow"] == "attention flow is limited to 64 tokens (longest input has 65)"
     assert reasons["loo_mask"] == "the tokenizer has no mask token"
-    assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == ["saliency_sum", "shapley"]
+    assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == \
+        ["saliency_l1", "saliency_sum", "shapley"]
 
 
 def test_readme_method_table_is_rendered_from_the_registry():
@@ -156,7 +157,7 @@ def test_gradient_capability_fields_agree_with_the_parameter_classes():
     for entry in registry.methods(family="gradient", listed=False):
         fields = {f.name for f in dataclasses.fields(entry.params)}
         if entry.reduction is not None:
-            assert entry.reduction in ("l2", "sum") and fields == {"site"}, entry.name
+            assert entry.reduction in ("l2", "l1", "sum") and fields == {"site"}, entry.name
             assert entry.points is None and not entry.completeness, entry.name
         else:
             assert not entry.times_input, entry.name
@@ -165,7 +166,7 @@ def test_gradient_capability_fields_agree_with_the_parameter_classes():
         if entry.completeness:
             assert "steps" in fields and "baseline" in fields, entry.name
     assert [m.name for m in registry.methods(family="gradient") if m.reduction] == \
-        ["saliency", "saliency_sum", "input_x_gradient"]
+        ["saliency", "saliency_l1", "saliency_sum", "input_x_gradient"]
 
 
 def test_the_capability_fields_say_what_each_method_needs():

@@ -128,7 +128,7 @@ def gradient_term_scales(pm, examples, method: str, **params) -> list[float]:
     from probe.explainers import integrated_gradients as I
 
     site = params.get("site")
-    if method == "saliency":
+    if method in ("saliency", "saliency_l1"):  # norms: no cancellation, their scale is their own
         return [0.0] * len(examples)
     if method in ("saliency_sum", "input_x_gradient"):
         values, problem = G._gradients(pm, examples, times_input=method == "input_x_gradient", site=site)

@@ -91,10 +91,20 @@ def _gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *, times_inp
 def saliency(pm: ProbeModel, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
     """L2 norm over the embedding dim of d target / d word embedding (unsigned, >= 0).
 
-    The norm is the common "saliency" of NLP work (Li et al. 2016 style); see
-    :func:`saliency_sum` for the signed variant.
+    The norm is the common "saliency" of NLP work (Li et al. 2016 style) and inseq's (0.7: captum's
+    Saliency reduced by its default ``vnorm`` aggregation, then divided by the sum over the
+    attributed tokens of each target); see :func:`saliency_l1` for the L1 norm (captum's tutorials)
+    and :func:`saliency_sum` for the signed variant.
     """
     return _from_gradients(pm, "saliency", *_gradients(pm, examples, times_input=False, site=site))
+
+
+def saliency_l1(pm: ProbeModel, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
+    """L1 norm over the embedding dim of d target / d word embedding (unsigned, >= 0): captum's
+    ``Saliency(...).attribute(..., abs=True)`` summed over the embedding axis, the reduction captum's
+    tutorials apply (and inseq's 2021 sources, ``sum_normalize(attr, dim_sum=-1)``); inseq 0.7 takes the L2
+    norm (its ``vnorm`` aggregation), as :func:`saliency` does."""
+    return _from_gradients(pm, "saliency_l1", *_gradients(pm, examples, times_input=False, site=site))
 
 
 def saliency_sum(pm: ProbeModel, examples: Sequence[PreparedExample], *, site: str | None = None) -> TokenScores:
@@ -118,7 +128,11 @@ SHARED_GRADIENT_METHODS = tuple(m.name for m in registry.methods(family="gradien
                                 if m.reduction is not None)
 
 #: what each reduction records in the scores' params
-REDUCTIONS = {"l2": "l2 norm over embedding dim", "sum": "signed sum over embedding dim"}
+REDUCTIONS = {"l2": "l2 norm over embedding dim", "l1": "l1 norm over embedding dim",
+              "sum": "signed sum over embedding dim"}
+
+#: each reduction over the embedding axis: ``[rows, width, dim] -> [rows, width]``
+_REDUCE = {"l2": lambda v: v.norm(dim=-1), "l1": lambda v: v.abs().sum(dim=-1), "sum": lambda v: v.sum(dim=-1)}
 
 
 def _from_gradients(pm: ProbeModel, method: str, values: torch.Tensor, problem: EmbeddingForward, *,
@@ -128,7 +142,7 @@ def _from_gradients(pm: ProbeModel, method: str, values: torch.Tensor, problem: 
     entry = registry.method(method)
     if entry.times_input and not times_input:
         values = values * problem.embeds
-    reduced = values.norm(dim=-1) if entry.reduction == "l2" else values.sum(dim=-1)
+    reduced = _REDUCE[entry.reduction](values)  # [rows, width]
     params = {**common_params(pm, problem), "reduction": REDUCTIONS[entry.reduction], "signed": entry.signed}
     if entry.times_input:
         params["note"] = "Jain & Wallace 2019 take |score|"

@@ -210,13 +210,34 @@ class _Session:
         mask = self.masks.get(stack)
         return self.forward_masks.get(stack) if mask is None else mask
 
-    def _wants_forward_masks(self) -> bool:
-        """Whether some stack asks for its "last" query rows, or reads a mixer the model never hands
-        its padding mask, without a mask given to the capture."""
-        blind = {place[0] for path, places in self._implicit_places.items() for place in places
-                 if not implicit.mixer_kind(self.modules[path]).takes_mask}
-        return any(self.masks.get(stack) is None and (stack in blind or (isinstance(spec, str) and spec == "last"))
-                   for stack in self.stacks for spec in [for_stack(self.queries, stack)])
+    def _side(self, side: str, batch: int, length: int) -> tuple[torch.Tensor | None, tuple | None]:
+        """The padding mask (``[batch, length]`` bool) and the token strings of one side (a stack
+        whose positions those are: encoder, decoder), where the forward's ids (and the mask given
+        to the capture, else the forward's) fit ``batch`` x ``length``; None for what does not."""
+        mask = self._batch_mask(side)
+        if not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) == (batch, length)):
+            mask = None
+        ids = self.forward_ids.get(side)
+        tokens = None
+        convert = getattr(getattr(self, "tokenizer", None), "convert_ids_to_tokens", None)
+        if (convert is not None and isinstance(ids, torch.Tensor) and ids.dim() == 2
+                and tuple(ids.shape) == (batch, length)):
+            tokens = tuple(tuple(str(t) for t in convert(row)) for row in ids.tolist())
+        return (mask.bool().cpu() if mask is not None else None), tokens
+
+    def positions(self, stack: str, shape: Sequence[int]) -> dict:
+        """:class:`AttentionMaps`' ``attention_mask`` and ``tokens`` (its keys') and, for
+        cross-attention, ``query_mask`` and ``query_tokens`` (the decoder's), for maps of
+        ``shape`` ``[batch, layer, head, query, key]``."""
+        batch, n_keys = shape[0], shape[-1]
+        if stack != "cross":
+            mask, tokens = self._side(stack, batch, n_keys)
+            return {"attention_mask": mask, "tokens": tokens}
+        mask, tokens = self._side("encoder", batch, n_keys)
+        decoder_ids = self.forward_ids.get("decoder")
+        length = decoder_ids.shape[-1] if isinstance(decoder_ids, torch.Tensor) else -1
+        query_mask, query_tokens = self._side("decoder", batch, length)
+        return {"attention_mask": mask, "tokens": tokens, "query_mask": query_mask, "query_tokens": query_tokens}
 
     def _read_forward_masks(self, module, args, kwargs) -> None:
         """Pre-hook of the model's forward: keep the padding masks it was handed (keyword or positional)."""
@@ -238,8 +259,9 @@ class _Session:
     def attach(self) -> None:
         """Forward hooks on the probability modules of inline-attention layers, and on the model's
         forward where "last" reads its mask (removed by :meth:`detach`)."""
-        if self._wants_forward_masks():
-            self._handles.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True))
+        # the forward's masks and ids: "last" and mask-blind mixers read them, and the maps keep them
+        # (AttentionMaps.attention_mask, .tokens) to leave padding out of their pictures
+        self._handles.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True))
         for path, places in self._probability_places.items():
             def hook(module, args, output, path=path, places=places):
                 if isinstance(output, torch.Tensor) and output.dim() < 4:
@@ -527,7 +549,7 @@ class Capture:
         n_heads = session.contract.stacks[stack].n_heads
         return AttentionMaps(
             stack=stack, layers=tuple(layers), heads=tuple(heads) if heads is not None else tuple(range(n_heads)),
-            weights=weights, query_index=rows, row_has_keys=has_keys,
+            weights=weights, query_index=rows, row_has_keys=has_keys, **session.positions(stack, weights.shape),
         )
 
 
@@ -543,7 +565,8 @@ class Capture:
             heads = for_stack(session.heads, stack)
             out[layer] = AttentionMaps(stack=stack, layers=(layer,),
                                        heads=tuple(heads) if heads is not None else tuple(range(weights.shape[1])),
-                                       weights=weights[:, None], query_index=rows, row_has_keys=has_keys[:, None])
+                                       weights=weights[:, None], query_index=rows, row_has_keys=has_keys[:, None],
+                                       **session.positions(stack, weights[:, None].shape))
         if not out:
             raise CaptureError(f"no attention was captured for stack {stack!r}")
         return out
@@ -639,6 +662,7 @@ def capture_attention(
         masks = {stack: attention_mask for stack in contract.stacks}
     session = _Session(model, contract, queries, layers, heads, stacks, masks, editors, keep_grad, observers,
                        readers)
+    session.tokenizer = getattr(probe_model, "tokenizer", None)  # the maps' token strings, from the forward's ids
     with open_session(session, implementation_of(model)):
         try:
             session.attach()

@@ -20,9 +20,21 @@ QuerySpec = None | str | Sequence[int] | torch.Tensor
 class AttentionMaps:
     """Captured attention of one stack.
 
-    weights      [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
-    query_index  [batch, query] long               position of each kept query row (all rows: arange)
-    row_has_keys [batch, layer, query] bool        False where every key was masked (weights are 0 there)
+    weights        [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
+    query_index    [batch, query] long               position of each kept query row (all rows: arange)
+    row_has_keys   [batch, layer, query] bool        False where every key was masked (weights are 0 there)
+    attention_mask [batch, key] bool or None         True at a real token, False at padding (the capture's
+                                                     2-D mask, else the one the forward was handed)
+    tokens         per batch row, the tokenizer's string at each key position, or None
+    query_mask     [batch, position] bool or None    the query side's mask where its positions are not
+                                                     the keys' (cross-attention: the decoder's); None:
+                                                     the keys' (self-attention)
+    query_tokens   per batch row, the query side's token strings where they are not the keys'; None:
+                   the keys'
+
+    The capture fills the mask and the tokens where the model's forward was handed ``input_ids``
+    (and a mask) of the maps' batch and key length; None where it could not (``inputs_embeds``, a
+    cached prefix). :meth:`plot` and :meth:`to_bertviz` leave out the padding positions the mask marks.
     """
 
     stack: str
@@ -31,6 +43,43 @@ class AttentionMaps:
     weights: torch.Tensor
     query_index: torch.Tensor
     row_has_keys: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    tokens: tuple[tuple[str, ...], ...] | None = None
+    query_mask: torch.Tensor | None = None
+    query_tokens: tuple[tuple[str, ...], ...] | None = None
+
+    def real_keys(self, example: int) -> list[int]:
+        """The key positions of batch row ``example`` that hold real tokens (every one without a mask)."""
+        n_keys = self.weights.shape[-1]
+        if self.attention_mask is None:
+            return list(range(n_keys))
+        return [k for k in range(n_keys) if bool(self.attention_mask[example, k])]
+
+    def real_rows(self, example: int) -> list[int]:
+        """The captured query rows of batch row ``example`` whose positions hold real tokens
+        (padding rows left out; every row without a mask)."""
+        mask = self.attention_mask if self.query_mask is None else self.query_mask
+        positions = [int(q) for q in self.query_index[example].tolist()]
+        if mask is None:
+            return list(range(len(positions)))
+        return [r for r, q in enumerate(positions) if 0 <= q < mask.shape[-1] and bool(mask[example, q])]
+
+    def _labels(self, example: int, tokens: Sequence[str] | None, n: int, stored) -> list[str] | None:
+        """``n`` labels of batch row ``example``'s positions: ``tokens`` as given (a list as long as
+        the row's real positions is spread over them, a shorter one padded with ''), else the stored
+        ones, else None."""
+        from probe.display import clean_token
+
+        if tokens is None:
+            return None if stored is None else [clean_token(t) for t in stored[example]]
+        labels = [clean_token(t) for t in tokens]
+        real = self.real_keys(example)
+        if len(labels) != n and len(labels) == len(real):  # the row's tokens, padding excluded
+            spread = [""] * n
+            for k, label in zip(real, labels):
+                spread[k] = label
+            return spread
+        return labels[:n] + [""] * max(n - len(labels), 0)
 
     @property
     def shape(self) -> dict[str, int]:
@@ -60,9 +109,9 @@ class AttentionMaps:
     def plot(self, layer: int, head: int, example: int = 0, tokens: Sequence[str] | None = None):
         """The ``[query, key]`` map of ``layer`` and ``head`` (the model's indices, as captured;
         negative ones count from the last captured, as Python's do) for batch row ``example``, as a
-        heatmap; ``tokens`` (that row's token strings) label the axes. Returns a
-        :class:`matplotlib.figure.Figure`."""
-        from probe.display import clean_token
+        heatmap of its real tokens: the padding keys and query rows that ``attention_mask`` marks
+        are left out. ``tokens`` (that row's token strings, with its padding or without) label the
+        axes; by default the tokens the capture kept do. Returns a :class:`matplotlib.figure.Figure`."""
         from probe.errors import InputError
         from probe.plots import attention_figure
 
@@ -76,26 +125,35 @@ class AttentionMaps:
             raise InputError(f"head {head!r} was not captured: these maps hold heads {list(self.heads)}")
         if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < self.weights.shape[0]:
             raise InputError(f"example={example!r} is not a batch row: use 0..{self.weights.shape[0] - 1}")
+        keys, rows = self.real_keys(example), self.real_rows(example)
         weights = self.weights[example, self.layers.index(layer), self.heads.index(head)]  # [query, key]
-        labels = None
-        if tokens is not None:
-            labels = [clean_token(t) for t in tokens]
-            if len(labels) < weights.shape[-1]:  # padding keys beyond the row's tokens
-                labels += [""] * (weights.shape[-1] - len(labels))
-        return attention_figure(weights.detach().cpu().double().numpy(),
-                                [int(q) for q in self.query_index[example].tolist()], labels,
-                                title=f"{self.stack} L{layer}.H{head}, example {example}")
+        weights = weights[rows][:, keys]  # [real query rows, real keys]
+        n_keys = self.weights.shape[-1]
+        key_labels = self._labels(example, tokens, n_keys, self.tokens)
+        positions = [int(self.query_index[example, r]) for r in rows]
+        if self.query_tokens is None and self.query_mask is None:  # self-attention: the queries are the keys
+            query_labels = key_labels
+        else:
+            query_labels = self._labels(example, None, 0, self.query_tokens)
+        labels = query_text = None
+        if key_labels is not None:
+            labels = [key_labels[k] for k in keys]
+            query_text = [query_labels[q] if query_labels is not None and 0 <= q < len(query_labels) else str(q)
+                          for q in positions]
+        return attention_figure(weights.detach().cpu().double().numpy(), positions, labels,
+                                title=f"{self.stack} L{layer}.H{head}, example {example}", query_tokens=query_text)
 
     def to_bertviz(self, example: int = 0, tokens: Sequence[str] | None = None, *, view: str = "head"):
         """Batch row ``example`` in bertviz's ``head_view`` or ``model_view`` (``view``), as the HTML
         object a notebook displays. bertviz needs every query row (capture with ``queries=None``)
-        and numbers the captured layers from 0; ``tokens`` (that row's token strings, padding
-        excluded) set how many positions are shown, so padding keys never appear. Needs bertviz
-        (``pip install bertviz``)."""
+        and numbers the captured layers from 0. Padding never appears: the positions shown are the
+        real ones ``attention_mask`` marks (left or right padding alike), labelled by ``tokens``
+        (that row's token strings, with its padding or without) or else the tokens the capture
+        kept; maps without a mask show the first ``len(tokens)`` positions (all without
+        ``tokens``). Needs bertviz (``pip install bertviz``)."""
         import re
         import uuid
 
-        from probe.display import clean_token
         from probe.document import script_json
         from probe.errors import InputError
 
@@ -107,22 +165,34 @@ class AttentionMaps:
         if self.weights.shape[-2] != n_keys or not torch.equal(self.query_index[example].cpu(),
                                                               torch.arange(n_keys)):
             raise InputError("bertviz shows every query row: capture with queries=None (all rows), not a subset")
-        n = n_keys if tokens is None else len(tokens)
-        if not 0 < n <= n_keys:
-            raise InputError(f"{n} tokens given for maps of {n_keys} positions: give that row's tokens, padding excluded")
+        if self.attention_mask is not None:
+            keep = self.real_keys(example)
+            if tokens is not None and len(tokens) not in (n_keys, len(keep)):
+                raise InputError(f"{len(tokens)} tokens given for a row of {len(keep)} real positions "
+                                 f"({n_keys} with padding): give that row's tokens")
+        else:
+            n = n_keys if tokens is None else len(tokens)
+            if not 0 < n <= n_keys:
+                raise InputError(f"{n} tokens given for maps of {n_keys} positions: give that row's tokens, padding "
+                                 "excluded")
+            keep = list(range(n))
+        if not keep:
+            raise InputError(f"batch row {example} has no real token: its attention mask is all padding")
         try:
             import bertviz
         except ImportError:
             raise InputError("to_bertviz needs bertviz: pip install bertviz") from None
-        labels = [clean_token(t) for t in tokens] if tokens is not None else [str(i) for i in range(n)]
-        weights = self.weights[example, :, :, :n, :n].detach().cpu().float()  # [layer, head, query, key]
+        full = self._labels(example, tokens, n_keys, self.tokens)
+        labels = [full[k] for k in keep] if full is not None else [str(k) for k in keep]
+        index = torch.tensor(keep)
+        weights = self.weights[example].detach().cpu().float()[:, :, index][:, :, :, index]  # [layer, head, query, key]
         attention = tuple(weights[i].unsqueeze(0) for i in range(weights.shape[0]))  # bertviz: per layer [1, H, Q, K]
         show = bertviz.head_view if view == "head" else bertviz.model_view
         # bertviz writes the tokens with json.dumps into a <script> element, where a token holding
         # "</script>" would end it and run what follows: it is handed placeholders, each then replaced
         # by its token as script-safe JSON (probe.document.script_json)
         marker = f"probe-token-{uuid.uuid4().hex}-"
-        page = show(attention, [f"{marker}{i}" for i in range(n)], html_action="return")
+        page = show(attention, [f"{marker}{i}" for i in range(len(keep))], html_action="return")
         html = re.sub(rf'"{marker}(\d+)"', lambda m: script_json(labels[int(m.group(1))]), page.data)
         if marker in html:
             raise InputError("bertviz wrote the tokens where probe cannot escape them (a bertviz version probe does "

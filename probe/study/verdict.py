@@ -112,26 +112,48 @@ class Verdict(PicklableFrozen):
                 + block_html("", table, note) + "</div>")
 
     def plot(self):
-        """The layer-level units the verdict records (its best and worst, ``best_layers`` /
-        ``worst_layers`` in ``data``) as points with their CIs per layer, beside the random baseline, the
-        ceiling and the best gradient. A verdict holds a few units only: a study's
+        """The verdict's best and worst units across its methods and families, one row each with its
+        mean and CI: the three best and the three worst of every attention unit (``best`` /
+        ``worst``; a verdict written before they were recorded: the headline family's
+        ``best_layers`` / ``worst_layers`` and ``best_heads`` / ``worst_heads``), and each family's
+        best layer-level unit and best head, coloured by family, beside the random baseline (and
+        the other baselines the verdict keeps), the ceiling and the best gradient as vertical
+        lines. A verdict holds these few units only: a study's
         :meth:`~probe.report.results.StudyResult.plot` draws every layer from the summary table.
         Returns a :class:`matplotlib.figure.Figure`."""
-        import pandas as pd
+        from probe.plots import Band, UnitPoint, units_figure
 
-        from probe.plots import Band, layer_lines_figure
+        family_of = {str(m): str(name) for name, info in self.families.items() for m in info.get("methods") or ()}
 
-        rows: dict[str, dict[int, tuple]] = {}
-        for unit in (*self.best_layers, *(self.data.get("worst_layers") or ())):
-            explainer, _, layer = str(unit.get("unit", "")).rpartition(" L")
-            if not explainer or not layer.isdigit():
-                continue
-            ci = unit.get("ci") or (None, None)
-            rows.setdefault(explainer, {})[int(layer)] = (_mean(unit), _number(ci[0]), _number(ci[1]))
-        if not rows:
-            raise InputError(f"this verdict records no layer-level unit to plot (answer {self.answer!r})")
-        lines = {e: pd.DataFrame([(layer, *v) for layer, v in sorted(points.items())],
-                                 columns=["layer", "mean", "ci_low", "ci_high"]) for e, points in rows.items()}
+        def group(unit: str) -> str:
+            explainer = unit.rpartition(" L")[0] or unit
+            return family_of.get(explainer, explainer)
+
+        chosen: dict[str, tuple[Mapping[str, Any], list[str]]] = {}
+
+        def add(entries, why: str) -> None:
+            for entry in entries or ():
+                if isinstance(entry, Mapping) and entry.get("unit") and entry.get("mean") is not None:
+                    chosen.setdefault(str(entry["unit"]), (entry, []))[1].append(why)
+
+        overall = bool(self.best or self.worst)
+        add(self.best, "best")
+        add(self.worst, "worst")
+        if not overall:
+            add(self.best_layers, "best layer-level")
+            add(self.data.get("worst_layers"), "worst layer-level")
+            add(self.best_heads, "best head")
+            add(self.data.get("worst_heads"), "worst head")
+        for name, info in _family_order(self.families):
+            add([info.get("best_layer")], f"{name}: best layer-level")
+            add([info.get("best_head")], f"{name}: best head")
+        if not chosen:
+            raise InputError(f"this verdict records no layer-level unit or head to plot (answer {self.answer!r})")
+        points = []
+        for unit, (entry, whys) in chosen.items():
+            ci = entry.get("ci") or (None, None)
+            points.append(UnitPoint(unit, group(unit), "; ".join(dict.fromkeys(whys)), _mean(entry), _number(ci[0]),
+                                    _number(ci[1])))
         bands = {}
         for name, entry in {**(self.data.get("baselines") or {}), "random": self.random,
                             "ceiling": self.ceiling}.items():
@@ -140,9 +162,9 @@ class Verdict(PicklableFrozen):
                 label = f"ceiling ({' vs '.join(entry.get('pair') or ())})" if name == "ceiling" else name
                 bands[name] = Band(label, _mean(entry), _finite(ci[0]), _finite(ci[1]))
         gradient = dict(self.best_gradient) if self.best_gradient and self.best_gradient.get("mean") is not None else None
-        return layer_lines_figure({self.reference: lines}, {self.reference: bands}, {self.reference: gradient},
-                                  self.measure, points_only=True,
-                                  title=f"verdict: {self.answer} (its best and worst layer-level units)")
+        return units_figure(points, bands, gradient, self.measure,
+                            title=f"verdict: {self.answer} (best and worst units across methods and families, "
+                                  f"vs {self.reference})")
 
     @property
     def tracks(self) -> bool:
