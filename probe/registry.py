@@ -113,6 +113,30 @@ class ShapleyParams:
 
 
 @dataclass(frozen=True)
+class KnockoutParams:
+    """Edge knockout (probe.intervene.knockout.knockout): the edges from the target rows (``query``
+    target) or from every row from ``query_from`` on (``query`` from) to a key blocked in the heads
+    ``heads`` of the layers ``layers`` (None: all; an int; ``"0,2"``; ``"a:b"`` a slice), the row
+    renormalised or not; ``per_head`` adds ``extras["per_head"]`` ``[layer, head, tokens]``."""
+    layers: int | str | None = None
+    heads: int | str | None = None
+    query: str = "target"
+    query_from: int | None = None
+    renormalise: bool = True
+    per_head: bool = False
+    keep_special: bool = False
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class NoSinkParams:
+    """Raw attention renormalised over non-sink keys (probe.explainers.sinks.attention_nosink): a key
+    is a sink of a head where the mean attention it receives over the query rows exceeds ``threshold``."""
+    threshold: float = 0.3
+    batch_size: int = 8
+
+
+@dataclass(frozen=True)
 class UniformParams:
     head: int | None = None
     batch_size: int = 16
@@ -370,6 +394,11 @@ REGISTRY: tuple[Method, ...] = (
                needs_softmax="weights softmax attention by the norms of its value vectors"),
     _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True,
                needs_gradients=True, needs_softmax="differentiates the target through edited softmax weights"),
+    _attention("attention_nosink", NoSinkParams, module="probe.explainers.sinks", per_head=True,
+               verdict_family="attention-derived", note="per layer x head, sink keys left out",
+               applies=Applies(by_name="a variant of attention (sink keys left out, the row renormalised); ask for "
+                                       "attention_nosink by name"),
+               needs_softmax="finds sinks as keys receiving most of the softmax rows' mass and renormalises the rows"),
     _mixing("value_zeroing", ValueZeroingParams, support="probe.models.architectures:value_zeroing_support"),
     _mixing("alti"),
     _mixing("globenc"),
@@ -396,6 +425,11 @@ REGISTRY: tuple[Method, ...] = (
            note="exact or sampled",
            applies=Applies(by_name="Shapley values cost 2^n coalitions (exact) or permutations x tokens rows per "
                                    "example; ask for shapley by name")),
+    Method("knockout", "intervention", "intervention", "probe.intervene.knockout:knockout", KnockoutParams,
+           "probe.intervene.knockout:knockout_scores", signed=True, note="attention edges to the token blocked",
+           applies=Applies(by_name="edge knockout edits the attention weights (one row per token, or per layer x "
+                                   "head x token with per_head); ask for knockout by name"),
+           needs_softmax="blocks edges of softmax attention rows and renormalises them"),
     # attn_norm summed over heads: a variant, run by name only (probe.explainers.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
            preset=(("per_head", False),), listed=False, verdict_family="context mixing",
@@ -619,7 +653,7 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
 
 
 __all__ = [
-    "AdversarialParams", "Applies", "CHECKS", "COUNTERFACTUALS", "Counterfactual", "FAMILIES", "FLOW_MAX_TOKENS",
+    "AdversarialParams", "Applies", "KnockoutParams", "NoSinkParams", "CHECKS", "COUNTERFACTUALS", "Counterfactual", "FAMILIES", "FLOW_MAX_TOKENS",
     "GROUPS", "Group", "Method", "REGISTRY", "counterfactual", "family_names", "find", "method", "method_table",
     "methods", "names", "param_fields", "params_problem", "seeded", "skipped",
 ]

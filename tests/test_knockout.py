@@ -353,3 +353,103 @@ def test_knockout_on_the_smollm2_builtin_equals_the_masked_eager_forward(builtin
         _check(pm, model, examples, result, layers=[10, 11], heads=heads, renormalise=renormalise,
                per_head_units=[(11, 4)], label=f"smollm2 renormalise={renormalise}")
 
+
+
+# ----------------------------------------------------------------------------- the registered reference `knockout`
+
+
+def test_knockout_is_a_registered_signed_reference_run_by_name():
+    from probe import registry
+    from probe.names import INTERVENTION_METHODS
+
+    entry = registry.method("knockout")
+    assert entry.family == "intervention" and entry.signed and not entry.per_head and not entry.engine
+    assert "knockout" in INTERVENTION_METHODS and entry.span_mode is None
+    assert entry.defaults() == registry.KnockoutParams()
+    assert registry.params_problem("knockout", {"layers": "-2:", "heads": "0,1", "renormalise": False}) is None
+    assert registry.params_problem("knockout", {"layers": 1, "query": "from", "query_from": 2}) is None
+    bad, sentence = registry.params_problem("knockout", {"renormalize": True})
+    assert bad == "renormalize" and "did you mean 'renormalise'" in sentence
+
+
+def _as_result(scores, pm):
+    """A TokenScores of the registered method read as _check reads a KnockoutResult."""
+    from types import SimpleNamespace
+
+    per_head = SimpleNamespace(scores=scores.extras["per_head"]) if "per_head" in scores.extras else None
+    return SimpleNamespace(tokens=scores, per_head=per_head,
+                           original_value=torch.tensor(scores.extras["original_values"]))
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_the_registered_method_through_the_dispatcher_equals_the_oracle(folders, kind):
+    """`run_method(pm, examples, "knockout", params=...)` (the path of probe explain, studies and claims):
+    the last layer (a study file's "-1:"), heads "0,1", not renormalised, per-head scores in extras."""
+    from probe.methods import run_method
+
+    pm, model = _pm(folders, kind, "sdpa"), _oracle_model(folders, kind)
+    examples = prepare(pm, TEXTS[:2], TargetSpec(continuation=None if kind == "bert" else " fun"))
+    scores = run_method(pm, examples, "knockout", params={"layers": "-1:", "heads": "0,1", "renormalise": False,
+                                                          "per_head": True})
+    assert scores.method == "knockout" and not scores.per_head
+    assert scores.params["layers"] == [1] and scores.params["heads"] == [0, 1] and scores.params["per_head"]
+    for i, example in enumerate(examples):
+        assert scores.scores[i].shape == (len(example.input_ids),)
+        assert scores.extras["per_head"][i].shape == (2, pm.contract.n_heads, len(example.input_ids))
+    _check(pm, model, examples, _as_result(scores, pm), layers=[1], heads=[0, 1], renormalise=False,
+           per_head_units=[(1, 1)], label=f"registered {kind}")
+    default = run_method(pm, examples[:1], "knockout")  # defaults: every layer and head, renormalised
+    direct = edge_knockout(pm, examples[:1], per_head=False)
+    assert torch.equal(default.scores[0].nan_to_num(-9), direct.tokens.scores[0].nan_to_num(-9))
+    assert "per_head" not in default.extras
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "t5"])
+def test_the_registered_method_in_a_batch_of_one_equals_a_batch_of_several(loaded, kind):
+    """What tests/test_every_method.py checks of every method it runs by default (knockout runs by name only)."""
+    from probe.methods import run_method
+
+    pm = loaded(kind)
+    texts = ["a good film", "the plot was thin and the acting was worse than the plot", "bad", "it was fine, I think"]
+    examples = prepare(pm, texts, TargetSpec())
+    together = run_method(pm, examples, "knockout", params={"batch_size": 5})
+    for i in (1, 2):
+        alone = run_method(pm, examples[i:i + 1], "knockout")
+        assert together.scores[i].shape == alone.scores[0].shape == (len(examples[i].input_ids),)
+        assert_fp_close(together.scores[i], alone.scores[0], depth=model_depth(pm),
+                        scale=abs(examples[i].original_value), msg=f"{kind} example {i}")
+
+
+def test_probe_explain_study_and_claim_files_take_knockout(loaded):
+    import probe
+    from probe.spec.claims import claims_from_dict
+    from probe.spec.study import study_from_dict
+
+    pm = loaded("gpt2")
+    explanation = probe.explain(pm, ["a good film"], "knockout", params={"knockout": {"layers": 0}})
+    assert explanation.scores["knockout"].params["layers"] == [0]
+    study = study_from_dict({"name": "k", "model": {"id": "builtin:minilm-rt"},
+                             "dataset": {"name": "builtin:rotten_tomatoes"}, "explainers": ["attention"],
+                             "references": ["knockout"],
+                             "params": {"knockout": {"layers": "-2:", "renormalise": False}}})
+    assert study.references == ["knockout"] and study.params["knockout"]["layers"] == "-2:"
+    with pytest.raises(InputError, match="renormalise"):
+        study_from_dict({"name": "k", "model": {"id": "builtin:minilm-rt"},
+                         "dataset": {"name": "builtin:rotten_tomatoes"}, "explainers": ["attention"],
+                         "references": ["knockout"], "params": {"knockout": {"renormalise": "yes"}}})
+    claims = claims_from_dict({"model": {"id": "builtin:minilm-rt"},
+                               "data": {"dataset": "builtin:rotten_tomatoes", "split": "test", "n": 2}, "claims": [
+        {"claim": "c", "kind": "faithfulness", "attention": "attention_mean@last", "reference": "knockout",
+         "threshold": 0.0}]})
+    assert claims.claims[0].reference == "knockout"
+
+
+def test_bad_layer_and_head_strings_are_refused_in_one_line(folders):
+    from probe.intervene.knockout import knockout
+
+    pm = _pm(folders, "gpt2", "sdpa")
+    examples = prepare(pm, TEXTS[:1], TargetSpec(continuation=" fun"))
+    for params, word in (({"layers": "a:b"}, "layers"), ({"heads": "5:"}, "heads"), ({"layers": "0:1:2"}, "layers")):
+        with pytest.raises(InputError, match=word) as info:
+            knockout(pm, examples, **params)
+        assert "\n" not in str(info.value)

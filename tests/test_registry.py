@@ -106,11 +106,12 @@ class _Model:
 def test_skipped_reasons_come_in_check_order():
     checks = registry.CHECKS[:-1]  # the layout check (support) needs a real model: test_context_mixing runs it
     reasons = registry.skipped(_Model("classification"), longest=65, checks=checks)
-    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "saliency_l1", "saliency_sum", "shapley"]
+    assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "attention_nosink", "saliency_l1", "saliency_sum",
+                             "shapley", "knockout"]
     assert reasons["flow"] == "attention flow is limited to 64 tokens (longest input has 65)"
     assert reasons["loo_mask"] == "the tokenizer has no mask token"
     assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == \
-        ["saliency_l1", "saliency_sum", "shapley"]
+        ["attention_nosink", "saliency_l1", "saliency_sum", "shapley", "knockout"]
 
 
 def test_readme_method_table_is_rendered_from_the_registry():

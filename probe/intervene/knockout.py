@@ -432,4 +432,81 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
     return KnockoutResult(tokens=tokens, per_head=heads_result, original_value=original.float(), stats=stats)
 
 
-__all__ = ["KnockoutResult", "QUERIES", "edge_knockout"]
+# ---------------------------------------------------------------------------
+# the registered reference ``knockout`` (probe.registry)
+# ---------------------------------------------------------------------------
+
+#: the registry's name of the method (``probe explain --methods knockout``, study and claim files)
+NAME = "knockout"
+
+
+def _index_spec(value, what: str):
+    """``layers`` / ``heads`` as the registered method takes them (study and claim files give ints
+    and strings only): None (all), an int, or a string of ints ``"0,2,5"`` or a range ``"a:b"``
+    (Python's slice: ``"-4:"`` the last four layers, ``":2"`` the first two); a sequence of ints
+    as edge_knockout takes it. Returns what :func:`edge_knockout` takes (ranges as ``range``)."""
+    if value is None or isinstance(value, (int, list, tuple, range)) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{what}={value!r}: give None (all), an int, a list of ints, \"0,2\" or a range \"a:b\"")
+    text = value.strip()
+    try:
+        if ":" in text:
+            start, _, stop = text.partition(":")
+            if ":" in stop:
+                raise ValueError
+            return slice(int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise InputError(f"{what}={value!r}: give None (all), an int, a list of ints, \"0,2\" or a range "
+                         "\"a:b\" (Python's slice, negatives from the end)") from None
+
+
+def _resolve(spec, count: int):
+    """A parsed ``_index_spec`` with its slices over ``count`` items made lists (an empty one is refused later)."""
+    return list(range(count))[spec] if isinstance(spec, slice) else spec
+
+
+def knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int | str | None = None,
+             heads: int | str | None = None, query: str = "target", query_from: int | None = None,
+             renormalise: bool = True, per_head: bool = False, keep_special: bool = False,
+             batch_size: int = 32) -> TokenScores:
+    """Edge knockout as a registered reference (``knockout``): token scores ``[tokens]`` =
+    f(x) - f(x with the edges to the token blocked in every chosen head of the layer window), the
+    per-token scores of :func:`edge_knockout` (see the module docstring for every option).
+
+    ``layers`` / ``heads``: None (all), an int, a list, or a string ``"0,2,5"`` / ``"a:b"`` (a slice,
+    negatives from the end: ``"-4:"`` = the last four layers), the form a study file can write.
+    ``per_head`` (off by default: it costs a row per layer x head x token) adds
+    ``extras["per_head"]``: per example ``[layer, head, tokens]`` (every layer and head of the target
+    stack, NaN outside the window and the chosen heads), the key blocked in that one head alone.
+
+    ``extras``: ``original_values`` (f(x) through the same recomputed attention, per example),
+    ``per_head`` (when asked), ``rows_requested``, ``rows_run``, ``forward_passes`` and ``noops``.
+    """
+    stack = pm.task.target_stack(pm.contract)
+    info = pm.contract.stacks[stack]
+    layer_spec = _resolve(_index_spec(layers, "layers"), info.n_layers)
+    head_spec = _resolve(_index_spec(heads, "heads"), info.n_heads)
+    if isinstance(layer_spec, list) and not layer_spec:
+        raise InputError(f"layers={layers!r} selects no layer of the {stack} (layers 0..{info.n_layers - 1})")
+    if isinstance(head_spec, list) and not head_spec:
+        raise InputError(f"heads={heads!r} selects no head of the {stack} (query heads 0..{info.n_heads - 1})")
+    result = edge_knockout(pm, examples, layers=layer_spec, heads=head_spec, query=query, query_from=query_from,
+                           renormalise=renormalise, per_head=per_head, keep_special=keep_special,
+                           batch_size=batch_size)
+    extras = dict(result.tokens.extras)
+    if per_head:
+        extras["per_head"] = list(result.per_head.scores)  # per example [layer, head, tokens]
+    params = {**result.tokens.params, "per_head": per_head}
+    return TokenScores(method=NAME, scores=list(result.tokens.scores), params=params, extras=extras)
+
+
+def knockout_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str = NAME, **params) -> TokenScores:
+    """The registry's scorer for ``knockout`` (``scorer(pm, examples, name, **params)``)."""
+    if method != NAME:
+        raise InputError(f"unknown knockout method {method!r}: use {NAME}")
+    return knockout(pm, examples, **params)
+
+
+__all__ = ["KnockoutResult", "NAME", "QUERIES", "edge_knockout", "knockout", "knockout_scores"]
