@@ -24,8 +24,10 @@ from test_faults import _cli, _one_line, _run, _study
 ISSUE_PATTERN, ISSUE_TEXT = r"(a+)+$", "a" * 40 + "!"
 #: a pattern that backtracks catastrophically in the engine probe runs patterns on too: stopped at the bound
 CATASTROPHIC, BOMB_TEXT = r"(a|aa)+$", "a" * 60 + "!"
-#: how long any refusal here may take (the bound is one second a text; model loading aside)
-QUICK = 10.0
+#: how long any refusal here may take (the bound is one second a text; model loading aside): a hang is
+#: what it catches, so it leaves room for a machine shared with other work (10 s was passed at 10.1 s
+#: with the load average at 9 on 2 cores)
+QUICK = 30.0
 
 TEXTS = ["the movie was good and the plot was bad", "a boring plot", BOMB_TEXT]
 
