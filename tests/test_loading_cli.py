@@ -132,6 +132,7 @@ def test_cli_errors_are_one_line(tiny_dirs, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 @pytest.mark.parametrize("kind", ["bert", "llama_gqa", "t5"])
 def test_cli_inspect_json(tiny_dirs, kind):
     result = _cli("inspect", str(tiny_dirs[kind]), "the movie was good", "--json")

@@ -199,6 +199,7 @@ def _cli(*args):
                           env=env)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_cli_generate_warns_per_output_token_and_marks_the_columns(tiny_dirs, generated):
     ex, bad = generated
     out = _cli("explain", str(tiny_dirs["gpt2"]), TEXT, "--generate", "3", "--methods", "integrated_gradients",

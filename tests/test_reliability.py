@@ -399,6 +399,7 @@ def test_many_exact_zero_references_get_a_note_about_ties(tmp_path):
      ["100000000 is out of range", "integrated_gradients.steps"]),  # refused before any pass (the API's check)
     (["run", "{study}", "--threads", "100000"], ["--threads 100000", "CPUs"]),
 ])
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_adversarial_values_are_one_line_errors(tiny_dirs, tmp_path, args, needles):
     study = tmp_path / "s.yaml"
     study.write_text(json.dumps(_study(tiny_dirs["bert"], _dataset(tmp_path / "d.csv"), tmp_path / "out")))

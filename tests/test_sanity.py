@@ -191,6 +191,7 @@ def _cli(*args, timeout=600):
                           env=env)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_probe_explain_sums_up_checks_and_takes_a_site(tiny_dirs):
     proc = _cli("explain", str(tiny_dirs["bert"]), "the movie was good", "--methods",
                 "saliency_sum,input_x_gradient,integrated_gradients", "--site", "word", "--steps", "16")
@@ -205,6 +206,7 @@ def test_probe_explain_sums_up_checks_and_takes_a_site(tiny_dirs):
     assert [c["status"] for c in data["sanity"] if c["check"] == "degeneracy"] == ["pass"]
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_probe_explain_bad_sites_are_one_line(tiny_dirs):
     proc = _cli("explain", str(tiny_dirs["bert"]), "good", "--site", "layer3")
     assert proc.returncode != 0 and "unknown gradient site 'layer3'" in proc.stderr

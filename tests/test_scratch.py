@@ -66,6 +66,7 @@ def test_the_word_tokenizer_keeps_the_prompt_and_label_words_whole():
     assert tokenizer.pad_token_id == 0 and tokenizer.unk_token == "[UNK]"
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 @pytest.mark.parametrize("mixer", scratch.MIXERS)
 def test_a_small_build_is_seeded_learns_and_loads_as_the_mixer_probe_reads(mixer, tmp_path):
     import probe

@@ -232,6 +232,7 @@ def test_interrupted_run_resumes_to_identical_tables(full_run, tiny_dirs, tiny_d
     assert_same_tables(reference, out)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_kill_9_then_rerun_gives_identical_tables(full_run, tiny_dirs, tiny_data, tmp_path):
     import yaml
 
@@ -318,6 +319,7 @@ def test_shards_merge_into_the_single_process_result(full_run, tiny_dirs, tiny_d
     assert_same_tables(reference, out)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_torchrun_with_two_gloo_processes_matches_one_process(full_run, tiny_dirs, tiny_data, tmp_path):
     import yaml
 
@@ -341,6 +343,7 @@ def _cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "probe", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_cli_overrides_n_and_dataset_and_reports_a_verdict(tiny_dirs, tiny_data, tmp_path):
     import yaml
 
