@@ -255,7 +255,7 @@ def test_names_take_the_readme_family_names_in_any_spelling():
     assert registry.names(group="context_mixing") == mixing
     # a registry family keeps its meaning (attention includes the context-mixing methods)
     assert set(mixing) < set(registry.names(family="attention"))
-    assert registry.names(family="attention-derived") == ("rollout", "flow")
+    assert registry.names(family="attention-derived") == ("rollout", "flow", "attention_nosink")
     assert registry.names(family="attention_x_gradient") == ("attn_grad",)
     for name in registry.family_names():
         assert registry.names(family=name), name
