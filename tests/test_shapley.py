@@ -285,6 +285,8 @@ def test_the_verdict_warns_when_single_deletion_misjudges_substitutes():
     text = interaction_warning(found, "loo_delete")
     assert "in 7 of 10 examples" in text and "'zz' + 'zz'" in text and "shapley" in text
     assert interaction_warning(found, "shapley") is None  # Shapley values share the joint effect
+    pieces = interaction_summary(rows.assign(token_a="Ġa", token_b="Ġmac"))  # byte-level BPE pieces
+    assert "'a' + 'mac'" in interaction_warning(pieces, "loo_delete")  # shown as the tables show them
     assert interaction_warning(interaction_summary(rows.assign(kind="additive", misranked=False)), "loo_delete") is None
     # two triggers that keep clear effects of their own: flagged as interacting, ranked right, no warning
     assert interaction_warning(interaction_summary(rows.assign(misranked=False)), "loo_delete") is None

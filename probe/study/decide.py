@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from probe.display import shown_token
 from probe.names import method_family
 
 NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
@@ -213,12 +214,17 @@ def interaction_warning(found: dict | None, reference: str) -> str | None:
         s = found[kind]["strongest"]
         shown = ", ".join(f"#{e}" for e in flagged[:5]) + (f" and {len(flagged) - 5} more" if len(flagged) > 5 else "")
         parts.append(f"in {len(flagged)} of {found['examples']} examples ({shown}) two top tokens {words}, e.g. "
-                     f"#{s['example']} {s['tokens'][0]!r} + {s['tokens'][1]!r}: joint {s['joint']:+.3g}, singles "
+                     f"#{s['example']} {_pair(s['tokens'])}: joint {s['joint']:+.3g}, singles "
                      f"{s['singles'][0]:+.3g} and {s['singles'][1]:+.3g}")
     if not parts:
         return None
     return (f"single-token deletion ({reference}) misjudges interacting tokens: " + "; ".join(parts)
             + "; a Shapley reference shares joint effects (references: [..., shapley], statistics.reference: shapley)")
+
+
+def _pair(tokens) -> str:
+    """Two tokens as the tables and plots show them (``'Ġmac'`` reads ``'mac'``), quoted."""
+    return f"{shown_token(tokens[0])!r} + {shown_token(tokens[1])!r}"
 
 
 def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling: dict | None,
@@ -233,7 +239,7 @@ def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling:
             pair = (interactions or {}).get("substitutes", {}).get("strongest")
             if pair is not None:
                 return (f"no single perturbation ({profile.method}) changed the target on any example, while deleting "
-                        f"two tokens together did (#{pair['example']} {pair['tokens'][0]!r} + {pair['tokens'][1]!r}: "
+                        f"two tokens together did (#{pair['example']} {_pair(pair['tokens'])}: "
                         f"{pair['joint']:+.3g}): the tokens stand in for each other, which single deletion cannot "
                         "rank; judge against shapley (statistics.reference: shapley)")
             return (f"the output does not depend on the input: no perturbation ({profile.method}) changed the target "
