@@ -111,3 +111,16 @@ def test_redundant_copies_are_judged_against_shapley_and_single_deletion_says_wh
     else:
         assert judged["answer"] == "no"
     assert any("misjudges interacting tokens" in w and "'zz' + 'zz'" in w for w in judged["warnings"])
+
+
+def test_judged_against_shapley_values_the_randomised_model_still_gets_no_yes(tmp_path):
+    """Shapley values as the verdict reference on a model whose weights are random: the reference changes,
+    the answer must not become "yes" (attention and Shapley values of random weights agree by chance only)."""
+    template = load_study(ROOT / "studies" / "planted.yaml")
+    template = template.model_copy(update={
+        "references": [*template.references, "shapley"],
+        "statistics": template.statistics.model_copy(update={"reference": "shapley"})})
+    row = run_planted(template, names=["randomised"], results=tmp_path, n=24).iloc[0]
+    verdict = json.loads((tmp_path / "randomised" / "verdict.json").read_text())
+    assert verdict["reference"] == "shapley"
+    assert row.answer in PLANTED_MODELS["randomised"].expected, row.headline
