@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -104,15 +105,22 @@ class ChanceFamily:
     blocks: tuple[NullBlock, ...]
     n: tuple[int, ...]  # per unit: the examples (dataset examples) it has a value on
 
+    @cached_property
+    def exact(self) -> dict[str, np.ndarray] | None:
+        """The closed-form null of a top-k measure (:func:`probe.metrics.nulls.exact_top_k`), or None
+        for a rank correlation: it does not depend on the seed, so it is computed once per family
+        however many seeds :mod:`probe.study.calibration` tests."""
+        k = measure_k(self.measure)
+        return None if k is None else exact_top_k(self.blocks, len(self.units), k)
+
     def test(self, *, permutations: int, seed: int) -> pd.DataFrame:
         """The family's rows of :data:`CHANCE_COLUMNS` at this seed."""
         observed, null = permutation_means(self.blocks, len(self.units), self.measure, permutations=permutations,
                                            seed=seed)
         test = max_t_test(observed, null)
         kind = np.full(len(self.units), "permutation", dtype=object)
-        k = measure_k(self.measure)
-        if k is not None:  # top-k overlap: the closed form where it applies
-            exact = exact_top_k(self.blocks, len(self.units), k)
+        exact = self.exact
+        if exact is not None:  # top-k overlap: the closed form where it applies
             use = exact["exact"] & np.isfinite(observed)
             for ours, theirs in (("p_raw", "p_raw"), ("null_mean", "null_mean"), ("null_high", "null_high")):
                 test[ours] = np.where(use, exact[theirs], test[ours])
