@@ -139,6 +139,8 @@ class _Session:
         self.forward_masks: dict[str, torch.Tensor | None] = {}
         # and the token ids it was handed ([batch, seq]), to tell a padded row handed over without its mask
         self.forward_ids: dict[str, torch.Tensor | None] = {}
+        # the token strings of those ids, converted once per forward (every layer's maps share them)
+        self._token_strings: dict[tuple[str, int, int], tuple | None] = {}
 
     def _wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
@@ -217,13 +219,15 @@ class _Session:
         mask = self._batch_mask(side)
         if not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) == (batch, length)):
             mask = None
-        ids = self.forward_ids.get(side)
-        tokens = None
-        convert = getattr(getattr(self, "tokenizer", None), "convert_ids_to_tokens", None)
-        if (convert is not None and isinstance(ids, torch.Tensor) and ids.dim() == 2
-                and tuple(ids.shape) == (batch, length)):
-            tokens = tuple(tuple(str(t) for t in convert(row)) for row in ids.tolist())
-        return (mask.bool().cpu() if mask is not None else None), tokens
+        if (side, batch, length) not in self._token_strings:
+            ids = self.forward_ids.get(side)
+            tokens = None
+            convert = getattr(getattr(self, "tokenizer", None), "convert_ids_to_tokens", None)
+            if (convert is not None and isinstance(ids, torch.Tensor) and ids.dim() == 2
+                    and tuple(ids.shape) == (batch, length)):
+                tokens = tuple(tuple(str(t) for t in convert(row)) for row in ids.tolist())
+            self._token_strings[(side, batch, length)] = tokens
+        return (mask.bool().cpu() if mask is not None else None), self._token_strings[(side, batch, length)]
 
     def positions(self, stack: str, shape: Sequence[int]) -> dict:
         """:class:`AttentionMaps`' ``attention_mask`` and ``tokens`` (its keys') and, for
@@ -255,10 +259,11 @@ class _Session:
         else:
             self.forward_masks = {stack: encoder for stack in self.contract.stacks}
             self.forward_ids = {stack: encoder_ids for stack in self.contract.stacks}
+        self._token_strings = {}
 
     def attach(self) -> None:
-        """Forward hooks on the probability modules of inline-attention layers, and on the model's
-        forward where "last" reads its mask (removed by :meth:`detach`)."""
+        """Forward hooks on the probability modules of inline-attention layers, and a pre-hook on the
+        model's forward that keeps its masks and ids (removed by :meth:`detach`)."""
         # the forward's masks and ids: "last" and mask-blind mixers read them, and the maps keep them
         # (AttentionMaps.attention_mask, .tokens) to leave padding out of their pictures
         self._handles.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True))
