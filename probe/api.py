@@ -793,12 +793,12 @@ class Explanation(PicklableFrozen):
         noise floor (:data:`probe.study.decide.NOISE_ULPS` float32 epsilons times the target's
         |value|: an explanation does not record its dtype, and float32's is the lowest floor)."""
         from probe.names import method_family
-        from probe.study.decide import EPS, NOISE_ULPS
+        from probe.study.decide import noise_floor
 
         example = self.examples[index]
         special = np.asarray([bool(s) for s in example.special], dtype=bool)
         value = example.original_value
-        floor = NOISE_ULPS * EPS["fp32"] * abs(float(value)) if value is not None and np.isfinite(value) else None
+        floor = noise_floor(abs(float(value))) if value is not None and np.isfinite(value) else None
         faded = {}
         for method, (label, values) in zip(self.scores, rows.items()):
             if self._flag_words(method, index):

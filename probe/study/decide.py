@@ -50,6 +50,12 @@ EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.flo
        "float16": float(np.finfo(np.float16).eps)}
 
 
+def noise_floor(scale, eps: float = EPS["fp32"]):
+    """The noise floor of an effect on a target of magnitude ``scale`` (a float or an array):
+    :data:`NOISE_ULPS` machine epsilons ``eps`` of it."""
+    return NOISE_ULPS * eps * scale
+
+
 @dataclass(frozen=True)
 class ReferenceProfile:
     """One reference over a study's examples (module docstring)."""
@@ -69,7 +75,7 @@ class ReferenceProfile:
     @property
     def floor(self) -> float:
         """The noise floor at the study's median target scale."""
-        return NOISE_ULPS * self.eps * self.scale
+        return noise_floor(self.scale, self.eps)
 
     def floor_text(self) -> str:
         return f"{NOISE_ULPS} x eps {self.eps:.1e} x the target's scale {self.scale:.3g} = {self.floor:.1e}"
@@ -109,7 +115,7 @@ def reference_profile(tables: dict, method: str, dtype: str) -> ReferenceProfile
     rank = ordered.groupby("example").cumcount()
     top1 = ordered[rank < 1].groupby("example")["a"].sum()
     top2 = ordered[rank < 2].groupby("example")["a"].sum()
-    floors = NOISE_ULPS * eps * np.maximum(values.reindex(peak.index).fillna(scale).to_numpy(), scale)
+    floors = noise_floor(np.maximum(values.reindex(peak.index).fillna(scale).to_numpy(), scale), eps)
     at_floor = tuple(int(e) for e, p, f in zip(peak.index, peak.to_numpy(), floors) if p <= f)
     above = peak[[int(e) not in set(at_floor) for e in peak.index]]
     effect_floor = EFFECT_SHARE * float(np.quantile(above.to_numpy(), 0.9)) if len(above) else 0.0
