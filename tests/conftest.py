@@ -29,10 +29,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROBE_CACHE", str(REPO_ROOT / ".probe-cache"))
 
-# make `import tiny_models` work from any test module and from this file
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+# make `import tiny_models` work from any test module (tests/across/ included) and from this file, and
+# `from test_faults import ...` work from tests/ (the cross-cutting test modules of tests/across/ share
+# helpers with the module tests; every test file's name is unique across both folders)
+for _dir in (Path(__file__).resolve().parent / "across", Path(__file__).resolve().parent):
+    if str(_dir) not in sys.path:
+        sys.path.insert(0, str(_dir))
 
 import pytest  # noqa: E402
 from tiny_models import TINY_KINDS, build_tiny  # noqa: E402

@@ -406,7 +406,7 @@ def test_the_registered_method_through_the_dispatcher_equals_the_oracle(folders,
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "t5"])
 def test_the_registered_method_in_a_batch_of_one_equals_a_batch_of_several(loaded, kind):
-    """What tests/test_every_method.py checks of every method it runs by default (knockout runs by name only)."""
+    """What tests/across/test_every_method.py checks of every method it runs by default (knockout runs by name only)."""
     from probe.methods import run_method
 
     pm = loaded(kind)

@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 import pytest
-from test_study import tiny_study, write_dataset
+from test_runner import tiny_study, write_dataset
 
 from probe.spec.study import study_from_dict
 from probe.study.runner import run_study

@@ -128,7 +128,7 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
     tutorial's reference ``[CLS] [PAD] ... [PAD] [SEP]`` does (they then score exactly 0). With True,
     ``baseline="pad"`` and the same ``steps`` this equals captum's ``LayerIntegratedGradients`` on the
     site's layer (``bert.embeddings`` at site embeddings, the word embeddings at site word) from that
-    reference, summed over the embedding axis (tests/test_peer_habits.py).
+    reference, summed over the embedding axis (tests/across/test_peer_habits.py).
     ``steps`` points of the ``rule`` quadrature (captum's default Gauss-Legendre converges far
     faster than Riemann sums). ``internal_batch_size``: at most this many (row, step) inputs per
     forward/backward ("auto": as many as fit :data:`GRADIENT_TOKEN_BUDGET` tokens, since the

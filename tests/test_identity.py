@@ -328,5 +328,6 @@ def test_what_complete_json_protects_against_is_said():
 
     for text in (identity.__doc__, identity.completion_record.__doc__):
         assert "accidental change" in text and "forge" in text
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
-    assert "protect against accidental change" in readme and "not against a forger" in readme
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "studies.md"
+    page = " ".join(guide.read_text(encoding="utf-8").split())
+    assert "protect against accidental change" in page and "not against a forger" in page

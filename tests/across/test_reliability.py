@@ -19,7 +19,7 @@ import pytest
 
 from probe.errors import InputError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting"]
 HOSTILE = ('<script>alert(1)</script> top token ![x](http://evil/x.png) <img src=x onerror=alert(2)> '
            '[click](javascript:alert(3)) <https://evil.example> www.evil.example')

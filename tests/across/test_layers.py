@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "probe"
+ROOT = Path(__file__).resolve().parents[2] / "probe"
 
 #: bottom to top; a package may import from its own rank or below, never a sibling of its rank.
 #: ``rows`` (prepared examples, targets, token scores, the target query, OOM halving) sits below both

@@ -1,6 +1,6 @@
 """The verdict's rules on synthetic tables (no model): an unreliable unit never tracks, families are
 answered separately, and nothing is decided where nothing can be (probe.study.summary, probe.study.decide).
-The planted-truth models test the same rules end to end (tests/test_planted_verdicts.py)."""
+The planted-truth models test the same rules end to end (tests/test_study_planted.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _chance(summary: pd.DataFrame) -> pd.DataFrame:
     """Rule 1's tests as the permutation engine would give them on these synthetic tables, which hold
     no token scores to permute: a unit (or a ceiling pair) with a mean above 0.2 is far above chance
     (p = 0.001), any other is not (p = 0.5). probe.metrics.nulls is tested on its own
-    (tests/test_chance.py)."""
+    (tests/test_nulls.py)."""
     from probe.study.chance import CHANCE_COLUMNS
 
     if not len(summary):

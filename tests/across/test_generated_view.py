@@ -6,7 +6,7 @@ terminal tables that never break a number.
 
 Oracles: the matrices shown are :meth:`Explanation.matrix`'s numbers; token texts are checked
 against hand-written expectations; query positions against len(input_ids)-1+step (the row
-``probe.rows.queries.target_queries`` reads, whose scores tests/test_generation.py checks)."""
+``probe.rows.queries.target_queries`` reads, whose scores tests/test_target.py checks)."""
 
 from __future__ import annotations
 

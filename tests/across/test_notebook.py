@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "first_hour.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "first_hour.ipynb"
 
 # The cells on builtin:smollm2-135m (the generated-text explanation and the contrast): each must run
 # in under CELL_SECONDS once the built-in is cached. Their time is the kernel's own, from the moment

@@ -88,7 +88,7 @@ def test_an_unknown_keyword_is_one_line_naming_it_and_the_accepted_ones(bert, be
 
 
 def test_audit_with_a_model_name_is_one_line(tmp_path):
-    claims = Path(__file__).resolve().parents[1] / "data" / "claims" / "minilm_rt.yaml"
+    claims = Path(__file__).resolve().parents[2] / "data" / "claims" / "minilm_rt.yaml"
     with pytest.raises(InputError, match=r"model is the name 'builtin:minilm-rt', not a loaded model: load it first, "
                                          r"pm = probe\.load_model\('builtin:minilm-rt'\)"):
         probe.audit(claims, model="builtin:minilm-rt")

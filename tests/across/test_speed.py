@@ -299,7 +299,7 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
     entry, the same scores as each method alone), and IG steps: auto leaves its delta against
     steps in the convergence table."""
     import pandas as pd
-    from test_study import tiny_study, write_dataset
+    from test_runner import tiny_study, write_dataset
 
     from probe.models.loading import load_model
     from probe.spec.study import study_from_dict

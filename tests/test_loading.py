@@ -78,7 +78,7 @@ def test_bad_options(tiny_dirs, kwargs, message):
 
 def test_a_model_without_softmax_attention_is_read_through_its_mixers(mamba_dir, tiny_dirs):
     """A Mamba folder (refused before issue 29) loads, its maps the mixers' implicit matrices; a model
-    with no mixer probe reads is refused in one line (tests/test_architectures.py, fnet)."""
+    with no mixer probe reads is refused in one line (tests/across/test_architectures.py, fnet)."""
     import shutil
 
     for name in os.listdir(tiny_dirs["gpt2"]):
