@@ -391,6 +391,7 @@ REGISTRY: tuple[Method, ...] = (
                label="attention flow", query_max=f"{_ROLL}:flow_max_over_queries", verdict_family="attention-derived",
                needs_softmax="uses the maps' weights as max-flow capacities, which must be non-negative probabilities"),
     _attention("attn_norm", AttnNormParams, per_head=True, verdict_family="context mixing",
+               applies=Applies(support="probe.models.architectures:attn_norm_support"),
                needs_softmax="weights softmax attention by the norms of its value vectors"),
     _attention("attn_grad", AttnGradParams, per_head=True, verdict_family="attention x gradient", signed=True,
                needs_gradients=True, needs_softmax="differentiates the target through edited softmax weights"),
@@ -433,6 +434,7 @@ REGISTRY: tuple[Method, ...] = (
     # attn_norm summed over heads: a variant, run by name only (probe.explainers.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
            preset=(("per_head", False),), listed=False, verdict_family="context mixing",
+           applies=Applies(support="probe.models.architectures:attn_norm_support"),
            needs_softmax="weights softmax attention by the norms of its value vectors"),
 )
 

@@ -556,3 +556,27 @@ def test_trained_minilm_counterfactuals(builtin_cache):
     adv = C.adversarial_attention(pm, examples, layer=5, candidates=2, steps=10, lr=0.05)
     assert (adv.output_tvd[adv.feasible] <= 0.01).all()
     assert (adv.summary()["max_attention_jsd"] >= 0).all()
+
+
+def test_attn_norm_is_left_out_where_its_projections_are_unknown():
+    """attn_norm reads each layer's W_V and W_O from a per-model-type table; on a model type the
+    table lacks (OPT) the default method set leaves it out with the reason, as it does ALTI and
+    GlobEnc, instead of failing the whole explanation, and asking for it by name is one line."""
+    import probe
+    from probe import registry
+    from tiny_models import eot_tokenizer
+    from transformers import OPTConfig, OPTForCausalLM
+
+    tokenizer, _ = eot_tokenizer()
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                       num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    pm = probe.wrap(OPTForCausalLM(config), tokenizer)
+    reasons = registry.skipped(pm, longest=8)
+    assert "attn_norm" in reasons and "'opt'" in reasons["attn_norm"] and "W_V and W_O" in reasons["attn_norm"]
+    ex = probe.explain(pm, ["the movie was good"], params={"integrated_gradients": {"steps": 4}})
+    assert "attn_norm" not in ex.methods and "attention" in ex.methods
+    with pytest.raises(probe.InputError, match="attn_norm does not know where model type 'opt'"):
+        probe.explain(pm, ["the movie was good"], methods="attn_norm")

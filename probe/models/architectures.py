@@ -272,6 +272,15 @@ def context_mixing_support(pm: ProbeModel, method: str) -> str | None:
     return None
 
 
+def attn_norm_support(pm: ProbeModel, method: str) -> str | None:
+    """None when the attention norms (``method``: they read each layer's value and output
+    projections) run on ``pm``, else why not (one line)."""
+    if pm.contract.model_type not in VALUE_OUTPUT_LAYOUTS:
+        return (f"{method} does not know where model type {pm.contract.model_type!r} keeps W_V and W_O: "
+                f"supported are {', '.join(sorted(VALUE_OUTPUT_LAYOUTS))}")
+    return None
+
+
 def value_zeroing_support(pm: ProbeModel, method: str) -> str | None:
     """None when value zeroing (it reads only each layer's block output) runs on ``pm``, else why not."""
     try:
