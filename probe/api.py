@@ -192,7 +192,7 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
 
     ``device``: cpu, cuda, cuda:N or auto; ``dtype``: fp32, bf16 or fp16; ``task``: classification,
     causal_lm or seq2seq (default: read from the config). Other keyword ``options`` go to
-    :func:`probe.models.loading.load_model`.
+    ``probe.models.loading.load_model``.
     """
     import inspect
 
@@ -355,11 +355,11 @@ def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, c
 
 class ScoresWarning(UserWarning):
     """Scores asked for come from a method whose own check failed on them (not converged, constant,
-    a degenerate site): :meth:`Explanation.top_tokens` warns with why."""
+    a degenerate site): :meth:`Explanation.top_tokens <probe.Explanation.top_tokens>` warns with why."""
 
 
 class TopTokens(list):
-    """:meth:`Explanation.top_tokens`' ``[(position, token, score), ...]``; ``flags``: a line per
+    """:meth:`Explanation.top_tokens <probe.Explanation.top_tokens>`' ``[(position, token, score), ...]``; ``flags``: a line per
     failed check of the method on this example (empty when none), which the repr shows below the list;
     ``read_at``: which layer and head a per-layer or per-head method was read at (``"layer 5 of 0..5,
     the last, head mean"``; "" for a token-level method), which the repr shows where heads were averaged."""
@@ -454,7 +454,7 @@ class Explanation(PicklableFrozen):
         as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
         say so). Where the method's own check failed on this
         example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
-        shows them) and a :class:`ScoresWarning` is issued."""
+        shows them) and a :class:`~probe.api.ScoresWarning` is issued."""
         _positive(k, "k")
         if method is None:
             if len(self.scores) != 1:
@@ -544,7 +544,7 @@ class Explanation(PicklableFrozen):
     def matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> pd.DataFrame:
         """The ``[output token x source token]`` matrix of ``method`` for text ``text``: one row per
         output token (index: ``"step: token"``), one column per source token (``"position: token"``),
-        each token as :func:`probe.display.shown_token` shows it (whitespace visible: ``2: ↵``).
+        each token as ``probe.display.shown_token`` shows it (whitespace visible: ``2: ↵``).
         A per-layer method is read at ``layer`` (default the last), a per-head one at ``layer`` and
         ``head`` (None: the mean over heads). NaN where the method does not score a token."""
         from probe.display import shown_token
@@ -1032,7 +1032,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     ``contrast`` / ``contrast_label``: explain the target rather than a foil / another class (see :func:`prepare`).
     ``spans``: units to read the scores by, a regular expression (each match) or character offsets
     ``[(start, end), ...]`` into each text; ``to_pandas(level="span")`` then folds every method's
-    token scores over them (:mod:`probe.rows.spans`).
+    token scores over them (``probe.rows.spans``).
     """
     from probe.methods import applicable_methods, run_methods
 
@@ -1158,7 +1158,7 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
     ``texts`` is usually an :class:`Explanation`: its examples are used and, when ``rankings`` is
     None, its token-level methods (``[tokens]`` per example) are the rankings. A ranking is a
     :class:`TokenScores` or one ``[tokens]`` tensor per example, higher = more important. Returns
-    one row per (example, ranking, bin); see :func:`probe.intervene.erasure.erasure`. ``bins``:
+    one row per (example, ranking, bin); see ``probe.intervene.erasure.erasure``. ``bins``:
     fractions of the scorable tokens (default ``ERASURE_BINS``, 1% to 50%). ``progress``: a bar
     over the forward batches.
     """
@@ -1199,7 +1199,7 @@ def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, l
                     ablation: bool = True, label: int | str | None = None, continuation: str | None = None,
                     kind: str | None = None, contrast: str | None = None,
                     contrast_label: int | str | None = None) -> HeadImportance:
-    """Michel et al. head importance ``[layer, head]`` (E_x |dL/dxi_h|, L2-normalised per layer),
+    """Michel et al. head importance ``[layer, head]`` (``E_x |dL/dxi_h|``, L2-normalised per layer),
     with the single-head ablation effect beside it when ``ablation``."""
     from probe.intervene.heads import head_importance as _importance
 
@@ -1221,7 +1221,7 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     ``layer`` (negative counts from the last) and ``head`` (None: every head of the layer), and
     measure the output change: ``output_tvd``, ``output_jsd``, ``target_change`` ``[example,
     sample]``, and ``summary()`` per example. ``options`` go to the function of that name in
-    :mod:`probe.intervene.counterfactual` (permuted: ``n``, ``seed``; adversarial: ``candidates``,
+    ``probe.intervene.counterfactual`` (permuted: ``n``, ``seed``; adversarial: ``candidates``,
     ``steps``, ``bound``, ``seed``, ...)."""
     import inspect
 
@@ -1249,7 +1249,7 @@ def capture(pm: ProbeModel, *, queries: Any = None, layers: Sequence[int] | Mapp
             keep_grad: bool = False) -> AbstractContextManager[Capture]:
     """``with probe.capture(pm, ...) as cap:`` records the attention of every forward pass of
     ``pm.model`` run inside the block; ``cap.maps(stack)`` then gives
-    :class:`~probe.hooks.capture.AttentionMaps` with ``weights [batch, layer, head, query, key]``.
+    :class:`~probe.hooks.types.AttentionMaps` with ``weights [batch, layer, head, query, key]``.
     Hooks are removed when the block ends, also on an exception.
 
     ``queries``: None/"all", "first", "last" (each row's last real token, from ``attention_mask``
@@ -1299,7 +1299,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
               report: bool = True, shard: tuple[int, int] | None = None, wait: bool = False,
               force_new: bool = False, log: Callable[[str], None] | None = None,
               model: ProbeModel | None = None) -> StudyResult:
-    """Run (or continue) a study (a :class:`Study`, or the path of a study file) into ``out``
+    """Run (or continue) a study (a :class:`~probe.spec.study.Study`, or the path of a study file) into ``out``
     (default: the study's ``output``, else ``results/NAME``); with ``report`` the HTML/Markdown
     report is written there once complete. Returns the folder as :func:`load_results` reads it
     (tables, typed verdict, provenance), with ``computed`` the batches this call ran.
@@ -1362,7 +1362,7 @@ def load_claims(path: str | Path) -> ClaimFile:
 
 def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path | None = None,
           model: ProbeModel | None = None, progress: bool = False) -> AuditResult:
-    """Test the claims of a claim file (its path, a validated :class:`ClaimFile`, or a dict with the
+    """Test the claims of a claim file (its path, a validated :class:`~probe.spec.claims.ClaimFile`, or a dict with the
     YAML's structure) by intervention: ``result.claims[i].verdict`` is supported, refuted or
     inconclusive, with effect, CI and evidence. ``model``: an already loaded :class:`ProbeModel`
     to audit instead of the file's. With ``out``, audit.json/.md/.html are written there."""

@@ -95,7 +95,7 @@ def _with_target_queries(pm: ProbeModel, examples, result: TokenScores) -> Token
 
 def _halving_examples(pm: ProbeModel, examples, compute) -> TokenScores:
     """``compute(examples)``; when it runs out of memory, on each half of the examples in turn
-    (:func:`probe.intervene.engine.in_halves`), the parts joined in order: per-example ``extras``
+    (:func:`probe.rows.memory.in_halves`), the parts joined in order: per-example ``extras``
     lists are joined, other extras and params are the first part's (they do not depend on the
     examples)."""
     from probe.rows.memory import in_halves

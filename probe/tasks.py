@@ -30,7 +30,7 @@ class _Contract(Protocol):
 
 
 class Task:
-    """One kind of prediction. Instances are singletons (:data:`TASKS`); compare them with ``is``, by
+    """One kind of prediction. Instances are singletons (``probe.tasks.TASKS``); compare them with ``is``, by
     ``.name``, or better by the field that decides the question at hand."""
 
     #: the name studies, claim files, the CLI (``--task``) and every stored result use

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +13,6 @@ from probe import names, registry
 from probe.errors import InputError
 from probe.tasks import task_named
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 ENTRIES = registry.REGISTRY + registry.COUNTERFACTUALS
 
 
@@ -112,13 +109,6 @@ def test_skipped_reasons_come_in_check_order():
     assert reasons["loo_mask"] == "the tokenizer has no mask token"
     assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == \
         ["attention_nosink", "saliency_l1", "saliency_sum", "shapley", "knockout"]
-
-
-def test_readme_method_table_is_rendered_from_the_registry():
-    text = README.read_text()
-    block = re.search(r"### Methods[^\n]*\n\n((?:\|[^\n]*\n)+)", text)
-    assert block, "README has no ### Methods table"
-    assert block.group(1).rstrip("\n").split("\n") == registry.method_table()
 
 
 def test_importing_the_registry_loads_no_torch():

@@ -38,6 +38,10 @@ __all__ = ["AuditResult", "run_audit"]
 
 @dataclass(repr=False)
 class AuditResult:
+    """What :func:`probe.audit` returns: each claim's result (:class:`~probe.claims.kinds.ClaimResult`),
+    in the claim file's order, with the model, data and statistics it ran with, the claim file
+    (``source``), the seconds it took, and the report folder and its files when one was written."""
+
     claims: list[ClaimResult]
     model: dict
     data: dict

@@ -516,7 +516,7 @@ class _Session:
 
 
 class Capture:
-    """Handle returned by :func:`capture_attention`; read it after the forward pass."""
+    """Handle returned by :func:`probe.capture` (``capture_attention``); read it after the forward pass."""
 
     def __init__(self, session: _Session):
         self._session = session
@@ -559,7 +559,7 @@ class Capture:
 
 
     def layer_maps(self, stack: str | None = None) -> dict[int, AttentionMaps]:
-        """One :class:`AttentionMaps` per captured layer (``layer`` axis of length 1), for stacks whose
+        """One :class:`~probe.hooks.types.AttentionMaps` per captured layer (``layer`` axis of length 1), for stacks whose
         layers differ in heads or key length."""
         session = self._session
         stack = stack or session.contract.primary_stack

@@ -18,19 +18,19 @@ QuerySpec = None | str | Sequence[int] | torch.Tensor
 
 @dataclass(repr=False)
 class AttentionMaps:
-    """Captured attention of one stack.
+    """Captured attention of one stack::
 
-    weights        [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
-    query_index    [batch, query] long               position of each kept query row (all rows: arange)
-    row_has_keys   [batch, layer, query] bool        False where every key was masked (weights are 0 there)
-    attention_mask [batch, key] bool or None         True at a real token, False at padding (the capture's
-                                                     2-D mask, else the one the forward was handed)
-    tokens         per batch row, the tokenizer's string at each key position, or None
-    query_mask     [batch, position] bool or None    the query side's mask where its positions are not
-                                                     the keys' (cross-attention: the decoder's); None:
-                                                     the keys' (self-attention)
-    query_tokens   per batch row, the query side's token strings where they are not the keys'; None:
-                   the keys'
+        weights        [batch, layer, head, query, key]  fp32; rows sum to 1 over allowed keys, blocked keys 0
+        query_index    [batch, query] long               position of each kept query row (all rows: arange)
+        row_has_keys   [batch, layer, query] bool        False where every key was masked (weights are 0 there)
+        attention_mask [batch, key] bool or None         True at a real token, False at padding (the capture's
+                                                         2-D mask, else the one the forward was handed)
+        tokens         per batch row, the tokenizer's string at each key position, or None
+        query_mask     [batch, position] bool or None    the query side's mask where its positions are not
+                                                         the keys' (cross-attention: the decoder's); None:
+                                                         the keys' (self-attention)
+        query_tokens   per batch row, the query side's token strings where they are not the keys'; None:
+                       the keys'
 
     The capture fills the mask and the tokens where the model's forward was handed ``input_ids``
     (and a mask) of the maps' batch and key length; None where it could not (``inputs_embeds``, a

@@ -117,7 +117,7 @@ class HeadEffects:
 
     @property
     def mean_abs_change(self) -> torch.Tensor:
-        """[layer, head] mean over examples of |change|."""
+        """[layer, head] mean over examples of ``|change|``."""
         return self.change.abs().mean(dim=0)
 
     def to_pandas(self) -> pd.DataFrame:

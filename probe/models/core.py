@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # imported for annotations only
 
 @dataclass(frozen=True)
 class StackContract:
+    """One attention stack of a model (encoder, decoder or cross-attention) as probe reads it: its
+    layers, query and key/value heads, head size, mask, and how its maps are reached."""
+
     stack: str  # encoder | decoder | cross
     n_layers: int
     n_heads: int  # query heads
@@ -63,6 +66,11 @@ class StackContract:
 
 @dataclass(frozen=True, repr=False)
 class AttentionContract:
+    """What probe found out about a model's attention (``probe contract`` prints it): its task, each
+    attention stack (:class:`~probe.models.core.StackContract`), the implementation, dtype, device and window, the
+    special tokens, the weights left at random, and which context-mixing methods run on it.
+    ``n_layers``, ``n_heads``, ``n_kv_heads`` and ``head_dim`` are those of the primary stack."""
+
     model_type: str
     task: Task
     stacks: dict[str, StackContract]
@@ -184,7 +192,7 @@ def encode_texts(pm: ProbeModel, texts: list[str], *, strict_length: bool = Fals
 @dataclass(repr=False)
 class ProbeModel:
     """A loaded model with its tokenizer and attention contract. Made only by :func:`load_model`
-    (a model by name or folder) or :func:`wrap_model` (a model and tokenizer already in memory)."""
+    (a model by name or folder) or :func:`~probe.wrap` (a model and tokenizer already in memory)."""
 
     name: str  # what the user asked for
     path: str  # a folder (or hub id) that ``from_pretrained`` loads; for a wrapped model, its config's name_or_path

@@ -155,7 +155,7 @@ class StudyResult:
     @property
     def stepwise(self) -> bool:
         """A study of a language model's output token by token: its examples table holds one row per
-        output token (unit), the statistics one value per dataset example (:mod:`probe.study.steps`)."""
+        output token (unit), the statistics one value per dataset example (``probe.study.steps``)."""
         return is_stepwise(self.tables.get("examples"))
 
     @property

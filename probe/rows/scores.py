@@ -61,7 +61,7 @@ class TokenScores(PicklableFrozen):
     NaN marks a token the method does not score: special tokens ([CLS], [SEP], <s>, ...) under the
     interventions (leave-one-out never deletes them) and wherever a method leaves a token out. So
     ``scores[i].argmax()`` or ``topk`` may return a special token (NaN sorts above every number in
-    torch); rank with NaN removed, e.g. :meth:`probe.api.Explanation.top_tokens`.
+    torch); rank with NaN removed, e.g. :meth:`probe.Explanation.top_tokens`.
     """
 
     method: str

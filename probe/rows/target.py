@@ -73,7 +73,7 @@ class TargetSpec:
     target_side: bool = False
     #: chat models: each text is the user's message, laid out by the tokenizer's chat template with
     #: the assistant's turn opened; the template's own tokens are kept in the input and marked
-    #: special (never scored or perturbed), a message's content is plain text (:func:`chat_encoding`)
+    #: special (never scored or perturbed), a message's content is plain text (``chat_encoding``)
     chat: bool = False
     contrast: str | tuple[str, ...] | None = None  # language models: the foil text
     contrast_label: int | str | tuple[int | str, ...] | None = None  # classifiers: the contrasted class
@@ -108,7 +108,7 @@ class PreparedExample:
     #: a chat prompt (``TargetSpec.chat``): each message's content in ``text``, ``(start, end, role)``
     messages: tuple[tuple[int, int, str], ...] = ()
     #: a chat prompt: each input token's character offsets in ``text`` ((0, 0): a token the tokenizer
-    #: adds). Its messages are read as plain text (:func:`chat_encoding`), so where one holds a control
+    #: adds). Its messages are read as plain text (``chat_encoding``), so where one holds a control
     #: token's text (``<|im_end|>``) re-encoding ``text`` does not give ``input_ids``; empty otherwise
     offsets: tuple[tuple[int, int], ...] = ()
 

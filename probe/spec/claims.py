@@ -150,7 +150,9 @@ def _check_reference(value: str) -> str:
 
 
 class _Claim(SpecModel):
+    #: the claim, as a sentence (the audit shows it)
     claim: str
+    #: the kind of claim, which decides its other keys
     kind: str
 
     @field_validator("claim")
@@ -184,8 +186,11 @@ class TokenImportanceClaim(_Claim):
     """The most-attended token is the most important one (by the reference, signed: largest drop)."""
 
     kind: Literal["token_importance"]
+    #: the attention read: METHOD, METHOD@LAYER or METHOD@LAYER.HEAD (layer: an index, first or last)
     attention: str = "attention_mean@last"
+    #: what importance is: an intervention (loo_delete, ...) or a gradient method
     reference: str = "loo_delete"
+    #: the k of the top-k overlap given as evidence
     k: Annotated[Int, Field(ge=1)] = 3
 
     @property
@@ -197,9 +202,13 @@ class FaithfulnessClaim(_Claim):
     """Attention ranks tokens like the reference does: mean rank correlation >= threshold."""
 
     kind: Literal["faithfulness"]
+    #: the attention read: METHOD, METHOD@LAYER or METHOD@LAYER.HEAD (layer: an index, first or last)
     attention: str = "attention_mean@last"
+    #: what importance is: an intervention (loo_delete, ...) or a gradient method
     reference: str = "loo_delete"
+    #: the mean rank correlation the claim needs
     threshold: Annotated[Float, Field(ge=-1, le=1)]
+    #: the rank correlation: Kendall tau-b or Spearman
     measure: Literal["kendall_tau", "spearman"] = "kendall_tau"
 
     @property
@@ -212,10 +221,15 @@ class SpecificTokensClaim(_Claim):
     as many other tokens at random."""
 
     kind: Literal["specific_tokens"]
+    #: a regular expression a token's text matches whole (case-insensitive)
     pattern: str | None = None
+    #: instead of pattern: the words whose tokens match
     words: list[str] | None = None
+    #: how tokens are removed: deleted, or replaced by the mask, unk or pad token
     intervention: Literal["delete", "mask", "unk", "pad"] = "delete"
+    #: seeded draws of as many random other tokens, removed for comparison
     repeats: Annotated[Int, Field(ge=1)] = 10
+    #: the attention whose most-attended other tokens are removed for comparison (evidence)
     attention: str = "attention_mean@last"
 
     @field_validator("words")
@@ -256,7 +270,10 @@ class HeadRoleClaim(_Claim):
     ``attends_to`` also: it puts more than a uniform share of its attention on matching tokens."""
 
     kind: Literal["head_role"]
+    #: the head as LAYER.HEAD (e.g. "5.3"; the layer may be first or last)
     head: str
+    #: a regular expression: the head also puts more than a uniform share of its attention on the
+    #: tokens it matches
     attends_to: str | None = None
 
     @field_validator("head", mode="before")
@@ -283,12 +300,19 @@ class CounterfactualClaim(_Claim):
     row moves the output distribution by more than ``bound`` (total variation)."""
 
     kind: Literal["counterfactual"]
+    #: the layer whose target-row attention is replaced: an index, first or last
     layer: int | Literal["first", "last"] = "last"
+    #: one head of that layer (default: every head)
     head: Annotated[Int, Field(ge=0)] | None = None
+    #: seeded permutations of the attention row per example
     permutations: Annotated[Int, Field(ge=1)] = 20
+    #: the output change (total variation) the permutations must exceed; the adversarial search's bound
     bound: Annotated[Float, Field(gt=0, le=1)] = 0.01
+    #: also run Jain & Wallace's adversarial search (evidence only)
     adversarial: Bool = True
+    #: adversarial search: attention candidates per example
     candidates: Annotated[Int, Field(ge=1)] = AdversarialParams.candidates  # the registry's defaults
+    #: adversarial search: Adam steps
     steps: Annotated[Int, Field(ge=1)] = AdversarialParams.steps
 
     @field_validator("layer", mode="before")
@@ -318,13 +342,22 @@ Claim = TokenImportanceClaim | SpecificTokensClaim | HeadRoleClaim | Faithfulnes
 class DataSpec(SpecModel):
     """``dataset`` (builtin:NAME or a .csv/.jsonl file) with split, n, seed; or ``texts``."""
 
+    #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the claim
+    #: file's folder when the file is there)
     dataset: str | None = None
+    #: the split of a built-in dataset
     split: str = "test"
+    #: how many examples are drawn (of texts: the first n)
     n: Annotated[Int, Field(ge=1)] | None = None
+    #: the seed of the shuffle the n examples are drawn after
     seed: Int = 0
+    #: the column of a .csv/.jsonl file that holds the text
     text_column: str = "text"
+    #: the column of a .csv/.jsonl file that holds the label
     label_column: str = "label"
+    #: leave out examples longer than this many tokens (the model's window always applies)
     max_length: Annotated[Int, Field(ge=2)] | None = None
+    #: instead of dataset: the texts themselves
     texts: list[str] | None = None
 
     @field_validator("dataset")
@@ -354,8 +387,13 @@ class DataSpec(SpecModel):
 
 
 class AuditStatistics(SpecModel):
+    """The audit's statistics: bootstrap intervals and the seed of every random draw."""
+
+    #: bootstrap resamples per confidence interval
     bootstrap: Annotated[Int, Field(ge=100, le=1_000_000)] = 2000
+    #: the confidence level of the intervals
     level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
+    #: the seed of the bootstrap and the random draws
     seed: Int = 0
 
 
@@ -368,8 +406,11 @@ class _FileSchema(SpecModel):
     statistics: AuditStatistics = Field(default_factory=AuditStatistics)
     #: spans instead of tokens as the units ranking claims compare (token_importance, faithfulness)
     spans: SpansSpec | None = None
+    #: the report folder (default: results/audit_NAME); probe audit --out wins
     output: str | None = None
+    #: a few sentences shown in the audit
     description: str = ""
+    #: the claims tested: each has claim:, kind: and the keys of its kind
     claims: list[Any]
 
     @field_validator("claims")

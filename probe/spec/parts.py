@@ -18,10 +18,17 @@ __all__ = ["DatasetSpec", "Filters", "ModelSpec", "SpansSpec", "TargetConfig"]
 
 
 class ModelSpec(SpecModel):
+    """The model: which one, on which device, in which precision."""
+
+    #: builtin:NAME, planted:NAME, a local folder or a Hugging Face hub id
     id: str
+    #: cpu, cuda, cuda:N or auto
     device: str = "cpu"
+    #: the precision the weights are loaded in
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: the attention implementation transformers loads the model with (default: transformers' own, sdpa)
     attn_implementation: str | None = None
+    #: load as classification, causal_lm, seq2seq or encoder (default: read from the model)
     task: str | None = None
     #: explain a model whose checkpoint leaves weights random (e.g. a missing head); shown in every report
     allow_random_weights: bool = False
@@ -35,9 +42,15 @@ class ModelSpec(SpecModel):
 
 
 class Filters(SpecModel):
+    """Which examples of the dataset are kept, before ``n`` of them are drawn."""
+
+    #: keep texts of at least this many words (split at whitespace)
     min_words: Annotated[Int, Field(ge=1)] | None = None
+    #: keep texts of at most this many words
     max_words: Annotated[Int, Field(ge=1)] | None = None
+    #: keep the examples whose label is one of these
     labels: list[Int] | None = None
+    #: keep the texts in which this regular expression matches
     contains: str | None = None
 
     @field_validator("labels")
@@ -65,12 +78,22 @@ class Filters(SpecModel):
 
 
 class DatasetSpec(SpecModel):
+    """The examples: a dataset, its split, and how many are drawn with which seed."""
+
+    #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the study
+    #: file's folder when the file is there)
     name: str
+    #: the split of a built-in dataset
     split: str = "test"
+    #: how many examples are drawn (default: every example that passes the filters and fits)
     n: Annotated[Int, Field(ge=1)] | None = None
+    #: the seed of the shuffle the n examples are drawn after
     seed: Int = 0
+    #: the column of a .csv/.jsonl file that holds the text
     text_column: str = "text"
+    #: the column of a .csv/.jsonl file that holds the label
     label_column: str = "label"
+    #: leave out examples longer than this many tokens (the model's window always applies)
     max_length: Annotated[Int, Field(ge=2, le=2**24)] | None = None
     filters: Filters = Field(default_factory=Filters)
 
@@ -94,20 +117,35 @@ class DatasetSpec(SpecModel):
 
 
 class TargetConfig(SpecModel):
+    """What is explained: which output of the model, as which number."""
+
+    #: the number explained: prob, logit or logprob of the target (default prob for classifiers,
+    #: logprob for language models); similarity or dimension for a headless encoder
     kind: Literal["prob", "logit", "logprob", "similarity", "dimension"] | None = None
+    #: a classifier's class explained: an index, a label name, or gold (each example's dataset
+    #: label); default the predicted class
     label: int | str | None = None
+    #: a language model's output text whose log-prob is explained (default: its greedy output)
     continuation: str | None = None
+    #: a template holding {text} once: each example is put in its place, and the template's own
+    #: tokens are not scored
     prompt: str | None = None
+    #: a language model's answer options: the one it prefers (the highest log-prob) is explained
     choices: list[str] | None = None
-    #: a headless encoder's targets: the text a similarity is taken to, the embedding dimension explained
+    #: kind similarity (a headless encoder): the text whose pooled embedding each example's is
+    #: compared with (cosine)
     reference: str | None = None
+    #: kind dimension (a headless encoder): the component of the pooled embedding explained
     dimension: Annotated[Int, Field(ge=0)] | None = None
-    #: a contrastive target ("why this rather than that"): a language model's foil text, a classifier's other label
+    #: a contrastive target ("why this rather than that"): a language model's foil text, the
+    #: continuation's log-prob minus the foil's at the same positions explained
     contrast: str | None = None
+    #: a classifier's other label (index or name): logit[label] - logit[contrast_label] explained
     contrast_label: int | str | None = None
     #: a language model's output explained token by token (one unit per output token, statistics over
     #: the examples): ``generate`` its greedy output of up to N tokens, ``steps`` each token of ``continuation``
     generate: Annotated[Int, Field(ge=1, le=1024)] | None = None
+    #: explain each token of ``continuation`` on its own (as ``generate`` does the model's own output)
     steps: bool = False
     #: causal LMs, with generate or steps: the output written before each token is scored too (target-side)
     target_side: bool = False
@@ -236,7 +274,9 @@ class SpansSpec(SpecModel):
     ``pattern`` in an example's text is one unit; every explainer's token scores are folded over it
     by ``aggregate``, and each leave-one-out reference perturbs the whole span at once."""
 
+    #: a regular expression: each match in an example's text is one unit
     pattern: str
+    #: how a span's token scores are folded into one
     aggregate: Literal["sum", "max", "mean"] = "sum"
 
     @field_validator("pattern")

@@ -84,6 +84,11 @@ def parse_ranking(text: str) -> tuple[str, int | str | None]:
 
 
 class ErasureSpec(SpecModel):
+    """Erasure curves (ERASER): how the target changes as each ranking's top tokens are removed,
+    or all but them kept; and decision flips."""
+
+    #: the rankings whose top tokens are removed: METHOD, or METHOD@LAYER for an attention method
+    #: read at one layer (first, last or an index); each among the explainers and references
     rankings: list[str] = Field(default_factory=list)
     #: percentages of the scorable tokens (the Python API's probe.erasure takes fractions)
     bins: list[Float] = Field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0])
@@ -118,15 +123,23 @@ class ErasureSpec(SpecModel):
 
 
 class CounterfactualSpec(SpecModel):
+    """Counterfactual attention: the target row's attention replaced by permutations of itself (and,
+    when asked, by Jain & Wallace's adversarial search), and how far the output moves."""
+
+    #: the layers whose attention is replaced: indices, first and last, or all
     layers: list[int | Literal["first", "last"]] | Literal["all"] = Field(default_factory=lambda: ["last"])
+    #: layer (the whole layer's attention at once), all (each head on its own) or a list of head indices
     heads: list[int] | Literal["all", "layer"] = "layer"
+    #: seeded permutations of the attention row per example
     permutations: Annotated[Int, Field(ge=1, le=10_000)] = 10
     #: Jain & Wallace's adversarial search is the slowest part of a study (129 of 185 s for 8
     #: sentences on MiniLM): asked for by name, as the shipped studies that run it do
     adversarial: Bool = False
+    #: the adversarial search's bound on the output's change (total variation distance)
     max_output_tvd: Annotated[Float, Field(gt=0, le=1)] = 0.01
-    #: adversarial search: attention candidates per example and Adam steps (Jain & Wallace)
+    #: adversarial search: attention candidates per example (Jain & Wallace)
     adversarial_candidates: Annotated[Int, Field(ge=1, le=1_000)] = AdversarialParams.candidates
+    #: adversarial search: Adam steps (Jain & Wallace)
     adversarial_steps: Annotated[Int, Field(ge=1, le=100_000)] = AdversarialParams.steps
 
     @field_validator("layers", mode="before")
@@ -157,7 +170,11 @@ class CounterfactualSpec(SpecModel):
 
 
 class HeadsSpec(SpecModel):
+    """What each attention head does for the target: ablated alone, and its importance."""
+
+    #: each head's attention weights zeroed on their own, and the target's change
     ablation: Bool = True
+    #: Michel et al.'s head importance: the mean absolute gradient of the loss by a gate on each head
     importance: Bool = True
 
 
@@ -165,28 +182,46 @@ class SanitySpec(SpecModel):
     """Sanity checks (probe.study.sanity), always run: how many examples they use, and the
     cascading randomisation (fractions of the layers re-initialised from the top)."""
 
+    #: the examples the sanity checks run on
     examples: Annotated[Int, Field(ge=1, le=64)] = 4
+    #: run the model-parameter randomisation check (Adebayo et al. 2018)
     randomisation: Bool = True
+    #: the fractions of the layers re-initialised from the top, one step of the cascade each
     fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5, 1.0])
 
 
 class PublishedNumber(SpecModel):
     """A number from the paper a study follows, set beside ours in the report (context, not a target)."""
 
+    #: the explainer the paper measured (a method of the study)
     explainer: str
+    #: the reference it was measured against (a method of the study)
     reference: str
-    layer: Int | None = None  # 0-based, ours; None for a token-level method
+    #: the layer, 0-based as probe counts them; null for a token-level method
+    layer: Int | None = None
+    #: the measure of the paper's number
     measure: Literal["kendall_tau", "spearman"] = "spearman"
+    #: the paper's number
     value: Float
+    #: where the paper reports it (e.g. its table)
     source: str = ""
 
 
 class MetricsSpec(SpecModel):
+    """What is measured: agreement with the references, its baselines and ceilings, erasure,
+    counterfactual attention and the heads; a section set to null or false is switched off."""
+
+    #: the agreement measures computed per example: Kendall tau-b, Spearman, top-k overlap
     agreement: list[Literal["kendall", "spearman", "top_k"]] = Field(
         default_factory=lambda: ["kendall", "spearman", "top_k"])
+    #: the k of the top-k overlap
     top_k: list[Annotated[Int, Field(ge=1, le=100_000)]] = Field(default_factory=lambda: [1, 3, 5])
+    #: the rankings every agreement is set beside: seeded random, uniform attention, position (later
+    #: tokens first)
     baselines: list[Literal["random", "uniform", "position"]] = Field(
         default_factory=lambda: ["random", "uniform", "position"])
+    #: pairs of references whose agreement is the most an explainer can be expected to reach; null:
+    #: every pair of references, false or []: none
     ceilings: list[tuple[str, str]] | None = None
     erasure: ErasureSpec | None = Field(default_factory=ErasureSpec)
     counterfactual: CounterfactualSpec | None = Field(default_factory=CounterfactualSpec)
@@ -235,12 +270,20 @@ class MetricsSpec(SpecModel):
 
 
 class StatisticsSpec(SpecModel):
-    #: bounded here and, against the free memory, when the examples are known (probe.rows.memory)
+    """The statistics: bootstrap intervals, the tests' level, the verdict's reference and measure."""
+
+    #: bootstrap resamples per confidence interval; bounded here and, against the free memory, when
+    #: the examples are known (probe.rows.memory)
     bootstrap: Annotated[Int, Field(ge=100, le=1_000_000)] = 2000
+    #: the confidence level of the intervals
     level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
+    #: the significance level of the verdict's tests
     alpha: Annotated[Float, Field(gt=0, lt=0.5)] = 0.05
+    #: the seed of the bootstrap and the permutations
     seed: Int = 0
+    #: count special tokens ([CLS], [SEP], ...) and a prompt template's tokens in agreement
     include_special: Bool = False
+    #: the reference the verdict is judged against (default: the first of references)
     reference: str | None = None
     #: random rankings per example in the verdict's chance test (probe.metrics.nulls): rule 1's p-values
     #: are resolved to 1 / (permutations + 1)
@@ -260,24 +303,37 @@ class StatisticsSpec(SpecModel):
 
 
 class EngineSpec(SpecModel):
+    """How the work is cut: batches of examples, and the size of one forward pass."""
+
+    #: examples per batch: the unit a run is stored, resumed and sharded in
     batch_size: Annotated[Int, Field(ge=1, le=65_536)] = 16
+    #: the most rows x padded tokens of one forward pass of the interventions
     token_budget: Annotated[Int, Field(ge=64, le=2**28)] = 8192
 
 
 class Study(SpecModel):
+    """A study file: the model, the examples, the target, the methods compared and how."""
+
+    #: the study's name (letters, digits, '-', '_', '.'): its results go to results/NAME unless
+    #: output says otherwise
     name: str
+    #: a few sentences shown in the report
     description: str = ""
     model: ModelSpec
     dataset: DatasetSpec
     target: TargetConfig = Field(default_factory=TargetConfig)
+    #: the methods whose rankings are checked: a list of names, a comma-separated string, or all
     explainers: list[str]
+    #: what the explainers are checked against, usually interventions (loo_delete, ...)
     references: list[str]
+    #: each method's parameters: {METHOD: {KEY: VALUE}}
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     statistics: StatisticsSpec = Field(default_factory=StatisticsSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
-    #: spans instead of tokens as the units compared (None: tokens)
+    #: spans instead of tokens as the units compared (default: tokens)
     spans: SpansSpec | None = None
+    #: the result folder (default: results/NAME); probe run --out wins
     output: str | None = None
 
     @field_validator("name")

@@ -190,7 +190,7 @@ def _sites(pm: ProbeModel, study: Study) -> list[tuple[int, int | None]]:
 
 def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame:
     """``make(examples, first_index)``: a frame of those examples' rows. When it runs out of memory,
-    it runs on each half of the examples in turn (:func:`probe.intervene.engine.in_halves`) and
+    it runs on each half of the examples in turn (:func:`probe.rows.memory.in_halves`) and
     the parts are joined in example order; every intervention seeds per example, so the halves
     give what one call gives."""
     from probe.rows.memory import in_halves

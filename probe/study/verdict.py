@@ -119,7 +119,7 @@ class Verdict(PicklableFrozen):
         best layer-level unit and best head, coloured by family, beside the random baseline (and
         the other baselines the verdict keeps), the ceiling and the best gradient as vertical
         lines. A verdict holds these few units only: a study's
-        :meth:`~probe.report.results.StudyResult.plot` draws every layer from the summary table.
+        :meth:`~probe.StudyResult.plot` draws every layer from the summary table.
         Returns a :class:`matplotlib.figure.Figure`."""
         from probe.plots import Band, UnitPoint, units_figure
 
