@@ -117,9 +117,11 @@ class KnockoutParams:
     """Edge knockout (probe.intervene.knockout.knockout): the edges from the target rows (``query``
     target) or from every row from ``query_from`` on (``query`` from) to a key blocked in the heads
     ``heads`` of the layers ``layers`` (None: all; an int; ``"0,2"``; ``"a:b"`` a slice), the row
-    renormalised or not; ``per_head`` adds ``extras["per_head"]`` ``[layer, head, tokens]``."""
-    layers: int | str | None = None
-    heads: int | str | None = None
+    renormalised or not; ``per_head`` adds ``extras["per_head"]`` ``[layer, head, tokens]``. A study
+    or claim file may also give a list of ints (``layers: [0, 2]``); a layer may count from the end
+    (``-1``, the last)."""
+    layers: int | str | tuple[int, ...] | None = dataclasses.field(default=None, metadata={"from_end": True})
+    heads: int | str | tuple[int, ...] | None = None
     query: str = "target"
     query_from: int | None = None
     renormalise: bool = True
@@ -608,8 +610,12 @@ def _fits(value: Any, annotation: str) -> bool:
             return True
         if part == "str" and isinstance(value, str):
             return True
-        if part.startswith("tuple") and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return True
+        if part.startswith("tuple[") and isinstance(value, (list, tuple)):
+            item = part[len("tuple["):].split(",")[0].strip()
+            if item == "str" and all(isinstance(v, str) for v in value):
+                return True
+            if item == "int" and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                return True
     return False
 
 
@@ -645,8 +651,12 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
         annotation = str(fields[key].type)
         if not _fits(value, annotation):
             return key, f"{value!r} is not valid for {name}.{key}; give a value of type {annotation}"
-        if isinstance(value, int) and not isinstance(value, bool) and key != "seed" and not 0 <= value <= MAX_PARAM_INT:
-            return key, f"{value!r} is out of range for {name}.{key}; give 0..{MAX_PARAM_INT}"
+        # an index that counts from the end (a layer, -1 the last) may be negative; a count never
+        low = -MAX_PARAM_INT if fields[key].metadata.get("from_end") else 0
+        for number in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(number, int) and not isinstance(number, bool) and key != "seed" \
+                    and not low <= number <= MAX_PARAM_INT:
+                return key, f"{number!r} is out of range for {name}.{key}; give {low}..{MAX_PARAM_INT}"
     try:
         entry.params(**{**preset, **values})
     except (TypeError, ValueError) as err:

@@ -370,6 +370,31 @@ def test_knockout_is_a_registered_signed_reference_run_by_name():
     assert registry.params_problem("knockout", {"layers": 1, "query": "from", "query_from": 2}) is None
     bad, sentence = registry.params_problem("knockout", {"renormalize": True})
     assert bad == "renormalize" and "did you mean 'renormalise'" in sentence
+    # lists of ints, as a study file writes them, and layers counted from the end
+    assert registry.params_problem("knockout", {"layers": [0, -1], "heads": [0, 2]}) is None
+    assert registry.params_problem("knockout", {"layers": -1, "heads": 1}) is None
+    bad, sentence = registry.params_problem("knockout", {"layers": [0, "x"]})
+    assert bad == "layers" and "tuple[int, ...]" in sentence
+    bad, sentence = registry.params_problem("knockout", {"heads": -1})
+    assert bad == "heads" and "out of range" in sentence  # a head index does not count from the end
+    bad, sentence = registry.params_problem("knockout", {"batch_size": -3})
+    assert bad == "batch_size" and "give 0..1000000" in sentence
+
+
+def test_a_study_file_gives_layers_and_heads_as_lists(tmp_path):
+    """`params: {knockout: {layers: [0, 1], heads: [0, 2]}}` in a study file validates, and the
+    method runs on those layers and heads (YAML lists are what a person writes)."""
+    import yaml
+
+    from probe.spec.study import load_study
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "model": {"id": "builtin:minilm-rt"}, "dataset": {"name": "builtin:rotten_tomatoes", "n": 10},
+        "explainers": ["attention_mean"], "references": ["knockout"],
+        "params": {"knockout": {"layers": [0, -1], "heads": [0, 2], "renormalise": False}}}))
+    study = load_study(path)
+    assert study.params["knockout"]["layers"] == [0, -1] and study.params["knockout"]["heads"] == [0, 2]
 
 
 def _as_result(scores, pm):
@@ -453,3 +478,16 @@ def test_bad_layer_and_head_strings_are_refused_in_one_line(folders):
         with pytest.raises(InputError, match=word) as info:
             knockout(pm, examples, **params)
         assert "\n" not in str(info.value)
+
+
+def test_lists_of_ints_select_what_their_strings_select(folders):
+    """layers [-1] and heads [0, 1] (a study file's lists) knock out exactly what "-1:" and "0,1" do."""
+    from probe.methods import run_method
+
+    pm = _pm(folders, "bert", "sdpa")
+    examples = prepare(pm, TEXTS[:2], TargetSpec())
+    strings = run_method(pm, examples, "knockout", params={"layers": "-1:", "heads": "0,1"})
+    lists = run_method(pm, examples, "knockout", params={"layers": [-1], "heads": [0, 1]})
+    assert lists.params["layers"] == strings.params["layers"] == [1] and lists.params["heads"] == [0, 1]
+    for a, b in zip(strings.scores, lists.scores):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
