@@ -605,8 +605,7 @@ class Explanation(PicklableFrozen):
         back equal, every score exactly. Returns the folder."""
         import json
 
-        from probe.report.output import atomic_text
-        from probe.study.store import write_table
+        from probe.study.store import write_file, write_table
 
         folder = Path(path)
         _check_explanation_folder(folder)
@@ -623,7 +622,7 @@ class Explanation(PicklableFrozen):
         }
         # each file whole or not at all, a failed write's temporary file removed (the store's own writers)
         write_table(folder / "scores.parquet", self.to_pandas())
-        atomic_text(folder / "explanation.json", json.dumps(record, indent=1))
+        write_file(folder / "explanation.json", json.dumps(record, indent=1))
         return folder
 
     def __getitem__(self, method: str) -> TokenScores:

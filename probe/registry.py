@@ -27,11 +27,6 @@ VERDICT_FAMILIES = ("attention weights", "attention-derived", "context mixing", 
 # ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class NoParams:
-    """A method without keyword parameters."""
-
-
-@dataclass(frozen=True)
 class AttentionParams:
     batch_size: int = 16
 

@@ -325,7 +325,7 @@ def test_capture_matches_hf_eager_attentions(loaded):
         pm.model(**batch)
     first = cap.maps().to_pandas()  # the captured layer and head keep the model's indices
     assert set(first.layer) == {1} and set(first["head"]) == {2} and set(first["query"]) == {0}
-    from probe.hooks.registry import installed_wrappers
+    from probe.hooks.attention_functions import installed_wrappers
 
     assert installed_wrappers() == []  # the block removed its hooks
 

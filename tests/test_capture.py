@@ -9,7 +9,7 @@ from tolerances import assert_fp_close, model_depth
 
 from probe.errors import CaptureError
 from probe.hooks.capture import capture_attention
-from probe.hooks.registry import installed_wrappers
+from probe.hooks.attention_functions import installed_wrappers
 from probe.models.checks import run_checks
 from probe.models.core import encode_texts
 from probe.models.text import forward_inputs
@@ -246,14 +246,14 @@ def test_all_masked_rows_are_zero_and_flagged(loaded):
 
 
 def test_open_session_leaves_no_wrapper_and_no_session_when_its_block_raises():
-    from probe.hooks import registry
+    from probe.hooks import attention_functions
 
     class Session:
         where: dict = {}
 
     with pytest.raises(RuntimeError, match="inside"):
-        with registry.open_session(Session(), "sdpa"):
+        with attention_functions.open_session(Session(), "sdpa"):
             assert installed_wrappers() == ["sdpa"]
             raise RuntimeError("inside")
-    assert installed_wrappers() == [] and registry._SESSIONS == []
+    assert installed_wrappers() == [] and attention_functions._SESSIONS == []
 

@@ -355,11 +355,10 @@ def test_parameters_are_left_out_of_the_graph_and_their_flags_restored(loaded, m
         handle.remove()
         by_hand.requires_grad_(True)
     # the same scores from an autograd graph that includes the parameters
-    import probe.explainers.gradient_forward as forward
+    from probe.rows.queries import eval_mode
 
-    plain = forward.gradient_mode
     for module in (G, IG):  # the modules that call it with inputs_only=True
-        monkeypatch.setattr(module, "gradient_mode", lambda model, *, inputs_only=False: plain(model))
+        monkeypatch.setattr(module, "eval_mode", lambda model, *, grad=None, inputs_only=False: eval_mode(model, grad=grad))
     ig_plain, saliency_plain = IG.integrated_gradients(pm, examples, steps=8), G.saliency(pm, examples)
     monkeypatch.undo()
     depth = model_depth(pm, backward=True)

@@ -278,7 +278,7 @@ def _removal_rows(ctx: AuditContext, claim: SpecificTokensClaim, matched: list[n
     """Per example with room for as many other tokens: its rows (original, matched removed, each random
     draw removed, the most-attended others removed), and the plan ``(example, first row, matched
     positions, draws, attention-chosen positions)`` to read their values back."""
-    from probe.intervene.tokens import example_seed
+    from probe.rows.target import example_seed
 
     replacement = replacement_token(ctx.pm, claim.intervention)
     plan = []

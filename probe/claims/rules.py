@@ -50,7 +50,6 @@ import numpy as np
 
 from probe.metrics.statistics import summarize
 
-VERDICTS = ("supported", "refuted", "inconclusive")
 #: the fewest examples with an effect on which a claim is supported or refuted (and a CI computed)
 MIN_EVIDENCE = 10
 #: below this many examples a decision also needs the sign-flip permutation test
@@ -194,5 +193,5 @@ def conjunction(*verdicts: str) -> str:
     return "inconclusive"
 
 
-__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "RULES", "Rule", "SMALL_N", "VERDICTS", "conjunction", "counterfactual_rule", "faithfulness_rule",
+__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "RULES", "Rule", "SMALL_N", "conjunction", "counterfactual_rule", "faithfulness_rule",
            "judge", "n_needed", "sign_flip_p", "verdict", "z_value"]

@@ -27,6 +27,7 @@ from probe.spec.claims import (
     TokenImportanceClaim,
 )
 from probe.study.examples import check_contrast, prepare_examples, select_examples
+from probe.study.store import write_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -95,41 +96,11 @@ class AuditResult:
         data = self.to_dict()
         paths = [out / "audit.json", out / "audit.md", out / "audit.html"]
         texts = [json.dumps(data, indent=2, ensure_ascii=False) + "\n", render_markdown(data), render_html(data)]
-        _write_all(paths, texts)
+        # all three written, then renamed into place: a failure leaves the earlier audit's files as they were
+        write_files(dict(zip(paths, texts)))
         self.out_dir = out
         self.files = [str(p) for p in paths]
         return paths
-
-
-def _write_all(paths: list[Path], texts: list[str]) -> None:
-    """Write every file to a temporary name beside it, and only once all are complete rename them into
-    place: a failure (a full disk, a read-only folder) leaves the earlier audit's files as they were."""
-    import os
-    import tempfile
-
-    from probe.errors import storage_error
-
-    temps: list[str] = []
-    current = paths[0]
-    try:
-        for path, text in zip(paths, texts):
-            current = path
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            temps.append(tmp)
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode("utf-8"))
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)
-        for path, tmp in zip(paths, temps):
-            current = path
-            os.replace(tmp, path)
-    except OSError as err:
-        raise storage_error(err, current) from None
-    finally:
-        for tmp in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 # ------------------------------------------------------------------------------------------ the run

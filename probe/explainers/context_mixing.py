@@ -115,9 +115,7 @@ class LayerRecords:
     weights: torch.Tensor | None  # [batch, layer, head, W, W] fp32 full attention (None: not asked for)
     value_inputs: dict[int, torch.Tensor]  # layer -> [batch, W, in] what W_V reads (ALTI/GlobEnc only)
     block_inputs: dict[int, tuple[tuple, dict]]  # layer -> (args, kwargs) of the block call
-    block_outputs: dict[int, torch.Tensor]  # layer -> [batch, W, D] block output
     ln_inputs: dict[tuple[int, str], torch.Tensor]  # (layer, ln1|ln2) -> [batch, W, D]
-    ln_outputs: dict[tuple[int, str], torch.Tensor]  # (layer, ln1|ln2) -> [batch, W, D]
 
 
 @contextmanager
@@ -143,7 +141,7 @@ def _module_hooks(targets: dict, ins: dict, outs: dict, *, with_kwargs: bool = F
 
 def record_layers(pm: ProbeModel, batch: RowBatch, stack: str, *, norms: MixingLayout | None, weights: bool = True) -> LayerRecords:
     """One forward of ``batch`` keeping full attention (unless ``weights=False``), value inputs, block
-    inputs/outputs and the LayerNorms."""
+    inputs and the LayerNorms' inputs (every block's output is seen, to check that each ran)."""
     blocks = block_modules(pm, stack)
     named = dict(pm.model.named_modules())
     norm_modules = {}
@@ -166,8 +164,7 @@ def record_layers(pm: ProbeModel, batch: RowBatch, stack: str, *, norms: MixingL
     if len(block_outs) != len(blocks):
         raise CaptureError(f"context mixing saw {len(block_outs)} of {len(blocks)} {stack} layer blocks run")
     return LayerRecords(weights=capture.maps(stack).weights if weights else None, value_inputs=dict(value_inputs),
-                        block_inputs=block_ins, block_outputs=block_outs,
-                        ln_inputs={k: v.detach() for k, v in ln_ins.items()}, ln_outputs=ln_outs)
+                        block_inputs=block_ins, ln_inputs={k: v.detach() for k, v in ln_ins.items()})
 
 
 # ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from probe.errors import InputError, ProbeError
+from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import (
     PreparedExample,
@@ -319,7 +320,7 @@ def embedding_forward(pm: ProbeModel, examples: Sequence[PreparedExample], site:
         raise InputError("no examples to explain: give at least one prepared example")
     batch = build_rows(pm, [(example.input_ids, example) for example in examples])
     input_ids = batch.inputs["input_ids"]  # [rows, seq]
-    with gradient_mode(pm.model):
+    with eval_mode(pm.model, grad=True):
         fixed = site_values(pm, where, batch.inputs)  # [rows, seq, dim]
     # the site's positions: more than the input's where the model pads inside its forward
     # (Longformer, to a multiple of its window); those extra positions stay fixed
@@ -449,29 +450,6 @@ def grouped_values(problem: EmbeddingForward, *embeds: torch.Tensor) -> torch.Te
         values = problem.positions(torch.cat([e[reps] for e in embeds]), reps.repeat(len(embeds)))
     values = values.reshape(len(embeds), len(reps), -1)  # [sets, groups, n_target]
     return values[:, group_of, steps].reshape(-1)
-
-
-@contextlib.contextmanager
-def gradient_mode(model, *, inputs_only: bool = False) -> Iterator[None]:
-    """Eval mode (no dropout: attributions must be deterministic) with autograd on, restored after.
-
-    ``inputs_only``: the pass differentiates only a tensor it feeds in (the attributed
-    embeddings), so the parameters are set not to require gradients for its duration (their
-    flags are restored after). Autograd then keeps no activations for weight gradients that
-    nobody reads; the input gradients are the same.
-    """
-    was_training = model.training
-    model.eval()
-    frozen = [p for p in model.parameters() if p.requires_grad] if inputs_only else []
-    try:
-        for parameter in frozen:
-            parameter.requires_grad_(False)
-        with torch.enable_grad():
-            yield
-    finally:
-        for parameter in frozen:
-            parameter.requires_grad_(True)
-        model.train(was_training)
 
 
 # ---------------------------------------------------------------------------

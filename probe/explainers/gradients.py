@@ -49,13 +49,13 @@ from probe.explainers.gradient_forward import (
     common_params,
     embedding_forward,
     EmbeddingForward,
-    gradient_mode,
     grouped_gradients,
     per_example,
     join_buckets,
     width_buckets,
 )
 from probe.names import GRADIENT_METHODS
+from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 
@@ -75,7 +75,7 @@ def _gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *, times_inp
     from captum.attr import InputXGradient, Saliency
 
     problem = embedding_forward(pm, examples, site)
-    with gradient_mode(pm.model, inputs_only=True):
+    with eval_mode(pm.model, grad=True, inputs_only=True):
         if problem.groups:  # the output tokens of one text: one forward of their row, a backward per token
             grads = grouped_gradients(problem, problem.embeds, [1.0], [1.0], None)
             return (grads * problem.embeds if times_input else grads).detach().float(), problem

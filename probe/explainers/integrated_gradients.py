@@ -15,7 +15,6 @@ from probe.explainers.gradient_forward import (
     common_params,
     embedding_forward,
     EmbeddingForward,
-    gradient_mode,
     grouped_gradients,
     grouped_values,
     per_example,
@@ -23,8 +22,9 @@ from probe.explainers.gradient_forward import (
     site_values,
     width_buckets,
 )
+from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, example_seed
+from probe.rows.target import PreparedExample, target_generator
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -89,7 +89,7 @@ def _site_baseline(pm: ProbeModel, problem: EmbeddingForward, kind: str) -> torc
     ids = problem.batch.inputs["input_ids"]  # [rows, seq]
     explained = problem.explained[:, : ids.shape[1]]  # the site may hold more positions (padded inside the model)
     replaced = torch.where(explained, torch.full_like(ids, token_id), ids)  # [rows, seq]
-    with gradient_mode(pm.model):
+    with eval_mode(pm.model, grad=True):
         values = site_values(pm, problem.site, {**problem.batch.inputs, "input_ids": replaced})  # [rows, seq, dim]
     return values[:, : problem.embeds.shape[1]] * problem.mask[..., None]
 
@@ -192,10 +192,10 @@ def _ig_attributions(pm: ProbeModel, problem: EmbeddingForward, base: torch.Tens
     if problem.groups:
         alphas, weights = quadrature(rule, steps)
         chunk = None if internal_batch_size is None else _chunk(problem, internal_batch_size)
-        with gradient_mode(pm.model, inputs_only=True):
+        with eval_mode(pm.model, grad=True, inputs_only=True):
             path = grouped_gradients(problem, base, alphas, weights, chunk)  # [rows, width, dim]
         return (path * (problem.embeds - base)).detach().float()
-    with gradient_mode(pm.model, inputs_only=True):
+    with eval_mode(pm.model, grad=True, inputs_only=True):
         ig = IntegratedGradients(problem)
         return ig.attribute(
             problem.embeds.clone().requires_grad_(), baselines=base, additional_forward_args=(problem.rows,), n_steps=steps,
@@ -366,7 +366,7 @@ def _shap_draws(problem: EmbeddingForward, n_kinds: int, n_samples: int, stdev: 
     alpha = torch.zeros(rows, n_samples)
     eps = torch.zeros(rows, n_samples, width, dim)
     for r, example in enumerate(problem.batch.examples):
-        generator = torch.Generator().manual_seed(example_seed(seed, example))
+        generator = target_generator(seed, example)
         n = len(example.input_ids)
         which[r] = torch.randint(n_kinds, (n_samples,), generator=generator)
         alpha[r] = torch.rand(n_samples, generator=generator)
@@ -382,7 +382,7 @@ def _gradients_at(pm: ProbeModel, problem: EmbeddingForward, points: torch.Tenso
 
     chunk = len(points) if internal_batch_size is None else _chunk(problem, internal_batch_size)
     grads = []
-    with gradient_mode(pm.model, inputs_only=True):
+    with eval_mode(pm.model, grad=True, inputs_only=True):
         saliency_method = Saliency(problem)
         for start in range(0, len(points), chunk):
             part = slice(start, start + chunk)

@@ -69,11 +69,6 @@ def full_attention_limit(module) -> int:
     return (5 + 2 * int(module.num_random_blocks)) * int(module.block_size)
 
 
-def parent_path(path: str) -> tuple[str, str]:
-    parent, _, name = path.rpartition(".")
-    return parent, name
-
-
 # --------------------------------------------------------------------------- the attention-type guard
 
 

@@ -17,7 +17,7 @@ mvp, ...): while such a module runs, a torch function mode takes the result of i
 over [batch, head, query, key] (``probe.hooks.modes.SoftmaxWatch``) and treats it the same way.
 A module the model calls several times in one forward (a shared layer) is one layer per call.
 
-The registry wrapper itself, the one piece of process-global state, is :mod:`probe.hooks.registry`.
+The registry wrapper itself, the one piece of process-global state, is :mod:`probe.hooks.attention_functions`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from probe.errors import CaptureError, InputError
 from probe.hooks import banded, implicit
 from probe.hooks import math as amath
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
-from probe.hooks.registry import (
+from probe.hooks.attention_functions import (
     implementation_of,
     open_session,
     sink_logits,

@@ -49,7 +49,7 @@ from probe.rows.target import (
     PreparedExample,
     RowBatch,
     build_rows,
-    example_seed,
+    target_generator,
     target_values,
 )
 
@@ -342,7 +342,7 @@ def permutation_order(example: PreparedExample, n: int, seed: int, permute_speci
     """
     length = len(example.input_ids)
     movable = torch.tensor([t for t in range(length) if permute_special or not example.special[t]], dtype=torch.long)
-    generator = torch.Generator().manual_seed(example_seed(seed, example))
+    generator = target_generator(seed, example)
     orders = torch.arange(length).repeat(n, 1)
     for k in range(n):
         if movable.numel() > 1:
@@ -443,7 +443,7 @@ def _adversarial_start(chunk: Sequence[PreparedExample], tq: TargetQueries, refe
     start = torch.log(reference_attention.clamp(min=1e-12))
     noise = torch.zeros((len(chunk) * candidates,) + tuple(start.shape[1:]))  # [rows, head, R, n_keys]
     for i, example in enumerate(chunk):
-        generator = torch.Generator().manual_seed(example_seed(opts.seed, example))
+        generator = target_generator(opts.seed, example)
         n_rows, n_keys = int(tq.valid[i].sum()), int(tq.lengths[i])
         noise[i * candidates:(i + 1) * candidates, :, :n_rows, :n_keys] = torch.randn(
             (candidates, start.shape[1], n_rows, n_keys), generator=generator) * opts.init_scale

@@ -54,8 +54,9 @@ from probe.intervene.packing import pack_rows
 from probe.intervene.prefix import evaluate_prefix_reuse, supports_prefix_reuse
 
 # re-exported: the names callers import from probe.intervene.engine
-from probe.intervene.rowcache import Row, RowCache, eval_no_grad
+from probe.intervene.rowcache import Row, RowCache
 from probe.rows.memory import halving
+from probe.rows.queries import eval_mode
 from probe.rows.target import (
     PreparedExample,
     build_rows,
@@ -165,7 +166,7 @@ class Engine(RowCache):
             kwargs["use_cache"] = False
         batch = keep_target_logits(self.pm, batch, kwargs)
         started = time.perf_counter()
-        with eval_no_grad(self.pm.model):
+        with eval_mode(self.pm.model, grad=False):
             logits = self.pm.model(**kwargs).logits
         self._count(started, batch.inputs["input_ids"].numel()
                     + (batch.inputs["decoder_input_ids"].numel() if "decoder_input_ids" in batch.inputs else 0))

@@ -35,9 +35,9 @@ import torch
 from probe.errors import InputError
 from probe.intervene.engine import Engine
 from probe.intervene.rowcache import Row
-from probe.intervene.tokens import example_seed, scorable_positions
+from probe.intervene.tokens import scorable_positions
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample
+from probe.rows.target import PreparedExample, example_seed
 
 ERASURE_BINS = (0.01, 0.05, 0.1, 0.2, 0.5)
 RANDOM_RANKING = "random"

@@ -80,7 +80,7 @@ def ablate_heads(pm: ProbeModel, examples: Sequence[PreparedExample], ablations:
     rows = [(e.input_ids, e) for e in examples for _ in ablations]
     row_keep = keep.repeat(len(examples), 1, 1)  # [example * ablation, layer, head]
     values = []
-    with eval_mode(pm.model), torch.no_grad():
+    with eval_mode(pm.model, grad=False):
         for start in range(0, len(rows), batch_size):
             batch = build_rows(pm, rows[start: start + batch_size])
             chunk_keep = row_keep[start: start + batch_size].to(pm.device)  # [rows, layer, head]

@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.hooks.registry import implementation_of
+from probe.hooks.attention_functions import implementation_of
 from probe.intervene.packing import Segment, bin_depth, plan_bins
-from probe.intervene.rowcache import Row, RowCache, common_prefix, eval_no_grad, row_key
+from probe.intervene.rowcache import Row, RowCache, common_prefix, row_key
 from probe.rows.memory import halving
+from probe.rows.queries import eval_mode
 from probe.rows.target import (
     PreparedExample,
     RowBatch,
@@ -281,7 +282,7 @@ def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | No
     if engine._packed_logits:
         kwargs["logits_to_keep"] = layout.keep.to(device)  # the kept positions only, flattened
     started = time.perf_counter()
-    with eval_no_grad(pm.model):
+    with eval_mode(pm.model, grad=False):
         logits = pm.model(**kwargs).logits  # [kept positions, vocab], or [bins, fill, vocab]
     engine._count(started, len(bins) * fill)
     if keep_cache:

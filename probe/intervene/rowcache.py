@@ -10,7 +10,6 @@ what every pass needs to know about the model; :class:`~probe.intervene.engine.E
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Iterable, Sequence
@@ -75,21 +74,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-@contextlib.contextmanager
-def eval_no_grad(model: torch.nn.Module):
-    """Eval mode (dropout off) and no autograd for the duration; the model's previous mode is
-    restored. Every intervention runs under it (Jain & Wallace's permutations ran with dropout on)."""
-    was_training = model.training
-    if was_training:
-        model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        if was_training:
-            model.train()
-
-
 class RowCache:
     """Cached target values of rows, by content, with the counters of the passes that made them.
 
@@ -119,11 +103,6 @@ class RowCache:
     def clear(self) -> None:
         """Forget cached values (counters are kept)."""
         self._cache.clear()
-
-    @property
-    def cached_rows(self) -> int:
-        """How many distinct rows have a cached value."""
-        return len(self._cache)
 
     def _lookup(self, rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         values = torch.empty(len(rows), dtype=torch.float32)  # [rows]

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from probe.errors import InputError
-from probe.intervene.tokens import example_seed, replacement_token_id, scorable_positions
+from probe.intervene.tokens import replacement_token_id, scorable_positions
+from probe.rows.target import example_seed
 from probe.rows.scores import TokenScores
 
 if TYPE_CHECKING:

@@ -31,7 +31,6 @@ example's unchanged prefix (every LOO row shares the original up to the perturbe
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,9 +40,9 @@ import torch
 
 from probe.errors import InputError
 from probe.intervene.engine import Engine
-from probe.intervene.rowcache import eval_no_grad
+from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample
+from probe.rows.target import PreparedExample, example_generator, example_seed
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -54,11 +53,6 @@ DEFAULT_DRAWS = 8
 #: loo_lm holds the logits of one batch of original inputs, [rows, tokens, vocab]: at most this
 #: many floats (256 MiB in fp32), whatever the token budget.
 LM_LOGITS_FLOATS = 2**26
-
-
-def example_seed(seed: int, example: PreparedExample) -> list[int]:
-    """A seed sequence for ``numpy``/``torch`` generators that depends on the example's content only."""
-    return [int(seed), zlib.crc32(np.asarray(example.input_ids, dtype=np.int64).tobytes())]
 
 
 def scorable_positions(example: PreparedExample) -> list[int]:
@@ -138,14 +132,14 @@ def _lm_draws(engine: Engine, examples: Sequence[PreparedExample], k: int, seed:
         for r, i in enumerate(chunk):
             input_ids[r, : len(contexts[i])] = torch.tensor(contexts[i])
             attention_mask[r, : len(contexts[i])] = 1
-        with eval_no_grad(pm.model):
+        with eval_mode(pm.model, grad=False):
             logits = pm.model(input_ids=input_ids.to(pm.device), attention_mask=attention_mask.to(pm.device),
                               use_cache=False).logits.float().cpu()  # [rows, width, vocab]
         engine.stats.forward_passes += 1
         engine.stats.padded_tokens += int(input_ids.numel())
         for r, i in enumerate(chunk):
             example = examples[i]
-            generator = torch.Generator().manual_seed(int(np.random.SeedSequence(example_seed(seed, example)).generate_state(1)[0]))
+            generator = example_generator(seed, example)
             for t in scorable_positions(example):
                 # logits at context position (t + offset - 1) predict the token at t
                 probs = torch.softmax(logits[r, t + offsets[i] - 1].double(), dim=-1)  # [vocab]

@@ -73,9 +73,6 @@ ATTENTION_LAYOUTS: dict[str, tuple[StackPattern, ...]] = {
     ),
 }
 
-# Models whose attention cannot be read through the attention interface at all.
-UNSUPPORTED: dict[str, str] = {}
-
 #: model types read as causal LMs when neither the config's ``architectures`` nor ``is_decoder``
 #: say so (and never taken for a headless encoder)
 CAUSAL_LM_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")

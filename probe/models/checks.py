@@ -18,7 +18,7 @@ from probe.hooks import math as amath
 from probe.hooks import blocksparse, local_global
 from probe.hooks.banded import dense_from_output_attentions, one_sided_window
 from probe.hooks.capture import capture_attention
-from probe.hooks.registry import original_attention_function
+from probe.hooks.attention_functions import original_attention_function
 from probe.models.core import encode_texts
 from probe.models.text import forward_inputs
 

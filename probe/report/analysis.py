@@ -129,11 +129,6 @@ def per_layer_explainers(r: StudyResult) -> list[str]:
     return ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] >= 0), "explainer"])
 
 
-def token_level_explainers(r: StudyResult) -> list[str]:
-    s = summary_rows(r, role="explainer")
-    return ordered_explainers(s.loc[(s["head"] < 0) & (s["layer"] < 0), "explainer"])
-
-
 def reference_bands(r: StudyResult, reference: str) -> dict[str, Band]:
     """Random, uniform and position baselines and the ceiling, against ``reference`` (study measure)."""
     return summary_bands(r.summary, reference, r.measure)

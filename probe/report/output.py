@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.errors import InputError, ProbeError, storage_error
+from probe.errors import InputError, storage_error
 from probe.document import (
     Document,
     Figure,
@@ -19,6 +19,7 @@ from probe.document import (
     render_html,
     render_markdown,
 )
+from probe.study.store import write_file
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Writer:
         return Figure(name=name, png=png, caption=caption)
 
     def csv(self, name: str, frame: pd.DataFrame) -> str:
-        atomic_text(self.staging / "tables" / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g"))
+        write_file(self.staging / "tables" / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g"))
         self.tables.append(self.out / "tables" / f"{name}.csv")
         return f"tables/{name}.csv"
 
@@ -130,23 +131,6 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()
-
-
-def atomic_text(path: Path, text: str | bytes) -> None:
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8") if isinstance(text, str) else text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, path)
-    except BaseException as err:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(err, OSError) and not isinstance(err, ProbeError):
-            raise storage_error(err, path) from None
-        raise
 
 
 REPORT_ENTRIES = {"report.html", "report.md", "figures", "tables"}
@@ -255,19 +239,19 @@ def write_report(doc: Document, w: Writer, out: Path, partial: bool) -> ReportFi
     figure_paths, written = {}, []
     try:
         for name, png in w.figures.items():
-            atomic_text(w.staging / "figures" / f"{name}.png", png)
+            write_file(w.staging / "figures" / f"{name}.png", png)
             figure_paths[name] = f"figures/{name}.png"
             written.append(out / "figures" / f"{name}.png")
         rendered = {"report.html": render_html(doc).encode("utf-8"),
                     "report.md": render_markdown(doc, figure_paths).encode("utf-8")}
         for name, data in rendered.items():
-            atomic_text(w.staging / name, data)
+            write_file(w.staging / name, data)
         if w.source is not None:
-            atomic_text(w.staging / SOURCE_FILE, str(Path(w.source).resolve()) + "\n")
+            write_file(w.staging / SOURCE_FILE, str(Path(w.source).resolve()) + "\n")
         if w.inputs is not None:  # what report_is_current checks: the inputs, and each file as written
             import hashlib
 
-            atomic_text(w.staging / INPUTS_FILE, w.inputs + "\n" + "".join(
+            write_file(w.staging / INPUTS_FILE, w.inputs + "\n" + "".join(
                 f"{hashlib.sha256(rendered[name]).hexdigest()}  {name}\n" for name in RECORDED_FILES))
         os.chmod(w.staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a report is meant to be shared
         commit_folder(w.staging, out)

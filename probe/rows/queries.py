@@ -4,7 +4,7 @@ explainers (:mod:`probe.explainers`) and the interventions (:mod:`probe.interven
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -86,14 +86,36 @@ def capture_masks(batch: RowBatch) -> dict:
 
 
 @contextmanager
-def eval_mode(model) -> Iterator[None]:
-    """Eval mode for the duration (dropout off; edits are refused in training mode); restored after."""
-    was_training = model.training
+def eval_mode(model: torch.nn.Module, *, grad: bool | None = None, inputs_only: bool = False) -> Iterator[None]:
+    """Every module of ``model`` in eval mode for the duration (dropout off: a result taken with
+    dropout on differs from call to call, as Jain & Wallace's permutations did; attention edits are
+    refused in training mode), and each module's own mode restored after (a model the user put in
+    training mode, or one with a submodule left in training mode, comes back as it was).
+
+    ``grad``: autograd for the duration: None leaves it as the caller has it (captures, attention
+    edits); False turns it off (the interventions' forwards: no graph is kept); True turns it on,
+    even under a caller's ``torch.no_grad()`` (the gradient attributions).
+
+    ``inputs_only`` (with ``grad=True``): the pass differentiates only a tensor it feeds in (the
+    attributed embeddings), so the parameters are set not to require gradients for its duration
+    (their flags are restored after). Autograd then keeps no activations for weight gradients that
+    nobody reads; the input gradients are the same.
+    """
+    if inputs_only and grad is not True:
+        raise ValueError("inputs_only needs grad=True")
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
+    frozen = [p for p in model.parameters() if p.requires_grad] if inputs_only else []
     try:
-        yield
+        for parameter in frozen:
+            parameter.requires_grad_(False)
+        with nullcontext() if grad is None else torch.set_grad_enabled(grad):
+            yield
     finally:
-        model.train(was_training)
+        for parameter in frozen:
+            parameter.requires_grad_(True)
+        for module, training in modes:
+            module.training = training
 
 
 def _check_batching(examples: Sequence[PreparedExample], batch_size) -> None:

@@ -187,13 +187,36 @@ def label_index(pm: ProbeModel, label) -> int:
     return index
 
 
-def example_seed(seed: int, example: PreparedExample) -> int:
-    """A seed that depends on ``seed`` and the example's content only, never on its place in a batch,
-    so that a seeded method gives the same result for an example alone and in any batch."""
+def example_seed(seed: int, example: PreparedExample) -> list[int]:
+    """A seed sequence (``numpy.random.default_rng``'s, ``SeedSequence``'s entropy) that depends on
+    ``seed`` and the example's input tokens only, never on its place in a batch, so that a seeded
+    method gives the same result for an example alone and in any batch (:func:`example_generator`
+    for torch). Examples with the same input tokens draw the same (whatever their target): one text
+    explained for several targets, steps or contrasts is perturbed alike."""
+    import zlib
+
+    import numpy as np
+
+    return [int(seed), zlib.crc32(np.asarray(example.input_ids, dtype=np.int64).tobytes())]
+
+
+def example_generator(seed: int, example: PreparedExample) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded by :func:`example_seed` (the input tokens only)."""
+    import numpy as np
+
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(example_seed(seed, example)).generate_state(1)[0]))
+
+
+def target_generator(seed: int, example: PreparedExample) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded by ``seed`` and the example's whole content: its input
+    tokens, its target's tokens and its label, so one text explained for another target draws
+    anew (GradientSHAP's baselines and noise, counterfactual attention's permutations and starting
+    points). Never its place in a batch. Kept apart from :func:`example_generator` so that the
+    shipped reports these methods made stay reproducible draw for draw."""
     import zlib
 
     key = repr((int(seed), list(example.input_ids), list(example.target_ids), example.label)).encode()
-    return zlib.crc32(key)
+    return torch.Generator().manual_seed(zlib.crc32(key))
 
 
 def special_mask(pm: ProbeModel, ids: list[int]) -> list[bool]:

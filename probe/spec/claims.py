@@ -48,9 +48,9 @@ from probe.spec.parts import ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,
     Bool,
-    Document,
     Float,
     Int,
+    SpecFile,
     SpecModel,
     check_dataset_name,
     fail,
@@ -68,7 +68,6 @@ __all__ = [
     "load_claims", "parse_attention", "parse_head",
 ]
 
-INTERVENTIONS = ("delete", "mask", "unk", "pad")
 #: Per-head attention methods ([layer, head, tokens]); the others are per layer ([layer, tokens]).
 PER_HEAD_METHODS = registry.per_head_methods()
 _ATTENTION_SPEC = re.compile(r"([A-Za-z_]+)(?:@(\d+|first|last)(?:\.(\d+))?)?")
@@ -454,9 +453,9 @@ class ClaimFile:
 # ------------------------------------------------------------------------------------ loading
 
 
-def _document(schema: type[SpecModel]) -> Document:
+def _document(schema: type[SpecModel]) -> SpecFile:
     """The claim file (or one claim of it, ``schema`` then the claim's kind) as error messages name it."""
-    return Document(schema=schema, top="the claim file", the_top="the claim file")
+    return SpecFile(schema=schema, top="the claim file", the_top="the claim file")
 
 
 def load_claims(path: str | Path) -> ClaimFile:

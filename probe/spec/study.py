@@ -31,9 +31,9 @@ from probe.spec.parts import DatasetSpec, ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,
     Bool,
-    Document,
     Float,
     Int,
+    SpecFile,
     SpecModel,
     describe,
     error_context,
@@ -443,7 +443,7 @@ class Study(SpecModel):
 
 # --------------------------------------------------------------------------------------------- loading
 
-STUDY = Document(schema=Study, top="study", the_top="the study")
+STUDY = SpecFile(schema=Study, top="study", the_top="the study")
 
 
 def study_from_dict(data: dict, *, source: str = "<dict>") -> Study:

@@ -27,7 +27,7 @@ from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.planted_texts import planted_dataset_names
 
 __all__ = [
-    "Bool", "Document", "Float", "Int", "LAYER_WORDS", "SpecModel", "check_dataset_name", "check_duplicate_keys", "check_node_graph",
+    "Bool", "Float", "Int", "LAYER_WORDS", "SpecFile", "SpecModel", "check_dataset_name", "check_duplicate_keys", "check_node_graph",
     "describe", "dotted", "error_context", "error_line", "fail", "find_model", "first_error", "layer_value",
     "line_of", "located_error", "method_list", "model_at", "read_yaml_mapping", "show", "suggest", "unknown_method",
     "walk",
@@ -47,7 +47,7 @@ class SpecModel(BaseModel):
 
 
 @dataclass(frozen=True)
-class Document:
+class SpecFile:
     """What a validated file is called in messages, and the schema of its top level."""
 
     schema: type[BaseModel]
@@ -361,7 +361,7 @@ def first_error(errors: list[dict], root: yaml.Node | None) -> tuple[dict, int |
     return errors[order[0]], lines[order[0]]
 
 
-def located_error(exc: ValidationError, document: Document, source: str, root: yaml.Node | None,
+def located_error(exc: ValidationError, document: SpecFile, source: str, root: yaml.Node | None,
                   prefix: tuple = ()) -> InputError:
     """The first problem of ``exc`` (by line) as one InputError line: ``SOURCE line N: what to do``.
 
@@ -398,7 +398,7 @@ def model_at(model: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel
     return model
 
 
-def describe(error: dict, document: Document, skip: int = 0) -> str:
+def describe(error: dict, document: SpecFile, skip: int = 0) -> str:
     """One line: the key path, the bad value and what to do. ``skip``: how many leading parts of the
     error's location lie above ``document.schema`` (their keys are not that schema's)."""
     kind, loc, value = error["type"], tuple(error["loc"]), error.get("input")

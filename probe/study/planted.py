@@ -11,8 +11,6 @@ whether they match, the measure and the headline.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from probe.errors import InputError
+from probe.study.store import write_file
 
 if TYPE_CHECKING:
     from probe.spec.study import Study
@@ -124,18 +123,6 @@ def _calibrated(folder: Path, recipe, seeds: int) -> dict:
     return out
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _calibration_lines(frame: pd.DataFrame) -> list[str]:
     """The calibration table: each verdict recomputed from its stored tables at many statistics seeds."""
     seeds = int(frame.seeds.dropna().max())
@@ -186,7 +173,7 @@ def write_planted(frame: pd.DataFrame, out: Path, *, command: str = "probe plant
         lines += _calibration_lines(frame)
     lines += ["", "## Why each expected answer", ""] + [f"- `{r.model}`: {_cell(r.why)}" for r in frame.itertuples()]
     paths = [out / "planted.md", out / "planted.csv", out / "planted.json"]
-    _atomic_text(paths[0], "\n".join(lines) + "\n")
-    _atomic_text(paths[1], frame.to_csv(index=False))
-    _atomic_text(paths[2], json.dumps(frame.to_dict(orient="records"), indent=1, ensure_ascii=False) + "\n")
+    write_file(paths[0], "\n".join(lines) + "\n")
+    write_file(paths[1], frame.to_csv(index=False))
+    write_file(paths[2], json.dumps(frame.to_dict(orient="records"), indent=1, ensure_ascii=False) + "\n")
     return paths

@@ -125,12 +125,12 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
     g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
     from probe.explainers.gradient_forward import (
-        gradient_mode,
         hooked,
         is_norm,
         embeddings_module,
         resolve_site,
     )
+    from probe.rows.queries import eval_mode
     from probe.rows.target import build_rows, target_values
 
     site = resolve_site(pm, site_name)
@@ -151,7 +151,7 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
         args[0].retain_grad()
         held["w"] = args[0]
 
-    with gradient_mode(pm.model), contextlib.ExitStack() as stack:
+    with eval_mode(pm.model, grad=True), contextlib.ExitStack() as stack:
         stack.enter_context(hooked(module, keep_site))
         if norm is not None:
             handle = norm.register_forward_pre_hook(keep_norm_input)

@@ -33,60 +33,85 @@ Every failure to write (a full disk, a read-only file system, missing permission
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import pandas as pd
 
-from probe.errors import InputError, StorageError, storage_error
+from probe.errors import InputError, storage_error
 from probe.names import FORMAT_VERSION, TABLES
 from probe.study.identity import file_digest
 
 
-def _atomic_write(path: Path, write) -> None:
-    path = Path(path)
-    tmp = None
+#: what :func:`write_file` writes: text (as UTF-8), bytes, or a function that writes into the open binary file
+FileData = str | bytes | Callable[[BinaryIO], object]
+
+
+def write_file(path: str | Path, data: FileData) -> None:
+    """Write ``data`` to ``path`` whole or not at all, as :func:`write_files` writes each file: the
+    one atomic writer of probe (study folders, reports, audits, explanations, the planted self-test)."""
+    write_files({Path(path): data})
+
+
+def write_files(files: Mapping[Path, FileData]) -> None:
+    """Write each file to a temporary name beside it (``.NAME.XXXXXXXX.tmp``) and, only once all are
+    complete, rename them into place in order: a failure while writing (a full disk, a read-only
+    folder) leaves every earlier file as it was, and no temporary file behind. Missing folders are
+    made. A file gets the permissions a plain ``open(path, "w")`` gives under the process umask
+    (not ``tempfile.mkstemp``'s 0600). Every ``OSError`` is one :class:`~probe.errors.StorageError`
+    line naming the file."""
+    temps: dict[Path, Path] = {}
+    current = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as err:
-        if tmp is not None and os.path.exists(tmp):
+        for path, data in files.items():
+            current = path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp, fd = _create_beside(path)
+            temps[path] = tmp
+            with os.fdopen(fd, "wb") as f:
+                if callable(data):
+                    data(f)
+                else:
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        for path, tmp in temps.items():
+            current = path
+            os.replace(tmp, path)
+    except OSError as err:
+        raise storage_error(err, current) from None
+    finally:
+        for tmp in temps.values():
             try:
-                os.unlink(tmp)
+                tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-        if isinstance(err, OSError) and not isinstance(err, StorageError):
-            raise storage_error(err, path) from None
-        raise
+
+
+def _create_beside(path: Path) -> tuple[Path, int]:
+    """A new temporary file beside ``path``, created (exclusively) with mode 0666 less the umask, as
+    ``open(path, "w")`` would: its name and open descriptor."""
+    import secrets
+
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
 
 
 def write_json(path: Path, data) -> None:
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-
-    _atomic_write(Path(path), write)
+    write_file(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def write_table(path: Path, frame: pd.DataFrame) -> None:
-    _atomic_write(Path(path), lambda tmp: frame.to_parquet(tmp, index=False))
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    _atomic_write(Path(path), write)
+    write_file(path, lambda f: frame.to_parquet(f, index=False))
 
 
 def parquet_bytes(frame: pd.DataFrame) -> bytes:
@@ -250,7 +275,7 @@ class ResultStore:
         parts = {}
         for name, frame in tables.items():
             data = parquet_bytes(frame)
-            write_bytes(self._part(name, index), data)
+            write_file(self._part(name, index), data)
             parts[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         write_json(self._marker(index), {**info, "batch": index, "stamp": self.stamp, "parts": parts})
 

@@ -198,7 +198,7 @@ def test_inline_softmax_is_read_and_edited_at_the_softmax_call(model_type, token
 
 def test_probability_hooks_are_removed_when_the_block_raises(tokenizer):
     from probe.hooks.capture import capture_attention
-    from probe.hooks.registry import installed_wrappers
+    from probe.hooks.attention_functions import installed_wrappers
 
     pm = _tiny("bloom", tokenizer)
     batch = pm.encode(["the movie was great"])
@@ -344,14 +344,14 @@ def test_a_model_with_its_own_attention_registry_is_read_under_sdpa(tokenizer):
     AttentionInterface()``) and fetches sdpa from it: probe's wrapper goes into every registry, so
     doge under sdpa is read as under eager (it was "no attention probe can read"), and none is left
     installed afterwards."""
-    from probe.hooks import registry
+    from probe.hooks import attention_functions
 
     warnings.simplefilter("ignore")
     row = sweep.sweep_one("doge", TASKS.get("doge", "causal_lm"), "sdpa", tokenizer)
     assert (row["read"], row["edit"], row["contract"], row["explain"]) == ("ok",) * 4, row["reason"]
     import transformers.models.doge.modeling_doge as doge
 
-    assert registry.installed_wrappers() == [] and not any(
+    assert attention_functions.installed_wrappers() == [] and not any(
         getattr(v, "__probe_wrapper__", False) for v in doge.ALL_ATTENTION_FUNCTIONS._local_mapping.values())
 
 

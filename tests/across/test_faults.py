@@ -264,24 +264,31 @@ def test_an_incomplete_report_folder_is_recognised_and_rebuilt(bert, tmp_path, m
     assert build_report(out).markdown.is_file()
 
 
+def _full_disk_from(monkeypatch, nth: int):
+    """The ``nth`` temporary file the atomic writer creates (``.NAME.XXXXXXXX.tmp``), and every one after it,
+    fails as on a full disk; returns a function that undoes it."""
+    import os
+
+    real, made = os.open, []
+
+    def full_disk(path, flags, *args, **kwargs):
+        if str(path).endswith(".tmp"):
+            made.append(path)
+            if len(made) >= nth:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_disk)
+    return lambda: monkeypatch.setattr(os, "open", real)
+
+
 def test_a_failed_report_leaves_the_earlier_one_whole(bert, tmp_path, monkeypatch):
     from probe.report.build import build_report
 
     data, out = _dataset(tmp_path / "d.csv"), tmp_path / "out"
     _run(_study(bert, data, out))
     before = {p.relative_to(out / "report"): p.read_bytes() for p in (out / "report").rglob("*") if p.is_file()}
-    import tempfile
-
-    real = tempfile.mkstemp
-    calls = []
-
-    def full_disk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tempfile, "mkstemp", full_disk)
+    _full_disk_from(monkeypatch, 4)
     with pytest.raises(StorageError, match=r"No space left on device; free some space"):
         build_report(out)
     after = {p.relative_to(out / "report"): p.read_bytes() for p in (out / "report").rglob("*") if p.is_file()}
@@ -302,19 +309,21 @@ def test_a_full_disk_while_writing_a_part_is_one_line_and_the_run_resumes(bert, 
     data, out = _dataset(tmp_path / "d.csv"), tmp_path / "out"
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_study(bert, data, out)))
-    real_open = open
+    import os
 
-    def disk_full_open(file, mode="r", *args, **kwargs):
-        if "w" in mode and "b00001" in str(file) and "parts" in str(file):
+    real_open = os.open
+
+    def disk_full_open(file, flags, *args, **kwargs):
+        if flags & os.O_CREAT and "b00001" in str(file) and "parts" in str(file):
             raise OSError(errno.ENOSPC, "No space left on device", str(file))
-        return real_open(file, mode, *args, **kwargs)
+        return real_open(file, flags, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", disk_full_open)
+    monkeypatch.setattr(os, "open", disk_full_open)
     code, _, err = _cli(monkeypatch, capsys, "run", path, "--no-progress")
     assert code == 2
     _one_line(err, "cannot write", "b00001.parquet", "No space left on device", "run the same command again")
     assert sorted(p.name for p in (out / "done").iterdir()) == ["b00000.json"]
-    monkeypatch.setattr("builtins.open", real_open)  # the cause is gone
+    monkeypatch.setattr(os, "open", real_open)  # the cause is gone
     code, outs, err = _cli(monkeypatch, capsys, "run", path, "--no-progress")
     assert code == 0 and "results:" in outs, err
 
@@ -325,13 +334,13 @@ def test_a_full_disk_while_merging_is_one_line(bert, tmp_path, monkeypatch, stag
 
     data, out = _dataset(tmp_path / "d.csv"), tmp_path / "out"
     _run(_study(bert, data, out), stop_after=2)
-    real = store._atomic_write
+    real = store.write_file
     target = "agreement.parquet" if stage == "merge" else "verdict.json"
-    monkeypatch.setattr(store, "_atomic_write",
-                        lambda p, w: real(p, _full) if Path(p).name == target else real(p, w))
+    monkeypatch.setattr(store, "write_file",
+                        lambda p, data: real(p, _full) if Path(p).name == target else real(p, data))
     with pytest.raises(StorageError, match=rf"cannot write .*{target}: No space left on device"):
         _run(_study(bert, data, out))
-    monkeypatch.setattr(store, "_atomic_write", real)
+    monkeypatch.setattr(store, "write_file", real)
     assert _run(_study(bert, data, out)).complete
 
 
@@ -380,21 +389,10 @@ def test_a_failed_audit_rerun_keeps_the_earlier_audit(tiny_dirs, loaded, tmp_pat
     before = {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")}
     assert set(before) == {"audit.json", "audit.md", "audit.html"}
     result = run_audit(spec, model=loaded("bert"))
-    import tempfile
-
-    made = []
-    real_mkstemp = tempfile.mkstemp
-
-    def mkstemp(*a, **k):
-        made.append(1)
-        if len(made) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device", str(out / "audit.html"))
-        return real_mkstemp(*a, **k)
-
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    undo = _full_disk_from(monkeypatch, 3)
     with pytest.raises(StorageError, match=r"audit.html: No space left on device"):
         result.write(out)
-    monkeypatch.setattr(tempfile, "mkstemp", real_mkstemp)
+    undo()
     assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")} == before
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     result.write(out)  # the cause gone, the new audit replaces the earlier one whole
