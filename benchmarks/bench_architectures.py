@@ -468,7 +468,9 @@ def summarise(rows: list[dict]) -> dict:
     out = {}
     for implementation in IMPLEMENTATIONS:
         part = [r for r in rows if r["implementation"] == implementation and r["oracle"] == "yes"]
-        out[implementation] = {"oracle": len(part), **{c: sum(r[c] == "ok" for r in part) for c in ("read", "edit", "contract", "explain")}}
+        out[implementation] = {"oracle": len(part), **{c: sum(r[c] == "ok" for r in part) for c in ("read", "edit",
+                                                                                                    "contract",
+                                                                                                    "explain")}}
     return out
 
 
@@ -511,10 +513,14 @@ def write(rows: list[dict], out: Path) -> None:
     lines = [f"# Architecture coverage (transformers {transformers.__version__})", "",
              "Tiny random models (hidden 64, 2 layers, 4 heads, 2 kv heads where the config takes them; fp32 CPU), "
              "one per text model_type of the causal-LM, sequence-classification and seq2seq-LM auto mappings. "
-             "`oracle`: the eager model returns attention with `output_attentions`; the other columns count among those. "
-             f"`read`: capture equals the oracle within {READ_TOL:g} (eager) / {SDPA_READ_TOL:g} (sdpa) and leaves logits "
-             f"unchanged; `edit`: an identity edit moves logits by at most {EDIT_TOL:g} and uniform attention moves them; "
-             "`contract`: every `probe contract` check passes; `explain`: attention, rollout, loo_delete and integrated "
+             "`oracle`: the eager model returns attention with `output_attentions`; the other columns count among "
+             "those. "
+             f"`read`: capture equals the oracle within {READ_TOL:g} (eager) / {SDPA_READ_TOL:g} (sdpa) and leaves "
+             f"logits "
+             f"unchanged; `edit`: an identity edit moves logits by at most {EDIT_TOL:g} and uniform attention moves "
+             f"them; "
+             "`contract`: every `probe contract` check passes; `explain`: attention, rollout, loo_delete and "
+             "integrated "
              "gradients give finite scores. Made by `benchmarks/bench_architectures.py`.", "",
              "| implementation | report attention | read | edit | contract | explain |", "|---|---|---|---|---|---|"]
     for implementation, s in summary.items():
@@ -576,14 +582,16 @@ def main(argv=None) -> None:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 row = {"model_type": model_type, "task": task, "implementation": implementation, "maps": "", "oracle": "",
-                       "read": "", "edit": "", "contract": "", "explain": "", "reason": f"sweep error: {_first_line(exc)}"}
+                       "read": "", "edit": "", "contract": "", "explain": "", "reason": f"sweep error: "
+                                                                                        f"{_first_line(exc)}"}
             finally:
                 signal.alarm(0)
             row["seconds"] = f"{time.perf_counter() - t0:.1f}"
             rows.append(row)
             if len(rows) % 20 == 0:
                 write(rows, Path(args.out))  # a sweep cut short still leaves its table
-            print(f"{model_type:28s} {implementation:6s} {row['maps'] or '-':8s} {row['read'] or '-':4s} {row['edit'] or '-':4s} "
+            print(f"{model_type:28s} {implementation:6s} {row['maps'] or '-':8s} {row['read'] or '-':4s} "
+                  f"{row['edit'] or '-':4s} "
                   f"{row['contract'] or '-':4s} {row['explain'] or '-':4s} {row['seconds']:>5s}s {row['reason'][:110]}",
                   flush=True)
     write(rows, Path(args.out))

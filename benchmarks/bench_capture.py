@@ -107,7 +107,8 @@ def main() -> None:
     for mode in ("none", "row", "full"):
         r = results[mode]
         extra = r["peak_mib"] - results["none"]["peak_mib"]
-        print(f"  {mode:<5} peak {r['peak_mib']:8.1f} MiB   over forward alone {extra:+8.1f} MiB   capture holds {r['held_mib']:8.2f} MiB")
+        print(f"  {mode:<5} peak {r['peak_mib']:8.1f} MiB   over forward alone {extra:+8.1f} MiB   capture holds "
+              f"{r['held_mib']:8.2f} MiB")
     row_extra = max(results["row"]["peak_mib"] - results["none"]["peak_mib"], 0.0)
     full_extra = results["full"]["peak_mib"] - results["none"]["peak_mib"]
     print(f"  held bytes full/row: x{results['full']['held_mib'] / max(results['row']['held_mib'], 1e-9):.0f}; "

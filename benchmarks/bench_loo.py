@@ -93,7 +93,7 @@ def bench_classifier(args) -> None:
     diffs: dict[str, float] = {}
     for _ in range(args.repeat):  # interleaved, so that load changes hit every method alike
         engine = Engine(pm, token_budget=args.budget)
-        ours, t = timed(lambda: loo(engine, examples, "mask"))
+        ours, t = timed(lambda engine=engine: loo(engine, examples, "mask"))
         times.setdefault("engine", []).append(t)
         for ppe in [1, *args.ppe]:
             theirs, t = timed(lambda ppe=ppe: captum_loo(pm, examples, mask, ppe))
@@ -134,10 +134,10 @@ def bench_prefix_reuse(args) -> None:
     t_full, t_reuse = [], []
     for _ in range(args.repeat):
         full_engine = Engine(pm, token_budget=args.budget)
-        full, t = timed(lambda: full_engine.values(rows))
+        full, t = timed(lambda full_engine=full_engine: full_engine.values(rows))
         t_full.append(t)
         reuse_engine = Engine(pm, token_budget=args.budget)
-        reused, t = timed(lambda: reuse_engine.values(rows, reuse_prefix=True))
+        reused, t = timed(lambda reuse_engine=reuse_engine: reuse_engine.values(rows, reuse_prefix=True))
         t_reuse.append(t)
     print(f"full recomputation {min(t_full):8.2f} s  forward passes {full_engine.stats.forward_passes}  "
           f"padded tokens {full_engine.stats.padded_tokens}")
@@ -157,7 +157,8 @@ def main() -> None:
     parser.add_argument("--n-lm", type=int, default=20, help="sentences for the SmolLM2 benchmark")
     parser.add_argument("--budget", type=int, default=8192, help="engine token budget")
     parser.add_argument("--ppe", type=int, nargs="+", default=[8, 32, 64], help="captum perturbations_per_eval to try")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="built-in model cache (default: $PROBE_CACHE or the user cache)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="built-in model cache (default: $PROBE_CACHE or "
+                                                                     "the user cache)")
     parser.add_argument("--repeat", type=int, default=1, help="interleaved repeats; the best time is shown")
     parser.add_argument("--skip-lm", action="store_true")
     parser.add_argument("--skip-classifier", action="store_true")

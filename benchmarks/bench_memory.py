@@ -116,7 +116,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         build_model(folder)
         results = {}
-        print(f"{'T':>6} " + " ".join(f"{m + ' (MiB)':>15}" for m in MODES) + f" {'full/row':>10} {'held full/row':>14}",
+        print(f"{'T':>6} " + " ".join(f"{m + ' (MiB)':>15}" for m in MODES) + f" {'full/row':>10} "
+                                                                              f"{'held full/row':>14}",
               flush=True)
         for length in args.lengths:
             for mode in MODES:

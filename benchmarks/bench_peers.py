@@ -244,7 +244,8 @@ def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = No
         width = batch.shape[1]
         with torch.no_grad():
             curves = p[label] - torch.cat([probs(batch[s], mask[s])[:, label]
-                                           for s in row_chunks(len(rows), width, budget)])  # [60]: comp, suff alternating per bin
+                                           # [60]: comp, suff alternating per bin
+                                           for s in row_chunks(len(rows), width, budget)])
         t5 = time.perf_counter()
         taus.append(taus_against(loo, inner, (attention, saliency, ixg, ig)))
         add_step_times(timings, [t0, t1, t2, t3, t4, t5, time.perf_counter()])
@@ -259,10 +260,11 @@ def run_floor(folder: str, texts: list[str], steps: int, budget: int | None = No
 
 def run_probe(texts: list[str], steps: int, out: str, n: int, model: str, study_path: str) -> dict:
     import pandas as pd
-    from peers_workloads import probe_agreement
 
-    from probe.spec.study import load_study, study_from_dict
     from probe.api import run_study
+    from probe.spec.study import load_study, study_from_dict
+
+    from peers_workloads import probe_agreement
 
     study = load_study(study_path, n=n, out=out)
     if model != study.model.id:
@@ -350,11 +352,13 @@ def run_captum(folder: str, texts: list[str], steps: int) -> dict:
             attention = out.attentions[-1][0].mean(0)[0]  # [T]
         feature_mask = torch.arange(n_tokens)[None]  # [1, T]: one feature per token
         loo = FeatureAblation(from_ids).attribute(ids, baselines=tok.mask_token_id, additional_forward_args=(label,),
-                                                  feature_mask=feature_mask, perturbations_per_eval=n_tokens)[0]  # f(x) - f(ablated)
+                                                  # f(x) - f(ablated)
+                                                  feature_mask=feature_mask, perturbations_per_eval=n_tokens)[0]
         x = embed(ids).detach()  # [1, T, dim]
         grad = Saliency(from_embeds).attribute(x.clone().requires_grad_(), additional_forward_args=(label,), abs=False)
         saliency = grad[0].norm(dim=-1)
-        ixg = InputXGradient(from_embeds).attribute(x.clone().requires_grad_(), additional_forward_args=(label,))[0].sum(-1)
+        ixg = InputXGradient(from_embeds).attribute(x.clone().requires_grad_(), additional_forward_args=(label,
+                                                                                                         ))[0].sum(-1)
         with torch.no_grad():
             base = embed(torch.tensor([[tok.pad_token_id]])).expand_as(x)
         ig = IntegratedGradients(from_embeds).attribute(x.clone().requires_grad_(), baselines=base, n_steps=steps,
@@ -440,7 +444,7 @@ def spawn(python: str, name: str, args, texts_path: str, folder: str, workdir: s
     env = {**os.environ, **({"PYTHONPATH": args.before} if name == "probe_before" else {}), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((s for s in done.stdout.splitlines() if s.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         print(f"  {name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ['?']}")
         return None
@@ -483,7 +487,8 @@ def main() -> None:
     causal = is_causal(folder)
     for name in ("ferret", "captum"):
         if causal and name in wanted:
-            print(f"{name}: skipped for the causal LM ({'ferret explains classifiers only' if name == 'ferret' else 'not written for a causal LM'})")
+            print(f"{name}: skipped for the causal LM "
+                  f"({'ferret explains classifiers only' if name == 'ferret' else 'not written for a causal LM'})")
             wanted.remove(name)
     texts = cut_texts(folder, args.n, args.length) if args.length is not None else load_texts(args.n)
     counts = token_counts(folder, texts)
@@ -492,8 +497,10 @@ def main() -> None:
     Path(texts_path).write_text(json.dumps(texts))
     study = str(write_study(STUDY_CAUSAL if causal else STUDY, texts, counts, workdir, args.length is not None))
     dataset = f"imdb held-out reviews cut to {args.length} tokens" if args.length is not None else "rotten_tomatoes sentences"
-    print(f"workload: {args.model} ({'causal LM, target log p(greedy next token)' if causal else 'classifier, target p(predicted class)'}), "
-          f"{len(texts)} {dataset}: {sum(counts) / len(counts):.1f} tokens on average (min {min(counts)}, max {max(counts)}); "
+    print(f"workload: {args.model} "
+          f"({'causal LM, target log p(greedy next token)' if causal else 'classifier, target p(predicted class)'}), "
+          f"{len(texts)} {dataset}: {sum(counts) / len(counts):.1f} tokens on average (min {min(counts)}, max "
+          f"{max(counts)}); "
           f"study {study}")
     print(f"{args.model}: {len(texts)} {dataset}, IG {args.steps} steps, {args.threads} threads; "
           f"load {os.getloadavg()[0]:.1f} (1-min average) at start")
@@ -506,7 +513,8 @@ def main() -> None:
             if result is not None:
                 runs[name].append(result)
                 shown = result.get("seconds", result.get("process_seconds"))
-                print(f"round {round_ + 1} {name:<10}{shown:>8.1f} s  {json.dumps({k: v for k, v in result.items() if k != 'seconds'})}")
+                print(f"round {round_ + 1} {name:<10}{shown:>8.1f} s  "
+                      f"{json.dumps({k: v for k, v in result.items() if k != 'seconds'})}")
     print(f"load {os.getloadavg()[0]:.1f} (1-min average) at the end")
     print()
     print(f"{'contender':<12}" + "".join(f"{'round ' + str(r + 1):>10}" for r in range(args.rounds))
@@ -529,7 +537,8 @@ def main() -> None:
     for r in runs.get("probe_cli", []):
         overhead = r["process_seconds"] - (r["study_seconds"] or 0.0)
         print(f"probe run process {r['process_seconds']:.1f} s: study steps {r['study_seconds']:.1f} s, model load "
-              f"{r['load_seconds']:.1f} s, everything else (imports, statistics, report) {overhead - r['load_seconds']:.1f} s")
+              f"{r['load_seconds']:.1f} s, everything else (imports, statistics, report) "
+              f"{overhead - r['load_seconds']:.1f} s")
 
 
 if __name__ == "__main__":

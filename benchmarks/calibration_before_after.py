@@ -76,7 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--seeds", type=int, default=200)
-    parser.add_argument("--expect", action="append", default=[], help="FOLDER_NAME=UNIT, e.g. one-head='attention L5.H7'")
+    parser.add_argument("--expect", action="append", default=[], help="FOLDER_NAME=UNIT, e.g. one-head='attention "
+                                                                      "L5.H7'")
     args = parser.parse_args()
     expected = dict(e.split("=", 1) for e in args.expect)
     for folder in args.folders:

@@ -69,7 +69,8 @@ def cut_texts(folder: str, n: int, length: int) -> list[str]:
             texts.append(text)
             if len(texts) == n:
                 return texts
-    raise SystemExit(f"only {len(texts)} of {IMDB_POOL} held-out imdb reviews have {length} tokens; lower --n or --length")
+    raise SystemExit(f"only {len(texts)} of {IMDB_POOL} held-out imdb reviews have {length} tokens; lower --n or "
+                     f"--length")
 
 
 def token_counts(folder: str, texts: list[str]) -> list[int]:

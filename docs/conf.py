@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(DOCS / "_ext"))
 
 import probe  # noqa: E402
+
 from inventories import compiled_inventories  # noqa: E402
 from results_pages import write_result_pages  # noqa: E402
 

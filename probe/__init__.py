@@ -64,6 +64,9 @@ if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run 
         explain as explain,
     )
     from probe.api import (
+        find_spans as find_spans,
+    )
+    from probe.api import (
         head_ablation as head_ablation,
     )
     from probe.api import (
@@ -85,19 +88,16 @@ if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run 
         load_study as load_study,
     )
     from probe.api import (
-        find_spans as find_spans,
-    )
-    from probe.api import (
         loo as loo,
-    )
-    from probe.api import (
-        span_loo as span_loo,
     )
     from probe.api import (
         prepare as prepare,
     )
     from probe.api import (
         run_study as run_study,
+    )
+    from probe.api import (
+        span_loo as span_loo,
     )
     from probe.api import (
         study_from_dict as study_from_dict,

@@ -554,7 +554,8 @@ class Explanation(PicklableFrozen):
         if result.per_head or result.per_layer:
             n_layers = values.shape[1]
             if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
-                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} (-1 is the last)")
+                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} (-1 is the "
+                                 f"last)")
             values = values[:, layer]
         if result.per_head:
             n_heads = values.shape[1]
@@ -577,8 +578,8 @@ class Explanation(PicklableFrozen):
         title names; the prompt (a chat prompt's messages) above the map, wrapped, not cut. Returns
         a :class:`matplotlib.figure.Figure`."""
         from probe.display import prompt_text
-        from probe.plots import matrix_figure
         from probe.names import FLAG_MARK
+        from probe.plots import matrix_figure
 
         frame = self.matrix(method, text, layer=layer, head=head)
         at = self._read_at(method, layer, head)  # which layer (and head) a per-layer method shows
@@ -862,11 +863,12 @@ class Explanation(PicklableFrozen):
         on the x axis; per-layer and per-head methods show their last layer (heads averaged).
         Returns a :class:`matplotlib.figure.Figure` (on its own Agg canvas; nothing global changed)."""
         from probe.display import clip, prompt_text, shown_token
-        from probe.plots import token_scores_figure
         from probe.names import FLAG_MARK
+        from probe.plots import token_scores_figure
 
         if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < len(self.examples):
-            raise InputError(f"example={example!r} is not an example of this explanation: use 0..{len(self.examples) - 1}")
+            raise InputError(f"example={example!r} is not an example of this explanation: use "
+                             f"0..{len(self.examples) - 1}")
         e = self.examples[example]
         chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
         marks = [self._flag_words(m, example) for m in chosen]
@@ -1167,7 +1169,8 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
 
     if rankings is None:
         if not isinstance(texts, Explanation):
-            raise InputError("give rankings (method -> TokenScores), or pass an Explanation whose methods rank the tokens")
+            raise InputError("give rankings (method -> TokenScores), or pass an Explanation whose methods rank the "
+                             "tokens")
         rankings = {m: s for m, s in texts.scores.items() if not (s.per_head or s.per_layer)}
         if not rankings:
             raise InputError(f"the explanation's methods ({', '.join(texts.scores)}) all score per layer or head: "

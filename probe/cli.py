@@ -26,14 +26,17 @@ IG_STEPS = registry.method("integrated_gradients").defaults().steps
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Audit whether a transformer's attention weights explain its predictions.")
 
-ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, planted:NAME, a local folder, or a hub id")
+ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, planted:NAME, a local folder, or a hub "
+                                    "id")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16")
-AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: transformers' own, sdpa)")
+AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: "
+                                                           "transformers' own, sdpa)")
 TaskOpt = typer.Option(None, "--task", help=f"load as {', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]} "
                                                 "(default: read from the model)")
 AllowRandomOpt = typer.Option(False, "--allow-random-weights",
-                              help="explain a model even though its checkpoint leaves some weights random (e.g. a missing head)")
+                              help="explain a model even though its checkpoint leaves some weights random (e.g. a "
+                                   "missing head)")
 
 
 def _quiet_libraries() -> None:
@@ -87,7 +90,7 @@ def _maps_text(stack) -> str:
     return f"hybrid, by layer: {kinds}; implicit layers are {stack.mixer_class} matrices, not editable"
 
 
-def contract_table(contract) -> "object":
+def contract_table(contract) -> object:
     from rich.table import Table
 
     table = Table(title="attention contract", show_header=False)
@@ -102,7 +105,8 @@ def contract_table(contract) -> "object":
         kv = stack.kv_head_of_query
         kv_text = "one per query head (MHA)" if stack.n_kv_heads == stack.n_heads else \
             ", ".join(f"q{h}->kv{g}" for h, g in enumerate(kv))
-        table.add_row(f"{name} stack", _plain(f"{stack.n_layers} layers x {stack.n_heads} query heads, {stack.n_kv_heads} kv heads, "
+        table.add_row(f"{name} stack", _plain(f"{stack.n_layers} layers x {stack.n_heads} query heads, "
+                                              f"{stack.n_kv_heads} kv heads, "
                                        f"head dim {stack.head_dim}, mask {stack.mask_kind}, {stack.module_class}"))
         table.add_row(f"{name} kv map", kv_text)
         if stack.maps != "softmax":
@@ -154,7 +158,8 @@ def inspect(
     text: str = typer.Argument(..., help="the text to predict and inspect"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
     top: int = typer.Option(3, "--top", min=1, help="tokens shown per head"),
-    strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window instead of truncating"),
+    strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window "
+                                                                      "instead of truncating"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
@@ -203,31 +208,49 @@ def inspect(
 def explain(
     model: str = ModelArg,
     text: str = typer.Argument(..., help="the text to explain"),
-    methods: str | None = typer.Option(None, "--methods", help=f"comma-separated method names ({', '.join(registry.names())}), or all "
+    methods: str | None = typer.Option(None, "--methods", help=f"comma-separated method names "
+                                                               f"({', '.join(registry.names())}), or all "
                                          "(default: every method that applies)"),
-    label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the predicted one"),
-    continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose log-prob is explained"),
-    generate: int | None = typer.Option(None, "--generate", help="for a language model, explain each token of its greedy output of up to N "
-                                        "tokens (or of --continuation) on its own: a [prompt token x output token] table per method"),
-    target_side: bool = typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output written before "
+    label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the "
+                                                           "predicted one"),
+    continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose "
+                                                                         "log-prob is explained"),
+    generate: int | None = typer.Option(None, "--generate", help="for a language model, explain each token of its "
+                                                                 "greedy output of up to N "
+                                        "tokens (or of --continuation) on its own: a [prompt token x output token] "
+                                        "table per method"),
+    target_side: bool = typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output "
+                                                                  "written before "
                                      "each output token too, as part of its input"),
-    chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat template "
-                              "(the template's tokens are not scored; control-token text in TEXT is read as plain text)"),
-    contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the log-prob of the continuation "
+    chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat "
+                                                    "template "
+                              "(the template's tokens are not scored; control-token text in TEXT is read as plain "
+                              "text)"),
+    contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the "
+                                                                 "log-prob of the continuation "
                                         "minus the foil's at the same positions (as many tokens, or one)"),
-    contrast_label: str | None = typer.Option(None, "--contrast-label", help="for a classifier, a label (index or name): explain "
+    contrast_label: str | None = typer.Option(None, "--contrast-label", help="for a classifier, a label (index or "
+                                                                             "name): explain "
                                               "logit[label] - logit[contrast label]"),
-    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for classifiers, logprob for LMs); "
+    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for "
+                                                                  "classifiers, logprob for LMs); "
                                                                    "similarity or dimension for a headless encoder"),
-    reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)"),
-    dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled embedding"),
-    layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head methods (default: last)"),
-    steps: str | None = typer.Option(None, "--steps", help=f"integrated gradients steps: a number, or auto (more until the "
-                                     f"completeness delta is within tolerance); default auto with --generate, else {IG_STEPS}"),
-    site: str | None = typer.Option(None, "--site", help="where gradient methods are taken: word or embeddings (default: decided from the model)"),
+    reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled "
+                                                                   "embedding the input's is compared with (cosine)"),
+    dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled "
+                                                                   "embedding"),
+    layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head "
+                                                           "methods (default: last)"),
+    steps: str | None = typer.Option(None, "--steps", help=f"integrated gradients steps: a number, or auto (more until "
+                                                           f"the "
+                                     f"completeness delta is within tolerance); default auto with --generate, else "
+                                     f"{IG_STEPS}"),
+    site: str | None = typer.Option(None, "--site", help="where gradient methods are taken: word or embeddings "
+                                                         "(default: decided from the model)"),
     seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
-    strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window instead of truncating"),
+    strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window "
+                                                                      "instead of truncating"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     attn_implementation: str | None = AttnOpt,
@@ -326,8 +349,10 @@ def run(
     shard: str = typer.Option(None, "--shard", help="I/N: compute only every N-th batch starting at I"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
-    wait: bool = typer.Option(False, "--wait", help="if another run holds the result folder, wait for it instead of exiting"),
-    force_new: bool = typer.Option(False, "--force-new", help="start over in a result folder that holds another study's "
+    wait: bool = typer.Option(False, "--wait", help="if another run holds the result folder, wait for it instead of "
+                                                    "exiting"),
+    force_new: bool = typer.Option(False, "--force-new", help="start over in a result folder that holds another "
+                                                              "study's "
                                    "results (or this study's on other data, weights or code), removing them"),
 ):
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
@@ -358,7 +383,8 @@ def audit(
     as_json: bool = typer.Option(False, "--json", help="print the audit as JSON instead of a verdict per line"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="say what runs, on stderr"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
-    wait: bool = typer.Option(False, "--wait", help="if another audit holds the report folder, wait for it instead of exiting"),
+    wait: bool = typer.Option(False, "--wait", help="if another audit holds the report folder, wait for it instead of "
+                                                    "exiting"),
 ):
     """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
     from pathlib import Path
@@ -408,7 +434,8 @@ def _audit_folder(folder, wait: bool):
         others = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in AUDIT_FILES)
         if others:
             raise InputError(f"the audit folder {folder} holds other files ({', '.join(others[:3])}"
-                             f"{', ...' if len(others) > 3 else ''}); give an empty or new --out, or an earlier audit's folder")
+                             f"{', ...' if len(others) > 3 else ''}); give an empty or new --out, or an earlier "
+                             f"audit's folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -19,9 +19,10 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from probe.errors import InputError, warn_at_caller
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
@@ -162,7 +163,7 @@ def _builtin_recipe(name: str) -> _BuiltinDataset:
         raise InputError(f"unknown built-in dataset {BUILTIN_PREFIX}{name}; valid: {valid}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source_rows(source: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Raw texts and labels of one source, in CSV order; position = the stable row number."""
     import pandas as pd  # heavy; only when a built-in dataset is used
@@ -269,7 +270,8 @@ def _check_user_path(path: Path) -> None:
     if not path.is_file():
         raise InputError(f"dataset path {path} is not a file; give a .csv or .jsonl file")
     if suffix not in USER_FILE_SUFFIXES:
-        raise InputError(f"dataset file {path} has suffix {suffix or '(none)'!r}; supported: {', '.join(USER_FILE_SUFFIXES)}")
+        raise InputError(f"dataset file {path} has suffix {suffix or '(none)'!r}; supported: "
+                         f"{', '.join(USER_FILE_SUFFIXES)}")
 
 
 def _raw_records(path: Path, header: list[str]) -> Iterator[tuple[str, Any]]:
@@ -396,7 +398,8 @@ class _UserFile:
                 raise InputError(f"{self.path}: row {row} ({where}) has {self.text_column}={text!r}, a "
                                  f"{type(text).__name__}, not a string; write every text as a string (in quotes)")
             if not text.strip():
-                raise InputError(f"{self.path}: row {row} ({where}) has an empty {self.text_column!r}; every example needs text")
+                raise InputError(f"{self.path}: row {row} ({where}) has an empty {self.text_column!r}; every example "
+                                 f"needs text")
             label = (_parse_label(record.get(self.label_column), self.path, row, where, self.label_column)
                      if self.has_labels else None)
             yield row, where, Example(id=f"{stem}-{row}", text=text, label=label)
@@ -411,7 +414,8 @@ def _open_user_file(path: Path, text_column: str, label_column: str) -> _UserFil
     first_label: tuple[int, str, Any, str] | None = None  # row, where, value, kind of the first label
     for row, (where, record) in enumerate(_raw_records(path, header)):
         if not isinstance(record, dict):
-            raise InputError(f"{path}: row {row} is a {type(record).__name__}, not an object like {{\"text\": ..., \"label\": ...}}")
+            raise InputError(f"{path}: row {row} is a {type(record).__name__}, not an object like {{\"text\": ..., "
+                             f"\"label\": ...}}")
         n_rows += 1
         for key in record:
             if key is not None:  # a CSV row with more fields than the header: csv's "rest" key

@@ -164,7 +164,8 @@ def token_table_html(tokens: Sequence[str], special: Sequence[bool], columns: Ma
               f'{"".join(header)}</tr></thead><tbody>')]
     for i, token in enumerate(tokens):
         grey = f' style="{SPECIAL_STYLE}"' if special[i] else ""
-        cells = [f"<td{grey}>{i}</td>", f'<td{grey} title="{escape_html(token)}">{escape_html(shown_token(token))}</td>']
+        cells = [f"<td{grey}>{i}</td>", f'<td{grey} '
+                                        f'title="{escape_html(token)}">{escape_html(shown_token(token))}</td>']
         cells += [score_cell(float(values[i]), float(shades[name][i]), bool(special[i]) or name in faded)
                   for name, values in columns.items()]
         lines.append("<tr>" + "".join(cells) + "</tr>")

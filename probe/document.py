@@ -274,7 +274,8 @@ def _html_tokens(block: TokenView) -> str:
                     else:
                         spans.append(f'<span class="tok" style="background: {token_colour(float(value))}" '
                                      f'title="{_h(f"{raw:.4g}")}">{_h(token)}</span>')
-                parts.append(f'<div class="row"><div class="label">{_h(row.label)}</div><div>{"".join(spans)}</div></div>')
+                parts.append(f'<div class="row"><div '
+                             f'class="label">{_h(row.label)}</div><div>{"".join(spans)}</div></div>')
             parts.append("</div>")
     parts.append('<p class="note">Colour: each line\'s score divided by its largest |score| over the scored tokens '
                  '(red positive, blue negative; stronger = larger). Grey italics: not scored (special or template '

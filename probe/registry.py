@@ -308,7 +308,8 @@ class Method:
                 s = implicit[0]
                 which = "include" if s.maps == "hybrid" else "are"
                 return (f"{self.label or self.name} {self.needs_softmax}; this model's {s.stack} maps {which} "
-                        f"the implicit matrices of {s.mixer_class or s.module_class} (signed, rows need not sum to one)")
+                        f"the implicit matrices of {s.mixer_class or s.module_class} (signed, rows need not sum to "
+                        f"one)")
         if check == "support" and a.support is not None:
             return _load(a.support)(pm, self.name)
         return None
@@ -626,7 +627,8 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
     if entry is None:
         return None, f"unknown method {name!r}"
     if not isinstance(values, dict):
-        return None, (f"{values!r} is not a mapping of parameters; write e.g. {{{next(iter(param_fields(entry)), 'key')}: "
+        return None, (f"{values!r} is not a mapping of parameters; write e.g. "
+                      f"{{{next(iter(param_fields(entry)), 'key')}: "
                       f"...}} (valid: {', '.join(param_fields(entry)) or 'none'})")
     fields = {f.name: f for f in dataclasses.fields(entry.params)}
     preset = dict(entry.preset)

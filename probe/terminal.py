@@ -140,7 +140,8 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
     steps = [explanation.examples[i] for i in group]
     first = steps[0]
     output = "".join(e.label_name for e in steps)
-    console.print(plain(f"output ({len(steps)} tokens, {first.kind} of each given the prompt and the output before it): "
+    console.print(plain(f"output ({len(steps)} tokens, {first.kind} of each given the prompt and the output before "
+                        f"it): "
                         f"{output!r}  ({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
     console.print(plain("per token: " + ", ".join(f"{_shown(e.label_name)} {e.original_value:.3f}" for e in steps)))
     if pm.random_weights:
@@ -156,7 +157,8 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
         table = Table(title=f"{name}{where}: rows prompt tokens, columns output tokens")
         table.add_column("token")
         for j, (i, e) in enumerate(zip(group, steps)):
-            mark = f" {FLAG_MARK}" if explanation.failed_checks(name, i) else ""  # a check failed on this token's scores
+            # a check failed on this token's scores
+            mark = f" {FLAG_MARK}" if explanation.failed_checks(name, i) else ""
             table.add_column(plain(f"{j}:{_shown(e.label_name)}{mark}"), justify="right", overflow="fold")
         values = frame.to_numpy()  # [output, source]; target-side: the last row's source runs over the output too
         widest = steps[-1]

@@ -37,6 +37,7 @@ for _dir in (Path(__file__).resolve().parent / "across", Path(__file__).resolve(
         sys.path.insert(0, str(_dir))
 
 import pytest  # noqa: E402
+
 from tiny_models import TINY_KINDS, build_tiny  # noqa: E402
 
 

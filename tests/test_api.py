@@ -54,7 +54,8 @@ def _assert_explanations_close(a: pd.DataFrame, b: pd.DataFrame, pm, texts) -> N
             scale = gradient_term_scales(pm, [examples[example]], method)[0]
         elif method.startswith("loo_"):  # f(x) - f(x'): at the scale of f
             scale = 2 * abs(examples[example].original_value) + float(expected.nan_to_num().abs().max())
-        assert_fp_close(got, expected, depth=model_depth(pm, backward=backward), scale=scale, msg=f"{method} #{example}")
+        assert_fp_close(got, expected, depth=model_depth(pm, backward=backward), scale=scale, msg=f"{method} "
+                                                                                                  f"#{example}")
 
 
 def _fresh(code: str) -> str:

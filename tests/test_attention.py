@@ -11,9 +11,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import TINY_KINDS
-from tolerances import assert_fp_close, fp_tol, model_depth
-from tolerances import eps as fp_eps
 
 import probe.explainers.rollout as RO
 import probe.rows.queries as Q
@@ -23,6 +20,10 @@ from probe.intervene import counterfactual as C
 from probe.intervene import heads as H
 from probe.models.loading import load_model
 from probe.rows.target import build_rows, prepare, target_values
+
+from tiny_models import TINY_KINDS
+from tolerances import assert_fp_close, fp_tol, model_depth
+from tolerances import eps as fp_eps
 
 #: methods whose scores are distributions over the tokens or attention weights (entries in [0, 1]):
 #: their tolerances stay absolute. attn_norm (norms of value vectors) and attn_grad (alpha x gradient)
@@ -562,10 +563,12 @@ def test_attn_norm_is_left_out_where_its_projections_are_unknown():
     """attn_norm reads each layer's W_V and W_O from a per-model-type table; on a model type the
     table lacks (OPT) the default method set leaves it out with the reason, as it does ALTI and
     GlobEnc, instead of failing the whole explanation, and asking for it by name is one line."""
+    from transformers import OPTConfig, OPTForCausalLM
+
     import probe
     from probe import registry
+
     from tiny_models import eot_tokenizer
-    from transformers import OPTConfig, OPTForCausalLM
 
     tokenizer, _ = eot_tokenizer()
     config = OPTConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, ffn_dim=64,

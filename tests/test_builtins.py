@@ -28,7 +28,6 @@ from probe.models.builtins import (
     read_builtin_metadata,
 )
 
-
 # ------------------------------------------------------------------------------ built-in recipes
 
 
@@ -221,11 +220,11 @@ def test_packed_prefix_reuse_on_smollm2_equals_full_recomputation(smollm2_folder
     """LOO by replacement on the real SmolLM2: the packed prefix-reuse passes give the values of
     recomputing every row in full (GQA, RoPE, 30 layers), for far fewer tokens."""
 
-    from tolerances import assert_fp_close, model_depth
-
     from probe.intervene.engine import Engine
     from probe.models.loading import load_model
     from probe.rows.target import prepare
+
+    from tolerances import assert_fp_close, model_depth
 
     pm = load_model(str(smollm2_folder))
     examples = prepare(pm, ["a wonderful , moving film .", "the plot is thin and the jokes fall flat , sadly .",

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import TINY_KINDS
-from tolerances import assert_fp_close, model_depth
 
 from probe.errors import CaptureError
-from probe.hooks.capture import capture_attention
 from probe.hooks.attention_functions import installed_wrappers
+from probe.hooks.capture import capture_attention
 from probe.models.checks import run_checks
 from probe.models.core import encode_texts
 from probe.models.text import forward_inputs
+
+from tiny_models import TINY_KINDS
+from tolerances import assert_fp_close, model_depth
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 IMPLEMENTATIONS = ("eager", "sdpa")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tolerances import assert_fp_close, model_depth
 
 from probe import registry
 from probe.errors import InputError
@@ -19,6 +18,8 @@ from probe.methods import applicable_methods, parse_methods, run_method
 from probe.models.loading import load_model
 from probe.rows.queries import row_batches
 from probe.rows.target import prepare
+
+from tolerances import assert_fp_close, model_depth
 
 # Tolerances: the scores of value zeroing, ALTI and GlobEnc are rows of row-stochastic matrices (every
 # entry in [0, 1], each row sums to 1) and value zeroing's distances are cosine distances (in [0, 2]):
@@ -338,7 +339,7 @@ def test_on_the_trained_minilm_builtin(builtin_cache):
     pm = load_model("builtin:minilm-rt", cache_dir=str(builtin_cache))
     examples = prepare(pm, MINILM_TEXTS)
     scores = {m: M.context_mixing_scores(pm, examples, m) for m in M.CONTEXT_MIXING_METHODS}
-    for method, s in scores.items():
+    for s in scores.values():
         # rows sum to 1
         assert torch.isfinite(s.scores[0]).all() and torch.allclose(s.scores[0].sum(-1), torch.ones(6), atol=1e-5)
     _check_decomposition_sums(pm, examples[:1], "minilm", [5])

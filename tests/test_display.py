@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from figure_checks import texts_outside_canvas
 
 import probe
 from probe.api import Explanation
@@ -19,6 +18,8 @@ from probe.errors import InputError
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 from probe.study.verdict import Verdict
+
+from figure_checks import texts_outside_canvas
 
 HTML_TEXT = "a gripping <b>& unwatchable film"
 TEXTS = [HTML_TEXT, "the plot is not good and the acting is worse"]

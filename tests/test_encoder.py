@@ -18,12 +18,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 from probe.errors import InputError, ModelLoadError
 from probe.methods import run_methods
 from probe.models.loading import load_model
 from probe.rows.target import TargetSpec, prepare
+
+from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 TEXTS = ["a gripping, funny and warm film", "dull", "the plot drags but the acting is superb"]
 REFERENCE = "a great movie"
@@ -113,8 +114,8 @@ def test_cli_contract_lists_random_weights_and_explain_refuses_them(pretrained_m
 
 
 def test_the_option_is_recorded_in_provenance_and_shown_in_the_report(headless, tmp_path):
-    from probe.spec.study import study_from_dict
     from probe.api import run_study  # the user's front door: it writes the report too
+    from probe.spec.study import study_from_dict
 
     data = tmp_path / "data.csv"
     pd.DataFrame({"text": ["good film", "bad plot , slow", "funny and warm"], "label": [1, 0, 1]}).to_csv(data,
@@ -296,8 +297,8 @@ def test_cli_explains_the_encoder_similarity(pretrained_minilm_folder):
 
 
 def test_a_study_on_the_encoder_runs(pretrained_minilm_folder, tmp_path):
-    from probe.spec.study import study_from_dict
     from probe.api import run_study  # the user's front door: it writes the report too
+    from probe.spec.study import study_from_dict
 
     data = tmp_path / "data.csv"
     pd.DataFrame({"text": ["a good film", "the plot is slow and dull", "funny , warm and sharp"],

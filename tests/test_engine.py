@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from tolerances import assert_fp_close, fp_close, gradient_term_scales, model_depth
 
 from probe.errors import InputError
 from probe.intervene.engine import Engine
@@ -23,6 +22,8 @@ from probe.intervene.tokens import LOO_MODES, loo
 from probe.models.loading import load_model
 from probe.rows.target import TargetSpec, evaluate, prepare
 
+from tolerances import assert_fp_close, fp_close, gradient_term_scales, model_depth
+
 TINY_TEXTS = [
     "the movie was very good",
     "i hated this film , it was boring and too long",
@@ -33,7 +34,8 @@ LM_TEXTS = ["the movie was very good and the acting was great", "i hated this fi
 REAL_TEXTS = [
     "a gorgeous, witty, seductive movie.",
     "the plot is nothing but boilerplate clichés from start to finish.",
-    "an utterly compelling 'who wrote it' in which the reputation of the most famous author who ever lived comes into question.",
+    "an utterly compelling 'who wrote it' in which the reputation of the most famous author who ever lived comes into "
+    "question.",
     "it's a lot less funny than it thinks it is, and the performances are wooden.",
     "unflinchingly bleak and desperate",
     "the film sparkles with the energy of its young cast.",

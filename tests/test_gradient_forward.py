@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tolerances import assert_fp_close, fp_tol, gradient_term_scales, model_depth
 
 import probe.explainers.gradient_forward as GF
 import probe.explainers.integrated_gradients as IG
 from probe.errors import InputError
 from probe.explainers import gradients as G
 from probe.rows.target import TargetSpec, build_rows, prepare, target_values
+
+from tolerances import assert_fp_close, fp_tol, gradient_term_scales, model_depth
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 FAST = {"integrated_gradients": {"steps": 8}, "gradient_shap": {"n_samples": 4}}
@@ -80,7 +81,8 @@ def test_embeddings_site_equals_oracle_tiny_bert(loaded):
         n = len(example.input_ids)
         # the L2 norm does not cancel, so it sees a gradient that is off by 1e-3 where the signed sums,
         # ~300x smaller than their terms here, cannot (tolerances.py)
-        assert_fp_close(sal.scores[i], grad[i, :n].norm(dim=-1), depth=model_depth(pm, backward=True), msg=f"saliency #{i}")
+        assert_fp_close(sal.scores[i], grad[i, :n].norm(dim=-1), depth=model_depth(pm, backward=True), msg=f"saliency "
+                                                                                                           f"#{i}")
         _assert_equals_oracle(pm, ixg.scores[i], e[i], grad[i], n, True, msg=f"input_x_gradient #{i}")
         _assert_equals_oracle(pm, sal_sum.scores[i], e[i], grad[i], n, False, msg=f"saliency_sum #{i}")
 

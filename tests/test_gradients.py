@@ -10,14 +10,6 @@ import math
 
 import pytest
 import torch
-from tiny_models import TINY_KINDS
-from tolerances import (
-    assert_fp_close,
-    fp_close,
-    fp_tol,
-    gradient_term_scales,
-    model_depth,
-)
 
 from probe.errors import InputError
 from probe.explainers import gradients as G
@@ -31,6 +23,15 @@ from probe.explainers.words import (
 from probe.models.loading import load_model
 from probe.rows.scores import TokenScores
 from probe.rows.target import TargetSpec, build_rows, evaluate, prepare, target_values
+
+from tiny_models import TINY_KINDS
+from tolerances import (
+    assert_fp_close,
+    fp_close,
+    fp_tol,
+    gradient_term_scales,
+    model_depth,
+)
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 MINILM_TEXTS = ["an unbelievably wonderful film", "a dull mess",
@@ -258,7 +259,8 @@ def test_ig_completeness_converges_on_minilm(minilm):
 def test_ig_baselines(loaded, baseline):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS)
-    ig = IG.integrated_gradients(pm, examples, steps=32, baseline=baseline, site="word")  # from zero at the embeddings output IG needs more steps (the completeness check says how many)
+    # from zero at the embeddings output IG needs more steps (the completeness check says how many)
+    ig = IG.integrated_gradients(pm, examples, steps=32, baseline=baseline, site="word")
     assert ig.params["baseline"] == baseline
     for i, delta in enumerate(ig.extras["convergence_delta"]):
         fx, fb = ig.extras["target_value"][i], ig.extras["baseline_value"][i]
@@ -428,7 +430,8 @@ def test_aggregate_tokens_and_heads():
     assert folded.shape == (2, 3, 3)
     # sums of 3 and 5 terms in another order: one reduction, at the scale of its terms
     assert_fp_close(folded[..., 1], per_head[..., 1:4].sum(-1), depth=1, scale=float(per_head.abs().sum(-1).max()))
-    assert_fp_close(folded.sum(-1), per_head.sum(-1), depth=1, scale=float(per_head.abs().sum(-1).max()))  # a sum keeps the total
+    # a sum keeps the total
+    assert_fp_close(folded.sum(-1), per_head.sum(-1), depth=1, scale=float(per_head.abs().sum(-1).max()))
 
 
 def test_aggregate_is_nan_aware():

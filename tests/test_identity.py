@@ -23,6 +23,7 @@ import pytest
 
 from probe.document import md_escape
 from probe.errors import InputError
+
 from test_faults import _cli, _dataset, _one_line, _run, _study
 
 

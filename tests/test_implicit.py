@@ -10,12 +10,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import eot_tokenizer, fan_in_init
 
 import probe
 from probe.errors import CaptureError, ProbeError
 from probe.hooks import implicit
 from probe.hooks.capture import capture_attention
+
+from tiny_models import eot_tokenizer, fan_in_init
 
 EOT = "<|endoftext|>"
 KINDS = ("mamba", "falcon_mamba", "mamba2")

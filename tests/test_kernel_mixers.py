@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import mixer_inputs
 
 import probe
 from probe.errors import CaptureError
 from probe.hooks import implicit, kernel_mixers
 from probe.models.checks import run_checks
+
+from tiny_models import mixer_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_architectures as sweep  # noqa: E402

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import build_tiny
-from tolerances import assert_fp_close, fp_tol, model_depth
 
 from probe.errors import InputError
 from probe.intervene.knockout import edge_knockout
 from probe.models.loading import load_model
 from probe.rows.target import TargetSpec, prepare
+
+from tiny_models import build_tiny
+from tolerances import assert_fp_close, fp_tol, model_depth
 
 TEXTS = ["the movie was good and fun", "a bad film", "i loved the music but the plot was slow"]
 KINDS = ("bert", "gpt2", "llama_gqa", "mistral_sw")

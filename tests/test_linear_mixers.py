@@ -10,11 +10,12 @@ import math
 
 import pytest
 import torch
-from tiny_models import eot_tokenizer, fan_in_init
 
 import probe
 from probe.hooks import implicit, linear_mixers
 from probe.hooks.capture import capture_attention
+
+from tiny_models import eot_tokenizer, fan_in_init
 
 EOT = "<|endoftext|>"
 TEXTS = ["the film is good", "a bad movie with a dull plot", "good"]
@@ -206,7 +207,7 @@ def test_deltanet_matrices_reproduce_the_layer(hybrid):
     batch = _padded(tok)
     calls = _mixer_calls(model, batch)
     assert len(calls) == (1 if hybrid else 2)
-    for module, args, kwargs, output in calls:
+    for module, _args, kwargs, output in calls:
         mask = kwargs["attention_mask"]
         assert mask is not None and mask.dim() == 2  # the layer is handed the padding mask
         assert float(output.abs().max()) > 0.1
@@ -401,7 +402,7 @@ def test_mlstm_matrices_reproduce_the_layer_across_both_kernels():
     assert batch["input_ids"].shape[1] % 2 == 1 and batch["input_ids"].shape[1] > 4
     calls = _mixer_calls(model, batch)
     assert len(calls) == 2
-    for module, args, kwargs, (output, _) in calls:
+    for module, args, _kwargs, (output, _) in calls:
         hidden = args[0]
         assert float(output.abs().max()) > 0.1
         with torch.no_grad():
@@ -435,7 +436,7 @@ def _kimi():
     model = sweep.build("kimi_linear", "causal_lm", "eager")
     module = next(m for m in model.modules() if type(m).__name__ == "KimiLinearDeltaAttention")
     with torch.no_grad():
-        for name, parameter in module.named_parameters():
+        for parameter in module.parameters():
             parameter.normal_(0.0, parameter.shape[-1] ** -0.5 if parameter.dim() >= 2 else 0.5)
     return model, module, sweep.tokenizer()
 

@@ -200,7 +200,8 @@ def test_left_padding_moves_the_global_blocks_but_not_the_local_window():
         # zero value); its weight has no token to fold onto
         assert kind == "local" or lowest < 1 - 1e-3
         moved[kind] = worst
-    print(f"left padding, batch of 1 vs batch: local {moved['local']:.2e}, transient-global {moved['transient-global']:.2e}")
+    print(f"left padding, batch of 1 vs batch: local {moved['local']:.2e}, transient-global "
+          f"{moved['transient-global']:.2e}")
     assert moved["local"] <= TOL and moved["transient-global"] > 1e-3
 
 

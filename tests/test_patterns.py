@@ -18,6 +18,7 @@ import yaml
 
 import probe
 from probe.errors import InputError
+
 from test_faults import _cli, _one_line, _run, _study
 
 #: the issue's pattern: hangs Python's re (40 ``a`` and a ``!``), not the engine probe runs patterns on

@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from figure_checks import texts_outside_canvas
 
 import probe
 from probe.api import Explanation
@@ -21,6 +20,8 @@ from probe.plots import DPI, MAX_SCORES_HEIGHT, layer_lines_figure, token_scores
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 from probe.study.verdict import Verdict
+
+from figure_checks import texts_outside_canvas
 
 TOKENS = ["[CLS]", "a", "fine", "film", "[SEP]"]
 SPECIAL = [True, False, False, False, True]

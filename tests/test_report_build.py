@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from figure_checks import legend_overlaps_axes, overlapping_texts, texts_outside_canvas
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION
 from probe.report.build import build_comparison, build_report
+
+from figure_checks import legend_overlaps_axes, overlapping_texts, texts_outside_canvas
 
 ALL_SECTIONS = ["verdict", "setup", "agreement", "erasure", "counterfactual", "heads", "tokens", "limitations"]
 INJECTED = "<script>alert(1)</script>"
@@ -85,7 +86,8 @@ def test_finished_study_has_every_section_in_order(report, result):
     assert verdict["headline"].split(":")[0] in html  # the headline, in plain words
     assert "The rule" in html and verdict["rule"][:60] in html
     assert "PARTIAL" not in html
-    for text in ("attention contract", "query heads", "head dim", "mask kind", "weights sha256", "forward passes per example",
+    for text in ("attention contract", "query heads", "head dim", "mask kind", "weights sha256", "forward passes per "
+                                                                                                 "example",
                  "peak memory", "sequence length", "time per step", "versions"):
         assert text in html, text
     # one heatmap figure per per-head explainer, the layer lines, the distribution, erasure, both
@@ -281,7 +283,8 @@ def test_a_half_finished_run_gets_a_partial_report(result, tmp_path):
     sel = parts[(parts.explainer == "saliency") & (parts.reference == "loo_delete")]
     row = by_layer[(by_layer.explainer == "saliency") & (by_layer.reference == "loo_delete")
                    & (by_layer.measure == "kendall_tau")].iloc[0]
-    assert row["n"] == sel.kendall_tau.notna().sum() and row["mean"] == pytest.approx(sel.kendall_tau.mean(), rel=1e-5)  # CSV: 6 significant digits
+    # CSV: 6 significant digits
+    assert row["n"] == sel.kendall_tau.notna().sum() and row["mean"] == pytest.approx(sel.kendall_tau.mean(), rel=1e-5)
     assert "recorded in provenance.json when the run completes" in html
 
 
@@ -311,7 +314,8 @@ def test_bad_folders_are_one_line_errors(result, tmp_path):
     (fresh / "study.json").write_text((result / "study.json").read_text())
     with pytest.raises(InputError, match="no finished batch yet"):
         build_report(fresh)
-    for folder, needle in ((empty, "study.json"), (old, "another probe version"), (tmp_path / "missing", "does not exist")):
+    for folder, needle in ((empty, "study.json"), (old, "another probe version"), (tmp_path / "missing", "does not "
+                                                                                                         "exist")):
         proc = _cli("report", str(folder))
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
         assert str(folder) in proc.stderr and "Traceback" not in proc.stderr

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
-from tolerances import fp_close, fp_tol, model_depth
 
 from probe.errors import InputError, ProbeError
 from probe.metrics.statistics import wilcoxon_method
 from probe.names import TABLES
 from probe.spec.study import study_from_dict
 from probe.study.runner import run_study
+
+from tolerances import fp_close, fp_tol, model_depth
 
 #: The tolerance of two runs of the tiny study in other processes or threads (other summation orders).
 #: Its target is the tiny classifier's class probability, so every number in its tables is bounded by 1
@@ -109,7 +110,8 @@ def test_run_writes_every_table_and_a_verdict(full_run):
     assert set(agreement.role) == {"explainer", "baseline", "ceiling"}
     assert {"random", "uniform", "position"} <= set(agreement.explainer)
     verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["answer"] in ("yes", "heads only", "no", "undecidable") and verdict["rule"].startswith("An attention")
+    assert verdict["answer"] in ("yes", "heads only", "no", "undecidable") and verdict["rule"].startswith("An "
+                                                                                                          "attention")
     assert verdict["reference"] == "loo_delete" and verdict["best_gradient"]["explainer"] in ("saliency", "input_x_gradient")
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["examples"] == 12 and prov["forward_passes_per_example"] > 1 and prov["peak_memory_bytes"] > 0
@@ -120,8 +122,8 @@ def test_run_writes_every_table_and_a_verdict(full_run):
 def test_finalize_returns_the_frozen_verdict_it_wrote(full_run, tmp_path):
     import dataclasses
 
-    from probe.study.verdict import Verdict
     from probe.study.store import write_json
+    from probe.study.verdict import Verdict
 
     _, result, out = full_run
     verdict = result.verdict
@@ -298,7 +300,8 @@ def test_bad_inputs_are_one_line_errors(tiny_dirs, tiny_data, tmp_path):
                                              references=["loo_delete", "loo_lm"])), progress=False, log=lambda _: None)
     with pytest.raises(InputError, match=r"loo_mask cannot run on .*: the tokenizer has no mask token; use loo_delete"):
         run_study(study_from_dict(tiny_study(tiny_dirs["gpt2"], tiny_data, tmp_path / "e",
-                                             references=["loo_delete", "loo_mask"])), progress=False, log=lambda _: None)
+                                             references=["loo_delete", "loo_mask"])), progress=False,
+                  log=lambda _: None)
     assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"

@@ -82,7 +82,8 @@ def test_a_small_build_is_seeded_learns_and_loads_as_the_mixer_probe_reads(mixer
         assert torch.equal(x, y), name
     assert a.task.name == "causal_lm"
     # a verdict names what it judged: softmax attention, or a token mixer's implicit matrix
-    assert mixing_words(a.contract) == ("attention" if mixer == "transformer" else "its mixing matrix (implicit attention)")
+    assert mixing_words(a.contract) == ("attention" if mixer == "transformer" else "its mixing matrix (implicit "
+                                                                                   "attention)")
     # probe reads each as a [query, key] map per layer (attention, or the mixer's implicit matrix)
     explanation = probe.explain(a, "a gripping , funny film =>", ["attention_mean", "loo_delete"],
                                 continuation=" positive", contrast=" negative")
@@ -107,10 +108,10 @@ def test_the_recipes_are_registered_as_causal_built_ins():
 def test_rt_conv_is_read_exactly_and_beats_chance_held_out(rt_conv):
     """The real built-in: its held-out accuracy in the metadata, and the mixing matrices probe reads
     give back each conv layer's own output."""
-    from tiny_models import mixer_inputs
-
     from probe.hooks import implicit
     from probe.models.loading import load_model
+
+    from tiny_models import mixer_inputs
 
     metadata = read_builtin_metadata(rt_conv)
     assert metadata["heldout_accuracy"] >= 0.62 and metadata["n_test"] == 1000 and metadata["n_train"] == 7530

@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from tolerances import assert_fp_close, model_depth
 
 from probe.errors import InputError
 from probe.intervene.engine import Engine
@@ -19,6 +18,8 @@ from probe.intervene.shapley import shapley, shapley_players
 from probe.intervene.tokens import loo
 from probe.models.loading import load_model
 from probe.rows.target import TargetSpec, evaluate, prepare
+
+from tolerances import assert_fp_close, model_depth
 
 TEXTS = ["the movie was very good", "i hated this film", "a great story"]
 REAL_TEXTS = ["bleak, witty and desperate"]

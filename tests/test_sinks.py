@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tolerances import assert_fp_close, fp_tol, model_depth
 
 from probe.errors import InputError
 from probe.explainers.sinks import attention_nosink, attention_sinks, nosink_rows
 from probe.rows.target import TargetSpec, prepare
+
+from tolerances import assert_fp_close, fp_tol, model_depth
 
 TEXTS = ["the movie was good and fun", "a bad film", "i loved the music but the plot was slow"]
 #: the threshold of the tiny models' tests: far enough from every received mean that rounding cannot flip a sink

@@ -167,7 +167,7 @@ def test_chat_roles_are_spans_of_the_conversation(chat_gpt2, tmp_path):
     assert [(first.text[a:b], role) for a, b, role in first.messages] == [
         ("be very short", "system"), ("was the plot good", "user")]
     scored = [t for t, s in zip(first.tokens, first.special) if not s]
-    assert scored == "be very short was the plot good".split()  # not the template's "i , ... ." 
+    assert scored == "be very short was the plot good".split()  # not the template's "i , ... ."
     spans = ex.spans[0]
     assert [(s.role, s.text) for s in spans] == [("system", "be very short"), ("user", "was the plot good")]
     table = ex.to_pandas(level="span")

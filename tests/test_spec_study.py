@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 
@@ -484,7 +485,7 @@ def test_fingerprint(tmp_path):
 
 def test_frozen(tmp_path):
     study = load_study(write(tmp_path, MINIMAL))
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError):
         study.name = "other"
     assert isinstance(study, Study)
 
@@ -508,7 +509,8 @@ def test_validating_study_and_claim_files_imports_no_torch():
         "    study_from_dict({**study.to_dict(), 'explainers': ['atention']})\n"
         "except InputError as err:\n"
         "    print('error:', err)\n"
-        "print(study.name, len(claims.claims), sorted(m for m in ('torch', 'transformers', 'captum') if m in sys.modules))\n"
+        "print(study.name, len(claims.claims), sorted(m for m in ('torch', 'transformers', 'captum') if m in "
+        "sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert "did you mean 'attention'" in out

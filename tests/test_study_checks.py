@@ -7,10 +7,11 @@ import json
 
 import pandas as pd
 import pytest
-from test_runner import tiny_study, write_dataset
 
 from probe.spec.study import study_from_dict
 from probe.study.runner import run_study
+
+from test_runner import tiny_study, write_dataset
 
 
 @pytest.fixture(scope="module")

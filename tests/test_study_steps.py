@@ -59,7 +59,7 @@ def test_every_output_token_is_a_unit_explained_as_the_api_explains_it(step_run)
     assert examples["example"].is_unique  # across the two batches and the resume
     assert sorted(examples["source"].unique()) == list(range(N_EXAMPLES))
     scores = pd.read_parquet(out / "scores.parquet")
-    for source, units in examples.groupby("source"):
+    for _source, units in examples.groupby("source"):
         text = units["text"].iloc[0]
         by_api = prepare(pm, [text], TargetSpec(steps=True, max_new_tokens=NEW_TOKENS))
         assert units.sort_values("step")["step"].tolist() == list(range(len(by_api)))

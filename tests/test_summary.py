@@ -146,7 +146,8 @@ def test_profile_floor_concentration_and_the_auto_measure():
     assert sparse.top1_share > 0.99
     # an example whose largest effect is under 1% of the study's large effects has no token that matters
     small = decide.reference_profile(_tables([[0.8, 0.1, 0], [0.7, 0.2, 0], [1e-4, 5e-5, 0]]), "loo_delete", "fp32")
-    assert small.small == (2,) and small.at_floor == () and small.effect_floor == pytest.approx(0.01 * 0.78, rel=1e-6)  # 90th percentile of 0.7, 0.8 and 1e-4: 0.78
+    # 90th percentile of 0.7, 0.8 and 1e-4: 0.78
+    assert small.small == (2,) and small.at_floor == () and small.effect_floor == pytest.approx(0.01 * 0.78, rel=1e-6)
     assert decide.choose_measure("auto", sparse, ["kendall_tau", "top1", "top3"])[0] == "top1"
     assert "top two tokens" in decide.concentration_warning("kendall_tau", sparse)
     pair = decide.reference_profile(_tables([[0.5, 0.5, 1e-3, 0], [0.4, 1e-3, 0.45, 0]]), "loo_delete", "fp32")
@@ -200,7 +201,8 @@ def test_the_verdict_is_whole_when_built_and_its_table_has_a_row_per_family():
     table = decided.to_pandas()
     assert list(table.family) == list(v["families"]) == ["attention weights", "attention-derived", "context mixing"]
     derived = table.set_index("family").loc["attention-derived"]
-    assert derived.answer == "no" and derived.layer_tracking == 0 and derived.layer_total == 1  # rollout failed its check
+    # rollout failed its check
+    assert derived.answer == "no" and derived.layer_tracking == 0 and derived.layer_total == 1
     weights = table.set_index("family").loc["attention weights"]
     assert weights.best_layer == "attention_mean L0" and weights.layer_tracking == 1
     assert weights.best_layer_mean == pytest.approx(v["families"]["attention weights"]["best_layer"]["mean"])

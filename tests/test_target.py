@@ -28,10 +28,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_faults import _cli
 
 import probe
 from probe.errors import InputError
+
+from test_faults import _cli
 from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 PROMPTS = ["the movie was good and", "bad plot"]
@@ -130,7 +131,7 @@ def test_linear_methods_summed_over_the_steps_explain_the_whole_output(steps, me
     per_step = probe.explain(pm, examples, [method], params={method: params} if params else None)
     whole = probe.explain(pm, [_whole(pm, e) for e in examples if e.step == 0], [method],
                           params={method: params} if params else None)
-    for t, group in enumerate(per_step.outputs()):
+    for t, _group in enumerate(per_step.outputs()):
         summed = per_step.stacked(method, t).sum(0)
         np.testing.assert_allclose(summed.numpy(), whole[method].scores[t].numpy(), atol=2e-4, rtol=1e-3)
 
@@ -537,7 +538,8 @@ def chat_gpt2(chat_gpt2_dir):
 def test_a_message_holding_the_layout_marker_stays_in_its_own_message(chat_gpt2):
     """The marker in the system message used to pull the user's message into the system one."""
     pm = chat_gpt2
-    conversation = [{"role": "system", "content": f"be {MARKER} short"}, {"role": "user", "content": "was the plot good"}]
+    conversation = [{"role": "system", "content": f"be {MARKER} short"}, {"role": "user", "content": "was the plot "
+                                                                                                     "good"}]
     e = probe.prepare(pm, conversation, chat=True)[0]
     assert e.text == f"i , be {MARKER} short .\nyou , was the plot good .\ni ,"
     assert [(e.text[a:b], role) for a, b, role in e.messages] == [(f"be {MARKER} short", "system"),

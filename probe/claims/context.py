@@ -10,8 +10,8 @@ import numpy as np
 from probe import registry
 from probe.claims.rules import Judgement, judge
 from probe.errors import InputError
-from probe.spec.claims import AttentionRanking, ClaimFile
 from probe.rows.target import sources
+from probe.spec.claims import AttentionRanking, ClaimFile
 from probe.study.steps import per_example_means
 
 if TYPE_CHECKING:

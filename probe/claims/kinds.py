@@ -308,7 +308,7 @@ def _removal_effects(ctx: AuditContext, claim: SpecificTokensClaim, plan: list[t
     effects, versus_attention = np.full(n_all, np.nan), np.full(n_all, np.nan)
     share, uniform = np.full(n_all, np.nan), np.full(n_all, np.nan)
     details: list[dict] = [{} for _ in range(n_all)]
-    for i, first, chosen, draws, by_attention in plan:
+    for i, first, chosen, _draws, by_attention in plan:
         v = values[first: first + 3 + claim.repeats]
         base = v[0]
         d_matched = abs(base - v[1])

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 
-from probe.names import printable
 from probe.document import escape_html as _escape_html
 from probe.document import html_page, html_table, md_table
 from probe.document import md_escape as _md_escape
+from probe.names import printable
 
 
 def _e(text) -> str:
@@ -237,7 +237,8 @@ def render_html(data: dict) -> str:
     if data.get("description"):
         out.append(f"<p>{_e(data['description'])}</p>")
     out.append(f'<p class="meta">{_e(_model_line(data))}</p>')
-    out.append(html_table((f'<td>{i}</td><td>{_badge(c["verdict"])}</td><td><a href="#claim-{i}">{_e(c["claim"])}</a></td>'
+    out.append(html_table((f'<td>{i}</td><td>{_badge(c["verdict"])}</td><td><a '
+                           f'href="#claim-{i}">{_e(c["claim"])}</a></td>'
                            f'<td>{_e(c["kind"])}</td>{_num_cell(_num(c["effect"]))}{_num_cell(_ci(c["ci"]))}'
                            f'{_num_cell(_num(c["threshold"]))}{_num_cell(c["n"])}<td>{_bar(c)}</td>'
                            for i, c in enumerate(data["claims"], 1)), _SUMMARY_COLUMNS + ["CI vs threshold"]))

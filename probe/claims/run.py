@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.claims.context import AuditContext
-from probe.claims.kinds import KINDS, ClaimResult, replacement_token, clean_json
+from probe.claims.kinds import KINDS, ClaimResult, clean_json, replacement_token
 from probe.errors import InputError
 from probe.names import printable
 from probe.spec.claims import (
@@ -127,7 +127,8 @@ def _check_target(pm: ProbeModel, claim_file: ClaimFile) -> None:
     if t.choices and not pm.task.next_token:
         raise InputError(f"{claim_file.source}: target.choices applies to causal LMs; {pm.name} is a {pm.task} model")
     if t.label == "gold" and not pm.task.labels:
-        raise InputError(f"{claim_file.source}: target.label: gold applies to classifiers; {pm.name} is a {pm.task} model")
+        raise InputError(f"{claim_file.source}: target.label: gold applies to classifiers; {pm.name} is a {pm.task} "
+                         f"model")
     check_contrast(pm, t, f"{claim_file.source}: ")
     if t.stepwise and not pm.task.continuations:
         raise InputError(f"{claim_file.source}: target.{'generate' if t.generate is not None else 'steps'} explains a "

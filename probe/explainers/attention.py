@@ -49,8 +49,8 @@ from probe.models.architectures import (
 )
 from probe.rows.queries import (
     TargetQueries,
-    crop,
     capture_masks,
+    crop,
     eval_mode,
     row_batches,
     shared_row_batches,

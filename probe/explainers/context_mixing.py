@@ -53,8 +53,8 @@ import torch
 from probe import registry
 from probe.errors import CaptureError, InputError
 from probe.explainers.attention import (
-    in_out_weight,
     head_value_norms,
+    in_out_weight,
     record_value_inputs,
     value_output_modules,
 )
@@ -63,10 +63,10 @@ from probe.hooks.capture import capture_attention
 from probe.hooks.types import EditContext
 from probe.models.architectures import (
     MixingLayout,
-    refuse_seq2seq,
-    relative_path,
     block_modules,
     mixing_layout,
+    refuse_seq2seq,
+    relative_path,
 )
 from probe.names import CONTEXT_MIXING_METHODS
 from probe.rows.queries import capture_masks, eval_mode, mixing_widths, row_batches

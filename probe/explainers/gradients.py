@@ -44,14 +44,13 @@ import torch
 
 from probe import registry
 from probe.errors import InputError
-
 from probe.explainers.gradient_forward import (
+    EmbeddingForward,
     common_params,
     embedding_forward,
-    EmbeddingForward,
     grouped_gradients,
-    per_example,
     join_buckets,
+    per_example,
     width_buckets,
 )
 from probe.names import GRADIENT_METHODS

@@ -12,13 +12,13 @@ import torch
 from probe.errors import InputError
 from probe.explainers.gradient_forward import (
     GRADIENT_TOKEN_BUDGET,
+    EmbeddingForward,
     common_params,
     embedding_forward,
-    EmbeddingForward,
     grouped_gradients,
     grouped_values,
-    per_example,
     join_buckets,
+    per_example,
     site_values,
     width_buckets,
 )
@@ -234,7 +234,8 @@ AUTO_ABSOLUTE_TOLERANCE = 1e-4
 def _integrated_gradients_auto(pm: ProbeModel, examples: Sequence[PreparedExample], *, tolerance: float, max_steps: int,
                                **params) -> TokenScores:
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-        raise InputError(f"tolerance must be a positive fraction of |f(x) - f(baseline)| (e.g. 0.05), got {tolerance!r}")
+        raise InputError(f"tolerance must be a positive fraction of |f(x) - f(baseline)| (e.g. 0.05), got "
+                         f"{tolerance!r}")
     ladder = [s for s in AUTO_STEPS if s <= max_steps] if isinstance(max_steps, int) else []
     if isinstance(max_steps, bool) or not ladder:
         raise InputError(f"max_steps must be an integer >= {AUTO_STEPS[0]} (steps auto tries "
@@ -275,7 +276,7 @@ def _integrated_gradients_auto(pm: ProbeModel, examples: Sequence[PreparedExampl
                        params=params_out, extras=extras)
 
 
-def _chunk(problem: "EmbeddingForward", internal_batch_size: int | str) -> int:
+def _chunk(problem: EmbeddingForward, internal_batch_size: int | str) -> int:
     if internal_batch_size == "auto":
         return max(1, GRADIENT_TOKEN_BUDGET // max(1, problem.fixed.shape[1]))
     return int(internal_batch_size)

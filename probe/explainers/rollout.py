@@ -17,8 +17,8 @@ from probe.hooks.capture import capture_attention
 from probe.hooks.types import EditContext
 from probe.rows.queries import (
     TargetQueries,
-    crop,
     capture_masks,
+    crop,
     eval_mode,
     mixing_widths,
     row_batches,

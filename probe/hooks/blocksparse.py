@@ -352,7 +352,8 @@ class BlockSparseReader:
         parts = tuple(watch.results)
         if len(parts) != len(PARTS) or not gathered or not masks or masks[0] is None:
             raise CaptureError(f"{type(child).__name__} ran {len(parts)} softmaxes and {len(gathered)} random-key "
-                               f"gathers where probe reads {len(PARTS)} and 1: not the block-sparse attention probe knows")
+                               f"gathers where probe reads {len(PARTS)} and 1: not the block-sparse attention probe "
+                               f"knows")
         to_mask = masks[0]  # [batch, 1, 1, seq]
         real = to_mask.reshape(to_mask.shape[0], -1) > 0
         seq = int(real.shape[1])

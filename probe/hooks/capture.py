@@ -31,12 +31,12 @@ import torch
 from probe.errors import CaptureError, InputError
 from probe.hooks import banded, implicit
 from probe.hooks import math as amath
-from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.attention_functions import (
     implementation_of,
     open_session,
     sink_logits,
 )
+from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.types import (
     AttentionInputs,
     AttentionMaps,
@@ -173,7 +173,8 @@ class _Session:
                 # the last position the mask keeps: with right padding its length - 1, and right with left padding too
                 positions = torch.arange(q_len, device=mask.device).expand(batch, q_len)
                 return (positions * mask.bool()).amax(dim=1).long().view(batch, 1).to(device)
-            raise CaptureError(f"unknown query selection {spec!r}: use all, first, last, a list of positions or a tensor")
+            raise CaptureError(f"unknown query selection {spec!r}: use all, first, last, a list of positions or a "
+                               f"tensor")
         rows = torch.as_tensor(spec, dtype=torch.long, device=device)
         if rows.dim() == 1:
             rows = rows.view(1, -1).expand(batch, -1)
@@ -544,7 +545,8 @@ class Capture:
         shapes = {tuple(session.records[(stack, layer)][0].shape) for layer in layers}
         if len(shapes) > 1:
             raise CaptureError(
-                f"the {stack} layers have different head counts or key lengths ({', '.join(map(str, sorted(shapes)))}), "
+                f"the {stack} layers have different head counts or key lengths "
+                f"({', '.join(map(str, sorted(shapes)))}), "
                 "so their maps cannot stack: read them one layer at a time with Capture.layer_maps"
             )
         weights = torch.stack([session.records[(stack, layer)][0] for layer in layers], dim=1)

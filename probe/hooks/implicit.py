@@ -229,11 +229,13 @@ def zamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
     heads, width = int(module.n_mamba_heads), int(module.mamba_head_dim)
     rank, state = int(module.time_step_rank), int(module.ssm_state_size)
     value, gate = module.in_proj(hidden).transpose(1, 2).reshape(batch, -1, 2, time).unbind(2)  # [batch, inner, time]
-    value = _zero_padding(_causal_conv(module, value.contiguous()).transpose(1, 2), attention_mask)  # [batch, time, inner]
+    # [batch, time, inner]
+    value = _zero_padding(_causal_conv(module, value.contiguous()).transpose(1, 2), attention_mask)
     per_head = value.reshape(batch, time, heads, width)
     params = torch.einsum("hpw,bthw->bthp", module.x_proj_weight, per_head)  # [batch, time, head, rank + 2 state]
     step, B, C = torch.split(params, [rank, state, state], dim=-1)
-    step = torch.einsum("hwr,bthr->bthw", module.dt_proj_weight, step) + module.dt_proj_bias  # [batch, time, head, width]
+    # [batch, time, head, width]
+    step = torch.einsum("hwr,bthr->bthw", module.dt_proj_weight, step) + module.dt_proj_bias
 
     def per_channel(t: torch.Tensor) -> torch.Tensor:  # [batch, time, head, state] -> [batch, time, channel, state]
         return t.float().repeat_interleave(width, dim=2)
@@ -376,7 +378,8 @@ MIXERS: tuple[MixerKind, ...] = (
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices",
               takes_mask=False),
     MixerKind("rg-lru recurrence", ("RecurrentGemmaRecurrentBlock",), linear_mixers.rglru_terms,
-              linear_mixers.rglru_heads, "the RG-LRU's gate heads, each the mean of its channels' matrices (conv folded in)",
+              linear_mixers.rglru_heads, "the RG-LRU's gate heads, each the mean of its channels' matrices (conv "
+                                         "folded in)",
               linear_mixers.rglru_width),
     MixerKind("gated deltanet", ("Qwen3NextGatedDeltaNet",), linear_mixers.gated_deltanet_terms,
               linear_mixers.deltanet_heads, "the mixer's value heads", linear_mixers.deltanet_width),

@@ -344,7 +344,8 @@ def kimi_delta_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor 
     mixed = ACT2FN[module.activation](mixed).transpose(1, 2)  # [batch, time, 3 * heads * width]
     query, key, value = torch.split(mixed, [heads * width] * 3, dim=-1)
 
-    def per_head(t: torch.Tensor) -> torch.Tensor:  # [batch, time, heads * width] -> [batch, head, time, width], l2-normalised
+    # [batch, time, heads * width] -> [batch, head, time, width], l2-normalised
+    def per_head(t: torch.Tensor) -> torch.Tensor:
         t = t.float().reshape(batch, time, heads, width).transpose(1, 2)
         return t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6)
 

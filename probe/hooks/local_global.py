@@ -230,7 +230,8 @@ def call_from(module: torch.nn.Module, weights: torch.Tensor, mask: torch.Tensor
     n_global = int(weights.shape[-1]) - 3 * bl
     if weights.dim() != 5 or weights.shape[3] != bl or n_global < 0 or (g is None and n_global) \
             or (g is not None and n_global != length // g):
-        raise CaptureError(f"{type(module).__name__} returned probabilities of shape {tuple(weights.shape)} where probe "
+        raise CaptureError(f"{type(module).__name__} returned probabilities of shape {tuple(weights.shape)} where "
+                           f"probe "
                            f"reads [batch, blocks, head, {bl}, {3 * bl}" + (f" + {length // g}]" if g else "]"))
     if g is None:
         return LocalGlobalCall(weights=weights, real=real, block_len=bl, length=length)

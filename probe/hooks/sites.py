@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import torch
 
+from probe.hooks.attention_functions import implementation_of, open_session, sink_logits
 from probe.hooks.banded import is_banded
 from probe.hooks.blocksparse import AttentionTypeGuard, is_block_sparse, is_block_sparse_layer
 from probe.hooks.implicit import find_mixers, mixer_kind
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
-from probe.hooks.attention_functions import implementation_of, open_session, sink_logits
 from probe.tasks import Task
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)

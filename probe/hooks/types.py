@@ -83,8 +83,8 @@ class AttentionMaps:
 
     @property
     def shape(self) -> dict[str, int]:
-        b, l, h, q, k = self.weights.shape
-        return {"batch": b, "layer": l, "head": h, "query": q, "key": k}
+        b, n_layers, h, q, k = self.weights.shape
+        return {"batch": b, "layer": n_layers, "head": h, "query": q, "key": k}
 
     def __repr__(self) -> str:
         from probe.display import name_list

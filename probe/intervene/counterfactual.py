@@ -80,7 +80,8 @@ def _site(pm: ProbeModel, layer: int, head: int | None) -> Site:
                          f"(-1 is the last)")
     layer = index
     if head is not None and (not isinstance(head, int) or not 0 <= head < info.n_heads):
-        raise InputError(f"head {head!r} does not exist in the {stack}: it has heads 0..{info.n_heads - 1} (or None = all)")
+        raise InputError(f"head {head!r} does not exist in the {stack}: it has heads 0..{info.n_heads - 1} (or None = "
+                         f"all)")
     return Site(stack, layer, tuple(range(info.n_heads)) if head is None else (head,))
 
 

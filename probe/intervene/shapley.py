@@ -46,8 +46,8 @@ import torch
 
 from probe.errors import InputError
 from probe.intervene.tokens import replacement_token_id, scorable_positions
-from probe.rows.target import example_seed
 from probe.rows.scores import TokenScores
+from probe.rows.target import example_seed
 
 if TYPE_CHECKING:
     from probe.intervene.engine import Engine

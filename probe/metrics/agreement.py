@@ -125,7 +125,7 @@ def _concordance(rx: _Ranks, ry: _Ranks) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _exact_p_table(n: int) -> np.ndarray:
     """Two-sided exact p-value of Kendall's tau (no ties) for c = min(con, dis) = 0..tot // 2.
 

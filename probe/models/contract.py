@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import torch
 
-from probe.hooks.implicit import mixer_kind
-from probe.hooks.banded import describe_layers
 from probe.hooks.attention_functions import implementation_of
+from probe.hooks.banded import describe_layers
+from probe.hooks.implicit import mixer_kind
 from probe.hooks.sites import Site, discover_sites, implicit_sites
 from probe.models.architectures import (
     ATTENTION_LAYOUTS,

@@ -180,7 +180,8 @@ def encode_texts(pm: ProbeModel, texts: list[str], *, strict_length: bool = Fals
                 "or drop --strict-length to truncate"
             )
         warn_at_caller(
-            f"{len(too_long)} text(s) longer than the model's window of {limit} tokens were truncated (first: #{i}, {n} tokens)",
+            f"{len(too_long)} text(s) longer than the model's window of {limit} tokens were truncated (first: #{i}, "
+            f"{n} tokens)",
             TruncationWarning,
         )
     batch = tok(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")

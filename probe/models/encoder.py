@@ -94,7 +94,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: Poo
     return pooled  # [batch, hidden]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pooled_encoder_class(base_class: type) -> type:
     """``base_class`` (a bare encoder, e.g. ``BertModel``) whose output also carries the pooled
     embedding as ``logits`` ``[batch, hidden]``; set ``model.probe_pooling`` (a :class:`Pooling`)."""

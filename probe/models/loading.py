@@ -42,7 +42,8 @@ def resolve_device(device: str | None):
         if not torch.cuda.is_available():
             raise InputError(f"device {device!r} asked for but CUDA is not available on this machine: use --device cpu")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise InputError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise InputError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
     elif parsed.type not in ("cpu", "mps"):
         raise InputError(f"unsupported device {device!r}: use cpu, cuda, cuda:N or auto")
     return parsed
@@ -232,7 +233,8 @@ def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dic
         planted = name.split(":", 1)[1]
         if planted not in PLANTED_MODELS:
             raise ModelLoadError(
-                f"unknown planted model {planted!r}: valid are {', '.join('planted:' + n for n in sorted(PLANTED_MODELS))}"
+                f"unknown planted model {planted!r}: valid are "
+                f"{', '.join('planted:' + n for n in sorted(PLANTED_MODELS))}"
             )
         folder = materialize_planted(planted, cache_dir=cache_dir)
         return str(folder), False, read_builtin_metadata(folder)
@@ -367,7 +369,8 @@ def _check_special_tokens(model, tokenizer) -> None:
     if (isinstance(getattr(config, "bos_token_id", None), int) and isinstance(getattr(config, "eos_token_id", None), int)
             and tokenizer.bos_token_id is None and tokenizer.eos_token_id is None
             and tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None):
-        raise InputError(f"the tokenizer {name} marks texts with {tokenizer.cls_token}/{tokenizer.sep_token} and has no "
+        raise InputError(f"the tokenizer {name} marks texts with {tokenizer.cls_token}/{tokenizer.sep_token} and has "
+                         f"no "
                          f"begin/end-of-sequence tokens, which the model ({config.model_type}) uses "
                          f"(ids {config.bos_token_id}/{config.eos_token_id}): {fix}")
 
@@ -399,7 +402,8 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, na
     task = task_named(task) if task is not None else task_of_class(model)
     if task is None:
         raise InputError(f"{type(model).__name__} has no output head probe can explain: wrap a model loaded with "
-                         "AutoModelForSequenceClassification, AutoModelForCausalLM or AutoModelForSeq2SeqLM, or give task=")
+                         "AutoModelForSequenceClassification, AutoModelForCausalLM or AutoModelForSeq2SeqLM, or give "
+                         "task=")
     embedding = model.get_input_embeddings()
     rows = getattr(embedding, "num_embeddings", None)
     if isinstance(rows, int) and len(tokenizer) > rows:

@@ -74,9 +74,9 @@ from typing import Any
 from probe.errors import ModelLoadError
 from probe.models.builtins import (
     METADATA_FILE,
+    default_cache_dir,
     exclusive_lock,
     package_versions,
-    default_cache_dir,
 )
 from probe.planted_texts import (
     FILLER,
@@ -181,7 +181,8 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
     PlantedModel(
         "copy-lm", "causal_lm",
         "one-layer GPT-2 trained so the next token copies the one marked word (alpha, beta, gamma, delta, "
-        "omega, sigma) of the prompt (a prompt without one continues with EOS): greedy accuracy 1.0 on held-out prompts; the last position's attention "
+        "omega, sigma) of the prompt (a prompt without one continues with EOS): greedy accuracy 1.0 on held-out "
+        "prompts; the last position's attention "
         "(head mean) concentrates on the marked word, and deleting it has the largest effect on the "
         "greedy token's log-prob.",
         ("yes",),
@@ -658,7 +659,8 @@ def _build_twice(settings: ClassifierTraining, name: str):
         for i, ks in enumerate(copies)])
     _require(all(len(ks) == 2 for ks in copies), name, "a text without two copies of zz")
     _require(facts["accuracy"] == 1.0, name, f"held-out accuracy {facts['accuracy']}")
-    _require(facts["copy_loo_max"] < 0.05, name, f"deleting one copy moves the prediction by {facts['copy_loo_max']:.3f}")
+    _require(facts["copy_loo_max"] < 0.05, name, f"deleting one copy moves the prediction by "
+                                                 f"{facts['copy_loo_max']:.3f}")
     _require(facts["copies_top2_attended"] >= 0.9, name,
              f"attention ranks both copies on top on only {facts['copies_top2_attended']} of the texts")
     return model, tokenizer, {"training": training, "facts": facts}
@@ -671,7 +673,8 @@ def _build_trigger_soft():
     _require(facts["target_prob_min"] < 0.97, "trigger-soft", f"min target prob {facts['target_prob_min']:.4f}")
     _require(facts["other_abs_loo_max"] > 1e-6, "trigger-soft", "the other words have no effect at all")
     _require(facts["top_attended_is_trigger"] >= 0.95 and facts["top_loo_is_trigger"] == 1.0, "trigger-soft",
-             f"zz first by attention on {facts['top_attended_is_trigger']}, by deletion on {facts['top_loo_is_trigger']}")
+             f"zz first by attention on {facts['top_attended_is_trigger']}, by deletion on "
+             f"{facts['top_loo_is_trigger']}")
     return model, tokenizer, {"training": training, "facts": facts}
 
 
@@ -743,7 +746,8 @@ def _build_below_noise():
     facts["max_abs_loo_before_scaling"] = reference["max_abs_loo"]
     facts["float32_step_at_0.5"] = float(torch.finfo(torch.float32).eps / 2)
     _require(0 < facts["max_abs_loo"] <= 3e-7, "below-noise", f"max |LOO| is {facts['max_abs_loo']:.3g}")
-    return model, tokenizer, {"training": training, "derived_from": f"trigger-saturated, classifier x {BELOW_NOISE_SCALE}",
+    return model, tokenizer, {"training": training, "derived_from": f"trigger-saturated, classifier x "
+                                                                    f"{BELOW_NOISE_SCALE}",
                               "facts": facts}
 
 
@@ -996,7 +1000,8 @@ def _many_heads(planted_head: bool):
     else:
         _require(swaps["position_heads_max_change_when_zz_moves"] < 1e-5, name,
                  f"moving zz changes a head's attention by {swaps['position_heads_max_change_when_zz_moves']:.1e}")
-    _require(facts["top_loo_is_trigger"] == 1.0, name, f"deleting zz is the largest effect on {facts['top_loo_is_trigger']}")
+    _require(facts["top_loo_is_trigger"] == 1.0, name, f"deleting zz is the largest effect on "
+                                                       f"{facts['top_loo_is_trigger']}")
     _require(facts["predicted_class_1_share"] == 1.0, name, "class 0 predicted somewhere")
     return model, tokenizer, {"training": None, "construction": _many_heads.__doc__.strip(), "facts": facts}
 

@@ -29,9 +29,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 Mixer = Literal["transformer", "mamba", "conv"]
 MIXERS: tuple[Mixer, ...] = ("transformer", "mamba", "conv")

@@ -171,7 +171,7 @@ def layer_line_notes(r: StudyResult) -> dict[str, str]:
     other or to another unit), e.g. ``flow: L0-L4 one ranking``."""
     notes: dict[str, list[str]] = {}
     seen = set()
-    for unit, group in redundant_units(r).items():
+    for group in redundant_units(r).values():
         key = tuple(group)
         if key in seen:
             continue

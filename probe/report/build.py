@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from probe.document import Document, Para, Section, Table
 from probe.errors import InputError
+from probe.names import COMPLETE_FILE
 from probe.report import analysis as an
 from probe.report import figures as fg
-from probe.document import Document, Para, Section, Table
-from probe.names import COMPLETE_FILE
 from probe.report.output import (
     RECORDED_FILES,
     SOURCE_FILE,
@@ -194,7 +194,8 @@ def build_comparison(dirs, out_dir: str | Path | None = None) -> ReportFiles:
     agreement of the explainers they share. Default ``out_dir``: ``./comparison``."""
     dirs = list(dirs)
     if len(dirs) < 2:
-        raise InputError(f"compare needs two or more result folders; got {len(dirs)} ({', '.join(map(str, dirs)) or 'none'})")
+        raise InputError(f"compare needs two or more result folders; got {len(dirs)} "
+                         f"({', '.join(map(str, dirs)) or 'none'})")
     results = [load_result(d) for d in dirs]
     roots = [r.root.resolve() for r in results]
     if len(set(roots)) < 2:

@@ -264,7 +264,7 @@ def comparison_lines(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray, s
     axes = fig.subplots(rows, cols, squeeze=False)
     for i, name in enumerate(names):
         ax = axes[i // cols][i % cols]
-        for j, (study, (x, y, label)) in enumerate(panels[name].items()):
+        for j, (x, y, label) in enumerate(panels[name].values()):
             ax.plot(x, y, marker="o", ms=3.5, color=COLORS[j % len(COLORS)], label=label.replace("$", r"\$"))
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("relative depth (layer / last layer)" if relative else "layer")

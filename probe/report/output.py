@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.errors import InputError, storage_error
 from probe.document import (
     Document,
     Figure,
@@ -19,6 +18,7 @@ from probe.document import (
     render_html,
     render_markdown,
 )
+from probe.errors import InputError, storage_error
 from probe.study.store import write_file
 
 

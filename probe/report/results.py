@@ -19,9 +19,9 @@ import pandas as pd
 
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION, TABLES, measure_columns
+from probe.spec.study import StatisticsSpec, Study
 from probe.study.steps import is_stepwise, per_source, per_source_rows
 from probe.study.verdict import Verdict
-from probe.spec.study import StatisticsSpec, Study
 
 
 @dataclass(frozen=True, repr=False)

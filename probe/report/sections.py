@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from probe.report import analysis as an
-from probe.report import figures as fg
 from probe.document import Bullets, KeyValues, Para, Section, Table, TokenView
 from probe.plots import bands_caption, measure_label
+from probe.report import analysis as an
+from probe.report import figures as fg
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.report.tokens import token_examples
@@ -61,14 +61,17 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
     for name, info in (v.get("families") or {}).items():
         lu, hu = info.get("layer_units") or {}, info.get("head_units") or {}
         numbers.append((f"{name} ({', '.join(info.get('methods') or [])})",
-                        f"{str(info.get('answer', '?')).upper()}: {lu.get('tracking', 0)}/{lu.get('total', 0)} layer-level, "
+                        f"{str(info.get('answer', '?')).upper()}: {lu.get('tracking', 0)}/{lu.get('total', 0)} "
+                        f"layer-level, "
                         f"{hu.get('tracking', 0)}/{hu.get('total', 0)} heads"
                         + (f"; {info['why']}" if info.get("why") else "")))
     noise = v.get("reference_profile") or {}
     if noise:
-        numbers.append(("reference's effects", f"largest |effect| {noise.get('max_abs', float('nan')):.2g}, noise floor "
+        numbers.append(("reference's effects", f"largest |effect| {noise.get('max_abs', float('nan')):.2g}, noise "
+                                               f"floor "
                         f"{noise.get('noise_floor', float('nan')):.1e} ({noise.get('at_floor', 0)} of "
-                        f"{noise.get('examples', 0)} examples at it), effect floor {noise.get('effect_floor', 0.0):.2g} "
+                        f"{noise.get('examples', 0)} examples at it), effect floor "
+                        f"{noise.get('effect_floor', 0.0):.2g} "
                         f"({noise.get('below_effect_floor', 0)} examples below it: no token matters there)"
                         + (f"; {100 * noise['top2_share']:.0f}% of |effect| on each example's top two tokens"
                            if noise.get("top2_share") is not None else "")))
@@ -112,7 +115,8 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
     failed_units = list(v.get("unreliable_units") or {})
     if failed_units:
         notes.append(f"{len(failed_units)} unit(s) failed their own randomisation check (their ranking stayed once the "
-                     f"weights they are computed from were re-initialised) and never track: {', '.join(failed_units[:10])}"
+                     f"weights they are computed from were re-initialised) and never track: "
+                     f"{', '.join(failed_units[:10])}"
                      + (f" and {len(failed_units) - 10} more" if len(failed_units) > 10 else "") + ".")
     for warning in v.get("warnings") or []:
         notes.append(f"warning: {warning}.")
@@ -124,7 +128,8 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
     for key in ("best_layers", "best_heads"):
         for unit in v.get(key) or []:
             if unit.get("fewer_examples"):
-                notes.append(f"{unit['unit']} is computed on fewer examples than the others ({unit['fewer_examples']}).")
+                notes.append(f"{unit['unit']} is computed on fewer examples than the others "
+                             f"({unit['fewer_examples']}).")
     if notes:
         blocks.append(Bullets(notes))
     blocks += [Para("The rule", "h3"), Para(str(v.get("rule", "")), "quote")]
@@ -244,7 +249,8 @@ def _sites_display(sites: pd.DataFrame) -> pd.DataFrame:
              "perm_median_output_tvd_mean": "perm. output TVD (mean)",
              "perm_median_abs_target_change_mean": "perm. |target change| (mean)",
              "perm_median_attention_jsd_mean": "perm. attention JSD (mean)",
-             "adv_max_attention_jsd_mean": "adv. max JSD (mean)", "adv_max_attention_jsd_median": "adv. max JSD (median)",
+             "adv_max_attention_jsd_mean": "adv. max JSD (mean)", "adv_max_attention_jsd_median": "adv. max JSD "
+                                                                                                  "(median)",
              "adv_feasible_frac_mean": "adv. feasible", "adv_bound": "adv. TVD bound"}
     return sites[[c for c in names if c in sites.columns]].rename(columns=names)
 
@@ -313,7 +319,7 @@ def heads_section(r: StudyResult, w: Writer) -> Section:
                 rho = both.rank().corr().iloc[0, 1]
                 blocks.append(Para(f"Across heads, Spearman correlation between ablation effect and attention on "
                                    f"the reference's top-3 tokens: {rho:+.3f} ({len(both)} heads)."))
-        key = next((c for c in ("mean_abs_ablation_change", "mean_importance", "top3_attention") if c in table.columns))
+        key = next(c for c in ("mean_abs_ablation_change", "mean_importance", "top3_attention") if c in table.columns)
         blocks.append(Table(table.sort_values(key, ascending=False, kind="stable"),
                             caption=f"per head, largest {key.replace('_', ' ')} first", csv=csv, max_rows=30))
     return Section("heads", "Heads", blocks)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from probe.document import KeyValues, Para, Section, Table, fmt
 from probe.report import analysis as an
 from probe.report import figures as fg
-from probe.document import KeyValues, Para, Section, Table, fmt
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.spec.parts import TargetConfig
@@ -268,7 +268,7 @@ def unit_rollup(units: list[dict]) -> list[dict]:
             counts[c["status"]] = counts.get(c["status"], 0) + 1
         values = [float(c["value"]) for c in group if c.get("value") is not None]
         failed = [unit_name(method, int(c["layer"]), int(c["head"])) for c in group if c["status"] == "fail"]
-        detail = (f"per unit, each asked about the weights it is computed from (the embeddings and its layers 0..l); "
+        detail = ("per unit, each asked about the weights it is computed from (the embeddings and its layers 0..l); "
                   + (f"values {min(values):+.2f} to {max(values):+.2f}; " if values else "")
                   + (f"failed: {', '.join(failed[:8])}" + (f" and {len(failed) - 8} more" if len(failed) > 8 else "")
                      if failed else "no unit failed"))

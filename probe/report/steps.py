@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from probe.report.analysis import best_attention_unit, best_gradient
 from probe.document import Para, Section, Table
+from probe.report.analysis import best_attention_unit, best_gradient
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.report.tokens import display_token, unit_rows

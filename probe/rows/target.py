@@ -703,7 +703,8 @@ def _with_contrast_label(example: PreparedExample, contrast: int | None, names: 
     name = str(names.get(contrast, contrast))
     if contrast == example.label:
         how = "given" if given else "predicted"
-        raise InputError(f"contrast label {name!r} is the explained ({how}) label of text #{index}: a contrast explains "
+        raise InputError(f"contrast label {name!r} is the explained ({how}) label of text #{index}: a contrast "
+                         f"explains "
                          "one class rather than another; give a different --contrast-label (or another --label)")
     return dataclasses.replace(example, contrast_label=contrast, contrast_name=name,
                                label_name=f"{example.label_name} vs {name}")
@@ -719,7 +720,8 @@ def _with_foils(pm: ProbeModel, examples: list[PreparedExample], foils: list) ->
             raise InputError(f"contrast {foil!r} is not a text: give a foil string, or a list with one per text")
         ids = list(pm.tokenizer(foil, add_special_tokens=pm.task.encoder_decoder)["input_ids"])
         if not [t for t in ids if t not in special]:
-            raise InputError(f"contrast foil {foil!r} tokenises to nothing: give a non-empty foil text, e.g. ' negative'")
+            raise InputError(f"contrast foil {foil!r} tokenises to nothing: give a non-empty foil text, e.g. ' "
+                             f"negative'")
         n = len(example.target_ids)
         if len(ids) == 1:
             ids = ids * n
@@ -844,7 +846,7 @@ def foil_tokens(examples: list[PreparedExample], n_target: int, device=None) -> 
     return foil.to(device) if device is not None else foil
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_accepts(model_class: type, name: str) -> bool:
     try:
         return name in inspect.signature(model_class.forward).parameters
@@ -874,7 +876,7 @@ def plain_kv_cache(pm: ProbeModel) -> bool:
     return plain and forward_accepts(pm.model, "cache")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_slices_logits_to_keep(model_class: type) -> bool:
     try:
         return "slice_logits_to_keep(" in inspect.getsource(model_class.forward)

@@ -166,7 +166,8 @@ class TargetConfig(SpecModel):
     @classmethod
     def _contrast(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
-            fail(f"{show(value)} is an empty foil; give the text the continuation is contrasted with (e.g. ' negative') "
+            fail(f"{show(value)} is an empty foil; give the text the continuation is contrasted with (e.g. ' "
+                 f"negative') "
                   "or leave contrast out")
         return value
 

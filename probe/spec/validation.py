@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError, ValidationInfo
@@ -148,7 +149,8 @@ def check_dataset_name(value: str, info: ValidationInfo) -> str:
     if value.startswith(PLANTED_PREFIX):
         valid_planted = [PLANTED_PREFIX + n for n in planted_dataset_names()]
         if value not in valid_planted:
-            fail(f"unknown planted dataset {value!r} (valid: {', '.join(valid_planted)}){suggest(value, valid_planted)}")
+            fail(f"unknown planted dataset {value!r} (valid: "
+                 f"{', '.join(valid_planted)}){suggest(value, valid_planted)}")
         return value
     if Path(value).suffix.lower() not in USER_FILE_SUFFIXES:
         fail(f"{value!r} is neither builtin:NAME ({valid_builtins}) nor a file ending in "

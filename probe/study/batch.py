@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.rows.scores import TokenScores
 from probe.errors import InputError
+from probe.rows.scores import TokenScores
 from probe.rows.target import sources
 from probe.study.examples import prepare_examples
 from probe.study.plan import erasure_rankings, methods_needed

@@ -148,7 +148,7 @@ def chance_families(tables: dict, agreement: pd.DataFrame, study, measure: str, 
     out = []
     for family, members in units.groupby("family", sort=False):
         members = members.drop_duplicates(UNIT_KEYS).reset_index(drop=True)
-        index = {(str(e), int(l), int(h)): i for i, (e, l, h) in
+        index = {(str(e), int(layer), int(h)): i for i, (e, layer, h) in
                  enumerate(zip(members.explainer, members.layer, members["head"]))}
         present = agreement[(agreement.reference == reference) & (agreement.role == role)
                             & agreement.explainer.isin(members.explainer.unique())]

@@ -17,9 +17,9 @@ import pandas as pd
 
 from probe import registry
 from probe.errors import ProbeError
-from probe.study import sanity as S
 from probe.names import describe_group
 from probe.names import method_family as family
+from probe.study import sanity as S
 from probe.study.plan import methods_needed
 
 if TYPE_CHECKING:

@@ -167,7 +167,8 @@ def choose_measure(requested: str, profile: ReferenceProfile | None, computed: l
     wider = [k for k in tops if k >= 2]
     if share2 >= CONCENTRATED and wider:
         return f"top{wider[0]}", (f"auto: {100 * share2:.0f}% of {profile.method}'s |effect| sits on each "
-                                  f"example's top two tokens (>= {100 * CONCENTRATED:.0f}%), so top-{wider[0]} agreement")
+                                  f"example's top two tokens (>= {100 * CONCENTRATED:.0f}%), so top-{wider[0]} "
+                                  f"agreement")
     return "kendall_tau", (f"auto: {profile.method}'s |effect| is spread ({100 * share2:.0f}% on the top two tokens), "
                            "so Kendall's tau")
 

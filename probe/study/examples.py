@@ -83,7 +83,8 @@ def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: Target
         """Which examples of a chunk pass the filters and fit ``limit`` (tokenised a chunk at a time)."""
         passing = [filters is None or passes_filters(e, filters) for e in chunk]
         texts = [model_text(target, e.text) for e, p in zip(chunk, passing) if p]
-        lengths = iter([len(ids) for ids in pm.tokenizer(texts)["input_ids"]] if texts else [])  # a tokenizer refuses an empty batch
+        # a tokenizer refuses an empty batch
+        lengths = iter([len(ids) for ids in pm.tokenizer(texts)["input_ids"]] if texts else [])
         kept = [p and next(lengths) <= limit for p in passing]
         dropped["filters"] += passing.count(False)
         dropped["too_long"] += sum(p and not k for p, k in zip(passing, kept))

@@ -33,7 +33,6 @@ def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, s
     (:attr:`probe.models.planted.PlantedModel.prompt`), and the model's own reference
     (:attr:`probe.models.planted.PlantedModel.reference`) added and judged against where it has one."""
     from probe.models.planted import PLANTED_MODELS
-
     from probe.spec.study import parse_ranking, study_from_dict
 
     data = template.to_dict()
@@ -127,7 +126,8 @@ def _calibration_lines(frame: pd.DataFrame) -> list[str]:
     """The calibration table: each verdict recomputed from its stored tables at many statistics seeds."""
     seeds = int(frame.seeds.dropna().max())
     lines = ["", "## Calibration: the answers over statistics seeds", "",
-             f"Each verdict recomputed from its stored tables at statistics seeds 0..{seeds - 1} (no model rerun): only "
+             f"Each verdict recomputed from its stored tables at statistics seeds 0..{seeds - 1} (no model rerun): "
+             f"only "
              "rule 1's permutations change with the seed. The share of seeds giving each answer; *exactly planted* is "
              "the share where the planted units, and no other, track; *rule 1 alone* the share where any unit of the "
              "headline family passes the test against chance, whatever rules 2 and 3 say (on a model whose attention "

@@ -26,7 +26,6 @@ import torch
 from probe import registry
 from probe.errors import InputError, warn_at_caller
 from probe.names import method_family as family
-from probe.study.verdict import Verdict
 from probe.rows.target import PreparedExample
 from probe.study.batch import run_batch
 from probe.study.checks import study_sanity
@@ -35,6 +34,7 @@ from probe.study.lock import folder_lock
 from probe.study.plan import methods_needed
 from probe.study.store import ResultStore
 from probe.study.summary import finalize
+from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel

@@ -125,9 +125,9 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     would act on (the norm's input where the site feeds a norm inside the embeddings module, else x),
     g_w = d target / d w, mask [rows, seq]) by plain autograd over forward hooks."""
     from probe.explainers.gradient_forward import (
+        embeddings_module,
         hooked,
         is_norm,
-        embeddings_module,
         resolve_site,
     )
     from probe.rows.queries import eval_mode
@@ -161,7 +161,8 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     pm.model.zero_grad(set_to_none=True)
     if "x" not in held or held["x"].grad is None:
         raise ProbeError(f"site {site.name}: the forward pass of the target did not reach it with a gradient "
-                         "(on a seq2seq model the encoder's site may be bypassed), so its degeneracy cannot be measured")
+                         "(on a seq2seq model the encoder's site may be bypassed), so its degeneracy cannot be "
+                         "measured")
     x, g = held["x"].detach().float(), held["x"].grad.detach().float()  # [rows, seq, dim]
     if "w" in held:
         w, gw = held["w"].detach().float(), held["w"].grad.detach().float()
@@ -408,7 +409,8 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
     for count in steps:
         sums: dict[str, list[float]] = {name: [] for name in trained}
         moved = []
-        for draw in range(draws):  # one draw's fixed random function of the inputs can rank like the trained one by luck
+        # one draw's fixed random function of the inputs can rank like the trained one by luck
+        for draw in range(draws):
             with randomised_top(pm.model, layers, count, seed=seed + draw, std=std, head=True):
                 for name in trained:
                     sums[name].append(_mean_spearman(trained[name], run(name), scored, top))
@@ -431,8 +433,10 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
             moved = changes[judged - 1] if len(changes) >= judged else float("nan")
             detail = (f"the reference's own {word} with its trained ranking once {where} are random: {at_half:+.2f}; "
                       f"the target moved by {moved:.2g} on average"
-                      + ("" if informative else f" (>= {RANDOMISATION_LIMIT}: the randomisation did not change what the "
-                                                "model does with its input, so the check cannot tell explainers apart)"))
+                      + ("" if informative else f" (>= {RANDOMISATION_LIMIT}: the randomisation did not change what "
+                                                f"the "
+                                                "model does with its input, so the check cannot tell explainers "
+                                                "apart)"))
             checks[name] = Check(name, "randomisation", "pass" if informative else "not informative", at_half, detail,
                                  tuple(curve))
             continue
@@ -451,7 +455,7 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
 def _unit_rows(values: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """A bottom-up method's per-example scores as unit rows ``[unit, tokens]`` with ``(layer, head)``."""
     rows, layer, head = score_unit_rows(values)
-    return rows, [(int(l), int(h)) for l, h in zip(layer, head)]
+    return rows, [(int(la), int(h)) for la, h in zip(layer, head)]
 
 
 def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, seed: int = 0,
@@ -678,7 +682,7 @@ class ScoreFlag:
                 "notes": list(self.notes)}
 
     @classmethod
-    def from_dict(cls, record: Mapping) -> "ScoreFlag":
+    def from_dict(cls, record: Mapping) -> ScoreFlag:
         return cls(str(record["method"]), str(record["check"]), str(record["detail"]),
                    tuple(int(i) for i in record.get("examples", ())), tuple(str(n) for n in record.get("notes", ())))
 

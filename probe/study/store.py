@@ -48,7 +48,6 @@ from probe.errors import InputError, storage_error
 from probe.names import FORMAT_VERSION, TABLES
 from probe.study.identity import file_digest
 
-
 #: what :func:`write_file` writes: text (as UTF-8), bytes, or a function that writes into the open binary file
 FileData = str | bytes | Callable[[BinaryIO], object]
 
@@ -159,7 +158,8 @@ class ResultStore:
             while not parent.exists() and parent != parent.parent:
                 parent = parent.parent
             if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-                raise InputError(f"the output folder {self.root} cannot be created ({parent} is not a writable folder); "
+                raise InputError(f"the output folder {self.root} cannot be created ({parent} is not a writable "
+                                 f"folder); "
                                  "give a writable --out")
             return
         if not self.root.is_dir():

@@ -56,19 +56,19 @@ from probe.errors import InputError
 from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
+from probe.names import unit_name
 from probe.registry import VERDICT_FAMILIES, find
-from probe.study.verdict import Verdict
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
-from probe.names import unit_name
 from probe.study.identity import weights_digest
 from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
+from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
-    from probe.study.sanity import Check
     from probe.models.core import ProbeModel
     from probe.spec.study import Study
+    from probe.study.sanity import Check
 
 RULE = __doc__.split("The verdict rule (stored with every result in ``verdict.json``):")[1].split("Why this rule:")[0]
 RULE = " ".join(RULE.split())
@@ -450,16 +450,19 @@ def _headline(model: str, v: dict, study, mixing: str = "attention") -> str:
         subject = mixing if fam in (None, "attention weights") else fam
         lu, hu = v["layer_units"], v["head_units"]
         parts = [f"On {model}, {subject} {FAMILY_WORDS[v['answer']]} causal importance ({how}): "
-                 f"{lu['tracking']}/{lu['total']} layer-level units and {hu['tracking']}/{hu['total']} heads pass the rule."]
+                 f"{lu['tracking']}/{lu['total']} layer-level units and {hu['tracking']}/{hu['total']} heads pass the "
+                 f"rule."]
         why = (v["families"].get(fam) or {}).get("why") if fam else None
         if why:
             parts.append(f"({why}.)")
         best_layer, best_head = v["best_layers"], v["best_heads"]
         if best_layer:
-            parts.append(f"Best layer-level unit: {best_layer[0]['unit']} {_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
+            parts.append(f"Best layer-level unit: {best_layer[0]['unit']} "
+                         f"{_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
         if best_head:
             parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}{_fewer(best_head[0])}.")
-    others = [f"{name}: {info['answer']} ({info['layer_units']['tracking']}/{info['layer_units']['total']} layer-level, "
+    others = [f"{name}: {info['answer']} ({info['layer_units']['tracking']}/{info['layer_units']['total']} "
+              f"layer-level, "
               f"{info['head_units']['tracking']}/{info['head_units']['total']} heads)"
               for name, info in v["families"].items() if name != fam and v["answer"] != "undecidable"]
     if others:

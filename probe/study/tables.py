@@ -176,14 +176,16 @@ def _sites(pm: ProbeModel, study: Study) -> list[tuple[int, int | None]]:
     sites = []
     for layer in layers:
         if not isinstance(layer, int) or not 0 <= layer < info.n_layers:
-            raise InputError(f"counterfactual layer {layer!r} does not exist: the model has layers 0..{info.n_layers - 1}")
+            raise InputError(f"counterfactual layer {layer!r} does not exist: the model has layers "
+                             f"0..{info.n_layers - 1}")
         if spec.heads == "layer":
             sites.append((layer, None))
         else:
             heads = range(info.n_heads) if spec.heads == "all" else spec.heads
             for head in heads:
                 if not 0 <= head < info.n_heads:
-                    raise InputError(f"counterfactual head {head} does not exist: the model has heads 0..{info.n_heads - 1}")
+                    raise InputError(f"counterfactual head {head} does not exist: the model has heads "
+                                     f"0..{info.n_heads - 1}")
                 sites.append((layer, head))
     return sites
 

@@ -22,7 +22,8 @@ import bench_architectures as sweep  # noqa: E402
 
 # model_type -> the class of problem it stands for
 SAMPLE = {
-    "bert": "baseline encoder", "gpt2": "baseline decoder", "llama": "baseline GQA", "t5": "baseline seq2seq (eager vs sdpa drift)",
+    "bert": "baseline encoder", "gpt2": "baseline decoder", "llama": "baseline GQA", "t5": "baseline seq2seq (eager vs "
+                                                                                           "sdpa drift)",
     # inline attention, read through the probability module
     "bloom": "inline (alibi)", "deberta": "inline, padded rows spread", "openai-gpt": "inline",
     "roformer": "inline", "mpnet": "inline",
@@ -38,7 +39,8 @@ SAMPLE = {
     "blenderbot": "no prepare_decoder_input_ids_from_labels", "mbart": "label shifter depends on padding",
     "plbart": "label shifter depends on padding",
     # hybrids: attention layers keyed by their own index
-    "jamba": "hybrid, first layer mamba", "lfm3": "hybrid, first layer convolution", "qwen3_next": "hybrid with linear attention",
+    "jamba": "hybrid, first layer mamba", "lfm3": "hybrid, first layer convolution", "qwen3_next": "hybrid with linear "
+                                                                                                   "attention",
     # repeated layers
     "hrm_text": "modules shared between two stacks",
     # attention sinks
@@ -98,7 +100,8 @@ def test_architecture_read_edit_contract_explain(model_type, tokenizer):
     row = sweep.sweep_one(model_type, TASKS[model_type], "eager", tokenizer)
     if model_type in KNOWN_GAPS:
         assert KNOWN_GAPS[model_type] in row["reason"], row
-        if model_type in ("longformer", "big_bird", "bigbird_pegasus", "longt5"):  # read, checked, explained; edit refused
+        # read, checked, explained; edit refused
+        if model_type in ("longformer", "big_bird", "bigbird_pegasus", "longt5"):
             assert (row["read"], row["contract"], row["explain"]) == ("ok",) * 3, row["reason"]
         return
     assert row["oracle"] == "yes", row["reason"]
@@ -197,8 +200,8 @@ def test_inline_softmax_is_read_and_edited_at_the_softmax_call(model_type, token
 
 
 def test_probability_hooks_are_removed_when_the_block_raises(tokenizer):
-    from probe.hooks.capture import capture_attention
     from probe.hooks.attention_functions import installed_wrappers
+    from probe.hooks.capture import capture_attention
 
     pm = _tiny("bloom", tokenizer)
     batch = pm.encode(["the movie was great"])
@@ -308,7 +311,6 @@ def test_layers_of_different_lengths_are_compared_with_hf_layer_by_layer(tokeniz
     # token-level attention over its molecule layers is refused in one line naming them; the
     # interventions and gradients still explain it
     import probe
-
     from probe.errors import CaptureError
 
     with pytest.raises(CaptureError, match=r"encoder layers 1, 2 attend over \d+ positions, not the \d+ tokens"):

@@ -14,7 +14,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 from probe import registry
 from probe.errors import InputError
@@ -23,6 +22,8 @@ from probe.intervene.rowcache import target_key
 from probe.intervene.tokens import loo
 from probe.methods import run_method
 from probe.rows.target import TargetSpec, evaluate, prepare
+
+from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 TEXTS = ["a good film", "the plot was thin and the acting was worse than the plot", "bad", "it was fine , i think"]
 #: per tiny model: a contrasted target and the same target without its contrast
@@ -325,7 +326,8 @@ def test_the_api_takes_contrasts_wherever_it_takes_targets(loaded):
 def test_a_contrasted_explanation_saves_and_loads(loaded, tmp_path):
     import probe
 
-    explanation = probe.explain(loaded("gpt2"), TEXTS[:1], "attention_mean", continuation="the movie", contrast="a film")
+    explanation = probe.explain(loaded("gpt2"), TEXTS[:1], "attention_mean", continuation="the movie", contrast="a "
+                                                                                                                "film")
     again = probe.load_explanation(explanation.save(tmp_path / "x"))
     assert again.examples == explanation.examples and again.examples[0].foil_ids
 
@@ -452,7 +454,8 @@ def test_a_study_refuses_a_contrast_for_the_wrong_model_before_it_writes(tiny_di
     from probe.study.runner import run_study
 
     data = _dataset(tmp_path / "data.csv")
-    for model, target, message in (("gpt2", {"continuation": "good", "contrast_label": 1}, "target.contrast_label applies"),
+    for model, target, message in (("gpt2", {"continuation": "good", "contrast_label": 1}, "target.contrast_label "
+                                                                                           "applies"),
                                    ("bert", {"contrast": "bad"}, "target.contrast (a foil text) applies"),
                                    ("bert", {"contrast_label": "happy"}, "target.contrast_label: unknown label")):
         out = tmp_path / f"out-{model}"

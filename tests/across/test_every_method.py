@@ -5,11 +5,12 @@ fit a method run on it. A method added to the registry is tested here without a 
 from __future__ import annotations
 
 import pytest
-from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 from probe import registry
 from probe.methods import run_method
 from probe.rows.target import TargetSpec, prepare
+
+from tolerances import assert_fp_close, gradient_term_scales, model_depth
 
 #: examples of different lengths, so that a batch of them is padded
 TEXTS = ["a good film", "the plot was thin and the acting was worse than the plot", "bad", "it was fine, I think"]

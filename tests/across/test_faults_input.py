@@ -24,6 +24,7 @@ import yaml
 
 import probe
 from probe.errors import InputError
+
 from test_faults import _cli, _dataset, _one_line, _run, _study
 
 #: what must never reach a terminal raw: ESC (a colour and a screen clear) and a right-to-left override

@@ -221,6 +221,7 @@ def test_a_builtin_s_training_progress_goes_to_standard_error(capsys):
 
 def _all_conv_lfm2(use_cache: bool):
     import transformers
+
     from tiny_models import eot_tokenizer
 
     tok, vocab = eot_tokenizer(("<|endoftext|>",))

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny, eot_tokenizer, fan_in_init, mixer_inputs
 
 import probe
 from probe.errors import CaptureError, ProbeError
 from probe.hooks import implicit
 from probe.hooks.capture import capture_attention
 from probe.models.checks import run_checks
+
+from tiny_models import build_tiny, eot_tokenizer, fan_in_init, mixer_inputs
 
 EOT = "<|endoftext|>"
 TEXTS = ["the film is good", "a bad movie with a dull plot", "good"]

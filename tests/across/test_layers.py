@@ -131,8 +131,8 @@ def test_no_module_imports_itself_round_a_circle():
 
 @pytest.mark.parametrize("package", ["hooks", "models", "rows", "intervene", "explainers", "methods", "metrics", "report"])
 def test_importing_a_package_loads_nothing_above_it(package):
-    code = ("import sys, importlib; importlib.import_module('probe.%s'); "
-            "print(' '.join(sorted({m.split('.')[1] for m in sys.modules if m.startswith('probe.')})))" % package)
+    code = (f"import sys, importlib; importlib.import_module('probe.{package}'); "
+            "print(' '.join(sorted({m.split('.')[1] for m in sys.modules if m.startswith('probe.')})))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=ROOT.parent).stdout.split()
     above = [p for p in loaded if RANKS.get(p, -1) > RANKS[package]]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tolerances import assert_fp_close, model_depth
 
 from probe import registry
 from probe.api import explain
@@ -24,6 +23,8 @@ from probe.explainers import gradients as G
 from probe.explainers import integrated_gradients as IG
 from probe.methods import run_method, run_shared_gradients
 from probe.rows.target import TargetSpec, prepare
+
+from tolerances import assert_fp_close, model_depth
 
 TEXTS = ["not a good movie , but fun", "bad film", "the acting was great"]
 STEPS = 16

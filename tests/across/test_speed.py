@@ -11,14 +11,6 @@ import math
 
 import pytest
 import torch
-from tiny_models import TINY_KINDS
-from tolerances import (
-    assert_fp_close,
-    fp_close,
-    fp_tol,
-    gradient_term_scales,
-    model_depth,
-)
 
 import probe
 import probe.explainers.integrated_gradients as IG
@@ -27,6 +19,15 @@ from probe import registry
 from probe.errors import InputError
 from probe.explainers import gradients as G
 from probe.rows.target import prepare
+
+from tiny_models import TINY_KINDS
+from tolerances import (
+    assert_fp_close,
+    fp_close,
+    fp_tol,
+    gradient_term_scales,
+    model_depth,
+)
 
 # widths from 4 to ~40 tokens: buckets are cut between the short and the long ones
 TEXTS = ["bad film", "the movie was good and the cast was great , the music too , and the story moved me "
@@ -299,11 +300,12 @@ def test_study_shares_the_gradient_and_records_ig_steps(tiny_dirs, tmp_path):
     entry, the same scores as each method alone), and IG steps: auto leaves its delta against
     steps in the convergence table."""
     import pandas as pd
-    from test_runner import tiny_study, write_dataset
 
     from probe.models.loading import load_model
     from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
+
+    from test_runner import tiny_study, write_dataset
 
     data = write_dataset(tmp_path / "data.csv")
     spec = tiny_study(tiny_dirs["bert"], data, tmp_path / "out",

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import transformers
+
 from tiny_models import TINY_AUTO_CLASS, TINY_KINDS, WORDS, build_tiny
 from tolerances import assert_fp_close
 
