@@ -175,11 +175,12 @@ def inspect(
 
     result = target_attention(pm, text, strict_length=strict_length)
     attention = result["attention"]
+    sinks = _text_sinks(pm, text, strict_length)
     if as_json:
         print(json.dumps({
             "model_path": pm.path, "tokens": result["tokens"], "token_ids": result["token_ids"],
             "prediction": result["prediction"], "stack": result["stack"], "query_position": result["query_position"],
-            "attention": attention.tolist(),
+            "attention": attention.tolist(), "sinks": sinks,
         }))
         return
     from rich.console import Console
@@ -202,6 +203,45 @@ def inspect(
                           for h in range(attention.shape[1]))
         table.add_row(str(layer), _plain(mean_text), _plain(heads))
     console.print(table)
+    console.print(_sink_table(sinks))
+
+
+def _text_sinks(pm, text: str, strict_length: bool) -> dict:
+    """The attention sinks of one text (probe.explainers.sinks): the sentences naming them and the
+    per-layer summary, or why they are not measured."""
+    import pandas as pd
+
+    from probe.explainers.sinks import attention_sinks, result_rows
+    from probe.report.sinks import sink_layers, sink_lines
+    from probe.rows.target import TargetSpec, prepare
+    from probe.study.sinks import unmeasured_reason
+
+    reason = unmeasured_reason(pm.contract.stacks[pm.task.target_stack(pm.contract)].maps)
+    if reason is not None:
+        return {"measured": False, "why": reason}
+    examples = prepare(pm, [text], TargetSpec(), strict_length=strict_length)
+    frame = result_rows(attention_sinks(pm, examples))
+    tokens = {"example": [0] * len(examples[0].tokens), "position": list(range(len(examples[0].tokens))),
+              "token": list(examples[0].tokens)}
+    layers = sink_layers(frame, pd.DataFrame(tokens))
+    return {"measured": True, "threshold": float(frame["threshold"].iloc[0]), "lines": sink_lines(frame),
+            "layers": layers.to_dict(orient="records")}
+
+
+def _sink_table(sinks: dict) -> object:
+    from rich.table import Table
+
+    if not sinks["measured"]:
+        table = Table(title="attention sinks", show_header=False)
+        table.add_row(_plain(f"not measured: {sinks['why']}"))
+        return table
+    table = Table(title=_plain("attention sinks of this text: " + " ".join(sinks["lines"])))
+    for column in ("layer", "sink share", "heads with a sink", "first token a sink", "other sinks"):
+        table.add_column(column, justify="right" if column != "other sinks" else "left")
+    for row in sinks["layers"]:
+        table.add_row(str(row["layer"]), f"{row['sink_share']:.2f}", f"{row['with_sink']:.0%}",
+                      f"{row['first_token']:.0%}", _plain(row["other_sinks"]))
+    return table
 
 
 @app.command()
@@ -453,7 +493,8 @@ def _audit_folder(folder, wait: bool):
 @app.command()
 def planted(
     study: str = typer.Argument("studies/planted.yaml", help="the study to run on every planted model"),
-    only: str = typer.Option(None, "--only", help="comma-separated planted models (default: all of them)"),
+    only: str = typer.Option(None, "--only",
+                             help="comma-separated planted models (default: every model of the self-test)"),
     n: int = typer.Option(None, "--n", min=1, help="examples per model (default: the study's)"),
     results: str = typer.Option("results/planted", "--results", help="where each model's study result goes"),
     out: str = typer.Option("reports/planted", "--out", help="where planted.md, planted.csv and planted.json go"),

@@ -22,7 +22,7 @@ FLAG_MARK = "\u26a0"  # ⚠
 #: writes, per batch and merged (probe.study.store writes them, probe.report reads them).
 FORMAT_VERSION = 1
 TABLES = ("examples", "tokens", "scores", "agreement", "erasure", "counterfactual", "heads", "left_out", "convergence",
-          "interactions")
+          "interactions", "head_edges", "sinks")
 #: a finished folder's record of what it was computed from and what it holds (probe.study.identity
 #: writes it; a rerun that finds it unchanged returns at once, and a report records which one it drew)
 COMPLETE_FILE = "complete.json"

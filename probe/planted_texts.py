@@ -13,6 +13,9 @@ two-triggers   a quarter each hold neither, ``zz``, ``yy``, or both (once each);
 distinct       filler words only, each at most once per text; label = 1 (the hand-wired model's class)
 copy           filler words and exactly one marked word (``MARKED``), never the last word; no label; the
                answer (the marked word) is kept beside the text in ``data.jsonl``
+one-trigger    ``zz`` once in every text, at a random place; label = 1
+two-copies     ``zz`` twice in every text, at two random places; label = 1
+trigger-sink   ``zz`` and ``yy`` once each in every text, at two random places; label = 1
 =============  ==========================================================================================
 """
 
@@ -54,6 +57,8 @@ PLANTED_TEXT_KINDS: dict[str, str] = {
     "one-head": "one-trigger",
     "trigger-twice": "two-copies",
     "trigger-twice-soft": "two-copies",
+    "sink-head": "trigger-sink",
+    "edge-head": "one-trigger",
 }
 
 
@@ -109,7 +114,8 @@ def draw_texts(kind: str, n: int, seed: int, start: int = 0, min_words: int = MI
 
 # ------------------------------------------------------------------------------------------ helpers
 
-_GROUPS = {"trigger": 2, "two-triggers": 4, "distinct": 1, "copy": len(MARKED), "one-trigger": 1, "two-copies": 1}
+_GROUPS = {"trigger": 2, "two-triggers": 4, "distinct": 1, "copy": len(MARKED), "one-trigger": 1, "two-copies": 1,
+           "trigger-sink": 1}
 
 
 def _kind_seed(kind: str) -> int:
@@ -127,6 +133,10 @@ def _draw(kind: str, group: int, rng: random.Random, min_words: int) -> PlantedT
         return PlantedText(" ".join(words), None, marked)
     if kind == "one-trigger":  # zz once, at a uniformly drawn place
         words[rng.randrange(length)] = TRIGGER
+        return PlantedText(" ".join(words), 1)
+    if kind == "trigger-sink":  # zz and yy once each, at two uniformly drawn places
+        for word, place in zip((TRIGGER, SECOND_TRIGGER), rng.sample(range(length), 2)):
+            words[place] = word
         return PlantedText(" ".join(words), 1)
     if kind == "two-copies":  # zz twice, at two uniformly drawn places: either copy alone decides the label
         for place in rng.sample(range(length), 2):

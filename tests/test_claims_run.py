@@ -170,7 +170,7 @@ def test_load_claims_reads_defaults_and_lines(tmp_path):
     (GOOD + "outputs: x\n", 10, r"unknown key 'outputs' in the claim file .*did you mean 'output'"),
     (GOOD.replace("kind: head_role", "kind: head_rol"), 8,
      r"claims\[1\]\.kind: unknown claim kind 'head_rol' \(valid: token_importance, specific_tokens, head_role, "
-     r"faithfulness, counterfactual\); did you mean 'head_role'"),
+     r"faithfulness, counterfactual, sink_head, edge\); did you mean 'head_role'"),
     (GOOD.replace("    kind: head_role\n", ""), 7, r"claims\[1\]: missing required key 'kind'; add kind: \(one of"),
     (GOOD.replace("attention@5.3", "rollout@5.3"), 6, r"rollout has one score per layer, not per head"),
     (GOOD.replace("attention@5.3", "saliency@5"), 6, r"'saliency' is a gradient method"),

@@ -91,10 +91,10 @@ def test_finished_study_has_every_section_in_order(report, result):
                  "peak memory", "sequence length", "time per step", "versions"):
         assert text in html, text
     # one heatmap figure per per-head explainer, the layer lines, the distribution, erasure, both
-    # counterfactual figures, the head maps, the sanity checks' randomisation curves
+    # counterfactual figures, the head maps, the sanity checks' randomisation curves, the attention sinks
     names = {p.stem for p in report.figures}
     assert names == {"heads_attention", "layers", "distribution", "erasure", "permutation", "adversarial", "heads",
-                     "randomisation"}
+                     "randomisation", "sinks"}
     for phrase in ("not part of this study",):
         assert phrase not in html
 
@@ -131,7 +131,8 @@ def test_markdown_and_figures_next_to_it(report):
 def test_csv_tables_are_readable_with_the_right_columns(report, result):
     tables = {p.stem: pd.read_csv(p) for p in report.tables}
     assert set(tables) == {"agreement_by_layer", "baselines_and_ceiling", "erasure_aopc", "erasure_curves",
-                           "counterfactual", "heads", "sanity", "sanity_units", "verdict_units"}
+                           "counterfactual", "heads", "sanity", "sanity_units", "verdict_units", "sinks_layers",
+                           "sinks_heads"}
     # rule 1's p-values per unit, as paired.parquet holds them; each bottom-up unit's own randomisation check
     units = tables["verdict_units"]
     paired = pd.read_parquet(result / "paired.parquet")
@@ -258,9 +259,10 @@ def test_sections_without_their_tables_say_so(result, tmp_path):
     heads = html.split('<section id="heads">')[1].split("</section>")[0]
     assert "Head ablation is not part of this study." in heads
     assert {p.stem for p in files.tables} == {"agreement_by_layer", "baselines_and_ceiling", "heads", "sanity",
-                                              "sanity_units", "verdict_units"}
+                                              "sanity_units", "verdict_units", "sinks_layers", "sinks_heads"}
     assert "mean_abs_ablation_change" not in pd.read_csv(folder / "report" / "tables" / "heads.csv").columns
-    assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "heads", "randomisation"}
+    assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "heads", "randomisation",
+                                               "sinks"}
 
 
 def test_a_half_finished_run_gets_a_partial_report(result, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.models.planted import PLANTED_MODELS, planted_model_names
+from probe.models.planted import PLANTED_MODELS, self_test_names
 from probe.spec.study import load_study
 from probe.study.planted import run_planted, write_planted
 
@@ -34,7 +34,7 @@ def planted_run(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", planted_model_names())
+@pytest.mark.parametrize("name", self_test_names())  # sink-head, edge-head: tests/test_head_causal.py
 def test_the_verdict_gives_the_planted_answer(name, planted_run):
     row, folder = planted_run(name)
     assert row.answer in PLANTED_MODELS[name].expected, row.headline

@@ -223,3 +223,14 @@ def test_when_it_writes_the_most_attended_span_is_the_most_important_one(tiny_di
         per_prompt.setdefault(unit.text, []).append(float(np.argmax(x) == np.argmax(y)))
     assert claim.effect == pytest.approx(np.mean([np.mean(v) for v in per_prompt.values()]))
     assert claim.n == len(texts)
+
+
+def test_the_sink_table_covers_the_first_dataset_examples_in_every_batch(step_run):
+    """The sinks table (probe.study.sinks) is measured on the first SINK_EXAMPLES dataset examples,
+    counted by dataset example, not by unit number: the second batch (examples 5-9) holds 5, 6 and 7."""
+    from probe.study.sinks import SINK_EXAMPLES
+
+    out, _, _ = step_run
+    sinks = pd.read_parquet(out / "sinks.parquet")
+    examples = pd.read_parquet(out / "examples.parquet").set_index("example")["source"]
+    assert sorted(examples.loc[sinks["example"].unique()].unique()) == list(range(min(SINK_EXAMPLES, N_EXAMPLES)))

@@ -120,6 +120,26 @@ class AuditContext:
             out.append(v.double().numpy())
         return out
 
+    def sinks(self, threshold: float):
+        """The examples' attention sinks at ``threshold`` (:func:`probe.explainers.sinks.attention_sinks`), found once."""
+        key = f"sinks@{threshold!r}"
+        if key not in self._scores:
+            from probe.explainers.sinks import attention_sinks
+
+            self._scores[key] = attention_sinks(self.pm, self.examples, threshold=threshold)
+        return self._scores[key]
+
+    def layer_window(self, claim, index: int) -> list[int]:
+        """An edge claim's ``layers`` as layer indices (each checked; a range's ends in order)."""
+        ends, layers = claim.window
+        if ends is None:
+            return sorted({self.layer(layer, index, "layers") for layer in layers})
+        start, stop = (self.layer(end, index, "layers") for end in ends)
+        if start > stop:
+            raise InputError(f"{self.file.where(index, 'layers')}: the range {claim.layers!r} runs from layer {start} "
+                             f"down to {stop}; write the lower layer first")
+        return list(range(start, stop + 1))
+
     def layer_ablation(self, layer: int) -> np.ndarray:
         """[example, 1 + heads]: the target unablated, then with each head of ``layer`` ablated alone."""
         if layer not in self._ablations:

@@ -32,6 +32,17 @@ counterfactual    the target row's attention at ``layer`` (one ``head`` or all) 
                   effect = the median output total variation distance per example. With
                   ``adversarial``: Jain & Wallace's adversarial attention within ``bound``, max
                   attention JSD per example (evidence only).
+sink_head         per example, the sinks of the head (keys whose mean received attention over the
+                  query rows exceeds ``threshold``, :func:`probe.explainers.sinks.attention_sinks`)
+                  and the target row's share of attention on them; then the target row's edges to
+                  all of them are blocked in this head alone (:func:`probe.intervene.knockout.
+                  block_edges`) and the effect is |f(x) - f(x, edges blocked)| (0 where the head
+                  has no sink). Two parts: share above ``share``, effect below ``max_effect``.
+edge              per example, the target row's edges to every token matching ``to`` (``to_words``,
+                  or the one at ``to_position``) are blocked at once in every chosen head of every
+                  layer of the window (Geva et al. 2023's attention knockout); effect = |f(x) -
+                  f(x, edges blocked)|. Examples without such a token are left out. Evidence: the
+                  signed change, and the target row's raw attention on those tokens in the window.
 
 f is the explained target: the predicted class probability by default (``target`` as in a study).
 """
@@ -49,6 +60,8 @@ from probe.claims.rules import (
     LN2_HALF,
     RULES,
     Judgement,
+    at_least_rule,
+    at_most_rule,
     conjunction,
     counterfactual_rule,
     faithfulness_rule,
@@ -56,8 +69,10 @@ from probe.claims.rules import (
 from probe.errors import InputError
 from probe.spec.claims import (
     CounterfactualClaim,
+    EdgeClaim,
     FaithfulnessClaim,
     HeadRoleClaim,
+    SinkHeadClaim,
     SpecificTokensClaim,
     TokenImportanceClaim,
 )
@@ -438,10 +453,140 @@ def counterfactual(ctx: AuditContext, claim: CounterfactualClaim, index: int) ->
                    evidence=evidence)
 
 
+def _blocked_changes(ctx: AuditContext, sets: list, renormalise: bool) -> dict[int, float]:
+    """Per example with an edge set: f(x) - f(x with its edges blocked) (signed)."""
+    from probe.intervene.knockout import block_edges
+
+    if not sets:
+        return {}
+    original, blocked = block_edges(ctx.pm, ctx.examples, sets, renormalise=renormalise)
+    return {s.example: float(original[s.example] - blocked[j]) for j, s in enumerate(sets)}
+
+
+def _renormalised(renormalise: bool) -> str:
+    return ("the row renormalised over its other keys (-inf before the softmax)" if renormalise
+            else "the blocked weights zeroed, the row not renormalised")
+
+
+def sink_head(ctx: AuditContext, claim: SinkHeadClaim, index: int) -> ClaimResult:
+    from probe.intervene.knockout import EdgeSet
+
+    layer_value, head = claim.site
+    layer = ctx.layer(layer_value, index, "head")
+    head = ctx.head(head, index, "head")
+    found = ctx.sinks(claim.threshold)
+    shares = np.full(len(ctx.examples), np.nan)
+    sets, details = [], []
+    for i, example in enumerate(found.examples):
+        shares[i] = float(example.share[layer, head])
+        keys = tuple(int(k) for k in np.flatnonzero(example.sinks[layer, head].numpy()))
+        texts = ctx.texts(i)
+        details.append({"sink_share": shares[i], "sinks": [f"{texts[k] or ctx.examples[i].tokens[k]}@{k}" for k in keys]})
+        if keys:
+            sets.append(EdgeSet(i, keys, ((layer, head),)))
+    changes = _blocked_changes(ctx, sets, claim.renormalise)
+    effects = np.array([abs(changes[i]) if i in changes else (0.0 if np.isfinite(shares[i]) else np.nan)
+                        for i in range(len(ctx.examples))])
+    for i, d in enumerate(details):
+        d["knockout_abs_change"] = float(effects[i])
+    j = ctx.judge(shares, at_least_rule(claim.share))
+    second = ctx.judge(effects, at_most_rule(claim.max_effect))
+    verdict = conjunction(j.verdict, second.verdict)
+    needed = None
+    if verdict == "inconclusive":
+        parts = [p.n_needed for p in (j, second) if p.verdict == "inconclusive" and p.n_needed is not None]
+        needed = max(parts) if parts else None
+    first_token = [bool(e.sinks[layer, head, 0]) for e in found.examples if e.sinks.shape[-1]]
+    evidence = {"share_verdict": j.verdict,
+                "knockout": {"measure": "|f(x) - f(x with the target row's edges to the head's sinks blocked)|",
+                             **second.to_dict()},
+                "sink_threshold": claim.threshold,
+                "examples_with_a_sink": len(sets),
+                "first_token_a_sink": float(np.mean(first_token)) if first_token else None,
+                **_evidence_examples(ctx, shares, details, secondary=-effects)}
+    rule_text = (f"both parts judged alike: the share {at_least_rule(claim.share).describe('mean share')}; the "
+                 f"knockout effect {at_most_rule(claim.max_effect).describe('mean |change|')}; supported if both are "
+                 "supported, refuted if either is refuted, inconclusive otherwise")
+    return _result(claim, j, measure=f"the target row's share of attention on the sink keys of head {layer}.{head} "
+                                     f"(mean received attention > {claim.threshold:g}); and |change| when its edges "
+                                     f"to them are blocked in that head stays under {claim.max_effect:g} (both must "
+                                     "hold)",
+                   rule=at_least_rule(claim.share), rule_text=rule_text,
+                   intervention=f"edge knockout: the target row's edges to head {layer}.{head}'s sinks blocked in "
+                                f"that head alone, {_renormalised(claim.renormalise)}",
+                   evidence=evidence, verdict=verdict, n_needed=needed)
+
+
+def _edge_keys(ctx: AuditContext, claim: EdgeClaim, index: int) -> list[tuple[int, ...]]:
+    """Per example, the positions the claim's edges go to (empty: the example has none)."""
+    if claim.to_position is not None:
+        out = []
+        for example in ctx.examples:
+            n = len(example.input_ids)
+            p = claim.to_position if claim.to_position >= 0 else n + claim.to_position
+            out.append((p,) if 0 <= p < n else ())
+        if not any(out):
+            raise InputError(f"{ctx.file.where(index, 'to_position')}: position {claim.to_position} lies outside "
+                             f"every one of the {len(ctx.examples)} examples (the longest has "
+                             f"{max(len(e.input_ids) for e in ctx.examples)} tokens)")
+        return out
+    matcher = claim.matcher()
+    out = [tuple(int(p) for p in np.flatnonzero(ctx.matches(i, matcher))) for i in range(len(ctx.examples))]
+    if not any(out):
+        raise InputError(f"{ctx.file.where(index, 'to' if claim.to is not None else 'to_words')}: {claim.to_what} "
+                         f"match no token in any of the {len(ctx.examples)} examples searched (token texts are "
+                         "matched whole, case-insensitive, word-piece markers stripped); check the pattern or use "
+                         "more data")
+    return out
+
+
+def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
+    from probe.intervene.knockout import EdgeSet
+
+    window = ctx.layer_window(claim, index)
+    heads = (list(range(ctx.n_heads)) if claim.head_list is None
+             else sorted({ctx.head(h, index, "heads") for h in claim.head_list}))
+    keys = _edge_keys(ctx, claim, index)
+    sites = tuple((layer, head) for layer in window for head in heads)
+    sets = [EdgeSet(i, k, sites) for i, k in enumerate(keys) if k]
+    changes = _blocked_changes(ctx, sets, claim.renormalise)
+    effects = np.array([abs(changes[i]) if i in changes else np.nan for i in range(len(ctx.examples))])
+    signed = np.array([changes.get(i, np.nan) for i in range(len(ctx.examples))])
+    raw = ctx.scores("attention").scores
+    shares = np.full(len(ctx.examples), np.nan)
+    details: list[dict] = []
+    for i, k in enumerate(keys):
+        if not k:
+            details.append({})
+            continue
+        rows = raw[i][window][:, heads].double()  # [window, heads, tokens]
+        shares[i] = float(rows[..., list(k)].sum(dim=-1).nanmean())
+        texts = ctx.texts(i)
+        details.append({"tokens": [f"{texts[p] or ctx.examples[i].tokens[p]}@{p}" for p in k],
+                        "attention_share": shares[i], "signed_change": float(signed[i])})
+    rule = at_least_rule(claim.threshold)
+    j = ctx.judge(effects, rule)
+    span = f"layer {window[0]}" if len(window) == 1 else (
+        f"layers {window[0]}-{window[-1]}" if window == list(range(window[0], window[-1] + 1))
+        else f"layers {', '.join(map(str, window))}")
+    which = "every head" if claim.head_list is None else f"heads {', '.join(map(str, heads))}"
+    evidence = {"signed_change": _summary(ctx, signed),
+                "attention_share": _summary(ctx, shares),
+                "n_searched": len(ctx.examples), "n_with_target": len(sets), "layers": window,
+                **_evidence_examples(ctx, effects, details)}
+    return _result(claim, j, measure=f"|change| of the target when the target row's edges to {claim.to_what} are "
+                                     f"blocked in {which} of {span}",
+                   rule=rule, intervention=f"edge knockout: the target row's edges to {claim.to_what} blocked at once "
+                                           f"in {which} of {span}, {_renormalised(claim.renormalise)}",
+                   evidence=evidence)
+
+
 KINDS = {
     "token_importance": token_importance,
     "faithfulness": faithfulness,
     "specific_tokens": specific_tokens,
     "head_role": head_role,
     "counterfactual": counterfactual,
+    "sink_head": sink_head,
+    "edge": edge,
 }

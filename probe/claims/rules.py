@@ -19,6 +19,14 @@ faithfulness        rank correlation (Kendall tau-b or         threshold      lo
                     Spearman) of attention and the reference
 counterfactual      median output TVD over permutations of     bound          lo > bound    hi < bound
                     the target row's attention
+sink_head           the head's target-row share of attention   share          lo > T        hi < T
+                    on sink keys
+                    and (both must hold) |f(x) - f(x with the  max_effect     hi < T        lo > T
+                    target row's edges to those sinks blocked
+                    in the head)|
+edge                |f(x) - f(x with the target row's edges    threshold      lo > T        hi < T
+                    to the named tokens blocked in every
+                    head of the layer window)|
 ==================  =========================================  =============  ============  ============
 
 Anything else is ``inconclusive``: the CI straddles the threshold.
@@ -38,7 +46,9 @@ planning, not a promise: the bootstrap CI is not exactly the normal one.
 A ``head_role`` claim with ``attends_to`` is a conjunction: its second measure (the head's share of
 attention on the matching tokens minus their uniform share, per example, supported if lo > 0,
 refuted if hi <= 0) is judged the same way; the claim is supported when both parts are, refuted
-when either is, inconclusive otherwise.
+when either is, inconclusive otherwise. A ``sink_head`` claim is such a conjunction too, its second
+part an upper bound (:attr:`Rule.below`: supported when the CI lies below the threshold; the
+sign-flip test is then one-sided downwards).
 """
 
 from __future__ import annotations
@@ -65,14 +75,22 @@ LN2_HALF = 0.5 * math.log(2.0)
 @dataclass(frozen=True)
 class Rule:
     """Supported when the CI's lower bound is above ``threshold`` (or equal, ``support_inclusive``);
-    refuted when its upper bound is below it (or equal, ``refute_inclusive``)."""
+    refuted when its upper bound is below it (or equal, ``refute_inclusive``). With ``below`` the
+    claim is an upper bound and the sides swap: supported when the upper bound is below the
+    threshold, refuted when the lower bound is above it."""
 
     threshold: float
     support_inclusive: bool = False
     refute_inclusive: bool = False
+    below: bool = False
 
     def describe(self, name: str = "mean effect") -> str:
         t = f"{self.threshold:g}"
+        if self.below:
+            return (f"supported if the CI of the {name} lies {'at or ' if self.support_inclusive else ''}below {t} "
+                    f"(upper bound {'<=' if self.support_inclusive else '<'} {t}); refuted if it lies "
+                    f"{'at or ' if self.refute_inclusive else ''}above {t} (lower bound "
+                    f"{'>=' if self.refute_inclusive else '>'} {t}); inconclusive otherwise")
         return (f"supported if the CI of the {name} lies {'at or ' if self.support_inclusive else ''}above {t} "
                 f"(lower bound {'>=' if self.support_inclusive else '>'} {t}); refuted if it lies "
                 f"{'at or ' if self.refute_inclusive else ''}below {t} (upper bound "
@@ -94,9 +112,25 @@ def counterfactual_rule(bound: float) -> Rule:
     return Rule(float(bound))
 
 
+def at_least_rule(threshold: float) -> Rule:
+    """A mean that must exceed ``threshold`` (edge claims, a sink head's share)."""
+    return Rule(float(threshold))
+
+
+def at_most_rule(threshold: float) -> Rule:
+    """A mean that must stay under ``threshold`` (a sink head's knockout effect)."""
+    return Rule(float(threshold), below=True)
+
+
 def verdict(ci_low: float, ci_high: float, rule: Rule) -> str:
     """``supported``, ``refuted`` or ``inconclusive`` from a CI (NaN bounds: inconclusive)."""
     t = rule.threshold
+    if rule.below:
+        if math.isfinite(ci_high) and (ci_high <= t if rule.support_inclusive else ci_high < t):
+            return "supported"
+        if math.isfinite(ci_low) and (ci_low >= t if rule.refute_inclusive else ci_low > t):
+            return "refuted"
+        return "inconclusive"
     if math.isfinite(ci_low) and (ci_low >= t if rule.support_inclusive else ci_low > t):
         return "supported"
     if math.isfinite(ci_high) and (ci_high <= t if rule.refute_inclusive else ci_high < t):
@@ -174,7 +208,7 @@ def judge(values, rule: Rule, *, n_boot: int = 2000, level: float = 0.95, seed: 
     decided = verdict(s["ci_low"], s["ci_high"], rule)
     why = p_value = None
     if decided != "inconclusive" and n < SMALL_N:
-        p_value = sign_flip_p(v - rule.threshold, greater=decided == "supported", seed=seed)
+        p_value = sign_flip_p(v - rule.threshold, greater=(decided == "supported") != rule.below, seed=seed)
         if not p_value <= (1.0 - level) / 2.0:
             why = (f"the CI says {decided} but the sign-flip test does not (one-sided p = {p_value:.3f} > "
                    f"{(1.0 - level) / 2.0:g}, n = {n})")
@@ -193,5 +227,6 @@ def conjunction(*verdicts: str) -> str:
     return "inconclusive"
 
 
-__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "RULES", "Rule", "SMALL_N", "conjunction", "counterfactual_rule", "faithfulness_rule",
-           "judge", "n_needed", "sign_flip_p", "verdict", "z_value"]
+__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "RULES", "Rule", "SMALL_N", "at_least_rule", "at_most_rule",
+           "conjunction", "counterfactual_rule", "faithfulness_rule", "judge", "n_needed", "sign_flip_p", "verdict",
+           "z_value"]

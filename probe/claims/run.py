@@ -21,8 +21,10 @@ from probe.names import printable
 from probe.spec.claims import (
     ClaimFile,
     CounterfactualClaim,
+    EdgeClaim,
     FaithfulnessClaim,
     HeadRoleClaim,
+    SinkHeadClaim,
     SpecificTokensClaim,
     TokenImportanceClaim,
 )
@@ -118,6 +120,14 @@ def _check_sites(ctx: AuditContext) -> None:
         elif isinstance(claim, CounterfactualClaim):
             ctx.layer(claim.layer, index, "layer")
             ctx.head(claim.head, index, "head")
+        elif isinstance(claim, SinkHeadClaim):
+            layer, head = claim.site
+            ctx.layer(layer, index, "head")
+            ctx.head(head, index, "head")
+        elif isinstance(claim, EdgeClaim):
+            ctx.layer_window(claim, index)
+            for head in claim.head_list or ():
+                ctx.head(head, index, "heads")
         if isinstance(claim, SpecificTokensClaim) and claim.intervention != "delete":
             replacement_token(ctx.pm, claim.intervention)
 

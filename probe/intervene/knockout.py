@@ -322,6 +322,31 @@ def _rows_on(batch, tq, keys: torch.Tensor, query: str, query_from: int | None,
     return positions[None, :] >= first[:, None]
 
 
+def _edited_targets(pm: ProbeModel, batch, stack: str, editors: dict) -> torch.Tensor:
+    """One forward of ``batch`` with ``editors`` on ``stack``'s attention: the rows' target values."""
+    kwargs = dict(batch.inputs)
+    if pm.task.continuations:
+        kwargs["use_cache"] = False
+    batch = keep_target_logits(pm, batch, kwargs)
+    with torch.no_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
+                                            **capture_masks(batch)):
+        logits = pm.model(**kwargs).logits
+    return target_values(pm, batch, logits).float().cpu()
+
+
+def _kind_chunks(order: list[int], kinds: list[str], batch_size: int):
+    """Consecutive pieces of ``order`` (rows sorted by target kind) of at most ``batch_size`` rows and
+    one target kind each (``kinds[i]`` is the kind of ``order[i]``'s example): target_values reads a
+    batch's kind from its first example."""
+    start = 0
+    while start < len(order):
+        stop = start
+        while stop < len(order) and stop - start < batch_size and kinds[stop] == kinds[start]:
+            stop += 1
+        yield order[start:stop]
+        start = stop
+
+
 def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], window, query, query_from,
                renormalise: bool) -> torch.Tensor:
     """[rows] target values of one batch of rows, every window layer under its editor."""
@@ -342,14 +367,7 @@ def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], windo
                     heads_on[r, head] = True
         editors[(stack, layer)] = _knockout_editor(keys, heads_on.to(device), rows_on, renormalise=renormalise,
                                                    sinks=info.sinks)
-    kwargs = dict(batch.inputs)
-    if pm.task.continuations:
-        kwargs["use_cache"] = False
-    batch = keep_target_logits(pm, batch, kwargs)
-    with torch.no_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
-                                            **capture_masks(batch)):
-        logits = pm.model(**kwargs).logits
-    return target_values(pm, batch, logits).float().cpu()
+    return _edited_targets(pm, batch, stack, editors)
 
 
 def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int | Sequence[int] | None = None,
@@ -386,20 +404,13 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
     values = torch.full((len(rows),), float("nan"), dtype=torch.float64)
     passes = 0
     with eval_mode(pm.model):
-        start = 0
-        while start < len(order):
-            kind = examples[rows[order[start]][0]].kind
-            stop = start
-            while stop < len(order) and stop - start < batch_size and examples[rows[order[stop]][0]].kind == kind:
-                stop += 1
-            chunk = order[start:stop]
+        for chunk in _kind_chunks(order, [examples[rows[r][0]].kind for r in order], batch_size):
             try:
                 out = _run_batch(pm, stack, examples, [rows[r] for r in chunk], window, query, query_from, renormalise)
             except CaptureError as err:
                 raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
             values[chunk] = out.double()
             passes += 1
-            start = stop
 
     original = values[originals]  # [example]
     n_layers, n_heads = info.n_layers, info.n_heads
@@ -430,6 +441,119 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
     heads_result = (TokenScores(method=METHOD, scores=head_scores, params={**params, "scope": "layer x head"},
                                 per_head=True, extras=extras) if per_head else None)
     return KnockoutResult(tokens=tokens, per_head=heads_result, original_value=original.float(), stats=stats)
+
+
+# ---------------------------------------------------------------------------
+# a set of edges blocked at once (audits: sink heads, edges to a token or span)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EdgeSet:
+    """The edges from an example's target query rows to the keys ``keys`` (positions of its
+    explained tokens), in the query heads ``sites`` ``((layer, head), ...)`` of the target stack,
+    all blocked in one forward."""
+
+    example: int
+    keys: tuple[int, ...]
+    sites: tuple[tuple[int, int], ...]
+
+
+def _key_set_editor(keys_on: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Tensor, *, renormalise: bool,
+                    sinks: bool):
+    """Editor blocking, in batch row ``b``, the edges from the query rows ``rows_on[b]`` to every key
+    of ``keys_on[b]`` in the heads ``heads_on[b]`` (renormalised as :func:`_knockout_editor` does).
+
+    keys_on  [batch, key] bool (over the explained positions; longer maps: keys beyond are off)
+    heads_on [batch, head] bool
+    rows_on  [batch, query] bool
+    """
+
+    def edit(weights, context):  # weights [batch, head, query, key] fp32, full rows
+        _, _, q_len, k_len = weights.shape
+        rows = torch.nn.functional.pad(rows_on[:, :q_len], (0, max(0, q_len - rows_on.shape[1])))
+        keys = torch.nn.functional.pad(keys_on[:, :k_len], (0, max(0, k_len - keys_on.shape[1])))
+        blocked = heads_on[:, :, None, None] & rows[:, None, :, None] & keys[:, None, None, :]  # [batch, head, q, k]
+        hit = (blocked & (weights > 0)).any(dim=-1, keepdim=True)  # [batch, head, query, 1]
+        if not bool(hit.any()):
+            return weights
+        kept = weights.masked_fill(blocked, 0.0)
+        if not renormalise:
+            return torch.where(hit, kept, weights)
+        remaining = kept.sum(dim=-1, keepdim=True)
+        if sinks:  # a learned sink's mass stays in the denominator, as its logit stays in the softmax
+            remaining = remaining + (1.0 - weights.sum(dim=-1, keepdim=True)).clamp(min=0.0)
+        scale = torch.where(remaining > 0, 1.0 / remaining.clamp(min=torch.finfo(remaining.dtype).tiny),
+                            torch.zeros_like(remaining))
+        return torch.where(hit, kept * scale, weights)
+
+    return edit
+
+
+def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, EdgeSet | None]], window,
+              renormalise: bool) -> torch.Tensor:
+    """[rows] target values of one batch of ``(example, edge set)`` rows: each example with its edge
+    set blocked (None: unedited), every layer of ``window`` through the same recomputed attention."""
+    info = pm.contract.stacks[stack]
+    batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i, _ in sets])
+    tq = target_queries(pm, batch)
+    device = pm.device
+    width = max(batch.inputs["input_ids"].shape[1],
+                batch.inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch.inputs else 0)
+    dummy = torch.zeros(len(sets), dtype=torch.long, device=device)
+    rows_on = _rows_on(batch, tq, dummy, "target", None, width)  # [rows, width]
+    keys_on = torch.zeros((len(sets), batch.inputs["input_ids"].shape[1]), dtype=torch.bool)  # [rows, key]
+    heads_on = {layer: torch.zeros((len(sets), info.n_heads), dtype=torch.bool) for layer in window}  # [rows, head]
+    for r, (_, s) in enumerate(sets):
+        if s is None:
+            continue
+        keys_on[r, list(s.keys)] = True
+        for layer, head in s.sites:
+            heads_on[layer][r, head] = True
+    editors = {(stack, layer): _key_set_editor(keys_on.to(device), heads_on[layer].to(device), rows_on,
+                                               renormalise=renormalise, sinks=info.sinks) for layer in window}
+    return _edited_targets(pm, batch, stack, editors)
+
+
+def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Sequence[EdgeSet], *,
+                renormalise: bool = True, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target of each example unedited and with each edge set blocked (every edge of a set at
+    once: keys together, heads and layers together), from the target query rows only.
+
+    Returns ``(original [example], blocked [set])`` (float64); an edge set whose keys are all closed
+    to the target rows (a causal stack: keys after them) edits nothing. Every layer named is checked
+    as :func:`edge_knockout` checks its window (refused in one line
+    where its read path cannot edit); the unedited value runs through the same recomputed attention
+    as the edited ones."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(renormalise, bool):
+        raise InputError(f"renormalise={renormalise!r}: give True (renormalise the row, = -inf before the softmax) "
+                         "or False (zero the blocked weights only)")
+    examples = list(examples)
+    stack = pm.task.target_stack(pm.contract)
+    info = pm.contract.stacks[stack]
+    window = _window(info, sorted({layer for s in sets for layer, _ in s.sites}) or None)
+    _heads(info, sorted({head for s in sets for _, head in s.sites}) or None)
+    _refuse_uneditable(pm, stack, info, window)
+    for s in sets:
+        n = len(examples[s.example].input_ids)
+        if not s.keys or not all(0 <= k < n for k in s.keys):
+            raise InputError(f"edge set of example {s.example}: keys {list(s.keys)} must be positions 0..{n - 1} of "
+                             "its explained tokens (at least one)")
+    # (example, set or None): every example once unedited, then each set; one target kind per batch
+    rows: list[tuple[int, EdgeSet | None]] = [(i, None) for i in range(len(examples))]
+    rows += [(s.example, s) for s in sets]
+    order = sorted(range(len(rows)), key=lambda r: (examples[rows[r][0]].kind, rows[r][0]))
+    values = torch.full((len(rows),), float("nan"), dtype=torch.float64)
+    with eval_mode(pm.model):
+        for chunk in _kind_chunks(order, [examples[rows[r][0]].kind for r in order], batch_size):
+            try:
+                out = _run_sets(pm, stack, examples, [rows[r] for r in chunk], window, renormalise)
+            except CaptureError as err:
+                raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
+            values[chunk] = out.double()
+    return values[: len(examples)], values[len(examples):]
 
 
 # ---------------------------------------------------------------------------
@@ -509,4 +633,5 @@ def knockout_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
     return knockout(pm, examples, **params)
 
 
-__all__ = ["KnockoutResult", "NAME", "QUERIES", "edge_knockout", "knockout", "knockout_scores"]
+__all__ = ["EdgeSet", "KnockoutResult", "NAME", "QUERIES", "block_edges", "edge_knockout", "knockout",
+           "knockout_scores"]

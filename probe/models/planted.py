@@ -43,14 +43,26 @@ trigger-twice               classification  trigger-saturated on texts holding z
                                             changes nothing, both flips the label; judged against Shapley values
 trigger-twice-soft          classification  trigger-soft on texts holding zz twice: single deletion ranks filler   yes
                                             words first; judged against Shapley values
+sink-head                   classification  hand-wired BERT, 1 layer x 1 head: the head puts most of its [CLS]     no (its head: does
+                                            row on yy, whose value is zero (blocking that edge removes nothing);   not matter)
+                                            zz, its least attended key, carries the decision through its edge
+edge-head                   classification  hand-wired BERT, 1 layer x 1 head: the head puts over 90% of its       yes (its head:
+                                            [CLS] row on zz, and that edge carries the decision                    matters)
 ==========================  ==============  ==================================================================  ==================
 
-The last two are the verdict's calibration pair: over many statistics seeds the null's heads must pass
+``position-heads`` and ``one-head`` are the verdict's calibration pair: over many statistics seeds the null's heads must pass
 the test against chance at no more than alpha of them, and the planted head alone must be named
 (:mod:`probe.study.calibration`). The two ``trigger-twice`` models plant redundancy: their truth is one
 single-token deletion cannot see, so the planted study adds ``shapley`` to their references and judges
 them against it (``PlantedModel.reference``); judged against ``loo_delete`` on the same tables the
 verdict is undecidable or no, and the pair check names the two copies as substitutes.
+
+``sink-head`` and ``edge-head`` plant the per-head causal test's truths (:mod:`probe.study.heads_causal`:
+is where a head looks what matters through its own edges?), named per head in
+``PlantedModel.head_answers``. They are outside the self-test (``PlantedModel.self_test``): ``probe planted``
+runs the models of the shipped table (reports/planted) only, and tests/test_head_causal.py runs a study with
+``metrics: heads_causal`` on these two. Each is also judged by the token-level verdict there (its
+``expected`` answer).
 
 ``materialize_planted(name)`` builds a folder once under ``<cache>/planted/<name>-v<recipe_version>``
 (a temporary folder renamed into place, under the built-ins' lock) and reuses it afterwards.
@@ -112,6 +124,10 @@ class PlantedModel:
     #: a prompt template the planted study reads the texts through (``{text}`` the text; its own
     #: tokens are not explained), or None: the text alone
     prompt: str | None = None
+    #: the per-head causal test's planted answers (probe.study.heads_causal), ``(unit, answer)`` pairs
+    head_answers: tuple[tuple[str, str], ...] = ()
+    #: part of the verdict's self-test (``probe planted``, reports/planted); False: tested on its own
+    self_test: bool = True
 
 
 PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
@@ -250,11 +266,39 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
         "not; judged against Shapley values (added for this model), attention tracks",
         reference="shapley",
     ),
+    PlantedModel(
+        "sink-head", "classification",
+        "hand-wired one-layer, one-head BERT (no training) on texts holding zz and yy once each: the head's [CLS] "
+        "row puts over 60% on yy (a sink: its value vector is exactly zero, so blocking that edge without "
+        "renormalising changes nothing, and with the row renormalised the freed mass moves onto zz and the target "
+        "rises), then the filler words by a salience, and least on zz; the head's value reads zz only and its "
+        "output decides the class, so blocking the edge to zz (or deleting zz) is the largest effect on every "
+        "text. Where the head looks is the reverse of what matters through it.",
+        ("no",),
+        "attention ranks yy and the fillers above zz on every text, deletion and knockout rank zz first: neither "
+        "the token-level units nor the head agree above chance",
+        head_answers=(("attention L0.H0", "does not matter"),), self_test=False,
+    ),
+    PlantedModel(
+        "edge-head", "classification",
+        "hand-wired one-layer, one-head BERT (no training) on texts holding zz once: the head's [CLS] row puts over "
+        "90% on zz (every other key scores 0), its value reads zz only and its output decides the class, so "
+        "blocking that one edge (or deleting zz) is the largest effect on every text: the attended edge carries "
+        "the decision.",
+        ("yes",),
+        "attention's top token is the token whose edge, and whose deletion, carries the decision, on every text",
+        head_answers=(("attention L0.H0", "matters"),), self_test=False,
+    ),
 )}
 
 
 def planted_model_names() -> list[str]:
     return sorted(PLANTED_MODELS)
+
+
+def self_test_names() -> list[str]:
+    """The models of the verdict's self-test (``probe planted``, reports/planted), in table order."""
+    return [name for name, recipe in PLANTED_MODELS.items() if recipe.self_test]
 
 
 def get_planted(name: str) -> PlantedModel:
@@ -1029,6 +1073,179 @@ def _trigger_swap_change(model, tokenizer, texts: Sequence[PlantedText]) -> dict
     return {"position_heads_max_change_when_zz_moves": worst}
 
 
+# ---------------------------------------------------------------------------- sink-head, edge-head
+
+#: z = [is CLS, trigger (zz), sink (yy), salience, signal (0 in every embedding), filler]: |z|^2 = 6 = hidden / 2
+_Z_HEAD = 6
+SINK_SCORE = 4.0  # sink-head: the [CLS] score on yy; zz scores 0, a filler word its salience
+SALIENCE_MAX = 1.5  # sink-head: the filler words' saliences, distinct, in (0, SALIENCE_MAX]
+EDGE_SCORE = 6.0  # edge-head: the [CLS] score on zz (every other key scores 0): about all of the head's attention
+#: the attention output adds GAIN x (the head's attention on zz) to the [CLS] signal coordinate
+SINK_SIGNAL_GAIN, EDGE_SIGNAL_GAIN = 30.0, 2.0
+HEAD_LOGIT_GAIN, HEAD_LOGIT_BIAS = 6.0, 0.1
+
+
+def _build_sink_head():
+    return _one_head_edges(sink=True)
+
+
+def _build_edge_head():
+    return _one_head_edges(sink=False)
+
+
+def _one_head_edges(sink: bool):
+    """One layer, one head, hidden 12, hand-wired (no training). Every embedding is ``[z, -z]`` with
+    ``|z|^2 = 6`` (mean 0, variance 1; position and type embeddings zero), so every LayerNorm is the
+    identity on it; z = [is CLS, trigger, sink, salience, signal, filler]. The [CLS] query reads
+    "is CLS"; the head's value reads the trigger coordinate only (1 for zz, 0 for every other token:
+    the value path of every other token is zeroed); the attention output adds the gain times the
+    [CLS] row's weight on zz to the [CLS] signal coordinate (zero-mean), the FFN writes nothing, and
+    the pooler and classifier rise with that coordinate (class 1 predicted on every text).
+
+    sink-head (texts holding zz and yy once each): the key reads the sink coordinate (yy scores
+    SINK_SCORE: about three quarters of the row) and each filler word's salience (distinct, below
+    yy's); zz scores 0, the least of all. Where the head looks (yy, then the fillers by salience) is
+    the reverse of what matters through it: blocking the edge to yy removes nothing the head writes
+    (its value is zero; with the row renormalised the freed mass moves onto zz and the target
+    rises), blocking the edge to zz removes the decision.
+
+    edge-head (texts holding zz once): the key reads the trigger coordinate (zz scores EDGE_SCORE,
+    every other key 0, so the fillers tie): the head puts over 90% of its row on zz, and that edge
+    carries the decision (blocking it, as deleting zz, takes the signal away)."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    name = "sink-head" if sink else "edge-head"
+    tokenizer = _tokenizer("bert")
+    vocab = tokenizer.get_vocab()
+    settings = ClassifierTraining(hidden=2 * _Z_HEAD, heads=1, layers=1)
+    config = _bert_config(settings, len(tokenizer))
+    config.intermediate_size = 4
+    config.id2label, config.label2id = {0: "low", 1: "high"}, {"low": 0, "high": 1}
+    torch.manual_seed(SEED)
+    model = BertForSequenceClassification(config)
+    saliences = {word: SALIENCE_MAX * (i + 1) / len(FILLER) for i, word in enumerate(FILLER)}
+    z = torch.zeros(len(tokenizer), _Z_HEAD)  # [vocab, z]
+    for token, index in vocab.items():
+        part = torch.zeros(_Z_HEAD)
+        part[0] = 1.0 if token == "[CLS]" else 0.0
+        part[1] = 1.0 if token == TRIGGER else 0.0
+        part[2] = 1.0 if token == SECOND_TRIGGER else 0.0
+        part[3] = saliences.get(token, 0.0)
+        part[5] = math.sqrt(_Z_HEAD - float(part[:5].pow(2).sum()))
+        z[index] = part
+    head_dim = 2 * _Z_HEAD
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in _layer_norms(model):
+            norm.weight.fill_(1.0)
+        model.bert.embeddings.word_embeddings.weight.copy_(torch.cat([z, -z], dim=1))
+        layer = model.bert.encoder.layer[0]
+        attention = layer.attention.self
+        attention.query.weight[0, 0] = math.sqrt(head_dim)  # "is CLS", so the [CLS] scores are the key's value
+        if sink:
+            attention.key.weight[0, 2] = SINK_SCORE
+            attention.key.weight[0, 3] = 1.0  # the filler's salience
+        else:
+            attention.key.weight[0, 1] = EDGE_SCORE
+        attention.value.weight[0, 1] = 1.0  # the trigger coordinate: every other token's value is zero
+        gain = SINK_SIGNAL_GAIN if sink else EDGE_SIGNAL_GAIN
+        dense = layer.attention.output.dense
+        dense.weight[4, 0], dense.weight[_Z_HEAD + 4, 0] = gain, -gain
+        model.bert.pooler.dense.weight[0, 4] = 1.0
+        model.classifier.weight[1, 0] = HEAD_LOGIT_GAIN
+        model.classifier.bias[1] = HEAD_LOGIT_BIAS
+    model.eval()
+
+    texts = study_texts(name)
+    m = measure_classifier(model, tokenizer, texts)
+    knocked = _cls_edge_knockout(model, tokenizer, texts)  # [example][word]: renormalised, by -inf before the softmax
+    zeroed = _cls_edge_knockout(model, tokenizer, texts, renormalise=False)
+    rows = [m.attention[i][0, 0, 0, 1:-1] for i in range(len(texts))]  # [example] -> [word] the [CLS] row
+    trigger = [w.index(TRIGGER) for w in m.words]
+    top_knockout = [max(range(len(k)), key=k.__getitem__) == t for k, t in zip(knocked, trigger)]
+    facts = {
+        "study_examples": len(texts),
+        "predicted_class_1_share": _share([c == 1 for c in m.predicted]),
+        "target_prob_min": float(m.probs.max(-1).values.min()),
+        "top_knockout_is_trigger": _share(top_knockout),
+        "top_loo_is_trigger": _share([max(range(len(r)), key=r.__getitem__) == t for r, t in zip(m.loo, trigger)]),
+        "trigger_knockout_min": min(k[t] for k, t in zip(knocked, trigger)),
+    }
+    if sink:
+        sinks = [w.index(SECOND_TRIGGER) for w in m.words]
+        facts.update({
+            "sink_attention_min": min(float(r[s]) for r, s in zip(rows, sinks)),
+            "top_attended_is_sink": _share([int(r.argmax()) == s for r, s in zip(rows, sinks)]),
+            "sink_knockout_renormalised_max": max(k[s] for k, s in zip(knocked, sinks)),
+            "sink_knockout_zeroed_max_abs": max(abs(k[s]) for k, s in zip(zeroed, sinks)),
+            "trigger_attention_max": max(float(r[t]) for r, t in zip(rows, trigger)),
+            "tau_attention_knockout": [round(_kendall_tau(r.tolist(), k), 6) for r, k in zip(rows, knocked)],
+        })
+        _require(facts["sink_attention_min"] > 0.5, name, f"the head puts only {facts['sink_attention_min']:.3f} on yy")
+        # the yy value is exactly zero; the rows of one batch differ by float rounding only
+        _require(facts["sink_knockout_zeroed_max_abs"] < 1e-6, name, "zeroing the edge to yy moves the target")
+        _require(facts["sink_knockout_renormalised_max"] < 0.0, name, "blocking the edge to yy does not lower "
+                                                                      "the target's support")
+        _require(max(facts["tau_attention_knockout"]) < 0.0, name, "attention and knockout agree somewhere")
+    else:
+        # the fillers tie in attention (each scores 0); their knockout effects differ by float rounding only
+        facts["trigger_attention_min"] = min(float(r[t]) for r, t in zip(rows, trigger))
+        facts["top_attended_is_trigger"] = _share([int(r.argmax()) == t for r, t in zip(rows, trigger)])
+        facts["other_knockout_max_abs"] = max(abs(v) for k, t in zip(knocked, trigger) for j, v in enumerate(k) if j != t)
+        _require(facts["trigger_attention_min"] > 0.9, name, f"the head puts only {facts['trigger_attention_min']:.3f} "
+                                                             "on zz")
+    _require(facts["top_knockout_is_trigger"] == 1.0, name, "blocking the edge to zz is not the largest effect")
+    _require(facts["top_loo_is_trigger"] == 1.0, name, "deleting zz is not the largest effect")
+    _require(facts["predicted_class_1_share"] == 1.0, name, "class 0 predicted somewhere")
+    return model, tokenizer, {"training": None, "construction": _one_head_edges.__doc__.strip(), "facts": facts}
+
+
+def _cls_edge_knockout(model, tokenizer, texts: Sequence[PlantedText], renormalise: bool = True) -> list[list[float]]:
+    """``[example][word]``: p(predicted | text) - the same with the [CLS] row's edge to the word blocked
+    in the (one) layer's attention, by plain forwards: renormalised, the key's score set to -inf in the
+    additive mask the eager attention adds before its softmax; not renormalised, the word's weighted
+    value taken out of the [CLS] context (the other weights kept)."""
+    import torch
+
+    attention = model.bert.encoder.layer[0].attention.self
+    out = []
+    for text in texts:
+        ids = _ids(tokenizer, text.text)
+        n = len(ids)
+        rows = torch.tensor([ids] * (n - 1))  # row 0 the text, row r blocks the edge [CLS] -> word r
+        mask = torch.zeros(n - 1, 1, n, n)  # [row, 1, query, key] additive
+        for r in range(1, n - 1):
+            mask[r, 0, 0, r] = float("-inf")
+        def pre(module, args, kwargs, mask=mask):
+            if renormalise:
+                kwargs["attention_mask"] = mask
+            return args, kwargs
+
+        def post(module, args, kwargs, output, n=n):
+            if renormalise:
+                return output
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            values = module.value(hidden)  # [row, seq, hidden]: one head
+            context, weights = output[0].clone(), output[1]  # [row, seq, hidden], [row, 1, query, key]
+            for r in range(1, n - 1):
+                context[r, 0] -= weights[r, 0, 0, r] * values[r, r]
+            return (context, weights)
+
+        handles = [attention.register_forward_pre_hook(pre, with_kwargs=True),
+                   attention.register_forward_hook(post, with_kwargs=True)]
+        try:
+            with torch.no_grad():
+                probs = model(input_ids=rows, output_attentions=True).logits.double().softmax(-1)  # [row, 2]
+        finally:
+            for handle in handles:
+                handle.remove()
+        c = int(probs[0].argmax())
+        out.append((probs[0, c] - probs[1:, c]).tolist())
+    return out
+
+
 # ----------------------------------------------------------------------------------------- copy-lm
 
 
@@ -1268,4 +1485,6 @@ _BUILDERS: dict[str, Callable[[], tuple[Any, Any, dict[str, Any]]]] = {
     "copy-seq2seq": _build_copy_seq2seq,
     "position-heads": _build_position_heads,
     "one-head": _build_one_head,
+    "sink-head": _build_sink_head,
+    "edge-head": _build_edge_head,
 }

@@ -30,6 +30,7 @@ from probe.report.results import StudyResult, load_result
 from probe.report.sections import (
     agreement_section,
     counterfactual_section,
+    heads_causal_section,
     heads_section,
     limitations_section,
     not_part,
@@ -151,6 +152,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
     try:  # the sections write their tables into the staging folder already: a failure removes it
         if r.complete:
             sections.append(verdict_section(r, w))
+            sections += [s for s in [heads_causal_section(r, w)] if s is not None]  # only where asked for
         sections += [setup_section(r, w), agreement_section(r, w)]
         sections += [s for s in [steps_section(r, w)] if s is not None]
         sections += [_erasure_section(r, w), counterfactual_section(r, w), heads_section(r, w), tokens_section(r),

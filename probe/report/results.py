@@ -115,6 +115,12 @@ class StudyResult:
         """The per-unit paired tests of the verdict (``paired.parquet``); None before it."""
         return self.tables.get("paired")
 
+    @property
+    def heads_causal(self) -> pd.DataFrame | None:
+        """The per-head causal test, one row per tested head (``heads_causal.parquet``,
+        :mod:`probe.study.heads_causal`); None before the verdict or where the study did not ask for it."""
+        return self.tables.get("heads_causal")
+
     # ---------------------------------------------------------------- the study's settings
 
     @property
@@ -242,9 +248,10 @@ def load_result(path: str | Path) -> StudyResult:
     if complete:
         tables = _per_source({name: _tidy(_read_parquet(p, root)) for name, p in merged.items() if p.is_file()})
         tables["summary"] = _tidy(_read_parquet(root / "summary.parquet", root))
-        paired_path = root / "paired.parquet"
-        if paired_path.is_file():
-            tables["paired"] = _tidy(_read_parquet(paired_path, root))
+        for name in ("paired", "heads_causal"):  # the verdict's unit tests; the per-head causal test when asked
+            path = root / f"{name}.parquet"
+            if path.is_file():
+                tables[name] = _tidy(_read_parquet(path, root))
         verdict = Verdict.from_dict(_read_json(root / "verdict.json", root), source=str(root / "verdict.json"))
         prov_path = root / "provenance.json"
         provenance = _read_json(prov_path, root) if prov_path.is_file() else None

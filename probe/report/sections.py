@@ -325,6 +325,50 @@ def heads_section(r: StudyResult, w: Writer) -> Section:
     return Section("heads", "Heads", blocks)
 
 
+def heads_causal_section(r: StudyResult, w: Writer) -> Section | None:
+    """The per-head causal test beside the verdict (:mod:`probe.study.heads_causal`): per head, where
+    it looks against what matters through its own edges; None where the study did not ask for it."""
+    v = r.verdict.data if r.verdict is not None else {}
+    record = v.get("heads_causal")
+    if not record:
+        return None
+    counts = record.get("counts") or {}
+    blocks = [Para(str(record.get("headline", "")), "lead")]
+    blocks.append(KeyValues([
+        ("units", "each head's attention row from the target query (the attention explainer's) against the knockout "
+                  "effect of that head's own edges (the edge to each token blocked in that head of that layer "
+                  f"alone; {'|effect|' if record.get('absolute') else 'signed'}, "
+                  f"{'the row renormalised' if record.get('renormalise') else 'the blocked weight zeroed'})"),
+        ("measure", f"{record.get('measure')} (the verdict's; alpha {record.get('alpha')}, "
+                    f"{100 * float(record.get('level', 0.95)):.0f}% bootstrap CIs)"),
+        ("above chance", str(record.get("chance_test", ""))),
+        ("heads", f"{counts.get('matters', 0)} of {counts.get('total', 0)}: where the head looks is what matters "
+                  f"through it; {counts.get('does_not_matter', 0)}: it is not; {counts.get('undecidable', 0)}: "
+                  "cannot be decided"),
+        ("token-level verdict", str(record.get("token_level_answer") or v.get("answer", "?"))),
+    ]))
+    table = r.heads_causal
+    if table is not None and len(table):
+        from probe.study.heads_causal import ANSWER_WORDS
+
+        shown = table.sort_values(["mean", "layer", "head"], ascending=[False, True, True], kind="stable",
+                                  na_position="last")
+        display = pd.DataFrame({
+            "head": shown["unit"], "n": shown["n"],
+            "mean [CI]": [stat_text({"mean": m, "ci": [lo, hi]}) if np.isfinite(m) else "n/a"
+                          for m, lo, hi in zip(shown["mean"], shown["ci_low"], shown["ci_high"])],
+            "chance (mean / 95th pct)": [f"{m:+.3f} / {h:+.3f}" if np.isfinite(m) and np.isfinite(h) else "n/a"
+                                         for m, h in zip(shown["chance_mean"], shown["chance_high"])],
+            "p_family": shown["p_family"],
+            "answer": [ANSWER_WORDS.get(a, a) + (f" ({why})" if why and a != "matters" else "")
+                       for a, why in zip(shown["answer"], shown["why"])]})
+        csv = w.csv("heads_causal", table)
+        blocks.append(Table(display, caption="per head, highest mean agreement first: is where this head looks what "
+                                             "matters through this head?", csv=csv, max_rows=40))
+    blocks += [Para("The rule", "h3"), Para(str(record.get("rule", "")), "quote")]
+    return Section("heads-causal", "Per-head causal test", blocks)
+
+
 def tokens_section(r: StudyResult) -> Section:
     unit, examples = token_examples(r)
     if not examples:

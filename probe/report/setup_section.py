@@ -12,6 +12,7 @@ from probe.report import analysis as an
 from probe.report import figures as fg
 from probe.report.output import Writer
 from probe.report.results import StudyResult
+from probe.report.sinks import sink_heads, sink_layers, sink_lines
 from probe.spec.parts import TargetConfig
 
 
@@ -77,8 +78,9 @@ def setup_section(r: StudyResult, w: Writer) -> Section:
     blocks = []
     if r.spec.description:
         blocks.append(Para(" ".join(r.spec.description.split())))
-    blocks += [Para("Model and attention contract", "h3"), KeyValues(_model_rows(r)),
-               Para("Study set-up", "h3"), KeyValues(_study_rows(r)),
+    blocks += [Para("Model and attention contract", "h3"), KeyValues(_model_rows(r))]
+    blocks += sink_blocks(r, w)
+    blocks += [Para("Study set-up", "h3"), KeyValues(_study_rows(r)),
                Para("Provenance", "h3")]
     blocks += _provenance_blocks(r)
     blocks += _sanity_blocks(r, w)
@@ -103,10 +105,81 @@ def _model_rows(r: StudyResult) -> list[tuple[str, str]]:
                      f"{', normalised' if pooling.get('normalize') else ''} (from {pooling.get('source')})"))
     if contract:
         rows += _contract_rows(contract)
+        sinks = r.table("sinks")
+        lines = sink_lines(sinks) if sinks is not None else []
+        if lines:
+            rows.append(("attention sinks (keys)", lines[0] + (" (more under Attention sinks)" if len(lines) > 1 else "")))
     else:
         rows += [("requested device / dtype", f"{r.spec.model.device} / {r.spec.model.dtype}"),
                  ("attention contract", "recorded in provenance.json when the run completes")]
     return rows
+
+
+#: a per-head sink table is shown (not only its CSV) up to this many layer x head rows
+SINK_HEAD_ROWS = 64
+
+
+def _sink_source(r: StudyResult, frame: pd.DataFrame) -> str:
+    """Which examples the sinks were found on, and at what cost."""
+    from probe.study.sinks import NOSINK, SINK_EXAMPLES
+
+    n = int(frame["example"].nunique())
+    if NOSINK in r.spec.explainers:
+        return f"found on all {n} examples by attention_nosink's own pass (no extra pass)"
+    return (f"found on the study's first {n} example{'s' if n != 1 else ''} (at most {SINK_EXAMPLES}: one extra "
+            "forward pass with every query row captured; run attention_nosink to find them on every example)")
+
+
+def _target_stack_maps(r: StudyResult) -> str | None:
+    stacks = (r.contract or {}).get("stacks") or {}
+    maps = {st.get("maps", "softmax") for st in stacks.values()}
+    return next((m for m in maps if m != "softmax"), None)
+
+
+def sink_blocks(r: StudyResult, w: Writer) -> list:
+    """The "Attention sinks" part of the model view: the sentences naming the sinks, a per-layer
+    table, a per-head table where it fits (always as CSV) and a layer x head figure; one line when
+    the model has none, or when they were not measured (and why)."""
+    from probe.study.sinks import unmeasured_reason
+
+    blocks = [Para("Attention sinks", "h3")]
+    frame = r.table("sinks")
+    if frame is None:
+        reason = unmeasured_reason(_target_stack_maps(r))
+        blocks.append(Para(f"Not measured: {reason}." if reason else
+                           "Not measured: this result has no sinks table (run before sinks were measured, or the "
+                           "maps were read with downsampled keys).", "note"))
+        return blocks
+    lines = sink_lines(frame)
+    source = _sink_source(r, frame)
+    if not (frame["n_sinks"] > 0).any():
+        return blocks + [Para(f"{lines[0][:-1]}; {source}.")]
+    blocks.append(Para(" ".join(lines) + f" Sinks {source}."))
+    layers = sink_layers(frame, r.table("tokens"))
+    blocks.append(Table(layers, caption="per layer, over the examples and query heads: the target row's mean share of "
+                                        "attention on sink keys, the share of (example, head) rows with a sink, the "
+                                        "share whose first token is a sink, and the most frequent other sink keys",
+                        csv=w.csv("sinks_layers", layers)))
+    heads = sink_heads(frame)
+    csv = w.csv("sinks_heads", heads)
+    if len(heads) <= SINK_HEAD_ROWS:
+        blocks.append(Table(heads, caption="per layer and head, over the examples", csv=csv))
+    else:
+        blocks.append(Para(f"Per layer and head: {csv}.", "note"))
+    shape = (int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1)
+    grids = {name: np.full(shape, np.nan) for name in ("sink share", "first token a sink")}
+    for row in heads.itertuples():
+        grids["sink share"][row.layer, row.head] = row.sink_share
+        grids["first token a sink"][row.layer, row.head] = row.first_token
+    stacks = (r.contract or {}).get("stacks") or {}
+    kv = next(iter(stacks.values()), {}).get("kv_head_of_query") if len(stacks) == 1 else None
+    blocks.append(w.figure("sinks", fg.head_maps(grids, kv, labels={
+        "sink share": "target row's mean attention on sink keys",
+        "first token a sink": "share of examples whose first token is a sink"}),
+        f"Attention sinks per layer and head: the target row's mean share of attention on sink keys (left) and the "
+        f"share of examples in which the first token is a sink of the head (right); a sink is a key whose mean "
+        f"received attention over the query rows exceeds {float(frame['threshold'].iloc[0]):g}."))
+    return blocks
 
 
 def _target_text(target: TargetConfig) -> str:

@@ -64,8 +64,8 @@ from probe.spec.validation import (
 
 __all__ = [
     "AttentionRanking", "AuditStatistics", "ClaimFile", "CLAIM_KINDS", "CounterfactualClaim", "DataSpec",
-    "FaithfulnessClaim", "HeadRoleClaim", "SpecificTokensClaim", "TokenImportanceClaim", "claims_from_dict",
-    "load_claims", "parse_attention", "parse_head",
+    "EdgeClaim", "FaithfulnessClaim", "HeadRoleClaim", "SinkHeadClaim", "SpecificTokensClaim", "TokenImportanceClaim",
+    "claims_from_dict", "load_claims", "parse_attention", "parse_head", "parse_layer_window",
 ]
 
 #: Per-head attention methods ([layer, head, tokens]); the others are per layer ([layer, tokens]).
@@ -75,6 +75,17 @@ _HEAD_SPEC = re.compile(r"(\d+|first|last)\.(\d+)")
 
 
 # ------------------------------------------------------------------------------------- small parsers
+
+
+def _word_list(value: list[str] | None, what: str, example: str) -> list[str] | None:
+    """A claim's list of words (None: not given): not empty, no empty entry."""
+    if value is not None:
+        if not value:
+            fail(f"is empty; list the words whose tokens {what}, e.g. [{example}]")
+        for i, word in enumerate(value):
+            if not word.strip():
+                fail("an empty word; every entry needs some text", item=[i])
+    return value
 
 
 @dataclass(frozen=True)
@@ -234,13 +245,7 @@ class SpecificTokensClaim(_Claim):
     @field_validator("words")
     @classmethod
     def _words(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            if not value:
-                fail("is empty; list the words whose tokens the claim is about, e.g. [not, never]")
-            for i, word in enumerate(value):
-                if not word.strip():
-                    fail("an empty word; every entry needs some text", item=[i])
-        return value
+        return _word_list(value, "the claim is about", "not, never")
 
     @model_validator(mode="after")
     def _one_matcher(self) -> SpecificTokensClaim:
@@ -278,13 +283,7 @@ class HeadRoleClaim(_Claim):
     @field_validator("head", mode="before")
     @classmethod
     def _head(cls, value: Any) -> Any:
-        if isinstance(value, float):
-            value = repr(value)  # from a dict; a YAML file keeps the text as written (see load_claims)
-        try:
-            parse_head(value)
-        except ValueError as exc:
-            fail(str(exc))
-        return value.strip()
+        return _check_head(value)
 
     @property
     def site(self) -> tuple[int | str, int]:
@@ -292,6 +291,144 @@ class HeadRoleClaim(_Claim):
 
     def matcher(self) -> UserPattern | None:
         return None if self.attends_to is None else user_pattern(self.attends_to, "attends_to", ignore_case=True)
+
+
+def _check_head(value: Any) -> Any:
+    if isinstance(value, float):
+        value = repr(value)  # from a dict; a YAML file keeps the text as written (see load_claims)
+    try:
+        parse_head(value)
+    except ValueError as exc:
+        fail(str(exc))
+    return value.strip()
+
+
+class SinkHeadClaim(_Claim):
+    """Head L.H is a sink head: its target row puts more than ``share`` of its attention on sink
+    keys (keys whose mean received attention over the query rows exceeds ``threshold``, found per
+    example), while blocking the target row's edges to those keys in this head alone changes the
+    target by less than ``max_effect``: much attention, little effect. Both parts must hold."""
+
+    kind: Literal["sink_head"]
+    #: the head as LAYER.HEAD (e.g. "5.3"; the layer may be first or last)
+    head: str
+    #: the mean share of the target row's attention on sink keys the claim needs
+    share: Annotated[Float, Field(gt=0, lt=1)] = 0.5
+    #: the mean |change of the target| (its units: a probability, a log-prob, ...) when the target
+    #: row's edges to the sinks are blocked in the head, which the claim must stay under
+    max_effect: Annotated[Float, Field(gt=0)] = 0.05
+    #: a key is a sink of the head when its mean received attention over the query rows exceeds this
+    threshold: Annotated[Float, Field(ge=0, lt=1)] = 0.3
+    #: the blocked edges are only zeroed (the default: what the sinks carry through their values is
+    #: removed), or the row is renormalised over the other keys (= -inf before the softmax: the
+    #: sinks' mass moves onto the other keys, which measures losing the sink, not what it carries)
+    renormalise: Bool = False
+
+    @field_validator("head", mode="before")
+    @classmethod
+    def _head(cls, value: Any) -> Any:
+        return _check_head(value)
+
+    @property
+    def site(self) -> tuple[int | str, int]:
+        return parse_head(self.head)
+
+
+_LAYER_RANGE = re.compile(r"(\d+|first|last)\s*-\s*(\d+|first|last)")
+
+
+def parse_layer_window(value: Any) -> tuple[tuple[int | str, int | str] | None, tuple[int | str, ...]]:
+    """``layers`` of an edge claim -> ``(range, layers)``: ``"10-14"`` (inclusive; ends may be first
+    or last) is the range ``(10, 14)``; an index, ``first``, ``last`` or a list of indices are the
+    layers themselves. Raises ``ValueError`` with the reason."""
+    if isinstance(value, bool):
+        raise ValueError(f"{show(value)} is not a layer window")
+    if isinstance(value, int) or value in LAYER_WORDS:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"{value} is negative; give a layer index >= 0, first or last")
+        return None, (value,)
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            raise ValueError(f"{show(value)} is not a list of layer indices (ints >= 0, at least one)")
+        return None, tuple(value)
+    match = _LAYER_RANGE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"{show(value)} is not a layer window: give an index, first, last, a range 'A-B' "
+                         "(inclusive, e.g. '10-14' or '10-last') or a list of indices")
+    ends = tuple(v if v in LAYER_WORDS else int(v) for v in match.groups())
+    return ends, ()
+
+
+class EdgeClaim(_Claim):
+    """The target row's attention to the named tokens matters in a window of layers: blocking the
+    edges from the target query row to every token matching ``to`` (or ``to_words``, or the one at
+    ``to_position``) in every head of ``layers`` (or ``heads``), all at once (Geva et al. 2023's
+    attention knockout), changes the target by more than ``threshold`` (mean |change| per example).
+    Examples without such a token are left out."""
+
+    kind: Literal["edge"]
+    #: the layer window: an index, first, last, an inclusive range "A-B" ("10-14", "10-last") or a list
+    layers: int | str | list[int]
+    #: query heads whose edges are blocked: one index or a list (default: every head)
+    heads: Annotated[Int, Field(ge=0)] | list[Annotated[Int, Field(ge=0)]] | None = None
+    #: a regular expression a token's text matches whole (case-insensitive): the attended tokens
+    to: str | None = None
+    #: instead of to: the words whose tokens are the attended ones
+    to_words: list[str] | None = None
+    #: instead of to: one position of the explained tokens (0 the first; negative from the end)
+    to_position: Int | None = None
+    #: the mean |change of the target| (its units: a probability, a log-prob, ...) the claim needs
+    threshold: Annotated[Float, Field(gt=0)] = 0.05
+    #: blocked edges leave the row renormalised over the other keys (= -inf before the softmax), or
+    #: only zeroed
+    renormalise: Bool = True
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, value: Any) -> Any:
+        try:
+            parse_layer_window(value)
+        except ValueError as exc:
+            fail(str(exc))
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("to")
+    @classmethod
+    def _to(cls, value: str | None) -> str | None:
+        return _check_regex(value)
+
+    @field_validator("to_words")
+    @classmethod
+    def _to_words(cls, value: list[str] | None) -> list[str] | None:
+        return _word_list(value, "the edges go to", "Paris")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> EdgeClaim:
+        given = [k for k in ("to", "to_words", "to_position") if getattr(self, k) is not None]
+        if len(given) != 1:
+            fail("give exactly one of to (a regular expression), to_words (a list) or to_position (an index); "
+                 f"{'none was' if not given else ', '.join(given) + ' were'} given", at=["to"])
+        return self
+
+    @property
+    def window(self) -> tuple[tuple[int | str, int | str] | None, tuple[int | str, ...]]:
+        return parse_layer_window(self.layers)
+
+    @property
+    def head_list(self) -> tuple[int, ...] | None:
+        return None if self.heads is None else tuple(self.heads) if isinstance(self.heads, list) else (self.heads,)
+
+    def matcher(self) -> UserPattern | None:
+        if self.to_words is not None:
+            return user_pattern("|".join(re.escape(w.strip()) for w in self.to_words), "to_words", ignore_case=True)
+        return None if self.to is None else user_pattern(self.to, "to", ignore_case=True)
+
+    @property
+    def to_what(self) -> str:
+        if self.to_position is not None:
+            return f"the token at position {self.to_position}"
+        return (f"the tokens matching {self.to!r}" if self.to is not None
+                else f"the tokens of the words {', '.join(self.to_words)}")
 
 
 class CounterfactualClaim(_Claim):
@@ -330,9 +467,12 @@ CLAIM_CLASSES: dict[str, type[_Claim]] = {
     "head_role": HeadRoleClaim,
     "faithfulness": FaithfulnessClaim,
     "counterfactual": CounterfactualClaim,
+    "sink_head": SinkHeadClaim,
+    "edge": EdgeClaim,
 }
 CLAIM_KINDS = tuple(CLAIM_CLASSES)
-Claim = TokenImportanceClaim | SpecificTokensClaim | HeadRoleClaim | FaithfulnessClaim | CounterfactualClaim
+Claim = (TokenImportanceClaim | SpecificTokensClaim | HeadRoleClaim | FaithfulnessClaim | CounterfactualClaim
+         | SinkHeadClaim | EdgeClaim)
 
 
 # ------------------------------------------------------------------------------------ the file

@@ -48,7 +48,7 @@ from probe.spec.validation import (
 )
 
 __all__ = [
-    "CounterfactualSpec", "EngineSpec", "ErasureSpec", "HeadsSpec", "MetricsSpec", "PublishedNumber",
+    "CounterfactualSpec", "EngineSpec", "ErasureSpec", "HeadsCausalSpec", "HeadsSpec", "MetricsSpec", "PublishedNumber",
     "SanitySpec", "StatisticsSpec", "Study", "load_study", "parse_ranking", "study_from_dict",
 ]
 
@@ -81,6 +81,17 @@ def parse_ranking(text: str) -> tuple[str, int | str | None]:
 
 
 # ------------------------------------------------------------------------------------------- the schema
+
+
+def _layer_list(value: Any) -> Any:
+    """``layers`` of a study part: ``all``, or one layer or a list of them (ints, ``first``, ``last``)."""
+    if value == "all":
+        return value
+    if not isinstance(value, list):
+        value = [value]
+    if not value:
+        fail("is empty; give layers such as [last] or [0, last], or all")
+    return [layer_value(v, i) for i, v in enumerate(value)]
 
 
 class ErasureSpec(SpecModel):
@@ -145,13 +156,7 @@ class CounterfactualSpec(SpecModel):
     @field_validator("layers", mode="before")
     @classmethod
     def _layers(cls, value: Any) -> Any:
-        if value == "all":
-            return value
-        if not isinstance(value, list):
-            value = [value]
-        if not value:
-            fail("is empty; give layers such as [last] or [0, last], or all")
-        return [layer_value(v, i) for i, v in enumerate(value)]
+        return _layer_list(value)
 
     @field_validator("heads", mode="before")
     @classmethod
@@ -176,6 +181,45 @@ class HeadsSpec(SpecModel):
     ablation: Bool = True
     #: Michel et al.'s head importance: the mean absolute gradient of the loss by a gate on each head
     importance: Bool = True
+
+
+class HeadsCausalSpec(SpecModel):
+    """The per-head causal test (probe.study.heads_causal): each head's attention row (the target
+    query's, as the ``attention`` explainer reads it) against the knockout effect of that head's own
+    edges (the edge from the target row to each token blocked in that head of that layer alone,
+    probe.intervene.knockout), one unit per head: does where the head looks match what matters
+    through it? Off unless asked for: it costs one forward row per layer x head x token."""
+
+    #: the layers whose heads are tested: indices, first and last, or all
+    layers: list[int | Literal["first", "last"]] | Literal["all"] = "all"
+    #: the heads tested in each of those layers: all or a list of query head indices
+    heads: list[int] | Literal["all"] = "all"
+    #: true: the blocked weight removed and the row renormalised over its other keys (-inf before the
+    #: softmax); false: the blocked weight set to 0, the row left as it is
+    renormalise: Bool = True
+    #: compare |knockout effect| (a token the head reads against the target matters too); false: signed
+    absolute: Bool = False
+    #: model rows per knockout pass
+    batch_size: Annotated[Int, Field(ge=1, le=65_536)] = 32
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, value: Any) -> Any:
+        return _layer_list(value)
+
+    @field_validator("heads", mode="before")
+    @classmethod
+    def _heads(cls, value: Any) -> Any:
+        if value == "all":
+            return value
+        if not isinstance(value, list):
+            value = [value]
+        if not value:
+            fail("is empty; give head indices such as [0, 3], or all")
+        for i, head in enumerate(value):
+            if isinstance(head, bool) or not isinstance(head, int) or head < 0:
+                fail(f"head {show(head)} is not a head index; give integers >= 0, or all", item=[i])
+        return value
 
 
 class SanitySpec(SpecModel):
@@ -226,16 +270,25 @@ class MetricsSpec(SpecModel):
     erasure: ErasureSpec | None = Field(default_factory=ErasureSpec)
     counterfactual: CounterfactualSpec | None = Field(default_factory=CounterfactualSpec)
     heads: HeadsSpec | None = Field(default_factory=HeadsSpec)
+    #: the per-head causal test (off by default: one forward row per layer x head x token); true: every
+    #: head of every layer
+    heads_causal: HeadsCausalSpec | None = None
     #: methods compared by magnitude (|score|), as Jain & Wallace compare |delta y| and |grad x input|
     absolute: list[str] = Field(default_factory=list)
     sanity: SanitySpec = Field(default_factory=SanitySpec)
     published: list[PublishedNumber] = Field(default_factory=list)
 
-    @field_validator("erasure", "counterfactual", "heads", mode="before")
+    @field_validator("erasure", "counterfactual", "heads", "heads_causal", mode="before")
     @classmethod
     def _false_is_off(cls, value: Any) -> Any:
         """``false`` switches the metric off, as ``null`` does."""
         return None if value is False else value
+
+    @field_validator("heads_causal", mode="before")
+    @classmethod
+    def _true_is_on(cls, value: Any) -> Any:
+        """``true`` asks for the per-head causal test with its defaults."""
+        return {} if value is True else value
 
     @field_validator("ceilings", mode="before")
     @classmethod
@@ -384,6 +437,9 @@ class Study(SpecModel):
             if method not in used:
                 fail(f"{entry!r}: {method} is not among the study's {listed}; add it there or drop this ranking",
                       at=["metrics", "erasure", "rankings"], item=[i])
+        if self.spans is not None and self.metrics.heads_causal is not None:
+            fail("the per-head causal test ranks tokens (a head's attention row against the knockout of its own "
+                 "edges), not spans; remove spans or metrics.heads_causal", at=["metrics", "heads_causal"])
         if self.spans is not None:
             for name in self.references:
                 entry = method_entry(name)
@@ -432,6 +488,8 @@ class Study(SpecModel):
                 payload["target"].pop(key, None)
         if payload.get("spans") is None:
             payload.pop("spans", None)
+        if payload["metrics"].get("heads_causal") is None:
+            payload["metrics"].pop("heads_causal", None)
         for key in ("steps", "target_side"):
             if payload["target"].get(key) is False:
                 payload["target"].pop(key)

@@ -20,11 +20,13 @@ from probe.rows.scores import TokenScores
 from probe.rows.target import sources
 from probe.study.examples import prepare_examples
 from probe.study.plan import erasure_rankings, methods_needed
+from probe.study.sinks import study_sinks
 from probe.study.steps import STEP_STRIDE, unit_number
 from probe.study.tables import (
     agreement_rows,
     convergence_rows,
     counterfactual_rows,
+    head_edge_rows,
     head_rows,
     ranking_vectors,
     score_rows,
@@ -65,12 +67,16 @@ class ForwardCounter:
 
 
 class _Timings:
-    """``timed(name, fn)``: runs ``fn`` and adds its seconds to ``seconds[name]`` (in first-call order)."""
+    """``timed(name, fn)``: runs ``fn`` and adds its seconds to ``seconds[name]`` (in first-call order);
+    ``on_step(name)`` is told each step as it starts (progress)."""
 
-    def __init__(self):
+    def __init__(self, on_step: Callable[[str], None] | None = None):
         self.seconds: dict[str, float] = {}
+        self.on_step = on_step
 
     def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        if self.on_step is not None:
+            self.on_step(name)
         t0 = time.perf_counter()
         result = fn()
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
@@ -78,18 +84,19 @@ class _Timings:
 
 
 def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
-              first_index: int) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Every table for one batch of dataset examples, and the batch's timings."""
+              first_index: int, *, on_step: Callable[[str], None] | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Every table for one batch of dataset examples, and the batch's timings; ``on_step(name)``
+    is told each step (a method, the agreement, ...) as it starts."""
     from probe.intervene.engine import Engine
 
     started = time.perf_counter()
     counter = ForwardCounter(pm.model)
-    timed = _Timings()
+    timed = _Timings(on_step)
     try:
         examples = timed("prepare", lambda: prepare_examples(pm, study.target, [e.text for e in data_examples],
                                                              [e.label for e in data_examples]))
+        data_index = first_index  # the batch's first dataset example (units may be numbered otherwise)
         if study.target.stepwise:  # units: the output tokens of the batch's examples, from first example * STEP_STRIDE
-            data_index = first_index
             first_index = unit_number(first_index, 0)
             if len(examples) > STEP_STRIDE * len(data_examples):
                 raise InputError(f"an output of more than {STEP_STRIDE} tokens cannot be explained token by token; "
@@ -112,6 +119,9 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
                                                                         left_out))
         tables["left_out"] = pd.DataFrame(left_out, columns=["example", "explainer", "reference", "role", "reason"])
         tables.update(_intervention_tables(pm, study, examples, first_index, token_scores, engine, timed))
+        sinks = timed("sinks", lambda: study_sinks(pm, study, examples, first_index, data_index, token_scores))
+        if sinks is not None:
+            tables["sinks"] = sinks
         if study.spans is None:
             tables["interactions"] = timed("interactions", lambda: _interactions(study, examples, first_index,
                                                                                   token_scores, engine))
@@ -208,7 +218,8 @@ def _step_frame(study: Study, data_examples: list[Example], examples: list[Prepa
 
 def _intervention_tables(pm: ProbeModel, study: Study, examples: list[PreparedExample], first_index: int,
                          scores: dict[str, TokenScores], engine: Engine, timed: _Timings) -> dict[str, pd.DataFrame]:
-    """The erasure curves, counterfactual attention and head effects the study asks for."""
+    """The erasure curves, counterfactual attention, head effects and the per-head causal test's edges
+    the study asks for."""
     from probe.intervene.erasure import erasure
 
     tables = {}
@@ -224,6 +235,8 @@ def _intervention_tables(pm: ProbeModel, study: Study, examples: list[PreparedEx
         tables["counterfactual"] = timed("counterfactual", lambda: counterfactual_rows(pm, study, examples, first_index))
     if study.metrics.heads is not None and (study.metrics.heads.ablation or study.metrics.heads.importance):
         tables["heads"] = timed("heads", lambda: head_rows(pm, study, examples, first_index))
+    if study.metrics.heads_causal is not None:
+        tables["head_edges"] = timed("heads_causal", lambda: head_edge_rows(pm, study, examples, first_index, scores))
     return tables
 
 

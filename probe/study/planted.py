@@ -66,19 +66,19 @@ def planted_study(template: Study, name: str, *, out: Path, skipped: dict[str, s
 
 def run_planted(template: Study, *, names: Sequence[str] | None = None, results: Path, n: int | None = None,
                 calibrate: int = 0, log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Run ``template`` on every planted model (or ``names``); one row per model. With ``calibrate``,
+    """Run ``template`` on every planted model of the self-test (or ``names``); one row per model. With ``calibrate``,
     each verdict is recomputed from its tables at that many statistics seeds
     (:func:`probe.study.calibration.folder_calibration`): the row gains the share of seeds giving each
     answer (``seeds_yes``, ``seeds_heads_only``, ``seeds_no``, ``seeds_undecidable``), ``seeds_right``
     (the expected answer) and, for a model with planted units, ``seeds_exact`` (exactly those track)."""
     from probe.models.loading import load_model
-    from probe.models.planted import PLANTED_MODELS
+    from probe.models.planted import PLANTED_MODELS, self_test_names
     from probe.registry import CHECKS
     from probe.registry import skipped as skipped_methods
     from probe.study.runner import run_study
 
     log = log or (lambda text: None)
-    chosen = list(names) if names else list(PLANTED_MODELS)
+    chosen = list(names) if names else self_test_names()
     unknown = [x for x in chosen if x not in PLANTED_MODELS]
     if unknown:
         raise InputError(f"unknown planted model(s) {', '.join(unknown)}: valid are {', '.join(PLANTED_MODELS)}")

@@ -583,7 +583,9 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
     """Everything the verdict is made of, from a study's merged tables alone (no model): the
     statistics, rule 1's chance tests and the verdict. Returns ``{"verdict"`` (verdict.json's dict),
     ``"summary"``, ``"paired"``, ``"chance"``, ``"comparisons"``, ``"agreement"`` (per dataset
-    example, after the noise floor), ``"left_out"`` (None when unchanged)}``. A study whose
+    example, after the noise floor), ``"left_out"`` (None when unchanged), ``"heads_causal"`` (the
+    per-head causal test's table, :mod:`probe.study.heads_causal`, when the study asks for it; its
+    record is the verdict's ``heads_causal``; None otherwise)}``. A study whose
     ``statistics`` differ (another seed, another alpha) gives that study's verdict on the same tables."""
     from probe.study.sanity import failed_methods, failed_units
 
@@ -611,9 +613,16 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
                              profile=profile, measure=measure, measure_why=why, sanity=checks,
                              redundant=redundancy(tables, study), mixing=mixing, chance=chance,
                              interactions=tables.get("interactions"))
+    heads = None
+    if study.metrics.heads_causal is not None:  # beside the verdict, never changing it
+        from probe.study.heads_causal import heads_causal
+
+        heads = heads_causal(tables, study, measure=measure, dtype=dtype, unreliable=failed_methods(checks),
+                             unreliable_units=failed_units(checks), token_answer=result["answer"])
+        result["heads_causal"] = heads.record
     return {"verdict": result, "summary": summary, "paired": paired, "chance": chance, "plan": plan,
             "profile": profile, "comparisons": comparisons(agreement, study, measure), "agreement": agreement,
-            "left_out": left_out}
+            "left_out": left_out, "heads_causal": heads.units if heads is not None else None}
 
 
 def _without_spans(tables: dict) -> dict:
@@ -668,6 +677,8 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
     write_table(store.root / "chance.parquet", judged["chance"])
     write_table(store.root / "paired.parquet", judged["paired"])
     write_table(store.root / "comparisons.parquet", judged["comparisons"])
+    if judged["heads_causal"] is not None:
+        write_table(store.root / "heads_causal.parquet", judged["heads_causal"])
     write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
     write_json(store.root / "verdict.json", decided.to_dict())
     return decided

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
-__all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_rows", "ranking_vectors",
-           "score_rows", "token_rows"]
+__all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_edge_rows", "head_rows",
+           "ranking_vectors", "score_rows", "token_rows"]
 
 BASELINES_DOC = {
     "random": "a seeded random permutation of the scored tokens",
@@ -258,6 +258,68 @@ def _head_frame(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.
     if importance is not None:
         frame["importance"] = importance.double().numpy().ravel()
     return frame
+
+
+def tested_heads(pm: ProbeModel, study: Study) -> tuple[list[int], list[int]]:
+    """The layers and query heads of the target stack the per-head causal test
+    (``study.metrics.heads_causal``) covers; a one-line error naming one that does not exist."""
+    spec = study.metrics.heads_causal
+    info = pm.contract.stacks[pm.task.target_stack(pm.contract)]
+    layers = list(range(info.n_layers)) if spec.layers == "all" else [
+        {"first": 0, "last": info.n_layers - 1}.get(layer, layer) for layer in spec.layers]
+    for layer in layers:
+        if not 0 <= layer < info.n_layers:
+            raise InputError(f"metrics.heads_causal: layer {layer} does not exist: the model has layers "
+                             f"0..{info.n_layers - 1} (or first, last, all)")
+    heads = list(range(info.n_heads)) if spec.heads == "all" else list(spec.heads)
+    for head in heads:
+        if not 0 <= head < info.n_heads:
+            raise InputError(f"metrics.heads_causal: head {head} does not exist: the model has query heads "
+                             f"0..{info.n_heads - 1} (or all)")
+    return sorted(set(layers)), sorted(set(heads))
+
+
+def head_edge_rows(pm: ProbeModel, study: Study, examples, first_index: int,
+                   scores: Mapping[str, TokenScores]) -> pd.DataFrame:
+    """The per-head causal test's rows (``study.metrics.heads_causal``, judged by
+    :mod:`probe.study.heads_causal`): per example, tested layer x head and position, the head's
+    attention weight from the target row (the ``attention`` explainer's scores, reused when the study
+    computed them) and the knockout effect of that one edge, blocked in that head of that layer alone
+    (:func:`probe.intervene.knockout.edge_knockout` with ``per_head``; NaN where a token is not scored)."""
+    computed = scores.get("attention")
+    if computed is not None and len(computed.scores) != len(examples):
+        computed = None
+
+    def make(part, start: int) -> pd.DataFrame:
+        attention = computed.scores[start:start + len(part)] if computed is not None else None
+        return _head_edge_frame(pm, study, part, first_index + start, attention)
+
+    return _by_halves(pm, examples, 0, make)
+
+
+def _head_edge_frame(pm: ProbeModel, study: Study, examples, first_index: int,
+                     attention: list | None) -> pd.DataFrame:
+    from probe.intervene.knockout import edge_knockout
+    from probe.methods import run_method
+
+    spec = study.metrics.heads_causal
+    layers, heads = tested_heads(pm, study)
+    if attention is None:  # the study does not run the attention explainer: read it here
+        attention = run_method(pm, examples, "attention", params=study.params.get("attention")).scores
+    knocked = edge_knockout(pm, examples, layers=layers, heads=heads, per_head=True, renormalise=spec.renormalise,
+                            keep_special=study.statistics.include_special, batch_size=spec.batch_size).per_head
+    frames = []
+    grid = np.array([(layer, head) for layer in layers for head in heads], dtype=np.int64)  # [unit, 2]
+    for i, example in enumerate(examples):
+        n = len(example.input_ids)
+        weights = attention[i].double().numpy()[grid[:, 0], grid[:, 1], :n]  # [unit, tokens]
+        effects = knocked.scores[i].double().numpy()[grid[:, 0], grid[:, 1], :n]  # [unit, tokens]
+        frames.append(pd.DataFrame({
+            "example": np.full(grid.shape[0] * n, first_index + i, dtype=np.int64),
+            "layer": np.repeat(grid[:, 0], n).astype(np.int16), "head": np.repeat(grid[:, 1], n).astype(np.int16),
+            "position": np.tile(np.arange(n), grid.shape[0]).astype(np.int32),
+            "attention": weights.ravel(), "knockout": effects.ravel()}))
+    return pd.concat(frames, ignore_index=True)
 
 
 def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
