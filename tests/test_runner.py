@@ -531,3 +531,22 @@ def test_a_study_runs_a_model_already_loaded(tiny_dirs, tiny_data, tmp_path, loa
     assert result.spec.model.id == pm.name
     with pytest.raises(InputError, match="not a loaded model"):
         probe.run_study(study, model=str(tiny_dirs["bert"]))
+
+
+def test_progress_names_every_phase_of_a_study(tiny_dirs, tiny_data, tmp_path, capsys):
+    """With progress, the bar over the batches names the step under way, a second bar counts the sanity
+    checks' randomised models and then the statistics, and a line comes before ``on_complete`` (the
+    report): no phase of a study runs silently."""
+    from probe.study import sanity as S
+
+    study = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "out",
+                                       explainers=["attention_mean", "saliency"], references=["loo_delete"],
+                                       metrics={"erasure": None, "counterfactual": None, "heads": None}))
+    lines, completed = [], []
+    result = run_study(study, progress=True, log=lines.append, on_complete=completed.append)
+    err = capsys.readouterr().err
+    assert result.complete and completed == [result.out]
+    assert "batch 0: loo_delete" in err and "batch 2: agreement" in err  # batch_size 5: batches 0..2
+    steps = 1 + S.RANDOM_DRAWS * (1 + 3) + 1  # the checks, the unit draws, 3 cascade steps (head, 1, 2 layers), stats
+    assert "tiny: sanity checks" in err and "tiny: statistics: 100%" in err and f"{steps}/{steps}" in err
+    assert lines[-1].startswith("study tiny: ") and lines[-1].endswith("; writing the report")

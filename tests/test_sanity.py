@@ -262,3 +262,77 @@ def test_each_unit_of_a_bottom_up_method_is_asked_about_the_weights_it_is_comput
     assert set(S.failed_units(checks)) == {("positional", layer, -1) for layer in range(n_layers)}
     for name, value in pm.model.state_dict().items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def _bitwise_equal(a, b) -> bool:
+    return all(torch.equal(torch.nan_to_num(x, nan=7.5), torch.nan_to_num(y, nan=7.5)) and
+               torch.equal(x.isnan(), y.isnan()) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["bert", "bart", "t5", "gpt2"])
+def test_the_replayed_reference_is_the_computed_one(loaded, kind):
+    """ReferenceRuns replays the layers below the re-initialised ones from the trained run instead of
+    computing them: on every model of the cascade the reference's scores are those computed in full,
+    bit for bit, and the randomisation checks (values, curves, details) are the same; the trained run
+    is made once for both randomisation checks. A causal LM's leave-one-out runs with a cache (prefix
+    reuse): nothing of it is kept, and every run is computed."""
+    from probe.methods import run_method
+
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS, TargetSpec())
+    calls = []
+
+    def loo(pm, ex):
+        calls.append(1)
+        return run_method(pm, ex, "loo_delete")
+
+    layers = S.layer_stack(pm.model, pm.contract.n_layers)
+    replayed = S.ReferenceRuns(pm, examples, "loo_delete", loo)
+    computed = S.ReferenceRuns(pm, examples, "loo_delete", loo, replay=False)
+    assert _bitwise_equal(replayed.trained().scores, computed.trained().scores)
+    std = 0.02
+    for count in S.cascade_steps(pm.model, layers, (0.5, 1.0)):
+        with S.randomised_top(pm.model, layers, count, seed=3, std=std, head=True) as changed:
+            again = replayed.randomised(changed)
+            plain = run_method(pm, examples, "loo_delete")
+            assert _bitwise_equal(again.scores, plain.scores), count
+            assert again.extras["original_values"] == plain.extras["original_values"]
+    if kind == "gpt2":
+        assert replayed.layers_replayed == 0 and replayed.kept_bytes == 0
+    else:  # the head step replays every layer, the half step half of them
+        assert replayed.layers_replayed > 0 and replayed.kept_bytes > 0
+    tight = S.ReferenceRuns(pm, examples, "loo_delete", loo, max_bytes=replayed.kept_bytes // 2)
+    assert _bitwise_equal(tight.trained().scores, computed.trained().scores)
+    assert tight.kept_bytes <= replayed.kept_bytes // 2  # what does not fit is computed
+
+    position = {"position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
+    shared = S.ReferenceRuns(pm, examples, "loo_delete", loo)
+    calls.clear()
+    fast = (S.unit_randomisation(pm, examples, {}, seed=0, reference=shared, draws=2)
+            + S.randomisation(pm, examples, position, seed=0, fractions=(0.5, 1.0), reference=shared, draws=2))
+    assert len(calls) == 1 + 2 + 2 * len(S.cascade_steps(pm.model, layers, (0.5, 1.0)))  # one trained run
+    slow = (S.unit_randomisation(pm, examples, {}, seed=0, reference=("loo_delete", loo), draws=2)
+            + S.randomisation(pm, examples, position, seed=0, fractions=(0.5, 1.0),
+                              reference=S.ReferenceRuns(pm, examples, "loo_delete", loo, replay=False), draws=2))
+    assert repr([c.to_dict() for c in fast]) == repr([c.to_dict() for c in slow])
+
+
+def test_the_replay_gives_way_where_a_changed_parameter_runs_before_its_layers(loaded):
+    """A re-initialised parameter used before the replayed layers (here the word embeddings) makes
+    the call's replay wrong: it is computed in full instead, and nothing is replayed after."""
+    from probe.methods import run_method
+
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    layers = S.layer_stack(pm.model, pm.contract.n_layers)
+    runs = S.ReferenceRuns(pm, examples, "loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
+    runs.trained()
+    top = [(n, p) for n, p in layers[-1].named_parameters()]
+    params = [("embeddings.word_embeddings.weight", pm.model.get_input_embeddings().weight), *top]
+    with S.randomised(params, seed=1, std=0.02):
+        again = runs.randomised([p for _, p in params])
+        assert _bitwise_equal(again.scores, run_method(pm, examples, "loo_delete").scores)
+    assert runs.layers_replayed == 0 and runs.replayed == 1  # the first call gave way, none after
+    # no hook and no replaced forward survives the call that gave way
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in pm.model.modules())
+    assert all("forward" not in layer.__dict__ for layer in layers)

@@ -9,7 +9,7 @@ not change the reference) is ``not informative``, which is no failure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,12 +32,20 @@ LEFT_OUT_KEY = ["role", "explainer", "reference"]
 
 
 def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
-                 stored: Mapping[str, TokenScores] | None = None) -> list[S.Check]:
+                 stored: Mapping[str, TokenScores] | None = None, *,
+                 progress: Callable[[int, int, str], None] | None = None) -> list[S.Check]:
     """Every check that applies to the study's explainers and gradient references, on ``examples``.
     ``stored``: the trained model's scores of these examples as the study's batches computed them
     (:func:`probe.study.tables.scores_from_rows`), used instead of computing them again; the
-    randomised models' scores are always computed."""
+    randomised models' scores are always computed. ``progress(done, total, what)``: called as the
+    checks go, ``total`` being the randomised models (draws) plus one for the checks before them.
+
+    The reference's trained-model run on the sample is made once for every check that reads it
+    (the randomisation checks compare with that run, not with the stored scores, whose batches were
+    packed otherwise), and on the cascade's models its layers below the re-initialised ones are
+    replayed, not computed (:class:`probe.study.sanity.ReferenceRuns`): the same numbers, fewer runs."""
     stored = stored or {}
+    report = progress or (lambda done, total, what: None)
     from probe.methods import run_method
 
     spec = study.metrics.sanity
@@ -46,6 +54,9 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
     scored = [[study.statistics.include_special or not s for s in e.special] for e in examples]
     checks: list[S.Check] = []
     results = {}
+    planned = [m for m in methods if family(m) != "intervention"]
+    total = 1 + (_randomised_models(pm, study, planned) if spec.randomisation else 0)
+    report(0, total, "sanity checks")
     for method in methods:
         if family(method) == "intervention":
             continue
@@ -63,9 +74,11 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
             checks.append(S.completeness(pm, examples, results[name], params=params.get(name)))
     ref = study.verdict_reference
     reference = None
+    ref_runs = S.ReferenceRuns(pm, examples, ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref)),
+                               replay=spec.randomisation)
     if family(ref) == "intervention":
         try:
-            reference = stored[ref] if ref in stored else run_method(pm, examples, ref, params=params.get(ref))
+            reference = stored[ref] if ref in stored else ref_runs.trained()
         except ProbeError as error:
             checks.append(S.Check(ref, "sign", "not run", None, f"the reference could not run: {error}"))
     if reference is not None and ref not in set(study.metrics.absolute):
@@ -73,10 +86,17 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
             entry = registry.find(method)
             if entry is not None and entry.signed and method not in set(study.metrics.absolute):
                 checks.append(S.sign_check(method, results[method].scores, reference.scores, scored))
+    total = 1 + (_randomised_models(pm, study, results) if spec.randomisation else 0)  # less where a method failed
+    done = [1]
+    report(1, total, "sanity checks")
+
+    def step():
+        done[0] += 1
+        report(done[0], total, "sanity checks: randomised models")
+
     if spec.randomisation:
         scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
-        ref_scorer = ((ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref))) if reference is not None
-                      else None)
+        ref_scorer = ref_runs if reference is not None else None
         top = _sample_top(study, reference, scored)
         trained = {m: r.scores for m, r in results.items()}
         # bottom-up methods (a layer's attention, rolled or decomposed up to it): one check per unit, asked
@@ -87,14 +107,29 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
         try:
             if bottom_up:
                 checks += S.unit_randomisation(pm, examples, {m: scorers[m] for m in bottom_up}, seed=study.statistics.seed,
-                                               trained_scores=trained, reference=ref_scorer, scored=scored, top=top)
+                                               trained_scores=trained, reference=ref_scorer, scored=scored, top=top,
+                                               step=step)
             if whole:
                 checks += S.randomisation(pm, examples, {m: scorers[m] for m in whole}, fractions=tuple(spec.fractions),
                                           seed=study.statistics.seed, trained_scores=trained, reference=ref_scorer,
-                                          scored=scored, top=top)
+                                          scored=scored, top=top, step=step)
         except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
             checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
+    report(total, total, "sanity checks")
     return checks
+
+
+def _randomised_models(pm: ProbeModel, study: Study, results) -> int:
+    """How many randomised models the randomisation checks draw for the methods ``results`` (progress)."""
+    spec = study.metrics.sanity
+    layers = S.layer_stack(pm.model, pm.contract.n_layers)
+    bottom_up = [m for m in results if registry.method(m).bottom_up]
+    whole = [m for m in results if m not in bottom_up]
+    n = S.RANDOM_DRAWS if bottom_up else 0
+    if whole and layers is not None:
+        steps = S.cascade_steps(pm.model, layers, tuple(spec.fractions))
+        n += len(steps) * S.RANDOM_DRAWS
+    return n
 
 
 def _sample_top(study: Study, reference, scored) -> int | None:

@@ -223,7 +223,7 @@ def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, d
     verdict = None
     if all_done and (dist_info is None or dist_info[0] == 0):
         verdict = _finish(pm, study, store, data, n_batches=len(batches), dropped=dropped,
-                          load_seconds=load_seconds, on_complete=on_complete)
+                          load_seconds=load_seconds, on_complete=on_complete, progress=progress, log=log)
     if dist_info is not None:
         _barrier(dist_info)
     elif not all_done:
@@ -250,7 +250,8 @@ def _load(study: Study, dist_info: tuple[int, int] | None) -> tuple[ProbeModel, 
 
 def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[list], mine: list[int], done: set[int],
              todo: list[int], *, shard: tuple[int, int] | None, progress: bool, stop_after: int | None) -> list[int]:
-    """Run and store the batches ``todo`` (at most ``stop_after``) with a progress bar over ``mine``."""
+    """Run and store the batches ``todo`` (at most ``stop_after``) with a progress bar over ``mine``
+    that names the step of the batch under way (a method, the agreement, ...)."""
     size = study.engine.batch_size
     bar = None
     if progress and todo:
@@ -263,7 +264,8 @@ def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[lis
         for b in todo:
             if stop_after is not None and len(computed) >= stop_after:
                 break
-            tables, info = run_batch(pm, study, batches[b], b * size)
+            step = (lambda name, b=b: bar.set_postfix_str(f"batch {b}: {name}")) if bar is not None else None
+            tables, info = run_batch(pm, study, batches[b], b * size, on_step=step)
             store.write_batch(b, tables, {**info, "device": str(pm.device), "shard": list(shard) if shard else None})
             computed.append(b)
             if bar is not None:
@@ -281,9 +283,37 @@ def _barrier(dist_info: tuple[int, int] | None) -> None:
         dist.barrier()
 
 
+class _FinishBar:
+    """The progress bar over what follows the batches: one step per randomised model of the sanity
+    checks (and one for the checks before them), then one for the statistics, each phase named while
+    it runs (standard error, or the notebook's widget)."""
+
+    def __init__(self, name: str):
+        from tqdm.auto import tqdm
+
+        self.name = name
+        self.bar = tqdm(total=2, desc=f"{name}: sanity checks", unit="step", dynamic_ncols=True)
+
+    def sanity(self, done: int, total: int, what: str) -> None:
+        if self.bar.total != total + 1:  # the statistics after them; reset: a notebook's widget takes it from there
+            self.bar.reset(total=total + 1)
+        self.bar.set_description(f"{self.name}: {what}", refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def statistics(self) -> None:
+        self.bar.set_description(f"{self.name}: statistics")
+
+    def close(self, complete: bool) -> None:
+        if complete:
+            self.bar.update(self.bar.total - self.bar.n)
+        self.bar.close()
+
+
 def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_batches: int, dropped: dict,
-            load_seconds: float, on_complete: Callable[[Path], None] | None) -> Verdict:
-    """Every batch is done: the sanity checks, the statistics and the verdict, then ``on_complete``."""
+            load_seconds: float, on_complete: Callable[[Path], None] | None, progress: bool = False,
+            log: Callable[[str], None] | None = None) -> Verdict:
+    """Every batch is done: the sanity checks, the statistics and the verdict, then ``on_complete``;
+    with ``progress`` a bar over the checks and the statistics, and a line before ``on_complete``."""
     from probe.names import COMPLETE_FILE
 
     (store.root / COMPLETE_FILE).unlink(missing_ok=True)  # what it vouched for is rewritten now
@@ -296,12 +326,23 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
         stored = {}  # the checks read tokens: the stored rows are step units or spans, so the scores are computed again
     else:
         stored = _stored_scores(store, study, prepared)
-    checks = study_sanity(pm, study, prepared, stored=stored)
-    verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
-                       sanity=checks)
+    bar = _FinishBar(study.name) if progress else None
+    finished = False
+    try:
+        checks = study_sanity(pm, study, prepared, stored=stored, progress=bar.sanity if bar is not None else None)
+        if bar is not None:
+            bar.statistics()
+        verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
+                           sanity=checks)
+        finished = True
+    finally:
+        if bar is not None:
+            bar.close(complete=finished)
     _record_identity(store)
     _record_completion(store, study, pm, n_examples=len(data), n_batches=n_batches)
     if on_complete is not None:
+        if progress and log is not None:
+            log(f"study {study.name}: {verdict.answer}; writing the report")
         on_complete(store.root)
     return verdict
 

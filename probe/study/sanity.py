@@ -32,7 +32,10 @@ they failed on, per example where the check is (:class:`ScoreFlag`, :func:`expla
                    function the explainers explain, and every explainer is ``not informative``
                    (not a failure: post-LN blocks at N(0, 0.02) are close to the identity);
                    otherwise an explainer whose correlation stays >= 0.5 does not depend on the
-                   model (fail).
+                   model (fail). The reference runs once on the trained model for every check
+                   that reads it, and on the cascade's models its layers below the re-initialised
+                   ones are replayed from that run, not computed (:class:`ReferenceRuns`: the same
+                   numbers, bit for bit, for about half the work).
     sign           signed explainers (input x gradient, IG, GradientSHAP, attn_grad, saliency_sum):
                    on each sampled example's top tokens by |reference|, the share of the
                    reference's |effect| on tokens where the explainer's sign is the reference's;
@@ -319,14 +322,273 @@ def randomised(params: Sequence[tuple[str, torch.nn.Parameter]], *, seed: int, s
 
 @contextlib.contextmanager
 def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int, std: float,
-                   head: bool = False) -> Iterator[None]:
+                   head: bool = False) -> Iterator[list[torch.nn.Parameter]]:
     """Within the block the top ``count`` layers (and with ``head`` the output head first) have
-    fresh random weights (:func:`randomised`)."""
+    fresh random weights (:func:`randomised`); the block is given the parameters re-initialised."""
     params = head_parameters(model, layers) if head else []
     for index in range(len(layers) - count, len(layers)):
         params += [(name, param) for name, param in layers[index].named_parameters()]
     with randomised(params, seed=seed, std=std):
-        yield
+        yield [param for _, param in params]
+
+
+# --------------------------------------------------------------------------- the reference's runs
+
+#: bytes of layer outputs :class:`ReferenceRuns` keeps from the reference's trained run to replay
+REPLAY_BYTES = 2**29
+#: a layer's keyword arguments that carry a cache: a call with one has state, and is never replayed
+_STATE_ARGUMENTS = ("past_key_value", "past_key_values", "layer_past", "cache", "cache_params")
+
+
+class _ReplayUnsafe(BaseException):
+    """A re-initialised parameter was used before the last replayed layer of a call: that call is
+    not the trained run's up to there, and is computed instead. A BaseException so that no ``except
+    Exception`` between the model and :class:`ReferenceRuns` can swallow it."""
+
+
+class _NotKept(Exception):
+    """A value :class:`ReferenceRuns` does not keep (neither tensor, tuple of them nor plain)."""
+
+
+def _call_key(args: Sequence, kwargs: Mapping) -> tuple | None:
+    """What a model call computes from, by content: each tensor's dtype, shape and bytes (digest),
+    each plain value as it is, and the autograd mode; None where an argument is neither (a cache
+    object: the call has state)."""
+    import hashlib
+
+    parts: list[tuple] = []
+    for name, value in [*enumerate(args), *sorted(kwargs.items())]:
+        if isinstance(value, torch.Tensor):
+            data = value.detach().cpu().contiguous().reshape(-1)
+            digest = hashlib.blake2b(data.view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
+            parts.append((name, str(value.dtype), tuple(value.shape), str(value.device), digest))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            parts.append((name, value))
+        else:
+            return None
+    return torch.is_grad_enabled(), tuple(parts)
+
+
+def _kept(value):
+    """A copy of a layer's output that nothing done later to the output can change."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if type(value) is tuple:
+        return tuple(_kept(v) for v in value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise _NotKept(type(value).__name__)
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return sum(_nbytes(v) for v in value) if isinstance(value, tuple) else 0
+
+
+def _has_state(args: Sequence, kwargs: Mapping) -> bool:
+    """A layer call that reads or writes a cache (its effect is more than its output)."""
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        Cache = ()  # noqa: N806
+    values = [*args, *kwargs.values()]
+    return (any(isinstance(v, Cache) for v in values)
+            or any(kwargs.get(name) is not None for name in _STATE_ARGUMENTS))
+
+
+class ReferenceRuns:
+    """The study's reference (``scorer(pm, examples)``, a leave-one-out) on the trained model, run
+    once however many checks read it (:meth:`trained`), and on models whose parameters ``changed``
+    were re-initialised (:meth:`randomised`), where the layers below the lowest changed one are not
+    computed again: their outputs are the trained run's, kept during it.
+
+    Exact, not an approximation: a layer whose parameters, and everything computed before it, are
+    the trained model's gives, on the same call (the same rows in the same batch: the key is the
+    call's tensors by content), the output it gave in the trained run. What that rests on is
+    checked on every call: the layers ran in order, once each, without a cache (a call with state
+    is never kept); no changed parameter's module runs before the last replayed layer (else that
+    call is computed in full, and no call is replayed again); a call not seen in the trained run is
+    computed. Outputs are kept up to ``max_bytes`` (calls past it are computed).
+
+    The cascade (:func:`randomisation`) re-initialises the head and the top layers only: at its
+    head step no layer runs again, at half the layers half of them do."""
+
+    def __init__(self, pm: ProbeModel, examples, name: str, scorer: Callable, *, replay: bool = True,
+                 max_bytes: int | None = None):
+        self.pm = pm
+        self.examples = examples
+        self.name = name
+        self.scorer = scorer
+        self.max_bytes = int(REPLAY_BYTES if max_bytes is None else max_bytes)
+        self.layers = layer_stack(pm.model, pm.contract.n_layers) if replay else None
+        self._trained = None
+        self._error: ProbeError | None = None
+        self._kept: dict[tuple, list] = {}
+        self._bytes = 0
+        self.runs = 0  # calls of the scorer
+        self.replayed = 0  # model calls that replayed layers
+        self.layers_replayed = 0  # layer outputs replayed instead of computed
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of layer outputs kept from the trained run (0 where nothing can be replayed)."""
+        return self._bytes
+
+    def trained(self):
+        """The reference on the trained model (computed on the first call, with the outputs of every
+        layer kept for :meth:`randomised`; a ProbeError it raised is raised again)."""
+        if self._error is not None:
+            raise self._error
+        if self._trained is None:
+            try:
+                with self._recording():
+                    self._trained = self._run()
+            except ProbeError as error:
+                self._error = error
+                raise
+        return self._trained
+
+    def randomised(self, changed: Sequence[torch.nn.Parameter]):
+        """The reference while ``changed`` hold re-initialised values (the caller's block): the
+        layers below the lowest one holding a changed parameter are replayed from the trained run."""
+        boundary = self._boundary(changed)
+        if boundary < 0 or not self._kept:
+            return self._run()
+        try:
+            with self._replaying(boundary, changed):
+                return self._run()
+        except _ReplayUnsafe:
+            self._kept.clear()  # the model does not run as the replay assumes: compute every call from now on
+            return self._run()
+
+    def _run(self):
+        self.runs += 1
+        return self.scorer(self.pm, self.examples)
+
+    def _boundary(self, changed) -> int:
+        """The last layer that holds no changed parameter and has none below it (-1: none)."""
+        if self.layers is None:
+            return -1
+        ids = {id(p) for p in changed}
+        for index, layer in enumerate(self.layers):
+            if any(id(p) in ids for p in layer.parameters()):
+                return index - 1
+        return len(self.layers) - 1
+
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[None]:
+        if self.layers is None:
+            yield
+            return
+        model, n = self.pm.model, len(self.layers)
+        state: dict = {"key": None, "calls": [], "outputs": [], "size": 0}
+
+        def before(module, args, kwargs):
+            key = _call_key(args, kwargs)
+            state.update(key=key if key not in self._kept else None, calls=[], outputs=[], size=0)
+
+        def layer_hook(index):
+            def hook(module, args, kwargs, output):
+                if state["key"] is None:
+                    return
+                size = state["size"] + _nbytes(output)
+                try:
+                    if _has_state(args, kwargs):
+                        raise _NotKept("a cache")
+                    if self._bytes + size > self.max_bytes:  # checked before the copy: memory stays bounded
+                        raise _NotKept("over the budget")
+                    state["outputs"].append(_kept(output))
+                except _NotKept:
+                    state.update(key=None, outputs=[])
+                    return
+                state["calls"].append(index)
+                state["size"] = size
+            return hook
+
+        def after(module, args, kwargs, output):
+            key, calls, outputs, size = state["key"], state["calls"], state["outputs"], state["size"]
+            state.update(key=None, calls=[], outputs=[], size=0)
+            if key is not None and calls == list(range(n)):  # each layer once, in order
+                self._kept[key] = outputs
+                self._bytes += size
+
+        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+                   model.register_forward_hook(after, with_kwargs=True)]
+        handles += [layer.register_forward_hook(layer_hook(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextlib.contextmanager
+    def _replaying(self, boundary: int, changed) -> Iterator[None]:
+        model = self.pm.model
+        ids = {id(p) for p in changed}
+        state: dict = {"kept": None, "done": 0}
+
+        def before(module, args, kwargs):
+            key = _call_key(args, kwargs)
+            state.update(kept=self._kept.get(key) if key is not None else None, done=0)
+            if state["kept"] is not None:
+                self.replayed += 1
+
+        def after(module, args, kwargs, output):
+            state.update(kept=None, done=0)
+
+        def replayed(index, original):
+            def forward(*args, **kwargs):
+                kept = state["kept"]
+                if kept is None:
+                    return original(*args, **kwargs)
+                if state["done"] != index:  # the layers do not run in order, once each
+                    raise _ReplayUnsafe(f"layer {index} ran after {state['done']} replayed layers")
+                state["done"] = index + 1
+                self.layers_replayed += 1
+                return _kept(kept[index])
+            return forward
+
+        def guard(module, args):
+            if state["kept"] is not None and state["done"] <= boundary:
+                raise _ReplayUnsafe(f"{type(module).__name__} holds a re-initialised parameter and ran before "
+                                    f"layer {boundary}")
+
+        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+                   model.register_forward_hook(after, with_kwargs=True)]
+        handles += [m.register_forward_pre_hook(guard) for m in model.modules()
+                    if any(id(p) in ids for p in m.parameters(recurse=False))]
+        patched = []
+        try:
+            for index in range(boundary + 1):
+                layer = self.layers[index]
+                own = layer.__dict__.get("forward")
+                patched.append((layer, own))
+                layer.forward = replayed(index, layer.forward)
+            yield
+        finally:
+            for layer, own in reversed(patched):
+                if own is None:
+                    del layer.forward
+                else:
+                    layer.forward = own
+            for handle in handles:
+                handle.remove()
+
+
+def _reference_runs(pm: ProbeModel, examples, reference) -> ReferenceRuns | None:
+    """``reference`` as :class:`ReferenceRuns` (a ``(name, scorer)`` pair is wrapped)."""
+    if reference is None or isinstance(reference, ReferenceRuns):
+        return reference
+    name, scorer = reference
+    return ReferenceRuns(pm, examples, name, scorer)
+
+
+def cascade_steps(model, layers: torch.nn.ModuleList, fractions: Sequence[float]) -> list[int]:
+    """The cascade's steps as numbers of top layers re-initialised: 0 (the output head alone, where
+    the model has one), then each fraction's count of layers."""
+    counts = sorted({max(1, min(len(layers), round(fraction * len(layers)))) for fraction in fractions})
+    return ([0] if head_parameters(model, layers) else []) + counts
 
 
 def output_unit(values: torch.Tensor) -> torch.Tensor:
@@ -363,34 +625,39 @@ def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray],
 
 def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, fractions: Sequence[float] = (0.25, 0.5, 1.0),
                   seed: int = 0, trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
-                  reference: tuple[str, Callable] | None = None,
+                  reference: tuple[str, Callable] | ReferenceRuns | None = None,
                   scored: Sequence[Sequence[bool]] | None = None, top: int | None = None,
-                  draws: int = RANDOM_DRAWS) -> list[Check]:
+                  draws: int = RANDOM_DRAWS, step: Callable[[], None] | None = None) -> list[Check]:
     """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
     list of per-example score tensors``; each one's output unit is compared by Spearman.
     ``trained_scores``: a scorer's output on the trained model where the caller already has it
     (the same call, so the same numbers); the others are run first. ``reference``: (name, scorer)
     of the study's reference, a leave-one-out whose result carries ``original_values``: its own
     row (first) says whether the randomisation changed the model's function, and where it did not
-    every explainer is ``not informative``. ``scored``: per example, the tokens the study scores
+    every explainer is ``not informative`` (or :class:`ReferenceRuns`, which the caller shares with
+    :func:`unit_randomisation`: the trained run once, and the layers below the re-initialised ones
+    replayed instead of computed). ``scored``: per example, the tokens the study scores
     (special tokens are left out of the correlations as they are of the agreement). ``top``: compare
     the top-``top`` tokens (chance-corrected overlap) instead of Spearman over every token, as the
     verdict does where the reference's effect sits on one or two tokens. ``draws``: random weights
-    drawn per step (seeds ``seed``, ``seed + 1``, ...), the correlations averaged over them."""
+    drawn per step (seeds ``seed``, ``seed + 1``, ...), the correlations averaged over them.
+    ``step``: called after each draw (progress)."""
     layers = layer_stack(pm.model, pm.contract.n_layers)
-    names = ([reference[0]] if reference else []) + [n for n in scorers if not reference or n != reference[0]]
+    reference = _reference_runs(pm, examples, reference)
+    ref_name = reference.name if reference is not None else None
+    names = ([ref_name] if reference else []) + [n for n in scorers if n != ref_name]
     if layers is None:
         reason = f"no list of {pm.contract.n_layers} layers found in the model to re-initialise"
         return [Check(name, "randomisation", "not run", None, reason) for name in names]
     std = float(getattr(pm.model.config, "initializer_range", 0.02) or 0.02)
-    every = dict(scorers)
-    if reference:
-        every[reference[0]] = lambda pm, ex, f=reference[1]: f(pm, ex)
     trained, checks, outputs = {}, {}, {}
 
-    def run(name):
-        result = every[name](pm, examples)
-        if name == (reference[0] if reference else None):
+    def run(name, changed=None):
+        """``name``'s scores on the trained model, or with ``changed`` re-initialised (the block's)."""
+        if name != ref_name:
+            result = scorers[name](pm, examples)
+        else:
+            result = reference.trained() if changed is None else reference.randomised(changed)
             outputs.setdefault("values", []).append(np.asarray(result.extras.get("original_values", []), dtype=float))
             result = result.scores
         return [output_unit(v).double().numpy() for v in result]
@@ -401,9 +668,8 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
             trained[name] = ([output_unit(v).double().numpy() for v in given] if given is not None else run(name))
         except ProbeError as error:
             checks[name] = Check(name, "randomisation", "not run", None, str(error))
-    head = head_parameters(pm.model, layers)
-    counts = sorted({max(1, min(len(layers), round(fraction * len(layers)))) for fraction in fractions})
-    steps = ([0] if head else []) + counts
+    steps = cascade_steps(pm.model, layers, fractions)
+    head = steps[:1] == [0]  # the model has an output head, re-initialised first
     curves: dict[str, list[tuple[float, float]]] = {name: [(0.0, 1.0)] for name in trained}
     changes: list[float] = []
     for count in steps:
@@ -411,12 +677,14 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
         moved = []
         # one draw's fixed random function of the inputs can rank like the trained one by luck
         for draw in range(draws):
-            with randomised_top(pm.model, layers, count, seed=seed + draw, std=std, head=True):
+            with randomised_top(pm.model, layers, count, seed=seed + draw, std=std, head=True) as changed:
                 for name in trained:
-                    sums[name].append(_mean_spearman(trained[name], run(name), scored, top))
-                if reference and reference[0] in trained and len(outputs.get("values", [])) > 1:
+                    sums[name].append(_mean_spearman(trained[name], run(name, changed), scored, top))
+                if reference and ref_name in trained and len(outputs.get("values", [])) > 1:
                     first, last = outputs["values"][0], outputs["values"][-1]
                     moved.append(float(np.mean(np.abs(last - first))) if len(first) == len(last) else float("nan"))
+            if step is not None:
+                step()
         for name in trained:
             curves[name].append((count / len(layers), float(np.nanmean(sums[name])) if np.isfinite(sums[name]).any()
                                  else float("nan")))
@@ -425,11 +693,11 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, 
     judged = next((i for i, c in enumerate(steps) if c / len(layers) >= 0.5 - 1e-9), len(steps) - 1) + 1
     where = ("the head and the top half of the layers" if head else "the top half of the layers")
     word = "Spearman" if top is None else f"top-{top} agreement (chance-corrected)"
-    ref_rho = curves[reference[0]][judged][1] if reference and reference[0] in curves else None
+    ref_rho = curves[ref_name][judged][1] if reference and ref_name in curves else None
     informative = ref_rho is None or not (ref_rho >= RANDOMISATION_LIMIT)
     for name, curve in curves.items():
         at_half = curve[judged][1]
-        if reference and name == reference[0]:
+        if reference and name == ref_name:
             moved = changes[judged - 1] if len(changes) >= judged else float("nan")
             detail = (f"the reference's own {word} with its trained ranking once {where} are random: {at_half:+.2f}; "
                       f"the target moved by {moved:.2g} on average"
@@ -460,8 +728,9 @@ def _unit_rows(values: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]
 
 def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, seed: int = 0,
                        trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
-                       reference: tuple[str, Callable] | None = None, scored: Sequence[Sequence[bool]] | None = None,
-                       top: int | None = None, draws: int = RANDOM_DRAWS) -> list[Check]:
+                       reference: tuple[str, Callable] | ReferenceRuns | None = None,
+                       scored: Sequence[Sequence[bool]] | None = None, top: int | None = None, draws: int = RANDOM_DRAWS,
+                       step: Callable[[], None] | None = None) -> list[Check]:
     """Model-parameter randomisation asked of every unit of the bottom-up methods (``scorers``:
     name -> ``f(pm, examples)`` per-example score tensors ``[layer, (head,) tokens]``), one check per
     unit. A layer-l unit is computed from the embeddings and layers 0..l only, so that is what is
@@ -471,8 +740,10 @@ def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable]
     (or, with ``top``, chance-corrected top-k agreement) >= :data:`RANDOMISATION_LIMIT` with its
     trained scores while the reference's own ranking moved below it: its ranking does not come from
     the weights. Where the reference did not move, every unit is ``not informative``. Units whose
-    trained rankings are identical get identical randomised rankings too, hence the same answer."""
+    trained rankings are identical get identical randomised rankings too, hence the same answer.
+    ``reference`` and ``step`` as :func:`randomisation` takes them."""
     names = list(scorers)
+    reference = _reference_runs(pm, examples, reference)
     params = [(name, p) for name, p in pm.model.named_parameters()]
     std = float(getattr(pm.model.config, "initializer_range", 0.02) or 0.02)
     trained: dict[str, list[np.ndarray]] = {}
@@ -491,13 +762,14 @@ def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable]
     ref_trained = None
     if reference is not None:
         try:
-            ref_trained = [output_unit(v).double().numpy() for v in reference[1](pm, examples).scores]
+            ref_trained = [output_unit(v).double().numpy() for v in reference.trained().scores]
         except ProbeError:
             ref_trained = None
     rhos: dict[str, list[np.ndarray]] = {name: [] for name in trained}
     ref_rhos: list[float] = []
     for draw in range(draws):
         with randomised(params, seed=seed + draw, std=std):
+            changed = [p for _, p in params]
             for name in trained:
                 try:
                     fresh = [_unit_rows(v)[0] for v in scorers[name](pm, examples)]
@@ -509,8 +781,10 @@ def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable]
                             for u in range(len(units[name]))]
                 rhos[name].append(np.array(per_unit))
             if ref_trained is not None:
-                moved = [output_unit(v).double().numpy() for v in reference[1](pm, examples).scores]
+                moved = [output_unit(v).double().numpy() for v in reference.randomised(changed).scores]
                 ref_rhos.append(_mean_spearman(ref_trained, moved, scored, top))
+        if step is not None:
+            step()
     word = "Spearman" if top is None else f"top-{top} agreement (chance-corrected)"
     ref_rho = float(np.nanmean(ref_rhos)) if ref_rhos and np.isfinite(ref_rhos).any() else None
     informative = ref_rho is None or not (ref_rho >= RANDOMISATION_LIMIT)
@@ -519,7 +793,7 @@ def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable]
                   + ("not computed" if ref_rho is None else f"{ref_rho:+.2f}")
                   + ("" if informative else f" (>= {RANDOMISATION_LIMIT}: the randomisation did not change what the "
                                             "model does with its input, so the check cannot tell units apart)"))
-        out.append(Check(reference[0], "randomisation (units)", "pass" if informative else "not informative", ref_rho,
+        out.append(Check(reference.name, "randomisation (units)", "pass" if informative else "not informative", ref_rho,
                          detail, ((0.0, 1.0), (1.0, ref_rho if ref_rho is not None else float("nan")))))
     for name in trained:
         if not rhos[name]:
