@@ -118,7 +118,7 @@ class StudyResult:
     @property
     def heads_causal(self) -> pd.DataFrame | None:
         """The per-head causal test, one row per tested head (``heads_causal.parquet``,
-        :mod:`probe.study.heads_causal`); None before the verdict or where the study did not ask for it."""
+        ``probe.study.heads_causal``); None before the verdict or where the study did not ask for it."""
         return self.tables.get("heads_causal")
 
     # ---------------------------------------------------------------- the study's settings

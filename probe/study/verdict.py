@@ -168,7 +168,7 @@ class Verdict(PicklableFrozen):
 
     @property
     def heads_causal(self) -> Mapping[str, Any] | None:
-        """The per-head causal test beside the verdict (:mod:`probe.study.heads_causal`: per head,
+        """The per-head causal test beside the verdict (``probe.study.heads_causal``: per head,
         whether where it looks is what matters through it), or None where the study did not ask for it."""
         value = self.data.get("heads_causal")
         return MappingProxyType(dict(value)) if isinstance(value, Mapping) else None
