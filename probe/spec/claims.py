@@ -269,30 +269,6 @@ class SpecificTokensClaim(_Claim):
         return f"pattern {self.pattern!r}" if self.words is None else f"words {', '.join(self.words)}"
 
 
-class HeadRoleClaim(_Claim):
-    """Head L.H matters for the prediction (more than the other heads of its layer), and with
-    ``attends_to`` also: it puts more than a uniform share of its attention on matching tokens."""
-
-    kind: Literal["head_role"]
-    #: the head as LAYER.HEAD (e.g. "5.3"; the layer may be first or last)
-    head: str
-    #: a regular expression: the head also puts more than a uniform share of its attention on the
-    #: tokens it matches
-    attends_to: str | None = None
-
-    @field_validator("head", mode="before")
-    @classmethod
-    def _head(cls, value: Any) -> Any:
-        return _check_head(value)
-
-    @property
-    def site(self) -> tuple[int | str, int]:
-        return parse_head(self.head)
-
-    def matcher(self) -> UserPattern | None:
-        return None if self.attends_to is None else user_pattern(self.attends_to, "attends_to", ignore_case=True)
-
-
 def _check_head(value: Any) -> Any:
     if isinstance(value, float):
         value = repr(value)  # from a dict; a YAML file keeps the text as written (see load_claims)
@@ -303,15 +279,42 @@ def _check_head(value: Any) -> Any:
     return value.strip()
 
 
-class SinkHeadClaim(_Claim):
+class _HeadClaim(_Claim):
+    """A claim about one head, named as LAYER.HEAD."""
+
+    #: the head as LAYER.HEAD (e.g. "5.3"; the layer may be first or last)
+    head: str
+
+    @field_validator("head", mode="before")
+    @classmethod
+    def _head(cls, value: Any) -> Any:
+        return _check_head(value)
+
+    @property
+    def site(self) -> tuple[int | str, int]:
+        return parse_head(self.head)
+
+
+class HeadRoleClaim(_HeadClaim):
+    """Head L.H matters for the prediction (more than the other heads of its layer), and with
+    ``attends_to`` also: it puts more than a uniform share of its attention on matching tokens."""
+
+    kind: Literal["head_role"]
+    #: a regular expression: the head also puts more than a uniform share of its attention on the
+    #: tokens it matches
+    attends_to: str | None = None
+
+    def matcher(self) -> UserPattern | None:
+        return None if self.attends_to is None else user_pattern(self.attends_to, "attends_to", ignore_case=True)
+
+
+class SinkHeadClaim(_HeadClaim):
     """Head L.H is a sink head: its target row puts more than ``share`` of its attention on sink
     keys (keys whose mean received attention over the query rows exceeds ``threshold``, found per
     example), while blocking the target row's edges to those keys in this head alone changes the
     target by less than ``max_effect``: much attention, little effect. Both parts must hold."""
 
     kind: Literal["sink_head"]
-    #: the head as LAYER.HEAD (e.g. "5.3"; the layer may be first or last)
-    head: str
     #: the mean share of the target row's attention on sink keys the claim needs
     share: Annotated[Float, Field(gt=0, lt=1)] = 0.5
     #: the mean |change of the target| (its units: a probability, a log-prob, ...) when the target
@@ -323,15 +326,6 @@ class SinkHeadClaim(_Claim):
     #: removed), or the row is renormalised over the other keys (= -inf before the softmax: the
     #: sinks' mass moves onto the other keys, which measures losing the sink, not what it carries)
     renormalise: Bool = False
-
-    @field_validator("head", mode="before")
-    @classmethod
-    def _head(cls, value: Any) -> Any:
-        return _check_head(value)
-
-    @property
-    def site(self) -> tuple[int | str, int]:
-        return parse_head(self.head)
 
 
 _LAYER_RANGE = re.compile(r"(\d+|first|last)\s*-\s*(\d+|first|last)")

@@ -83,6 +83,14 @@ def parse_ranking(text: str) -> tuple[str, int | str | None]:
 # ------------------------------------------------------------------------------------------- the schema
 
 
+def _head_indices(value: list, more: str) -> list:
+    """A list of head indices (ints >= 0); ``more`` names the other forms the field takes."""
+    for i, head in enumerate(value):
+        if isinstance(head, bool) or not isinstance(head, int) or head < 0:
+            fail(f"head {show(head)} is not a head index; give integers >= 0{more}", item=[i])
+    return value
+
+
 def _layer_list(value: Any) -> Any:
     """``layers`` of a study part: ``all``, or one layer or a list of them (ints, ``first``, ``last``)."""
     if value == "all":
@@ -168,10 +176,7 @@ class CounterfactualSpec(SpecModel):
                   "layer replaces the whole layer's attention, all does each head separately")
         if not value:
             fail("is empty; give head indices such as [0, 3], or layer, or all")
-        for i, head in enumerate(value):
-            if isinstance(head, bool) or not isinstance(head, int) or head < 0:
-                fail(f"head {show(head)} is not a head index; give integers >= 0", item=[i])
-        return value
+        return _head_indices(value, "")
 
 
 class HeadsSpec(SpecModel):
@@ -216,10 +221,7 @@ class HeadsCausalSpec(SpecModel):
             value = [value]
         if not value:
             fail("is empty; give head indices such as [0, 3], or all")
-        for i, head in enumerate(value):
-            if isinstance(head, bool) or not isinstance(head, int) or head < 0:
-                fail(f"head {show(head)} is not a head index; give integers >= 0, or all", item=[i])
-        return value
+        return _head_indices(value, ", or all")
 
 
 class SanitySpec(SpecModel):
