@@ -327,6 +327,39 @@ def test_step_examples_never_share_a_cached_value(steps):
     assert abs(first.original_value - second.original_value) > 1e-6
 
 
+def test_older_forwards_keep_one_position_list_for_every_row_and_give_the_same_values(loaded, monkeypatch):
+    """transformers 5.17's causal LMs index ``hidden_states[:, logits_to_keep]``: a ``[rows, n]``
+    tensor there adds an axis (the first GPU run, on 5.17, failed on it). Such a forward gets the
+    sorted positions any row reads, one 1-D list; every value equals the per-row path's."""
+    import probe.intervene.rowcache as rowcache
+    import probe.rows.target as target
+
+    pm = loaded("gpt2")
+    examples = probe.prepare(pm, PROMPTS, generate=3)  # rows whose target positions differ
+    methods = ["saliency", "loo_delete"]
+    per_row = probe.explain(pm, examples, methods)
+    seen = []
+    handle = pm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("logits_to_keep")), with_kwargs=True)
+    for module in (target, rowcache):  # as a forward without transformers' slicing helper
+        monkeypatch.setattr(module, "slices_logits_to_keep", lambda model: False)
+    try:
+        shared = probe.explain(pm, examples, methods)
+    finally:
+        handle.remove()
+    kept = [k for k in seen if isinstance(k, torch.Tensor)]
+    assert kept and all(k.ndim == 1 for k in kept)
+    assert any(len(k) > 1 for k in kept)  # several rows' positions in one list
+    for m in methods:
+        for a, b in zip(per_row[m].scores, shared[m].scores):
+            torch.testing.assert_close(a, b, equal_nan=True, atol=1e-6, rtol=1e-5)
+    monkeypatch.undo()
+    import transformers.modeling_utils
+
+    if hasattr(transformers.modeling_utils, "slice_logits_to_keep"):  # this transformers keeps per row
+        assert target.slices_logits_to_keep(pm.model)
+
+
 def test_bad_generation_requests_are_one_line(loaded, minilm):
     gpt2 = loaded("gpt2")
     with pytest.raises(InputError, match="generate"):

@@ -100,7 +100,7 @@ def _scores_from_matrices(matrices: Sequence[torch.Tensor], tq, row: int, cross:
     for matrix in matrices:
         product = matrix.double() if product is None else matrix.double() @ product
     n = product.shape[0]
-    return (cross[row, :, :n].double() @ product).float()
+    return (cross[row, :, :n].to(product.device).double() @ product).float()
 
 
 # ---------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def mixing_terms(pm: ProbeModel, records: LayerRecords, stack: str, layer: int, 
     terms[idx, idx] += residual
     _, _, output_module = value_output_modules(pm, stack, layer)
     _, out_bias = in_out_weight(output_module)
-    bias = (out_bias if out_bias is not None else torch.zeros(terms.shape[-1])).expand(n, -1).clone()  # [n, D]
+    bias = (out_bias if out_bias is not None else torch.zeros(terms.shape[-1], device=terms.device)).expand(n, -1).clone()  # [n, D]
     if layout.placement == "post":
         ln = dict(pm.model.named_modules())[relative_path(pm.contract.module_paths[(stack, layer)], layout.ln1)]
         gamma, beta, eps = _layer_norm_parts(ln)
@@ -219,7 +219,7 @@ def mixing_terms(pm: ProbeModel, records: LayerRecords, stack: str, layer: int, 
 def _normalise_rows(matrix: torch.Tensor) -> torch.Tensor:
     """Rows divided by their sum; a row that sums to 0 becomes the identity row (the token keeps itself)."""
     total = matrix.sum(dim=-1, keepdim=True)
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype)
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     return torch.where(total > 0, matrix / total.clamp(min=1e-30), eye)
 
 

@@ -470,7 +470,7 @@ def _mask_for(implementation: str, allowed: torch.Tensor, dtype) -> torch.Tensor
     """The mask format each implementation's mask builder produces: bool for sdpa, additive otherwise."""
     if implementation == "sdpa":
         return allowed
-    zeros = torch.zeros(allowed.shape, dtype=dtype)
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
 
 

@@ -886,7 +886,9 @@ def _class_slices_logits_to_keep(model_class: type) -> bool:
 
 def slices_logits_to_keep(model) -> bool:
     """Whether the model class's forward slices ``logits_to_keep`` with transformers' helper, which
-    also takes a boolean ``[batch, positions]`` mask and returns the kept positions flattened."""
+    also takes a boolean ``[batch, positions]`` mask and returns the kept positions flattened, and
+    an integer ``[batch, n]`` tensor row by row (transformers 5.17's forwards index
+    ``hidden_states[:, logits_to_keep]`` instead: one 1-D list of positions for every row)."""
     return _class_slices_logits_to_keep(type(model))
 
 
@@ -895,15 +897,24 @@ def keep_target_logits(pm: ProbeModel, batch: RowBatch, kwargs: dict) -> RowBatc
     reads onto the vocabulary (far less memory; the values are those of the full projection, the
     same rows of the same matmul).
 
-    Sets ``kwargs["logits_to_keep"]`` to the ``[rows, n_target]`` target positions; the logits then
-    come back as ``[rows, n_target, vocab]``, so the returned batch's target positions are
-    ``0..n_target-1``. Any other model: the batch unchanged.
+    A forward that slices through transformers' ``slice_logits_to_keep`` (newer 5.x releases) takes
+    the ``[rows, n_target]`` target positions: the logits come back as ``[rows, n_target, vocab]``
+    and the returned batch's target positions are ``0..n_target-1``. An older forward indexes
+    ``hidden_states[:, logits_to_keep]``, which takes one list of positions for every row: it gets
+    the sorted positions any row reads, and the returned batch's target positions index that list.
+    Any other model: the batch unchanged.
     """
     if not pm.task.next_token or not forward_accepts(pm.model, "logits_to_keep"):
         return batch
-    kwargs["logits_to_keep"] = batch.target_positions  # [rows, n_target]
-    n_rows, n_target = batch.target_positions.shape
-    kept = torch.arange(n_target, device=batch.target_positions.device).expand(n_rows, n_target)
+    positions = batch.target_positions  # [rows, n_target]
+    if slices_logits_to_keep(pm.model):
+        kwargs["logits_to_keep"] = positions
+        n_rows, n_target = positions.shape
+        kept = torch.arange(n_target, device=positions.device).expand(n_rows, n_target)
+    else:
+        union = torch.unique(positions)  # sorted
+        kwargs["logits_to_keep"] = union
+        kept = torch.searchsorted(union, positions)
     return dataclasses.replace(batch, target_positions=kept)
 
 
