@@ -1,6 +1,7 @@
-"""The small study a notebook runs (issue 43, item 2): 12 held-out sentences on builtin:minilm-rt with
-every default (methods, metrics, sanity checks, statistics, report), the model already loaded as in a
-notebook. Prints the wall time of each run and the study's own phase times.
+"""The small study a notebook runs (issue 43, item 2): 12 held-out sentences on builtin:minilm-rt, the
+notebook's methods (head-mean attention and saliency against leave-one-out by deletion) and every
+default besides (metrics: erasure, counterfactual attention, head ablation and importance; sanity
+checks, statistics, report), the model already loaded as in a notebook. Prints the wall time of each run and the study's own phase times.
 
     python benchmarks/bench_small_study.py [--n 12] [--runs 3] [--threads 2]
 
@@ -29,7 +30,8 @@ def main() -> None:
     pm = probe.load_model("builtin:minilm-rt")
     load = os.getloadavg()[0]
     spec = {"name": "small", "model": {"id": "builtin:minilm-rt"},
-            "dataset": {"name": "builtin:rotten_tomatoes", "n": args.n, "seed": 0}}
+            "dataset": {"name": "builtin:rotten_tomatoes", "n": args.n, "seed": 0},
+            "explainers": ["attention_mean", "saliency"], "references": ["loo_delete"]}
     times = []
     for run in range(args.runs):
         folder = tempfile.mkdtemp()
