@@ -1,7 +1,8 @@
 """The small study a notebook runs (issue 43, item 2): 12 held-out sentences on builtin:minilm-rt, the
 notebook's methods (head-mean attention and saliency against leave-one-out by deletion) and every
 default besides (metrics: erasure, counterfactual attention, head ablation and importance; sanity
-checks, statistics, report), the model already loaded as in a notebook. Prints the wall time of each run and the study's own phase times.
+checks, statistics, report), the model already loaded as in a notebook. Prints the wall time of
+each run.
 
     python benchmarks/bench_small_study.py [--n 12] [--runs 3] [--threads 2]
 
