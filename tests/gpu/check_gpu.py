@@ -179,7 +179,7 @@ def low_precision_ranks(label: str, path: str, l0: list[torch.Tensor], strict: b
 def sdpa_against_eager(label: str, path: str, eager_maps: dict, dtype: str = "fp32") -> None:
     """The model loaded with sdpa on the GPU: probe recomputes the weights from q/k; they must equal the
     CPU's eager maps, and capturing must leave the sdpa model's logits as they are."""
-    from probe.models.checks import _outputs, capture_all
+    from probe.models.checks import capture_all
     from probe.models.loading import load_model
     from probe.rows.target import build_rows, prepare
 
@@ -190,7 +190,7 @@ def sdpa_against_eager(label: str, path: str, eager_maps: dict, dtype: str = "fp
     examples = prepare(pm, TEXTS)
     inputs = dict(build_rows(pm, [(e.input_ids, e) for e in examples]).inputs)
     with torch.no_grad():
-        plain = _outputs(pm.model(**inputs))
+        plain = pm.model(**inputs).logits.float()
     logits, maps, _ = capture_all(pm, inputs)
     maps = on_cpu(maps)
     if dtype == "fp32":
