@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import sys
 from pathlib import Path
 
@@ -282,6 +283,57 @@ def test_a_batch_of_one_equals_a_batch_of_several(folders, kind):
         scale = abs(float(together.original_value[i]))
         assert_fp_close(alone.tokens.scores[0], together.tokens.scores[i], depth=model_depth(pm), scale=scale)
         assert_fp_close(alone.per_head.scores[0], together.per_head.scores[i], depth=model_depth(pm), scale=scale)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_prefix_reuse_feeds_each_row_from_its_first_edited_query_and_gives_the_same_scores(folders, kind):
+    """A causal LM's knockout rows share every position before their first edited query row: run
+    once as a cache, each row then feeds only its suffix (one token for a one-token target). The
+    scores equal the rows run whole, for the target row, a continuation, the rows from a position on,
+    per generated step and with a contrast foil; the oracle tests above already run the reused path."""
+    pm = _pm(folders, kind, "sdpa")
+    cases = [(TargetSpec(), "target", None), (TargetSpec(continuation=" very good"), "target", None),
+             (TargetSpec(continuation=" very good"), "from", -2), (TargetSpec(), "from", 1),
+             (TargetSpec(continuation=" very good", steps=True), "target", None),
+             (TargetSpec(continuation=" good", contrast=" bad"), "target", None)]
+    for spec, query, query_from in cases:
+        examples = prepare(pm, TEXTS, spec)
+        reused = edge_knockout(pm, examples, query=query, query_from=query_from, batch_size=4)
+        whole = edge_knockout(pm, examples, query=query, query_from=query_from, batch_size=4, reuse_prefix=False)
+        assert reused.stats["prefix_reuse"] and not whole.stats["prefix_reuse"]
+        assert reused.stats["rows_run"] == whole.stats["rows_run"]
+        # from position 1 on: one token fewer per row; the target rows: about the text's length fewer
+        assert reused.stats["tokens_fed"] < whole.stats["tokens_fed"] / (1.05 if query_from == 1 else 2), (spec, query)
+        if query == "target" and not spec.continuation:  # one fed token per row
+            assert reused.stats["tokens_fed"] == reused.stats["rows_run"]
+        for i in range(len(examples)):
+            # a contrast is a difference of log-probs, each of magnitude up to log(vocabulary): their scale
+            scale = max(abs(float(whole.original_value[i])), math.log(len(pm.tokenizer)))
+            assert_fp_close(reused.tokens.scores[i], whole.tokens.scores[i], depth=model_depth(pm), scale=scale)
+            assert_fp_close(reused.per_head.scores[i], whole.per_head.scores[i], depth=model_depth(pm), scale=scale)
+        largest = max(float(s.nan_to_num().abs().max()) for s in whole.tokens.scores)
+        assert largest > 100 * fp_tol(float(whole.original_value.abs().max()), depth=model_depth(pm))
+
+
+def test_prefix_reuse_is_not_tried_where_the_cache_is_not_plain_or_the_model_not_causal(folders):
+    for kind in ("bert", "mistral_sw"):  # bidirectional; a sliding window keeps another cache
+        pm = _pm(folders, kind, "sdpa")
+        result = edge_knockout(pm, prepare(pm, TEXTS[:1], TargetSpec()), per_head=False)
+        assert not result.stats["prefix_reuse"], kind
+
+
+def test_joint_blocking_reuses_the_prefix_and_gives_the_same_values(folders):
+    from probe.intervene.knockout import EdgeSet, block_edges
+
+    pm = _pm(folders, "llama_gqa", "sdpa")
+    examples = prepare(pm, TEXTS, TargetSpec(continuation=" very good"))
+    sets = [EdgeSet(i, (1, 2), ((0, 1), (1, 0), (1, 3))) for i in range(len(examples))]
+    sets += [EdgeSet(0, (0,), ((1, 2),))]
+    original, blocked = block_edges(pm, examples, sets, batch_size=2)
+    original_whole, blocked_whole = block_edges(pm, examples, sets, batch_size=2, reuse_prefix=False)
+    assert_fp_close(original, original_whole, depth=model_depth(pm), scale=float(original_whole.abs().max()))
+    assert_fp_close(blocked, blocked_whole, depth=model_depth(pm), scale=float(original_whole.abs().max()))
+    assert float((blocked_whole - original_whole[[s.example for s in sets]]).abs().max()) > 1e-3
 
 
 def test_closed_edges_are_exact_zeros_without_a_pass(folders):

@@ -61,7 +61,12 @@ identical rows (the per-token row and the per-head row of a one-layer, one-head 
 and a row whose blocked edges the causal mask already closes (every chosen query row before the
 key) is a no-op whose score is exactly 0: it runs no pass. Within a row, a query row whose blocked
 weight is already 0 is left untouched, so masked edges (a sliding window's, padding's) never move a
-row by rounding either.
+row by rounding either. Prefix-reused in a causal LM (``reuse_prefix``, on by default): no row edits a
+query before its example's first blocked query row, so those positions are the same in every row of
+the example; they run once as a cache (through the same recomputed attention) and each row feeds
+only the tokens from there on: one token per row for the target query of a one-token target,
+about T times less work than the whole row (where the model's cache is plain and its attention
+eager or sdpa, :func:`probe.intervene.prefix.model_supports_reuse`; otherwise every row runs whole).
 
 Special tokens ([CLS], [SEP], <s>) are not scored by default (NaN, as leave-one-out's);
 ``keep_special=True`` scores them too (blocking the edges to a sink token is a meaningful knockout).
@@ -69,6 +74,7 @@ Special tokens ([CLS], [SEP], <s>) are not scored by default (NaN, as leave-one-
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -78,9 +84,10 @@ import torch
 from probe.errors import CaptureError, InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
+from probe.intervene.prefix import model_supports_reuse
 from probe.rows.queries import capture_masks, eval_mode, target_queries
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, build_rows, keep_target_logits, target_values
+from probe.rows.target import PreparedExample, build_rows, forward_accepts, keep_target_logits, target_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel, StackContract
@@ -322,6 +329,48 @@ def _rows_on(batch, tq, keys: torch.Tensor, query: str, query_from: int | None,
     return positions[None, :] >= first[:, None]
 
 
+def _identity(weights, context):
+    return weights
+
+
+def _prefix_cache(pm: ProbeModel, stack: str, example: PreparedExample, start: int, window) -> list:
+    """Per layer ``(keys, values)`` ``[1, kv_heads, start, head_dim]`` of ``example``'s first ``start``
+    tokens, computed through the same recomputed attention as the edited rows (identity editors on
+    the window): what every row of the example shares, since no row edits a query before ``start``."""
+    from transformers import DynamicCache
+
+    batch = build_rows(pm, [(example.input_ids, example)])
+    cache = DynamicCache(config=pm.model.config)
+    mask = batch.inputs["attention_mask"][:, :start]
+    kwargs = {"input_ids": batch.inputs["input_ids"][:, :start], "attention_mask": mask, "cache": cache,
+              "use_cache": True}
+    if forward_accepts(pm.model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = 1  # the prefix's logits are never read
+    with torch.no_grad(), capture_attention(pm, editors={(stack, layer): _identity for layer in window},
+                                            stacks=[stack], layers={stack: ()}, attention_mask=mask):
+        pm.model(**kwargs)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _suffix_targets(pm: ProbeModel, batch, stack: str, editors: dict, start: int, prefix: list) -> torch.Tensor:
+    """:func:`_edited_targets` for rows of one example (one length, no padding) that edit no query
+    before ``start``: only the tokens from ``start`` on are fed, reading ``prefix`` as their cache."""
+    from transformers import DynamicCache
+
+    n_rows, width = batch.inputs["input_ids"].shape
+    layers = [(keys.expand(n_rows, -1, -1, -1), values.expand(n_rows, -1, -1, -1)) for keys, values in prefix]
+    positions = torch.arange(start, width, device=pm.device).expand(n_rows, -1)
+    kwargs = {"input_ids": batch.inputs["input_ids"][:, start:], "attention_mask": batch.inputs["attention_mask"],
+              "position_ids": positions, "cache": DynamicCache(ddp_cache_data=layers, config=pm.model.config),
+              "use_cache": True}
+    shifted = keep_target_logits(pm, dataclasses.replace(batch, target_positions=batch.target_positions - start),
+                                 kwargs)
+    with torch.no_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
+                                            **capture_masks(batch)):
+        logits = pm.model(**kwargs).logits
+    return target_values(pm, shifted, logits).float().cpu()
+
+
 def _edited_targets(pm: ProbeModel, batch, stack: str, editors: dict) -> torch.Tensor:
     """One forward of ``batch`` with ``editors`` on ``stack``'s attention: the rows' target values."""
     kwargs = dict(batch.inputs)
@@ -348,8 +397,9 @@ def _kind_chunks(order: list[int], kinds: list[str], batch_size: int):
 
 
 def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], window, query, query_from,
-               renormalise: bool) -> torch.Tensor:
-    """[rows] target values of one batch of rows, every window layer under its editor."""
+               renormalise: bool, start: int = 0, prefix: list | None = None) -> torch.Tensor:
+    """[rows] target values of one batch of rows, every window layer under its editor (``start`` > 0:
+    rows of one example fed from ``start`` on, reading ``prefix``, :func:`_suffix_targets`)."""
     info = pm.contract.stacks[stack]
     batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i, _, _ in rows])
     tq = target_queries(pm, batch)
@@ -357,7 +407,7 @@ def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], windo
     keys = torch.tensor([k for _, k, _ in rows], dtype=torch.long, device=device)  # [rows]
     width = max(batch.inputs["input_ids"].shape[1],
                 batch.inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch.inputs else 0)
-    rows_on = _rows_on(batch, tq, keys, query, query_from, width)  # [rows, width]
+    rows_on = _rows_on(batch, tq, keys, query, query_from, width)[:, start:]  # [rows, fed width]
     editors = {}
     for layer in window:
         heads_on = torch.zeros((len(rows), info.n_heads), dtype=torch.bool)  # [rows, head]
@@ -367,20 +417,98 @@ def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], windo
                     heads_on[r, head] = True
         editors[(stack, layer)] = _knockout_editor(keys, heads_on.to(device), rows_on, renormalise=renormalise,
                                                    sinks=info.sinks)
+    if start:
+        return _suffix_targets(pm, batch, stack, editors, start, prefix)
     return _edited_targets(pm, batch, stack, editors)
+
+
+#: with prefix reuse a row feeds only its suffix: up to this many times ``batch_size`` rows per pass
+REUSE_ROWS_FACTOR = 8
+
+
+def _reuses_prefix(pm: ProbeModel, stack: str) -> bool:
+    """Whether knockout rows of this model can share their example's unedited prefix as a cache: a
+    decoder-only causal LM whose cache and attention take it (:func:`probe.intervene.prefix.
+    model_supports_reuse`: plain full-attention layers, eager or sdpa)."""
+    return (pm.task.next_token and not pm.task.encoder_decoder
+            and pm.contract.stacks[stack].mask_kind.startswith("causal") and model_supports_reuse(pm))
+
+
+def _fed_width(pm: ProbeModel, example: PreparedExample) -> int:
+    return len(example.input_ids) + (max(0, len(example.target_ids) - 1) if pm.task.next_token else 0)
+
+
+def _evaluate(pm: ProbeModel, stack: str, examples, owners: list[int], starts: list[int] | None, batch_size: int,
+              window, run) -> tuple[torch.Tensor, int]:
+    """``[rows]`` float64 values of rows owned by examples ``owners[r]``, and the passes run.
+
+    ``run(rows, start, prefix)`` evaluates a batch of row indices. Without ``starts``: batches of
+    ``batch_size`` rows, one target kind each. With ``starts`` (prefix reuse): each example's rows
+    alone, its first ``starts[i]`` tokens run once as a cache (:func:`_prefix_cache`) and each row
+    fed from there on, so a row costs its suffix; up to :data:`REUSE_ROWS_FACTOR` x ``batch_size``
+    rows per pass as the suffix is shorter than the row."""
+    order = sorted(range(len(owners)), key=lambda r: (examples[owners[r]].kind, owners[r]))
+    values = torch.full((len(owners),), float("nan"), dtype=torch.float64)
+    passes = 0
+
+    def call(chunk, start=0, prefix=None):
+        nonlocal passes
+        try:
+            out = run(chunk, start, prefix)
+        except CaptureError as err:
+            raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
+        values[chunk] = out.double()
+        passes += 1
+
+    with eval_mode(pm.model):
+        if starts is None:
+            for chunk in _kind_chunks(order, [examples[owners[r]].kind for r in order], batch_size):
+                call(chunk)
+            return values, passes
+        by_example: dict[int, list[int]] = {}
+        for r in order:
+            by_example.setdefault(owners[r], []).append(r)
+        for i, members in by_example.items():
+            start = starts[i]
+            width = _fed_width(pm, examples[i])
+            size = batch_size * (min(REUSE_ROWS_FACTOR, max(1, width // max(1, width - start))) if start else 1)
+            prefix = _prefix_cache(pm, stack, examples[i], start, window) if start else None
+            if prefix is not None:
+                passes += 1
+            for at in range(0, len(members), size):
+                call(members[at:at + size], start, prefix)
+    return values, passes
+
+
+def _reuse_starts(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], query: str, query_from,
+                  reuse_prefix: bool) -> list[int] | None:
+    """Per example, the first query position any of its rows edits (every earlier position is the
+    same in all of them), or None where the rows are run whole."""
+    if not reuse_prefix or not _reuses_prefix(pm, stack):
+        return None
+    starts = [_fed_width(pm, e) - 1 for e in examples]  # at least the last fed token is fed
+    targets = [_query_rows(pm, e, query) for e in examples] if query == "target" else None
+    for i, key, _ in rows:
+        if key < 0:
+            continue
+        first = min(targets[i], default=0) if query == "target" else _first_row(examples[i], key, query_from)
+        starts[i] = min(starts[i], first)
+    return [max(0, s) for s in starts]
 
 
 def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int | Sequence[int] | None = None,
                   heads: int | Sequence[int] | None = None, query: str = "target", query_from: int | None = None,
                   renormalise: bool = True, per_head: bool = True, keep_special: bool = False,
-                  batch_size: int = 32) -> KnockoutResult:
+                  batch_size: int = 32, reuse_prefix: bool = True) -> KnockoutResult:
     """Edge-knockout scores of every scored token of every example (see the module docstring).
 
     ``layers``: the window (None = every layer of the target stack); ``heads``: query heads (None =
     all); ``query``: ``"target"`` (the target rows) or ``"from"`` (every query row from ``query_from``
     on; None = after the key); ``renormalise``: remaining weights renormalised (= -inf before the
     softmax) or not (the blocked weight zeroed); ``per_head``: also the ``[layer, head, tokens]``
-    scores; ``batch_size``: model rows per pass.
+    scores; ``batch_size``: model rows per pass; ``reuse_prefix``: in a causal LM, run each example's
+    tokens before its first edited query row once and feed every row from there on (the same values;
+    False: every row whole, as for any other model).
     """
     if not examples:
         raise InputError("no examples to knock out: give at least one prepared example")
@@ -399,18 +527,11 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
     rows, originals, token_at, head_at = _plan(pm, stack, examples, window, chosen_heads, query, query_from,
                                                per_head, keep_special)
 
-    # one target kind per batch (target_values reads the kind from a batch's first example)
-    order = sorted(range(len(rows)), key=lambda r: (examples[rows[r][0]].kind, rows[r][0]))
-    values = torch.full((len(rows),), float("nan"), dtype=torch.float64)
-    passes = 0
-    with eval_mode(pm.model):
-        for chunk in _kind_chunks(order, [examples[rows[r][0]].kind for r in order], batch_size):
-            try:
-                out = _run_batch(pm, stack, examples, [rows[r] for r in chunk], window, query, query_from, renormalise)
-            except CaptureError as err:
-                raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
-            values[chunk] = out.double()
-            passes += 1
+    starts = _reuse_starts(pm, stack, examples, rows, query, query_from, reuse_prefix)
+    values, passes = _evaluate(
+        pm, stack, examples, [i for i, _, _ in rows], starts, batch_size, window,
+        lambda chunk, start, prefix: _run_batch(pm, stack, examples, [rows[r] for r in chunk], window, query,
+                                                query_from, renormalise, start, prefix))
 
     original = values[originals]  # [example]
     n_layers, n_heads = info.n_layers, info.n_heads
@@ -433,7 +554,9 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
                                   else "blocked weight set to 0, the row not renormalised"),
               "target_kind": examples[0].kind}
     n_requested = sum(len(t) for t in token_at) + sum(len(h) for h in head_at)
+    fed = sum(_fed_width(pm, examples[i]) - (starts[i] if starts else 0) for i, _, _ in rows)
     stats = {"rows_requested": n_requested + len(examples), "rows_run": len(rows), "forward_passes": passes,
+             "tokens_fed": fed, "prefix_reuse": starts is not None,
              "noops": sum(r is None for t in token_at for r in t.values())
              + sum(r is None for h in head_at for r in h.values())}
     extras = {"original_values": original.tolist(), **stats}
@@ -491,7 +614,7 @@ def _key_set_editor(keys_on: torch.Tensor, heads_on: torch.Tensor, rows_on: torc
 
 
 def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, EdgeSet | None]], window,
-              renormalise: bool) -> torch.Tensor:
+              renormalise: bool, start: int = 0, prefix: list | None = None) -> torch.Tensor:
     """[rows] target values of one batch of ``(example, edge set)`` rows: each example with its edge
     set blocked (None: unedited), every layer of ``window`` through the same recomputed attention."""
     info = pm.contract.stacks[stack]
@@ -501,7 +624,7 @@ def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, Ed
     width = max(batch.inputs["input_ids"].shape[1],
                 batch.inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch.inputs else 0)
     dummy = torch.zeros(len(sets), dtype=torch.long, device=device)
-    rows_on = _rows_on(batch, tq, dummy, "target", None, width)  # [rows, width]
+    rows_on = _rows_on(batch, tq, dummy, "target", None, width)[:, start:]  # [rows, fed width]
     keys_on = torch.zeros((len(sets), batch.inputs["input_ids"].shape[1]), dtype=torch.bool)  # [rows, key]
     heads_on = {layer: torch.zeros((len(sets), info.n_heads), dtype=torch.bool) for layer in window}  # [rows, head]
     for r, (_, s) in enumerate(sets):
@@ -512,11 +635,14 @@ def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, Ed
             heads_on[layer][r, head] = True
     editors = {(stack, layer): _key_set_editor(keys_on.to(device), heads_on[layer].to(device), rows_on,
                                                renormalise=renormalise, sinks=info.sinks) for layer in window}
+    if start:
+        return _suffix_targets(pm, batch, stack, editors, start, prefix)
     return _edited_targets(pm, batch, stack, editors)
 
 
 def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Sequence[EdgeSet], *,
-                renormalise: bool = True, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                renormalise: bool = True, batch_size: int = 32, reuse_prefix: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The target of each example unedited and with each edge set blocked (every edge of a set at
     once: keys together, heads and layers together), from the target query rows only.
 
@@ -524,7 +650,7 @@ def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Seque
     to the target rows (a causal stack: keys after them) edits nothing. Every layer named is checked
     as :func:`edge_knockout` checks its window (refused in one line
     where its read path cannot edit); the unedited value runs through the same recomputed attention
-    as the edited ones."""
+    as the edited ones; ``reuse_prefix`` as :func:`edge_knockout`'s."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(renormalise, bool):
@@ -544,15 +670,11 @@ def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Seque
     # (example, set or None): every example once unedited, then each set; one target kind per batch
     rows: list[tuple[int, EdgeSet | None]] = [(i, None) for i in range(len(examples))]
     rows += [(s.example, s) for s in sets]
-    order = sorted(range(len(rows)), key=lambda r: (examples[rows[r][0]].kind, rows[r][0]))
-    values = torch.full((len(rows),), float("nan"), dtype=torch.float64)
-    with eval_mode(pm.model):
-        for chunk in _kind_chunks(order, [examples[rows[r][0]].kind for r in order], batch_size):
-            try:
-                out = _run_sets(pm, stack, examples, [rows[r] for r in chunk], window, renormalise)
-            except CaptureError as err:
-                raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
-            values[chunk] = out.double()
+    starts = _reuse_starts(pm, stack, examples, [(i, 0 if s is not None else -1, None) for i, s in rows], "target",
+                           None, reuse_prefix)
+    values, _ = _evaluate(pm, stack, examples, [i for i, _ in rows], starts, batch_size, window,
+                          lambda chunk, start, prefix: _run_sets(pm, stack, examples, [rows[r] for r in chunk], window,
+                                                                 renormalise, start, prefix))
     return values[: len(examples)], values[len(examples):]
 
 

@@ -61,11 +61,12 @@ def supports_prefix_reuse(engine: RowCache) -> bool:
     recomputation rather than risk a wrong number. The answer is kept on the engine.
     """
     if engine._prefix_reuse_ok is None:
-        engine._prefix_reuse_ok = _model_supports_reuse(engine.pm)
+        engine._prefix_reuse_ok = model_supports_reuse(engine.pm)
     return engine._prefix_reuse_ok
 
 
-def _model_supports_reuse(pm: ProbeModel) -> bool:
+def model_supports_reuse(pm: ProbeModel) -> bool:
+    """Whether a causal LM's unchanged prefix can be fed once as a cache (see :func:`supports_prefix_reuse`)."""
     implementation = implementation_of(pm.model)
     # inline attention (read through a probability module) builds its own masks (bloom's
     # alibi from a 2-D mask): only models that call the attention function take a 4-D one
