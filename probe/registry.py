@@ -251,6 +251,10 @@ class Method:
     #: whose maps are implicit (a state-space mixer's signed matrix, probe.hooks.implicit); None
     #: where it only reads the captured [query, key] map
     needs_softmax: str | None = None
+    #: an intervention whose whole-span form is not a leave-one-out (``span_mode``): the function
+    #: (``module:function(engine, examples, spans, **params)``, one vector per example in span order)
+    #: that scores each example's spans as its units (Shapley values with the spans as players)
+    span_scorer: str | None = None
 
     @property
     def bottom_up(self) -> bool:
@@ -272,6 +276,9 @@ class Method:
     def load_scorer(self) -> Callable[..., Any]:
         return _load(self.scorer)
 
+    def load_span_scorer(self) -> Callable[..., Any]:
+        return _load(self.span_scorer)
+
     def load_query_max(self) -> Callable[..., Any]:
         """The function computing this method with ``query: max`` (an error where it takes none)."""
         if self.query_max is None:
@@ -289,6 +296,12 @@ class Method:
         language-model replacement, or not an intervention)."""
         mode = dict(self.preset).get("mode")
         return mode if self.family == "intervention" and mode in SPAN_MODES else None
+
+    @property
+    def has_span_form(self) -> bool:
+        """Whether it can score whole spans as its units: a leave-one-out with a span form
+        (:attr:`span_mode`) or a ``span_scorer`` (Shapley values with the spans as players)."""
+        return self.span_mode is not None or self.span_scorer is not None
 
     def skip_reason(self, check: str, pm: Any, longest: int) -> str | None:
         """Why ``check`` (one of :data:`CHECKS`) leaves this method out for ``pm``, or None."""
@@ -421,7 +434,7 @@ REGISTRY: tuple[Method, ...] = (
                                                 task_reason="needs a causal LM to draw in-context replacements")),
     Method("shapley", "intervention", "intervention", "probe.intervene.shapley:shapley", ShapleyParams,
            "probe.intervene.shapley:shapley", engine=True, signed=True, takes_seed=True,
-           note="exact or sampled",
+           note="exact or sampled", span_scorer="probe.intervene.shapley:span_shapley",
            applies=Applies(by_name="Shapley values cost 2^n coalitions (exact) or permutations x tokens rows per "
                                    "example; ask for shapley by name")),
     Method("knockout", "intervention", "intervention", "probe.intervene.knockout:knockout", KnockoutParams,

@@ -341,3 +341,85 @@ def test_a_claim_is_judged_against_shapley_values(tiny_dirs, bert):
     assert result.claims[0].effect == pytest.approx(np.mean(matches))
     assert result.claims[0].n == len(texts) and "shapley" in result.claims[0].intervention
     assert result.claims[1].verdict in ("supported", "refuted", "inconclusive") and result.claims[1].n == len(texts)
+
+
+# ----------------------------------------------------------------------------- spans as the players
+
+
+def _by_hand_spans(pm, example, spans) -> np.ndarray:
+    """Exact Shapley values with each span a player (its tokens deleted when absent; a token in no
+    span always present), from plain per-coalition forwards and the textbook weights."""
+    n = len(spans)
+    value = {}
+    for r in range(n + 1):
+        for subset in itertools.combinations(range(n), r):
+            gone = {p for j, s in enumerate(spans) if j not in subset for p in s.positions}
+            ids = [x for t, x in enumerate(example.input_ids) if t not in gone]
+            value[frozenset(subset)] = float(evaluate(pm, [(ids, example)])[0])
+    phi = np.zeros(n)
+    for j in range(n):
+        for r in range(n):
+            for subset in itertools.combinations([k for k in range(n) if k != j], r):
+                weight = math.factorial(r) * math.factorial(n - r - 1) / math.factorial(n)
+                phi[j] += weight * (value[frozenset(subset) | {j}] - value[frozenset(subset)])
+    return phi
+
+
+def test_spans_as_players_equal_a_by_hand_enumeration_over_the_spans(bert):
+    """Two-word spans as the players ("the movie", "was very"; "good" in no span stays present):
+    exact values equal the textbook formula over plain forwards, and they add up to v(all) - v(no span)."""
+    from probe.intervene.shapley import span_shapley
+    from probe.rows.spans import spans_per_example
+
+    examples = prepare(bert, TEXTS, TargetSpec(kind="logit"))
+    found = spans_per_example(bert, examples, r"\w+ \w+")
+    assert [len(s) for s in found] == [2, 2, 1]
+    values = span_shapley(Engine(bert), examples, found, "delete")
+    for example, spans, ours in zip(examples, found, values):
+        theirs = _by_hand_spans(bert, example, spans)
+        assert ours.shape == (len(spans),)
+        scale = 2 * abs(example.original_value) + float(np.abs(theirs).max())
+        assert_fp_close(torch.from_numpy(ours), torch.from_numpy(theirs), depth=model_depth(bert), scale=scale)
+        gone = {p for s in spans for p in s.positions}
+        empty = float(evaluate(bert, [([x for t, x in enumerate(example.input_ids) if t not in gone], example)])[0])
+        assert ours.sum() == pytest.approx(example.original_value - empty, abs=1e-4)
+    assert np.abs(np.concatenate(values)).max() > 1e-4
+
+
+def test_a_study_with_spans_is_judged_against_shapley_values_of_the_spans(tiny_dirs, tmp_path):
+    """``spans:`` with shapley as the reference (refused before: no span form): the study's reference
+    scores per span are the Shapley values with the spans as players, not token values folded."""
+    import pandas as pd
+
+    import probe
+    from probe.intervene.shapley import span_shapley
+    from probe.spec.study import study_from_dict
+    from probe.study.runner import run_study
+
+    texts = ["the movie was good and the plot was bad", "the film is fun but the story is boring",
+             "the acting was great , the ending was not", "a boring plot and the worst film"]
+    pd.DataFrame({"text": texts, "label": [1, 1, 0, 0]}).to_csv(tmp_path / "data.csv", index=False)
+    pattern = r"the \w+|bad|boring|fun|great|not"
+    spec = {"name": "spans", "model": {"id": str(tiny_dirs["bert"])},
+            "dataset": {"name": str(tmp_path / "data.csv"), "n": 4, "seed": 0}, "target": {"kind": "logit"},
+            "explainers": ["saliency"], "references": ["loo_delete", "shapley"], "spans": {"pattern": pattern},
+            "params": {"shapley": {"exact_max": 6}},
+            "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
+                        "sanity": {"randomisation": False, "examples": 2}},
+            "statistics": {"bootstrap": 100, "reference": "shapley"}, "engine": {"batch_size": 4},
+            "output": str(tmp_path / "out")}
+    assert run_study(study_from_dict(spec), progress=False, log=lambda _: None).complete
+    out = tmp_path / "out"
+    scores, examples = pd.read_parquet(out / "scores.parquet"), pd.read_parquet(out / "examples.parquet")
+    pm = probe.load_model(str(tiny_dirs["bert"]))
+    checked = 0
+    for number, text in zip(examples["example"], examples["text"]):
+        example = prepare(pm, [text], TargetSpec(kind="logit"))[0]
+        spans = probe.find_spans(pm, example, pattern)
+        expected = span_shapley(Engine(pm), [example], [spans], exact_max=6)[0]
+        got = scores[(scores.example == number) & (scores.method == "shapley")].sort_values("position")["score"]
+        assert got.to_numpy() == pytest.approx(expected, abs=1e-5)
+        folded = shapley(Engine(pm), [example], exact_max=10).scores[0].double().numpy()
+        checked += len(spans) > 1 and not np.allclose(expected, [folded[list(s.positions)].sum() for s in spans],
+                                                      atol=1e-4)
+    assert checked  # spans as players differ from token values summed over a span (interactions inside it)

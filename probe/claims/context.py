@@ -174,14 +174,15 @@ class AuditContext:
         """``method`` as leave-one-out of whole spans, one vector per example (span order)."""
         key = f"span:{method}"
         if key not in self._spans:
-            from probe.intervene.spans import span_loo, span_vectors
+            from probe.intervene.spans import span_reference
 
-            mode = registry.method(method).span_mode
-            if mode is None:
+            found = span_reference(self.engine, self.examples, self.spans(), method,
+                                   {"seed": self.seed} if method in registry.seeded() else None)
+            if found is None:
                 raise InputError(f"{self.file.where(index, 'reference')}: {method} has no span form (a span is deleted "
-                                 "or replaced by the mask, unk or pad token); use loo_delete, loo_mask, loo_unk or "
-                                 "loo_pad, or remove spans")
-            self._spans[key] = span_vectors(span_loo(self.engine, self.examples, self.spans(), mode), len(self.examples))
+                                 "or replaced by the mask, unk or pad token, or is a Shapley player); use loo_delete, "
+                                 "loo_mask, loo_unk, loo_pad or shapley, or remove spans")
+            self._spans[key] = found
         return self._spans[key]
 
     def describe(self, i: int) -> dict:

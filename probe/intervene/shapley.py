@@ -12,6 +12,8 @@ An absent player is perturbed as leave-one-out perturbs a token (``mode``): its 
 or each replaced by the mask, unk or pad id. Tokens that are no player (special tokens) are always
 present. Scores are ``phi`` per token (signed, in the target's units: positive supports the target);
 a word's or span's value is shared equally among its tokens, so the token scores still sum to it.
+With spans as the players (:func:`span_shapley`, run where a study or audit takes ``spans`` as its
+units) the values come back one per span, and a token in no span is always present.
 
 Exact or sampled:
 
@@ -52,9 +54,11 @@ from probe.rows.target import example_seed
 if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.models.core import ProbeModel
+    from probe.rows.spans import Span
     from probe.rows.target import PreparedExample
 
-__all__ = ["SHAPLEY_MODES", "SHAPLEY_UNITS", "shapley", "shapley_players", "shapley_values", "word_players"]
+__all__ = ["SHAPLEY_MODES", "SHAPLEY_UNITS", "shapley", "shapley_players", "shapley_values", "span_shapley",
+           "word_players"]
 
 #: how an absent player is perturbed (as leave-one-out's deterministic modes)
 SHAPLEY_MODES = ("delete", "mask", "unk", "pad")
@@ -228,6 +232,20 @@ def shapley_values(engine: Engine, examples: Sequence[PreparedExample],
                     "full_value": float(full), "empty_value": float(empty),
                     "efficiency_delta": float(phi.sum() - (full - empty))})
     return out
+
+
+def span_shapley(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
+                 mode: str = "delete", *, units: str = "token", exact_max: int = EXACT_MAX, permutations: int = 64,
+                 seed: int = 0) -> list[np.ndarray]:
+    """Shapley values with each example's spans (:func:`probe.rows.spans.find_spans`) as the players:
+    one float64 vector per example in span order (the registry's span form of ``shapley``, run when a
+    study or audit takes spans as its units). A token in no span is no player: always present. A token
+    in two spans is absent when either span is. ``units`` is the token-level run's and is not read
+    here (the spans are the players); the other parameters are :func:`shapley`'s."""
+    players = [tuple(tuple(span.positions) for span in spans) for spans in found]
+    values = shapley_values(engine, examples, players, mode=mode, exact_max=exact_max, permutations=permutations,
+                            seed=seed)
+    return [np.asarray(v["values"], dtype=np.float64) for v in values]
 
 
 def shapley(engine: Engine, examples: Sequence[PreparedExample], mode: str = "delete", *, units: str = "token",

@@ -12,13 +12,14 @@ import pandas as pd
 from probe.errors import InputError
 from probe.intervene.tokens import replacement_token_id
 from probe.registry import SPAN_MODES
+from probe.registry import method as method_entry
 from probe.rows.spans import SPAN_COLUMNS, Span
 
 if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.rows.target import PreparedExample
 
-__all__ = ["span_loo", "span_vectors"]
+__all__ = ["span_loo", "span_reference", "span_vectors"]
 
 
 def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
@@ -58,3 +59,16 @@ def span_vectors(frame: pd.DataFrame, n_examples: int) -> list[np.ndarray]:
     """A :func:`span_loo` frame as one float64 vector of scores per example, in span order."""
     return [frame[frame["example"] == i].sort_values("span_index")["score"].to_numpy(np.float64)
             for i in range(n_examples)]
+
+
+def span_reference(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]], method: str,
+                   params: dict | None = None) -> list[np.ndarray] | None:
+    """``method`` with each example's spans as its units, one float64 vector per example in span order:
+    a leave-one-out with a span form on whole spans (:func:`span_loo`), Shapley values with the spans
+    as the players (the method's ``span_scorer``, with ``params``); None where it has no span form."""
+    entry = method_entry(method)
+    if entry.span_mode is not None:
+        return span_vectors(span_loo(engine, examples, found, entry.span_mode), len(examples))
+    if entry.span_scorer is not None:
+        return entry.load_span_scorer()(engine, examples, found, **{**dict(entry.preset), **(params or {})})
+    return None

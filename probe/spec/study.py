@@ -445,10 +445,10 @@ class Study(SpecModel):
         if self.spans is not None:
             for name in self.references:
                 entry = method_entry(name)
-                if entry.family == "intervention" and entry.span_mode is None:
-                    fail(f"{name} has no span form (a span is deleted or replaced by the mask, unk or pad token); "
-                          "use loo_delete, loo_mask, loo_unk or loo_pad as the reference, or remove spans",
-                          at=["references"])
+                if entry.family == "intervention" and not entry.has_span_form:
+                    fail(f"{name} has no span form (a span is deleted or replaced by the mask, unk or pad token, or "
+                          "is a Shapley player); use loo_delete, loo_mask, loo_unk, loo_pad or shapley as the "
+                          "reference, or remove spans", at=["references"])
         for i, pair in enumerate(self.metrics.ceilings or []):
             for j, method in enumerate(pair):
                 if method not in used:

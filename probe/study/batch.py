@@ -154,21 +154,21 @@ def _span_units(pm: ProbeModel, study: Study, examples: list[PreparedExample], t
                 engine: Engine, timed: _Timings) -> tuple[list[PreparedExample], dict[str, TokenScores]]:
     """``study.spans`` as the units: each example's spans (:func:`probe.rows.spans.find_spans`) as
     the positions of a unit example (its tokens the spans' texts, none special), each method's
-    token scores folded over them, and every leave-one-out with a span form (loo_delete, loo_mask,
-    loo_unk, loo_pad) run again on whole spans (:func:`probe.intervene.spans.span_loo`)."""
-    from probe.intervene.spans import span_loo, span_vectors
+    token scores folded over them, and every intervention with a span form run again on whole spans
+    (:func:`probe.intervene.spans.span_reference`: loo_delete, loo_mask, loo_unk, loo_pad on whole
+    spans; shapley with the spans as its players)."""
+    from probe.intervene.spans import span_reference
     from probe.registry import method as method_entry
     from probe.rows.spans import folded_scores, spans_per_example
 
     found = spans_per_example(pm, examples, study.spans.pattern, require_any=False)  # checked over the study: runner
     scores = {}
     for name, result in token_scores.items():
-        mode = method_entry(name).span_mode
-        if mode is None:
+        if not method_entry(name).has_span_form:
             scores[name] = folded_scores(result, found, study.spans.aggregate)
             continue
-        frame = timed(f"{name} (spans)", lambda m=mode: span_loo(engine, examples, found, m))
-        by_example = span_vectors(frame, len(examples))
+        by_example = timed(f"{name} (spans)", lambda m=name: span_reference(engine, examples, found, m,
+                                                                            study.params.get(m)))
         scores[name] = TokenScores(name, [torch.from_numpy(v.astype(np.float32)) for v in by_example],
                                    params=result.params)
     units = [dataclasses.replace(e, input_ids=[e.input_ids[s.positions[0]] for s in spans],
