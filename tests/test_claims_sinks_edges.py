@@ -11,6 +11,7 @@ the first token), a value projection zeroed (a head whose edges cannot change an
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import torch
 from test_knockout import _blocked_edges, _target
 
+from probe.claims.kinds import CONTROL_DRAWS
 from probe.claims.rules import at_least_rule, at_most_rule, judge
 from probe.claims.run import run_audit
 from probe.errors import InputError
@@ -29,7 +31,7 @@ from probe.rows.target import TargetSpec, prepare
 from probe.spec.claims import claims_from_dict, load_claims
 
 from tiny_models import WORDS, _strip_attn_implementation
-from tolerances import fp_tol
+from tolerances import fp_tol, model_depth
 
 FILLERS = [w for w in WORDS[5:60] if w not in ("movie",)]
 #: 12 texts holding "movie" once, never first (so the first token is a filler word)
@@ -276,8 +278,158 @@ def test_an_edge_to_a_position_and_fewer_than_ten_examples(planted):
     full = run_audit(_file(folder, [claim]), model=pm).claims[0]
     # the planted head reads the first token only: blocking that edge is the sink head's knockout
     sink = run_audit(_file(folder, [_sink_claim(renormalise=True)]), model=pm).claims[0]
-    assert full.effect == pytest.approx(sink.evidence["knockout"]["effect"], abs=1e-9)
+    # not bit-equal: the edge claim's call also blocks its control sets, so its forward batches differ
+    assert full.effect == pytest.approx(sink.evidence["knockout"]["effect"], abs=fp_tol(1.0, depth=2))
     assert full.verdict == "supported"
+
+
+# ----------------------------------------------------------------------------- edge: the random-token control
+
+
+def _listed(result) -> list[dict]:
+    """The per-example entries the evidence lists (with at most 2 x EVIDENCE_EXAMPLES examples: all)."""
+    return result.evidence["for"] + result.evidence["against"]
+
+
+def test_the_edge_control_equals_a_hand_block_of_its_drawn_sets(planted):
+    folder, texts = planted["plain"], TEXTS[:6]  # six examples: the evidence lists every one
+    pm, model = _pm(folder), _oracle(folder)
+    result = run_audit(_file(folder, [_edge_claim(threshold=1e-3)], texts=texts), model=pm).claims[0]
+    examples = prepare(pm, texts, TargetSpec())
+    sites = tuple((layer, head) for layer in (0, 1) for head in range(4))
+    entries = _listed(result)
+    assert sorted(texts.index(e["text"]) for e in entries) == list(range(len(texts)))
+    tol = fp_tol(1.0, depth=model_depth(pm))  # a probability, by the same code in other batches
+    eager_tol = 10 * fp_tol(10.0, depth=4)  # the oracle tests' tolerance for the masked eager forward
+    controls, above = [], 0
+    for entry in entries:
+        i = texts.index(entry["text"])
+        drawn = entry["control_tokens"]
+        assert len(drawn) == CONTROL_DRAWS and all(len(c) == 1 for c in drawn)  # as many keys as "movie": one
+        sets = [EdgeSet(i, tuple(c), sites) for c in drawn]
+        original, blocked = block_edges(pm, examples, sets)
+        by_hand = float((original[i] - blocked).abs().mean())
+        assert abs(entry["control_abs_change"] - by_hand) <= tol, (i, entry["control_abs_change"], by_hand)
+        # and the first draw against the masked eager forward, independent of block_edges
+        eager = _oracle_change(model, examples[i], drawn[0], sites)
+        assert abs(eager - float(original[i] - blocked[0])) <= eager_tol, (i, eager)
+        controls.append(by_hand)
+        above += entry["effect"] > by_hand
+    control = result.evidence["control"]
+    assert control["n_with_control"] == len(texts) and control["draws"] == CONTROL_DRAWS
+    assert abs(control["mean_abs_change"]["mean"] - sum(controls) / len(controls)) <= tol
+    assert control["share_named_above_control"] == pytest.approx(above / len(texts), abs=1e-12)
+    assert control["mean_abs_change"]["mean"] > 10 * eager_tol  # random edges do move this model: the check bites
+
+
+def test_the_edge_control_never_draws_a_named_or_special_token(tiny_dirs):
+    folder = tiny_dirs["bert"]  # [CLS] ... [SEP]; words outside the tiny vocabulary are [UNK]
+    texts = ["the movie was movie good fun", "a movie and movie", "movie movie the", "movie movie",
+             "the good movie was fine", "fun movie movie here"]
+    pm = _pm(folder)
+    examples = prepare(pm, texts, TargetSpec())
+    assert any(sum(e.special) > 2 for e in examples)  # an [UNK] among them: a special token inside the text
+    result = run_audit(_file(folder, [_edge_claim(threshold=1e-6)], texts=texts), model=pm).claims[0]
+    entries = _listed(result)
+    assert sorted(texts.index(e["text"]) for e in entries) == list(range(len(texts)))
+    n_drawn = 0
+    for entry in entries:
+        i = texts.index(entry["text"])
+        special = {p for p, flag in enumerate(examples[i].special) if flag}
+        named = {int(t.rsplit("@", 1)[1]) for t in entry["tokens"]}
+        available = set(range(len(examples[i].input_ids))) - special - named
+        drawn = entry["control_tokens"]
+        if not available:  # "movie movie": nothing else to block, no control
+            assert drawn == [] and not math.isfinite(entry["control_abs_change"])
+            continue
+        # fewer others than named tokens: all of them, once; else CONTROL_DRAWS draws of as many
+        size = min(len(named), len(available))
+        assert len(drawn) == (1 if len(available) <= len(named) else CONTROL_DRAWS)
+        for c in drawn:
+            assert len(c) == size and len(set(c)) == size and list(c) == sorted(c)
+            assert set(c) <= available, (entry["text"], c, special, named)
+        n_drawn += len(drawn)
+    assert n_drawn >= 2 * CONTROL_DRAWS
+    assert result.evidence["control"]["n_with_control"] == len(texts) - 1
+
+
+def test_the_edge_control_is_seeded(planted):
+    folder, texts = planted["plain"], TEXTS[:6]
+    pm = _pm(folder)
+
+    def control(seed):
+        result = run_audit(_file(folder, [_edge_claim(threshold=1e-3)], texts=texts,
+                                 statistics={"bootstrap": 500, "seed": seed}), model=pm).claims[0]
+        evidence = result.to_dict()["evidence"]  # JSON-clean: a NaN CI compares equal as None
+        per_example = {e["text"]: (e["control_tokens"], e["control_abs_change"])
+                       for e in evidence["for"] + evidence["against"]}
+        return per_example, evidence["control"]
+
+    first, again, other = control(0), control(0), control(1)
+    assert first == again  # exact: the same draws, the same forward batches
+    assert {t: c[0] for t, c in first[0].items()} != {t: c[0] for t, c in other[0].items()}
+
+
+def test_a_supported_edge_claim_warns_when_random_edges_move_the_target_as_much(planted, tmp_path):
+    # in the planted sink model the edges to "movie" barely matter, and neither do those to other ordinary
+    # tokens: supported at a tiny threshold, which random edges reach too (not specific). The first token,
+    # the sink of the planted head and of most heads of the window, is never drawn: with it in the draws
+    # the control was 0.125, fifty times the named edges' effect, whatever the named tokens were
+    from probe.explainers.sinks import attention_sinks
+
+    folder = planted["sink"]
+    pm = _pm(folder)
+    audit = run_audit(_file(folder, [_edge_claim(layers=SINK_LAYER, threshold=1e-6)]), model=pm)
+    result = audit.claims[0]
+    control = result.evidence["control"]
+    assert result.verdict == "supported"  # the verdict is the threshold's alone
+    assert 1e-6 <= control["mean_abs_change"]["mean"] < 10 * result.effect
+    found = attention_sinks(pm, prepare(pm, TEXTS, TargetSpec())).examples
+    assert all(bool(e.sinks[SINK_LAYER, :, 0].float().mean() >= 0.5) for e in found)  # position 0: a sink of most heads
+    assert all(0 not in c for e in _listed(result) for c in e["control_tokens"])
+    warning = control["warning"]
+    assert "\n" not in warning and "(>= threshold 1e-06)" in warning
+    assert warning.endswith("the effect is not specific to the tokens of the words movie")
+    paths = audit.write(tmp_path / "audit")
+    markdown = paths[1].read_text(encoding="utf-8")
+    # on its own line, right under the claim's kind line, not inside the control's evidence line
+    lines = markdown.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("- **warning**: "))
+    assert lines[at - 1].startswith("- kind: `edge`")
+    assert lines[at].endswith("not specific to the tokens of the words movie")
+    assert not any("not specific" in line for line in lines if line.startswith("- control:"))
+    html = next(p for p in paths if str(p).endswith(".html")).read_text(encoding="utf-8")
+    assert "<li><b>warning</b>: blocking the target row" in html
+
+
+def test_an_edge_claim_specific_to_its_token_warns_only_where_its_control_reaches_the_threshold(planted):
+    # the planted sink head reads the first token only: the edges to it matter, those to random others far less
+    folder = planted["sink"]
+    pm, model = _pm(folder), _oracle(folder)
+    examples = prepare(pm, TEXTS, TargetSpec())
+    changes = [abs(_oracle_change(model, e, [0], [(SINK_LAYER, SINK_HEAD)])) for e in examples]
+    threshold = min(changes) / 2
+    assert threshold > 10 * fp_tol(10.0, depth=4)
+    claim = _edge_claim(layers=SINK_LAYER, heads=SINK_HEAD, to_words=None, to_position=0, threshold=threshold)
+    result = run_audit(_file(folder, [claim]), model=pm).claims[0]
+    control = result.evidence["control"]
+    assert result.verdict == "supported" and control["n_with_control"] == len(TEXTS)
+    assert control["mean_abs_change"]["mean"] < threshold / 10 and control["share_named_above_control"] == 1.0
+    assert "warning" not in control
+    # every head of the layer: the other heads' random edges move the target a little; the warning's
+    # edge is the threshold, on either side of the control's mean |change|
+    every_head = {**claim, "heads": None}
+    low = run_audit(_file(folder, [{**every_head, "threshold": 1e-6}]), model=pm).claims[0]
+    mean = low.evidence["control"]["mean_abs_change"]["mean"]
+    assert 10 * fp_tol(10.0, depth=4) < mean < low.ci[0] / 10
+    below = run_audit(_file(folder, [{**every_head, "threshold": 0.9 * mean}]), model=pm).claims[0]
+    above = run_audit(_file(folder, [{**every_head, "threshold": 1.1 * mean}]), model=pm).claims[0]
+    assert below.verdict == above.verdict == "supported"
+    assert f"moves the target by {mean:.3g} (>= threshold {0.9 * mean:g})" in below.evidence["control"]["warning"]
+    assert "warning" not in above.evidence["control"]
+    # the named edges no stronger than random ones but the claim refuted: nothing to warn about
+    weak = run_audit(_file(folder, [{**claim, "to_position": -1}]), model=pm).claims[0]
+    assert weak.verdict == "refuted" and "warning" not in weak.evidence["control"]
 
 
 def test_rule_below_and_at_least():

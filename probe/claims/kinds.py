@@ -43,6 +43,14 @@ edge              per example, the target row's edges to every token matching ``
                   layer of the window (Geva et al. 2023's attention knockout); effect = |f(x) -
                   f(x, edges blocked)|. Examples without such a token are left out. Evidence: the
                   signed change, and the target row's raw attention on those tokens in the window.
+                  Control (always computed, in the same forward batch): per example, ``CONTROL_DRAWS``
+                  seeded draws of as many other scored tokens (never a named or special token, nor a
+                  sink of at least half of the claim's heads; all of them where fewer are left, none:
+                  no control) have the target row's edges to them blocked alike; evidence ``control`` gives their mean |change| and the share of
+                  examples whose named edges move the target more than their draws on average. The
+                  verdict is the threshold's alone, but a supported claim whose control also reaches
+                  the threshold, or whose named edges beat the control in at most half of the
+                  examples, carries ``control["warning"]``: the effect is not specific to the tokens.
 
 f is the explained target: the predicted class probability by default (``target`` as in a study).
 """
@@ -80,10 +88,12 @@ from probe.spec.claims import (
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-__all__ = ["ClaimResult", "EVIDENCE_EXAMPLES", "KINDS", "clean_json"]
+__all__ = ["CONTROL_DRAWS", "ClaimResult", "EVIDENCE_EXAMPLES", "KINDS", "clean_json"]
 
 #: Examples listed as evidence for and against a claim, each.
 EVIDENCE_EXAMPLES = 3
+#: Seeded random key sets per example that an edge claim's named edges are compared with.
+CONTROL_DRAWS = 8
 
 
 @dataclass
@@ -453,14 +463,20 @@ def counterfactual(ctx: AuditContext, claim: CounterfactualClaim, index: int) ->
                    evidence=evidence)
 
 
-def _blocked_changes(ctx: AuditContext, sets: list, renormalise: bool) -> dict[int, float]:
-    """Per example with an edge set: f(x) - f(x with its edges blocked) (signed)."""
+def _set_changes(ctx: AuditContext, sets: list, renormalise: bool) -> np.ndarray:
+    """[set] f(x) - f(x with the set's edges blocked) (signed), every set in one :func:`block_edges` call."""
     from probe.intervene.knockout import block_edges
 
     if not sets:
-        return {}
+        return np.array([], dtype=np.float64)
     original, blocked = block_edges(ctx.pm, ctx.examples, sets, renormalise=renormalise)
-    return {s.example: float(original[s.example] - blocked[j]) for j, s in enumerate(sets)}
+    examples = [s.example for s in sets]
+    return (original[examples] - blocked).double().numpy()
+
+
+def _blocked_changes(ctx: AuditContext, sets: list, renormalise: bool) -> dict[int, float]:
+    """Per example with an edge set: f(x) - f(x with its edges blocked) (signed)."""
+    return {s.example: float(c) for s, c in zip(sets, _set_changes(ctx, sets, renormalise))}
 
 
 def _renormalised(renormalise: bool) -> str:
@@ -540,6 +556,54 @@ def _edge_keys(ctx: AuditContext, claim: EdgeClaim, index: int) -> list[tuple[in
     return out
 
 
+def _control_keys(ctx: AuditContext, keys: list[tuple[int, ...]], sites) -> list[list[tuple[int, ...]]]:
+    """Per example with named keys: ``CONTROL_DRAWS`` seeded draws of as many of its other scored
+    tokens (sorted positions; all of them, once, where no more are left; none where none are). A key
+    that is an attention sink in at least half of the claim's heads (``sites``; :func:`probe.explainers.
+    sinks.attention_sinks` at its default threshold: the first token of most decoder LMs) is never
+    drawn: blocking a sink's edges moves a row's mass far more than an ordinary token's, and would
+    make every claim look unspecific."""
+    from probe.explainers.sinks import SINK_THRESHOLD
+    from probe.rows.target import example_seed
+
+    found = ctx.sinks(SINK_THRESHOLD).examples
+    out: list[list[tuple[int, ...]]] = []
+    for i, k in enumerate(keys):
+        if not k:
+            out.append([])
+            continue
+        others = ctx.scorable(i).copy()
+        sink = found[i].sinks  # [layer, head, keys] bool
+        if sink.shape[-1]:
+            votes = sum(sink[layer, head].numpy().astype(np.int64) for layer, head in sites)  # [keys]
+            n = min(len(others), len(votes))
+            others[:n] &= 2 * votes[:n] < len(sites)
+        others[list(k)] = False
+        others = np.flatnonzero(others)
+        if len(others) <= len(k):
+            out.append([tuple(int(p) for p in others)] if len(others) else [])
+            continue
+        rng = np.random.default_rng(example_seed(ctx.seed, ctx.examples[i]))
+        out.append([tuple(int(p) for p in np.sort(rng.choice(others, size=len(k), replace=False)))
+                    for _ in range(CONTROL_DRAWS)])
+    return out
+
+
+def _control_warning(claim: EdgeClaim, verdict: str, control_mean: float, above: float | None, where: str) -> str | None:
+    """One line where a supported edge claim's effect is not specific to its tokens (None otherwise)."""
+    if verdict != "supported" or above is None:
+        return None
+    reasons = []
+    if math.isfinite(control_mean) and control_mean >= claim.threshold:
+        reasons.append(f"blocking the target row's edges to as many random other tokens in {where} moves the target "
+                       f"by {control_mean:.3g} (>= threshold {claim.threshold:g})")
+    if above <= 0.5:
+        reasons.append(f"the named edges move the target more than random ones in only {above:.0%} of the examples")
+    if not reasons:
+        return None
+    return "; ".join(reasons) + f": the effect is not specific to {claim.to_what}"
+
+
 def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
     from probe.intervene.knockout import EdgeSet
 
@@ -548,12 +612,20 @@ def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
              else sorted({ctx.head(h, index, "heads") for h in claim.head_list}))
     keys = _edge_keys(ctx, claim, index)
     sites = tuple((layer, head) for layer in window for head in heads)
+    controls = _control_keys(ctx, keys, sites)
     sets = [EdgeSet(i, k, sites) for i, k in enumerate(keys) if k]
-    changes = _blocked_changes(ctx, sets, claim.renormalise)
-    effects = np.array([abs(changes[i]) if i in changes else np.nan for i in range(len(ctx.examples))])
-    signed = np.array([changes.get(i, np.nan) for i in range(len(ctx.examples))])
+    control_sets = [EdgeSet(i, c, sites) for i, draws in enumerate(controls) for c in draws]
+    all_changes = _set_changes(ctx, sets + control_sets, claim.renormalise)  # one batched call: one shared f(x)
+    changes = {s.example: float(c) for s, c in zip(sets, all_changes[: len(sets)])}
+    n_all = len(ctx.examples)
+    drawn: dict[int, list[float]] = {}
+    for s, c in zip(control_sets, all_changes[len(sets):]):
+        drawn.setdefault(s.example, []).append(abs(float(c)))
+    control = np.array([float(np.mean(drawn[i])) if i in drawn else np.nan for i in range(n_all)])
+    effects = np.array([abs(changes[i]) if i in changes else np.nan for i in range(n_all)])
+    signed = np.array([changes.get(i, np.nan) for i in range(n_all)])
     raw = ctx.scores("attention").scores
-    shares = np.full(len(ctx.examples), np.nan)
+    shares = np.full(n_all, np.nan)
     details: list[dict] = []
     for i, k in enumerate(keys):
         if not k:
@@ -563,21 +635,35 @@ def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
         shares[i] = float(rows[..., list(k)].sum(dim=-1).nanmean())
         texts = ctx.texts(i)
         details.append({"tokens": [f"{texts[p] or ctx.examples[i].tokens[p]}@{p}" for p in k],
-                        "attention_share": shares[i], "signed_change": float(signed[i])})
+                        "attention_share": shares[i], "signed_change": float(signed[i]),
+                        "control_abs_change": float(control[i]), "control_tokens": [list(c) for c in controls[i]]})
     rule = at_least_rule(claim.threshold)
     j = ctx.judge(effects, rule)
     span = f"layer {window[0]}" if len(window) == 1 else (
         f"layers {window[0]}-{window[-1]}" if window == list(range(window[0], window[-1] + 1))
         else f"layers {', '.join(map(str, window))}")
     which = "every head" if claim.head_list is None else f"heads {', '.join(map(str, heads))}"
+    with_control = np.isfinite(control) & np.isfinite(effects)
+    above = float(np.mean(effects[with_control] > control[with_control])) if with_control.any() else None
+    control_summary = _summary(ctx, control)
+    control_evidence = {"measure": f"mean |change| over {CONTROL_DRAWS} seeded draws of as many other scored tokens "
+                                   "(never a named or special token, nor a sink of half the claim's heads or more), their "
+                                   "edges blocked alike",
+                        "mean_abs_change": control_summary, "draws": CONTROL_DRAWS,
+                        "share_named_above_control": above, "n_with_control": int(with_control.sum())}
+    warning = _control_warning(claim, j.verdict, control_summary["mean"], above, f"{which} of {span}")
+    if warning is not None:
+        control_evidence["warning"] = warning
     evidence = {"signed_change": _summary(ctx, signed),
                 "attention_share": _summary(ctx, shares),
+                "control": control_evidence,
                 "n_searched": len(ctx.examples), "n_with_target": len(sets), "layers": window,
                 **_evidence_examples(ctx, effects, details)}
     return _result(claim, j, measure=f"|change| of the target when the target row's edges to {claim.to_what} are "
                                      f"blocked in {which} of {span}",
                    rule=rule, intervention=f"edge knockout: the target row's edges to {claim.to_what} blocked at once "
-                                           f"in {which} of {span}, {_renormalised(claim.renormalise)}",
+                                           f"in {which} of {span}, {_renormalised(claim.renormalise)}; control: "
+                                           f"{CONTROL_DRAWS} seeded draws of as many other tokens blocked alike",
                    evidence=evidence)
 
 

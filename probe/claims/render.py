@@ -27,7 +27,7 @@ def md_escape(text) -> str:
     """Markdown text with control characters (ESC, NUL, bidi overrides) shown as escapes."""
     return _md_escape(printable(text))
 
-__all__ = ["render_html", "render_markdown"]
+__all__ = ["claim_warnings", "render_html", "render_markdown"]
 
 TEXT_CHARS = 240
 COLOURS = {"supported": "#1a7f37", "refuted": "#cf222e", "inconclusive": "#9a6700"}
@@ -58,11 +58,19 @@ def _short(text: str) -> str:
     return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
 
 
+def claim_warnings(evidence: dict) -> list[str]:
+    """The warnings a claim's evidence carries (a ``warning`` entry, at the top or in one of its
+    parts such as an edge claim's ``control``), shown on their own line above the evidence."""
+    found = [evidence["warning"]] if isinstance(evidence.get("warning"), str) else []
+    found += [v["warning"] for v in evidence.values() if isinstance(v, dict) and isinstance(v.get("warning"), str)]
+    return found
+
+
 def _evidence_lines(evidence: dict) -> list[tuple[str, str]]:
     """Scalar and summary entries of the evidence as (name, value) text pairs (example lists excluded)."""
     out = []
     for key, value in evidence.items():
-        if key in ("for", "against"):
+        if key in ("for", "against", "warning"):
             continue
         if isinstance(value, dict):
             if "mean" in value and "ci" in value:
@@ -75,6 +83,8 @@ def _evidence_lines(evidence: dict) -> list[tuple[str, str]]:
             else:
                 parts = []
                 for k, v in value.items():
+                    if k == "warning":  # shown on its own line (claim_warnings)
+                        continue
                     if isinstance(v, dict) and "mean" in v:
                         parts.append(f"{k} {_num(v['mean'])} (CI {_ci(v.get('ci'))})")
                     elif not isinstance(v, (dict, list)):
@@ -137,6 +147,7 @@ def _md_claim(i: int, c: dict) -> list[str]:
              f"- measure: {_md(c['measure'])}",
              f"- rule: {_md(c['rule'])}",
              f"- intervention: {_md(c['intervention'])}"]
+    lines[4:4] = [f"- **warning**: {_md(w)}" for w in claim_warnings(c["evidence"])]
     lines += [f"- {_md(key)}: {_md(value)}" for key, value in _evidence_lines(c["evidence"])]
     for side in ("for", "against"):
         entries = c["evidence"].get(side) or []
@@ -219,6 +230,7 @@ def _html_claim(i: int, c: dict) -> list[str]:
            f"n = {_e(c['n'])}{_e(_needed(c))}</li>",
            f"<li>measure: {_e(c['measure'])}</li>", f"<li>rule: {_e(c['rule'])}</li>",
            f"<li>intervention: {_e(c['intervention'])}</li>"]
+    out[3:3] = [f"<li><b>warning</b>: {_e(w)}</li>" for w in claim_warnings(c["evidence"])]
     out += [f"<li>{_e(key)}: {_e(value)}</li>" for key, value in _evidence_lines(c["evidence"])]
     out.append("</ul>")
     for side in ("for", "against"):
