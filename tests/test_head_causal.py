@@ -344,3 +344,348 @@ def test_the_unit_on_the_smollm2_builtin_equals_a_by_hand_computation(builtin_ca
     for r in units.itertuples():
         assert r.n == len(taus[(r.layer, r.head)])
         assert r.mean == pytest.approx(float(np.mean(taus[(r.layer, r.head)])), abs=1e-9), r.unit
+
+
+# ----------------------------------------------------------------------------- randomised models
+#
+# House rule: every method and the verdict are tested on a randomised model. In a random model a
+# head's heavier edges can *mechanically* matter more through that head (blocking an edge removes
+# its weight times its value), so "matters" is not wrong by itself; what is wrong is "matters"
+# decided on effects at the noise floor, or a family-wise rule that fires on a null. Each test
+# below states its truth from the model's construction and computes it without probe.
+
+_FLOOR_ULPS = 16  # the verdict's noise floor: 16 float32 epsilons of the target's scale
+
+
+def _floor(target: float, scale: float) -> float:
+    return _FLOOR_ULPS * float(np.finfo(np.float32).eps) * max(abs(target), scale)
+
+
+def _pair_signs(v: np.ndarray) -> np.ndarray:
+    """``[..., T] -> [..., T, T]``: sign(v_i - v_j)."""
+    return np.sign(v[..., :, None] - v[..., None, :])
+
+
+def _tau_untied(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Kendall's tau of ``x [T]`` with each row of ``y [P, T]`` for values without ties (then tau-a =
+    tau-b): the mean pair concordance."""
+    t = len(x)
+    return (_pair_signs(x) * _pair_signs(y)).sum((-1, -2)) / (t * (t - 1))
+
+
+@torch.no_grad()
+def _float64_cls_edges(folder: Path, texts: list[str]) -> dict[str, dict]:
+    """Per text, by plain float64 eager forwards of a one-layer BERT classifier: ``ids``, the
+    predicted ``label`` and its probability ``p``, and per head the [CLS] attention row ``att
+    [head, word]`` and the renormalised knockout effects of its own edges ``eff [head, word]``
+    (p - p with the edge [CLS] -> word blocked, -inf in that head's additive mask), on the words
+    only ([CLS] and [SEP] are not scored)."""
+    import transformers
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        folder, attn_implementation="eager").double().eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert model.config.num_hidden_layers == 1
+    heads = model.config.num_attention_heads
+    module = model.bert.encoder.layer[0].attention.self
+    out: dict[str, dict] = {}
+    for text in texts:
+        ids = torch.tensor([tok(text)["input_ids"]])  # [1, seq]
+        n = ids.shape[1]
+        first = model(input_ids=ids, output_attentions=True)
+        p = first.logits.softmax(-1)[0]  # [class]
+        label = int(p.argmax())
+        masks = torch.zeros(heads * (n - 2), heads, n, n, dtype=torch.float64)  # [row, head, query, key] additive
+        for h in range(heads):
+            for t in range(1, n - 1):
+                masks[h * (n - 2) + t - 1, h, 0, t] = float("-inf")
+
+        def pre(mod, args, kwargs, masks=masks):
+            kwargs["attention_mask"] = masks
+            return args, kwargs
+
+        handle = module.register_forward_pre_hook(pre, with_kwargs=True)
+        try:
+            knocked = model(input_ids=ids.expand(len(masks), n)).logits.softmax(-1)[:, label]  # [row]
+        finally:
+            handle.remove()
+        out[text] = {"ids": ids[0].tolist(), "label": label, "p": float(p[label]),
+                     "att": first.attentions[0][0, :, 0, 1:-1].numpy(),  # [head, word]
+                     "eff": (p[label] - knocked).reshape(heads, n - 2).numpy()}  # [head, word]
+    return out
+
+
+def _max_t_truth(rows: list[tuple[np.ndarray, np.ndarray]], permutations: int, seed: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean tau [head], max-T p [head])`` over examples ``rows`` of ``(att [head, word], y [head, word])``:
+    each example's effects permuted over its words (one permutation for every head of the example)."""
+    rng = np.random.default_rng(seed)
+    heads = rows[0][0].shape[0]
+    observed, null = np.zeros(heads), np.zeros((permutations, heads))  # [head], [permutation, head]
+    for att, y in rows:
+        order = np.argsort(rng.random((permutations, att.shape[1])), axis=1)  # [permutation, word]
+        for h in range(heads):
+            observed[h] += _tau_untied(att[h], y[h][None])[0] / len(rows)
+            null[:, h] += _tau_untied(att[h], y[h][order]) / len(rows)
+    top = null.max(axis=1)  # [permutation]
+    return observed, (1 + (top[:, None] >= observed[None, :]).sum(0)) / (permutations + 1)
+
+
+@pytest.mark.parametrize("absolute", [False, True], ids=["signed", "absolute"])
+def test_the_randomised_planted_model_gets_its_float64_truth(tmp_path, absolute):
+    """planted:randomised (one layer, two heads, transformers' default init, nothing trained). Its
+    query/key weights have std 0.02, so every [CLS] row is near uniform; a renormalised knockout moves
+    the head's output by a_t / (1 - a_t) (v_t - o), so the effect's ranking is the random value term's,
+    which the attention does not predict: the truth, computed here in float64 on all 64 study texts
+    with an own max-T permutation test, is that no head's agreement is above chance. probe (32 of the
+    texts, float32) must then answer "does not matter" for each head (the effects stand above the
+    noise floor on every example, so none is undecidable), keep exactly the examples whose float64
+    effects clear the floor, rank as float64 does, and give a family-wise p-value near the truth's on
+    the same examples."""
+    from probe.models.planted import materialize_planted
+    from probe.planted_texts import study_texts
+
+    folder = materialize_planted("randomised")
+    texts = [t.text for t in study_texts("randomised")]
+    truth = _float64_cls_edges(folder, texts)
+    alpha, permutations = 0.05, 2000
+
+    def ys(r):
+        return np.abs(r["eff"]) if absolute else r["eff"]
+
+    for r in truth.values():  # tau-a is tau-b: no ties in float64
+        assert all(len(np.unique(v[h])) == v.shape[1] for v in (r["att"], ys(r)) for h in range(v.shape[0]))
+    # the premise: near-uniform rows (a 1-layer model at std 0.02: the heaviest edge at most ~2x the lightest)
+    assert max(float(r["att"].max() / r["att"].min()) for r in truth.values()) < 3
+    mean_all, p_all = _max_t_truth([(r["att"], ys(r)) for r in truth.values()], permutations, seed=0)
+    print(f"float64 truth on all {len(texts)} texts ({'|effect|' if absolute else 'signed'}): mean tau "
+          f"{np.round(mean_all, 4)}, max-T p {np.round(p_all, 4)}")
+    assert (p_all > alpha).all()  # random weights plant no agreement of where a head looks with what passes
+
+    n = 32
+    spec = {"name": "hc-randomised", "model": {"id": "planted:randomised"},
+            "dataset": {"name": "planted:randomised", "n": n},
+            "target": {"kind": "prob"}, "explainers": ["attention"], "references": ["loo_delete"],
+            "metrics": {"top_k": [1, 2], "erasure": None, "counterfactual": None, "heads": None,
+                        "sanity": {"randomisation": False}, "heads_causal": {"absolute": absolute}},
+            "statistics": {"bootstrap": 200, "measure": "kendall_tau", "permutations": 1000},
+            "output": str(tmp_path / "out")}
+    v = run_study(study_from_dict(spec), progress=False, log=lambda text: None).verdict
+    out = tmp_path / "out"
+    units = pd.read_parquet(out / "heads_causal.parquet").sort_values("head")
+    edges = pd.read_parquet(out / "head_edges.parquet")
+    examples = pd.read_parquet(out / "examples.parquet")
+    tokens = pd.read_parquet(out / "tokens.parquet")
+    print(v.heads_causal["headline"])
+    print(units[["unit", "n", "mean", "ci_low", "ci_high", "p_chance", "p_family", "answer"]].to_string())
+    assert len(units) == 2 and len(examples) == n
+    scale = float(examples.target_value.abs().median())
+    mine: dict[int, list[float]] = {0: [], 1: []}
+    probe_taus: dict[int, list[float]] = {0: [], 1: []}
+    same: list[tuple[np.ndarray, np.ndarray]] = []
+    kept = {0: 0, 1: 0}
+    margins = []
+    for e in examples.itertuples():
+        r = truth[e.text]
+        assert tokens[tokens.example == e.example].sort_values("position").token_id.tolist() == r["ids"]
+        assert e.target_label == r["label"] and e.target_value == pytest.approx(r["p"], abs=fp_tol(1.0, depth=3))
+        floor = _floor(e.target_value, scale)
+        for h in range(2):
+            stored = edges[(edges.example == e.example) & (edges["head"] == h)].sort_values("position")
+            x, k = stored.attention.to_numpy()[1:-1], stored.knockout.to_numpy()[1:-1]
+            np.testing.assert_allclose(x, r["att"][h], atol=fp_tol(1.0, depth=3), rtol=0)
+            # a difference of two probabilities (scale 1) after embeddings, one layer, pooler and head
+            np.testing.assert_allclose(k, r["eff"][h], atol=fp_tol(1.0, depth=3), rtol=0)
+            top = float(np.abs(r["eff"][h]).max())
+            margins.append(top / floor)
+            if top > floor:
+                kept[h] += 1
+                mine[h].append(scipy.stats.kendalltau(r["att"][h], ys(r)[h]).statistic)
+                probe_taus[h].append(scipy.stats.kendalltau(x, np.abs(k) if absolute else k).statistic)
+        same.append((r["att"], ys(r)))
+    print(f"largest effect per example and head / noise floor: min {min(margins):.2f}, median "
+          f"{np.median(margins):.2f}; examples kept per head {kept}")
+    # no example sits so close to the floor that float32 rounding could decide whether it is kept
+    assert all(m > 1.2 or m < 0.8 for m in margins)
+    mean_same, p_same = _max_t_truth(same, permutations, seed=1)
+    for r in units.itertuples():
+        h = int(r.head)
+        assert r.n == kept[h] == len(mine[h])
+        assert r.mean == pytest.approx(float(np.mean(probe_taus[h])), abs=1e-9)
+        # float32 effects lie within ~2 ulps of float64 ones while spanning tens of ulps: the same ranks,
+        # up to the few pairs of near-equal effects
+        assert abs(r.mean - float(np.mean(mine[h]))) < 0.02, (r.unit, r.mean, np.mean(mine[h]))
+        # the family-wise p-value is the truth's on the same examples, up to Monte Carlo (1000 vs 2000
+        # permutations: sd <= 0.016) and those few rank swaps
+        assert abs(r.p_family - p_same[h]) < 0.1, (r.unit, r.p_family, p_same[h])
+        assert r.answer == ("matters" if p_same[h] <= alpha else "does not matter")
+        assert r.answer == "does not matter", r.unit  # the truth on all 64 texts: not above chance
+
+
+def _surgery(source: Path, folder: Path) -> Path:
+    """The tiny BERT of ``source`` with two heads cut: L0.H1 writes nothing (its slice of the output
+    projection is zero) and L1.H2 reads the same value vector at every token (its value weights
+    are zero, its value bias a fixed nonzero vector)."""
+    import shutil
+
+    import transformers
+
+    shutil.copytree(source, folder)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(source)
+    d = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        model.bert.encoder.layer[0].attention.output.dense.weight[:, 1 * d:2 * d] = 0
+        value = model.bert.encoder.layer[1].attention.self.value
+        value.weight[2 * d:3 * d] = 0
+        value.bias[2 * d:3 * d] = torch.linspace(-1.0, 1.0, d)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cut(tiny_dirs, data, tmp_path_factory) -> dict:
+    """The cut tiny BERT (:func:`_surgery`) and one study of it with renormalised, signed knockouts."""
+    root = tmp_path_factory.mktemp("head-causal-cut")
+    folder = _surgery(tiny_dirs["bert"], root / "model")
+    spec = _study(folder, data, root / "out", n=24)
+    spec["statistics"]["permutations"] = 1000
+    run_study(study_from_dict(spec), progress=False, log=lambda text: None)
+    return {"folder": folder, "spec": spec, "out": root / "out"}
+
+
+def _units(out: Path) -> dict[tuple[int, int], object]:
+    return {(int(r.layer), int(r.head)): r for r in pd.read_parquet(out / "heads_causal.parquet").itertuples()}
+
+
+NOTHING_PASSES, SAME_VALUES = (0, 1), (1, 2)
+
+
+def test_a_head_nothing_passes_through_is_undecidable(cut):
+    """Renormalised knockout on the cut tiny BERT. L0.H1 writes nothing: every knockout effect through
+    it is exactly 0. L1.H2 reads one value at every token, so a renormalised row over any subset of its
+    keys outputs that value: blocking an edge changes nothing but the rounding, its effects sit at the
+    noise floor. Both have nothing to rank: "undecidable" with no example kept, never "matters", while
+    its attention row stays as peaked as any other head's."""
+    from probe.study.heads_causal import AT_FLOOR, heads_causal
+
+    out = cut["out"]
+    edges = pd.read_parquet(out / "head_edges.parquet")
+    examples = pd.read_parquet(out / "examples.parquet")
+    units = _units(out)
+    scale = float(examples.target_value.abs().median())
+    floors = examples.set_index("example").target_value.map(lambda t: _floor(t, scale))
+    for unit in (NOTHING_PASSES, SAME_VALUES):
+        part = edges[(edges.layer == unit[0]) & (edges["head"] == unit[1])]
+        effects = part.knockout.dropna()
+        assert len(effects) > 0 and (part.attention.max() > 0.5)  # it does look somewhere
+        if unit == NOTHING_PASSES:
+            assert (effects == 0).all()
+        worst = part.groupby("example").knockout.agg(lambda s: s.abs().max())
+        print(unit, f"largest |effect| {float(effects.abs().max()):.3g}, noise floor {float(floors.min()):.3g}")
+        assert (worst <= floors.loc[worst.index]).all()
+        r = units[unit]
+        assert r.answer == "undecidable" and r.n == 0, r
+        assert "noise floor" in r.why
+    for unit, r in units.items():  # the heads with a path: every example shows an effect through them
+        if unit not in (NOTHING_PASSES, SAME_VALUES):
+            assert r.n == len(examples) and r.answer in ("matters", "does not matter")
+    study = study_from_dict(cut["spec"])
+    result = heads_causal({"examples": examples, "head_edges": edges}, study, measure="kendall_tau", dtype="fp32")
+    left = result.left_out.groupby(["layer", "head"]).reason.agg(lambda s: set(s))
+    for unit in (NOTHING_PASSES, SAME_VALUES):
+        assert left.loc[unit] == {AT_FLOOR}
+        assert len(result.left_out[(result.left_out.layer == unit[0]) & (result.left_out["head"] == unit[1])]) == len(
+            examples)
+
+
+def test_zeroed_knockouts_on_random_heads_matter_mechanically(cut, data, tmp_path):
+    """The same cut model with the blocked weight zeroed (not renormalised) and effects compared by
+    magnitude: blocking edge t removes a_t v_t from the head's output, so |effect| ~ a_t |c_t| with c_t
+    the value's (random) leverage on the target. For c independent of a, |effect| rises with a on
+    average: tau > 0, and the tiny models' sharpened attention spreads a over orders of magnitude,
+    more than |c| spreads: every head with a path "matters" (a true mechanical answer). For L1.H2
+    c is one constant (the same value at every token): |effect| = |f(1) - f(1 - a_t)| is monotone in
+    a_t, tau = 1 up to rounding of the smallest effects. L0.H1 writes nothing: still undecidable."""
+    spec = _study(cut["folder"], data, tmp_path / "out", n=24, heads_causal={"renormalise": False, "absolute": True})
+    spec["statistics"]["permutations"] = 1000
+    run_study(study_from_dict(spec), progress=False, log=lambda text: None)
+    edges = pd.read_parquet(tmp_path / "out" / "head_edges.parquet").dropna()
+    units = _units(tmp_path / "out")
+    for unit, r in units.items():
+        print(r.unit, r.n, f"{r.mean:+.3f}", r.p_family, r.answer)
+        if unit == NOTHING_PASSES:
+            assert r.answer == "undecidable" and r.n == 0
+            continue
+        part = edges[(edges.layer == unit[0]) & (edges["head"] == unit[1]) & (edges.knockout != 0)]
+        log_a = np.log(part.attention.to_numpy())
+        log_c = np.log(np.abs(part.knockout.to_numpy()) / part.attention.to_numpy())
+        spread = part.assign(a=log_a, c=log_c).groupby("example")[["a", "c"]].std().median()
+        assert spread.a > spread.c, (r.unit, spread)  # the premise: attention spreads more than leverage
+        assert r.answer == "matters" and r.n == 24 and r.mean > 0.3, r
+    assert units[SAME_VALUES].mean > 0.95
+
+
+def _with_knockout(edges: pd.DataFrame, knockout: np.ndarray) -> pd.DataFrame:
+    out = edges.copy()
+    out["knockout"] = np.where(np.isfinite(edges.knockout.to_numpy()), knockout, np.nan)
+    return out
+
+
+def test_a_perfect_agreement_at_the_noise_floor_is_not_called_matters(cut):
+    """The cut model's tables with every head's knockout effects replaced by its own attention row over
+    the scored tokens, scaled so its largest effect is a chosen size: a perfect agreement (tau = 1) on
+    every example. With the largest effect 1e-7, below the noise floor (16 float32 eps x ~0.5 = 1e-6),
+    the ranking would be rounding: every head "undecidable". With 1e-3, every head "matters"."""
+    from probe.study.heads_causal import heads_causal
+
+    edges = pd.read_parquet(cut["out"] / "head_edges.parquet")
+    examples = pd.read_parquet(cut["out"] / "examples.parquet")
+    study = study_from_dict(cut["spec"])
+    assert 1e-7 < _floor(float(examples.target_value.abs().min()), float(examples.target_value.abs().median()))
+    scored = edges.attention.where(edges.knockout.notna())
+    row = scored / scored.groupby([edges.example, edges.layer, edges["head"]]).transform("max")  # max 1 per row
+    for largest, answer, n in ((1e-7, "undecidable", 0), (1e-3, "matters", len(examples))):
+        tables = {"examples": examples, "head_edges": _with_knockout(edges, largest * row.to_numpy())}
+        units = heads_causal(tables, study, measure="kendall_tau", dtype="fp32").units
+        assert (units.answer == answer).all() and (units.n == n).all(), (largest, units)
+        if n:
+            assert np.allclose(units["mean"], 1.0)
+
+
+@pytest.mark.slow
+def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
+    """An exact null: each (example, head)'s knockout effects of the cut model shuffled over its tokens
+    (seeded), so they are exchangeable given the attention row. Over 100 shuffles, a "matters" anywhere
+    among the 6 heads with a path is a family-wise false positive: expected at most 5 in 100 (max-T at
+    alpha 0.05); more than 11 has probability < 0.5% under that bound, while a rule on the unadjusted
+    p-values (about 1 - 0.95^6 = 26% of shuffles) would fail it. Each head's unadjusted rate stays
+    near alpha; the two heads without a path stay undecidable."""
+    from probe.study.heads_causal import heads_causal
+
+    edges = pd.read_parquet(cut["out"] / "head_edges.parquet")
+    examples = pd.read_parquet(cut["out"] / "examples.parquet")
+    spec = json.loads(json.dumps(cut["spec"]))
+    spec["statistics"]["bootstrap"] = 100
+    study = study_from_dict(spec)
+    groups = list(edges.groupby(["example", "layer", "head"]).indices.values())
+    original = edges.knockout.to_numpy()
+    rng = np.random.default_rng(7)
+    shuffles, family, unadjusted = 100, 0, 0
+    per_head = np.zeros(8)
+    for _ in range(shuffles):
+        knockout = original.copy()
+        for rows in groups:
+            rows = rows[np.isfinite(original[rows])]
+            knockout[rows] = original[rng.permutation(rows)]
+        units = heads_causal({"examples": examples, "head_edges": _with_knockout(edges, knockout)}, study,
+                             measure="kendall_tau", dtype="fp32").units.sort_values(["layer", "head"])
+        family += bool((units.answer == "matters").any())
+        unadjusted += bool((units.p_chance <= 0.05).any())
+        per_head += (units.p_chance <= 0.05).to_numpy()
+        cut_heads = units[[(int(a), int(b)) in (NOTHING_PASSES, SAME_VALUES) for a, b in zip(units.layer,
+                                                                                             units["head"])]]
+        assert (cut_heads.answer == "undecidable").all()
+    print(f"family-wise false positives {family}/{shuffles}; any unadjusted p <= alpha {unadjusted}/{shuffles}; "
+          f"per head {per_head.astype(int).tolist()}")
+    assert family <= 11
+    assert per_head.max() <= 12  # one head alone: Binomial(100, 0.05) > 12 has probability < 0.2%
