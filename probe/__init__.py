@@ -23,8 +23,8 @@ _EXPORTS = {
     "counterfactual_attention": "probe.api", "load_study": "probe.api", "study_from_dict": "probe.api",
     "run_study": "probe.api", "load_results": "probe.api", "load_claims": "probe.api",
     "build_report": "probe.report.build", "build_comparison": "probe.report.build",
-    "load_explanation": "probe.api",
-    "Explanation": "probe.api", "StudyResult": "probe.report.results",
+    "load_explanation": "probe.explanation",
+    "Explanation": "probe.explanation", "StudyResult": "probe.report.results",
     "explain": "probe.api", "capture": "probe.api", "audit": "probe.api", "api": "probe.api",
     "registry": "probe.registry", "spec": "probe.spec",
     "ProbeModel": "probe.models.core", "TokenScores": "probe.rows.scores",
@@ -44,9 +44,6 @@ if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run 
     )
     from probe import (
         spec as spec,
-    )
-    from probe.api import (
-        Explanation as Explanation,
     )
     from probe.api import (
         audit as audit,
@@ -74,9 +71,6 @@ if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run 
     )
     from probe.api import (
         load_claims as load_claims,
-    )
-    from probe.api import (
-        load_explanation as load_explanation,
     )
     from probe.api import (
         load_model as load_model,
@@ -110,6 +104,12 @@ if TYPE_CHECKING:  # what a type checker sees (``X as X``: re-exported); at run 
     )
     from probe.errors import (
         ProbeError as ProbeError,
+    )
+    from probe.explanation import (
+        Explanation as Explanation,
+    )
+    from probe.explanation import (
+        load_explanation as load_explanation,
     )
     from probe.models.core import (
         AttentionContract as AttentionContract,

@@ -44,6 +44,14 @@ def storage_error(err: OSError, path, doing: str = "write") -> StorageError:
     return StorageError(f"cannot {doing} {path}: {cause}; {fix}")
 
 
+def positive_int(value, argument: str) -> int:
+    """``value`` when it is a whole number of at least 1 (not a bool), else an :class:`InputError` naming
+    ``argument`` and an example."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{argument}={value!r} is not a positive whole number; give e.g. {argument}=8")
+    return value
+
+
 def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn(message, category)`` attributed to the first frame outside the probe package:
     the line of the user's code (a script, a notebook cell, a test) that called into probe, whatever

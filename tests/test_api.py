@@ -26,8 +26,8 @@ import pytest
 import torch
 
 import probe
-from probe.api import Explanation, ScoresWarning
 from probe.errors import InputError
+from probe.explanation import Explanation, ScoresWarning
 from probe.names import FLAG_MARK
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample

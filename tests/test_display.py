@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import probe
-from probe.api import Explanation
 from probe.display import clean_token, shown_token
 from probe.errors import InputError
+from probe.explanation import Explanation
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 from probe.study.verdict import Verdict

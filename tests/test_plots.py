@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import probe
-from probe.api import Explanation
 from probe.display import matrix_table_html, token_table_html
+from probe.explanation import Explanation
 from probe.plots import DPI, MAX_SCORES_HEIGHT, layer_lines_figure, token_scores_figure
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample

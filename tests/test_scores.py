@@ -66,7 +66,7 @@ def test_to_pandas_rows_are_example_layer_head_position():
 def test_explanation_to_pandas_adds_the_tokens_to_the_scores_table():
     from types import SimpleNamespace
 
-    from probe.api import Explanation
+    from probe.explanation import Explanation
 
     examples = (SimpleNamespace(tokens=["[CLS]", "a", "b", "[SEP]"], special=[True, False, False, True]),
                 SimpleNamespace(tokens=["[CLS]", "c", "[SEP]"], special=[True, False, True]))

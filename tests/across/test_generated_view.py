@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import probe
-from probe.api import Explanation
 from probe.display import clean_token, prompt_text, shown_token
 from probe.errors import InputError
+from probe.explanation import Explanation
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 

@@ -31,7 +31,7 @@ RANKS = {
     "metrics": 7,
     "study": 8,
     "report": 9, "claims": 9,  # siblings: the study report and the audit
-    "terminal": 10,
+    "terminal": 10, "explanation": 10,  # an explanation shows itself (display, plots) and is saved
     "api": 11, "cli": 12, "__main__": 13,  # the CLI calls the Python API
 }
 

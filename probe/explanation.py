@@ -1,0 +1,681 @@
+"""An explanation: token scores of several methods on the same prepared examples, how it shows itself
+(a notebook table, plots, a generated text's prompt x output matrix, the CLI's rows) and its folder on
+disk (:meth:`Explanation.save`, :func:`load_explanation`).
+
+:func:`probe.explain <probe.api.explain>` makes one; this module holds the value and its file I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.errors import InputError, positive_int
+from probe.frozen import PicklableFrozen
+from probe.rows.scores import TokenScores
+from probe.rows.target import PreparedExample
+
+
+class ScoresWarning(UserWarning):
+    """Scores asked for come from a method whose own check failed on them (not converged, constant,
+    a degenerate site): :meth:`Explanation.top_tokens <probe.Explanation.top_tokens>` warns with why."""
+
+
+class TopTokens(list):
+    """:meth:`Explanation.top_tokens <probe.Explanation.top_tokens>`' ``[(position, token, score), ...]``;
+    ``flags``: a line per failed check of the method on this example (empty when none), which the repr
+    shows below the list; ``read_at``: which layer and head a per-layer or per-head method was read at
+    (``"layer 5 of 0..5, the last, head mean"``; "" for a token-level method), which the repr shows where
+    heads were averaged."""
+
+    flags: tuple[str, ...] = ()
+    read_at: str = ""
+
+    def __repr__(self) -> str:
+        shown = [f"read at {self.read_at}"] if self.read_at.endswith("head mean") else []
+        return super().__repr__() + "".join(f"\n# {line}" for line in (*shown, *self.flags))
+
+
+@dataclass(frozen=True, repr=False)
+class Explanation(PicklableFrozen):
+    """Token scores of several methods on the same prepared examples.
+
+    ``scores[method]`` is that method's :class:`TokenScores` (per example ``[tokens]``,
+    ``[layer, head, tokens]`` or ``[layer, tokens]``); ``skipped`` says why default methods were
+    left out (only when the methods were not chosen). ``words``: per example, each word's text and
+    the positions of its tokens, as the tokenizer's offsets and word ids (:func:`explain` fills it)
+    split them; None when made without a tokenizer (then the token markers decide, see
+    :meth:`to_pandas`).
+
+    In a notebook it shows itself as a token x method table (``_repr_html_``); :meth:`plot` draws
+    one example's scores.
+
+    A score is NaN where the method does not score the token: special tokens ([CLS], [SEP], <s>,
+    ...; ``examples[i].special``) under the interventions, which never delete them. Attention and
+    gradient methods do score special tokens. So ``scores.argmax()`` and ``topk`` can return a
+    special token (torch sorts NaN above every number): :meth:`top_tokens` ranks real tokens only.
+    An explanation pickles, and :meth:`save` / :func:`load_explanation` keep it in a folder.
+    """
+
+    model: str
+    examples: tuple[PreparedExample, ...]
+    scores: Mapping[str, TokenScores]
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    words: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] | None = field(default=None, compare=False)
+    #: per example, the spans ``explain(..., spans=...)`` found (:class:`probe.rows.spans.Span`)
+    spans: tuple[tuple[Any, ...], ...] | None = field(default=None, compare=False)
+    #: the methods' own checks that failed on these scores (:class:`probe.study.sanity.ScoreFlag`:
+    #: IG completeness above its tolerance, constant scores, a degenerate site), per example where
+    #: the check is; every display marks them. None: not recorded, found from the scores when asked
+    #: (:meth:`failed_checks`; a degenerate site needs the model, so only :func:`explain` finds it)
+    flags: tuple[Any, ...] | None = field(default=None, compare=False)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.scores)
+
+    def failed_checks(self, method: str | None = None, example: int | None = None) -> list:
+        """The failed checks (:class:`~probe.study.sanity.ScoreFlag`) of ``method`` (default: every
+        method) that mark example ``example`` (default: any): e.g. integrated gradients whose
+        completeness delta on that example is above its tolerance (not converged)."""
+        flags = self.flags
+        if flags is None:
+            from probe.study.sanity import score_flags
+
+            flags = tuple(score_flags(self.examples, self.scores))
+            object.__setattr__(self, "flags", flags)  # found once; the scores are frozen
+        return [f for f in flags if (method is None or f.method == method)
+                and (example is None or f.covers(example % max(len(self.examples), 1)))]
+
+    def _flag_words(self, method: str, example: int) -> str:
+        """``"⚠ not converged"`` (the failed checks' words) where ``method`` is marked on ``example``, else ''."""
+        from probe.names import FLAG_MARK
+
+        words = list(dict.fromkeys(f.words for f in self.failed_checks(method, example)))
+        return f"{FLAG_MARK} {', '.join(words)}" if words else ""
+
+    def _flag_lines(self, example: int | None = None, method: str | None = None) -> list[str]:
+        """One line per failed check (of ``method`` or any, on ``example``'s scores or any), with why."""
+        from probe.names import FLAG_MARK
+
+        lines = []
+        for f in self.failed_checks(method, example):
+            if example is None:
+                named = [f"{i} ({self.examples[i].label_name!r})" if self.examples[i].step is not None else str(i)
+                         for i in f.examples]  # an output token: its text beside its index
+                where = f" on examples {', '.join(named)}" if f.examples else ""
+                lines.append(f"{FLAG_MARK} {f.method} {f.words}{where}: {f.detail}")
+            else:
+                lines.append(f"{FLAG_MARK} {f.method} {f.words} here: {f.note(example)}")
+        return lines
+
+    def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
+                   head: int | None = None) -> TopTokens:
+        """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
+        by ``method`` (default: the only method), highest first: special tokens and NaN scores are
+        left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
+        last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
+        as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
+        say so). Where the method's own check failed on this
+        example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
+        shows them) and a :class:`ScoresWarning` is issued."""
+        positive_int(k, "k")
+        if method is None:
+            if len(self.scores) != 1:
+                raise InputError(f"this explanation has {len(self.scores)} methods ({', '.join(self.scores)}): "
+                                 "give method=NAME")
+            method = next(iter(self.scores))
+        result = self[method]
+        n = len(self.examples)
+        if isinstance(example, bool) or not isinstance(example, int) or not -n <= example < n:
+            raise InputError(f"example={example!r} does not exist: this explanation has examples "
+                             f"0..{len(self.examples) - 1}")
+        values = result.scores[example]
+        if result.per_head or result.per_layer:
+            n_layers = values.shape[0]
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} "
+                                 "(-1 is the last)")
+            values = values[layer]
+        if result.per_head:
+            n_heads = values.shape[0]
+            if head is None:  # [head, tokens] -> [tokens]: the head mean the table and the plots show
+                values = torch.nanmean(values.double(), dim=0)
+            elif isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
+                raise InputError(f"head={head!r} does not exist: {method} has heads 0..{n_heads - 1}")
+            else:
+                values = values[head]
+        chosen = self.examples[example]
+        scores = values.double().numpy()
+        real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
+        ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
+        top = TopTokens((p, chosen.tokens[p], float(scores[p])) for p in ranked)
+        top.read_at = self._read_at(method, layer, head)
+        top.flags = tuple(self._flag_lines(example % len(self.examples), method))
+        if top.flags:
+            from probe.errors import warn_at_caller
+
+            warn_at_caller(f"top_tokens(method={method!r}, example={example}): " + "; ".join(top.flags), ScoresWarning)
+        return top
+
+    def outputs(self) -> list[tuple[int, ...]]:
+        """A step-by-step explanation (``generate=`` / ``steps=True``): per explained text, the
+        indices into :attr:`examples` of its output tokens, in order (empty when the targets are
+        not steps)."""
+        from probe.rows.target import sources
+
+        groups: dict[int, list[int]] = {}
+        for i, (e, text) in enumerate(zip(self.examples, sources(self.examples))):
+            if e.output_index is not None:
+                groups.setdefault(text, []).append(i)
+        return [tuple(g) for g in groups.values()]
+
+    def _output_group(self, text: int) -> tuple[int, ...]:
+        groups = self.outputs()
+        if not groups:
+            raise InputError("this explanation explains one target per text, not its output token by token: explain "
+                             "with generate=N (or steps=True and a continuation) for output x source matrices")
+        if isinstance(text, bool) or not isinstance(text, int) or not -len(groups) <= text < len(groups):
+            raise InputError(f"text={text!r} does not exist: this explanation has texts 0..{len(groups) - 1}")
+        return groups[text]
+
+    def _generated_groups(self) -> list[tuple[int, ...]]:
+        """:meth:`outputs` where every example is an output token (a generated or step explanation), else []."""
+        groups = self.outputs()
+        return groups if groups and sum(len(g) for g in groups) == len(self.examples) else []
+
+    def _read_at(self, method: str, layer: int = -1, head: int | None = None) -> str:
+        """Which layer (and head) a one-layer view of ``method`` shows, as words: ``"layer 5 of 0..5,
+        head mean"``; "" for a token-level method."""
+        result = self[method]
+        if not (result.per_head or result.per_layer) or not len(result.scores):
+            return ""
+        n_layers = int(result.scores[0].shape[0])
+        shown = layer % n_layers if isinstance(layer, int) and -n_layers <= layer < n_layers else layer
+        words = f"layer {shown} of 0..{n_layers - 1}" + (", the last" if shown == n_layers - 1 else "")
+        if result.per_head:
+            words += ", head mean" if head is None else f", head {head}"
+        return words
+
+    def stacked(self, method: str, text: int = 0) -> torch.Tensor:
+        """``method``'s scores of text ``text``'s output tokens stacked: ``[output token, ...,
+        source token]`` (``...``: the method's layer and head axes, if any); a row per output token,
+        whose target is that token's log-prob given the prompt and the output before it."""
+        result = self[method]
+        rows = [result.scores[i] for i in self._output_group(text)]
+        width = max(r.shape[-1] for r in rows)  # target-side rows grow by the output written before them
+        return torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[-1]), value=float("nan")) for r in rows])
+
+    def matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> pd.DataFrame:
+        """The ``[output token x source token]`` matrix of ``method`` for text ``text``: one row per
+        output token (index: ``"step: token"``), one column per source token (``"position: token"``),
+        each token as ``probe.display.shown_token`` shows it (whitespace visible: ``2: ↵``).
+        A per-layer method is read at ``layer`` (default the last), a per-head one at ``layer`` and
+        ``head`` (None: the mean over heads). NaN where the method does not score a token."""
+        from probe.display import shown_token
+
+        values = self.stacked(method, text)
+        result = self[method]
+        if result.per_head or result.per_layer:
+            n_layers = values.shape[1]
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} (-1 is the "
+                                 f"last)")
+            values = values[:, layer]
+        if result.per_head:
+            n_heads = values.shape[1]
+            if head is None:
+                values = values.mean(dim=1)
+            elif isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
+                raise InputError(f"head={head!r} does not exist: {method} has heads 0..{n_heads - 1}")
+            else:
+                values = values[:, head]
+        group = self._output_group(text)
+        widest = self.examples[max(group, key=lambda i: len(self.examples[i].tokens))]
+        rows = [f"{self.examples[i].output_index}: {shown_token(self.examples[i].label_name)}" for i in group]
+        columns = [f"{p}: {shown_token(t)}" for p, t in enumerate(widest.tokens)]
+        return pd.DataFrame(values.double().numpy(), index=pd.Index(rows, name="output token"),
+                            columns=pd.Index(columns, name="source token"))
+
+    def plot_matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None):
+        """:meth:`matrix` as a heatmap: output tokens down, source tokens across; a per-layer or
+        per-head method at ``layer`` (default the last) and ``head`` (default their mean), which the
+        title names; the prompt (a chat prompt's messages) above the map, wrapped, not cut. Returns
+        a :class:`matplotlib.figure.Figure`."""
+        from probe.display import prompt_text
+        from probe.names import FLAG_MARK
+        from probe.plots import matrix_figure
+
+        frame = self.matrix(method, text, layer=layer, head=head)
+        at = self._read_at(method, layer, head)  # which layer (and head) a per-layer method shows
+        group = self._output_group(text)
+        first = self.examples[group[0]]
+        marks = [self._flag_words(method, i) for i in group]
+        rows = [f"{FLAG_MARK} {r}" if mark else str(r) for r, mark in zip(frame.index, marks)]
+        flagged = sum(bool(m) for m in marks)
+        words = ", ".join(dict.fromkeys(m.split(" ", 1)[1] for m in marks if m))
+        fig = matrix_figure(frame.to_numpy(), rows, [str(c) for c in frame.columns],
+                            title=(f"{FLAG_MARK} {words} on {flagged} of {len(group)} output tokens; " if flagged
+                                   else "") + (f"{method} ({at})" if at else method),
+                            subtitle=f"{self.model}, text {text}: {prompt_text(first)}",
+                            label=f"{method} score")
+        for label, mark in zip(fig.axes[0].get_yticklabels(), marks):
+            if mark:
+                label.set_color(FLAG_COLOUR)
+        return fig
+
+    def save(self, path: str | Path) -> Path:
+        """Write the explanation into the folder ``path`` (made if missing): ``scores.parquet``
+        (:meth:`to_pandas`) and ``explanation.json`` (model, examples, methods with their
+        parameters, flags, extras and score shapes, skipped); :func:`load_explanation` reads it
+        back equal, every score exactly. Returns the folder."""
+        import json
+
+        from probe.study.store import write_file, write_table
+
+        folder = Path(path)
+        _check_explanation_folder(folder)
+        record = {
+            "format": EXPLANATION_FORMAT, "model": self.model,
+            "examples": [_example_record(e) for e in self.examples],
+            "methods": [{"name": m, "per_head": s.per_head, "per_layer": s.per_layer, "params": _json_value(s.params),
+                         "extras": _json_value(s.extras), "shapes": [list(v.shape) for v in s.scores]}
+                        for m, s in self.scores.items()],
+            "skipped": dict(self.skipped),
+            # the methods' failed checks, as found when explained (a degenerate site needs the model): a loaded
+            # explanation marks the same scores
+            "flags": [f.to_dict() for f in self.failed_checks()],
+        }
+        # each file whole or not at all, a failed write's temporary file removed (the store's own writers)
+        write_table(folder / "scores.parquet", self.to_pandas())
+        write_file(folder / "explanation.json", json.dumps(record, indent=1))
+        return folder
+
+    def __getitem__(self, method: str) -> TokenScores:
+        if method not in self.scores:
+            raise InputError(f"method {method!r} was not run: this explanation has {', '.join(self.scores)}")
+        return self.scores[method]
+
+    def __repr__(self) -> str:
+        from probe.display import name_list
+
+        n = len(self.examples)
+        groups = self._generated_groups()
+        counted = (f"{len(groups)} prompt{'s' if len(groups) != 1 else ''}, {n} output token{'s' if n != 1 else ''}"
+                   if groups else f"{n} text{'s' if n != 1 else ''}")
+        text = f"<Explanation {self.model}: {counted} x {len(self.scores)} method"
+        text += f"{'s' if len(self.scores) != 1 else ''} ({name_list(self.scores)})"
+        return text + (f", {len(self.skipped)} skipped>" if self.skipped else ">")
+
+    def to_pandas(self, level: str = "token", *, agg: str = "sum") -> pd.DataFrame:
+        """The scores as a tidy table.
+
+        ``level="token"`` (default): one row per (example, method, layer, head, token): columns
+        ``example`` (index into ``examples``), ``position``, ``token`` (the tokenizer's string),
+        ``clean_token`` (the same without the ``##`` / ``Ġ`` / ``▁`` markers), ``special``,
+        ``method``, ``layer``, ``head`` (-1 where the method has none), ``score`` (float64; NaN
+        where a method does not score the token, e.g. special tokens under leave-one-out). The
+        ``scores`` table a study stores, with the token text beside each position.
+
+        ``level="span"`` (an explanation made with ``spans=``): one row per (example, span, method,
+        layer, head): columns ``example``, ``span_index``, ``span`` (its text), ``start``, ``end``
+        (character offsets), ``n_tokens``, ``method``, ``layer``, ``head``, ``score``, the span's
+        token scores folded by ``agg`` as words are.
+
+        ``level="word"``: one row per (example, method, layer, head, word), the sub-word scores of
+        each word folded by ``agg`` (``sum``, ``max`` or ``mean``): columns ``example``, ``word_index``,
+        ``word`` (its text), ``first_position`` and ``n_tokens`` (its tokens), ``special``,
+        ``method``, ``layer``, ``head``, ``score``. Words are split as :func:`explain` recorded them
+        from the tokenizer's offsets and word ids (``words``); an explanation without them splits at
+        the token markers (a ``##`` piece continues a word; a ``Ġ`` / ``▁`` piece starts one). A
+        special token is always a word of its own (``special`` True, its score as the token's).
+        NaN-aware: NaN tokens are left out of a word's sum, max or mean, and a word whose tokens
+        are all NaN is NaN (not 0, which would read as unimportant). ``max`` is the largest
+        signed value.
+        """
+        if level == "word":
+            return self._word_frame(agg)
+        if level == "span":
+            from probe.rows.spans import span_table
+
+            if self.spans is None:
+                raise InputError("this explanation has no spans: explain with spans=PATTERN (a regular expression) or "
+                                 "spans=[(start, end), ...] (character offsets)")
+            return span_table(self.scores, self.spans, agg)
+        if level != "token":
+            raise InputError(f"level={level!r} is not a level of the table: use 'token', 'word' or 'span'")
+        from probe.display import clean_token
+
+        columns = ["example", "position", "token", "clean_token", "special", "method", "layer", "head", "score"]
+        tokens = np.array([t for e in self.examples for t in e.tokens], dtype=object)
+        clean = np.array([clean_token(t) for t in tokens], dtype=object)
+        special = np.array([bool(s) for e in self.examples for s in e.special], dtype=bool)
+        starts = np.cumsum([0] + [len(e.tokens) for e in self.examples])[:-1]
+        frames = []
+        for method, result in self._checked_scores():
+            frame = result.to_pandas()
+            at = starts[frame["example"].to_numpy()] + frame["position"].to_numpy()
+            frame["token"], frame["clean_token"], frame["special"] = tokens[at], clean[at], special[at]
+            frame["method"] = method
+            frames.append(frame[columns])
+        if not frames:
+            return pd.DataFrame(columns=columns)
+        return pd.concat(frames, ignore_index=True)
+
+    def _checked_scores(self):
+        """(method, TokenScores) of the methods that scored something, each tensor's length checked."""
+        for method, result in self.scores.items():
+            if not len(result.scores):
+                continue
+            for i, values in enumerate(result.scores):
+                if values.shape[-1] != len(self.examples[i].tokens):
+                    raise ValueError(f"{method} scores {values.shape[-1]} tokens of example #{i}, which has "
+                                     f"{len(self.examples[i].tokens)}")
+            yield method, result
+
+    def word_groups(self, index: int) -> list[tuple[str, tuple[int, ...]]]:
+        """Example ``index``'s words: each one's text and the positions of its tokens (see :meth:`to_pandas`)."""
+        if self.words is not None:
+            return [(text, tuple(group)) for text, group in self.words[index]]
+        from probe.display import clean_token
+        from probe.explainers.words import groups_from_prefixes
+
+        example = self.examples[index]
+        groups = groups_from_prefixes(list(example.tokens), [bool(s) for s in example.special])
+        return [(example.tokens[g[0]] if example.special[g[0]] else "".join(clean_token(example.tokens[i]) for i in g),
+                 tuple(g)) for g in groups]
+
+    def _word_frame(self, agg: str) -> pd.DataFrame:
+        from probe.explainers.words import AGGREGATIONS, aggregate
+
+        if agg not in AGGREGATIONS:
+            raise InputError(f"agg={agg!r} is not a word aggregation: use one of {', '.join(AGGREGATIONS)}")
+        columns = ["example", "word_index", "word", "first_position", "n_tokens", "special", "method", "layer",
+                   "head", "score"]
+        words = [self.word_groups(i) for i in range(len(self.examples))]
+        frames = []
+        for method, result in self._checked_scores():
+            for i in range(len(result.scores)):
+                groups = [list(g) for _, g in words[i]]
+                folded = TokenScores(method, [aggregate(result.scores[i], groups, agg)],
+                                     per_head=result.per_head, per_layer=result.per_layer)
+                frame = folded.to_pandas().rename(columns={"position": "word_index"})
+                at = frame["word_index"].to_numpy()
+                frame["example"] = i
+                frame["word"] = np.array([text for text, _ in words[i]], dtype=object)[at]
+                frame["first_position"] = np.array([g[0] for _, g in words[i]], dtype=np.int64)[at]
+                frame["n_tokens"] = np.array([len(g) for _, g in words[i]], dtype=np.int64)[at]
+                frame["special"] = np.array([len(g) == 1 and bool(self.examples[i].special[g[0]])
+                                             for _, g in words[i]], dtype=bool)[at]
+                frame["method"] = method
+                frames.append(frame[columns])
+        if not frames:
+            return pd.DataFrame(columns=columns)
+        return pd.concat(frames, ignore_index=True)
+
+    def _rows(self, index: int, methods: Sequence[str] | None = None, *, marked: bool = False) -> dict[str, np.ndarray]:
+        """Method label -> example ``index``'s ``[tokens]`` row (per-layer and per-head methods: their
+        last layer, heads averaged; the label says so). ``marked``: a method whose own check failed
+        on this example says so in its label (``integrated_gradients ⚠ not converged``)."""
+        from probe.display import unit_row
+
+        chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
+        rows = {}
+        for method in chosen:
+            values, what = unit_row(self[method].scores[index].double().numpy())
+            label = f"{method} ({what})" if what else method
+            flagged = self._flag_words(method, index) if marked else ""
+            rows[f"{label} {flagged}" if flagged else label] = values
+        return rows
+
+    def _repr_html_(self) -> str:
+        from probe.display import MAX_EXAMPLES, block_html, clip, prompt_text, token_table_html
+
+        if self._generated_groups():
+            return self._generated_html()
+        parts = [block_html(repr(self), _warning_html(self._flag_lines()),
+                            "cells shaded by each method's score over its largest |score| on the text's scored "
+                            "tokens, written under its name (red positive, blue negative); a method at the "
+                            "target's noise floor or whose own check failed is not shaded; grey: special tokens")]
+        for i, example in enumerate(self.examples[:MAX_EXAMPLES]):
+            target = example.label_name if example.label_name is not None else example.label
+            value = "" if example.original_value is None else f" = {example.original_value:.4g}"
+            title = f"example {i}: {clip(prompt_text(example), 120)}"
+            note = f"explained: {example.kind} of {target if target is not None else 'the continuation'}{value}"
+            rows = self._rows(i, marked=True)
+            table = token_table_html(example.tokens, example.special, rows, self._faded(i, rows))
+            parts.append(block_html(title, _warning_html(self._flag_lines(i)) + table, note))
+        more = len(self.examples) - MAX_EXAMPLES
+        if more > 0:
+            parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
+                                    "(ex.to_pandas() has them all)", ""))
+        return "<div>" + "".join(parts) + "</div>"
+
+    def _faded(self, index: int, rows: Mapping[str, np.ndarray]) -> dict[str, str]:
+        """The columns of example ``index``'s table (``rows``: :meth:`_rows` with ``marked``, in the
+        order of ``scores``) left unshaded, each with why: a method whose own check failed on it,
+        and an intervention whose largest |effect| on the scored tokens is at or below the target's
+        noise floor (:data:`probe.study.decide.NOISE_ULPS` float32 epsilons times the target's
+        |value|: an explanation does not record its dtype, and float32's is the lowest floor)."""
+        from probe.names import method_family
+        from probe.study.decide import noise_floor
+
+        example = self.examples[index]
+        special = np.asarray([bool(s) for s in example.special], dtype=bool)
+        value = example.original_value
+        floor = noise_floor(abs(float(value))) if value is not None and np.isfinite(value) else None
+        faded = {}
+        for method, (label, values) in zip(self.scores, rows.items()):
+            if self._flag_words(method, index):
+                faded[label] = "its own check failed"
+                continue
+            scored = np.abs(values[~special & np.isfinite(values)])
+            if floor is not None and method_family(method) == "intervention" and scored.size and scored.max() <= floor:
+                faded[label] = f"at the target's noise floor ({floor:.1e})"
+        return faded
+
+    def _generated_html(self) -> str:
+        """A generated (step) explanation as inseq shows one: per prompt (at most ``MAX_EXAMPLES``),
+        its output, then one output x source matrix per method (:meth:`matrix`; a per-layer method
+        at its last layer, heads averaged, as its title says)."""
+        from probe.display import (
+            MAX_EXAMPLES,
+            WHITESPACE_SIGNS,
+            block_html,
+            clip,
+            matrix_table_html,
+            prompt_text,
+            shown_token,
+        )
+
+        groups = self._generated_groups()
+        parts = [block_html(repr(self), _warning_html(self._flag_lines()),
+                            "per prompt, one matrix per method: a row per output token (explained: that token given "
+                            "the prompt and the output before it), a column per source token; cells shaded by the "
+                            "method's score over the matrix's scored tokens (red positive, blue negative); grey: "
+                            "special tokens; \u2423 a space, \u21b5 a newline, ## a word piece")]
+        for t, group in enumerate(groups[:MAX_EXAMPLES]):
+            steps = [self.examples[i] for i in group]
+            first, widest = steps[0], max(steps, key=lambda e: len(e.tokens))
+            written = len(widest.tokens) - len(first.tokens)  # target-side: the output written before the last
+            output = "".join(str(e.label_name) for e in steps)
+            output = "".join(c if c == " " else WHITESPACE_SIGNS.get(c, c) for c in output)
+            values = ", ".join(f"{shown_token(e.label_name)} {e.original_value:.3f}" for e in steps
+                               if e.original_value is not None)
+            note = (f"output ({len(steps)} token{'s' if len(steps) != 1 else ''}): {output}; {first.kind} of each: "
+                    f"{values}" + ("" if written else "; sources: the prompt (target_side=True scores the output "
+                                                      "written before each token too)"))
+            body = []
+            for method, result in self.scores.items():
+                if not len(result.scores):
+                    continue
+                marks = [self._flag_words(method, i) for i in group]
+                rows = [f"{e.output_index}: {shown_token(e.label_name)}" + (f" {mark}" if mark else "")
+                        for e, mark in zip(steps, marks)]
+                at = self._read_at(method)
+                table = matrix_table_html(self.matrix(method, t).to_numpy(), rows, widest.tokens, widest.special,
+                                          written)
+                body.append(block_html(f"{method} ({at})" if at else method, table))
+            parts.append(block_html(f"prompt {t}: {clip(prompt_text(first), 200)}", "".join(body), note))
+        more = len(groups) - MAX_EXAMPLES
+        if more > 0:
+            parts.append(block_html(f"... and {more} more prompt{'s' if more != 1 else ''} "
+                                    "(ex.matrix(method, text) has each)", ""))
+        return "<div>" + "".join(parts) + "</div>"
+
+    def plot(self, example: int = 0, methods: str | Sequence[str] | None = None):
+        """Example ``example``'s token scores, one bar panel per method (default: all), the tokens
+        on the x axis; per-layer and per-head methods show their last layer (heads averaged).
+        Returns a :class:`matplotlib.figure.Figure` (on its own Agg canvas; nothing global changed)."""
+        from probe.display import clip, prompt_text, shown_token
+        from probe.names import FLAG_MARK
+        from probe.plots import token_scores_figure
+
+        if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < len(self.examples):
+            raise InputError(f"example={example!r} is not an example of this explanation: use "
+                             f"0..{len(self.examples) - 1}")
+        e = self.examples[example]
+        chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
+        marks = [self._flag_words(m, example) for m in chosen]
+        flagged = [m for m, mark in zip(chosen, marks) if mark]
+        fig = token_scores_figure([shown_token(t) for t in e.tokens], self._rows(example, chosen),
+                                  [bool(s) for s in e.special],
+                                  title=(f"{FLAG_MARK} {', '.join(flagged)}: own check failed; " if flagged else "")
+                                  + f"{self.model}, example {example}: {clip(prompt_text(e), 70)}")
+        for ax, mark in zip(fig.axes, marks):
+            _mark_axes(ax, mark)
+        return fig
+
+
+FLAG_COLOUR = "#b00000"
+
+
+def _warning_html(lines: Sequence[str]) -> str:
+    """Failed checks' lines as HTML, in the colour of a warning (each line escaped)."""
+    from probe.document import escape_html
+
+    return "".join(f'<div style="color:{FLAG_COLOUR}">{escape_html(line)}</div>' for line in lines)
+
+
+def _mark_axes(ax, mark: str) -> None:
+    """A panel of a method whose check failed: its label in the warning colour and ``mark`` inside it."""
+    if not mark:
+        return
+    ax.yaxis.label.set_color(FLAG_COLOUR)
+    ax.text(0.005, 0.96, mark, transform=ax.transAxes, ha="left", va="top", fontsize=7, color=FLAG_COLOUR,
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1})
+
+
+#: the version of the folder :meth:`Explanation.save` writes
+EXPLANATION_FORMAT = 1
+_TENSOR = "__tensor__"
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON: tensors (and numpy arrays) as ``{"__tensor__": values, "dtype": ...}``."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor):
+        return {_TENSOR: value.detach().cpu().tolist(), "dtype": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape)}
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict) and _TENSOR in value:
+        return torch.tensor(value[_TENSOR], dtype=getattr(torch, value["dtype"])).reshape(value["shape"])
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _example_record(example: PreparedExample) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: _json_value(getattr(example, f.name)) for f in dataclasses.fields(example)}
+
+
+def _example_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A saved example's fields as the example holds them (JSON keeps a chat prompt's messages as lists)."""
+    if "messages" in fields:
+        fields["messages"] = tuple(tuple(m) for m in fields["messages"])
+    if "offsets" in fields:
+        fields["offsets"] = tuple(tuple(o) for o in fields["offsets"])
+    return fields
+
+
+#: what a folder :meth:`Explanation.save` may write into holds besides these: nothing (hidden files aside)
+EXPLANATION_FILES = ("explanation.json", "scores.parquet")
+
+
+def _check_explanation_folder(folder: Path) -> None:
+    """Refuse, in one line, a folder :meth:`Explanation.save` would overwrite something else in: a file,
+    a study's result folder (its ``scores.parquet`` is the study's), any folder with other files; a
+    new folder, an empty one and an earlier save's are fine."""
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder} is a file; Explanation.save writes a folder: give a new or empty folder")
+    if not folder.is_dir():
+        return
+    others = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in EXPLANATION_FILES)
+    earlier = (folder / "explanation.json").is_file()
+    if others or ((folder / "scores.parquet").exists() and not earlier):
+        what = ("a study's result folder" if (folder / "study.json").exists() or (folder / "complete.json").exists()
+                else "other files")
+        shown = ", ".join(others[:3] or ["scores.parquet"]) + (", ..." if len(others) > 3 else "")
+        raise InputError(f"{folder} holds {what} ({shown}); Explanation.save would overwrite its scores.parquet: "
+                         "give a new or empty folder (or one an earlier Explanation.save wrote)")
+
+
+def load_explanation(path: str | Path) -> Explanation:
+    """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, equal to
+    the one saved (every score exactly; no model is loaded)."""
+    import json
+
+    folder = Path(path)
+    files = [folder / "explanation.json", folder / "scores.parquet"]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise InputError(f"{folder} is not a saved explanation (it lacks {', '.join(missing)}): give the folder "
+                         "Explanation.save(path) wrote")
+    try:
+        record = json.loads(files[0].read_text(encoding="utf-8"))
+        table = pd.read_parquet(files[1], columns=["example", "method", "layer", "head", "position", "score"])
+    except (OSError, ValueError) as err:
+        raise InputError(f"{folder} holds an unreadable explanation ({' '.join(str(err).split())[:120]}); "
+                         "save it again") from None
+    if record.get("format") != EXPLANATION_FORMAT:
+        raise InputError(f"{folder}: explanation format {record.get('format')!r} is not {EXPLANATION_FORMAT}, the one "
+                         "this probe reads; save it again with this version")
+    examples = tuple(PreparedExample(**_example_fields(_from_json(e))) for e in record["examples"])
+    table = table.sort_values(["method", "example", "layer", "head", "position"], kind="stable")
+    grouped = {key: part["score"].to_numpy() for key, part in table.groupby(["method", "example"], sort=False)}
+    scores = {}
+    for entry in record["methods"]:
+        name = entry["name"]
+        values = [torch.from_numpy(grouped[(name, i)].astype(np.float32)).reshape(shape)
+                  for i, shape in enumerate(entry["shapes"])]
+        scores[name] = TokenScores(method=name, scores=values, params=_from_json(entry["params"]),
+                                   per_head=entry["per_head"], per_layer=entry["per_layer"],
+                                   extras=_from_json(entry["extras"]))
+    from probe.study.sanity import ScoreFlag
+
+    flags = None if "flags" not in record else tuple(ScoreFlag.from_dict(f) for f in record["flags"])
+    return Explanation(model=record["model"], examples=examples, scores=MappingProxyType(scores),
+                       skipped=MappingProxyType(dict(record.get("skipped") or {})), flags=flags)
