@@ -13,7 +13,7 @@ import transformers
 
 from probe.data import load_dataset
 from probe.errors import InputError, ModelLoadError, ProbeError
-from probe.models import planted
+from probe.models import planted, planted_classifiers
 from probe.models.loading import load_model
 from probe.models.planted import (
     ANSWERS,
@@ -227,7 +227,7 @@ def test_copy_seq2seq_copies_the_marked_word(loaded):
 
 
 def test_a_build_is_deterministic(loaded, tmp_path):
-    planted._trained_classifier_state.cache_clear()  # train again, not reuse this process's training
+    planted_classifiers._trained_classifier_state.cache_clear()  # train again, not reuse this process's training
     again = build_planted("trigger-soft", tmp_path / "again")
     assert again["weights_sha256"] == loaded["trigger-soft"][4]["weights_sha256"]
     assert again["weights_sha256"] == planted.weights_sha256(loaded["trigger-soft"][1])
