@@ -336,7 +336,8 @@ def check_explain(pm) -> str:
     import torch
 
     from probe.methods import run_methods
-    from probe.rows.target import TargetSpec, prepare
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
 
     examples = prepare(pm, [TEXTS[0]], TargetSpec(), max_new_tokens=3)
     softmax = all(info.maps == "softmax" for info in pm.contract.stacks.values())

@@ -26,7 +26,8 @@ import torch  # noqa: E402
 from probe.data import load_dataset  # noqa: E402
 from probe.intervene.knockout import edge_knockout  # noqa: E402
 from probe.models.loading import load_model  # noqa: E402
-from probe.rows.target import TargetSpec, prepare  # noqa: E402
+from probe.rows.prepare import prepare  # noqa: E402
+from probe.rows.target import TargetSpec  # noqa: E402
 
 PROMPT = "Review: {text}\nSentiment (positive or negative):"
 

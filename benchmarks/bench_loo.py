@@ -31,7 +31,8 @@ from probe.intervene.engine import Engine  # noqa: E402
 from probe.intervene.rowcache import common_prefix  # noqa: E402
 from probe.intervene.tokens import loo, scorable_positions  # noqa: E402
 from probe.models.loading import load_model  # noqa: E402
-from probe.rows.target import evaluate, prepare  # noqa: E402
+from probe.rows.prepare import prepare  # noqa: E402
+from probe.rows.values import evaluate  # noqa: E402
 
 
 def load_texts(n: int) -> list[str]:

@@ -31,7 +31,7 @@ def main() -> None:
     from probe.intervene.erasure import erasure
     from probe.methods import run_method
     from probe.models.loading import load_model
-    from probe.rows.target import prepare
+    from probe.rows.prepare import prepare
 
     torch.manual_seed(0)
     pm = load_model(args.model)

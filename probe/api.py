@@ -259,7 +259,7 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     one span named by its role (``example.messages`` says where they lie). A message is always read
     as plain text: a control token's text in it (``<|im_end|>``) is spelled by ordinary tokens and
     scored, never a turn of its own (a tokenizer that cannot spell it refuses it in one line)."""
-    from probe.rows.target import prepare as _prepare
+    from probe.rows.prepare import prepare as _prepare
 
     texts = _text_list(texts, chat=chat)
     if generate is not None:

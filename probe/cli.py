@@ -213,7 +213,8 @@ def _text_sinks(pm, text: str, strict_length: bool) -> dict:
 
     from probe.explainers.sinks import attention_sinks, result_rows
     from probe.report.sinks import sink_layers, sink_lines
-    from probe.rows.target import TargetSpec, prepare
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
     from probe.study.sinks import unmeasured_reason
 
     reason = unmeasured_reason(pm.contract.stacks[pm.task.target_stack(pm.contract)].maps)
@@ -308,7 +309,8 @@ def explain(
     pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
     _check_continuation(pm, continuation)
     from probe import api
-    from probe.rows.target import TargetSpec, prepare
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
 
     if generate is not None and generate < 1:
         raise InputError(f"--generate {generate}: give a number of tokens to generate, 1 or more")

@@ -19,7 +19,9 @@ from probe.hooks.capture import capture_attention
 from probe.intervene import counterfactual as C
 from probe.intervene import heads as H
 from probe.models.loading import load_model
-from probe.rows.target import build_rows, prepare, target_values
+from probe.rows.forward import build_rows
+from probe.rows.prepare import prepare
+from probe.rows.values import target_values
 
 from tiny_models import TINY_KINDS
 from tolerances import assert_fp_close, fp_tol, model_depth

@@ -8,7 +8,8 @@ import torch
 from probe.errors import InputError
 from probe.explainers.attention import attention_scores
 from probe.explainers.rollout import rollout_matrices
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 

@@ -222,7 +222,7 @@ def test_packed_prefix_reuse_on_smollm2_equals_full_recomputation(smollm2_folder
 
     from probe.intervene.engine import Engine
     from probe.models.loading import load_model
-    from probe.rows.target import prepare
+    from probe.rows.prepare import prepare
 
     from tolerances import assert_fp_close, model_depth
 

@@ -261,7 +261,7 @@ def test_report_files_are_self_contained_and_escaped(tiny_dirs, loaded, tmp_path
 
 def test_specific_tokens_effect_equals_a_hand_computation(tiny_dirs, loaded):
     """With one matching and one other scored token, the 'random' set is the other token itself."""
-    from probe.rows.target import evaluate
+    from probe.rows.values import evaluate
 
     pm = loaded("bert")
     texts = ["not good", "never bad", "not funny"]
@@ -294,7 +294,7 @@ def test_specific_tokens_effect_equals_a_hand_computation(tiny_dirs, loaded):
 
 
 def result_examples(pm, texts):
-    from probe.rows.target import prepare
+    from probe.rows.prepare import prepare
 
     return prepare(pm, texts)
 

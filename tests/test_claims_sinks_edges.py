@@ -27,7 +27,8 @@ from probe.errors import InputError
 from probe.explainers.sinks import attention_sinks
 from probe.intervene.knockout import EdgeSet, block_edges, edge_knockout
 from probe.models.loading import load_model
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 from probe.spec.claims import claims_from_dict, load_claims
 
 from tiny_models import WORDS, _strip_attn_implementation

@@ -14,7 +14,7 @@ from probe.errors import InputError
 from probe.methods import applicable_methods, parse_methods, run_methods
 from probe.models.loading import load_model
 from probe.names import ALL_METHODS
-from probe.rows.target import prepare
+from probe.rows.prepare import prepare
 
 
 def _cli(*args, timeout=600):

@@ -16,8 +16,8 @@ from probe.explainers import attention as A
 from probe.explainers import context_mixing as M
 from probe.methods import applicable_methods, parse_methods, run_method
 from probe.models.loading import load_model
+from probe.rows.prepare import prepare
 from probe.rows.queries import row_batches
-from probe.rows.target import prepare
 
 from tolerances import assert_fp_close, model_depth
 

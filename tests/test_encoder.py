@@ -22,7 +22,8 @@ import torch
 from probe.errors import InputError, ModelLoadError
 from probe.methods import run_methods
 from probe.models.loading import load_model
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 from tolerances import assert_fp_close, gradient_term_scales, model_depth
 

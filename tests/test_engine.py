@@ -20,7 +20,9 @@ from probe.intervene.erasure import (
 from probe.intervene.rowcache import common_prefix
 from probe.intervene.tokens import LOO_MODES, loo
 from probe.models.loading import load_model
-from probe.rows.target import TargetSpec, evaluate, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
+from probe.rows.values import evaluate
 
 from tolerances import assert_fp_close, fp_close, gradient_term_scales, model_depth
 

@@ -11,7 +11,10 @@ import probe.explainers.gradient_forward as GF
 import probe.explainers.integrated_gradients as IG
 from probe.errors import InputError
 from probe.explainers import gradients as G
-from probe.rows.target import TargetSpec, build_rows, prepare, target_values
+from probe.rows.forward import build_rows
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
+from probe.rows.values import target_values
 
 from tolerances import assert_fp_close, fp_tol, gradient_term_scales, model_depth
 

@@ -21,8 +21,11 @@ from probe.explainers.words import (
     word_scores,
 )
 from probe.models.loading import load_model
+from probe.rows.forward import build_rows
+from probe.rows.prepare import prepare
 from probe.rows.scores import TokenScores
-from probe.rows.target import TargetSpec, build_rows, evaluate, prepare, target_values
+from probe.rows.target import TargetSpec
+from probe.rows.values import evaluate, target_values
 
 from tiny_models import TINY_KINDS
 from tolerances import (

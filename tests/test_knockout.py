@@ -23,7 +23,8 @@ import torch
 from probe.errors import InputError
 from probe.intervene.knockout import edge_knockout
 from probe.models.loading import load_model
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 from tiny_models import build_tiny
 from tolerances import assert_fp_close, fp_tol, model_depth

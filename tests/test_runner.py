@@ -384,7 +384,8 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_causal_lm_choices_mark_the_prompt_and_pick_the_preferred_answer(tiny_dirs, tiny_data, tmp_path):
     from probe.models.loading import load_model
-    from probe.rows.target import TargetSpec, prepare
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
     from probe.study.runner import prepare_study_examples
 
     pm = load_model(str(tiny_dirs["llama_gqa"]))
@@ -494,7 +495,7 @@ def test_rule_1_is_rebuilt_from_the_stored_tables_exactly(full_run):
 def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_data, tmp_path, table, simulated_oom):
     """A counterfactual or head step that runs out of memory reruns on each half of the batch's
     examples: the same rows, in the same order, as an uninterrupted step."""
-    from probe.rows.target import prepare
+    from probe.rows.prepare import prepare
     from probe.study.tables import counterfactual_rows, head_rows
 
     pm = loaded("bert")

@@ -13,7 +13,8 @@ import probe.explainers.gradient_forward as GF
 import probe.explainers.integrated_gradients as IG
 from probe.explainers import gradients as G
 from probe.names import describe_group
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 from probe.study import sanity as S
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]

@@ -17,7 +17,9 @@ from probe.intervene.engine import Engine
 from probe.intervene.shapley import shapley, shapley_players
 from probe.intervene.tokens import loo
 from probe.models.loading import load_model
-from probe.rows.target import TargetSpec, evaluate, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
+from probe.rows.values import evaluate
 
 from tolerances import assert_fp_close, model_depth
 

@@ -14,7 +14,8 @@ import torch
 
 from probe.errors import InputError
 from probe.explainers.sinks import attention_nosink, attention_sinks, nosink_rows
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 from tolerances import assert_fp_close, fp_tol, model_depth
 

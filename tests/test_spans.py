@@ -15,7 +15,7 @@ TEXTS = ["the movie was good and the plot was bad", "bad plot"]
 
 
 def _value(pm, example, ids):
-    from probe.rows.target import evaluate
+    from probe.rows.values import evaluate
 
     return float(evaluate(pm, [(list(ids), example)])[0])
 
@@ -90,7 +90,8 @@ def test_a_study_compares_spans_as_its_units(tiny_dirs, tmp_path):
 
     from probe.explainers.gradients import saliency
     from probe.metrics.agreement import agreement
-    from probe.rows.target import TargetSpec, prepare
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
     from probe.spec.study import study_from_dict
     from probe.study.runner import run_study
 

@@ -13,7 +13,8 @@ import pytest
 
 from probe.errors import InputError
 from probe.metrics.statistics import group_seed, summarize
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting"]
 N_EXAMPLES = 10
@@ -199,7 +200,7 @@ def test_when_it_writes_the_most_attended_span_is_the_most_important_one(tiny_di
     import probe
     from probe.claims.run import run_audit
     from probe.explainers.attention import attention
-    from probe.rows.target import evaluate
+    from probe.rows.values import evaluate
     from probe.spec.claims import claims_from_dict
 
     texts = ["the movie was good and the plot was bad", "the film is fun but the story is boring",

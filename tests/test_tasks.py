@@ -45,7 +45,9 @@ def test_an_unknown_task_is_refused_in_one_line():
 
 
 def test_row_length_is_what_build_rows_pads_to(loaded):
-    from probe.rows.target import TargetSpec, build_rows, prepare
+    from probe.rows.forward import build_rows
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
 
     for kind, continuation in (("bert", None), ("gpt2", " a good film"), ("t5", "a good film")):
         pm = loaded(kind)

@@ -23,7 +23,7 @@ cut off, never scored; special tokens are scored and flagged by ``PreparedExampl
 
 Query heads are reported one by one; under GQA/MQA a query head reads the values of key/value head
 ``contract.kv_head_of_query[h]`` (the capture repeats keys; ``attn_norm`` maps values explicitly).
-Every forward runs the rows :func:`~probe.rows.target.build_rows` builds, so all methods explain
+Every forward runs the rows :func:`~probe.rows.forward.build_rows` builds, so all methods explain
 the model on the same inputs as the target.
 """
 
@@ -56,7 +56,8 @@ from probe.rows.queries import (
     shared_row_batches,
 )
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, RowBatch, target_values
+from probe.rows.target import PreparedExample, RowBatch
+from probe.rows.values import target_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel

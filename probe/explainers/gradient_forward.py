@@ -16,19 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from probe.errors import InputError, ProbeError
+from probe.rows.forward import build_rows, forward_accepts, keep_target_logits, plain_kv_cache
 from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
-from probe.rows.target import (
-    PreparedExample,
-    RowBatch,
-    build_rows,
-    forward_accepts,
-    keep_target_logits,
-    plain_kv_cache,
-    position_values,
-    same_row_groups,
-    target_values,
-)
+from probe.rows.target import PreparedExample, RowBatch, same_row_groups
+from probe.rows.values import position_values, target_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -223,7 +215,7 @@ class EmbeddingForward:
 
     def positions(self, embeds: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         """``[n, n_target]`` fp32: a language model's value at each output position of each input
-        (:func:`probe.rows.target.position_values`), of which every step target is one column."""
+        (:func:`probe.rows.values.position_values`), of which every step target is one column."""
         selected, logits = self._logits(embeds, row)
         return position_values(self.pm, selected, logits)
 
@@ -383,7 +375,7 @@ TRUNCATION_CALLS = 3
 def truncates(pm: ProbeModel, problem: EmbeddingForward) -> bool:
     """Whether the output tokens' backward passes can be truncated at their own position: a causal
     LM fed its embeddings (the word site, its layers not reading token ids), whose only other input
-    is the attention mask, and whose key/value cache is plain (:func:`~probe.rows.target.plain_kv_cache`)."""
+    is the attention mask, and whose key/value cache is plain (:func:`~probe.rows.forward.plain_kv_cache`)."""
     return (pm.task.next_token and problem.site.module is None and problem.groups is not None
             and set(problem.batch.inputs) <= {"input_ids", "attention_mask"}
             and forward_accepts(pm.model, "logits_to_keep") and plain_kv_cache(pm))

@@ -28,8 +28,8 @@ What is attributed:
 Padding is never attributed: the forward function takes padded positions from fixed pad embeddings
 (masked by the attention mask), so the gradient there is exactly zero and batch of 1 equals batch of N.
 
-Every method evaluates its target with :func:`probe.rows.target.target_values` on the rows of
-:func:`probe.rows.target.build_rows`, so gradients explain exactly the number interventions change.
+Every method evaluates its target with :func:`probe.rows.values.target_values` on the rows of
+:func:`probe.rows.forward.build_rows`, so gradients explain exactly the number interventions change.
 captum is used at one boundary, :class:`EmbeddingForward` (house rule 5): it sees a plain function
 ``f(embeddings [n, tokens, dim], row [n]) -> target [n]`` and its outputs become ``TokenScores`` here.
 Gradients are taken in fp32: the attributed embeddings are fp32 and are cast to the model's dtype

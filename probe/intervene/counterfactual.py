@@ -37,6 +37,7 @@ from probe import registry
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
+from probe.rows.forward import build_rows
 from probe.rows.frames import grid_frame
 from probe.rows.queries import (
     TargetQueries,
@@ -45,13 +46,8 @@ from probe.rows.queries import (
     row_batches,
     target_queries,
 )
-from probe.rows.target import (
-    PreparedExample,
-    RowBatch,
-    build_rows,
-    target_generator,
-    target_values,
-)
+from probe.rows.target import PreparedExample, RowBatch, target_generator
+from probe.rows.values import target_values
 
 if TYPE_CHECKING:
     import pandas as pd

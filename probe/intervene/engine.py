@@ -4,7 +4,7 @@ A perturbation method (leave-one-out, erasure curves, ...) only *describes* rows
 ids paired with the :class:`~probe.rows.target.PreparedExample` whose target it evaluates. The
 engine turns many such rows, from many examples and methods, into as few forward passes as the
 token budget allows, and evaluates each row's target with the one shared code path
-(:func:`~probe.rows.target.build_rows` + :func:`~probe.rows.target.target_values`), so every
+(:func:`~probe.rows.forward.build_rows` + :func:`~probe.rows.values.target_values`), so every
 method explains exactly the same number.
 
 What it does, and why:
@@ -55,15 +55,11 @@ from probe.intervene.prefix import evaluate_prefix_reuse, supports_prefix_reuse
 
 # re-exported: the names callers import from probe.intervene.engine
 from probe.intervene.rowcache import Row, RowCache
+from probe.rows.forward import build_rows, keep_target_logits
 from probe.rows.memory import halving
 from probe.rows.queries import eval_mode
-from probe.rows.target import (
-    PreparedExample,
-    build_rows,
-    keep_target_logits,
-    position_values,
-    target_values,
-)
+from probe.rows.target import PreparedExample
+from probe.rows.values import position_values, target_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel

@@ -22,9 +22,11 @@ import torch
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
+from probe.rows.forward import build_rows
 from probe.rows.frames import grid_frame
 from probe.rows.queries import capture_masks, eval_mode
-from probe.rows.target import PreparedExample, build_rows, target_values
+from probe.rows.target import PreparedExample
+from probe.rows.values import target_values
 
 if TYPE_CHECKING:
     import pandas as pd

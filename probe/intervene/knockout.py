@@ -7,7 +7,7 @@ usual). The effect of key ``k`` is
 
     score[k] = f(x) - f(x with the edges to k blocked)
 
-with ``f`` the target every reference explains (:func:`probe.rows.target.target_values`: a class
+with ``f`` the target every reference explains (:func:`probe.rows.values.target_values`: a class
 probability / logit / log-prob, a continuation's log-prob, ...). Positive: reading ``k`` through
 these edges supports the target.
 
@@ -85,9 +85,11 @@ from probe.errors import CaptureError, InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
 from probe.intervene.prefix import model_supports_reuse
+from probe.rows.forward import build_rows, forward_accepts, keep_target_logits
 from probe.rows.queries import capture_masks, eval_mode, target_queries
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, build_rows, forward_accepts, keep_target_logits, target_values
+from probe.rows.target import PreparedExample
+from probe.rows.values import target_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel, StackContract

@@ -35,15 +35,11 @@ import torch
 from probe.hooks.attention_functions import implementation_of
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, row_key
+from probe.rows.forward import foil_tokens, plain_kv_cache
 from probe.rows.memory import halving
 from probe.rows.queries import eval_mode
-from probe.rows.target import (
-    PreparedExample,
-    RowBatch,
-    foil_tokens,
-    plain_kv_cache,
-    position_values,
-)
+from probe.rows.target import PreparedExample, RowBatch
+from probe.rows.values import position_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -304,7 +300,7 @@ def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | No
 def _segment_values(pm: ProbeModel, logits: torch.Tensor, layout: _Layout, fill: int,
                     packed_logits: bool) -> torch.Tensor:
     """``[segments, n_target]`` float32 per-position target values of each segment of a packed call
-    (:func:`~probe.rows.target.position_values`), in ``layout.owners`` order: its kept logits (a
+    (:func:`~probe.rows.values.position_values`), in ``layout.owners`` order: its kept logits (a
     short continuation repeats its last one, which the target arithmetic then ignores), then the
     shared target arithmetic, one call per target kind."""
     device = pm.device

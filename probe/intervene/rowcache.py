@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import InputError
-from probe.rows.target import PreparedExample, forward_accepts, reduce_positions, slices_logits_to_keep
+from probe.rows.forward import forward_accepts, slices_logits_to_keep
+from probe.rows.target import PreparedExample
+from probe.rows.values import reduce_positions
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -53,7 +55,7 @@ class EngineStats:
 
 def target_key(example: PreparedExample) -> tuple:
     """What makes two examples' targets come from the same evaluation (for de-duplication). A
-    language model's row is kept as its per-position values (:func:`probe.rows.target.position_values`),
+    language model's row is kept as its per-position values (:func:`probe.rows.values.position_values`),
     so the steps of one output (``example.step``) share one evaluation of each row."""
     # a similarity target also depends on its reference text (label_name); a contrast on what it subtracts
     return ((example.kind, example.label, tuple(example.target_ids))

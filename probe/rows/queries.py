@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import InputError
-from probe.rows.target import PreparedExample, RowBatch, build_rows, same_row_groups
+from probe.rows.forward import build_rows
+from probe.rows.target import PreparedExample, RowBatch, same_row_groups
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel

@@ -15,7 +15,9 @@ import torch
 from probe.data import Example, scan_dataset
 from probe.errors import InputError
 from probe.patterns import user_pattern
-from probe.rows.target import PreparedExample, TargetSpec, evaluate, prepare, sources
+from probe.rows.prepare import prepare
+from probe.rows.target import PreparedExample, TargetSpec, sources
+from probe.rows.values import evaluate
 from probe.spec.claims import DataSpec
 from probe.spec.parts import DatasetSpec, Filters, TargetConfig
 

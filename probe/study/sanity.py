@@ -133,8 +133,9 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
         is_norm,
         resolve_site,
     )
+    from probe.rows.forward import build_rows
     from probe.rows.queries import eval_mode
-    from probe.rows.target import build_rows, target_values
+    from probe.rows.values import target_values
 
     site = resolve_site(pm, site_name)
     batch = build_rows(pm, [(e.input_ids, e) for e in examples])

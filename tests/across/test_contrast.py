@@ -21,7 +21,9 @@ from probe.intervene.engine import Engine
 from probe.intervene.rowcache import target_key
 from probe.intervene.tokens import loo
 from probe.methods import run_method
-from probe.rows.target import TargetSpec, evaluate, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
+from probe.rows.values import evaluate
 
 from tolerances import assert_fp_close, gradient_term_scales, model_depth
 

@@ -8,7 +8,8 @@ import pytest
 
 from probe import registry
 from probe.methods import run_method
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 from tolerances import assert_fp_close, gradient_term_scales, model_depth
 

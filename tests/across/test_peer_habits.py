@@ -22,7 +22,8 @@ from probe.errors import InputError
 from probe.explainers import gradients as G
 from probe.explainers import integrated_gradients as IG
 from probe.methods import run_method, run_shared_gradients
-from probe.rows.target import TargetSpec, prepare
+from probe.rows.prepare import prepare
+from probe.rows.target import TargetSpec
 
 from tolerances import assert_fp_close, model_depth
 

@@ -18,7 +18,7 @@ import probe.explainers.rollout as RO
 from probe import registry
 from probe.errors import InputError
 from probe.explainers import gradients as G
-from probe.rows.target import prepare
+from probe.rows.prepare import prepare
 
 from tiny_models import TINY_KINDS
 from tolerances import (
@@ -42,16 +42,17 @@ TEXTS = ["bad film", "the movie was good and the cast was great , the music too 
 def test_prepare_labels_and_values_a_classifier_in_one_forward_per_width_group(minilm, monkeypatch, label):
     """The prediction's logits give the target value: one forward per group of similar widths
     (not a second pass), each example's label and value those of a forward on it alone."""
+    from probe.rows import prepare as P
     from probe.rows import target as T
     from probe.study.batch import ForwardCounter
 
-    monkeypatch.setattr(T, "PREPARE_TOKEN_BUDGET", 64)  # the long text gets a group of its own
+    monkeypatch.setattr(P, "PREPARE_TOKEN_BUDGET", 64)  # the long text gets a group of its own
     counter = ForwardCounter(minilm.model)
     try:
         examples = prepare(minilm, TEXTS, T.TargetSpec(label=label))
     finally:
         counter.close()
-    groups = T._width_groups([len(e.input_ids) for e in examples], 64)
+    groups = P._width_groups([len(e.input_ids) for e in examples], 64)
     assert 1 < len(groups) < len(TEXTS) and counter.calls == len(groups)
     assert max(len(examples[i].input_ids) for i in groups[-1]) == max(len(e.input_ids) for e in examples)
     for example in examples:

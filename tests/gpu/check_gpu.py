@@ -118,7 +118,8 @@ def run_core(pm, texts=TEXTS):
     from probe.intervene.tokens import loo
     from probe.methods import run_method
     from probe.models.checks import capture_all
-    from probe.rows.target import build_rows, prepare
+    from probe.rows.forward import build_rows
+    from probe.rows.prepare import prepare
 
     examples = prepare(pm, texts)
     batch = build_rows(pm, [(e.input_ids, e) for e in examples])
@@ -163,7 +164,7 @@ def low_precision_ranks(label: str, path: str, l0: list[torch.Tensor], strict: b
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo
     from probe.models.loading import load_model
-    from probe.rows.target import prepare
+    from probe.rows.prepare import prepare
 
     for dtype in dtypes:
         pm = load_model(path, device=DEVICE, dtype=dtype, allow_random_weights=True)
@@ -181,7 +182,8 @@ def sdpa_against_eager(label: str, path: str, eager_maps: dict, dtype: str = "fp
     CPU's eager maps, and capturing must leave the sdpa model's logits as they are."""
     from probe.models.checks import capture_all
     from probe.models.loading import load_model
-    from probe.rows.target import build_rows, prepare
+    from probe.rows.forward import build_rows
+    from probe.rows.prepare import prepare
 
     pm = load_model(path, device=DEVICE, dtype=dtype, attn_implementation="sdpa", allow_random_weights=True)
     if pm.model.config._attn_implementation != "sdpa":
@@ -287,7 +289,7 @@ def methods_section(root: Path, cache: Path) -> None:
     """Every method that applies, and the ones run only by name, on CUDA against the CPU."""
     from probe.methods import applicable_methods, run_method
     from probe.models.loading import load_model
-    from probe.rows.target import prepare
+    from probe.rows.prepare import prepare
 
     from tiny_models import build_tiny
 
