@@ -125,7 +125,7 @@ class Explanation(PicklableFrozen):
         as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
         say so). Where the method's own check failed on this
         example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
-        shows them) and a :class:`ScoresWarning` is issued."""
+        shows them) and a :class:`~probe.explanation.ScoresWarning` is issued."""
         positive_int(k, "k")
         if method is None:
             if len(self.scores) != 1:
