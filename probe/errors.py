@@ -27,19 +27,20 @@ class StorageError(InputError):
     continues where it stopped once the cause is gone."""
 
 
-def storage_error(err: OSError, path, doing: str = "write") -> StorageError:
-    """``err`` (raised while ``doing`` ``path``) as one line naming the path, the cause and the fix."""
+def storage_error(err: OSError, path, doing: str = "write", fix: str | None = None) -> StorageError:
+    """``err`` (raised while ``doing`` ``path``) as one line naming the path, the cause and the fix:
+    ``fix``, or by default one for the cause worded for a command's ``--out``."""
     import errno
 
     code = getattr(err, "errno", None)
     cause = " ".join(str(err.strerror or err).split()) or type(err).__name__
-    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+    if fix is None and code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
         fix = "free some space there (or give another --out), then run the same command again to continue"
-    elif code == errno.EROFS:
+    elif fix is None and code == errno.EROFS:
         fix = "the file system is read-only: give a writable --out (or remount it writable)"
-    elif code in (errno.EACCES, errno.EPERM):
+    elif fix is None and code in (errno.EACCES, errno.EPERM):
         fix = "give a folder you may write as --out (or fix its permissions)"
-    else:
+    elif fix is None:
         fix = "fix the cause, then run the same command again to continue"
     return StorageError(f"cannot {doing} {path}: {cause}; {fix}")
 

@@ -7,7 +7,10 @@ root (git-ignored).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import threading
 import time
@@ -16,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from probe.data import load_dataset
-from probe.errors import ModelLoadError
+from probe.errors import ModelLoadError, StorageError
 from probe.models import builtins
 from probe.models.builtins import (
     BUILTIN_MODELS,
+    CACHE_FIX,
     METADATA_FILE,
     BuiltinModel,
     default_cache_dir,
@@ -132,6 +136,31 @@ def test_outdated_recipe_is_rebuilt(fake_recipe, tmp_path, monkeypatch):
     monkeypatch.setitem(BUILTIN_MODELS, "fake", newer)
     materialize_builtin("fake", cache_dir=tmp_path, progress=False)
     assert len(calls) == 2 and read_builtin_metadata(tmp_path / "fake")["recipe_version"] == 2
+
+
+def test_a_cache_that_cannot_be_written_is_one_storage_error(fake_recipe, tmp_path, monkeypatch):
+    """A full disk while the built folder is renamed into place: one line naming the folder and the
+    fix (not a bare OSError), no staging folder left and no finished-looking folder."""
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", full)
+    with pytest.raises(StorageError) as caught:
+        materialize_builtin("fake", cache_dir=tmp_path, progress=False)
+    assert str(caught.value) == f"cannot write {tmp_path / 'fake'}: No space left on device; {CACHE_FIX}"
+    monkeypatch.undo()
+    assert not (tmp_path / "fake").exists() and not list(tmp_path.glob(".fake.building-*"))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_built_folder_has_the_mode_a_plain_mkdir_gives(fake_recipe, tmp_path, umask):
+    """Not mkdtemp's 0700, and not a fixed 0755 either: what ``mkdir`` gives under the umask."""
+    old = os.umask(umask)
+    try:
+        folder = materialize_builtin("fake", cache_dir=tmp_path, progress=False)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask
 
 
 def test_concurrent_callers_build_once(fake_recipe, tmp_path):

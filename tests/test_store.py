@@ -1,4 +1,4 @@
-"""probe.study.store's atomic writer (write_file, write_files): the one every file probe writes goes
+"""probe.files' atomic writer (write_file, write_files): the one every file probe writes goes
 through (study folders, reports, audits, explanations, the planted self-test)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from probe.errors import StorageError
-from probe.study.store import write_file, write_files, write_json, write_table
+from probe.files import write_file, write_files
+from probe.study.store import write_json, write_table
 
 
 def _plain_mode(folder) -> int:

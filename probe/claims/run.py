@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from probe.claims.context import AuditContext
 from probe.claims.kinds import KINDS, ClaimResult, clean_json, replacement_token
 from probe.errors import InputError
+from probe.files import write_files
 from probe.names import printable
 from probe.spec.claims import (
     ClaimFile,
@@ -29,7 +30,6 @@ from probe.spec.claims import (
     TokenImportanceClaim,
 )
 from probe.study.examples import check_contrast, prepare_examples, select_examples
-from probe.study.store import write_files
 
 if TYPE_CHECKING:
     import pandas as pd

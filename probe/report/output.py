@@ -5,7 +5,6 @@ figures and CSV tables collected while the sections are built, and the files wri
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from probe.document import (
     render_html,
     render_markdown,
 )
-from probe.errors import InputError, storage_error
-from probe.study.store import write_file
+from probe.errors import InputError
+from probe.files import commit_folder, new_staging, write_file
 
 
 @dataclass
@@ -50,10 +49,7 @@ class Writer:
         self.figures: dict[str, bytes] = {}
         self.tables: list[Path] = []
         _remove_stale_staging(out)
-        try:
-            self.staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-{os.getpid()}-", dir=out.parent))
-        except OSError as err:
-            raise storage_error(err, out.parent, "write the report into") from None
+        self.staging = new_staging(out, f".{out.name}.new-{os.getpid()}-", "write the report into")
 
     def figure(self, name: str, png: bytes, caption: str) -> Figure:
         self.figures[name] = png
@@ -84,53 +80,6 @@ def _remove_stale_staging(out: Path) -> None:
         except OSError:
             continue
         shutil.rmtree(entry, ignore_errors=True)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two folders in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
-    import ctypes
-    import errno
-
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL)):
-        return False
-    raise OSError(code, os.strerror(code), str(b))
-
-
-def commit_folder(staging: Path, out: Path) -> None:
-    """Put the finished ``staging`` folder in the place of ``out`` (the earlier one, if any, is
-    whole until this moment) and remove the earlier one."""
-    import shutil
-
-    try:
-        if not out.exists():
-            os.rename(staging, out)
-            return
-        if _exchange(staging, out):
-            shutil.rmtree(staging, ignore_errors=True)  # it now holds the earlier report
-            return
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.rename(out, old)
-        os.rename(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except OSError as err:
-        raise storage_error(err, out, "write") from None
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
 
 
 REPORT_ENTRIES = {"report.html", "report.md", "figures", "tables"}
@@ -253,7 +202,6 @@ def write_report(doc: Document, w: Writer, out: Path, partial: bool) -> ReportFi
 
             write_file(w.staging / INPUTS_FILE, w.inputs + "\n" + "".join(
                 f"{hashlib.sha256(rendered[name]).hexdigest()}  {name}\n" for name in RECORDED_FILES))
-        os.chmod(w.staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a report is meant to be shared
         commit_folder(w.staging, out)
     except BaseException:
         shutil.rmtree(w.staging, ignore_errors=True)

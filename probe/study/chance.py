@@ -21,8 +21,13 @@ import pandas as pd
 from probe.metrics.nulls import NullBlock, exact_top_k, max_t_test, measure_k, permutation_means
 from probe.study.steps import is_stepwise
 
-__all__ = ["CHANCE_COLUMNS", "ChanceFamily", "chance_families", "chance_tests"]
+__all__ = ["CHANCE_COLUMNS", "ChanceFamily", "chance_families"]
 
+#: rule 1's table, one row per unit: its observed mean measure, the mean and the 95th percentile of its
+#: permutation null (``chance_mean``, ``chance_high``), its one-sided permutation p-value ``p_chance``
+#: and ``p_family``, adjusted (max-T) over the units of its family; ``null`` says where the first three
+#: came from (``exact`` for a top-k measure where the closed form of
+#: :func:`probe.metrics.nulls.exact_top_k` applies, else ``permutation``)
 CHANCE_COLUMNS = ["family", "explainer", "reference", "layer", "head", "n", "observed", "chance_mean", "chance_high",
                   "p_chance", "p_family", "null"]
 UNIT_KEYS = ["explainer", "layer", "head"]
@@ -159,17 +164,3 @@ def chance_families(tables: dict, agreement: pd.DataFrame, study, measure: str, 
         blocks = tuple(_blocks(tables, present, reference, index, absolute, owners))
         out.append(ChanceFamily(str(family), reference, measure, members[UNIT_KEYS], blocks, n))
     return out
-
-
-def chance_tests(tables: dict, agreement: pd.DataFrame, study, measure: str, units: pd.DataFrame, *,
-                 role: str = "explainer", reference: str | None = None) -> pd.DataFrame:
-    """One row per unit of ``units`` (:func:`chance_families`): its observed mean ``measure``, the mean
-    and the 95th percentile of its permutation null (``chance_mean``, ``chance_high``), its one-sided
-    permutation p-value ``p_chance`` and ``p_family``, adjusted (max-T) over the units of its family;
-    ``null`` says where the first three came from (``exact`` for a top-k measure where the closed
-    form of :func:`probe.metrics.nulls.exact_top_k` applies, else ``permutation``);
-    ``study.statistics`` gives the permutations and the seed."""
-    st = study.statistics
-    frames = [f.test(permutations=st.permutations, seed=st.seed)
-              for f in chance_families(tables, agreement, study, measure, units, role=role, reference=reference)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CHANCE_COLUMNS)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from probe.errors import InputError
-from probe.study.store import write_file
+from probe.files import write_file
 
 if TYPE_CHECKING:
     from probe.spec.study import Study

@@ -12,8 +12,9 @@ Layout of ``OUT/``::
     comparisons.parquet   paired tests between every two explainers (token- and layer-level), Holm-adjusted
     verdict.json, provenance.json
 
-Every file is written to a temporary name in the same folder and renamed into place, so a run
-killed at any moment leaves either the old file or the new one, never half of one. A batch without
+Every file is written to a temporary name in the same folder and renamed into place
+(:func:`probe.files.write_file`), so a run killed at any moment leaves either the old file or the
+new one, never half of one. A batch without
 its ``done`` marker is recomputed on the next run and its parts overwritten. Merged tables are the
 concatenation of the parts in batch order, so an interrupted-and-resumed run gives the same tables
 as an uninterrupted one.
@@ -33,76 +34,19 @@ Every failure to write (a full disk, a read-only file system, missing permission
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import pandas as pd
 
 from probe.errors import InputError, storage_error
+from probe.files import write_file
 from probe.names import FORMAT_VERSION, TABLES
 from probe.study.identity import file_digest
-
-#: what :func:`write_file` writes: text (as UTF-8), bytes, or a function that writes into the open binary file
-FileData = str | bytes | Callable[[BinaryIO], object]
-
-
-def write_file(path: str | Path, data: FileData) -> None:
-    """Write ``data`` to ``path`` whole or not at all, as :func:`write_files` writes each file: the
-    one atomic writer of probe (study folders, reports, audits, explanations, the planted self-test)."""
-    write_files({Path(path): data})
-
-
-def write_files(files: Mapping[Path, FileData]) -> None:
-    """Write each file to a temporary name beside it (``.NAME.XXXXXXXX.tmp``) and, only once all are
-    complete, rename them into place in order: a failure while writing (a full disk, a read-only
-    folder) leaves every earlier file as it was, and no temporary file behind. Missing folders are
-    made. A file gets the permissions a plain ``open(path, "w")`` gives under the process umask
-    (not ``tempfile.mkstemp``'s 0600). Every ``OSError`` is one :class:`~probe.errors.StorageError`
-    line naming the file."""
-    temps: dict[Path, Path] = {}
-    current = None
-    try:
-        for path, data in files.items():
-            current = path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp, fd = _create_beside(path)
-            temps[path] = tmp
-            with os.fdopen(fd, "wb") as f:
-                if callable(data):
-                    data(f)
-                else:
-                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        for path, tmp in temps.items():
-            current = path
-            os.replace(tmp, path)
-    except OSError as err:
-        raise storage_error(err, current) from None
-    finally:
-        for tmp in temps.values():
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
-
-
-def _create_beside(path: Path) -> tuple[Path, int]:
-    """A new temporary file beside ``path``, created (exclusively) with mode 0666 less the umask, as
-    ``open(path, "w")`` would: its name and open descriptor."""
-    import secrets
-
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
 
 
 def write_json(path: Path, data) -> None:

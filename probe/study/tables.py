@@ -24,14 +24,8 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
-__all__ = ["BASELINES_DOC", "agreement_rows", "convergence_rows", "counterfactual_rows", "head_edge_rows", "head_rows",
+__all__ = ["agreement_rows", "convergence_rows", "counterfactual_rows", "head_edge_rows", "head_rows",
            "ranking_vectors", "score_rows", "token_rows"]
-
-BASELINES_DOC = {
-    "random": "a seeded random permutation of the scored tokens",
-    "uniform": "uniform attention: every token equal, so it ranks nothing (tau = rho = 0, top-k = k/n by definition)",
-    "position": "position: later tokens ranked higher (recency)",
-}
 
 
 # --------------------------------------------------------------------------- agreement
