@@ -70,12 +70,12 @@ def run_method(pm: ProbeModel, examples, method: str, *, engine=None, params: Ma
     refuse_gradients_under_inference_mode([method], "it")
     if (why := entry.skip_reason("maps", pm, 0)) is not None:  # asked for by name on implicit maps
         raise InputError(why)
-    from probe.hooks.blocksparse import AttentionTypeGuard
+    from probe.hooks.readers import guarded
 
     score = entry.load_scorer()
-    # HF's BigBird keeps full attention after one short input: each of this method's forwards
-    # runs what its own input runs (probe.hooks.blocksparse)
-    with AttentionTypeGuard(pm.model):
+    # each read path's guard around this method's forwards (BigBird's: HF keeps full attention after
+    # one short input, so each forward runs what its own input runs: probe.hooks.blocksparse)
+    with guarded(pm.model):
         if entry.engine:
             from probe.intervene.engine import Engine
 

@@ -19,7 +19,7 @@ def attention_params(pm: ProbeModel, stack: str, **extra) -> dict:
         "kv_head_of_query": list(info.kv_head_of_query),
         "implementation": pm.contract.implementation,
         "padding": "never scored (cut off)",
-        **({"maps": info.maps} if info.maps != "softmax" else {}),
+        **({"maps": info.maps} if not info.softmax else {}),
         **({"layer_maps": list(info.layer_maps), "layer_heads": list(info.layer_heads)} if info.layer_maps else {}),
         **extra,
     }

@@ -27,8 +27,9 @@ Architecture knowledge is the table :data:`BANDED_ATTENTION_CLASSES`, keyed by m
 
 The same site kind ("banded": read densified, never edited) serves BigBird's block-sparse
 attention (:mod:`probe.hooks.blocksparse`) and LongT5's local and transient-global encoder
-attention (:mod:`probe.hooks.local_global`); :func:`is_banded`, :func:`open_reader`,
-:func:`describe_layers` and :func:`refuse_hooks` dispatch on the module's family.
+attention (:mod:`probe.hooks.local_global`): one row of :data:`probe.hooks.readers.READERS` per
+family, each with its own reader, words and dense map; :func:`is_banded` and
+:func:`refuse_hooks` take any of them.
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ def is_banded(module: torch.nn.Module) -> bool:
 
 def pattern(module: torch.nn.Module) -> str:
     """The layer's sparse pattern in a few words, for one-line messages."""
-    if blocksparse.is_block_sparse_layer(module):
-        return f"block-sparse attention (blocks of {module.config.block_size}, {module.config.num_random_blocks} random)"
-    if local_global.is_local_global(module):
-        return local_global.pattern(module)
     w = one_sided_window(module)
     return f"banded attention (keys i-{w}..i+{w} plus global tokens)"
 
@@ -170,11 +167,7 @@ def dense_from_banded(local: torch.Tensor, global_: torch.Tensor | None, is_glob
 
 def describe_layers(modules: Mapping[int, torch.nn.Module]) -> str:
     """The structure of a stack's banded layers in one line, for the contract."""
-    if any(blocksparse.is_block_sparse_layer(m) for m in modules.values()):
-        return blocksparse.describe_layers(modules)
-    if any(local_global.is_local_global(m) for m in modules.values()):
-        return local_global.describe_layers(modules)
-    windows = [one_sided_window(modules[layer]) for layer in sorted(modules) if is_banded(modules[layer])]
+    windows = [one_sided_window(modules[layer]) for layer in sorted(modules) if is_longformer_band(modules[layer])]
     w = windows[0] if len(set(windows)) == 1 else None
     band = f"keys i-{w}..i+{w} (attention_window {2 * w})" if w is not None else \
         f"keys i-w..i+w (w per layer: {', '.join(map(str, windows))})"
@@ -184,10 +177,11 @@ def describe_layers(modules: Mapping[int, torch.nn.Module]) -> str:
 
 
 def refuse_hooks(places: Mapping[str, list[tuple[str, int]]], modules: Mapping[str, torch.nn.Module],
-                 hooked: tuple[Mapping, ...]) -> None:
+                 hooked: tuple[Mapping, ...], pattern: Callable[[torch.nn.Module], str] = pattern) -> None:
     """One line for an editor or reader asked of a banded layer: probe reads those layers as they run
     (observers see them too) but puts nothing back into them, and their queries and keys are not
-    handed to an attention function a reader could recompute from."""
+    handed to an attention function a reader could recompute from. ``pattern`` names the layer's
+    sparse pattern (its family's: Longformer's band by default)."""
     for path, layer_places in places.items():
         for place in layer_places:
             if any(place in hooks for hooks in hooked):
@@ -209,35 +203,6 @@ def _input_length(module, args, kwargs) -> int | None:
         if isinstance(value, torch.Tensor) and value.dim() >= 2:
             return int(value.shape[1])
     return None
-
-
-def open_reader(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], handle: Callable) -> _Readers:
-    """Readers for the banded layers ``modules`` (by path) of ``model``, one per family; each call
-    of a layer reaches ``handle(module, call)``, the call a :class:`BandedCall` or a
-    :class:`probe.hooks.blocksparse.BlockSparseCall` or a
-    :class:`probe.hooks.local_global.LocalGlobalCall` (all give ``batch``, ``length``, ``device``
-    and ``dense(rows)``). Close it to remove every hook."""
-    return _Readers(model, modules, handle)
-
-
-class _Readers:
-    def __init__(self, model, modules, handle):
-        self.readers: list = []
-        families = ((is_longformer_band, BandedReader), (blocksparse.is_block_sparse_layer, blocksparse.BlockSparseReader),
-                    (local_global.is_local_global, local_global.LocalGlobalReader))
-        try:
-            for belongs, reader in families:
-                chosen = {path: m for path, m in modules.items() if belongs(m)}
-                if chosen:
-                    self.readers.append(reader(model, chosen, handle))
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for reader in self.readers:
-            reader.close()
-        self.readers.clear()
 
 
 class BandedReader:

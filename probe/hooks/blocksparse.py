@@ -387,6 +387,11 @@ class BlockSparseReader:
             self._guard = None
 
 
+def pattern(module: torch.nn.Module) -> str:
+    """The layer's sparse pattern in a few words, for one-line messages."""
+    return f"block-sparse attention (blocks of {module.config.block_size}, {module.config.num_random_blocks} random)"
+
+
 def describe_layers(modules: Mapping[int, torch.nn.Module]) -> str:
     """The structure of a stack's block-sparse layers (their parents) in one line, for the contract."""
     module = modules[min(modules)].config

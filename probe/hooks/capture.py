@@ -29,14 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError, InputError
-from probe.hooks import banded, implicit
 from probe.hooks import math as amath
 from probe.hooks.attention_functions import (
     implementation_of,
     open_session,
     sink_logits,
 )
-from probe.hooks.modes import ModuleModes, SoftmaxWatch
+from probe.hooks.readers import FUNCTION, ReadPath
 from probe.hooks.types import (
     AttentionInputs,
     AttentionMaps,
@@ -91,33 +90,18 @@ class _Session:
         sites = getattr(contract, "sites", None) or {}
         # module id -> the (stack, layer) of each of its calls in one forward, in call order
         self.where: dict[int, tuple[str, int]] = {}
-        self._places: dict[int, list[tuple[str, int]]] = {}
-        self._probability_places: dict[str, list[tuple[str, int]]] = {}
-        self._softmax_places: dict[str, list[tuple[str, int]]] = {}
-        self._implicit_places: dict[str, list[tuple[str, int]]] = {}  # mixer path -> its layers (implicit.py)
-        self._banded_places: dict[str, list[tuple[str, int]]] = {}
-        self._banded = None  # probe.hooks.banded.BandedReader of the banded path, while attached
-        self._sites = sites
+        self.sites = sites
+        # read path -> its key (module path, probability module, ...) -> the layers it serves, in call order
+        self._read_places: dict[ReadPath, dict[object, list[tuple[str, int]]]] = {}
         for place, path in sorted(contract.module_paths.items(), key=lambda item: (item[0][0], item[0][1])):
-            site = sites.get(place)
-            if site is not None and site.kind == "probabilities":
-                self._probability_places.setdefault(site.probability_path, []).append(place)
-                continue
-            if site is not None and site.kind == "softmax":
-                self._softmax_places.setdefault(path, []).append(place)
-                continue
-            if site is not None and site.kind == "implicit":
-                self._implicit_places.setdefault(path, []).append(place)
-                continue
-            if site is not None and site.kind == "banded":
-                self._banded_places.setdefault(path, []).append(place)
-                continue
-            self._places.setdefault(id(modules[path]), []).append(place)
+            reader = sites[place].reader if place in sites else FUNCTION
+            key = reader.key(sites.get(place), path, modules)
+            self._read_places.setdefault(reader, {}).setdefault(key, []).append(place)
+        self._places = self._read_places.get(FUNCTION, {})  # module id -> its layers (the registry wrapper)
         for module_id, places in self._places.items():
             self.where[module_id] = places[0]
         self._module_calls: dict[object, int] = {}
-        self._handles: list = []
-        self._modes = None  # probe.hooks.modes.ModuleModes of the softmax path, while attached
+        self._undo: list = []  # what removes the read paths' hooks (attach), while attached
         self.stacks = tuple(stacks)
         self.layers = layers
         self.heads = heads
@@ -127,7 +111,8 @@ class _Session:
         self.observers = dict(observers or {})
         self.readers = dict(readers or {})
         self.keep_grad = keep_grad
-        banded.refuse_hooks(self._banded_places, self.modules, (self.editors, self.readers))
+        for reader, places in self._read_places.items():
+            reader.refuse(places, self.modules, (self.editors, self.readers))
         self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.calls: dict[tuple[str, int], int] = {}
         # where the model's inputs live (its first parameter): records and editors work there, so a
@@ -142,13 +127,13 @@ class _Session:
         # the token strings of those ids, converted once per forward (every layer's maps share them)
         self._token_strings: dict[tuple[str, int, int], tuple | None] = {}
 
-    def _wants(self, stack: str, layer: int) -> bool:
+    def wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
             return False
         chosen = for_stack(self.layers, stack)
         return chosen is None or layer in chosen
 
-    def _rows(self, stack: str, batch: int, q_len: int, device) -> torch.Tensor | None:
+    def query_rows(self, stack: str, batch: int, q_len: int, device) -> torch.Tensor | None:
         spec = for_stack(self.queries, stack)
         if spec is None or (isinstance(spec, str) and spec == "all"):
             return None
@@ -156,7 +141,7 @@ class _Session:
             if spec == "first":
                 return torch.zeros(batch, 1, dtype=torch.long, device=device)
             if spec == "last":
-                mask = self._batch_mask(stack)
+                mask = self.batch_mask(stack)
                 if mask is None and batch > 1:
                     # rows of different lengths end at different positions: without the mask the
                     # shorter ones' last row would be padding
@@ -202,13 +187,13 @@ class _Session:
                              "its last position is padding: pass attention_mask=batch['attention_mask'] to "
                              "probe.capture or to the model")
 
-    def _next_place(self, key, places):
+    def next_place(self, key, places):
         """The layer of this call of a module: shared modules step through their layers call by call."""
         count = self._module_calls.get(key, 0)
         self._module_calls[key] = count + 1
         return places[count % len(places)]
 
-    def _batch_mask(self, stack: str) -> torch.Tensor | None:
+    def batch_mask(self, stack: str) -> torch.Tensor | None:
         """The padding mask of ``stack``: the one given to the capture, else the one the model's forward got."""
         mask = self.masks.get(stack)
         return self.forward_masks.get(stack) if mask is None else mask
@@ -217,7 +202,7 @@ class _Session:
         """The padding mask (``[batch, length]`` bool) and the token strings of one side (a stack
         whose positions those are: encoder, decoder), where the forward's ids (and the mask given
         to the capture, else the forward's) fit ``batch`` x ``length``; None for what does not."""
-        mask = self._batch_mask(side)
+        mask = self.batch_mask(side)
         if not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) == (batch, length)):
             mask = None
         if (side, batch, length) not in self._token_strings:
@@ -267,99 +252,13 @@ class _Session:
         model's forward that keeps its masks and ids (removed by :meth:`detach`)."""
         # the forward's masks and ids: "last" and mask-blind mixers read them, and the maps keep them
         # (AttentionMaps.attention_mask, .tokens) to leave padding out of their pictures
-        self._handles.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True))
-        for path, places in self._probability_places.items():
-            def hook(module, args, output, path=path, places=places):
-                if isinstance(output, torch.Tensor) and output.dim() < 4:
-                    # the module's other call in the layer (xlnet's dropout also runs on the
-                    # layer's [query, batch, hidden] output): not the probabilities, not a layer
-                    return None
-                return self.on_probabilities(self._next_place(path, places), output)
-
-            self._handles.append(self.modules[path].register_forward_hook(hook))
-        if self._softmax_places:
-            self._modes = ModuleModes()
-            for path, places in self._softmax_places.items():
-                folded = bool(self._sites[places[0]].folded_heads)
-
-                def make(path=path, places=places, folded=folded):
-                    place = self._next_place(path, places)
-                    return SoftmaxWatch(lambda t: t.dim() == (3 if folded else 4) and t.is_floating_point(),
-                                        lambda t, place=place: self._on_softmax(place, t, folded))
-
-                self._modes.watch(self.modules[path], make)
-        for path, places in self._implicit_places.items():
-            def read(module, args, kwargs, path=path, places=places):
-                self.on_implicit(self._next_place(path, places), module, args, kwargs)
-
-            self._handles.append(self.modules[path].register_forward_pre_hook(read, with_kwargs=True))
-
-        if self._banded_places:
-            paths = {id(self.modules[path]): path for path in self._banded_places}
-            self._banded = banded.open_reader(self.model, {path: self.modules[path] for path in self._banded_places},
-                                              lambda module, call: self._on_banded(paths[id(module)], call))
-
-    def on_implicit(self, place, module, args, kwargs) -> None:
-        """The implicit path: a state-space mixer's matrix, recomputed from its input (probe.hooks.implicit)."""
-        stack, layer = place
-        self.calls[place] = self.calls.get(place, 0) + 1
-        if not self._wants(stack, layer):
-            return
-        if implicit.continues_a_state(module, args, kwargs):
-            raise CaptureError(f"{stack} layer {layer}: the mixer continues a cached state (a generation step); "
-                               "capture a full forward pass without a filled cache")
-        hidden, mask = implicit.call_inputs(module, args, kwargs)
-        if mask is None and not implicit.mixer_kind(module).takes_mask:  # padding from the batch's own mask
-            given = self._batch_mask(stack)
-            if isinstance(given, torch.Tensor) and given.dim() == 2 and tuple(given.shape) == tuple(hidden.shape[:2]):
-                mask = given
-        with torch.set_grad_enabled(self.keep_grad and torch.is_grad_enabled()):
-            maps, has_keys = implicit.implicit_maps(module, implicit.mixer_kind(module), hidden, mask)
-        rows = self._rows(stack, maps.shape[0], maps.shape[2], maps.device)
-        self._store(place, amath.gather_rows(maps, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0],
-                    rows, maps.shape[2])
-
-    def _on_banded(self, path: str, call) -> None:
-        """The banded path: the layer's own sparse weights (a BandedCall or a BlockSparseCall),
-        densified over the rows asked for."""
-        place = self._next_place(path, self._banded_places[path])
-        self.calls[place] = self.calls.get(place, 0) + 1
-        rows = self._rows(place[0], call.batch, call.length, call.device)
-        observer = self.observers.get(place)
-        if observer is not None:
-            with torch.no_grad():
-                weights, structure = call.dense()  # [batch, head, query, key], [batch, query, key]
-                context = self._context(place, self.modules[path], rows, structure[:, None], call.batch, call.length,
-                                        weights.device)
-                observer(weights.mean(dim=1).to(self.home), context)
-        if self._wants(*place):
-            weights, structure = call.dense(rows)  # [batch, head, rows, key], [batch, rows, key]
-            self._store(place, weights, structure.any(-1)[:, None], rows, call.length)
-
-    def _on_softmax(self, place, probabilities: torch.Tensor, folded: bool):
-        """The softmax path: [batch, head, query, key], or [batch * head, query, key] unfolded with the
-        layer's head count and folded back after an edit."""
-        if not folded:
-            return self.on_probabilities(place, probabilities)
-        stack, layer = place
-        info = self.contract.stacks[stack]
-        heads = info.layer_heads[layer] if layer < len(info.layer_heads) else info.n_heads
-        rows, q_len, k_len = probabilities.shape
-        if rows % heads:
-            raise CaptureError(f"{stack} layer {layer}: softmax over {rows} rows is not batch x {heads} heads")
-        replaced = self.on_probabilities(place, probabilities.view(rows // heads, heads, q_len, k_len))
-        return None if replaced is None else replaced.reshape(rows, q_len, k_len)
+        self._undo.append(self.model.register_forward_pre_hook(self._read_forward_masks, with_kwargs=True).remove)
+        for reader, places in self._read_places.items():
+            self._undo += reader.attach(self, places)
 
     def detach(self) -> None:
-        if self._banded is not None:
-            self._banded.close()
-            self._banded = None
-        if self._modes is not None:
-            self._modes.close()
-            self._modes = None
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        while self._undo:
+            self._undo.pop(0)()
 
     def _allowed_from_mask(self, stack: str, batch: int, q_len: int, k_len: int, device) -> torch.Tensor | None:
         """[B, 1, Q, K] bool from the stack's 2-D padding mask and its mask kind, for the probability path."""
@@ -380,7 +279,7 @@ class _Session:
         self.calls[place] = self.calls.get(place, 0) + 1
         editor = self.editors.get(place)
         observer = self.observers.get(place) if editor is None else None
-        wants = self._wants(stack, layer)
+        wants = self.wants(stack, layer)
         if editor is None and observer is None and not wants:
             return None
         if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
@@ -388,7 +287,7 @@ class _Session:
                                f"of shape {tuple(getattr(probabilities, 'shape', ()))}, not [batch, head, query, key]")
         batch, _, q_len, k_len = probabilities.shape
         device = probabilities.device
-        rows = self._rows(stack, batch, q_len, device)
+        rows = self.query_rows(stack, batch, q_len, device)
         module = self.modules[self.contract.module_paths[place]]
         replaced = None
         weights = probabilities.float()
@@ -407,16 +306,16 @@ class _Session:
             if module.training:
                 raise CaptureError("attention interventions run in eval mode: call model.eval() first")
             allowed = self._allowed_from_mask(stack, batch, q_len, k_len, device)
-            context = self._context(place, module, rows, allowed, batch, q_len, device)
+            context = self.context(place, module, rows, allowed, batch, q_len, device)
             weights = editor(probabilities.float().to(self.home), context).to(device)
             replaced = weights.to(probabilities.dtype)
         elif observer is not None:
             allowed = self._allowed_from_mask(stack, batch, q_len, k_len, device)
             with torch.no_grad():
                 observer(weights.detach().mean(dim=1).to(self.home),
-                         self._context(place, module, rows, allowed, batch, q_len, device))
+                         self.context(place, module, rows, allowed, batch, q_len, device))
         if wants:
-            self._store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
+            self.store(place, amath.gather_rows(weights, rows), amath.gather_rows(has_keys[..., None], rows)[..., 0], rows, q_len)
         return replaced
 
     def call(self, place, original, module, query, key, value, attention_mask, *args, **kwargs):
@@ -424,7 +323,7 @@ class _Session:
         or edited as the session asks (query [batch, head, query, dim], key/value [batch, kv_head, key, dim])."""
         places = self._places.get(id(module))
         if places is not None and len(places) > 1:
-            place = self._next_place(id(module), places)
+            place = self.next_place(id(module), places)
         stack, layer = place
         self.calls[place] = self.calls.get(place, 0) + 1
         is_causal = kwargs.get("is_causal")
@@ -437,11 +336,11 @@ class _Session:
                                    position_bias=kwargs.get("position_bias"), softcap=kwargs.get("softcap")))
         editor = self.editors.get(place)
         observer = self.observers.get(place) if editor is None else None
-        wants = self._wants(stack, layer)
+        wants = self.wants(stack, layer)
         if editor is None and observer is None and not wants:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
         call = _Call(query, key, attention_mask, is_causal, kwargs.get("scaling"), kwargs.get("position_bias"),
-                     kwargs.get("softcap"), sink_logits(kwargs), self._rows(stack, query.shape[0], query.shape[2], query.device))
+                     kwargs.get("softcap"), sink_logits(kwargs), self.query_rows(stack, query.shape[0], query.shape[2], query.device))
         if editor is not None:
             return self._edited(place, module, call, value, editor, wants)
         output, returned = original(module, query, key, value, attention_mask, *args, **kwargs)
@@ -461,11 +360,11 @@ class _Session:
         scores = amath.attention_scores(query, call.key, scaling=call.scaling, position_bias=call.position_bias,
                                         softcap=call.softcap)
         weights, has_keys = amath.masked_softmax(scores, allowed, sinks=call.sinks)
-        context = self._context(place, module, call.rows, allowed, call.batch, call.q_len, query.device)
+        context = self.context(place, module, call.rows, allowed, call.batch, call.q_len, query.device)
         weights = editor(weights.to(self.home), context).to(query.device)
         output = amath.attention_output(weights, value)
         if wants:
-            self._store(place, amath.gather_rows(weights, call.rows),
+            self.store(place, amath.gather_rows(weights, call.rows),
                         amath.gather_rows(has_keys[..., None], call.rows)[..., 0], call.rows, call.q_len)
         return output, None
 
@@ -476,7 +375,7 @@ class _Session:
             mean = amath.head_mean_weights(call.query, call.key, allowed, scaling=call.scaling,
                                            position_bias=call.position_bias, softcap=call.softcap, sinks=call.sinks)
             observer(mean.to(self.home),
-                     self._context(place, module, call.rows, allowed, call.batch, call.q_len, call.query.device))
+                     self.context(place, module, call.rows, allowed, call.batch, call.q_len, call.query.device))
             del mean, allowed
 
     def _record(self, place, call: _Call, returned) -> None:
@@ -494,15 +393,15 @@ class _Session:
             sinks = call.sinks
             row_sinks = amath.gather_rows(sinks, rows) if sinks is not None and sinks.dim() == 4 else sinks
             picked, has_keys = amath.masked_softmax(scores, allowed, sinks=row_sinks)
-        self._store(place, picked, has_keys, rows, call.q_len)
+        self.store(place, picked, has_keys, rows, call.q_len)
 
-    def _context(self, place, module, rows, allowed, batch: int, q_len: int, device) -> EditContext:
+    def context(self, place, module, rows, allowed, batch: int, q_len: int, device) -> EditContext:
         """What an editor or observer is told, on the model's input device."""
         query_index = rows if rows is not None else torch.arange(q_len, device=device).expand(batch, q_len)
         return EditContext(stack=place[0], layer=place[1], module=module, query_index=query_index.to(self.home),
                            allowed=allowed.to(self.home) if allowed is not None else None)
 
-    def _store(self, place, picked, has_keys, rows, q_len):
+    def store(self, place, picked, has_keys, rows, q_len):
         # picked [batch, head, rows, key]; has_keys [batch|1, head|1, rows]
         heads = for_stack(self.heads, place[0])
         if heads is not None:
@@ -616,7 +515,7 @@ def _validate(contract, stacks, layers, heads, editors, observers, readers):
             if (stack, layer) not in contract.module_paths:
                 raise CaptureError(f"cannot {verb} {stack} layer {layer}: the model has no such attention module")
             info = contract.stacks[stack]
-            if info.layer_kind(layer) == "implicit":
+            if info.layer_implicit(layer):
                 mixer = info.mixer_class or info.module_class
                 raise CaptureError(f"cannot {verb} {stack} layer {layer}: its maps are the implicit matrix of a "
                                    f"{mixer} (signed, not a softmax), which probe reads but cannot hand to "
@@ -626,7 +525,7 @@ def _validate(contract, stacks, layers, heads, editors, observers, readers):
 
 
 def _softmax_layers(info) -> str:
-    return ", ".join(str(i) for i, kind in enumerate(info.layer_maps) if kind == "softmax")
+    return ", ".join(str(i) for i in info.softmax_layers())
 
 
 @contextmanager

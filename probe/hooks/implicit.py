@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from probe.hooks import kernel_mixers, linear_mixers
+from probe.hooks.terms_kinds import TermsKind
 
 #: Mamba's channel groups read as heads (its inner width split into this many consecutive blocks)
 MAMBA_CHANNEL_GROUPS = 4
@@ -74,7 +75,7 @@ class ScanTerms:
     key_mask         [batch, time] bool      real (not padded) positions
     """
 
-    kind: str  # mamba | mamba2 | rwkv | conv
+    kind: TermsKind  # MAMBA | MAMBA2 | RWKV | CONV: its matrices and its output
     value: torch.Tensor
     gate: torch.Tensor
     skip: torch.Tensor
@@ -101,27 +102,10 @@ class ScanTerms:
         """Exact ``M`` of units ``start..stop-1``: [batch, unit, query, key] fp32, zero above the
         diagonal and at padded keys and query rows."""
         units = slice(start, self.n_units if stop is None else stop)
-        if self.kind == "rwkv":
-            return self._wkv_matrices(units)
-        if self.kind == "conv":
-            return self._conv_matrices(units)
-        between, causal = self._exponents(units)
-        step = self.step[:, units]  # [batch, unit, time]
-        if self.kind == "mamba2":
-            decay = self.decay[units].double()[None, :, None, None]  # [1, unit, 1, 1]
-            exponent = (decay * between).masked_fill(~causal, -torch.inf)
-            scores = torch.einsum("bquN,bkuN->buqk", self.C[:, :, units], self.B[:, :, units])
-            matrix = scores * torch.exp(exponent).float() * step[:, :, None, :]
-        else:
-            decay = self.decay[units].double()  # [unit, state]
-            exponent = between[..., None] * decay[None, :, None, None, :]  # [batch, unit, query, key, state]
-            exponent = exponent.masked_fill(~causal[..., None], -torch.inf)
-            weights = torch.exp(exponent).float()
-            if self.B.dim() == 4:  # B, C per channel (zamba's heads)
-                matrix = torch.einsum("bquN,buqkN,bkuN->buqk", self.C[:, :, units], weights, self.B[:, :, units])
-            else:
-                matrix = torch.einsum("bqN,buqkN,bkN->buqk", self.C, weights, self.B)
-            matrix = matrix * step[:, :, None, :]
+        return self.kind.matrices(self, units)
+
+    def _real_only(self, matrix: torch.Tensor) -> torch.Tensor:
+        """``matrix`` [batch, unit, query, key] with keys and query rows at padded positions zero."""
         real = self.key_mask.to(matrix.dtype)
         return matrix * real[:, None, None, :] * real[:, None, :, None]
 
@@ -138,9 +122,7 @@ class ScanTerms:
         diagonal = torch.eye(time, dtype=torch.bool, device=key.device)
         logits = torch.where(diagonal, (first[None, :, None] + key)[..., None, :].expand_as(logits), logits)
         logits = logits.masked_fill(~torch.ones(time, time, dtype=torch.bool, device=key.device).tril(), -torch.inf)
-        matrix = torch.softmax(logits, dim=-1).float()
-        real = self.key_mask.to(matrix.dtype)
-        return matrix * real[:, None, None, :] * real[:, None, :, None]
+        return self._real_only(torch.softmax(logits, dim=-1).float())
 
     def _conv_matrices(self, units: slice) -> torch.Tensor:
         """A gated short convolution per channel: M_c[t, s] = C_t[c] * w_c[K-1-(t-s)] * B_s[c] for
@@ -155,13 +137,11 @@ class ScanTerms:
         taps = kernel[:, (width - 1 - lag).clamp(0, width - 1)] * band  # [channel, query, key]
         query_gate = self.C[:, :, units].transpose(1, 2)  # [batch, channel, time]
         key_gate = self.B[:, :, units].transpose(1, 2)
-        matrix = query_gate[..., :, None] * taps[None] * key_gate[..., None, :]
-        real = self.key_mask.to(matrix.dtype)
-        return matrix * real[:, None, None, :] * real[:, None, :, None]
+        return self._real_only(query_gate[..., :, None] * taps[None] * key_gate[..., None, :])
 
     def _unit_blocks(self) -> list[tuple[int, int]]:
         batch, _, time = self.step.shape
-        per_unit = batch * time * time * (self.B.shape[-1] if self.kind == "mamba" else 1)
+        per_unit = batch * time * time * (self.B.shape[-1] if self.kind.per_state else 1)
         size = max(1, _BLOCK_ELEMENTS // max(per_unit, 1))
         return [(start, min(start + size, self.n_units)) for start in range(0, self.n_units, size)]
 
@@ -175,6 +155,62 @@ class ScanTerms:
         matrices = self.channel_matrices() if matrices is None else matrices
         mixed = torch.einsum("bcqk,bck->bcq", matrices, self.value)
         return mixed + self.skip[None, :, None] * self.value
+
+
+def _mamba_matrices(terms: ScanTerms, units: slice) -> torch.Tensor:
+    """Mamba's (and Zamba's) ``M_d``: a state axis per channel, B and C shared or per channel."""
+    between, causal = terms._exponents(units)
+    step = terms.step[:, units]  # [batch, unit, time]
+    decay = terms.decay[units].double()  # [unit, state]
+    exponent = between[..., None] * decay[None, :, None, None, :]  # [batch, unit, query, key, state]
+    exponent = exponent.masked_fill(~causal[..., None], -torch.inf)
+    weights = torch.exp(exponent).float()
+    if terms.B.dim() == 4:  # B, C per channel (zamba's heads)
+        matrix = torch.einsum("bquN,buqkN,bkuN->buqk", terms.C[:, :, units], weights, terms.B[:, :, units])
+    else:
+        matrix = torch.einsum("bqN,buqkN,bkN->buqk", terms.C, weights, terms.B)
+    return terms._real_only(matrix * step[:, :, None, :])
+
+
+def _mamba2_matrices(terms: ScanTerms, units: slice) -> torch.Tensor:
+    """Mamba-2's ``M_h``: one scalar decay per head, B and C of the head's group."""
+    between, causal = terms._exponents(units)
+    step = terms.step[:, units]  # [batch, unit, time]
+    decay = terms.decay[units].double()[None, :, None, None]  # [1, unit, 1, 1]
+    exponent = (decay * between).masked_fill(~causal, -torch.inf)
+    scores = torch.einsum("bquN,bkuN->buqk", terms.C[:, :, units], terms.B[:, :, units])
+    return terms._real_only(scores * torch.exp(exponent).float() * step[:, :, None, :])
+
+
+def _gated_output(module, terms: ScanTerms, scan: torch.Tensor) -> torch.Tensor:
+    """Mamba's ``out_proj(y * silu(z))``."""
+    return module.out_proj((scan * F.silu(terms.gate)).transpose(1, 2))
+
+
+def _mamba2_output(module, terms: ScanTerms, scan: torch.Tensor) -> torch.Tensor:
+    """Mamba-2's ``out_proj(norm(y, z))`` (its gated RMSNorm), or Mamba's gate where it has no norm."""
+    if isinstance(module.norm, torch.nn.Identity):
+        return _gated_output(module, terms, scan)
+    return module.out_proj(module.norm(scan.transpose(1, 2), terms.gate.transpose(1, 2)))
+
+
+def _rwkv_output(module, terms: ScanTerms, scan: torch.Tensor) -> torch.Tensor:
+    """RWKV's ``output(sigmoid(r) * M v)``."""
+    return module.output((terms.gate * scan).transpose(1, 2))
+
+
+def _conv_output(module, terms: ScanTerms, scan: torch.Tensor) -> torch.Tensor:
+    """The short convolution's ``out_proj(C * conv(B x))``."""
+    bias = module.conv.bias
+    if bias is not None:  # C_t * b: the conv's bias, gated by the query side, mixes nothing
+        scan = scan + terms.gate * bias.float()[None, :, None]
+    return module.out_proj(scan.transpose(1, 2))
+
+
+MAMBA = TermsKind("mamba", _mamba_matrices, _gated_output, per_state=True)
+MAMBA2 = TermsKind("mamba2", _mamba2_matrices, _mamba2_output, own_heads=True)
+RWKV = TermsKind("rwkv", ScanTerms._wkv_matrices, _rwkv_output)
+CONV = TermsKind("conv", ScanTerms._conv_matrices, _conv_output)
 
 
 def _real(attention_mask: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
@@ -214,7 +250,7 @@ def mamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
         step = step + module.dt_proj.bias
     channels = value.shape[-1]
     return ScanTerms(
-        kind="mamba", value=value.transpose(1, 2).float(), gate=gate.float(), skip=module.D.float(),
+        kind=MAMBA, value=value.transpose(1, 2).float(), gate=gate.float(), skip=module.D.float(),
         step=F.softplus(step.float()).transpose(1, 2), decay=-torch.exp(module.A_log.float()),
         B=B.float(), C=C.float(), unit_of_channel=torch.arange(channels, device=value.device),
         key_mask=_real(attention_mask, hidden))
@@ -242,7 +278,7 @@ def zamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
 
     channels = heads * width
     return ScanTerms(
-        kind="mamba", value=value.transpose(1, 2).float(), gate=gate.float(), skip=module.D.float().reshape(channels),
+        kind=MAMBA, value=value.transpose(1, 2).float(), gate=gate.float(), skip=module.D.float().reshape(channels),
         step=F.softplus(step.float()).reshape(batch, time, channels).transpose(1, 2),
         decay=-torch.exp(module.A_log.float()).reshape(channels, state), B=per_channel(B), C=per_channel(C),
         unit_of_channel=torch.arange(channels, device=value.device), key_mask=_real(attention_mask, hidden))
@@ -270,7 +306,7 @@ def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | No
 
     head_of_channel = torch.arange(inner, device=value.device) // int(module.head_dim)
     return ScanTerms(
-        kind="mamba2", value=value.transpose(1, 2).float(), gate=gate.transpose(1, 2).float(),
+        kind=MAMBA2, value=value.transpose(1, 2).float(), gate=gate.transpose(1, 2).float(),
         skip=module.D.float()[head_of_channel], step=step.transpose(1, 2), decay=-torch.exp(module.A_log.float()),
         B=per_head(B), C=per_head(C), unit_of_channel=head_of_channel, key_mask=_real(attention_mask, hidden))
 
@@ -290,7 +326,7 @@ def rwkv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None
     batch, time, channels = key.shape
     first = module.time_first.float()[None, :, None].expand(batch, channels, time)
     return ScanTerms(
-        kind="rwkv", value=value.transpose(1, 2), gate=receptance.transpose(1, 2),
+        kind=RWKV, value=value.transpose(1, 2), gate=receptance.transpose(1, 2),
         skip=torch.zeros(channels, device=key.device), step=first, decay=-torch.exp(module.time_decay.float()),
         B=key, C=key, unit_of_channel=torch.arange(channels, device=key.device), key_mask=_real(attention_mask, hidden))
 
@@ -304,7 +340,7 @@ def short_conv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor 
     B, C, value = module.in_proj(hidden).float().chunk(3, dim=-1)  # [batch, time, channel] each
     batch, time, channels = value.shape
     return ScanTerms(
-        kind="conv", value=value.transpose(1, 2), gate=C.transpose(1, 2), skip=torch.zeros(channels, device=value.device),
+        kind=CONV, value=value.transpose(1, 2), gate=C.transpose(1, 2), skip=torch.zeros(channels, device=value.device),
         step=torch.ones(batch, channels, time, device=value.device), decay=module.conv.weight[:, 0].float(),
         B=B, C=C, unit_of_channel=torch.arange(channels, device=value.device), key_mask=_real(attention_mask, hidden))
 
@@ -312,22 +348,10 @@ def short_conv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor 
 def mixer_output(module, terms: ScanTerms, scan: torch.Tensor | None = None) -> torch.Tensor:
     """The mixer's output [batch, time, hidden] rebuilt from its matrices: ``scan`` (``y = M x + D x``
     [batch, channel, time], by default :meth:`ScanTerms.scan_output`) through the mixer's own gate and
-    output projection. An oracle: equal to the module's output, the matrices are its mixing."""
+    output projection (its terms kind's ``output``). An oracle: equal to the module's output, the
+    matrices are its mixing."""
     scan = terms.scan_output() if scan is None else scan
-    if isinstance(terms, linear_mixers.LinearTerms):  # RG-LRU, gated DeltaNet, lightning attention
-        return linear_mixers.linear_output(module, terms, scan)
-    if isinstance(terms, kernel_mixers.KernelTerms):  # YOSO
-        return kernel_mixers.kernel_output(module, terms, scan)
-    if terms.kind == "rwkv":
-        return module.output((terms.gate * scan).transpose(1, 2))
-    if terms.kind == "conv":
-        bias = module.conv.bias
-        if bias is not None:  # C_t * b: the conv's bias, gated by the query side, mixes nothing
-            scan = scan + terms.gate * bias.float()[None, :, None]
-        return module.out_proj(scan.transpose(1, 2))
-    if terms.kind == "mamba2" and not isinstance(module.norm, torch.nn.Identity):  # gated RMSNorm
-        return module.out_proj(module.norm(scan.transpose(1, 2), terms.gate.transpose(1, 2)))
-    return module.out_proj((scan * F.silu(terms.gate)).transpose(1, 2))
+    return terms.kind.output(module, terms, scan)
 
 
 def _width(module) -> int:
@@ -428,7 +452,7 @@ def continues_a_state(module, args: tuple, kwargs: dict) -> bool:
 def group_maps(terms: ScanTerms, heads: int) -> torch.Tensor:
     """The maps probe captures: [batch, head, query, key] fp32. Mamba-2 (one unit per head): its
     units' exact matrices; Mamba: the mean over each group of ``channels / heads`` consecutive channels."""
-    if terms.kind == "mamba2" and terms.n_units == heads:
+    if terms.kind.own_heads and terms.n_units == heads:
         return torch.cat([terms.unit_matrices(a, b) for a, b in terms._unit_blocks()], dim=1)
     width = terms.n_units // heads
     sums = None

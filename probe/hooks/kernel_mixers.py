@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from probe.errors import CaptureError
+from probe.hooks.terms_kinds import TermsKind
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class KernelTerms:
     key_mask         [batch, time] bool        real (not padded) positions of the input
     """
 
-    kind: str  # yoso
+    kind: TermsKind  # YOSO: its matrices and its output
     value: torch.Tensor
     weights: torch.Tensor
     unit_of_channel: torch.Tensor
@@ -55,7 +56,7 @@ class KernelTerms:
 
     def exact_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """M of heads ``start..stop-1`` as the layer applies it: [batch, head, query, key] fp32."""
-        return self.weights[:, start:stop]
+        return self.kind.matrices(self, slice(start, stop))
 
     def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """M as probe captures it: query rows at padded positions zero (a padded position's own
@@ -98,7 +99,7 @@ def yoso_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None
     norm = (expectation @ value).norm(dim=-1).clamp_min(1e-12)  # F.normalize's eps
     real = attention_mask.bool() if attention_mask is not None and attention_mask.dim() == 2 \
         else torch.ones(batch, time, dtype=torch.bool, device=hidden.device)
-    return KernelTerms(kind="yoso", value=value.transpose(2, 3).reshape(batch, heads * width, time),
+    return KernelTerms(kind=YOSO, value=value.transpose(2, 3).reshape(batch, heads * width, time),
                        weights=expectation / norm[..., None], key_mask=real,
                        unit_of_channel=torch.arange(heads * width, device=hidden.device) // width)
 
@@ -115,3 +116,6 @@ def yoso_heads(module) -> int:
 
 def yoso_width(module) -> int:
     return int(module.all_head_size)
+
+
+YOSO = TermsKind("yoso", lambda terms, units: terms.weights[:, units], kernel_output)

@@ -77,6 +77,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from probe.hooks.terms_kinds import TermsKind
+
 #: elements of one [batch, unit, query, key] block of exact matrices (memory bound)
 _BLOCK_ELEMENTS = 1 << 24
 
@@ -102,7 +104,7 @@ class LinearTerms:
               input_scale [batch, unit, time] (the input gate's pre-activation i), eps
     """
 
-    kind: str  # rglru | gated_deltanet | kimi_delta | lightning | mlstm
+    kind: TermsKind  # RGLRU | GATED_DELTANET | KIMI_DELTA | LIGHTNING | MLSTM: its matrices and its output
     value: torch.Tensor
     gate: torch.Tensor
     offset: torch.Tensor
@@ -125,13 +127,7 @@ class LinearTerms:
         """Exact ``M`` of units ``start..stop-1`` at every position, padding included:
         [batch, unit, query, key] fp32, zero above the diagonal."""
         units = slice(start, self.n_units if stop is None else stop)
-        if self.kind == "rglru":
-            return self._lru_matrices(units, fold=self.conv_weight is not None).float()
-        if self.kind == "lightning":
-            return self._lightning_matrices(units).float()
-        if self.kind == "mlstm":
-            return self._mlstm_matrices(units).float()
-        return self._delta_matrices(units).float()
+        return self.kind.matrices(self, units).float()
 
     def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """``M`` as probe captures it: :meth:`exact_matrices` with keys and query rows at padded
@@ -278,7 +274,7 @@ def rglru_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
     log_decay = log_decay.masked_fill(reset[..., None], 0.0)  # a_t = 0 there: handled by the segments
     width = activations.shape[-1]
     unfolded = LinearTerms(
-        kind="rglru", value=activations.transpose(1, 2).float(), gate=gate.transpose(1, 2).float(),
+        kind=RGLRU, value=activations.transpose(1, 2).float(), gate=gate.transpose(1, 2).float(),
         offset=torch.zeros(batch, width, time, device=hidden.device),
         unit_of_channel=torch.arange(width, device=hidden.device), key_mask=_key_mask(attention_mask, hidden),
         log_decay=log_decay.transpose(1, 2), input_scale=scale.transpose(1, 2).float(),
@@ -320,7 +316,7 @@ def gated_deltanet_terms(module, hidden: torch.Tensor, attention_mask: torch.Ten
     log_decay = (-module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)).transpose(1, 2)
     width = int(module.value_dim)
     return LinearTerms(
-        kind="gated_deltanet", value=value.float().transpose(1, 2),
+        kind=GATED_DELTANET, value=value.float().transpose(1, 2),
         gate=z.reshape(batch, time, -1).float().transpose(1, 2),
         offset=torch.zeros(batch, width, time, device=hidden.device),
         unit_of_channel=torch.arange(width, device=hidden.device) // int(module.head_v_dim),
@@ -351,7 +347,7 @@ def kimi_delta_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor 
 
     gate = module.g_b_proj(module.g_a_proj(hidden))  # [batch, time, heads * width]
     return LinearTerms(
-        kind="kimi_delta", value=value.float().transpose(1, 2), gate=gate.float().transpose(1, 2),
+        kind=KIMI_DELTA, value=value.float().transpose(1, 2), gate=gate.float().transpose(1, 2),
         offset=torch.zeros(batch, heads * width, time, device=hidden.device),
         unit_of_channel=torch.arange(heads * width, device=hidden.device) // width,
         key_mask=_key_mask(attention_mask, hidden),
@@ -378,7 +374,7 @@ def lightning_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor |
     query, key, value = torch.split(states.reshape(batch, time, heads, 3 * width), width, dim=3)
     slope = module.slope_rate.reshape(heads).double()  # lambda_h
     return LinearTerms(
-        kind="lightning", value=value.float().reshape(batch, time, heads * width).transpose(1, 2),
+        kind=LIGHTNING, value=value.float().reshape(batch, time, heads * width).transpose(1, 2),
         gate=torch.sigmoid(module.output_gate(hidden)).float().transpose(1, 2),
         offset=torch.zeros(batch, heads * width, time, device=hidden.device),
         unit_of_channel=torch.arange(heads * width, device=hidden.device) // width,
@@ -408,7 +404,7 @@ def mlstm_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
     query, key = per_head(query), per_head(key)
     width = int(module.v_dim)
     return LinearTerms(
-        kind="mlstm", value=value.float().transpose(1, 2), gate=torch.sigmoid(output_gate.float()).transpose(1, 2),
+        kind=MLSTM, value=value.float().transpose(1, 2), gate=torch.sigmoid(output_gate.float()).transpose(1, 2),
         offset=torch.zeros(batch, width, time, device=hidden.device),
         unit_of_channel=torch.arange(width, device=hidden.device) // (width // heads),
         key_mask=_key_mask(attention_mask, hidden), log_decay=F.logsigmoid(forget_gate.float()).transpose(1, 2),
@@ -456,24 +452,48 @@ def deltanet_width(module) -> int:
 
 def linear_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
     """The mixer's output [batch, time, hidden] rebuilt from its mixed value path ``scan`` (``M x +
-    offset`` [batch, channel, time]) through the layer's own gate, norm and output projection: the
-    RG-LRU block's linear_out(y * act(linear_y(u))), the DeltaNet's out_proj(gated RMSNorm per head),
-    lightning attention's out_proj(sigmoid(gate) * norm(y))."""
-    if terms.kind == "rglru":
-        return module.linear_out((scan * terms.gate).transpose(1, 2))
-    if terms.kind == "kimi_delta":
-        batch, channels, time = scan.shape
-        width = int(module.head_dim)
-        normed = module.o_norm(scan.transpose(1, 2).reshape(batch, time, -1, width),
-                               terms.gate.transpose(1, 2).reshape(batch, time, -1, width))
-        return module.o_proj(normed.reshape(batch, time, channels))
-    if terms.kind == "mlstm":
-        batch, channels, time = scan.shape
-        normed = module.multihead_norm(scan.transpose(1, 2).reshape(batch, time, int(module.config.num_heads), -1))
-        return module.out_proj(terms.gate.transpose(1, 2) * normed.reshape(batch, time, channels))
-    if terms.kind == "gated_deltanet":
-        batch, channels, time = scan.shape
-        width = int(module.head_v_dim)
-        normed = module.norm(scan.transpose(1, 2).reshape(-1, width), terms.gate.transpose(1, 2).reshape(-1, width))
-        return module.out_proj(normed.reshape(batch, time, channels))
+    offset`` [batch, channel, time]) through the layer's own gate, norm and output projection (its
+    terms kind's ``output``)."""
+    return terms.kind.output(module, terms, scan)
+
+
+def _rglru_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+    """The RG-LRU block's ``linear_out(y * act(linear_y(u)))``."""
+    return module.linear_out((scan * terms.gate).transpose(1, 2))
+
+
+def _kimi_delta_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+    """Kimi's ``o_proj(gated norm per head)``."""
+    batch, channels, time = scan.shape
+    width = int(module.head_dim)
+    normed = module.o_norm(scan.transpose(1, 2).reshape(batch, time, -1, width),
+                           terms.gate.transpose(1, 2).reshape(batch, time, -1, width))
+    return module.o_proj(normed.reshape(batch, time, channels))
+
+
+def _mlstm_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+    """The mLSTM's ``out_proj(output gate * multi-head norm(y))``."""
+    batch, channels, time = scan.shape
+    normed = module.multihead_norm(scan.transpose(1, 2).reshape(batch, time, int(module.config.num_heads), -1))
+    return module.out_proj(terms.gate.transpose(1, 2) * normed.reshape(batch, time, channels))
+
+
+def _gated_deltanet_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+    """The DeltaNet's ``out_proj(gated RMSNorm per head)``."""
+    batch, channels, time = scan.shape
+    width = int(module.head_v_dim)
+    normed = module.norm(scan.transpose(1, 2).reshape(-1, width), terms.gate.transpose(1, 2).reshape(-1, width))
+    return module.out_proj(normed.reshape(batch, time, channels))
+
+
+def _lightning_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+    """Lightning attention's ``out_proj(sigmoid(gate) * norm(y))``."""
     return module.out_proj(terms.gate.transpose(1, 2) * module.norm(scan.transpose(1, 2)))
+
+
+RGLRU = TermsKind("rglru", lambda terms, units: terms._lru_matrices(units, fold=terms.conv_weight is not None),
+                  _rglru_output)
+GATED_DELTANET = TermsKind("gated_deltanet", LinearTerms._delta_matrices, _gated_deltanet_output)
+KIMI_DELTA = TermsKind("kimi_delta", LinearTerms._delta_matrices, _kimi_delta_output)
+LIGHTNING = TermsKind("lightning", LinearTerms._lightning_matrices, _lightning_output)
+MLSTM = TermsKind("mlstm", LinearTerms._mlstm_matrices, _mlstm_output)

@@ -1,6 +1,7 @@
 """Find where each attention layer of a model can be read, by watching one small forward pass.
 
-Four paths (house rule 4: what the model's forward actually does, never its source):
+The paths (house rule 4: what the model's forward actually does, never its source) are the rows of
+:data:`probe.hooks.readers.READERS`, tried in that order; each :class:`Site` holds its own:
 
 ``function``       the module hands query, key and value to the shared attention-function registry
                    (``ALL_ATTENTION_FUNCTIONS``): probe wraps that function (hooks.py).
@@ -37,10 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from probe.hooks.attention_functions import implementation_of, open_session, sink_logits
-from probe.hooks.banded import is_banded
-from probe.hooks.blocksparse import AttentionTypeGuard, is_block_sparse, is_block_sparse_layer
 from probe.hooks.implicit import find_mixers, mixer_kind
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
+from probe.hooks.readers import IMPLICIT, READERS, ReadPath, detect, guarded
 from probe.tasks import Task
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
@@ -59,7 +59,7 @@ class Site:
     stack: str  # encoder | decoder | cross
     layer: int  # the stack's own attention-layer index (call order)
     path: str  # the attention module
-    kind: str  # function | probabilities | softmax | banded | implicit (a state-space mixer: probe.hooks.implicit)
+    reader: ReadPath  # how probe reads it: a row of probe.hooks.readers.READERS
     probability_path: str | None = None  # the child module whose output is the probabilities
     call: int = 0  # which call of ``path`` in one forward this layer is (shared modules)
     #: the probabilities seen in the watched pass put weight on later keys (False) or never did
@@ -69,6 +69,11 @@ class Site:
     folded_heads: bool = False
     #: the module handed the attention function sink logits (``sinks`` / ``s_aux``) in the watched pass
     sinks: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The read path's name: function | probabilities | softmax | banded | implicit."""
+        return self.reader.name
 
 
 def stack_of(path: str) -> str:
@@ -177,8 +182,8 @@ class _WatchedPass:
         self.seen_softmax: dict[int, tuple[bool, bool]] = {}  # module id -> (folded heads, never looks ahead)
         self.causal_seen: dict[int, bool] = {}
         self.watch = _Watch(self.width)
-        # block-sparse layers are swapped out by HF for a short input: their parent is the site
-        self.stand_ins = {id(m) for m in self.named.values() if is_block_sparse_layer(m)}
+        # a layer the model may swap out (BigBird's block-sparse attention, for a short input): its parent is the site
+        self.stand_ins = {id(m) for m in self.named.values() if any(r.stands_in(m) for r in READERS)}
 
     def _over_positions(self, t: torch.Tensor) -> bool:
         # [batch, head, query, key] (or [batch * head, query, key], batch 1 here) over the input's
@@ -219,7 +224,7 @@ class _WatchedPass:
             for module in self.named.values():
                 handles.append(module.register_forward_pre_hook(lambda mod, args: self.order.append(id(mod))))
             handles += self._probability_hooks()
-            with open_session(self.watch, implementation_of(model)), torch.no_grad(), AttentionTypeGuard(model):
+            with open_session(self.watch, implementation_of(model)), torch.no_grad(), guarded(model):
                 model(**self.inputs)
         finally:
             modes.close()
@@ -242,7 +247,7 @@ class _WatchedPass:
         added to ``unreadable`` with the reason."""
         # token mixers read as implicit attention (probe.hooks.implicit) are layers too, in call order
         mixer_ids = {id(m) for m in self.named.values() if mixer_kind(m) is not None}
-        attention_ids = (self.watch.callers | {id(m) for m in self.candidates.values() if not is_block_sparse(m)}
+        attention_ids = (self.watch.callers | {id(m) for m in self.candidates.values() if not any(r.hides(m) for r in READERS)}
                          | mixer_ids)
         calls: dict[int, int] = {}
         counters: dict[str, int] = {}
@@ -254,29 +259,17 @@ class _WatchedPass:
             call = calls.get(module_id, 0)
             calls[module_id] = call + 1
             stack = stack_of(path)
-            folded, causal = False, None
-            if is_banded(self.named[path]):  # sliding window + global tokens (probe.hooks.banded)
-                kind, probability_path = "banded", None
-            elif module_id in mixer_ids:
-                kind, probability_path, causal = "implicit", None, mixer_kind(self.named[path]).causal
-            elif module_id in self.watch.callers:
-                kind, probability_path = "function", None
-            elif self.seen_probabilities.get(module_id):
-                kind, probability_path = "probabilities", sorted(self.seen_probabilities[module_id])[0]
-                causal = self.causal_seen.get(module_id)
-            elif module_id in self.seen_softmax:
-                kind, probability_path = "softmax", None
-                folded, causal = self.seen_softmax[module_id]
-            else:
+            found = detect(self, module_id, self.named[path])
+            if found is None:
                 if call == 0:
                     unreadable[path] = (f"{type(self.named[path]).__name__} neither calls the attention-function "
                                         "registry, nor passes [batch, head, query, key] probabilities through a child "
                                         "module, nor computes them with a softmax over the input's positions (linear, "
                                         "kernelised or chunked attention has none)")
                 continue
-            sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, kind=kind,
-                              probability_path=probability_path, call=call, causal=causal, folded_heads=folded,
-                              sinks=module_id in self.watch.with_sinks))
+            reader, fields = found
+            sites.append(Site(stack=stack, layer=counters.get(stack, 0), path=path, reader=reader, call=call,
+                              sinks=module_id in self.watch.with_sinks, **fields))
             counters[stack] = counters.get(stack, 0) + 1
         return sites
 
@@ -284,6 +277,6 @@ class _WatchedPass:
 def implicit_sites(model) -> list[Site]:
     """One :class:`Site` of kind ``implicit`` per token mixer (probe.hooks.implicit), numbered in module order
     (the decoder stack: these mixers are causal)."""
-    return [Site(stack="decoder", layer=i, path=path, kind="implicit", causal=True)
+    return [Site(stack="decoder", layer=i, path=path, reader=IMPLICIT, causal=True)
             for i, (path, _) in enumerate(find_mixers(model))]
 

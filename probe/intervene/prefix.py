@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.hooks.attention_functions import implementation_of
+from probe.hooks.readers import FUNCTION
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, row_key
 from probe.rows.forward import foil_tokens, plain_kv_cache
@@ -66,7 +67,7 @@ def model_supports_reuse(pm: ProbeModel) -> bool:
     implementation = implementation_of(pm.model)
     # inline attention (read through a probability module) builds its own masks (bloom's
     # alibi from a 2-D mask): only models that call the attention function take a 4-D one
-    inline = any(site.kind != "function" for site in (getattr(pm.contract, "sites", None) or {}).values())
+    inline = any(site.reader is not FUNCTION for site in (getattr(pm.contract, "sites", None) or {}).values())
     return plain_kv_cache(pm) and implementation in ("eager", "sdpa") and not inline
 
 

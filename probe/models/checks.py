@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from probe.errors import CaptureError
-from probe.hooks import blocksparse, local_global
 from probe.hooks import math as amath
 from probe.hooks.attention_functions import original_attention_function
-from probe.hooks.banded import dense_from_output_attentions, one_sided_window
 from probe.hooks.capture import capture_attention
+from probe.hooks.readers import FUNCTION, guarded
 from probe.models.core import encode_texts
 from probe.models.text import forward_inputs
 
@@ -149,7 +148,7 @@ def softmax_layer_weights(pm: ProbeModel, stack: str, maps) -> list[torch.Tensor
     implicit mixers), in layer order: what HF's ``output_attentions`` returns and rows sum to one in."""
     info = pm.contract.stacks[stack]
     layers = sorted(maps.per_layer) if isinstance(maps, PerLayerMaps) else list(maps.layers)
-    return [w for layer, w in zip(layers, layer_weights(maps), strict=True) if info.layer_kind(layer) == "softmax"]
+    return [w for layer, w in zip(layers, layer_weights(maps), strict=True) if not info.layer_implicit(layer)]
 
 
 def eager_attentions(pm: ProbeModel, inputs):
@@ -159,7 +158,7 @@ def eager_attentions(pm: ProbeModel, inputs):
     try:
         if before != "eager":
             model.set_attn_implementation("eager")
-        with torch.no_grad(), blocksparse.AttentionTypeGuard(model):  # HF's short-input fallback stays with this input
+        with torch.no_grad(), guarded(model):  # HF's short-input fallback stays with this input
             out = model(**inputs, output_attentions=True)
     finally:
         if before != "eager":
@@ -176,28 +175,21 @@ def eager_attentions(pm: ProbeModel, inputs):
 
 
 def _dense_banded(pm: ProbeModel, found: dict, global_layers, inputs) -> dict:
-    """A banded stack's HF attentions ([batch, head, query, G + 2w + 1] and the global rows) as dense maps."""
+    """A stack's HF attentions in its layers' own layout (banded: [batch, head, query, G + 2w + 1] and
+    the global rows; block-sparse; local-global) as dense maps, by the stack's read path
+    (:meth:`probe.hooks.readers.ReadPath.dense_maps`); other stacks as they are."""
     modules = dict(pm.model.named_modules())
+    sites = getattr(pm.contract, "sites", None) or {}
     out = dict(found)
     for stack, layers in found.items():
-        site_paths = [pm.contract.module_paths[(stack, i)] for i in range(len(layers or ()))
-                      if (stack, i) in pm.contract.module_paths]
-        if not layers or not site_paths or pm.contract.stacks[stack].capture_path != "banded reader":
+        places = [(stack, i) for i in range(len(layers or ())) if (stack, i) in pm.contract.module_paths]
+        readers = {site.reader for (s, _), site in sites.items() if s == stack}  # as the contract's capture_path
+        if not layers or not places or len(readers) != 1:
             continue
-        if blocksparse.is_block_sparse_layer(modules[site_paths[0]]):
-            layer = modules[site_paths[0]]  # ran block-sparse: it is in place (the guard) and the input is long
-            ran = blocksparse.is_block_sparse(layer.self) and \
-                int(inputs["input_ids"].shape[1]) > blocksparse.full_attention_limit(layer.config)
-            out[stack] = tuple(blocksparse.dense_from_output_attentions(a, modules[path], inputs["attention_mask"], ran)
-                               for a, path in zip(layers, site_paths))
-            continue
-        if local_global.is_local_global(modules[site_paths[0]]):  # LongT5: [batch, block, head, bl, 3 bl + G]
-            out[stack] = tuple(local_global.dense_from_output_attentions(a, modules[path], inputs["attention_mask"])
-                               for a, path in zip(layers, site_paths))
-            continue
-        out[stack] = tuple(dense_from_output_attentions(
-            local, global_layers[i] if global_layers else None, inputs["attention_mask"],
-            one_sided_window(modules[site_paths[i]])) for i, local in enumerate(layers))
+        dense = readers.pop().dense_maps(layers, modules, [pm.contract.module_paths[p] for p in places],
+                                         global_layers, inputs)
+        if dense is not None:
+            out[stack] = dense
     return out
 
 
@@ -384,7 +376,7 @@ def _padded_like(pm: ProbeModel, single: dict, batch: dict) -> dict:
 
 def _batch_of_one(pm: ProbeModel, o: _Observed) -> CheckResult:
     out_gap = att_gap = 0.0
-    same_width = any(blocksparse.is_block_sparse_layer(m) for m in pm.model.modules())
+    same_width = any(site.reader.width_dependent for site in (getattr(pm.contract, "sites", None) or {}).values())
     for i, text in enumerate(o.texts):
         single = forward_inputs(pm, encode_texts(pm, [text]))
         if same_width:
@@ -412,7 +404,7 @@ def implicit_oracle(pm: ProbeModel, inputs: dict, tol: float) -> CheckResult | N
     from probe.hooks import implicit
 
     paths = {path for place, path in pm.contract.module_paths.items()
-             if pm.contract.stacks[place[0]].layer_kind(place[1]) == "implicit"}
+             if pm.contract.stacks[place[0]].layer_implicit(place[1])}
     if not paths:
         return None
     seen: dict[str, float] = {}
@@ -448,7 +440,7 @@ def implicit_oracle(pm: ProbeModel, inputs: dict, tol: float) -> CheckResult | N
 
 def _eager_where_softmax(pm: ProbeModel, o: _Observed) -> CheckResult | None:
     """HF's eager output_attentions against the softmax layers; no check where there are none."""
-    if all(info.maps == "implicit" for info in pm.contract.stacks.values()):
+    if all(info.implicit for info in pm.contract.stacks.values()):
         return None  # a state-space model returns no attention: the mixers' oracle is the check
     return _equals_eager(pm, o)
 
@@ -484,7 +476,7 @@ class _FunctionProbe:
         contract = pm.contract
         stack = contract.primary_stack
         self.info = info = contract.stacks[stack]
-        first = next(layer for layer in range(info.n_layers) if info.layer_kind(layer) == "softmax")
+        first = next(layer for layer in range(info.n_layers) if not info.layer_implicit(layer))
         self.module = dict(pm.model.named_modules())[contract.module_paths[(stack, first)]]
         self.implementation = contract.implementation
         self.original = original_attention_function(self.implementation, self.module)
@@ -576,14 +568,14 @@ def run_checks(pm: ProbeModel, texts=DEFAULT_TEXTS) -> list[CheckResult]:
     stack = pm.contract.primary_stack if pm.contract.stacks else None
     sites = getattr(pm.contract, "sites", None) or {}
     # the first softmax layer: a hybrid's first layer may be a mixer
-    site = next((sites[place] for place in sorted(sites) if place[0] == stack and sites[place].kind != "implicit"),
+    site = next((sites[place] for place in sorted(sites) if place[0] == stack and not sites[place].reader.implicit),
                 sites.get((stack, 0)))
-    if site is not None and site.kind == "implicit":
+    if site is not None and site.reader.implicit:
         results.append(CheckResult("attention_function_checks", True,
                                    f"skipped: the {stack}'s layers are token mixers read as implicit attention, "
                                    "so there is no attention function to call on chosen inputs"))
         return results
-    if site is not None and site.kind != "function":
+    if site is not None and site.reader is not FUNCTION:
         results.append(CheckResult("attention_function_checks", True,
                                    f"skipped: the {stack} computes attention inline (read through its probability "
                                    "module), so there is no attention function to call on chosen inputs"))

@@ -11,8 +11,8 @@ from dataclasses import replace
 import torch
 
 from probe.hooks.attention_functions import implementation_of
-from probe.hooks.banded import describe_layers
 from probe.hooks.implicit import mixer_kind
+from probe.hooks.readers import FUNCTION, HYBRID_MAPS, IMPLICIT_MAPS
 from probe.hooks.sites import Site, discover_sites, implicit_sites
 from probe.models.architectures import (
     ATTENTION_LAYOUTS,
@@ -84,10 +84,8 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
     per_layer = [_heads_and_dim(layers[i], config) for i in sorted(layers)]
     layer_heads = tuple(h or int(n_heads) for h, _ in per_layer)
     layer_dims = tuple(d or int(head_dim) for _, d in per_layer)
-    kinds = {site.kind for (s, _), site in (sites or {}).items() if s == stack}
-    path = {"function": "attention function", "probabilities": "probability module", "softmax": "softmax call",
-            "banded": "banded reader"}
-    capture_path = " + ".join(path[k] for k in sorted(kinds)) if kinds else "attention function"
+    readers = sorted({site.reader for (s, _), site in (sites or {}).items() if s == stack}, key=lambda r: r.name)
+    capture_path = " + ".join(r.describe for r in readers) if readers else FUNCTION.describe
     calls = {}
     for (s, _), site in (sites or {}).items():
         if s == stack:
@@ -95,9 +93,9 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
     return StackContract(
         stack=stack, n_layers=len(layers), n_heads=int(n_heads), n_kv_heads=int(n_kv_heads),
         kv_head_of_query=kv_map, head_dim=int(head_dim), mask_kind=mask_kind, module_class=type(module).__name__,
-        capture_path=capture_path, can_edit="banded" not in kinds,
-        memory="full maps (the model's own)" if kinds & {"probabilities", "softmax"} else "query rows asked for",
-        structure=describe_layers(layers) if "banded" in kinds else "",
+        capture_path=capture_path, can_edit=all(r.can_edit for r in readers),
+        memory="full maps (the model's own)" if any(r.full_maps for r in readers) else "query rows asked for",
+        structure=next((text for r in readers if (text := r.structure(layers))), ""),
         sinks=any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in layers.values())
         or any(site.sinks for (s, _), site in (sites or {}).items() if s == stack),
         layer_heads=layer_heads if len(set(layer_heads)) > 1 else (),
@@ -132,7 +130,7 @@ def _locate(model, tokenizer, task):
     watched forward pass (probe.hooks.sites), else module names."""
     if getattr(model.config, "model_type", "") in ATTENTION_LAYOUTS:
         paths = find_attention_modules(model)
-        return paths, {p: Site(p[0], p[1], path, "function") for p, path in paths.items()}, {}, "layout table"
+        return paths, {p: Site(p[0], p[1], path, FUNCTION) for p, path in paths.items()}, {}, "layout table"
     try:
         found, unreadable = discover_sites(model, tokenizer, task)
     except Exception as exc:  # noqa: BLE001 - any failure of the watched forward falls back to module names
@@ -141,12 +139,12 @@ def _locate(model, tokenizer, task):
         if not paths and _runs_without_cache(model, tokenizer, task):
             reason += ("; it runs with use_cache=False, so transformers' key/value cache of this model fails "
                        "(e.g. an LFM2 without attention layers): set model.config.use_cache = False")
-        return paths, {p: Site(p[0], p[1], path, "function") for p, path in paths.items()}, {}, \
+        return paths, {p: Site(p[0], p[1], path, FUNCTION) for p, path in paths.items()}, {}, \
             f"{WATCH_FAILED}{reason})"
     sites = {(site.stack, site.layer): site for site in found if site.stack in STACK_ORDER}
     if not sites and (mixers := implicit_sites(model)):  # no softmax attention: state-space mixers, read implicitly
         sites = {(site.stack, site.layer): site for site in mixers}
-    kinds = {site.kind == "implicit" for site in sites.values()}
+    kinds = {site.reader.implicit for site in sites.values()}
     if kinds == {True}:
         how = "mixer classes (implicit attention)"
     elif kinds == {True, False}:
@@ -166,7 +164,7 @@ def _implicit_stack_contract(stack: str, layers: dict[int, object]) -> StackCont
         stack=stack, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_heads, kv_head_of_query=tuple(range(n_heads)),
         head_dim=kind.head_width(module), mask_kind="causal" if kind.causal else "bidirectional",
         module_class=type(module).__name__, capture_path=f"implicit {kind.name} matrix (heads: {kind.heads_are})", can_edit=False,
-        memory="full maps (recomputed from each mixer's input)", maps="implicit", mixer_class=type(module).__name__)
+        memory="full maps (recomputed from each mixer's input)", maps=IMPLICIT_MAPS, mixer_class=type(module).__name__)
 
 
 def _hybrid_stack_contract(stack: str, layers: dict[int, object], config, task: Task, sites: dict) -> StackContract:
@@ -174,8 +172,8 @@ def _hybrid_stack_contract(stack: str, layers: dict[int, object], config, task: 
     bamba, lfm2, ...): the softmax layers' contract (heads, kv map, mask, how they are read and
     edited), with every layer counted in model order, its map kind in ``layer_maps`` and its own
     head count and head width where the layers differ. Edits apply to the softmax layers only."""
-    implicit = {layer for layer in layers if sites[(stack, layer)].kind == "implicit"}
-    softmax_sites = {place: site for place, site in sites.items() if site.kind != "implicit"}
+    implicit = {layer for layer in layers if sites[(stack, layer)].reader.implicit}
+    softmax_sites = {place: site for place, site in sites.items() if not site.reader.implicit}
     base = _stack_contract(stack, {layer: m for layer, m in layers.items() if layer not in implicit}, config, task,
                            softmax_sites)
     heads, widths = [], []
@@ -192,8 +190,8 @@ def _hybrid_stack_contract(stack: str, layers: dict[int, object], config, task: 
     mixers = sorted({type(layers[layer]).__name__ for layer in implicit})
     names = sorted({mixer_kind(layers[layer]).name for layer in implicit})
     return replace(
-        base, n_layers=len(layers), maps="hybrid", mixer_class=" + ".join(mixers),
-        layer_maps=tuple("implicit" if layer in implicit else "softmax" for layer in sorted(layers)),
+        base, n_layers=len(layers), maps=HYBRID_MAPS, mixer_class=" + ".join(mixers),
+        layer_maps=tuple(sites[(stack, layer)].reader.maps for layer in sorted(layers)),
         layer_heads=tuple(heads) if len(set(heads)) > 1 else (),
         layer_head_dims=tuple(widths) if len(set(widths)) > 1 else (),
         capture_path=f"{base.capture_path} ({len(layers) - len(implicit)} softmax layers) + implicit "
@@ -212,7 +210,7 @@ def build_contract(model, tokenizer, task: Task | str | None = None, *, random_w
         by_stack.setdefault(stack, {})[layer] = modules[path]
     stacks = {}
     for stack in STACK_ORDER:
-        implicit = [site.kind == "implicit" for (s, _), site in sites.items() if s == stack]
+        implicit = [site.reader.implicit for (s, _), site in sites.items() if s == stack]
         if stack in by_stack and implicit and all(implicit):
             stacks[stack] = _implicit_stack_contract(stack, by_stack[stack])
         elif stack in by_stack and any(implicit):

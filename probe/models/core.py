@@ -61,7 +61,31 @@ class StackContract:
         """softmax | implicit: what layer ``layer``'s map is."""
         if self.layer_maps and 0 <= layer < len(self.layer_maps):
             return self.layer_maps[layer]
-        return "implicit" if self.maps == "implicit" else "softmax"
+        return "implicit" if self.implicit else "softmax"
+
+    @property
+    def implicit(self) -> bool:
+        """Every layer's map is a token mixer's implicit matrix (``maps`` implicit)."""
+        return self.maps == "implicit"
+
+    @property
+    def softmax(self) -> bool:
+        """Every layer's map is a softmax (``maps`` softmax): no implicit matrix anywhere in the stack."""
+        return maps_are_softmax(self.maps)
+
+    def layer_implicit(self, layer: int) -> bool:
+        """Layer ``layer``'s map is a token mixer's implicit matrix, not a softmax."""
+        return self.layer_kind(layer) == "implicit"
+
+    def softmax_layers(self) -> tuple[int, ...]:
+        """The layers of a hybrid (``layer_maps``) whose maps are a softmax; () for other stacks."""
+        return tuple(i for i, kind in enumerate(self.layer_maps) if kind == "softmax")
+
+
+def maps_are_softmax(maps: str | None) -> bool:
+    """Whether a stack whose ``maps`` (the contract's word, as written to files; None: not given)
+    are softmax rows in every layer."""
+    return maps in (None, "softmax")
 
 
 @dataclass(frozen=True, repr=False)

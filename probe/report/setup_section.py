@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from probe.document import KeyValues, Para, Section, Table, fmt
+from probe.models.core import maps_are_softmax
 from probe.report import analysis as an
 from probe.report import figures as fg
 from probe.report.output import Writer
@@ -133,7 +134,7 @@ def _sink_source(r: StudyResult, frame: pd.DataFrame) -> str:
 def _target_stack_maps(r: StudyResult) -> str | None:
     stacks = (r.contract or {}).get("stacks") or {}
     maps = {st.get("maps", "softmax") for st in stacks.values()}
-    return next((m for m in maps if m != "softmax"), None)
+    return next((m for m in maps if not maps_are_softmax(m)), None)
 
 
 def sink_blocks(r: StudyResult, w: Writer) -> list:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from probe.models.core import maps_are_softmax
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -42,7 +44,7 @@ def sink_threshold(study: Study) -> float:
 
 def unmeasured_reason(maps: str | None) -> str | None:
     """Why a stack whose maps are ``maps`` (the contract's word) has no sinks table, or None."""
-    if maps in (None, "softmax"):
+    if maps_are_softmax(maps):
         return None
     return (f"its maps are {maps} (a token mixer's signed matrix in some layers), not softmax rows, so no key "
             "'receives' a share of attention")
