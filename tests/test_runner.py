@@ -538,7 +538,7 @@ def test_progress_names_every_phase_of_a_study(tiny_dirs, tiny_data, tmp_path, c
     """With progress, the bar over the batches names the step under way, a second bar counts the sanity
     checks' randomised models and then the statistics, and a line comes before ``on_complete`` (the
     report): no phase of a study runs silently."""
-    from probe.study import sanity as S
+    from probe.study import randomisation as S
 
     study = study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, tmp_path / "out",
                                        explainers=["attention_mean", "saliency"], references=["loo_delete"],

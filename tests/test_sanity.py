@@ -15,7 +15,10 @@ from probe.explainers import gradients as G
 from probe.names import describe_group
 from probe.rows.prepare import prepare
 from probe.rows.target import TargetSpec
+from probe.study import randomisation as R
+from probe.study import replay as P
 from probe.study import sanity as S
+from probe.study import weights as W
 
 TEXTS = ["the movie was good and the cast was great", "bad film", "not a good movie , but fun"]
 
@@ -75,7 +78,7 @@ def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
     before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
     scorers = {"input_x_gradient": lambda pm, ex: G.input_x_gradient(pm, ex).scores,
                "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
-    checks = {c.method: c for c in S.randomisation(pm, examples, scorers, seed=0)}
+    checks = {c.method: c for c in R.randomisation(pm, examples, scorers, seed=0)}
     assert checks["position"].status == "fail" and checks["position"].value == pytest.approx(1.0)
     assert all(rho == pytest.approx(1.0) for _, rho in checks["position"].curve)
     curve = checks["input_x_gradient"].curve  # 2 layers: trained (0, 1), the head (0, .), (0.5, .), (1, .)
@@ -96,13 +99,13 @@ def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
         calls.append(1)
         return G.input_x_gradient(pm, ex).scores
 
-    alone = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0)
-    steps = 3 * S.RANDOM_DRAWS  # the head, half, all layers; each drawn RANDOM_DRAWS times
+    alone = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0)
+    steps = 3 * R.RANDOM_DRAWS  # the head, half, all layers; each drawn RANDOM_DRAWS times
     assert len(calls) == 1 + steps  # and the trained model once
-    given = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
+    given = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
                             trained_scores={"input_x_gradient": G.input_x_gradient(pm, examples).scores})
     assert len(calls) == 1 + 2 * steps and given == alone
-    shifted = S.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
+    shifted = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
                               trained_scores={"input_x_gradient": [torch.arange(len(e.input_ids), dtype=torch.float32)
                                                                    for e in examples]})
     assert shifted[0].curve != alone[0].curve  # the given scores are the ones compared
@@ -115,13 +118,13 @@ def test_randomisation_cascades_from_the_head_and_restores_it(loaded):
 
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
-    layers = S.layer_stack(pm.model, pm.contract.n_layers)
-    head = dict(S.head_parameters(pm.model, layers))
+    layers = W.layer_stack(pm.model, pm.contract.n_layers)
+    head = dict(W.head_parameters(pm.model, layers))
     assert any(n.startswith("classifier") for n in head) and any("pooler" in n for n in head)
     assert not any(p is pm.model.get_input_embeddings().weight for p in head.values())
     before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
     reference = ("loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
-    checks = {c.method: c for c in S.randomisation(pm, examples, {"position": lambda pm, ex: [
+    checks = {c.method: c for c in R.randomisation(pm, examples, {"position": lambda pm, ex: [
         torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}, seed=0, reference=reference)}
     ref = checks["loo_delete"]
     assert ref.status == "pass" and ref.curve[1][1] < 0.9  # the head alone moved the reference's ranking
@@ -140,7 +143,7 @@ def test_randomisation_that_leaves_the_reference_unchanged_is_not_informative(lo
     examples = prepare(pm, TEXTS, TargetSpec())
     position = lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]  # noqa: E731
     fixed = ("loo_delete", lambda pm, ex: SimpleNamespace(scores=position(pm, ex), extras={"original_values": [0.5] * len(ex)}))
-    checks = {c.method: c for c in S.randomisation(pm, examples, {"position": position}, seed=0, reference=fixed)}
+    checks = {c.method: c for c in R.randomisation(pm, examples, {"position": position}, seed=0, reference=fixed)}
     assert checks["loo_delete"].status == "not informative"
     assert checks["position"].status == "not informative" and "not informative" in checks["position"].detail
     assert S.failed_methods(list(checks.values())) == {}
@@ -165,7 +168,7 @@ def test_randomisation_without_layers_is_not_run(loaded):
     examples = prepare(pm, TEXTS[:1], TargetSpec())
     contract = pm.contract
     fake = type("P", (), {"model": pm.model, "contract": type("C", (), {"n_layers": 99})()})()
-    (check,) = S.randomisation(fake, examples, {"x": lambda pm, ex: [torch.zeros(3)]})
+    (check,) = R.randomisation(fake, examples, {"x": lambda pm, ex: [torch.zeros(3)]})
     assert check.status == "not run" and "99 layers" in check.detail
     assert contract.n_layers != 99
 
@@ -228,7 +231,7 @@ def test_randomisation_on_the_builtin_llama(builtin_cache):
     assert [c.status for c in S.degeneracy(pm, examples, ["input_x_gradient", "saliency_sum"])] == ["pass", "pass"]
     scorers = {"input_x_gradient": lambda pm, ex: G.input_x_gradient(pm, ex).scores,
                "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
-    checks = {c.method: c for c in S.randomisation(pm, examples, scorers, fractions=(0.5,))}
+    checks = {c.method: c for c in R.randomisation(pm, examples, scorers, fractions=(0.5,))}
     assert checks["input_x_gradient"].status == "pass" and checks["input_x_gradient"].value < 0.5
     assert checks["position"].status == "fail"
 
@@ -248,11 +251,11 @@ def test_each_unit_of_a_bottom_up_method_is_asked_about_the_weights_it_is_comput
     positional = lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32).repeat(n_layers, 1)  # noqa: E731
                                  for e in ex]
     reference = ("loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
-    checks = S.unit_randomisation(pm, examples, {"attention_mean": attention, "twin": attention, "positional": positional},
+    checks = R.unit_randomisation(pm, examples, {"attention_mean": attention, "twin": attention, "positional": positional},
                                   seed=0, reference=reference)
     by = {(c.method, c.layer): c for c in checks if c.unit is not None}
     ref = [c for c in checks if c.method == "loo_delete"]
-    assert ref and ref[0].status == "pass" and ref[0].value < S.RANDOMISATION_LIMIT
+    assert ref and ref[0].status == "pass" and ref[0].value < R.RANDOMISATION_LIMIT
     for layer in range(n_layers):
         assert by[("positional", layer)].status == "fail" and by[("positional", layer)].value == pytest.approx(1.0)
         assert by[("attention_mean", layer)].status == "pass"
@@ -287,13 +290,13 @@ def test_the_replayed_reference_is_the_computed_one(loaded, kind):
         calls.append(1)
         return run_method(pm, ex, "loo_delete")
 
-    layers = S.layer_stack(pm.model, pm.contract.n_layers)
-    replayed = S.ReferenceRuns(pm, examples, "loo_delete", loo)
-    computed = S.ReferenceRuns(pm, examples, "loo_delete", loo, replay=False)
+    layers = W.layer_stack(pm.model, pm.contract.n_layers)
+    replayed = P.ReferenceRuns(pm, examples, "loo_delete", loo)
+    computed = P.ReferenceRuns(pm, examples, "loo_delete", loo, replay=False)
     assert _bitwise_equal(replayed.trained().scores, computed.trained().scores)
     std = 0.02
-    for count in S.cascade_steps(pm.model, layers, (0.5, 1.0)):
-        with S.randomised_top(pm.model, layers, count, seed=3, std=std, head=True) as changed:
+    for count in W.cascade_steps(pm.model, layers, (0.5, 1.0)):
+        with W.randomised_top(pm.model, layers, count, seed=3, std=std, head=True) as changed:
             again = replayed.randomised(changed)
             plain = run_method(pm, examples, "loo_delete")
             assert _bitwise_equal(again.scores, plain.scores), count
@@ -302,19 +305,19 @@ def test_the_replayed_reference_is_the_computed_one(loaded, kind):
         assert replayed.layers_replayed == 0 and replayed.kept_bytes == 0
     else:  # the head step replays every layer, the half step half of them
         assert replayed.layers_replayed > 0 and replayed.kept_bytes > 0
-    tight = S.ReferenceRuns(pm, examples, "loo_delete", loo, max_bytes=replayed.kept_bytes // 2)
+    tight = P.ReferenceRuns(pm, examples, "loo_delete", loo, max_bytes=replayed.kept_bytes // 2)
     assert _bitwise_equal(tight.trained().scores, computed.trained().scores)
     assert tight.kept_bytes <= replayed.kept_bytes // 2  # what does not fit is computed
 
     position = {"position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
-    shared = S.ReferenceRuns(pm, examples, "loo_delete", loo)
+    shared = P.ReferenceRuns(pm, examples, "loo_delete", loo)
     calls.clear()
-    fast = (S.unit_randomisation(pm, examples, {}, seed=0, reference=shared, draws=2)
-            + S.randomisation(pm, examples, position, seed=0, fractions=(0.5, 1.0), reference=shared, draws=2))
-    assert len(calls) == 1 + 2 + 2 * len(S.cascade_steps(pm.model, layers, (0.5, 1.0)))  # one trained run
-    slow = (S.unit_randomisation(pm, examples, {}, seed=0, reference=("loo_delete", loo), draws=2)
-            + S.randomisation(pm, examples, position, seed=0, fractions=(0.5, 1.0),
-                              reference=S.ReferenceRuns(pm, examples, "loo_delete", loo, replay=False), draws=2))
+    fast = (R.unit_randomisation(pm, examples, {}, seed=0, reference=shared, draws=2)
+            + R.randomisation(pm, examples, position, seed=0, fractions=(0.5, 1.0), reference=shared, draws=2))
+    assert len(calls) == 1 + 2 + 2 * len(W.cascade_steps(pm.model, layers, (0.5, 1.0)))  # one trained run
+    slow = (R.unit_randomisation(pm, examples, {}, seed=0, reference=("loo_delete", loo), draws=2)
+            + R.randomisation(pm, examples, position, seed=0, fractions=(0.5, 1.0),
+                              reference=P.ReferenceRuns(pm, examples, "loo_delete", loo, replay=False), draws=2))
     assert repr([c.to_dict() for c in fast]) == repr([c.to_dict() for c in slow])
 
 
@@ -325,13 +328,13 @@ def test_the_replay_gives_way_where_a_changed_parameter_runs_before_its_layers(l
 
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
-    layers = S.layer_stack(pm.model, pm.contract.n_layers)
-    runs = S.ReferenceRuns(pm, examples, "loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
+    layers = W.layer_stack(pm.model, pm.contract.n_layers)
+    runs = P.ReferenceRuns(pm, examples, "loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
     runs.trained()
     hooks = {name: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for name, m in pm.model.named_modules()}
     top = [(n, p) for n, p in layers[-1].named_parameters()]
     params = [("embeddings.word_embeddings.weight", pm.model.get_input_embeddings().weight), *top]
-    with S.randomised(params, seed=1, std=0.02):
+    with W.randomised(params, seed=1, std=0.02):
         again = runs.randomised([p for _, p in params])
         assert _bitwise_equal(again.scores, run_method(pm, examples, "loo_delete").scores)
     assert runs.layers_replayed == 0 and runs.replayed == 1  # the first call gave way, none after

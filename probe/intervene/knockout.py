@@ -74,22 +74,20 @@ Special tokens ([CLS], [SEP], <s>) are not scored by default (NaN, as leave-one-
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from probe.errors import CaptureError, InputError
-from probe.hooks.capture import capture_attention
+from probe.errors import InputError
 from probe.hooks.types import python_layer
-from probe.intervene.prefix import model_supports_reuse
-from probe.rows.forward import build_rows, forward_accepts, keep_target_logits
-from probe.rows.queries import capture_masks, eval_mode, target_queries
+from probe.intervene.knockout_edits import blocked_query_rows, key_set_editor, knockout_editor
+from probe.intervene.knockout_passes import edited_targets, evaluate, fed_width, reuses_prefix, suffix_targets
+from probe.rows.forward import build_rows
+from probe.rows.queries import target_queries
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
-from probe.rows.values import target_values
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel, StackContract
@@ -164,7 +162,7 @@ def _refuse_uneditable(pm: ProbeModel, stack: str, info: StackContract, window: 
         raise InputError(f"edge knockout edits attention weights, and probe reads the {stack} of "
                          f"{pm.contract.model_type} through the {info.capture_path} path, which cannot edit")
     for layer in window:
-        if info.layer_kind(layer) != "softmax":
+        if info.layer_implicit(layer):
             raise InputError(f"edge knockout cannot block edges in {stack} layer {layer}: its map is the implicit "
                              f"matrix of a {info.mixer_class or info.module_class} (signed, not a softmax), "
                              "which probe reads but cannot edit")
@@ -182,46 +180,6 @@ def _query_from(query: str, query_from) -> int | None:
         raise InputError(f"query_from={query_from!r}: give a position (int, negative = from the end of the "
                          "explained tokens) or None (the key's own position + 1)")
     return query_from
-
-
-# ---------------------------------------------------------------------------
-# the editor
-# ---------------------------------------------------------------------------
-
-
-def _knockout_editor(key: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Tensor, *, renormalise: bool,
-                     sinks: bool):
-    """Editor blocking, in batch row ``b``, the edges from the query rows ``rows_on[b]`` to key
-    ``key[b]`` in the heads ``heads_on[b]``.
-
-    key      [batch] long, -1 where the row blocks nothing in this layer
-    heads_on [batch, head] bool
-    rows_on  [batch, query] bool (over the layer's query positions; longer maps: rows beyond are off)
-    """
-
-    def edit(weights, context):  # weights [batch, head, query, key] fp32, full rows
-        batch, n_heads, q_len, k_len = weights.shape
-        rows = rows_on[:, :q_len]
-        if rows.shape[1] < q_len:
-            rows = torch.nn.functional.pad(rows, (0, q_len - rows.shape[1]))
-        index = key.clamp(min=0)[:, None, None, None].expand(batch, n_heads, q_len, 1)  # [batch, head, query, 1]
-        blocked = weights.gather(-1, index)  # [batch, head, query, 1] the weight of each blocked edge
-        hit = (heads_on[:, :, None, None] & rows[:, None, :, None] & (key >= 0)[:, None, None, None]
-               & (blocked > 0))  # [batch, head, query, 1]: rows where something is removed
-        if not bool(hit.any()):
-            return weights
-        kept = weights.scatter(-1, index, torch.where(hit, torch.zeros_like(blocked), blocked))
-        if not renormalise:
-            return kept
-        remaining = kept.sum(dim=-1, keepdim=True)  # [batch, head, query, 1] the row's other keys
-        if sinks:
-            # the sink's mass is what the row's weights leave of 1; its logit stays in the softmax
-            remaining = remaining + (1.0 - weights.sum(dim=-1, keepdim=True)).clamp(min=0.0)
-        scale = torch.where(remaining > 0, 1.0 / remaining.clamp(min=torch.finfo(remaining.dtype).tiny),
-                            torch.zeros_like(remaining))
-        return torch.where(hit, kept * scale, weights)
-
-    return edit
 
 
 # ---------------------------------------------------------------------------
@@ -312,96 +270,10 @@ def _plan(pm: ProbeModel, stack: str, examples: Sequence[PreparedExample], windo
 # ---------------------------------------------------------------------------
 
 
-def _rows_on(batch, tq, keys: torch.Tensor, query: str, query_from: int | None,
-             width: int) -> torch.Tensor:
-    """[rows, width] bool: the query rows each batch row blocks."""
-    positions = torch.arange(width, device=keys.device)
-    if query == "target":
-        on = torch.zeros((keys.shape[0], width), dtype=torch.bool, device=keys.device)
-        batch_index, column = tq.valid.nonzero(as_tuple=True)
-        on[batch_index, tq.rows[batch_index, column].to(keys.device)] = True
-        return on
-    lengths = batch.input_lengths.to(keys.device)
-    if query_from is None:
-        first = keys + 1
-    elif query_from < 0:
-        first = (lengths + query_from).clamp(min=0)
-    else:
-        first = torch.full_like(keys, query_from)
-    return positions[None, :] >= first[:, None]
-
-
-def _identity(weights, context):
-    return weights
-
-
-def _prefix_cache(pm: ProbeModel, stack: str, example: PreparedExample, start: int, window) -> list:
-    """Per layer ``(keys, values)`` ``[1, kv_heads, start, head_dim]`` of ``example``'s first ``start``
-    tokens, computed through the same recomputed attention as the edited rows (identity editors on
-    the window): what every row of the example shares, since no row edits a query before ``start``."""
-    from transformers import DynamicCache
-
-    batch = build_rows(pm, [(example.input_ids, example)])
-    cache = DynamicCache(config=pm.model.config)
-    mask = batch.inputs["attention_mask"][:, :start]
-    kwargs = {"input_ids": batch.inputs["input_ids"][:, :start], "attention_mask": mask, "cache": cache,
-              "use_cache": True}
-    if forward_accepts(pm.model, "logits_to_keep"):
-        kwargs["logits_to_keep"] = 1  # the prefix's logits are never read
-    with torch.no_grad(), capture_attention(pm, editors={(stack, layer): _identity for layer in window},
-                                            stacks=[stack], layers={stack: ()}, attention_mask=mask):
-        pm.model(**kwargs)
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _suffix_targets(pm: ProbeModel, batch, stack: str, editors: dict, start: int, prefix: list) -> torch.Tensor:
-    """:func:`_edited_targets` for rows of one example (one length, no padding) that edit no query
-    before ``start``: only the tokens from ``start`` on are fed, reading ``prefix`` as their cache."""
-    from transformers import DynamicCache
-
-    n_rows, width = batch.inputs["input_ids"].shape
-    layers = [(keys.expand(n_rows, -1, -1, -1), values.expand(n_rows, -1, -1, -1)) for keys, values in prefix]
-    positions = torch.arange(start, width, device=pm.device).expand(n_rows, -1)
-    kwargs = {"input_ids": batch.inputs["input_ids"][:, start:], "attention_mask": batch.inputs["attention_mask"],
-              "position_ids": positions, "cache": DynamicCache(ddp_cache_data=layers, config=pm.model.config),
-              "use_cache": True}
-    shifted = keep_target_logits(pm, dataclasses.replace(batch, target_positions=batch.target_positions - start),
-                                 kwargs)
-    with torch.no_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
-                                            **capture_masks(batch)):
-        logits = pm.model(**kwargs).logits
-    return target_values(pm, shifted, logits).float().cpu()
-
-
-def _edited_targets(pm: ProbeModel, batch, stack: str, editors: dict) -> torch.Tensor:
-    """One forward of ``batch`` with ``editors`` on ``stack``'s attention: the rows' target values."""
-    kwargs = dict(batch.inputs)
-    if pm.task.continuations:
-        kwargs["use_cache"] = False
-    batch = keep_target_logits(pm, batch, kwargs)
-    with torch.no_grad(), capture_attention(pm, editors=editors, stacks=[stack], layers={stack: ()},
-                                            **capture_masks(batch)):
-        logits = pm.model(**kwargs).logits
-    return target_values(pm, batch, logits).float().cpu()
-
-
-def _kind_chunks(order: list[int], kinds: list[str], batch_size: int):
-    """Consecutive pieces of ``order`` (rows sorted by target kind) of at most ``batch_size`` rows and
-    one target kind each (``kinds[i]`` is the kind of ``order[i]``'s example): target_values reads a
-    batch's kind from its first example."""
-    start = 0
-    while start < len(order):
-        stop = start
-        while stop < len(order) and stop - start < batch_size and kinds[stop] == kinds[start]:
-            stop += 1
-        yield order[start:stop]
-        start = stop
-
-
 def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], window, query, query_from,
                renormalise: bool, start: int = 0, prefix: list | None = None) -> torch.Tensor:
     """[rows] target values of one batch of rows, every window layer under its editor (``start`` > 0:
-    rows of one example fed from ``start`` on, reading ``prefix``, :func:`_suffix_targets`)."""
+    rows of one example fed from ``start`` on, reading ``prefix``, :func:`suffix_targets`)."""
     info = pm.contract.stacks[stack]
     batch = build_rows(pm, [(examples[i].input_ids, examples[i]) for i, _, _ in rows])
     tq = target_queries(pm, batch)
@@ -409,7 +281,7 @@ def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], windo
     keys = torch.tensor([k for _, k, _ in rows], dtype=torch.long, device=device)  # [rows]
     width = max(batch.inputs["input_ids"].shape[1],
                 batch.inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch.inputs else 0)
-    rows_on = _rows_on(batch, tq, keys, query, query_from, width)[:, start:]  # [rows, fed width]
+    rows_on = blocked_query_rows(batch, tq, keys, query, query_from, width)[:, start:]  # [rows, fed width]
     editors = {}
     for layer in window:
         heads_on = torch.zeros((len(rows), info.n_heads), dtype=torch.bool)  # [rows, head]
@@ -417,78 +289,20 @@ def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], windo
             for (blocked_layer, head) in blocked:
                 if blocked_layer == layer:
                     heads_on[r, head] = True
-        editors[(stack, layer)] = _knockout_editor(keys, heads_on.to(device), rows_on, renormalise=renormalise,
+        editors[(stack, layer)] = knockout_editor(keys, heads_on.to(device), rows_on, renormalise=renormalise,
                                                    sinks=info.sinks)
     if start:
-        return _suffix_targets(pm, batch, stack, editors, start, prefix)
-    return _edited_targets(pm, batch, stack, editors)
-
-
-#: with prefix reuse a row feeds only its suffix: up to this many times ``batch_size`` rows per pass
-REUSE_ROWS_FACTOR = 8
-
-
-def _reuses_prefix(pm: ProbeModel, stack: str) -> bool:
-    """Whether knockout rows of this model can share their example's unedited prefix as a cache: a
-    decoder-only causal LM whose cache and attention take it (:func:`probe.intervene.prefix.
-    model_supports_reuse`: plain full-attention layers, eager or sdpa)."""
-    return (pm.task.next_token and not pm.task.encoder_decoder
-            and pm.contract.stacks[stack].mask_kind.startswith("causal") and model_supports_reuse(pm))
-
-
-def _fed_width(pm: ProbeModel, example: PreparedExample) -> int:
-    return len(example.input_ids) + (max(0, len(example.target_ids) - 1) if pm.task.next_token else 0)
-
-
-def _evaluate(pm: ProbeModel, stack: str, examples, owners: list[int], starts: list[int] | None, batch_size: int,
-              window, run) -> tuple[torch.Tensor, int]:
-    """``[rows]`` float64 values of rows owned by examples ``owners[r]``, and the passes run.
-
-    ``run(rows, start, prefix)`` evaluates a batch of row indices. Without ``starts``: batches of
-    ``batch_size`` rows, one target kind each. With ``starts`` (prefix reuse): each example's rows
-    alone, its first ``starts[i]`` tokens run once as a cache (:func:`_prefix_cache`) and each row
-    fed from there on, so a row costs its suffix; up to :data:`REUSE_ROWS_FACTOR` x ``batch_size``
-    rows per pass as the suffix is shorter than the row."""
-    order = sorted(range(len(owners)), key=lambda r: (examples[owners[r]].kind, owners[r]))
-    values = torch.full((len(owners),), float("nan"), dtype=torch.float64)
-    passes = 0
-
-    def call(chunk, start=0, prefix=None):
-        nonlocal passes
-        try:
-            out = run(chunk, start, prefix)
-        except CaptureError as err:
-            raise InputError(f"edge knockout cannot edit the {stack} of {pm.contract.model_type}: {err}") from None
-        values[chunk] = out.double()
-        passes += 1
-
-    with eval_mode(pm.model):
-        if starts is None:
-            for chunk in _kind_chunks(order, [examples[owners[r]].kind for r in order], batch_size):
-                call(chunk)
-            return values, passes
-        by_example: dict[int, list[int]] = {}
-        for r in order:
-            by_example.setdefault(owners[r], []).append(r)
-        for i, members in by_example.items():
-            start = starts[i]
-            width = _fed_width(pm, examples[i])
-            size = batch_size * (min(REUSE_ROWS_FACTOR, max(1, width // max(1, width - start))) if start else 1)
-            prefix = _prefix_cache(pm, stack, examples[i], start, window) if start else None
-            if prefix is not None:
-                passes += 1
-            for at in range(0, len(members), size):
-                call(members[at:at + size], start, prefix)
-    return values, passes
+        return suffix_targets(pm, batch, stack, editors, start, prefix)
+    return edited_targets(pm, batch, stack, editors)
 
 
 def _reuse_starts(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], query: str, query_from,
                   reuse_prefix: bool) -> list[int] | None:
     """Per example, the first query position any of its rows edits (every earlier position is the
     same in all of them), or None where the rows are run whole."""
-    if not reuse_prefix or not _reuses_prefix(pm, stack):
+    if not reuse_prefix or not reuses_prefix(pm, stack):
         return None
-    starts = [_fed_width(pm, e) - 1 for e in examples]  # at least the last fed token is fed
+    starts = [fed_width(pm, e) - 1 for e in examples]  # at least the last fed token is fed
     targets = [_query_rows(pm, e, query) for e in examples] if query == "target" else None
     for i, key, _ in rows:
         if key < 0:
@@ -530,13 +344,31 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
                                                per_head, keep_special)
 
     starts = _reuse_starts(pm, stack, examples, rows, query, query_from, reuse_prefix)
-    values, passes = _evaluate(
+    values, passes = evaluate(
         pm, stack, examples, [i for i, _, _ in rows], starts, batch_size, window,
         lambda chunk, start, prefix: _run_batch(pm, stack, examples, [rows[r] for r in chunk], window, query,
                                                 query_from, renormalise, start, prefix))
 
     original = values[originals]  # [example]
-    n_layers, n_heads = info.n_layers, info.n_heads
+    token_scores, head_scores = _scores(examples, values, original, token_at, head_at, info, per_head)
+    params = {"stack": stack, "layers": list(window), "heads": list(chosen_heads), "query": query,
+              "query_from": query_from, "renormalise": renormalise, "keep_special": keep_special,
+              "renormalisation": ("-inf before the softmax: w_i / (1 - w_key)" if renormalise
+                                  else "blocked weight set to 0, the row not renormalised"),
+              "target_kind": examples[0].kind}
+    stats = _stats(pm, examples, rows, token_at, head_at, starts, passes)
+    extras = {"original_values": original.tolist(), **stats}
+    tokens = TokenScores(method=METHOD, scores=token_scores, params={**params, "scope": "window"}, extras=extras)
+    heads_result = (TokenScores(method=METHOD, scores=head_scores, params={**params, "scope": "layer x head"},
+                                per_head=True, extras=extras) if per_head else None)
+    return KnockoutResult(tokens=tokens, per_head=heads_result, original_value=original.float(), stats=stats)
+
+
+def _scores(examples: Sequence[PreparedExample], values: torch.Tensor, original: torch.Tensor, token_at: list[dict],
+            head_at: list[dict], info: StackContract, per_head: bool) -> tuple[list, list]:
+    """Per example the token scores ``[tokens]`` and (with ``per_head``) ``[layer, head, tokens]``:
+    f(x) - f(x with the edges blocked) from the rows' ``values`` (0 for a no-op row, NaN where nothing
+    was asked)."""
     token_scores, head_scores = [], []
     for i, example in enumerate(examples):
         n = len(example.input_ids)
@@ -545,27 +377,22 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
             scores[t] = 0.0 if r is None else original[i] - values[r]
         token_scores.append(scores)
         if per_head:
-            grid = torch.full((n_layers, n_heads, n), float("nan"), dtype=torch.float64)
+            grid = torch.full((info.n_layers, info.n_heads, n), float("nan"), dtype=torch.float64)
             for (layer, head, t), r in head_at[i].items():
                 grid[layer, head, t] = 0.0 if r is None else original[i] - values[r]
             head_scores.append(grid)
+    return token_scores, head_scores
 
-    params = {"stack": stack, "layers": list(window), "heads": list(chosen_heads), "query": query,
-              "query_from": query_from, "renormalise": renormalise, "keep_special": keep_special,
-              "renormalisation": ("-inf before the softmax: w_i / (1 - w_key)" if renormalise
-                                  else "blocked weight set to 0, the row not renormalised"),
-              "target_kind": examples[0].kind}
+
+def _stats(pm: ProbeModel, examples: Sequence[PreparedExample], rows: Sequence[_Row], token_at: list[dict],
+           head_at: list[dict], starts: list[int] | None, passes: int) -> dict:
+    """What the call ran: rows asked for and run, forward passes, tokens fed, prefix reuse, no-ops."""
     n_requested = sum(len(t) for t in token_at) + sum(len(h) for h in head_at)
-    fed = sum(_fed_width(pm, examples[i]) - (starts[i] if starts else 0) for i, _, _ in rows)
-    stats = {"rows_requested": n_requested + len(examples), "rows_run": len(rows), "forward_passes": passes,
-             "tokens_fed": fed, "prefix_reuse": starts is not None,
-             "noops": sum(r is None for t in token_at for r in t.values())
-             + sum(r is None for h in head_at for r in h.values())}
-    extras = {"original_values": original.tolist(), **stats}
-    tokens = TokenScores(method=METHOD, scores=token_scores, params={**params, "scope": "window"}, extras=extras)
-    heads_result = (TokenScores(method=METHOD, scores=head_scores, params={**params, "scope": "layer x head"},
-                                per_head=True, extras=extras) if per_head else None)
-    return KnockoutResult(tokens=tokens, per_head=heads_result, original_value=original.float(), stats=stats)
+    fed = sum(fed_width(pm, examples[i]) - (starts[i] if starts else 0) for i, _, _ in rows)
+    return {"rows_requested": n_requested + len(examples), "rows_run": len(rows), "forward_passes": passes,
+            "tokens_fed": fed, "prefix_reuse": starts is not None,
+            "noops": sum(r is None for t in token_at for r in t.values())
+            + sum(r is None for h in head_at for r in h.values())}
 
 
 # ---------------------------------------------------------------------------
@@ -584,37 +411,6 @@ class EdgeSet:
     sites: tuple[tuple[int, int], ...]
 
 
-def _key_set_editor(keys_on: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Tensor, *, renormalise: bool,
-                    sinks: bool):
-    """Editor blocking, in batch row ``b``, the edges from the query rows ``rows_on[b]`` to every key
-    of ``keys_on[b]`` in the heads ``heads_on[b]`` (renormalised as :func:`_knockout_editor` does).
-
-    keys_on  [batch, key] bool (over the explained positions; longer maps: keys beyond are off)
-    heads_on [batch, head] bool
-    rows_on  [batch, query] bool
-    """
-
-    def edit(weights, context):  # weights [batch, head, query, key] fp32, full rows
-        _, _, q_len, k_len = weights.shape
-        rows = torch.nn.functional.pad(rows_on[:, :q_len], (0, max(0, q_len - rows_on.shape[1])))
-        keys = torch.nn.functional.pad(keys_on[:, :k_len], (0, max(0, k_len - keys_on.shape[1])))
-        blocked = heads_on[:, :, None, None] & rows[:, None, :, None] & keys[:, None, None, :]  # [batch, head, q, k]
-        hit = (blocked & (weights > 0)).any(dim=-1, keepdim=True)  # [batch, head, query, 1]
-        if not bool(hit.any()):
-            return weights
-        kept = weights.masked_fill(blocked, 0.0)
-        if not renormalise:
-            return torch.where(hit, kept, weights)
-        remaining = kept.sum(dim=-1, keepdim=True)
-        if sinks:  # a learned sink's mass stays in the denominator, as its logit stays in the softmax
-            remaining = remaining + (1.0 - weights.sum(dim=-1, keepdim=True)).clamp(min=0.0)
-        scale = torch.where(remaining > 0, 1.0 / remaining.clamp(min=torch.finfo(remaining.dtype).tiny),
-                            torch.zeros_like(remaining))
-        return torch.where(hit, kept * scale, weights)
-
-    return edit
-
-
 def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, EdgeSet | None]], window,
               renormalise: bool, start: int = 0, prefix: list | None = None) -> torch.Tensor:
     """[rows] target values of one batch of ``(example, edge set)`` rows: each example with its edge
@@ -626,7 +422,7 @@ def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, Ed
     width = max(batch.inputs["input_ids"].shape[1],
                 batch.inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in batch.inputs else 0)
     dummy = torch.zeros(len(sets), dtype=torch.long, device=device)
-    rows_on = _rows_on(batch, tq, dummy, "target", None, width)[:, start:]  # [rows, fed width]
+    rows_on = blocked_query_rows(batch, tq, dummy, "target", None, width)[:, start:]  # [rows, fed width]
     keys_on = torch.zeros((len(sets), batch.inputs["input_ids"].shape[1]), dtype=torch.bool)  # [rows, key]
     heads_on = {layer: torch.zeros((len(sets), info.n_heads), dtype=torch.bool) for layer in window}  # [rows, head]
     for r, (_, s) in enumerate(sets):
@@ -635,11 +431,11 @@ def _run_sets(pm: ProbeModel, stack: str, examples, sets: Sequence[tuple[int, Ed
         keys_on[r, list(s.keys)] = True
         for layer, head in s.sites:
             heads_on[layer][r, head] = True
-    editors = {(stack, layer): _key_set_editor(keys_on.to(device), heads_on[layer].to(device), rows_on,
+    editors = {(stack, layer): key_set_editor(keys_on.to(device), heads_on[layer].to(device), rows_on,
                                                renormalise=renormalise, sinks=info.sinks) for layer in window}
     if start:
-        return _suffix_targets(pm, batch, stack, editors, start, prefix)
-    return _edited_targets(pm, batch, stack, editors)
+        return suffix_targets(pm, batch, stack, editors, start, prefix)
+    return edited_targets(pm, batch, stack, editors)
 
 
 def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Sequence[EdgeSet], *,
@@ -674,7 +470,7 @@ def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Seque
     rows += [(s.example, s) for s in sets]
     starts = _reuse_starts(pm, stack, examples, [(i, 0 if s is not None else -1, None) for i, s in rows], "target",
                            None, reuse_prefix)
-    values, _ = _evaluate(pm, stack, examples, [i for i, _ in rows], starts, batch_size, window,
+    values, _ = evaluate(pm, stack, examples, [i for i, _ in rows], starts, batch_size, window,
                           lambda chunk, start, prefix: _run_sets(pm, stack, examples, [rows[r] for r in chunk], window,
                                                                  renormalise, start, prefix))
     return values[: len(examples)], values[len(examples):]

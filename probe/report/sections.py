@@ -40,56 +40,11 @@ def _kv_map(r: StudyResult) -> list[int] | None:
 
 
 def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
+    """The verdict: its answer and headline, the numbers it rests on, the best and worst units (with
+    every unit's rule tests as CSV where ``w`` writes files) and the notes beside it."""
     v = r.verdict.data if r.verdict is not None else {}
-    blocks = [Para(str(v.get("answer", "?")), "answer"), Para(str(v.get("headline", "")), "lead")]
-    layer_units, head_units = v.get("layer_units") or {}, v.get("head_units") or {}
-    level = v.get("level", 0.95)
-    sign = v.get("reference_sign")
-    numbers = [
-        ("verdict reference", str(v.get("reference", r.reference)) + (f" ({sign})" if sign else "")),
-        ("measure", f"{v.get('measure', r.measure)} (alpha {v.get('alpha', '?')}, {100 * float(level):.0f}% bootstrap "
-                    f"CIs, {v.get('bootstrap', '?')} resamples)"
-                    + (f"; {v['measure_why']}" if v.get("measure_why") and v.get("measure_requested") == "auto" else "")),
-    ]
-    if v.get("undecidable"):
-        numbers.append(("why undecidable", str(v["undecidable"])))
-    numbers += [
-        ("layer-level units that track", f"{layer_units.get('tracking', 0)} of {layer_units.get('total', 0)}"
-                                         + (f" ({v['headline_family']})" if v.get("headline_family") else "")),
-        ("single heads that track", f"{head_units.get('tracking', 0)} of {head_units.get('total', 0)}"),
-    ]
-    for name, info in (v.get("families") or {}).items():
-        lu, hu = info.get("layer_units") or {}, info.get("head_units") or {}
-        numbers.append((f"{name} ({', '.join(info.get('methods') or [])})",
-                        f"{str(info.get('answer', '?')).upper()}: {lu.get('tracking', 0)}/{lu.get('total', 0)} "
-                        f"layer-level, "
-                        f"{hu.get('tracking', 0)}/{hu.get('total', 0)} heads"
-                        + (f"; {info['why']}" if info.get("why") else "")))
-    noise = v.get("reference_profile") or {}
-    if noise:
-        numbers.append(("reference's effects", f"largest |effect| {noise.get('max_abs', float('nan')):.2g}, noise "
-                                               f"floor "
-                        f"{noise.get('noise_floor', float('nan')):.1e} ({noise.get('at_floor', 0)} of "
-                        f"{noise.get('examples', 0)} examples at it), effect floor "
-                        f"{noise.get('effect_floor', 0.0):.2g} "
-                        f"({noise.get('below_effect_floor', 0)} examples below it: no token matters there)"
-                        + (f"; {100 * noise['top2_share']:.0f}% of |effect| on each example's top two tokens"
-                           if noise.get("top2_share") is not None else "")))
-    if v.get("chance_test"):
-        numbers.append(("rule 1 (above chance)", str(v["chance_test"])))
-    numbers += [
-        ("random ranking (mean [CI]; one draw, shown, not deciding)", stat_text(v.get("random"))),
-        ("best gradient", (f"{v['best_gradient']['explainer']}: {stat_text(v['best_gradient'])}" if v.get("best_gradient")
-                           else "no gradient explainer in the study (rule 2 not applied)")),
-        ("ceiling", (f"{' vs '.join(v['ceiling']['pair'])}: {stat_text(v['ceiling'])}" if v.get("ceiling")
-                     else "no ceiling pair in the study")),
-    ]
-    if (v.get("gradient_bar") or {}).get("text"):
-        numbers.append(("gradient bar", v["gradient_bar"]["text"]))
-    for name, stat in (v.get("baselines") or {}).items():
-        if name != "random":
-            numbers.append((f"{name} baseline", stat_text(stat)))
-    blocks.append(KeyValues(numbers))
+    blocks = [Para(str(v.get("answer", "?")), "answer"), Para(str(v.get("headline", "")), "lead"),
+              KeyValues(_verdict_numbers(r, v))]
     rows = []
     for key, title in (("best_layers", "best layer-level"), ("worst_layers", "worst layer-level"),
                        ("best_heads", "best heads"), ("worst_heads", "worst heads")):
@@ -108,6 +63,81 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
         blocks.append(Para(f"Every attention unit's rule tests (raw and family-wise permutation p-values, the mean and "
                            f"95th percentile of its chance distribution, the paired test against the gradient bar, "
                            f"its checks): {csv}.", "note"))
+    notes = _verdict_notes(v)
+    if notes:
+        blocks.append(Bullets(notes))
+    blocks += [Para("The rule", "h3"), Para(str(v.get("rule", "")), "quote")]
+    return Section("verdict", "Verdict", blocks)
+
+
+def _verdict_numbers(r: StudyResult, v: dict) -> list[tuple[str, str]]:
+    """The verdict's numbers as key-value rows: the reference and measure, the units that track, each
+    family's answer, the reference's effects, chance, the random ranking, the gradient bar, the ceiling
+    and the baselines."""
+    layer_units, head_units = v.get("layer_units") or {}, v.get("head_units") or {}
+    level = v.get("level", 0.95)
+    sign = v.get("reference_sign")
+    numbers = [
+        ("verdict reference", str(v.get("reference", r.reference)) + (f" ({sign})" if sign else "")),
+        ("measure", f"{v.get('measure', r.measure)} (alpha {v.get('alpha', '?')}, {100 * float(level):.0f}% bootstrap "
+                    f"CIs, {v.get('bootstrap', '?')} resamples)"
+                    + (f"; {v['measure_why']}" if v.get("measure_why") and v.get("measure_requested") == "auto" else "")),
+    ]
+    if v.get("undecidable"):
+        numbers.append(("why undecidable", str(v["undecidable"])))
+    numbers += [
+        ("layer-level units that track", f"{layer_units.get('tracking', 0)} of {layer_units.get('total', 0)}"
+                                         + (f" ({v['headline_family']})" if v.get("headline_family") else "")),
+        ("single heads that track", f"{head_units.get('tracking', 0)} of {head_units.get('total', 0)}"),
+    ]
+    numbers += _family_numbers(v)
+    noise = v.get("reference_profile") or {}
+    if noise:
+        numbers.append(("reference's effects", _profile_text(noise)))
+    if v.get("chance_test"):
+        numbers.append(("rule 1 (above chance)", str(v["chance_test"])))
+    numbers += [
+        ("random ranking (mean [CI]; one draw, shown, not deciding)", stat_text(v.get("random"))),
+        ("best gradient", (f"{v['best_gradient']['explainer']}: {stat_text(v['best_gradient'])}" if v.get("best_gradient")
+                           else "no gradient explainer in the study (rule 2 not applied)")),
+        ("ceiling", (f"{' vs '.join(v['ceiling']['pair'])}: {stat_text(v['ceiling'])}" if v.get("ceiling")
+                     else "no ceiling pair in the study")),
+    ]
+    if (v.get("gradient_bar") or {}).get("text"):
+        numbers.append(("gradient bar", v["gradient_bar"]["text"]))
+    for name, stat in (v.get("baselines") or {}).items():
+        if name != "random":
+            numbers.append((f"{name} baseline", stat_text(stat)))
+    return numbers
+
+
+def _family_numbers(v: dict) -> list[tuple[str, str]]:
+    """One row per verdict family: its methods, answer and units that track."""
+    numbers = []
+    for name, info in (v.get("families") or {}).items():
+        lu, hu = info.get("layer_units") or {}, info.get("head_units") or {}
+        numbers.append((f"{name} ({', '.join(info.get('methods') or [])})",
+                        f"{str(info.get('answer', '?')).upper()}: {lu.get('tracking', 0)}/{lu.get('total', 0)} "
+                        f"layer-level, "
+                        f"{hu.get('tracking', 0)}/{hu.get('total', 0)} heads"
+                        + (f"; {info['why']}" if info.get("why") else "")))
+    return numbers
+
+
+def _profile_text(noise: dict) -> str:
+    """The verdict reference's effects: the largest, the noise and effect floors, the concentration."""
+    return (f"largest |effect| {noise.get('max_abs', float('nan')):.2g}, noise floor "
+            f"{noise.get('noise_floor', float('nan')):.1e} ({noise.get('at_floor', 0)} of "
+            f"{noise.get('examples', 0)} examples at it), effect floor "
+            f"{noise.get('effect_floor', 0.0):.2g} "
+            f"({noise.get('below_effect_floor', 0)} examples below it: no token matters there)"
+            + (f"; {100 * noise['top2_share']:.0f}% of |effect| on each example's top two tokens"
+               if noise.get("top2_share") is not None else ""))
+
+
+def _verdict_notes(v: dict) -> list[str]:
+    """The notes beside the verdict: failed checks (methods and units), warnings, units above the
+    ceiling, identical rankings and best units computed on fewer examples."""
     notes = []
     for method, checks in (v.get("unreliable") or {}).items():
         notes.append(f"{method} failed its sanity checks ({', '.join(checks)}): its units never track, and it is "
@@ -130,10 +160,7 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
             if unit.get("fewer_examples"):
                 notes.append(f"{unit['unit']} is computed on fewer examples than the others "
                              f"({unit['fewer_examples']}).")
-    if notes:
-        blocks.append(Bullets(notes))
-    blocks += [Para("The rule", "h3"), Para(str(v.get("rule", "")), "quote")]
-    return Section("verdict", "Verdict", blocks)
+    return notes
 
 
 def agreement_section(r: StudyResult, w: Writer) -> Section:

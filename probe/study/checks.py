@@ -21,6 +21,9 @@ from probe.names import describe_group
 from probe.names import method_family as family
 from probe.study import sanity as S
 from probe.study.plan import methods_needed
+from probe.study.randomisation import RANDOM_DRAWS, randomisation, unit_randomisation
+from probe.study.replay import ReferenceRuns
+from probe.study.weights import cascade_steps, layer_stack
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -43,21 +46,52 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
     The reference's trained-model run on the sample is made once for every check that reads it
     (the randomisation checks compare with that run, not with the stored scores, whose batches were
     packed otherwise), and on the cascade's models its layers below the re-initialised ones are
-    replayed, not computed (:class:`probe.study.sanity.ReferenceRuns`): the same numbers, fewer runs."""
+    replayed, not computed (:class:`probe.study.replay.ReferenceRuns`): the same numbers, fewer runs."""
     stored = stored or {}
     report = progress or (lambda done, total, what: None)
     from probe.methods import run_method
 
     spec = study.metrics.sanity
     params = study.params
-    methods = methods_needed(study)
     scored = [[study.statistics.include_special or not s for s in e.special] for e in examples]
+    planned = [m for m in methods_needed(study) if family(m) != "intervention"]
+    report(0, 1 + (_randomised_models(pm, study, planned) if spec.randomisation else 0), "sanity checks")
+    checks, results = _score_checks(pm, study, examples, stored, scored)
+    ref = study.verdict_reference
+    reference = None
+    ref_runs = ReferenceRuns(pm, examples, ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref)),
+                             replay=spec.randomisation)
+    if family(ref) == "intervention":
+        try:
+            reference = stored[ref] if ref in stored else ref_runs.trained()
+        except ProbeError as error:
+            checks.append(S.Check(ref, "sign", "not run", None, f"the reference could not run: {error}"))
+    checks += _sign_checks(study, results, reference, scored)
+    total = 1 + (_randomised_models(pm, study, results) if spec.randomisation else 0)  # less where a method failed
+    done = [1]
+    report(1, total, "sanity checks")
+
+    def step():
+        done[0] += 1
+        report(done[0], total, "sanity checks: randomised models")
+
+    if spec.randomisation:
+        checks += _randomisation_checks(pm, study, examples, results, ref_runs if reference is not None else None,
+                                        _sample_top(study, reference, scored), scored, step)
+    report(total, total, "sanity checks")
+    return checks
+
+
+def _score_checks(pm: ProbeModel, study: Study, examples: list[PreparedExample], stored: Mapping[str, TokenScores],
+                  scored: list[list[bool]]) -> tuple[list[S.Check], dict[str, TokenScores]]:
+    """The checks of the trained model's scores (constant scores, degeneracy, completeness), and those
+    scores (method -> its result, the stored one where the study has it) for the checks after them."""
+    from probe.methods import run_method
+
+    params = study.params
     checks: list[S.Check] = []
     results = {}
-    planned = [m for m in methods if family(m) != "intervention"]
-    total = 1 + (_randomised_models(pm, study, planned) if spec.randomisation else 0)
-    report(0, total, "sanity checks")
-    for method in methods:
+    for method in methods_needed(study):
         if family(method) == "intervention":
             continue
         try:
@@ -72,63 +106,64 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
     for name in results:
         if registry.method(name).completeness:
             checks.append(S.completeness(pm, examples, results[name], params=params.get(name)))
+    return checks, results
+
+
+def _sign_checks(study: Study, results: Mapping[str, TokenScores], reference: TokenScores | None,
+                 scored: list[list[bool]]) -> list[S.Check]:
+    """The sign check of each signed method against a signed reference (none where either is compared
+    by magnitude or the reference did not run)."""
     ref = study.verdict_reference
-    reference = None
-    ref_runs = S.ReferenceRuns(pm, examples, ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref)),
-                               replay=spec.randomisation)
-    if family(ref) == "intervention":
-        try:
-            reference = stored[ref] if ref in stored else ref_runs.trained()
-        except ProbeError as error:
-            checks.append(S.Check(ref, "sign", "not run", None, f"the reference could not run: {error}"))
-    if reference is not None and ref not in set(study.metrics.absolute):
-        for method in results:
-            entry = registry.find(method)
-            if entry is not None and entry.signed and method not in set(study.metrics.absolute):
-                checks.append(S.sign_check(method, results[method].scores, reference.scores, scored))
-    total = 1 + (_randomised_models(pm, study, results) if spec.randomisation else 0)  # less where a method failed
-    done = [1]
-    report(1, total, "sanity checks")
+    if reference is None or ref in set(study.metrics.absolute):
+        return []
+    checks = []
+    for method in results:
+        entry = registry.find(method)
+        if entry is not None and entry.signed and method not in set(study.metrics.absolute):
+            checks.append(S.sign_check(method, results[method].scores, reference.scores, scored))
+    return checks
 
-    def step():
-        done[0] += 1
-        report(done[0], total, "sanity checks: randomised models")
 
-    if spec.randomisation:
-        scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
-        ref_scorer = ref_runs if reference is not None else None
-        top = _sample_top(study, reference, scored)
-        trained = {m: r.scores for m, r in results.items()}
-        # bottom-up methods (a layer's attention, rolled or decomposed up to it): one check per unit, asked
-        # about the weights that unit is computed from; the rest (gradients, attention x gradient): the
-        # cascade from the output head down, one check per method
-        bottom_up = [m for m in scorers if registry.method(m).bottom_up]
-        whole = [m for m in scorers if m not in bottom_up]
-        try:
-            if bottom_up:
-                checks += S.unit_randomisation(pm, examples, {m: scorers[m] for m in bottom_up}, seed=study.statistics.seed,
-                                               trained_scores=trained, reference=ref_scorer, scored=scored, top=top,
-                                               step=step)
-            if whole:
-                checks += S.randomisation(pm, examples, {m: scorers[m] for m in whole}, fractions=tuple(spec.fractions),
-                                          seed=study.statistics.seed, trained_scores=trained, reference=ref_scorer,
-                                          scored=scored, top=top, step=step)
-        except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
-            checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
-    report(total, total, "sanity checks")
+def _randomisation_checks(pm: ProbeModel, study: Study, examples: list[PreparedExample],
+                          results: Mapping[str, TokenScores], ref_scorer: ReferenceRuns | None, top: int | None,
+                          scored: list[list[bool]], step: Callable[[], None]) -> list[S.Check]:
+    """The randomisation checks of the methods ``results`` ran: bottom-up methods (a layer's attention,
+    rolled or decomposed up to it) one check per unit, asked about the weights that unit is computed
+    from (:func:`probe.study.randomisation.unit_randomisation`); the rest (gradients, attention x
+    gradient) the cascade from the output head down, one check per method
+    (:func:`probe.study.randomisation.randomisation`). A failure to run is a ``not run`` row per method."""
+    from probe.methods import run_method
+
+    params = study.params
+    scorers = {m: (lambda pm, ex, m=m: run_method(pm, ex, m, params=params.get(m)).scores) for m in results}
+    trained = {m: r.scores for m, r in results.items()}
+    bottom_up = [m for m in scorers if registry.method(m).bottom_up]
+    whole = [m for m in scorers if m not in bottom_up]
+    checks: list[S.Check] = []
+    try:
+        if bottom_up:
+            checks += unit_randomisation(pm, examples, {m: scorers[m] for m in bottom_up}, seed=study.statistics.seed,
+                                         trained_scores=trained, reference=ref_scorer, scored=scored, top=top,
+                                         step=step)
+        if whole:
+            checks += randomisation(pm, examples, {m: scorers[m] for m in whole},
+                                    fractions=tuple(study.metrics.sanity.fractions), seed=study.statistics.seed,
+                                    trained_scores=trained, reference=ref_scorer, scored=scored, top=top, step=step)
+    except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
+        checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks
 
 
 def _randomised_models(pm: ProbeModel, study: Study, results) -> int:
     """How many randomised models the randomisation checks draw for the methods ``results`` (progress)."""
     spec = study.metrics.sanity
-    layers = S.layer_stack(pm.model, pm.contract.n_layers)
+    layers = layer_stack(pm.model, pm.contract.n_layers)
     bottom_up = [m for m in results if registry.method(m).bottom_up]
     whole = [m for m in results if m not in bottom_up]
-    n = S.RANDOM_DRAWS if bottom_up else 0
+    n = RANDOM_DRAWS if bottom_up else 0
     if whole and layers is not None:
-        steps = S.cascade_steps(pm.model, layers, tuple(spec.fractions))
-        n += len(steps) * S.RANDOM_DRAWS
+        steps = cascade_steps(pm.model, layers, tuple(spec.fractions))
+        n += len(steps) * RANDOM_DRAWS
     return n
 
 

@@ -193,8 +193,20 @@ def heads_causal(tables: Mapping[str, pd.DataFrame], study, *, measure: str, dty
     units = units.merge(chance, on=["layer", "head"], how="left")
     p = units.p_family.to_numpy(np.float64)
     units["above_chance"] = np.isfinite(p) & (p <= st.alpha)
-    unreliable = dict(unreliable or {})
-    unreliable_units = dict(unreliable_units or {})
+    units["reliable"], units["answer"], units["why"] = _answers(units, dict(unreliable or {}),
+                                                                dict(unreliable_units or {}), st.alpha)
+    units.insert(0, "unit", [unit_name(EXPLAINER, int(layer), int(head)) for layer, head in zip(units.layer,
+                                                                                                 units["head"])])
+    units = units[UNIT_COLUMNS]
+    record = _record(units, study, measure, token_answer, len(compared))
+    return HeadsCausal(units=units, agreement=per_example, left_out=left_out, record=record)
+
+
+def _answers(units: pd.DataFrame, unreliable: Mapping[str, list], unreliable_units: Mapping[tuple, list],
+             alpha: float) -> tuple[list[bool], list[str], list[str]]:
+    """Per head (row of ``units``): (reliable, its answer, why): undecidable where its attention failed a
+    sanity check or too few examples show an effect through its edges, else it matters where its
+    agreement is above chance (family-wise), and not otherwise."""
     answers, whys, reliable = [], [], []
     for r in units.itertuples():
         failed = list(unreliable.get(EXPLAINER, [])) + list(unreliable_units.get((EXPLAINER, int(r.layer),
@@ -213,16 +225,9 @@ def heads_causal(tables: Mapping[str, pd.DataFrame], study, *, measure: str, dty
             whys.append("")
         else:
             answers.append(NOT)
-            whys.append(f"its agreement is not above chance (family-wise p = {r.p_family:.3g} > alpha {st.alpha})"
+            whys.append(f"its agreement is not above chance (family-wise p = {r.p_family:.3g} > alpha {alpha})"
                         if np.isfinite(r.p_family) else "its agreement is undefined (a constant row)")
-    units["reliable"] = reliable
-    units["answer"] = answers
-    units["why"] = whys
-    units.insert(0, "unit", [unit_name(EXPLAINER, int(layer), int(head)) for layer, head in zip(units.layer,
-                                                                                                 units["head"])])
-    units = units[UNIT_COLUMNS]
-    record = _record(units, study, measure, token_answer, len(compared))
-    return HeadsCausal(units=units, agreement=per_example, left_out=left_out, record=record)
+    return reliable, answers, whys
 
 
 def _describe(rows: pd.DataFrame) -> list[dict]:

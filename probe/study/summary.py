@@ -44,8 +44,6 @@ below" easier to reach, i.e. errs towards *not* tracking. Families are answered 
 
 from __future__ import annotations
 
-import platform
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -60,7 +58,8 @@ from probe.names import unit_name
 from probe.registry import VERDICT_FAMILIES, find
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
-from probe.study.identity import weights_digest
+from probe.study.headline import verdict_headline
+from probe.study.provenance import provenance
 from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
 from probe.study.verdict import Verdict
@@ -112,11 +111,6 @@ def verdict_family(method: str) -> str | None:
     return entry.verdict_family if entry is not None else None
 
 
-def reference_words(ref: str, study) -> str:
-    """``signed loo_delete`` or ``|loo_delete|``: how the verdict reference is compared."""
-    return f"|{ref}|" if ref in set(study.metrics.absolute) else f"signed {ref}"
-
-
 def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
             unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
             measure: str | None = None, measure_why: str = "set by the study", sanity: Sequence[Check] = (),
@@ -134,36 +128,27 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     ``sanity``: the study's checks (the verdict's ``sanity``); ``redundant``: the groups of units
     with identical rankings (:func:`probe.study.checks.redundancy`), named in the headline.
     ``mixing``: what the headline calls the maps (``"attention"``, or a token mixer's matrix).
-    ``chance``: rule 1's permutation tests (:func:`probe.study.chance.chance_tests`) of every
+    ``chance``: rule 1's permutation tests (:func:`chance_frame` of a :func:`chance_plan`) of every
     attention unit, and of the ceiling pairs (family ``ceiling``). ``unreliable_units``: units that
     failed a check of their own (``(method, layer, head)`` -> checks): they never track.
     ``interactions``: the pair check's rows (:func:`probe.intervene.pairs.pair_interactions`): pairs of top
     tokens that single deletion misjudges are named in a warning."""
     if chance is None:
-        raise ValueError("the verdict needs rule 1's chance tests (probe.study.chance.chance_tests)")
+        raise ValueError("the verdict needs rule 1's chance tests (probe.study.summary.chance_frame)")
     unreliable = unreliable or {}
+    unreliable_units = unreliable_units or {}
     st = study.statistics
     ref = study.verdict_reference
     measure = measure or (st.measure if st.measure != "auto" else "kendall_tau")
     s = summary[(summary.reference == ref) & (summary.measure == measure)]
     explainers = s[s.role == "explainer"]
-    random = s[(s.role == "baseline") & (s.explainer == "random")]
     all_grads = _where(explainers, (family(e) == "gradient" for e in explainers.explainer))
     grads = _where(all_grads, (e not in unreliable for e in all_grads.explainer))
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
-    unreliable_units = unreliable_units or {}
     paired = _paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units)
-    n_most = int(paired.n.max()) if len(paired) else 0
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     ceiling = _ceiling(summary, ref, measure, unreliable)
-    numbers = {
-        "random": _stat(random.iloc[0]) if len(random) else None,
-        "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
-        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling),
-                     "p_chance": ceiling_p(chance, ceiling.explainer, ceiling.reference)}
-                    if ceiling is not None else None),
-        "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
-    }
+    numbers = _numbers(s, best_grad, ceiling, chance)
     excluded = {e: unreliable[e] for e in dict.fromkeys(all_grads.explainer) if e in unreliable}
     bar = _gradient_bar(best_grad, excluded, bool(len(all_grads)))
     above = _above_ceiling(ceiling, ordered, grads)
@@ -171,14 +156,60 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
         if len(agreement) else 0
     found_pairs = decide.interaction_summary(interactions, getattr(profile, "effect_floor", 0.0) or 0.0)
     reason = decide.undecidable_reason(profile, n_scored, numbers["ceiling"], st.alpha, found_pairs)
-
     families = family_answers(paired, reason)
-    headline_family = next(iter(families), None)
-    chosen = families.get(headline_family) if headline_family else None
-    answer = "undecidable" if reason else (chosen["answer"] if chosen else "no")
     warnings = [w for w in [decide.concentration_warning(measure, profile),
                             _reversed_warning(mixing, ordered, numbers["random"]),
                             decide.interaction_warning(found_pairs, ref)] if w]
+    fields = {**_answer_fields(study, measure, measure_why, reason, families), **_unit_lists(paired, ordered, families),
+              **numbers, "gradient_bar": bar, "above_ceiling": above, "warnings": warnings, "interactions": found_pairs,
+              "reference_profile": profile.to_dict() if profile is not None else None,
+              "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods}}
+    text = verdict_headline(model_name, fields, study, mixing, unreliable=unreliable,
+                            unreliable_units=unreliable_units, redundant=redundant)
+    result = {**fields, "headline": text, "sanity": [c.to_dict() for c in sanity],
+              "unreliable": unreliable, "unreliable_units": {unit_name(*u): c for u, c in unreliable_units.items()},
+              "redundant": list(redundant)}
+    return result, paired
+
+
+def _numbers(s: pd.DataFrame, best_grad: pd.Series | None, ceiling: pd.Series | None, chance: pd.DataFrame) -> dict:
+    """The verdict's reference points on its measure: the random ranking, the best gradient, the
+    ceiling (with its chance test) and every baseline."""
+    random = s[(s.role == "baseline") & (s.explainer == "random")]
+    return {
+        "random": _stat(random.iloc[0]) if len(random) else None,
+        "best_gradient": ({"explainer": best_grad.explainer, **_stat(best_grad)} if best_grad is not None else None),
+        "ceiling": ({"pair": [ceiling.explainer, ceiling.reference], **_stat(ceiling),
+                     "p_chance": ceiling_p(chance, ceiling.explainer, ceiling.reference)}
+                    if ceiling is not None else None),
+        "baselines": {r.explainer: _stat(r) for _, r in s[s.role == "baseline"].iterrows()},
+    }
+
+
+def _answer_fields(study: Study, measure: str, measure_why: str, reason: str | None, families: dict) -> dict:
+    """The verdict's answer (the headline family's, or undecidable), the rule and how it was applied."""
+    st = study.statistics
+    ref = study.verdict_reference
+    headline_family = next(iter(families), None)
+    chosen = families.get(headline_family) if headline_family else None
+    return {
+        "answer": "undecidable" if reason else (chosen["answer"] if chosen else "no"), "rule": RULE,
+        "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute) else "signed",
+        "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
+        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap, "permutations": st.permutations,
+        "chance_test": (f"max-T permutation test per family: {st.permutations} random rankings of each example, "
+                        f"family-wise alpha {st.alpha}"),
+        "undecidable": reason, "headline_family": headline_family, "families": families,
+        "layer_units": chosen["layer_units"] if chosen else {"tracking": 0, "total": 0},
+        "head_units": chosen["head_units"] if chosen else {"tracking": 0, "total": 0},
+    }
+
+
+def _unit_lists(paired: pd.DataFrame, ordered: pd.DataFrame, families: dict) -> dict:
+    """The best and worst three units overall, and the headline family's best and worst layer-level
+    units and heads."""
+    n_most = int(paired.n.max()) if len(paired) else 0
+    headline_family = next(iter(families), None)
 
     def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
         return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
@@ -186,41 +217,10 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     own = _where(paired, (verdict_family(e) == headline_family for e in paired.explainer)) if len(paired) else paired
     layer_units = own[own["head"] < 0] if len(own) else own
     head_units = own[own["head"] >= 0] if len(own) else own
-    fields = {
-        "answer": answer, "rule": RULE, "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute)
-        else "signed", "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
-        "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap, "permutations": st.permutations,
-        "chance_test": (f"max-T permutation test per family: {st.permutations} random rankings of each example, "
-                        f"family-wise alpha {st.alpha}"),
-        "undecidable": reason, "headline_family": headline_family, "families": families,
-        "layer_units": chosen["layer_units"] if chosen else {"tracking": 0, "total": 0},
-        "head_units": chosen["head_units"] if chosen else {"tracking": 0, "total": 0},
-        "best": _describe_units(ordered.head(3), n_most) if len(ordered) else [],
-        "worst": _describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
-        "best_layers": top(layer_units, False), "worst_layers": top(layer_units, True),
-        "best_heads": top(head_units, False), "worst_heads": top(head_units, True), **numbers,
-        "gradient_bar": bar, "above_ceiling": above, "warnings": warnings, "interactions": found_pairs,
-        "reference_profile": profile.to_dict() if profile is not None else None,
-        "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods},
-    }
-    headline = [_headline(model_name, fields, study, mixing)]
-    if unreliable:
-        headline.append(" Failed sanity checks (their units never track; never the gradient bar nor in a ceiling): "
-                        + ", ".join(f"{m} ({', '.join(c)})" for m, c in unreliable.items()) + ".")
-    if unreliable_units:
-        names = [unit_name(*u) for u in unreliable_units]
-        headline.append(f" Failed randomisation as units (their ranking stayed once the weights they are computed from "
-                        f"were re-initialised; they never track): {', '.join(names[:6])}"
-                        + (f" and {len(names) - 6} more" if len(names) > 6 else "") + ".")
-    if above:
-        headline.append(" Above the ceiling: " + ", ".join(a["unit"] for a in above[:5]) + ".")
-    headline += [f" Warning: {warning}." for warning in warnings]
-    if redundant:
-        headline.append(" Identical rankings: " + "; ".join(g["description"] for g in redundant) + ".")
-    result = {**fields, "headline": "".join(headline), "sanity": [c.to_dict() for c in sanity],
-              "unreliable": unreliable, "unreliable_units": {unit_name(*u): c for u, c in unreliable_units.items()},
-              "redundant": list(redundant)}
-    return result, paired
+    return {"best": _describe_units(ordered.head(3), n_most) if len(ordered) else [],
+            "worst": _describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
+            "best_layers": top(layer_units, False), "worst_layers": top(layer_units, True),
+            "best_heads": top(head_units, False), "worst_heads": top(head_units, True)}
 
 
 def _family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None) -> dict:
@@ -420,127 +420,11 @@ def _stat(row) -> dict:
             "sig_frac": float(row["sig_frac"]) if "sig_frac" in row and pd.notna(row["sig_frac"]) else None}
 
 
-def _fewer(d: dict) -> str:
-    return f" (on fewer examples: {d['fewer_examples']})" if d.get("fewer_examples") else ""
-
-
-def _fmt(d: dict) -> str:
-    return f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
-
-
-FAMILY_WORDS = {"yes": "tracks", "heads only": "tracks in single heads only", "no": "does not track",
-                "undecidable": "cannot be decided"}
-
-
 def mixing_words(contract) -> str:
     """What a verdict calls a model's maps: attention, or (every stack a token mixer read as its
     implicit matrix) the mixing matrix."""
     kinds = {stack.maps for stack in contract.stacks.values()}
-    return "its mixing matrix (implicit attention)" if kinds == {"implicit"} else "attention"
-
-
-def _headline(model: str, v: dict, study, mixing: str = "attention") -> str:
-    ref, measure = v["reference"], v["measure"]
-    how = f"{measure} with {reference_words(ref, study)}"
-    fam = v.get("headline_family")
-    if v["answer"] == "undecidable":
-        parts = [f"On {model}, whether {mixing} tracks causal importance cannot be decided ({how}): "
-                 f"{v['undecidable']}."]
-    else:
-        subject = mixing if fam in (None, "attention weights") else fam
-        lu, hu = v["layer_units"], v["head_units"]
-        parts = [f"On {model}, {subject} {FAMILY_WORDS[v['answer']]} causal importance ({how}): "
-                 f"{lu['tracking']}/{lu['total']} layer-level units and {hu['tracking']}/{hu['total']} heads pass the "
-                 f"rule."]
-        why = (v["families"].get(fam) or {}).get("why") if fam else None
-        if why:
-            parts.append(f"({why}.)")
-        best_layer, best_head = v["best_layers"], v["best_heads"]
-        if best_layer:
-            parts.append(f"Best layer-level unit: {best_layer[0]['unit']} "
-                         f"{_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
-        if best_head:
-            parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}{_fewer(best_head[0])}.")
-    others = [f"{name}: {info['answer']} ({info['layer_units']['tracking']}/{info['layer_units']['total']} "
-              f"layer-level, "
-              f"{info['head_units']['tracking']}/{info['head_units']['total']} heads)"
-              for name, info in v["families"].items() if name != fam and v["answer"] != "undecidable"]
-    if others:
-        parts.append("Other attention explanations: " + "; ".join(others) + ".")
-    if v["answer"] != "undecidable" and v.get("chance_test"):
-        parts.append(f"Chance: {v['chance_test']}.")
-    if v["random"]:
-        parts.append(f"Random ranking (one draw, shown, not deciding): {_fmt(v['random'])}.")
-    if v["best_gradient"]:
-        parts.append(f"Best gradient ({v['best_gradient']['explainer']}): {_fmt(v['best_gradient'])}.")
-    if v["gradient_bar"]["excluded"] or (v["best_gradient"] is None and v["gradient_bar"]["text"]):
-        parts.append(v["gradient_bar"]["text"][0].upper() + v["gradient_bar"]["text"][1:] + ".")
-    if v["ceiling"]:
-        a, b = v["ceiling"]["pair"]
-        parts.append(f"Ceiling ({a} vs {b}): {_fmt(v['ceiling'])}.")
-    return " ".join(parts)
-
-
-# --------------------------------------------------------------------------- provenance
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import captum
-    import torch
-    import transformers
-
-    try:  # the installed distribution's (probe.__version__ is the same number: a test holds them equal)
-        own = version("probe")
-    except PackageNotFoundError:
-        own = "unknown (probe is not installed: run from a source tree)"
-    return {"probe": own, "torch": torch.__version__, "transformers": transformers.__version__,
-            "captum": captum.__version__, "numpy": np.__version__, "pandas": pd.__version__,
-            "python": platform.python_version()}
-
-
-def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict, load_seconds: float) -> dict:
-    import torch
-
-    infos = [store.batch_info(b) for b in range(n_batches)]
-    examples = tables["examples"]
-    n = len(examples)
-    steps: dict[str, float] = {}
-    for info in infos:
-        for step, seconds in info.get("timings", {}).items():
-            steps[step] = steps.get(step, 0.0) + seconds
-    lengths = examples["n_tokens"]
-    return {
-        "versions": _versions(),
-        "model": {"id": study.model.id, "path": str(pm.path), "revision": pm.metadata.get("revision"),
-                  "weights_sha256": weights_digest(pm.path), "builtin": pm.metadata or None,
-                  "contract": pm.contract.to_dict(), "random_weights": list(pm.random_weights),
-                  "allow_random_weights": bool(pm.allow_random_weights)},
-        "device": str(pm.device), "dtype": pm.contract.dtype, "attn_implementation": pm.contract.implementation,
-        "seed": study.statistics.seed, "dataset_seed": study.dataset.seed, "fingerprint": study.fingerprint(),
-        "examples": int(examples["source"].nunique()) if is_stepwise(examples) else n,
-        **({"output_tokens": n} if is_stepwise(examples) else {}), "batches": n_batches,
-        "left_out": {**dropped, **_without_spans(tables)},
-        "accuracy": None if study.target.label is not None else _accuracy(examples),
-        "sequence_length": {"mean": float(lengths.mean()), "median": float(lengths.median()),
-                            "min": int(lengths.min()), "max": int(lengths.max())},
-        "wall_seconds": float(sum(i["wall_s"] for i in infos)), "model_load_seconds": load_seconds,
-        "step_seconds": {k: float(v) for k, v in steps.items()},
-        "peak_memory_bytes": int(max(i.get("peak_memory_bytes", -1) for i in infos)),
-        "forward_passes_per_example": float(sum(i["forward_calls"] for i in infos) / max(n, 1)),
-        "forward_rows_per_example": float(sum(i["forward_rows"] for i in infos) / max(n, 1)),
-        "devices_used": sorted({str(i.get("device")) for i in infos}),
-        "torch_threads": torch.get_num_threads(), "host": platform.platform(),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def _accuracy(examples: pd.DataFrame) -> float | None:
-    """How often the explained label (the prediction, or the LM's preferred choice) equals the
-    dataset's label; None when either is missing (and, by the caller, when the study fixes the label)."""
-    known = examples[(examples.label >= 0) & (examples.target_label >= 0)]
-    return float((known.label == known.target_label).mean()) if len(known) else None
+    return "its mixing matrix (implicit attention)" if kinds and all(s.implicit for s in contract.stacks.values()) else "attention"
 
 
 def _chance_units(summary: pd.DataFrame, ref: str, measure: str) -> pd.DataFrame:
@@ -623,23 +507,6 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
     return {"verdict": result, "summary": summary, "paired": paired, "chance": chance, "plan": plan,
             "profile": profile, "comparisons": comparisons(agreement, study, measure), "agreement": agreement,
             "left_out": left_out, "heads_causal": heads.units if heads is not None else None}
-
-
-def _without_spans(tables: dict) -> dict:
-    """``{"no_span": N}``: the examples of a span study that had no spans to rank (each left out of every
-    pair, :data:`probe.study.tables.NO_SPAN`); empty when there are none."""
-    from probe.study.tables import NO_SPAN
-
-    left = tables.get("left_out")
-    if left is None or not len(left):
-        return {}
-    units = pd.unique(left.loc[left["reason"] == NO_SPAN, "example"])
-    if not len(units):
-        return {}
-    examples = tables["examples"]
-    if is_stepwise(examples):  # units are output tokens: count the dataset examples they belong to
-        units = pd.unique(examples.set_index("example").loc[units, "source"])
-    return {"no_span": int(len(units))}
 
 
 def _refuse_without_agreement(tables: dict) -> None:

@@ -1,0 +1,95 @@
+"""A finished study's provenance (``provenance.json``): the versions, the model (and its weights'
+digest), the device, the seeds, the examples and those left out, and where the time and memory went."""
+
+from __future__ import annotations
+
+import platform
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from probe.study.identity import weights_digest
+from probe.study.steps import is_stepwise
+
+if TYPE_CHECKING:
+    from probe.models.core import ProbeModel
+    from probe.study.store import ResultStore
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import captum
+    import torch
+    import transformers
+
+    try:  # the installed distribution's (probe.__version__ is the same number: a test holds them equal)
+        own = version("probe")
+    except PackageNotFoundError:
+        own = "unknown (probe is not installed: run from a source tree)"
+    return {"probe": own, "torch": torch.__version__, "transformers": transformers.__version__,
+            "captum": captum.__version__, "numpy": np.__version__, "pandas": pd.__version__,
+            "python": platform.python_version()}
+
+
+def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict,
+               load_seconds: float) -> dict:
+    import torch
+
+    infos = [store.batch_info(b) for b in range(n_batches)]
+    examples = tables["examples"]
+    n = len(examples)
+    steps: dict[str, float] = {}
+    for info in infos:
+        for step, seconds in info.get("timings", {}).items():
+            steps[step] = steps.get(step, 0.0) + seconds
+    lengths = examples["n_tokens"]
+    return {
+        "versions": _versions(),
+        "model": {"id": study.model.id, "path": str(pm.path), "revision": pm.metadata.get("revision"),
+                  "weights_sha256": weights_digest(pm.path), "builtin": pm.metadata or None,
+                  "contract": pm.contract.to_dict(), "random_weights": list(pm.random_weights),
+                  "allow_random_weights": bool(pm.allow_random_weights)},
+        "device": str(pm.device), "dtype": pm.contract.dtype, "attn_implementation": pm.contract.implementation,
+        "seed": study.statistics.seed, "dataset_seed": study.dataset.seed, "fingerprint": study.fingerprint(),
+        "examples": int(examples["source"].nunique()) if is_stepwise(examples) else n,
+        **({"output_tokens": n} if is_stepwise(examples) else {}), "batches": n_batches,
+        "left_out": {**dropped, **_without_spans(tables)},
+        "accuracy": None if study.target.label is not None else _accuracy(examples),
+        "sequence_length": {"mean": float(lengths.mean()), "median": float(lengths.median()),
+                            "min": int(lengths.min()), "max": int(lengths.max())},
+        "wall_seconds": float(sum(i["wall_s"] for i in infos)), "model_load_seconds": load_seconds,
+        "step_seconds": {k: float(v) for k, v in steps.items()},
+        "peak_memory_bytes": int(max(i.get("peak_memory_bytes", -1) for i in infos)),
+        "forward_passes_per_example": float(sum(i["forward_calls"] for i in infos) / max(n, 1)),
+        "forward_rows_per_example": float(sum(i["forward_rows"] for i in infos) / max(n, 1)),
+        "devices_used": sorted({str(i.get("device")) for i in infos}),
+        "torch_threads": torch.get_num_threads(), "host": platform.platform(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _accuracy(examples: pd.DataFrame) -> float | None:
+    """How often the explained label (the prediction, or the LM's preferred choice) equals the
+    dataset's label; None when either is missing (and, by the caller, when the study fixes the label)."""
+    known = examples[(examples.label >= 0) & (examples.target_label >= 0)]
+    return float((known.label == known.target_label).mean()) if len(known) else None
+
+
+def _without_spans(tables: dict) -> dict:
+    """``{"no_span": N}``: the examples of a span study that had no spans to rank (each left out of every
+    pair, :data:`probe.study.tables.NO_SPAN`); empty when there are none."""
+    from probe.study.tables import NO_SPAN
+
+    left = tables.get("left_out")
+    if left is None or not len(left):
+        return {}
+    units = pd.unique(left.loc[left["reason"] == NO_SPAN, "example"])
+    if not len(units):
+        return {}
+    examples = tables["examples"]
+    if is_stepwise(examples):  # units are output tokens: count the dataset examples they belong to
+        units = pd.unique(examples.set_index("example").loc[units, "source"])
+    return {"no_span": int(len(units))}
