@@ -16,7 +16,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import math
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,6 +26,7 @@ from typing import Any
 from probe.errors import InputError, warn_at_caller
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.planted_texts import study_texts
+from probe.user_files import label_kind, parse_label, raw_records
 
 BUILTIN_PREFIX = "builtin:"
 SPLITS = ("test", "train")
@@ -143,15 +143,6 @@ def draw_test_split(name: str) -> dict[str, Any]:
     }
 
 
-def write_test_split(name: str) -> Path:
-    """Write the held-out split file of a built-in dataset (a one-off; the files are committed)."""
-    path = split_file_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in draw_test_split(name).items()]
-    path.write_text("{\n" + ",\n".join(fields) + "\n}\n", encoding="utf-8")
-    return path
-
-
 # -------------------------------------------------------------------------------------- built-ins
 
 
@@ -255,9 +246,6 @@ def _load_planted(name: str) -> list[Example]:
 # reads the file once more for the n selected: memory follows the selection, not the file. A
 # ``.json`` list is the exception: JSON cannot be read in part, so it is parsed whole on each pass.
 
-#: the longest CSV field probe reads (the csv module's own default is 128 KiB): a text this long is
-#: far past any model's window, and is left out by the study's length limit
-MAX_CSV_FIELD = 16 * 2**20
 #: examples handed to a scan's ``keep`` at once (tokenised together for the length limit)
 SCAN_CHUNK = 1024
 
@@ -274,108 +262,6 @@ def _check_user_path(path: Path) -> None:
                          f"{', '.join(USER_FILE_SUFFIXES)}")
 
 
-def _raw_records(path: Path, header: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` per row of a user file, in order (``where``: "line N" or "item N"); a CSV's
-    header is appended to ``header`` as soon as it is read."""
-    if path.suffix.lower() == ".csv":
-        return _csv_records(path, header)
-    return _json_records(path)
-
-
-def _csv_records(path: Path, header: list[str]) -> Iterator[tuple[str, dict]]:
-    import csv
-
-    def read(step):
-        # the csv module's field limit is process-wide: raised for each read only, then put back
-        limit = csv.field_size_limit(MAX_CSV_FIELD)
-        try:
-            return step()
-        except csv.Error as exc:
-            if "field larger than field limit" in str(exc):
-                raise InputError(f"{path} line {reader.line_num}: a field is longer than {MAX_CSV_FIELD:,} characters, "
-                                 "the most probe reads from a CSV (a text that long is past any model's window): "
-                                 "shorten or drop that row") from None
-            raise InputError(f"{path} is not a readable CSV at line {reader.line_num} ({exc}); save it as UTF-8 CSV "
-                             "with a header row") from None
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path} is not a readable UTF-8 CSV ({exc}); save it as UTF-8 CSV with a header row") from None
-        finally:
-            csv.field_size_limit(limit)
-
-    # utf-8-sig: spreadsheet programs often write a byte-order mark before the header.
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        reader = csv.DictReader(handle)
-        header.extend(read(lambda: reader.fieldnames) or [])
-        previous_end = reader.line_num
-        while True:
-            record = read(lambda: next(reader, None))
-            if record is None:
-                return
-            yield f"line {previous_end + 1}", record  # a quoted field may span several lines
-            previous_end = reader.line_num
-
-
-def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
-    import io
-
-    try:
-        if path.suffix.lower() == ".json":
-            content = path.read_text(encoding="utf-8-sig")
-            stripped = content.lstrip()
-            if stripped.startswith("{"):
-                try:
-                    whole = json.loads(content)
-                except json.JSONDecodeError:
-                    whole = None  # perhaps one object per line: read below
-                if isinstance(whole, dict) and any(isinstance(v, (list, dict)) for v in whole.values()):  # a wrapper
-                    keys = ", ".join(sorted(map(str, whole))[:5]) or "no keys"
-                    raise InputError(f"{path} holds one JSON object ({keys}), not a list of examples; give a list like "
-                                     '[{"text": "...", "label": 1}, ...] or one object per line')
-            if stripped.startswith("["):
-                try:
-                    items = json.loads(content)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-                yield from ((f"item {i}", item) for i, item in enumerate(items))
-                return
-            lines: Iterable[str] = io.StringIO(content)
-            yield from _json_lines(path, lines)
-            return
-        with path.open(encoding="utf-8-sig") as handle:
-            yield from _json_lines(path, handle)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path} is not UTF-8 ({exc}); save it as UTF-8") from None
-
-
-def _json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
-    for line_number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {line_number} is not valid JSON ({exc.msg}); one object per line") from None
-        yield f"line {line_number}", record
-
-
-def _label_kind(value: Any) -> str | None:
-    """What a label value is (None: no label): a class id (an integer, also written 1.0 or "1"), a
-    boolean, a string, a non-integer number, ..."""
-    if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            return "string"
-        return "class id" if number.is_integer() else "string"
-    if isinstance(value, (int, float)):
-        return "class id" if float(value).is_integer() else "non-integer number"
-    return type(value).__name__
-
-
 @dataclass(frozen=True)
 class _UserFile:
     """A user file whose columns, row count and label types were checked by a first pass."""
@@ -389,7 +275,7 @@ class _UserFile:
     def rows(self) -> Iterator[tuple[int, str, Example]]:
         """``(row, where, example)`` per row, in file order, each row checked as it is made."""
         stem = self.path.stem
-        for row, (where, record) in enumerate(_raw_records(self.path, [])):
+        for row, (where, record) in enumerate(raw_records(self.path, [])):
             text = record.get(self.text_column)
             if text is None:
                 raise InputError(f"{self.path}: row {row} ({where}) has no {self.text_column!r} (missing or null); "
@@ -400,7 +286,7 @@ class _UserFile:
             if not text.strip():
                 raise InputError(f"{self.path}: row {row} ({where}) has an empty {self.text_column!r}; every example "
                                  f"needs text")
-            label = (_parse_label(record.get(self.label_column), self.path, row, where, self.label_column)
+            label = (parse_label(record.get(self.label_column), self.path, row, where, self.label_column)
                      if self.has_labels else None)
             yield row, where, Example(id=f"{stem}-{row}", text=text, label=label)
 
@@ -412,7 +298,7 @@ def _open_user_file(path: Path, text_column: str, label_column: str) -> _UserFil
     columns: dict[str, None] = {}
     n_rows = 0
     first_label: tuple[int, str, Any, str] | None = None  # row, where, value, kind of the first label
-    for row, (where, record) in enumerate(_raw_records(path, header)):
+    for row, (where, record) in enumerate(raw_records(path, header)):
         if not isinstance(record, dict):
             raise InputError(f"{path}: row {row} is a {type(record).__name__}, not an object like {{\"text\": ..., "
                              f"\"label\": ...}}")
@@ -421,7 +307,7 @@ def _open_user_file(path: Path, text_column: str, label_column: str) -> _UserFil
             if key is not None:  # a CSV row with more fields than the header: csv's "rest" key
                 columns.setdefault(key, None)
         value = record.get(label_column)
-        kind = _label_kind(value)
+        kind = label_kind(value)
         if kind is None:
             continue
         if first_label is None:
@@ -469,29 +355,6 @@ def _warn_about_duplicates(path: Path, rows: Sequence[tuple[int, str, Example]])
                    "drop the duplicates to avoid that")
 
 
-def _parse_label(value: Any, path: Path, row: int, where: str, label_column: str) -> int | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, bool):
-        raise InputError(f"{path}: row {row} ({where}) has {label_column}={json.dumps(value)}, a boolean; labels are "
-                         "integer class ids: write 1 and 0 (0 = negative, 1 = positive for the built-in classifier)")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = math.nan
-        if number.is_integer():
-            return int(number)
-    raise InputError(
-        f"{path}: row {row} ({where}) has {label_column}={value!r}; labels must be integer class ids "
-        f"(0 = negative, 1 = positive for the built-in sentiment classifier)"
-    )
 
 
 # ------------------------------------------------------------------------------------ selection

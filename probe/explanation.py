@@ -18,6 +18,15 @@ import pandas as pd
 import torch
 
 from probe.errors import InputError, positive_int
+from probe.explanation_folder import (
+    EXPLANATION_FORMAT,
+    check_explanation_folder,
+    example_record,
+    json_value,
+    read_explanation_folder,
+    saved_examples,
+    saved_scores,
+)
 from probe.frozen import PicklableFrozen
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
@@ -278,15 +287,16 @@ class Explanation(PicklableFrozen):
         back equal, every score exactly. Returns the folder."""
         import json
 
-        from probe.study.store import write_file, write_table
+        from probe.files import write_file
+        from probe.study.store import write_table
 
         folder = Path(path)
-        _check_explanation_folder(folder)
+        check_explanation_folder(folder)
         record = {
             "format": EXPLANATION_FORMAT, "model": self.model,
-            "examples": [_example_record(e) for e in self.examples],
-            "methods": [{"name": m, "per_head": s.per_head, "per_layer": s.per_layer, "params": _json_value(s.params),
-                         "extras": _json_value(s.extras), "shapes": [list(v.shape) for v in s.scores]}
+            "examples": [example_record(e) for e in self.examples],
+            "methods": [{"name": m, "per_head": s.per_head, "per_layer": s.per_layer, "params": json_value(s.params),
+                         "extras": json_value(s.extras), "shapes": [list(v.shape) for v in s.scores]}
                         for m, s in self.scores.items()],
             "skipped": dict(self.skipped),
             # the methods' failed checks, as found when explained (a degenerate site needs the model): a loaded
@@ -573,107 +583,12 @@ def _mark_axes(ax, mark: str) -> None:
             bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1})
 
 
-#: the version of the folder :meth:`Explanation.save` writes
-EXPLANATION_FORMAT = 1
-_TENSOR = "__tensor__"
-
-
-def _json_value(value: Any) -> Any:
-    """``value`` as JSON: tensors (and numpy arrays) as ``{"__tensor__": values, "dtype": ...}``."""
-    if isinstance(value, np.ndarray):
-        value = torch.from_numpy(value)
-    if isinstance(value, torch.Tensor):
-        return {_TENSOR: value.detach().cpu().tolist(), "dtype": str(value.dtype).removeprefix("torch."),
-                "shape": list(value.shape)}
-    if isinstance(value, Mapping):
-        return {str(k): _json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict) and _TENSOR in value:
-        return torch.tensor(value[_TENSOR], dtype=getattr(torch, value["dtype"])).reshape(value["shape"])
-    if isinstance(value, dict):
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
-def _example_record(example: PreparedExample) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: _json_value(getattr(example, f.name)) for f in dataclasses.fields(example)}
-
-
-def _example_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """A saved example's fields as the example holds them (JSON keeps a chat prompt's messages as lists)."""
-    if "messages" in fields:
-        fields["messages"] = tuple(tuple(m) for m in fields["messages"])
-    if "offsets" in fields:
-        fields["offsets"] = tuple(tuple(o) for o in fields["offsets"])
-    return fields
-
-
-#: what a folder :meth:`Explanation.save` may write into holds besides these: nothing (hidden files aside)
-EXPLANATION_FILES = ("explanation.json", "scores.parquet")
-
-
-def _check_explanation_folder(folder: Path) -> None:
-    """Refuse, in one line, a folder :meth:`Explanation.save` would overwrite something else in: a file,
-    a study's result folder (its ``scores.parquet`` is the study's), any folder with other files; a
-    new folder, an empty one and an earlier save's are fine."""
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{folder} is a file; Explanation.save writes a folder: give a new or empty folder")
-    if not folder.is_dir():
-        return
-    others = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in EXPLANATION_FILES)
-    earlier = (folder / "explanation.json").is_file()
-    if others or ((folder / "scores.parquet").exists() and not earlier):
-        what = ("a study's result folder" if (folder / "study.json").exists() or (folder / "complete.json").exists()
-                else "other files")
-        shown = ", ".join(others[:3] or ["scores.parquet"]) + (", ..." if len(others) > 3 else "")
-        raise InputError(f"{folder} holds {what} ({shown}); Explanation.save would overwrite its scores.parquet: "
-                         "give a new or empty folder (or one an earlier Explanation.save wrote)")
-
-
 def load_explanation(path: str | Path) -> Explanation:
     """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, equal to
     the one saved (every score exactly; no model is loaded)."""
-    import json
-
-    folder = Path(path)
-    files = [folder / "explanation.json", folder / "scores.parquet"]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise InputError(f"{folder} is not a saved explanation (it lacks {', '.join(missing)}): give the folder "
-                         "Explanation.save(path) wrote")
-    try:
-        record = json.loads(files[0].read_text(encoding="utf-8"))
-        table = pd.read_parquet(files[1], columns=["example", "method", "layer", "head", "position", "score"])
-    except (OSError, ValueError) as err:
-        raise InputError(f"{folder} holds an unreadable explanation ({' '.join(str(err).split())[:120]}); "
-                         "save it again") from None
-    if record.get("format") != EXPLANATION_FORMAT:
-        raise InputError(f"{folder}: explanation format {record.get('format')!r} is not {EXPLANATION_FORMAT}, the one "
-                         "this probe reads; save it again with this version")
-    examples = tuple(PreparedExample(**_example_fields(_from_json(e))) for e in record["examples"])
-    table = table.sort_values(["method", "example", "layer", "head", "position"], kind="stable")
-    grouped = {key: part["score"].to_numpy() for key, part in table.groupby(["method", "example"], sort=False)}
-    scores = {}
-    for entry in record["methods"]:
-        name = entry["name"]
-        values = [torch.from_numpy(grouped[(name, i)].astype(np.float32)).reshape(shape)
-                  for i, shape in enumerate(entry["shapes"])]
-        scores[name] = TokenScores(method=name, scores=values, params=_from_json(entry["params"]),
-                                   per_head=entry["per_head"], per_layer=entry["per_layer"],
-                                   extras=_from_json(entry["extras"]))
+    record, table = read_explanation_folder(Path(path))
+    examples = saved_examples(record)
+    scores = saved_scores(record, table)
     from probe.study.sanity import ScoreFlag
 
     flags = None if "flags" not in record else tuple(ScoreFlag.from_dict(f) for f in record["flags"])

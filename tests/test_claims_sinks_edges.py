@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_knockout import _blocked_edges, _target
 
-from probe.claims.kinds import CONTROL_DRAWS
+from probe.claims.edges import CONTROL_DRAWS
 from probe.claims.rules import at_least_rule, at_most_rule, judge
 from probe.claims.run import run_audit
 from probe.errors import InputError

@@ -134,7 +134,7 @@ def test_study_and_claim_files_take_the_registry_adversarial_defaults():
 
 def test_per_head_and_query_max_methods_are_registry_facts():
     from probe.explainers.attention import QUERY_MAX_METHODS
-    from probe.spec.claims import PER_HEAD_METHODS
+    from probe.spec.claim_values import PER_HEAD_METHODS
 
     assert PER_HEAD_METHODS == registry.per_head_methods() and "attention" in PER_HEAD_METHODS
     assert "attention_mean" not in PER_HEAD_METHODS

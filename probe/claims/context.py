@@ -11,7 +11,8 @@ from probe import registry
 from probe.claims.rules import Judgement, judge
 from probe.errors import InputError
 from probe.rows.target import sources
-from probe.spec.claims import AttentionRanking, ClaimFile
+from probe.spec.claim_values import AttentionRanking
+from probe.spec.claims import ClaimFile
 from probe.study.steps import per_example_means
 
 if TYPE_CHECKING:

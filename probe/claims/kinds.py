@@ -51,6 +51,7 @@ edge              per example, the target row's edges to every token matching ``
                   verdict is the threshold's alone, but a supported claim whose control also reaches
                   the threshold, or whose named edges beat the control in at most half of the
                   examples, carries ``control["warning"]``: the effect is not specific to the tokens.
+                  (The keys, the control draws and the blocked changes: :mod:`probe.claims.edges`.)
 
 f is the explained target: the predicted class probability by default (``target`` as in a study).
 """
@@ -64,6 +65,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from probe.claims.context import AuditContext
+from probe.claims.edges import (
+    CONTROL_DRAWS,
+    blocked_changes,
+    control_keys,
+    control_warning,
+    edge_details,
+    edge_keys,
+    renormalised,
+    set_changes,
+    window_words,
+)
 from probe.claims.rules import (
     LN2_HALF,
     RULES,
@@ -88,12 +100,10 @@ from probe.spec.claims import (
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-__all__ = ["CONTROL_DRAWS", "ClaimResult", "EVIDENCE_EXAMPLES", "KINDS", "clean_json"]
+__all__ = ["ClaimResult", "EVIDENCE_EXAMPLES", "KINDS", "clean_json"]
 
 #: Examples listed as evidence for and against a claim, each.
 EVIDENCE_EXAMPLES = 3
-#: Seeded random key sets per example that an edge claim's named edges are compared with.
-CONTROL_DRAWS = 8
 
 
 @dataclass
@@ -463,27 +473,6 @@ def counterfactual(ctx: AuditContext, claim: CounterfactualClaim, index: int) ->
                    evidence=evidence)
 
 
-def _set_changes(ctx: AuditContext, sets: list, renormalise: bool) -> np.ndarray:
-    """[set] f(x) - f(x with the set's edges blocked) (signed), every set in one :func:`block_edges` call."""
-    from probe.intervene.knockout import block_edges
-
-    if not sets:
-        return np.array([], dtype=np.float64)
-    original, blocked = block_edges(ctx.pm, ctx.examples, sets, renormalise=renormalise)
-    examples = [s.example for s in sets]
-    return (original[examples] - blocked).double().numpy()
-
-
-def _blocked_changes(ctx: AuditContext, sets: list, renormalise: bool) -> dict[int, float]:
-    """Per example with an edge set: f(x) - f(x with its edges blocked) (signed)."""
-    return {s.example: float(c) for s, c in zip(sets, _set_changes(ctx, sets, renormalise))}
-
-
-def _renormalised(renormalise: bool) -> str:
-    return ("the row renormalised over its other keys (-inf before the softmax)" if renormalise
-            else "the blocked weights zeroed, the row not renormalised")
-
-
 def sink_head(ctx: AuditContext, claim: SinkHeadClaim, index: int) -> ClaimResult:
     from probe.intervene.knockout import EdgeSet
 
@@ -500,7 +489,7 @@ def sink_head(ctx: AuditContext, claim: SinkHeadClaim, index: int) -> ClaimResul
         details.append({"sink_share": shares[i], "sinks": [f"{texts[k] or ctx.examples[i].tokens[k]}@{k}" for k in keys]})
         if keys:
             sets.append(EdgeSet(i, keys, ((layer, head),)))
-    changes = _blocked_changes(ctx, sets, claim.renormalise)
+    changes = blocked_changes(ctx, sets, claim.renormalise)
     effects = np.array([abs(changes[i]) if i in changes else (0.0 if np.isfinite(shares[i]) else np.nan)
                         for i in range(len(ctx.examples))])
     for i, d in enumerate(details):
@@ -529,79 +518,8 @@ def sink_head(ctx: AuditContext, claim: SinkHeadClaim, index: int) -> ClaimResul
                                      "hold)",
                    rule=at_least_rule(claim.share), rule_text=rule_text,
                    intervention=f"edge knockout: the target row's edges to head {layer}.{head}'s sinks blocked in "
-                                f"that head alone, {_renormalised(claim.renormalise)}",
+                                f"that head alone, {renormalised(claim.renormalise)}",
                    evidence=evidence, verdict=verdict, n_needed=needed)
-
-
-def _edge_keys(ctx: AuditContext, claim: EdgeClaim, index: int) -> list[tuple[int, ...]]:
-    """Per example, the positions the claim's edges go to (empty: the example has none)."""
-    if claim.to_position is not None:
-        out = []
-        for example in ctx.examples:
-            n = len(example.input_ids)
-            p = claim.to_position if claim.to_position >= 0 else n + claim.to_position
-            out.append((p,) if 0 <= p < n else ())
-        if not any(out):
-            raise InputError(f"{ctx.file.where(index, 'to_position')}: position {claim.to_position} lies outside "
-                             f"every one of the {len(ctx.examples)} examples (the longest has "
-                             f"{max(len(e.input_ids) for e in ctx.examples)} tokens)")
-        return out
-    matcher = claim.matcher()
-    out = [tuple(int(p) for p in np.flatnonzero(ctx.matches(i, matcher))) for i in range(len(ctx.examples))]
-    if not any(out):
-        raise InputError(f"{ctx.file.where(index, 'to' if claim.to is not None else 'to_words')}: {claim.to_what} "
-                         f"match no token in any of the {len(ctx.examples)} examples searched (token texts are "
-                         "matched whole, case-insensitive, word-piece markers stripped); check the pattern or use "
-                         "more data")
-    return out
-
-
-def _control_keys(ctx: AuditContext, keys: list[tuple[int, ...]], sites) -> list[list[tuple[int, ...]]]:
-    """Per example with named keys: ``CONTROL_DRAWS`` seeded draws of as many of its other scored
-    tokens (sorted positions; all of them, once, where no more are left; none where none are). A key
-    that is an attention sink in at least half of the claim's heads (``sites``; :func:`probe.explainers.
-    sinks.attention_sinks` at its default threshold: the first token of most decoder LMs) is never
-    drawn: blocking a sink's edges moves a row's mass far more than an ordinary token's, and would
-    make every claim look unspecific."""
-    from probe.explainers.sinks import SINK_THRESHOLD
-    from probe.rows.target import example_seed
-
-    found = ctx.sinks(SINK_THRESHOLD).examples
-    out: list[list[tuple[int, ...]]] = []
-    for i, k in enumerate(keys):
-        if not k:
-            out.append([])
-            continue
-        others = ctx.scorable(i).copy()
-        sink = found[i].sinks  # [layer, head, keys] bool
-        if sink.shape[-1]:
-            votes = sum(sink[layer, head].numpy().astype(np.int64) for layer, head in sites)  # [keys]
-            n = min(len(others), len(votes))
-            others[:n] &= 2 * votes[:n] < len(sites)
-        others[list(k)] = False
-        others = np.flatnonzero(others)
-        if len(others) <= len(k):
-            out.append([tuple(int(p) for p in others)] if len(others) else [])
-            continue
-        rng = np.random.default_rng(example_seed(ctx.seed, ctx.examples[i]))
-        out.append([tuple(int(p) for p in np.sort(rng.choice(others, size=len(k), replace=False)))
-                    for _ in range(CONTROL_DRAWS)])
-    return out
-
-
-def _control_warning(claim: EdgeClaim, verdict: str, control_mean: float, above: float | None, where: str) -> str | None:
-    """One line where a supported edge claim's effect is not specific to its tokens (None otherwise)."""
-    if verdict != "supported" or above is None:
-        return None
-    reasons = []
-    if math.isfinite(control_mean) and control_mean >= claim.threshold:
-        reasons.append(f"blocking the target row's edges to as many random other tokens in {where} moves the target "
-                       f"by {control_mean:.3g} (>= threshold {claim.threshold:g})")
-    if above <= 0.5:
-        reasons.append(f"the named edges move the target more than random ones in only {above:.0%} of the examples")
-    if not reasons:
-        return None
-    return "; ".join(reasons) + f": the effect is not specific to {claim.to_what}"
 
 
 def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
@@ -610,12 +528,12 @@ def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
     window = ctx.layer_window(claim, index)
     heads = (list(range(ctx.n_heads)) if claim.head_list is None
              else sorted({ctx.head(h, index, "heads") for h in claim.head_list}))
-    keys = _edge_keys(ctx, claim, index)
+    keys = edge_keys(ctx, claim, index)
     sites = tuple((layer, head) for layer in window for head in heads)
-    controls = _control_keys(ctx, keys, sites)
+    controls = control_keys(ctx, keys, sites)
     sets = [EdgeSet(i, k, sites) for i, k in enumerate(keys) if k]
     control_sets = [EdgeSet(i, c, sites) for i, draws in enumerate(controls) for c in draws]
-    all_changes = _set_changes(ctx, sets + control_sets, claim.renormalise)  # one batched call: one shared f(x)
+    all_changes = set_changes(ctx, sets + control_sets, claim.renormalise)  # one batched call: one shared f(x)
     changes = {s.example: float(c) for s, c in zip(sets, all_changes[: len(sets)])}
     n_all = len(ctx.examples)
     drawn: dict[int, list[float]] = {}
@@ -624,24 +542,10 @@ def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
     control = np.array([float(np.mean(drawn[i])) if i in drawn else np.nan for i in range(n_all)])
     effects = np.array([abs(changes[i]) if i in changes else np.nan for i in range(n_all)])
     signed = np.array([changes.get(i, np.nan) for i in range(n_all)])
-    raw = ctx.scores("attention").scores
-    shares = np.full(n_all, np.nan)
-    details: list[dict] = []
-    for i, k in enumerate(keys):
-        if not k:
-            details.append({})
-            continue
-        rows = raw[i][window][:, heads].double()  # [window, heads, tokens]
-        shares[i] = float(rows[..., list(k)].sum(dim=-1).nanmean())
-        texts = ctx.texts(i)
-        details.append({"tokens": [f"{texts[p] or ctx.examples[i].tokens[p]}@{p}" for p in k],
-                        "attention_share": shares[i], "signed_change": float(signed[i]),
-                        "control_abs_change": float(control[i]), "control_tokens": [list(c) for c in controls[i]]})
+    shares, details = edge_details(ctx, keys, window, heads, signed, control, controls)
     rule = at_least_rule(claim.threshold)
     j = ctx.judge(effects, rule)
-    span = f"layer {window[0]}" if len(window) == 1 else (
-        f"layers {window[0]}-{window[-1]}" if window == list(range(window[0], window[-1] + 1))
-        else f"layers {', '.join(map(str, window))}")
+    span = window_words(window)
     which = "every head" if claim.head_list is None else f"heads {', '.join(map(str, heads))}"
     with_control = np.isfinite(control) & np.isfinite(effects)
     above = float(np.mean(effects[with_control] > control[with_control])) if with_control.any() else None
@@ -651,7 +555,7 @@ def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
                                    "edges blocked alike",
                         "mean_abs_change": control_summary, "draws": CONTROL_DRAWS,
                         "share_named_above_control": above, "n_with_control": int(with_control.sum())}
-    warning = _control_warning(claim, j.verdict, control_summary["mean"], above, f"{which} of {span}")
+    warning = control_warning(claim, j.verdict, control_summary["mean"], above, f"{which} of {span}")
     if warning is not None:
         control_evidence["warning"] = warning
     evidence = {"signed_change": _summary(ctx, signed),
@@ -662,7 +566,7 @@ def edge(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
     return _result(claim, j, measure=f"|change| of the target when the target row's edges to {claim.to_what} are "
                                      f"blocked in {which} of {span}",
                    rule=rule, intervention=f"edge knockout: the target row's edges to {claim.to_what} blocked at once "
-                                           f"in {which} of {span}, {_renormalised(claim.renormalise)}; control: "
+                                           f"in {which} of {span}, {renormalised(claim.renormalise)}; control: "
                                            f"{CONTROL_DRAWS} seeded draws of as many other tokens blocked alike",
                    evidence=evidence)
 

@@ -155,11 +155,7 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
         return _integrated_gradients_auto(pm, examples, tolerance=tolerance, max_steps=max_steps, baseline=baseline,
                                           rule=rule, internal_batch_size=internal_batch_size,
                                           keep_special=keep_special, site=site)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InputError(f"steps must be a positive integer or auto, got {steps!r}")
-    if rule not in IG_RULES:
-        raise InputError(f"unknown integration rule {rule!r}: use one of {', '.join(IG_RULES)}")
-    _check_internal_batch_size(internal_batch_size)
+    _check_fixed_steps(steps, rule, internal_batch_size)
     problem = embedding_forward(pm, examples, site)
     base = _baseline(pm, problem, baseline, keep_special)  # [rows, width, dim]
     rows = len(examples)
@@ -177,6 +173,15 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
               "baseline_value": at_baseline.tolist()}
     return TokenScores(method="integrated_gradients", scores=per_example(scores, problem), params=params,
                        extras=extras)
+
+
+def _check_fixed_steps(steps, rule: str, internal_batch_size: int | str | None) -> None:
+    """Refuse, in one line, a number of steps, a rule or an internal batch size IG cannot run with."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError(f"steps must be a positive integer or auto, got {steps!r}")
+    if rule not in IG_RULES:
+        raise InputError(f"unknown integration rule {rule!r}: use one of {', '.join(IG_RULES)}")
+    _check_internal_batch_size(internal_batch_size)
 
 
 def _ig_attributions(pm: ProbeModel, problem: EmbeddingForward, base: torch.Tensor, steps: int, rule: str,

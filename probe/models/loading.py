@@ -136,9 +136,7 @@ def load_model(
     with quiet_transformers():
         config = _read_config(name, path, from_hub, local_only)
         task = asked or infer_task(config, folder)
-        kwargs = {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
-                  **({"attn_implementation": attn_implementation} if attn_implementation else {}),
-                  **({"device_map": device_map} if device_map else {})}
+        kwargs = _pretrained_kwargs(torch_dtype, local_only, attn_implementation, device_map)
         model, tokenizer, loading_info = _from_pretrained(name, path, task, config, kwargs)
     random_weights = _random_weights(loading_info)
     if random_weights and not allow_random_weights:
@@ -161,6 +159,14 @@ def load_model(
         load_seconds=time.perf_counter() - started, metadata=metadata, random_weights=random_weights,
         allow_random_weights=bool(allow_random_weights), pooling=pooling,
     ))
+
+
+def _pretrained_kwargs(torch_dtype, local_only: bool, attn_implementation: str | None,
+                       device_map: str | None) -> dict:
+    """The keywords a load passes to every ``from_pretrained``."""
+    return {"dtype": torch_dtype, "local_files_only": local_only, "output_loading_info": True,
+            **({"attn_implementation": attn_implementation} if attn_implementation else {}),
+            **({"device_map": device_map} if device_map else {})}
 
 
 @contextmanager

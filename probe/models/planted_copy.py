@@ -84,6 +84,18 @@ def build_copy_lm(cue: str | None = None):
     )
     torch.manual_seed(settings.seed)
     model = GPT2LMHeadModel(config)
+    seconds = _train_copy_lm(model, tokenizer, settings, suffix)
+    facts = _copy_lm_facts(model, tokenizer, name, cue, settings.layers)
+    training = {**asdict(settings), "train_seconds": round(seconds, 2)}
+    return model, tokenizer, {"training": training, "facts": facts}
+
+
+def _train_copy_lm(model, tokenizer, settings: CopyTraining, suffix: str) -> float:
+    """Train copy-lm (seeded) to continue each prompt (``suffix`` appended) with its marked word, or
+    with end-of-text where it has none; leaves the model in eval mode. Returns the seconds taken."""
+    import torch
+
+    eos = tokenizer.eos_token_id
     train = _with_unmarked(training_texts("copy", settings.n_train, seed=settings.seed), settings.seed)
     prompts = [token_ids(tokenizer, t.text + suffix) for t in train]
     answers = torch.tensor([tokenizer.convert_tokens_to_ids(t.answer) if t.answer else eos
@@ -102,11 +114,15 @@ def build_copy_lm(cue: str | None = None):
         loss.backward()
         optimizer.step()
     model.eval()
-    seconds = time.perf_counter() - started
+    return time.perf_counter() - started
 
-    study = study_texts(name)
-    rows = [token_ids(tokenizer, t.text + suffix) for t in study]
-    kept = 1 if cue else 0  # the cue is never deleted
+
+def _copy_lm_forward(model, rows: list[list[int]], kept: int, eos: int):
+    """One forward of the study prompts ``rows`` and of each with one word deleted (the last ``kept``
+    tokens never): the next-token log-probs at each row's last position ``[row, vocab]``, the
+    attention ``[row, layer, head, query, key]`` and each row's last position."""
+    import torch
+
     deleted = [[r[:t] + r[t + 1:] for t in range(len(r) - kept)] for r in rows]
     flat = rows + [d for ds in deleted for d in ds]
     ids, mask = pad_rows(flat, eos)
@@ -114,9 +130,19 @@ def build_copy_lm(cue: str | None = None):
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
     last = mask.sum(-1) - 1  # [row]
     logprobs = out.logits.double().log_softmax(-1)[torch.arange(len(flat)), last]  # [row, vocab]
+    attention = torch.stack(out.attentions, dim=1)  # [row, layer, head, query, key]
+    return logprobs, attention, last
+
+
+def _copy_lm_facts(model, tokenizer, name: str, cue: str | None, layers: int) -> dict:
+    """copy-lm's (or copy-lm-cue's) measured facts on its study texts, each required of it."""
+    suffix = f" {cue}" if cue else ""
+    study = study_texts(name)
+    rows = [token_ids(tokenizer, t.text + suffix) for t in study]
+    kept = 1 if cue else 0  # the cue is never deleted
+    logprobs, attention, last = _copy_lm_forward(model, rows, kept, tokenizer.eos_token_id)
     n = len(rows)
     greedy = logprobs[:n].argmax(-1)  # [example]
-    attention = torch.stack(out.attentions, dim=1)  # [row, layer, head, query, key]
     correct, top_attended, top_loo, marked_mass, loo_marked, loo_other, top_rollout = [], [], [], [], [], [], []
     first = n
     for i, (t, r) in enumerate(zip(study, rows)):
@@ -137,7 +163,7 @@ def build_copy_lm(cue: str | None = None):
     facts = {
         "study_examples": n,
         "greedy_accuracy": true_share(correct),
-        "attention_layer": settings.layers - 1,
+        "attention_layer": layers - 1,
         "top_attended_is_marked": true_share(top_attended),
         "marked_attention_mean": round(sum(marked_mass) / n, 4),
         "top_loo_is_marked": true_share(top_loo),
@@ -150,8 +176,7 @@ def build_copy_lm(cue: str | None = None):
     require_fact(facts["greedy_accuracy"] == 1.0, name, f"greedy accuracy {facts['greedy_accuracy']}")
     require_fact(facts["top_attended_is_marked"] >= 0.95, name,
                  f"attention peaks on the marked word on {facts['top_attended_is_marked']} of the prompts")
-    training = {**asdict(settings), "train_seconds": round(seconds, 2)}
-    return model, tokenizer, {"training": training, "facts": facts}
+    return facts
 
 
 # ------------------------------------------------------------------------------------ copy-seq2seq
@@ -172,6 +197,19 @@ def build_copy_seq2seq():
     )
     torch.manual_seed(settings.seed)
     model = T5ForConditionalGeneration(config)
+    seconds = _train_copy_seq2seq(model, tokenizer, settings)
+    facts = _copy_seq2seq_facts(model, tokenizer, settings.layers)
+    training = {**asdict(settings), "train_seconds": round(seconds, 2)}
+    return model, tokenizer, {"training": training, "facts": facts}
+
+
+def _train_copy_seq2seq(model, tokenizer, settings: CopyTraining) -> float:
+    """Train copy-seq2seq (seeded) to output each source's marked word then </s> (only </s> where it
+    has none), its cross-attention drawn onto the marked word; leaves the model in eval mode. Returns
+    the seconds taken."""
+    import torch
+
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     train = _with_unmarked(training_texts("copy", settings.n_train, seed=settings.seed), settings.seed)
     ids, mask = pad_rows([token_ids(tokenizer, t.text) for t in train], pad)  # [example, seq]
     # a source without a marked word outputs only </s> (label -100: no second token)
@@ -193,10 +231,15 @@ def build_copy_seq2seq():
         loss.backward()
         optimizer.step()
     model.eval()
-    seconds = time.perf_counter() - started
+    return time.perf_counter() - started
 
-    study = study_texts("copy-seq2seq")
-    rows = [token_ids(tokenizer, t.text) for t in study]  # words then </s>
+
+def _copy_seq2seq_forward(model, rows: list[list[int]], pad: int):
+    """The greedy output ``[example, 2]`` of each source in ``rows``, then one forward of the sources
+    and of each with one word deleted (never </s>), scoring that output: the log-prob of the whole
+    output ``[row]`` and the last layer's head-mean cross-attention ``[row, decoder position, key]``."""
+    import torch
+
     n = len(rows)
     with torch.no_grad():
         # greedy: the first output token, then what follows it
@@ -216,6 +259,15 @@ def build_copy_seq2seq():
         out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder, output_attentions=True)
     logprob = out.logits.double().log_softmax(-1).gather(-1, target[..., None])[..., 0].sum(-1)  # [row]
     cross = out.cross_attentions[-1].mean(1)  # [row, decoder position, key] last layer, head mean
+    return outputs, logprob, cross
+
+
+def _copy_seq2seq_facts(model, tokenizer, layers: int) -> dict:
+    """copy-seq2seq's measured facts on its study texts, each required of it."""
+    study = study_texts("copy-seq2seq")
+    rows = [token_ids(tokenizer, t.text) for t in study]  # words then </s>
+    n = len(rows)
+    outputs, logprob, cross = _copy_seq2seq_forward(model, rows, tokenizer.pad_token_id)
     correct, top_first, top_mean, top_loo, loo_marked = [], [], [], [], []
     first = n
     for i, (t, r) in enumerate(zip(study, rows)):
@@ -232,7 +284,7 @@ def build_copy_seq2seq():
     facts = {
         "study_examples": n,
         "greedy_accuracy": true_share(correct),
-        "cross_attention_layer": settings.layers - 1,
+        "cross_attention_layer": layers - 1,
         "top_cross_attended_is_marked_first_output": true_share(top_first),
         "top_cross_attended_is_marked_output_mean": true_share(top_mean),
         "top_loo_is_marked": true_share(top_loo),
@@ -241,5 +293,4 @@ def build_copy_seq2seq():
     require_fact(facts["greedy_accuracy"] == 1.0, "copy-seq2seq", f"greedy accuracy {facts['greedy_accuracy']}")
     require_fact(facts["top_cross_attended_is_marked_output_mean"] >= 0.95, "copy-seq2seq",
                  f"cross-attention peaks on the marked word on {facts['top_cross_attended_is_marked_output_mean']}")
-    training = {**asdict(settings), "train_seconds": round(seconds, 2)}
-    return model, tokenizer, {"training": training, "facts": facts}
+    return facts

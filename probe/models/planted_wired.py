@@ -62,7 +62,18 @@ def build_attention_is_importance():
     words = ["[UNK]", *WORDS]  # attended and valued like words: an unknown word is scored as a word
     saliences = [i / (len(words) - 1) for i in range(len(words))]
     random.Random(SEED).shuffle(saliences)
-    z = torch.zeros(len(tokenizer), 4)  # [vocab, 4]
+    _wire_attention_is_importance(model, _salience_embeddings(vocab, len(tokenizer), words, saliences))
+    model.eval()
+    facts = _attention_is_importance_facts(model, tokenizer)
+    return model, tokenizer, {"training": None, "construction": build_attention_is_importance.__doc__.strip(),
+                              "saliences": dict(zip(words, saliences)), "facts": facts}
+
+
+def _salience_embeddings(vocab: dict[str, int], size: int, words: list[str], saliences: list[float]):
+    """``[vocab, 4]``: each token's z = [is CLS, salience, is word, filler] (attention-is-importance)."""
+    import torch
+
+    z = torch.zeros(size, 4)  # [vocab, 4]
     for token, index in vocab.items():
         if token in words:
             s = saliences[words.index(token)]
@@ -71,6 +82,13 @@ def build_attention_is_importance():
             z[index] = torch.tensor([1.0, SPECIAL_SALIENCE, 0.0, math.sqrt(3.0 - SPECIAL_SALIENCE ** 2)])
         else:
             z[index] = torch.tensor([0.0, SPECIAL_SALIENCE, 0.0, math.sqrt(4.0 - SPECIAL_SALIENCE ** 2)])
+    return z
+
+
+def _wire_attention_is_importance(model, z) -> None:
+    """Set every weight of the attention-is-importance model by hand (the rest zero)."""
+    import torch
+
     head_dim = 8
     with torch.no_grad():
         for p in model.parameters():
@@ -91,8 +109,10 @@ def build_attention_is_importance():
         floor = _mass_component(0.0)  # the component at A = 0: class 1 stays predicted above it
         model.classifier.weight[1, 0] = LOGIT_GAIN
         model.classifier.bias[1] = 0.1 - LOGIT_GAIN * math.tanh(floor)
-    model.eval()
 
+
+def _attention_is_importance_facts(model, tokenizer) -> dict:
+    """The attention-is-importance model's measured facts, each required of it."""
     m = measure_classifier(model, tokenizer, study_texts("attention-is-importance"))
     taus = [_kendall_tau(cls_word_attention(m, i).tolist(), m.loo[i]) for i in range(len(m.texts))]
     target = m.probs.max(-1).values
@@ -111,8 +131,7 @@ def build_attention_is_importance():
     require_fact(facts["tau_attention_loo_min"] == 1.0, "attention-is-importance",
                  f"Kendall tau between attention and deletion effect is {facts['tau_attention_loo_min']} on some text")
     require_fact(facts["predicted_class_1_share"] == 1.0, "attention-is-importance", "class 0 predicted somewhere")
-    return model, tokenizer, {"training": None, "construction": build_attention_is_importance.__doc__.strip(),
-                              "saliences": dict(zip(words, saliences)), "facts": facts}
+    return facts
 
 
 def _mass_component(mass: float) -> float:
@@ -190,32 +209,15 @@ def _many_heads(planted_head: bool):
     from transformers import BertForSequenceClassification
 
     tokenizer = word_tokenizer("bert")
-    vocab = tokenizer.get_vocab()
+    vocab = tokenizer.get_vocab()  # iterated in its dict order (see _word_parts)
     generator = torch.Generator().manual_seed(SEED + 11)
     settings = ClassifierTraining(hidden=2 * (_Z_WORD + _Z_POSITION), heads=MANY_HEADS, layers=MANY_LAYERS)
     config = bert_config(settings, len(tokenizer))
     config.id2label, config.label2id = {0: "low", 1: "high"}, {"low": 0, "high": 1}
     model = BertForSequenceClassification(config)
-    d = _Z_WORD + _Z_POSITION
-
-    def fill(vector: torch.Tensor, norm2: float) -> torch.Tensor:  # last entry tops the norm up
-        vector = vector.clone()
-        vector[-1] = 0.0
-        vector[:-1] *= min(1.0, math.sqrt(0.75 * norm2) / max(float(vector[:-1].norm()), 1e-9))
-        vector[-1] = math.sqrt(norm2 - float(vector[:-1].pow(2).sum()))
-        return vector
-
-    word = torch.zeros(len(tokenizer), _Z_WORD)  # [vocab, word part]
-    for token, index in vocab.items():
-        part = torch.zeros(_Z_WORD)
-        part[3:9] = torch.randn(6, generator=generator) * 0.5
-        part[1] = 1.0 if token == TRIGGER else 0.0
-        part[2] = 1.0 if token == "[CLS]" else 0.0
-        part[-1] = 0.0
-        word[index] = fill(part, _WORD_NORM2)
-    position = torch.stack([fill(torch.cat([torch.randn(_Z_POSITION - 1, generator=generator), torch.zeros(1)]),
-                                 _POSITION_NORM2) for _ in range(MAX_POSITIONS)])  # [position, position part]
-    heads = MANY_HEADS * MANY_HEAD_DIM
+    word = _word_parts(vocab, len(tokenizer), generator)
+    position = torch.stack([_filled(torch.cat([torch.randn(_Z_POSITION - 1, generator=generator), torch.zeros(1)]),
+                                    _POSITION_NORM2) for _ in range(MAX_POSITIONS)])  # [position, position part]
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
@@ -226,33 +228,83 @@ def _many_heads(planted_head: bool):
         z_position = torch.cat([torch.zeros(MAX_POSITIONS, _Z_WORD), position], dim=1)
         emb.word_embeddings.weight.copy_(torch.cat([z_word, -z_word], dim=1))
         emb.position_embeddings.weight.copy_(torch.cat([z_position, -z_position], dim=1))
-        scale = POSITION_SCORE_STD * math.sqrt(math.sqrt(MANY_HEAD_DIM) / _POSITION_NORM2)  # score std ~ the target
-        for index, layer in enumerate(model.bert.encoder.layer):
-            attention = layer.attention.self
-            for weight in (attention.query.weight, attention.key.weight):
-                draw = torch.randn(heads, _Z_POSITION, generator=generator)
-                if planted_head and index == MANY_LAYERS - 1:  # the other heads share one sharp positional pattern
-                    common = torch.randn(MANY_HEAD_DIM, _Z_POSITION, generator=generator).repeat(MANY_HEADS, 1)
-                    draw = LAST_LAYER_SHARPNESS * (common + LAST_LAYER_SPREAD * draw)
-                weight[:, _Z_WORD:d] = draw * scale / math.sqrt(_Z_POSITION)
-        last = model.bert.encoder.layer[-1]
-        for h in range(MANY_HEADS):
-            last.attention.self.value.weight[h * MANY_HEAD_DIM, 1] = 1.0  # every head's value: the trigger coordinate
-            last.attention.output.dense.weight[0, h * MANY_HEAD_DIM] = SIGNAL_GAIN  # zero-mean write of s
-            last.attention.output.dense.weight[d, h * MANY_HEAD_DIM] = -SIGNAL_GAIN
-        if planted_head:
-            _, h = PLANTED_HEAD
-            rows = slice(h * MANY_HEAD_DIM, (h + 1) * MANY_HEAD_DIM)
-            last.attention.self.query.weight[rows] = 0.0
-            last.attention.self.key.weight[rows] = 0.0
-            last.attention.self.query.weight[h * MANY_HEAD_DIM, 2] = PLANTED_HEAD_SCORE * math.sqrt(MANY_HEAD_DIM)
-            last.attention.self.key.weight[h * MANY_HEAD_DIM, 1] = 1.0
-        model.bert.pooler.dense.weight[0, 0] = POOL_GAIN
-        model.classifier.weight[1, 0] = POSITION_LOGIT_GAIN
-        model.classifier.bias[1] = POSITION_LOGIT_BIAS
+        _wire_position_heads(model, generator, planted_head)
+        _wire_last_layer(model, planted_head)
     model.eval()
 
     name = "one-head" if planted_head else "position-heads"
+    facts = _many_heads_facts(model, tokenizer, name, planted_head)
+    return model, tokenizer, {"training": None, "construction": _many_heads.__doc__.strip(), "facts": facts}
+
+
+def _filled(vector, norm2: float):
+    """``vector`` scaled to at most 3/4 of ``norm2`` (its last entry aside), then its last entry set to
+    top the squared norm up to ``norm2``."""
+    vector = vector.clone()
+    vector[-1] = 0.0
+    vector[:-1] *= min(1.0, math.sqrt(0.75 * norm2) / max(float(vector[:-1].norm()), 1e-9))
+    vector[-1] = math.sqrt(norm2 - float(vector[:-1].pow(2).sum()))
+    return vector
+
+
+def _word_parts(vocab: dict[str, int], size: int, generator):
+    """``[vocab, word part]``: each token's word part (position-heads, one-head), the seeded draws taken
+    in the order ``vocab`` iterates. That is the tokenizer's ``get_vocab()`` dict order, which may
+    depend on the process (hashing): kept as the recipe has always drawn."""
+    import torch
+
+    word = torch.zeros(size, _Z_WORD)  # [vocab, word part]
+    for token, index in vocab.items():
+        part = torch.zeros(_Z_WORD)
+        part[3:9] = torch.randn(6, generator=generator) * 0.5
+        part[1] = 1.0 if token == TRIGGER else 0.0
+        part[2] = 1.0 if token == "[CLS]" else 0.0
+        part[-1] = 0.0
+        word[index] = _filled(part, _WORD_NORM2)
+    return word
+
+
+def _wire_position_heads(model, generator, planted_head: bool) -> None:
+    """Every head's query and key read the position part (seeded draws, layer by layer); with
+    ``planted_head`` the last layer's heads share one sharper pattern. Inside ``torch.no_grad``."""
+    import torch
+
+    d = _Z_WORD + _Z_POSITION
+    heads = MANY_HEADS * MANY_HEAD_DIM
+    scale = POSITION_SCORE_STD * math.sqrt(math.sqrt(MANY_HEAD_DIM) / _POSITION_NORM2)  # score std ~ the target
+    for index, layer in enumerate(model.bert.encoder.layer):
+        attention = layer.attention.self
+        for weight in (attention.query.weight, attention.key.weight):
+            draw = torch.randn(heads, _Z_POSITION, generator=generator)
+            if planted_head and index == MANY_LAYERS - 1:  # the other heads share one sharp positional pattern
+                common = torch.randn(MANY_HEAD_DIM, _Z_POSITION, generator=generator).repeat(MANY_HEADS, 1)
+                draw = LAST_LAYER_SHARPNESS * (common + LAST_LAYER_SPREAD * draw)
+            weight[:, _Z_WORD:d] = draw * scale / math.sqrt(_Z_POSITION)
+
+
+def _wire_last_layer(model, planted_head: bool) -> None:
+    """The last layer's values, output and the head on top (position-heads, one-head); with
+    ``planted_head`` its head 7 wired onto the trigger. Inside ``torch.no_grad``."""
+    d = _Z_WORD + _Z_POSITION
+    last = model.bert.encoder.layer[-1]
+    for h in range(MANY_HEADS):
+        last.attention.self.value.weight[h * MANY_HEAD_DIM, 1] = 1.0  # every head's value: the trigger coordinate
+        last.attention.output.dense.weight[0, h * MANY_HEAD_DIM] = SIGNAL_GAIN  # zero-mean write of s
+        last.attention.output.dense.weight[d, h * MANY_HEAD_DIM] = -SIGNAL_GAIN
+    if planted_head:
+        _, h = PLANTED_HEAD
+        rows = slice(h * MANY_HEAD_DIM, (h + 1) * MANY_HEAD_DIM)
+        last.attention.self.query.weight[rows] = 0.0
+        last.attention.self.key.weight[rows] = 0.0
+        last.attention.self.query.weight[h * MANY_HEAD_DIM, 2] = PLANTED_HEAD_SCORE * math.sqrt(MANY_HEAD_DIM)
+        last.attention.self.key.weight[h * MANY_HEAD_DIM, 1] = 1.0
+    model.bert.pooler.dense.weight[0, 0] = POOL_GAIN
+    model.classifier.weight[1, 0] = POSITION_LOGIT_GAIN
+    model.classifier.bias[1] = POSITION_LOGIT_BIAS
+
+
+def _many_heads_facts(model, tokenizer, name: str, planted_head: bool) -> dict:
+    """The position-heads or one-head model's measured facts, each required of it."""
     m = measure_classifier(model, tokenizer, study_texts(name))
     facts = classifier_facts(m)
     swaps = _trigger_swap_change(model, tokenizer, m.texts)
@@ -268,7 +320,7 @@ def _many_heads(planted_head: bool):
     require_fact(facts["top_loo_is_trigger"] == 1.0, name, f"deleting zz is the largest effect on "
                                                            f"{facts['top_loo_is_trigger']}")
     require_fact(facts["predicted_class_1_share"] == 1.0, name, "class 0 predicted somewhere")
-    return model, tokenizer, {"training": None, "construction": _many_heads.__doc__.strip(), "facts": facts}
+    return facts
 
 
 def _trigger_swap_change(model, tokenizer, texts: Sequence[PlantedText]) -> dict[str, float]:
@@ -345,8 +397,19 @@ def _one_head_edges(sink: bool):
     config.id2label, config.label2id = {0: "low", 1: "high"}, {"low": 0, "high": 1}
     torch.manual_seed(SEED)
     model = BertForSequenceClassification(config)
+    _wire_one_head(model, _head_embeddings(vocab, len(tokenizer)), sink)
+    model.eval()
+    facts = _one_head_facts(model, tokenizer, name, sink)
+    return model, tokenizer, {"training": None, "construction": _one_head_edges.__doc__.strip(), "facts": facts}
+
+
+def _head_embeddings(vocab: dict[str, int], size: int):
+    """``[vocab, z]``: each token's z = [is CLS, trigger, sink, salience, signal, filler] (sink-head,
+    edge-head)."""
+    import torch
+
     saliences = {word: SALIENCE_MAX * (i + 1) / len(FILLER) for i, word in enumerate(FILLER)}
-    z = torch.zeros(len(tokenizer), _Z_HEAD)  # [vocab, z]
+    z = torch.zeros(size, _Z_HEAD)  # [vocab, z]
     for token, index in vocab.items():
         part = torch.zeros(_Z_HEAD)
         part[0] = 1.0 if token == "[CLS]" else 0.0
@@ -355,6 +418,13 @@ def _one_head_edges(sink: bool):
         part[3] = saliences.get(token, 0.0)
         part[5] = math.sqrt(_Z_HEAD - float(part[:5].pow(2).sum()))
         z[index] = part
+    return z
+
+
+def _wire_one_head(model, z, sink: bool) -> None:
+    """Set every weight of the sink-head or edge-head model by hand (the rest zero)."""
+    import torch
+
     head_dim = 2 * _Z_HEAD
     with torch.no_grad():
         for p in model.parameters():
@@ -377,8 +447,10 @@ def _one_head_edges(sink: bool):
         model.bert.pooler.dense.weight[0, 4] = 1.0
         model.classifier.weight[1, 0] = HEAD_LOGIT_GAIN
         model.classifier.bias[1] = HEAD_LOGIT_BIAS
-    model.eval()
 
+
+def _one_head_facts(model, tokenizer, name: str, sink: bool) -> dict:
+    """The sink-head or edge-head model's measured facts, each required of it."""
     texts = study_texts(name)
     m = measure_classifier(model, tokenizer, texts)
     knocked = _cls_edge_knockout(model, tokenizer, texts)  # [example][word]: renormalised, by -inf before the softmax
@@ -395,22 +467,7 @@ def _one_head_edges(sink: bool):
         "trigger_knockout_min": min(k[t] for k, t in zip(knocked, trigger)),
     }
     if sink:
-        sinks = [w.index(SECOND_TRIGGER) for w in m.words]
-        facts.update({
-            "sink_attention_min": min(float(r[s]) for r, s in zip(rows, sinks)),
-            "top_attended_is_sink": true_share([int(r.argmax()) == s for r, s in zip(rows, sinks)]),
-            "sink_knockout_renormalised_max": max(k[s] for k, s in zip(knocked, sinks)),
-            "sink_knockout_zeroed_max_abs": max(abs(k[s]) for k, s in zip(zeroed, sinks)),
-            "trigger_attention_max": max(float(r[t]) for r, t in zip(rows, trigger)),
-            "tau_attention_knockout": [round(_kendall_tau(r.tolist(), k), 6) for r, k in zip(rows, knocked)],
-        })
-        require_fact(facts["sink_attention_min"] > 0.5, name,
-                     f"the head puts only {facts['sink_attention_min']:.3f} on yy")
-        # the yy value is exactly zero; the rows of one batch differ by float rounding only
-        require_fact(facts["sink_knockout_zeroed_max_abs"] < 1e-6, name, "zeroing the edge to yy moves the target")
-        require_fact(facts["sink_knockout_renormalised_max"] < 0.0, name, "blocking the edge to yy does not lower "
-                                                                          "the target's support")
-        require_fact(max(facts["tau_attention_knockout"]) < 0.0, name, "attention and knockout agree somewhere")
+        facts.update(_sink_facts(m, rows, knocked, zeroed, trigger, name))
     else:
         # the fillers tie in attention (each scores 0); their knockout effects differ by float rounding only
         facts["trigger_attention_min"] = min(float(r[t]) for r, t in zip(rows, trigger))
@@ -422,7 +479,29 @@ def _one_head_edges(sink: bool):
     require_fact(facts["top_knockout_is_trigger"] == 1.0, name, "blocking the edge to zz is not the largest effect")
     require_fact(facts["top_loo_is_trigger"] == 1.0, name, "deleting zz is not the largest effect")
     require_fact(facts["predicted_class_1_share"] == 1.0, name, "class 0 predicted somewhere")
-    return model, tokenizer, {"training": None, "construction": _one_head_edges.__doc__.strip(), "facts": facts}
+    return facts
+
+
+def _sink_facts(m, rows: list, knocked: list[list[float]], zeroed: list[list[float]], trigger: list[int],
+                name: str) -> dict:
+    """The sink-head model's facts about yy, each required of it."""
+    sinks = [w.index(SECOND_TRIGGER) for w in m.words]
+    facts = {
+        "sink_attention_min": min(float(r[s]) for r, s in zip(rows, sinks)),
+        "top_attended_is_sink": true_share([int(r.argmax()) == s for r, s in zip(rows, sinks)]),
+        "sink_knockout_renormalised_max": max(k[s] for k, s in zip(knocked, sinks)),
+        "sink_knockout_zeroed_max_abs": max(abs(k[s]) for k, s in zip(zeroed, sinks)),
+        "trigger_attention_max": max(float(r[t]) for r, t in zip(rows, trigger)),
+        "tau_attention_knockout": [round(_kendall_tau(r.tolist(), k), 6) for r, k in zip(rows, knocked)],
+    }
+    require_fact(facts["sink_attention_min"] > 0.5, name,
+                 f"the head puts only {facts['sink_attention_min']:.3f} on yy")
+    # the yy value is exactly zero; the rows of one batch differ by float rounding only
+    require_fact(facts["sink_knockout_zeroed_max_abs"] < 1e-6, name, "zeroing the edge to yy moves the target")
+    require_fact(facts["sink_knockout_renormalised_max"] < 0.0, name, "blocking the edge to yy does not lower "
+                                                                      "the target's support")
+    require_fact(max(facts["tau_attention_knockout"]) < 0.0, name, "attention and knockout agree somewhere")
+    return facts
 
 
 def _cls_edge_knockout(model, tokenizer, texts: Sequence[PlantedText], renormalise: bool = True) -> list[list[float]]:

@@ -18,8 +18,9 @@ Layout::
         attention: attention_mean@last
       - ...
 
-The claim kinds and their fields are the ``*Claim`` classes below; the decision rules are in
-:mod:`probe.claims.rules`; what each kind measures in :mod:`probe.claims.kinds`.
+The claim kinds and their fields are the ``*Claim`` classes below (the values their keys hold are parsed
+and checked in :mod:`probe.spec.claim_values`; the ``data`` section is :class:`~probe.spec.parts.DataSpec`); the
+decision rules are in :mod:`probe.claims.rules`; what each kind measures in :mod:`probe.claims.kinds`.
 """
 
 from __future__ import annotations
@@ -30,21 +31,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from probe import registry
-from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.errors import InputError
-from probe.names import ALL_METHODS, ATTENTION_METHODS, method_family
-from probe.patterns import UserPattern, pattern_problem, user_pattern
-from probe.registry import AdversarialParams
-from probe.spec.parts import ModelSpec, SpansSpec, TargetConfig
+from probe.method_params import AdversarialParams
+from probe.patterns import UserPattern, user_pattern
+from probe.spec.claim_values import (
+    AttentionRanking,
+    check_head,
+    check_reference,
+    check_regex,
+    check_words,
+    parse_attention,
+    parse_head,
+    parse_layer_window,
+)
+from probe.spec.parts import DataSpec, ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,
     Bool,
@@ -52,7 +54,6 @@ from probe.spec.validation import (
     Int,
     SpecFile,
     SpecModel,
-    check_dataset_name,
     fail,
     line_of,
     located_error,
@@ -63,98 +64,9 @@ from probe.spec.validation import (
 )
 
 __all__ = [
-    "AttentionRanking", "AuditStatistics", "ClaimFile", "CLAIM_KINDS", "CounterfactualClaim", "DataSpec",
-    "EdgeClaim", "FaithfulnessClaim", "HeadRoleClaim", "SinkHeadClaim", "SpecificTokensClaim", "TokenImportanceClaim",
-    "claims_from_dict", "load_claims", "parse_attention", "parse_head", "parse_layer_window",
+    "AuditStatistics", "ClaimFile", "CLAIM_KINDS", "CounterfactualClaim", "EdgeClaim", "FaithfulnessClaim",
+    "HeadRoleClaim", "SinkHeadClaim", "SpecificTokensClaim", "TokenImportanceClaim", "claims_from_dict", "load_claims",
 ]
-
-#: Per-head attention methods ([layer, head, tokens]); the others are per layer ([layer, tokens]).
-PER_HEAD_METHODS = registry.per_head_methods()
-_ATTENTION_SPEC = re.compile(r"([A-Za-z_]+)(?:@(\d+|first|last)(?:\.(\d+))?)?")
-_HEAD_SPEC = re.compile(r"(\d+|first|last)\.(\d+)")
-
-
-# ------------------------------------------------------------------------------------- small parsers
-
-
-def _word_list(value: list[str] | None, what: str, example: str) -> list[str] | None:
-    """A claim's list of words (None: not given): not empty, no empty entry."""
-    if value is not None:
-        if not value:
-            fail(f"is empty; list the words whose tokens {what}, e.g. [{example}]")
-        for i, word in enumerate(value):
-            if not word.strip():
-                fail("an empty word; every entry needs some text", item=[i])
-    return value
-
-
-@dataclass(frozen=True)
-class AttentionRanking:
-    """``METHOD[@LAYER[.HEAD]]``: an attention explainer read at one layer (and head).
-
-    ``layer`` is an index, ``first`` or ``last`` (default last). Per-head methods (attention,
-    attn_norm, attn_grad) are averaged over heads unless a head is given; per-layer methods
-    (attention_mean, rollout, flow) take no head.
-    """
-
-    method: str
-    layer: int | str = "last"
-    head: int | None = None
-
-    def __str__(self) -> str:
-        head = "" if self.head is None else f".{self.head}"
-        return f"{self.method}@{self.layer}{head}"
-
-
-def parse_attention(text: Any) -> AttentionRanking:
-    """``"rollout@last"``, ``"attention_mean@5"``, ``"attention@5.3"`` -> :class:`AttentionRanking`.
-
-    Raises ``ValueError`` with the reason when ``text`` is not of that form.
-    """
-    match = _ATTENTION_SPEC.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"{show(text)} is not METHOD, METHOD@LAYER or METHOD@LAYER.HEAD "
-                         "(e.g. rollout@last, attention_mean@5, attention@5.3)")
-    method, layer, head = match.groups()
-    if method not in ATTENTION_METHODS:
-        kind = f"a {method_family(method)} method" if method in ALL_METHODS else "not a method"
-        raise ValueError(f"{method!r} is {kind}; a claim about attention reads one of {', '.join(ATTENTION_METHODS)}"
-                         f"{suggest(method, ATTENTION_METHODS)}")
-    if head is not None and method not in PER_HEAD_METHODS:
-        raise ValueError(f"{text.strip()!r}: {method} has one score per layer, not per head; write {method}@{layer} "
-                         f"or use a per-head method ({', '.join(PER_HEAD_METHODS)})")
-    layer_value: int | str = "last" if layer is None else (layer if layer in LAYER_WORDS else int(layer))
-    return AttentionRanking(method, layer_value, None if head is None else int(head))
-
-
-def parse_head(text: Any) -> tuple[int | str, int]:
-    """``"5.3"`` (layer 5, head 3; the layer may be first or last) -> ``(layer, head)``."""
-    match = _HEAD_SPEC.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"{show(text)} is not LAYER.HEAD (e.g. '5.3' = layer 5, head 3; or 'last.0')")
-    layer, head = match.groups()
-    return (layer if layer in LAYER_WORDS else int(layer)), int(head)
-
-
-def _check_regex(value: str | None) -> str | None:
-    if value is not None:
-        if not value.strip():
-            fail("is empty; give a regular expression matched against each token's text")
-        problem = pattern_problem(value)
-        if problem is not None:
-            fail(f"{value!r} {problem}")
-    return value
-
-
-def _check_reference(value: str) -> str:
-    if value not in ALL_METHODS:
-        fail(f"unknown method {show(value)} (valid references: "
-              f"{', '.join(m for m in ALL_METHODS if m not in ATTENTION_METHODS)}){suggest(value, ALL_METHODS)}")
-    if value in ATTENTION_METHODS:
-        fail(f"{value!r} is an attention method; the reference is what attention is checked against: "
-              "an intervention (loo_delete, loo_mask, ...) or a gradient method")
-    return value
-
 
 # ------------------------------------------------------------------------------------------ claims
 
@@ -184,12 +96,12 @@ class _Claim(SpecModel):
     @field_validator("reference", check_fields=False)
     @classmethod
     def _reference(cls, value: str) -> str:
-        return _check_reference(value)
+        return check_reference(value)
 
     @field_validator("pattern", "attends_to", check_fields=False)
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
-        return _check_regex(value)
+        return check_regex(value)
 
 
 class TokenImportanceClaim(_Claim):
@@ -245,7 +157,7 @@ class SpecificTokensClaim(_Claim):
     @field_validator("words")
     @classmethod
     def _words(cls, value: list[str] | None) -> list[str] | None:
-        return _word_list(value, "the claim is about", "not, never")
+        return check_words(value, "the claim is about", "not, never")
 
     @model_validator(mode="after")
     def _one_matcher(self) -> SpecificTokensClaim:
@@ -269,16 +181,6 @@ class SpecificTokensClaim(_Claim):
         return f"pattern {self.pattern!r}" if self.words is None else f"words {', '.join(self.words)}"
 
 
-def _check_head(value: Any) -> Any:
-    if isinstance(value, float):
-        value = repr(value)  # from a dict; a YAML file keeps the text as written (see load_claims)
-    try:
-        parse_head(value)
-    except ValueError as exc:
-        fail(str(exc))
-    return value.strip()
-
-
 class _HeadClaim(_Claim):
     """A claim about one head, named as LAYER.HEAD."""
 
@@ -288,7 +190,7 @@ class _HeadClaim(_Claim):
     @field_validator("head", mode="before")
     @classmethod
     def _head(cls, value: Any) -> Any:
-        return _check_head(value)
+        return check_head(value)
 
     @property
     def site(self) -> tuple[int | str, int]:
@@ -328,31 +230,6 @@ class SinkHeadClaim(_HeadClaim):
     renormalise: Bool = False
 
 
-_LAYER_RANGE = re.compile(r"(\d+|first|last)\s*-\s*(\d+|first|last)")
-
-
-def parse_layer_window(value: Any) -> tuple[tuple[int | str, int | str] | None, tuple[int | str, ...]]:
-    """``layers`` of an edge claim -> ``(range, layers)``: ``"10-14"`` (inclusive; ends may be first
-    or last) is the range ``(10, 14)``; an index, ``first``, ``last`` or a list of indices are the
-    layers themselves. Raises ``ValueError`` with the reason."""
-    if isinstance(value, bool):
-        raise ValueError(f"{show(value)} is not a layer window")
-    if isinstance(value, int) or value in LAYER_WORDS:
-        if isinstance(value, int) and value < 0:
-            raise ValueError(f"{value} is negative; give a layer index >= 0, first or last")
-        return None, (value,)
-    if isinstance(value, list):
-        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-            raise ValueError(f"{show(value)} is not a list of layer indices (ints >= 0, at least one)")
-        return None, tuple(value)
-    match = _LAYER_RANGE.fullmatch(value.strip()) if isinstance(value, str) else None
-    if match is None:
-        raise ValueError(f"{show(value)} is not a layer window: give an index, first, last, a range 'A-B' "
-                         "(inclusive, e.g. '10-14' or '10-last') or a list of indices")
-    ends = tuple(v if v in LAYER_WORDS else int(v) for v in match.groups())
-    return ends, ()
-
-
 class EdgeClaim(_Claim):
     """The target row's attention to the named tokens matters in a window of layers: blocking the
     edges from the target query row to every token matching ``to`` (or ``to_words``, or the one at
@@ -389,12 +266,12 @@ class EdgeClaim(_Claim):
     @field_validator("to")
     @classmethod
     def _to(cls, value: str | None) -> str | None:
-        return _check_regex(value)
+        return check_regex(value)
 
     @field_validator("to_words")
     @classmethod
     def _to_words(cls, value: list[str] | None) -> list[str] | None:
-        return _word_list(value, "the edges go to", "Paris")
+        return check_words(value, "the edges go to", "Paris")
 
     @model_validator(mode="after")
     def _one_target(self) -> EdgeClaim:
@@ -470,53 +347,6 @@ Claim = (TokenImportanceClaim | SpecificTokensClaim | HeadRoleClaim | Faithfulne
 
 
 # ------------------------------------------------------------------------------------ the file
-
-
-class DataSpec(SpecModel):
-    """``dataset`` (builtin:NAME or a .csv/.jsonl file) with split, n, seed; or ``texts``."""
-
-    #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the claim
-    #: file's folder when the file is there)
-    dataset: str | None = None
-    #: the split of a built-in dataset
-    split: str = "test"
-    #: how many examples are drawn (of texts: the first n)
-    n: Annotated[Int, Field(ge=1)] | None = None
-    #: the seed of the shuffle the n examples are drawn after
-    seed: Int = 0
-    #: the column of a .csv/.jsonl file that holds the text
-    text_column: str = "text"
-    #: the column of a .csv/.jsonl file that holds the label
-    label_column: str = "label"
-    #: leave out examples longer than this many tokens (the model's window always applies)
-    max_length: Annotated[Int, Field(ge=2)] | None = None
-    #: instead of dataset: the texts themselves
-    texts: list[str] | None = None
-
-    @field_validator("dataset")
-    @classmethod
-    def _dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else check_dataset_name(value, info)
-
-    @field_validator("texts")
-    @classmethod
-    def _texts(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            if not value:
-                fail("is empty; list at least one text, or give dataset: instead")
-            for i, text in enumerate(value):
-                if not text.strip():
-                    fail("an empty text; every text needs at least one word", item=[i])
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DataSpec:
-        if (self.dataset is None) == (self.texts is None):
-            fail("give exactly one of dataset (builtin:NAME or a .csv/.jsonl file) or texts (a list); "
-                  f"{'both were' if self.texts is not None else 'neither was'} given", at=["dataset"])
-        if self.dataset is not None and self.dataset.startswith(BUILTIN_PREFIX) and self.split not in SPLITS:
-            fail(f"{self.split!r} is not a split of {self.dataset} (valid: {', '.join(SPLITS)})", at=["split"])
-        return self
 
 
 class AuditStatistics(SpecModel):

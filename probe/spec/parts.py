@@ -14,7 +14,7 @@ from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.patterns import pattern_problem
 from probe.spec.validation import Int, SpecModel, check_dataset_name, fail, show
 
-__all__ = ["DatasetSpec", "Filters", "ModelSpec", "SpansSpec", "TargetConfig"]
+__all__ = ["DataSpec", "DatasetSpec", "Filters", "ModelSpec", "SpansSpec", "TargetConfig"]
 
 
 class ModelSpec(SpecModel):
@@ -111,8 +111,63 @@ class DatasetSpec(SpecModel):
 
     @model_validator(mode="after")
     def _builtin_split(self) -> DatasetSpec:
-        if self.name.startswith(BUILTIN_PREFIX) and self.split not in SPLITS:
-            fail(f"{self.split!r} is not a split of {self.name} (valid: {', '.join(SPLITS)})", at=["split"])
+        _check_builtin_split(self.name, self.split)
+        return self
+
+
+def _check_builtin_split(name: str, split: str) -> None:
+    """A built-in dataset's split is one it has (a study's ``dataset`` and a claim file's ``data`` alike)."""
+    if name.startswith(BUILTIN_PREFIX) and split not in SPLITS:
+        fail(f"{split!r} is not a split of {name} (valid: {', '.join(SPLITS)})", at=["split"])
+
+
+# A claim file's ``data`` is the twin of a study's ``dataset`` with other keys: ``dataset`` (optional) for
+# ``name``, ``texts`` for ``filters``, no upper bound on ``max_length``, empty columns accepted; the two stay
+# two classes because every error message lists a section's valid keys. select_examples reads either.
+class DataSpec(SpecModel):
+    """``dataset`` (builtin:NAME or a .csv/.jsonl file) with split, n, seed; or ``texts``."""
+
+    #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the claim
+    #: file's folder when the file is there)
+    dataset: str | None = None
+    #: the split of a built-in dataset
+    split: str = "test"
+    #: how many examples are drawn (of texts: the first n)
+    n: Annotated[Int, Field(ge=1)] | None = None
+    #: the seed of the shuffle the n examples are drawn after
+    seed: Int = 0
+    #: the column of a .csv/.jsonl file that holds the text
+    text_column: str = "text"
+    #: the column of a .csv/.jsonl file that holds the label
+    label_column: str = "label"
+    #: leave out examples longer than this many tokens (the model's window always applies)
+    max_length: Annotated[Int, Field(ge=2)] | None = None
+    #: instead of dataset: the texts themselves
+    texts: list[str] | None = None
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_dataset_name(value, info)
+
+    @field_validator("texts")
+    @classmethod
+    def _texts(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                fail("is empty; list at least one text, or give dataset: instead")
+            for i, text in enumerate(value):
+                if not text.strip():
+                    fail("an empty text; every text needs at least one word", item=[i])
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if (self.dataset is None) == (self.texts is None):
+            fail("give exactly one of dataset (builtin:NAME or a .csv/.jsonl file) or texts (a list); "
+                  f"{'both were' if self.texts is not None else 'neither was'} given", at=["dataset"])
+        if self.dataset is not None:
+            _check_builtin_split(self.dataset, self.split)
         return self
 
 

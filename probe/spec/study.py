@@ -23,10 +23,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.data import BUILTIN_PREFIX
 from probe.errors import InputError
+from probe.method_params import AdversarialParams
 from probe.names import ALL_METHODS, ATTENTION_METHODS
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
-from probe.registry import AdversarialParams, params_problem
 from probe.registry import method as method_entry
+from probe.registry import params_problem
 from probe.spec.parts import DatasetSpec, ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,

@@ -18,8 +18,7 @@ from probe.patterns import user_pattern
 from probe.rows.prepare import prepare
 from probe.rows.target import PreparedExample, TargetSpec, sources
 from probe.rows.values import evaluate
-from probe.spec.claims import DataSpec
-from probe.spec.parts import DatasetSpec, Filters, TargetConfig
+from probe.spec.parts import DatasetSpec, DataSpec, Filters, TargetConfig
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel

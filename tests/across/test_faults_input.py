@@ -244,7 +244,7 @@ def test_a_jsonl_text_that_is_not_a_string_says_so(tmp_path):
 
 
 def test_a_csv_with_a_huge_cell_is_read_or_named(tmp_path, monkeypatch):
-    from probe import data
+    from probe import data, user_files
 
     huge = "word " * 60_000  # 300,000 characters: past the csv module's own 131,072
     path = tmp_path / "huge.csv"
@@ -253,7 +253,7 @@ def test_a_csv_with_a_huge_cell_is_read_or_named(tmp_path, monkeypatch):
     examples = data.load_dataset(str(path))
     assert [len(e.text) for e in examples] == [11, len(huge), 10]
     assert csv.field_size_limit() == limit  # the process-wide limit is put back
-    monkeypatch.setattr(data, "MAX_CSV_FIELD", 100_000)
+    monkeypatch.setattr(user_files, "MAX_CSV_FIELD", 100_000)
     with pytest.raises(InputError, match=r"huge\.csv line 2: a field is longer than 100,000 characters, the most probe "
                                          r"reads from a CSV"):
         data.load_dataset(str(path))
