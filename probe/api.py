@@ -23,7 +23,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Union
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -31,11 +30,21 @@ from probe import registry
 from probe.errors import InputError, positive_int
 from probe.explanation import Explanation, ScoresWarning, TopTokens, load_explanation
 from probe.models.core import ProbeModel
+from probe.rows.inputs import (
+    arguments_checked,
+    check_prepared_by,
+    in_eval,
+    is_pipeline,
+    probe_model,
+    text_list,
+    unknown_keywords,
+)
 from probe.rows.scores import TokenScores
-from probe.rows.target import PreparedExample, TargetSpec
+from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetKeywords, TargetSpec, check_flag
 
 if TYPE_CHECKING:
     from transformers import Pipeline, PreTrainedModel, PreTrainedTokenizerBase
+    from typing_extensions import Unpack
 
     from probe.claims.run import AuditResult
     from probe.hooks.capture import Capture
@@ -48,33 +57,11 @@ if TYPE_CHECKING:
 
 # a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
 Texts = Union[str, Sequence[str], Sequence[PreparedExample], "Explanation", pd.Series, pd.DataFrame]
-# a class index or name
-Label = int | str
 COUNTERFACTUALS = tuple(c.name for c in registry.COUNTERFACTUALS)
+#: target keywords that counterfactual_attention passes on to its search instead (adversarial's ``steps``)
+SEARCH_KEYWORDS = ("steps",)
 
 # --------------------------------------------------------------------------------------- checks of arguments
-
-
-def _model(pm: Any, argument: str = "pm") -> ProbeModel:
-    """``pm`` as a :class:`ProbeModel`, or a one-line error naming the argument and the fix."""
-    if isinstance(pm, ProbeModel):
-        return pm
-    if isinstance(pm, (str, Path)):
-        raise InputError(f"{argument} is the name {str(pm)!r}, not a loaded model: load it first, "
-                         f"pm = probe.load_model({str(pm)!r})")
-    if _is_pipeline(pm):
-        raise InputError(f"{argument} is a transformers pipeline, not a ProbeModel: wrap it first, "
-                         f"pm = probe.wrap(pipeline)")
-    if isinstance(pm, torch.nn.Module):
-        raise InputError(f"{argument} is a {type(pm).__name__} (a model in memory), not a ProbeModel: wrap it with "
-                         f"its tokenizer first, pm = probe.wrap(model, tokenizer)")
-    raise InputError(f"{argument} must be a ProbeModel from probe.load_model or probe.wrap, got {type(pm).__name__}")
-
-
-def _is_pipeline(value: Any) -> bool:
-    """Whether ``value`` is a transformers Pipeline (checked only where transformers is imported already)."""
-    pipelines = sys.modules.get("transformers.pipelines.base")
-    return pipelines is not None and isinstance(value, pipelines.Pipeline)
 
 
 def _no_gradients_here(methods: Sequence[str], doing: str = "probe.explain") -> None:
@@ -82,12 +69,6 @@ def _no_gradients_here(methods: Sequence[str], doing: str = "probe.explain") -> 
     from probe.methods import refuse_gradients_under_inference_mode
 
     refuse_gradients_under_inference_mode(methods, doing)
-
-
-def _flag(value: Any, argument: str) -> bool:
-    if not isinstance(value, bool):
-        raise InputError(f"{argument}={value!r}: give True or False")
-    return value
 
 
 def _method_names(methods: Any) -> list[str] | None:
@@ -125,56 +106,6 @@ def _method_params(params: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _unknown_keywords(options: Mapping[str, Any], accepted: Sequence[str], doing: str) -> None:
-    """Refuse, in one line, keyword arguments ``doing`` does not take, naming the first and the accepted ones."""
-    unknown = [k for k in options if k not in accepted]
-    if unknown:
-        raise InputError(f"{doing} got an unknown keyword {unknown[0]!r}; it accepts: {', '.join(accepted)}")
-
-
-def _arguments_checked(function):
-    """``function`` with its arguments bound before it runs: an unknown keyword, a missing argument or
-    too many positional ones is one :class:`InputError` line (naming the accepted keywords), not
-    Python's TypeError. Keywords a function passes on (``**options``) it checks itself."""
-    import functools
-    import inspect
-
-    signature = inspect.signature(function)
-    parameters = signature.parameters
-    passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    accepted = [n for n, p in parameters.items()
-                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    doing = f"probe.{function.__name__}()"
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        if not passes_on:
-            _unknown_keywords(kwargs, accepted, doing)
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError as err:
-            raise InputError(f"{doing}: {err}; its parameters: {', '.join(accepted)}") from None
-        return function(*args, **kwargs)
-
-    return wrapper
-
-
-def _in_eval(function):
-    """Run an API function with its model in eval mode (dropout off for every pass, the targets'
-    included); the model's mode is restored afterwards."""
-    import functools
-
-    @functools.wraps(function)
-    def wrapper(pm, *args, **kwargs):
-        from probe.rows.queries import eval_mode
-
-        pm = _model(pm)
-        with eval_mode(pm.model):
-            return function(pm, *args, **kwargs)
-
-    return wrapper
-
-
 # --------------------------------------------------------------------------------------- models
 
 
@@ -193,8 +124,8 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
     from probe.models.loading import not_a_model_name
 
     own = [p for p in inspect.signature(load_model).parameters if p != "options"]
-    _unknown_keywords(options, [*own, *(p for p in inspect.signature(_load).parameters if p not in own)],
-                      "probe.load_model()")
+    unknown_keywords(options, [*own, *(p for p in inspect.signature(_load).parameters if p not in own)],
+                     "probe.load_model()")
     if not isinstance(name, (str, Path)):
         raise InputError(not_a_model_name(name))
     return _load(str(name), device=device, dtype=dtype, attn_implementation=attn_implementation, task=task,
@@ -210,7 +141,7 @@ def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase |
     model's embedding, a model without a head or without attention) is refused in one line."""
     from probe.models.loading import wrap_model
 
-    if _is_pipeline(model):
+    if is_pipeline(model):
         if tokenizer is not None:
             raise InputError("a pipeline brings its own tokenizer: call probe.wrap(pipeline) without one")
         if getattr(model, "tokenizer", None) is None:
@@ -225,12 +156,9 @@ def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase |
 # --------------------------------------------------------------------------------------- targets
 
 
-@_in_eval
-def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequence[Label] | None = None,
-            continuation: str | Sequence[str] | None = None, kind: str | None = None,
-            strict_length: bool = False, generate: int | None = None,
-            steps: bool = False, chat: bool = False, contrast: str | Sequence[str] | None = None,
-            contrast_label: Label | Sequence[Label] | None = None, target_side: bool = False) -> list[PreparedExample]:
+@in_eval
+def prepare(pm: ProbeModel, texts: str | Sequence[str], *, target: TargetSpec | None = None,
+            strict_length: bool = False, **keywords: Unpack[TargetKeywords]) -> list[PreparedExample]:
     """Tokenise ``texts`` and resolve each target: the predicted class (or ``label``) of a
     classifier, the greedy next token (or ``continuation``) of a causal LM, the greedy output of a
     seq2seq model; ``kind`` is prob, logit or logprob (default prob for classifiers, logprob for
@@ -258,102 +186,44 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, label: Label | Sequen
     list of them): every message's content is scored, and ``spans="@roles"`` reads each message as
     one span named by its role (``example.messages`` says where they lie). A message is always read
     as plain text: a control token's text in it (``<|im_end|>``) is spelled by ordinary tokens and
-    scored, never a turn of its own (a tokenizer that cannot spell it refuses it in one line)."""
+    scored, never a turn of its own (a tokenizer that cannot spell it refuses it in one line).
+
+    The target is ``target`` (a :class:`~probe.rows.target.TargetSpec`) or the keywords
+    (:class:`~probe.rows.target.TargetKeywords`, folded into one; beside ``target`` they must agree with
+    it). A headless encoder's targets: ``kind="similarity", reference=TEXT`` (the cosine of the pooled
+    embeddings) and ``kind="dimension", dimension=N`` (a component of the pooled embedding)."""
     from probe.rows.prepare import prepare as _prepare
 
-    texts = _text_list(texts, chat=chat)
-    if generate is not None:
-        positive_int(generate, "generate")
-    target = TargetSpec(kind=kind, label=_one_or_each(label), continuation=_one_or_each(continuation),
-                        steps=_flag(steps, "steps") or generate is not None, max_new_tokens=generate,
-                        chat=_flag(chat, "chat"), contrast=_one_or_each(contrast),
-                        contrast_label=_one_or_each(contrast_label), target_side=_flag(target_side, "target_side"))
-    if target.target_side and not target.steps:
-        raise InputError("target_side=True scores the output written before each output token: give generate=N "
-                         "(or steps=True with a continuation)")
-    return _prepare(pm, texts, target, strict_length=strict_length)
+    return _prepare(pm, text_list(texts, chat=target.chat), target, strict_length=strict_length)
 
 
-def _one_or_each(value: Any) -> Any:
-    """A list of per-text targets as a tuple (a TargetSpec is frozen); one value as it is."""
-    if isinstance(value, (list, tuple, np.ndarray, pd.Series, pd.Index)):
-        return tuple(value.tolist() if hasattr(value, "tolist") else value)
-    return value
-
-
-def _text_list(texts: Any, *, chat: bool = False) -> list:
-    """``texts`` as a non-empty list; with ``chat``, a list of messages is one conversation."""
-    if texts is None:
-        raise InputError("texts is None: give a string or a non-empty list of strings")
-    if isinstance(texts, str):
-        return [texts]
-    if isinstance(texts, pd.DataFrame):
-        # iterating a DataFrame gives its column names, never its rows
-        if "text" not in texts.columns:
-            columns = ", ".join(repr(c) for c in texts.columns) or "none"
-            raise InputError(f"texts is a DataFrame without a 'text' column (its columns: {columns}): pass the "
-                             "column of texts, e.g. texts=df['review']")
-        texts = texts["text"]
-    if isinstance(texts, pd.Series):
-        texts = texts.tolist()
-    from collections.abc import Iterable
-
-    if not isinstance(texts, Iterable) or isinstance(texts, (bytes, bytearray, Mapping)):
-        raise InputError(f"texts={texts!r} is not a string or a list of strings; write e.g. texts=['a gripping film']")
-    items = list(texts)
-    if not items:
-        raise InputError("no text given: give a string or a non-empty list of strings")
-    if chat and isinstance(items[0], Mapping):  # one conversation: a list of messages
-        return [items]
-    return items
-
-
-def _check_prepared_by(pm: ProbeModel, examples: list[PreparedExample]) -> None:
-    """Refuse examples that another model's tokenizer prepared: their ids and tokens must be this one's."""
-    rows = getattr(pm.model.get_input_embeddings(), "num_embeddings", None)
-    for i, e in enumerate(examples):
-        too_big = isinstance(rows, int) and any(t >= rows for t in e.input_ids)
-        if too_big or list(pm.tokenizer.convert_ids_to_tokens(list(e.input_ids))) != list(e.tokens):
-            raise InputError(f"example #{i} was prepared by another model's tokenizer (its token ids are not "
-                             f"{pm.name}'s): prepare the texts with probe.prepare(pm, texts) for this model")
-
-
-def _examples(pm: ProbeModel, texts: Texts, *, label: int | str | None = None, continuation: str | None = None,
-              kind: str | None = None, strict_length: bool = False, generate: int | None = None,
-              steps: bool = False, chat: bool = False, contrast: str | None = None,
-              contrast_label: int | str | None = None, target_side: bool = False) -> list[PreparedExample]:
-    """Texts prepared with the target options, or prepared examples as they are (then no options)."""
+def _examples(pm: ProbeModel, texts: Texts, target: TargetSpec, *, strict_length: bool = False) -> list[PreparedExample]:
+    """Texts prepared for ``target``, or prepared examples as they are (then no target options)."""
     if isinstance(texts, Explanation):
         texts = texts.examples
-    items = _text_list(texts, chat=chat)
+    items = text_list(texts, chat=target.chat)
     if all(isinstance(e, PreparedExample) for e in items):
-        if any(v is not None for v in (label, continuation, kind, contrast, contrast_label, generate)) or steps or chat \
-                or target_side:
+        if target != TargetSpec():
             raise InputError("label, continuation, kind, the contrasts, generate, steps and chat apply to texts; these "
                              "examples are prepared already (their targets are fixed): pass the texts instead")
-        _check_prepared_by(pm, items)
+        check_prepared_by(pm, items)
         return items
-    conversation = chat and all(isinstance(e, (str, list, tuple)) for e in items)
+    conversation = target.chat and all(isinstance(e, (str, list, tuple)) for e in items)
     if not conversation and not all(isinstance(e, str) for e in items):
         kinds = sorted({type(e).__name__ for e in items})
         raise InputError(f"texts must be strings or examples from probe.prepare, got {', '.join(kinds)}"
-                         + ("" if chat else " (a conversation, a list of messages, needs chat=True)"))
-    return prepare(pm, items, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                   generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label,
-                   target_side=target_side)
+                         + ("" if target.chat else " (a conversation, a list of messages, needs chat=True)"))
+    return prepare(pm, items, target=target, strict_length=strict_length)
 
 
 # --------------------------------------------------------------------------------------- explain
 
 
-@_in_eval
+@in_eval
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
-            label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
-            progress: bool = False, generate: int | None = None, steps: bool = False,
-            chat: bool = False, contrast: str | None = None,
-            contrast_label: int | str | None = None, spans: str | Sequence[tuple[int, int]] | None = None,
-            target_side: bool = False) -> Explanation:
+            progress: bool = False, spans: str | Sequence[tuple[int, int]] | None = None,
+            target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> Explanation:
     """Explain each text's target with ``methods`` (names or ``"a,b"``; ``"all"``; default: every
     method that applies to this model and these texts), side by side on the same examples.
 
@@ -368,6 +238,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     the output written before each token). ``chat=True``: the texts are user
     messages in the model's chat template (see :func:`prepare`).
     ``contrast`` / ``contrast_label``: explain the target rather than a foil / another class (see :func:`prepare`).
+    The target: ``target`` (a :class:`~probe.rows.target.TargetSpec`) or its keywords, as :func:`prepare` takes them.
     ``spans``: units to read the scores by, a regular expression (each match) or character offsets
     ``[(start, end), ...]`` into each text; ``to_pandas(level="span")`` then folds every method's
     token scores over them (``probe.rows.spans``).
@@ -382,9 +253,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
         from probe.rows.spans import span_spec
 
         span_spec(spans)  # a wrong type or a bad pattern refused before any method runs
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, strict_length=strict_length,
-                         generate=generate, steps=steps, chat=chat, contrast=contrast, contrast_label=contrast_label,
-                         target_side=target_side)
+    examples = _examples(pm, texts, target, strict_length=strict_length)
     skipped: dict[str, str] = {}
     if chosen is None:
         chosen, skipped = applicable_methods(pm, examples)
@@ -393,7 +262,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     if unused:
         raise InputError(f"params given for {unused[0]!r}, which is not among the methods run ({', '.join(chosen)})")
     params = _auto_steps_for_outputs(examples, chosen, params)
-    results = run_methods(pm, examples, chosen, params=params, progress=_flag(progress, "progress"))
+    results = run_methods(pm, examples, chosen, params=params, progress=check_flag(progress, "progress"))
     found = None
     if spans is not None:
         from probe.rows.spans import spans_per_example
@@ -438,43 +307,37 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 # --------------------------------------------------------------------------------------- interventions
 
 
-@_in_eval
-def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0,
-        label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
-        progress: bool = False, generate: int | None = None, steps: bool = False,
-        chat: bool = False, contrast: str | None = None, contrast_label: int | str | None = None,
-        target_side: bool = False) -> TokenScores:
+@in_eval
+def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0, progress: bool = False,
+        target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> TokenScores:
     """Leave-one-out: per example ``[tokens]`` scores f(x) - f(x with the token deleted or replaced),
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
     Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
-    bar over the forward batches. ``contrast`` / ``contrast_label``: see :func:`prepare`."""
+    bar over the forward batches. The target: ``target`` or its keywords (see :func:`prepare`)."""
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo as _loo
 
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, generate=generate, steps=steps,
-                         chat=chat, contrast=contrast, contrast_label=contrast_label, target_side=target_side)
-    return _loo(Engine(pm, progress=_flag(progress, "progress")), examples, mode, k=k, seed=seed)
+    examples = _examples(pm, texts, target)
+    return _loo(Engine(pm, progress=check_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 
-@_in_eval
+@in_eval
 def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]], mode: str = "delete", *,
-             label: int | str | None = None, continuation: str | None = None, kind: str | None = None,
-             contrast: str | None = None, contrast_label: int | str | None = None, chat: bool = False,
-             generate: int | None = None) -> pd.DataFrame:
+             target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> pd.DataFrame:
     """Leave-one-out of whole spans: per (example, span), ``score`` = f(x) - f(x with every token of
     the span deleted, or replaced by the mask, unk or pad token: ``mode``). ``spans``: a regular
     expression (each match is a span), character offsets ``[(start, end), ...]`` into each
     text, or ``"@roles"`` with ``chat=True`` (each message of the conversation, a ``role`` column
     naming it); a token belongs to a span when its characters overlap it, special tokens never.
     ``generate=N``: every output token of the greedy output is its own example. Columns:
-    example, span_index, span, start, end, n_tokens, mode, score, original_value."""
+    example, span_index, span, start, end, n_tokens, mode, score, original_value. The target:
+    ``target`` or its keywords (see :func:`prepare`)."""
     from probe.intervene.engine import Engine
     from probe.intervene.spans import span_loo as _span_loo
     from probe.rows.spans import span_spec, spans_per_example
 
     span_spec(spans)  # a wrong type or a bad pattern refused before the texts are prepared
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
-                         contrast_label=contrast_label, chat=chat, generate=generate)
+    examples = _examples(pm, texts, target)
     return _span_loo(Engine(pm), examples, spans_per_example(pm, examples, spans), mode)
 
 
@@ -486,10 +349,10 @@ def find_spans(pm: ProbeModel, example: PreparedExample, spans: str | Sequence[t
     return _find(pm, example, spans)
 
 
-@_in_eval
+@in_eval
 def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | Sequence[torch.Tensor]] | None = None,
-            *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True,
-            progress: bool = False) -> pd.DataFrame:
+            *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True, progress: bool = False,
+            target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> pd.DataFrame:
     """Erasure curves (comprehensiveness, sufficiency, AOPC, decision flips) of each ranking, always
     beside a seeded random ranking (``ranking == "random"``).
 
@@ -498,7 +361,7 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
     :class:`TokenScores` or one ``[tokens]`` tensor per example, higher = more important. Returns
     one row per (example, ranking, bin); see ``probe.intervene.erasure.erasure``. ``bins``:
     fractions of the scorable tokens (default ``ERASURE_BINS``, 1% to 50%). ``progress``: a bar
-    over the forward batches.
+    over the forward batches. The target of texts: ``target`` or its keywords (see :func:`prepare`).
     """
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import ERASURE_BINS
@@ -512,69 +375,63 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
         if not rankings:
             raise InputError(f"the explanation's methods ({', '.join(texts.scores)}) all score per layer or head: "
                              "give rankings, e.g. {'attention_mean': [s[-1] for s in ex['attention_mean'].scores]}")
-    examples = _examples(pm, texts)
-    return _erasure(Engine(pm, progress=_flag(progress, "progress")), examples, dict(rankings), bins=ERASURE_BINS if bins is None else bins, seed=seed,
+    examples = _examples(pm, texts, target)
+    return _erasure(Engine(pm, progress=check_flag(progress, "progress")), examples, dict(rankings), bins=ERASURE_BINS if bins is None else bins, seed=seed,
                     flips=flips)
 
 
-@_in_eval
+@in_eval
 def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, batch_size: int = 32,
-                  label: int | str | None = None, continuation: str | None = None,
-                  kind: str | None = None, contrast: str | None = None,
-                  contrast_label: int | str | None = None) -> HeadEffects:
+                  target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> HeadEffects:
     """Each head of ``stack`` (default: the one that reads the target) ablated alone.
     ``result.change`` is ``[example, layer, head]`` original - ablated target; ``result.mean_abs_change``
-    ``[layer, head]``."""
+    ``[layer, head]``. The target: ``target`` or its keywords (see :func:`prepare`)."""
     from probe.intervene.heads import head_ablation_effects
 
     positive_int(batch_size, "batch_size")
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
-                         contrast_label=contrast_label)
+    examples = _examples(pm, texts, target)
     return head_ablation_effects(pm, examples, stack=stack, batch_size=batch_size)
 
 
-@_in_eval
+@in_eval
 def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, loss: str = "nll",
-                    ablation: bool = True, label: int | str | None = None, continuation: str | None = None,
-                    kind: str | None = None, contrast: str | None = None,
-                    contrast_label: int | str | None = None) -> HeadImportance:
+                    ablation: bool = True, target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> HeadImportance:
     """Michel et al. head importance ``[layer, head]`` (``E_x |dL/dxi_h|``, L2-normalised per layer),
-    with the single-head ablation effect beside it when ``ablation``."""
+    with the single-head ablation effect beside it when ``ablation``. The target: ``target`` or its
+    keywords (see :func:`prepare`)."""
     from probe.intervene.heads import head_importance as _importance
 
     if torch.is_inference_mode_enabled():
         raise InputError("head importance needs gradients, which torch.inference_mode() switches off: call "
                          "probe.head_importance outside the `with torch.inference_mode():` block")
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
-                         contrast_label=contrast_label)
+    examples = _examples(pm, texts, target)
     return _importance(pm, examples, stack=stack, loss=loss, ablation=ablation)
 
 
-@_in_eval
+@in_eval
 def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform", *, layer: int = -1,
-                             head: int | None = None, label: int | str | None = None,
-                             continuation: str | None = None, kind: str | None = None,
-                             contrast: str | None = None, contrast_label: int | str | None = None,
+                             head: int | None = None, target: TargetSpec | None = None,
                              **options: Any) -> CounterfactualResult:
     """Inject ``how`` = uniform, permuted or adversarial attention at the target query's row of
     ``layer`` (negative counts from the last) and ``head`` (None: every head of the layer), and
     measure the output change: ``output_tvd``, ``output_jsd``, ``target_change`` ``[example,
     sample]``, and ``summary()`` per example. ``options`` go to the function of that name in
     ``probe.intervene.counterfactual`` (permuted: ``n``, ``seed``; adversarial: ``candidates``,
-    ``steps``, ``bound``, ``seed``, ...)."""
+    ``steps``, ``bound``, ``seed``, ...). The target: ``target`` or its keywords (see :func:`prepare`;
+    ``steps`` is the adversarial search's, so output tokens one by one are ``generate=N`` or ``target=``)."""
     import inspect
 
     if how not in COUNTERFACTUALS:
         raise InputError(f"unknown counterfactual attention {how!r}: use one of {', '.join(COUNTERFACTUALS)}")
     own = [p for p in inspect.signature(counterfactual_attention).parameters if p not in ("pm", "texts", "options")]
+    own += [k for k in TARGET_KEYWORDS if k not in SEARCH_KEYWORDS]
     passed_on = [p for p in inspect.signature(registry.counterfactual(how).load()).parameters
                  if p not in ("pm", "examples", "layer", "head")]
-    _unknown_keywords(options, [*own, *passed_on], f"probe.counterfactual_attention(how={how!r})")
+    unknown_keywords(options, [*own, *passed_on], f"probe.counterfactual_attention(how={how!r})")
     if registry.counterfactual(how).needs_gradients and torch.is_inference_mode_enabled():
         raise InputError(f"{how} attention searches by gradient, which torch.inference_mode() switches off: call "
                          "probe.counterfactual_attention outside the `with torch.inference_mode():` block")
-    examples = _examples(pm, texts, label=label, continuation=continuation, kind=kind, contrast=contrast,
-                         contrast_label=contrast_label)
+    examples = _examples(pm, texts, target)
     return registry.counterfactual(how).load()(pm, examples, layer=layer, head=head, **options)
 
 
@@ -670,7 +527,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
         study = study.model_copy(update={"output": str(out)})
 
     if model is not None:
-        model = _model(model, "model")
+        model = probe_model(model, "model")
         if study.model.id != model.name:
             study = study.model_copy(update={"model": study.model.model_copy(update={"id": model.name})})
     if log is None:
@@ -716,14 +573,15 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
         claim_file = claims_from_dict(dict(claims))
     else:
         raise InputError(f"claims must be a claim file's path, a ClaimFile or a dict, got {type(claims).__name__}")
-    return run_audit(claim_file, out_dir=out, progress=progress, model=None if model is None else _model(model, "model"))
+    return run_audit(claim_file, out_dir=out, progress=progress, model=None if model is None else probe_model(model, "model"))
 
 
 # Every public function binds its arguments first: a misspelt keyword is one line naming the accepted ones.
 for _name in ("audit", "capture", "counterfactual_attention", "erasure", "explain", "find_spans", "head_ablation",
               "head_importance", "load_claims", "load_explanation", "load_model", "load_results", "load_study", "loo",
               "prepare", "run_study", "span_loo", "study_from_dict", "wrap"):
-    globals()[_name] = _arguments_checked(globals()[_name])
+    globals()[_name] = arguments_checked(globals()[_name],
+                                         SEARCH_KEYWORDS if _name == "counterfactual_attention" else ())
 del _name
 
 __all__ = [

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import warnings
@@ -12,13 +13,22 @@ from typing import TYPE_CHECKING
 import typer
 
 from probe import registry, terminal
+from probe.cli_options import (
+    MODEL_OPTIONS,
+    TARGET_OPTIONS,
+    ModelArg,
+    ModelOptions,
+    quiet_libraries,
+    target_options,
+    with_options,
+)
 from probe.errors import InputError
 from probe.names import printable
-from probe.tasks import TASKS
 from probe.terminal import plain as _plain
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.rows.target import TargetSpec
 
 #: ``--steps``' default: integrated gradients' registered default
 IG_STEPS = registry.method("integrated_gradients").defaults().steps
@@ -26,27 +36,8 @@ IG_STEPS = registry.method("integrated_gradients").defaults().steps
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Audit whether a transformer's attention weights explain its predictions.")
 
-ModelArg = typer.Argument(..., help="builtin:minilm-rt, builtin:smollm2-135m, planted:NAME, a local folder, or a hub "
-                                    "id")
-DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
-DtypeOpt = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16")
-AttnOpt = typer.Option(None, "--attn-implementation", help="load with this attention implementation (default: "
-                                                           "transformers' own, sdpa)")
-TaskOpt = typer.Option(None, "--task", help=f"load as {', '.join(list(TASKS)[:-1])} or {list(TASKS)[-1]} "
-                                                "(default: read from the model)")
-AllowRandomOpt = typer.Option(False, "--allow-random-weights",
-                              help="explain a model even though its checkpoint leaves some weights random (e.g. a "
-                                   "missing head)")
-
-
-def _quiet_libraries() -> None:
-    import os
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+#: a command that loads a model takes the model options, handed to it as one ``options: ModelOptions``
+model_options = with_options("options", MODEL_OPTIONS, ModelOptions)
 
 
 def _say(text, *, err: bool = False) -> None:
@@ -64,15 +55,6 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None):
     _say(f"warning: {message}", err=True)
 
 
-def _load(model: str, device: str, dtype: str, attn: str | None, task: str | None = None,
-          allow_random_weights: bool = False):
-    _quiet_libraries()
-    from probe.models.loading import load_model
-
-    return load_model(model, device=device, dtype=dtype, attn_implementation=attn, task=task,
-                      allow_random_weights=allow_random_weights)
-
-
 def _random_weights_text(contract) -> str:
     if not contract.random_weights:
         return "none: every weight was loaded from the checkpoint"
@@ -83,7 +65,7 @@ def _random_weights_text(contract) -> str:
 
 def _maps_text(stack) -> str:
     """What a stack's maps are where some are a token mixer's implicit matrix (probe.hooks.implicit)."""
-    if stack.maps == "implicit":
+    if stack.implicit:
         return f"implicit: every layer is a {stack.mixer_class or stack.module_class} matrix, not editable"
     kinds = ", ".join(f"{layer} {kind}" + (f" ({stack.layer_heads[layer]} heads)" if stack.layer_heads else "")
                       for layer, kind in enumerate(stack.layer_maps))
@@ -109,7 +91,7 @@ def contract_table(contract) -> object:
                                               f"{stack.n_kv_heads} kv heads, "
                                        f"head dim {stack.head_dim}, mask {stack.mask_kind}, {stack.module_class}"))
         table.add_row(f"{name} kv map", kv_text)
-        if stack.maps != "softmax":
+        if not stack.softmax:
             table.add_row(f"{name} maps", _plain(_maps_text(stack)))
     for method, why in contract.context_mixing.items():
         table.add_row(method, "supported" if why is None else _plain(why))
@@ -117,18 +99,16 @@ def contract_table(contract) -> object:
 
 
 @app.command()
+@with_options("options", MODEL_OPTIONS, ModelOptions, leave_out=("allow_random_weights",))
 def contract(
     model: str = ModelArg,
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    attn_implementation: str | None = AttnOpt,
-    task: str | None = TaskOpt,
+    *, options: ModelOptions,
 ) -> None:
     """Print the model's attention contract and run the invariance checks (exit 1 if one fails).
 
     Weights the checkpoint leaves random are listed, not refused: the contract describes the model."""
-    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights=True)
+    pm = dataclasses.replace(options, allow_random_weights=True).load(model)
     from probe.models.checks import run_checks
 
     results = run_checks(pm)
@@ -153,6 +133,7 @@ def contract(
 
 
 @app.command()
+@model_options
 def inspect(
     model: str = ModelArg,
     text: str = typer.Argument(..., help="the text to predict and inspect"),
@@ -160,14 +141,10 @@ def inspect(
     top: int = typer.Option(3, "--top", min=1, help="tokens shown per head"),
     strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window "
                                                                       "instead of truncating"),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    attn_implementation: str | None = AttnOpt,
-    task: str | None = TaskOpt,
-    allow_random_weights: bool = AllowRandomOpt,
+    *, options: ModelOptions,
 ) -> None:
     """Predict TEXT and show where the target query's attention goes, per layer and head."""
-    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
+    pm = options.load(model)
     if pm.task.embeds:
         raise InputError("inspect shows one target query's attention and a headless encoder pools every position: "
                          "use probe explain MODEL TEXT --target similarity --reference TEXT")
@@ -246,40 +223,14 @@ def _sink_table(sinks: dict) -> object:
 
 
 @app.command()
+@model_options
+@with_options("target", TARGET_OPTIONS, target_options, after="methods")
 def explain(
     model: str = ModelArg,
     text: str = typer.Argument(..., help="the text to explain"),
     methods: str | None = typer.Option(None, "--methods", help=f"comma-separated method names "
                                                                f"({', '.join(registry.names())}), or all "
                                          "(default: every method that applies)"),
-    label: str | None = typer.Option(None, "--label", help="classifier label (index or name) to explain; default the "
-                                                           "predicted one"),
-    continuation: str | None = typer.Option(None, "--continuation", help="for a language model, the output text whose "
-                                                                         "log-prob is explained"),
-    generate: int | None = typer.Option(None, "--generate", help="for a language model, explain each token of its "
-                                                                 "greedy output of up to N "
-                                        "tokens (or of --continuation) on its own: a [prompt token x output token] "
-                                        "table per method"),
-    target_side: bool = typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output "
-                                                                  "written before "
-                                     "each output token too, as part of its input"),
-    chat: bool = typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's chat "
-                                                    "template "
-                              "(the template's tokens are not scored; control-token text in TEXT is read as plain "
-                              "text)"),
-    contrast: str | None = typer.Option(None, "--contrast", help="for a language model, a foil text: explain the "
-                                                                 "log-prob of the continuation "
-                                        "minus the foil's at the same positions (as many tokens, or one)"),
-    contrast_label: str | None = typer.Option(None, "--contrast-label", help="for a classifier, a label (index or "
-                                                                             "name): explain "
-                                              "logit[label] - logit[contrast label]"),
-    target_kind: str | None = typer.Option(None, "--target", help="prob, logit or logprob (default prob for "
-                                                                  "classifiers, logprob for LMs); "
-                                                                   "similarity or dimension for a headless encoder"),
-    reference: str | None = typer.Option(None, "--reference", help="--target similarity: the text whose pooled "
-                                                                   "embedding the input's is compared with (cosine)"),
-    dimension: int | None = typer.Option(None, "--dimension", help="--target dimension: which component of the pooled "
-                                                                   "embedding"),
     layer: int | None = typer.Option(None, "--layer", help="layer shown in the terminal table for per-layer/per-head "
                                                            "methods (default: last)"),
     steps: str | None = typer.Option(None, "--steps", help=f"integrated gradients steps: a number, or auto (more until "
@@ -292,11 +243,7 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window "
                                                                       "instead of truncating"),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    attn_implementation: str | None = AttnOpt,
-    task: str | None = TaskOpt,
-    allow_random_weights: bool = AllowRandomOpt,
+    *, target: TargetSpec, options: ModelOptions,
 ) -> None:
     """Explain one prediction with every method side by side (token x method)."""
     from probe.methods import applicable_methods, parse_methods
@@ -306,23 +253,13 @@ def explain(
     if seed < 0:
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
     ig_steps = _steps_option(steps)
-    pm = _load(model, device, dtype, attn_implementation, task, allow_random_weights)
-    _check_continuation(pm, continuation)
+    pm = options.load(model)
+    _check_continuation(pm, target.continuation)
     from probe import api
     from probe.rows.prepare import prepare
-    from probe.rows.target import TargetSpec
 
-    if generate is not None and generate < 1:
-        raise InputError(f"--generate {generate}: give a number of tokens to generate, 1 or more")
-    if target_side and generate is None:
-        raise InputError("--target-side scores the output written before each output token: add --generate N")
     # a contrast on the wrong kind of model, or with --target prob, is refused by prepare in one line
-    examples = prepare(pm, [text], TargetSpec(kind=target_kind, label=label, continuation=continuation,
-                                              reference=reference, dimension=dimension,
-                                              steps=generate is not None, max_new_tokens=generate, chat=chat,
-                                              contrast=contrast, contrast_label=contrast_label,
-                                              target_side=target_side),
-                       strict_length=strict_length)
+    examples = prepare(pm, [text], target, strict_length=strict_length)
     names, skipped = (chosen, {}) if chosen is not None else applicable_methods(pm, examples)
     if layer is not None and not -pm.contract.n_layers <= layer < pm.contract.n_layers:
         raise InputError(f"layer {layer} does not exist: the model has layers 0..{pm.contract.n_layers - 1}")
@@ -332,8 +269,15 @@ def explain(
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
     params = terminal.explain_params(names, steps=ig_steps, seed=seed, site=site)
     explanation = api.explain(pm, examples, names, params={m: p for m, p in params.items() if m in names})
-    results = dict(explanation.scores)
-    if generate is not None:
+    _print_explanation(pm, explanation, skipped, params, layer, as_json=as_json, per_output=target.steps)
+
+
+def _print_explanation(pm: ProbeModel, explanation, skipped: dict, params: dict, layer: int | None, *,
+                       as_json: bool, per_output: bool) -> None:
+    """``probe explain``'s output: per output token with --generate (``per_output``), else the token x
+    method table (or JSON) with the checks that read it."""
+    examples, results = list(explanation.examples), dict(explanation.scores)
+    if per_output:
         if as_json:
             terminal.print_generation_json(pm, explanation, skipped)
         else:
@@ -403,7 +347,7 @@ def run(
 
     shard_of = parse_shard(shard)  # both checked before the slow imports
     spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
-    _quiet_libraries()
+    quiet_libraries()
     import torch
 
     from probe.api import run_study
@@ -436,7 +380,7 @@ def audit(
     spec = load_claims(claims)  # validate before the slow imports and the model load
     folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")
     with _audit_folder(Path(folder), wait):  # refused or locked before the slow imports too
-        _quiet_libraries()
+        quiet_libraries()
         import torch
 
         from probe.api import audit as run_audit
@@ -511,7 +455,7 @@ def planted(
     from probe.spec.study import load_study
 
     spec = load_study(study)
-    _quiet_libraries()
+    quiet_libraries()
     import torch
 
     from probe.study.planted import run_planted, write_planted

@@ -645,3 +645,88 @@ def test_cli_one_target_marks_the_column_and_refuses_bad_steps(tiny_dirs):
     assert f"integrated gradients {FLAG_MARK}" in out.stdout and f"saliency {FLAG_MARK}" not in out.stdout
     bad = _cli("explain", str(tiny_dirs["llama_gqa"]), TEXT, "--steps", "many")
     assert bad.returncode != 0 and "--steps many" in bad.stderr + bad.stdout and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------ the target as one value (issue 44)
+
+
+def _same(a, b) -> None:
+    """Two results of one root function: the same numbers, whatever the type."""
+    if isinstance(a, list):  # prepared examples
+        assert a == b
+    elif isinstance(a, Explanation):
+        pd.testing.assert_frame_equal(a.to_pandas(), b.to_pandas())
+    elif isinstance(a, TokenScores):
+        for x, y in zip(a.scores, b.scores, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)  # NaN: a special token
+    elif isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b)
+    else:  # head effects, head importance, counterfactual results
+        fields = [f.name for f in dataclasses.fields(a) if isinstance(getattr(a, f.name), torch.Tensor)]
+        assert fields
+        for f in fields:
+            torch.testing.assert_close(getattr(a, f), getattr(b, f), rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_target_spec_is_the_keywords_in_every_root_function(loaded):
+    """Every root function that prepares, explains or perturbs takes ``target=``: a TargetSpec gives
+    the result its keywords give, on a classifier (a label and its contrast) and a language model (the
+    greedy output token by token)."""
+    from probe.rows.target import TargetSpec
+
+    bert, gpt2 = loaded("bert"), loaded("gpt2")
+    calls = {
+        "prepare": lambda pm, **t: probe.prepare(pm, TEXTS[:2], **t),
+        "explain": lambda pm, **t: probe.explain(pm, TEXTS[:2], ["attention_mean", "loo_delete"], **t),
+        "loo": lambda pm, **t: probe.loo(pm, TEXTS[:2], "delete", **t),
+        "span_loo": lambda pm, **t: probe.span_loo(pm, TEXTS[:2], r"\w+", **t),
+        "erasure": lambda pm, **t: probe.erasure(pm, TEXTS[:2], {"loo": probe.loo(pm, TEXTS[:2], **t)}, bins=[0.5],
+                                                 **t),
+        "head_ablation": lambda pm, **t: probe.head_ablation(pm, TEXTS[:2], **t),
+        "head_importance": lambda pm, **t: probe.head_importance(pm, TEXTS[:2], ablation=False, **t),
+        "counterfactual_attention": lambda pm, **t: probe.counterfactual_attention(pm, TEXTS[:2], "permuted", n=2,
+                                                                                   **t),
+    }
+    keywords = {"bert": {"label": [1, 1], "contrast_label": 0, "kind": "logit"}, "gpt2": {"generate": 2}}
+    specs = {"bert": TargetSpec(label=(1, 1), contrast_label=0, kind="logit"),
+             "gpt2": TargetSpec(steps=True, max_new_tokens=2)}
+    for kind, pm in (("bert", bert), ("gpt2", gpt2)):
+        for name, call in calls.items():
+            if kind == "gpt2" and name == "erasure":
+                continue  # erasure's decision flips read a classifier's label
+            by_keywords, by_spec = call(pm, **keywords[kind]), call(pm, target=specs[kind])
+            _same(by_keywords, by_spec)
+            if kind == "bert" and name == "prepare":
+                assert [e.label for e in by_spec] == [1, 1] and all(e.contrast_label == 0 for e in by_spec)
+            if kind == "gpt2" and name == "prepare":
+                assert [e.step for e in by_spec] == [0, 1, 0, 1]
+            # a keyword that says what the target says is no conflict
+            _same(by_spec, call(pm, target=specs[kind], **{k: v for k, v in keywords[kind].items() if k != "label"}))
+
+
+def test_a_keyword_that_disagrees_with_the_target_is_one_line(loaded):
+    from probe.rows.target import TargetSpec, target_from
+
+    pm = loaded("bert")
+    spec = TargetSpec(label=1)
+    for call in (lambda: probe.prepare(pm, TEXTS[0], target=spec, label=0),
+                 lambda: probe.explain(pm, TEXTS[0], "loo_delete", target=spec, kind="logit"),
+                 lambda: probe.loo(pm, TEXTS[0], target=spec, generate=2)):
+        with pytest.raises(InputError) as err:
+            call()
+        assert "\n" not in str(err.value) and str(err.value).startswith("target= and ")
+        assert "disagree" in str(err.value) and "give the target once" in str(err.value)
+    with pytest.raises(InputError, match=r"target=\{'label': 1\} is not a TargetSpec"):
+        probe.loo(pm, TEXTS[0], target={"label": 1})
+    with pytest.raises(InputError, match=r"probe\.loo\(\) got an unknown keyword 'labels'; it accepts: .*\btarget, "
+                                         r"label, continuation\b"):
+        probe.loo(pm, TEXTS[0], labels=1)
+    with pytest.raises(InputError, match="unknown target keyword 'colour'"):
+        target_from(colour="red")
+    # the keywords fold into the TargetSpec the functions pass along; a keyword left at None says nothing
+    assert target_from(label=[1, 0], generate=3) == TargetSpec(label=(1, 0), steps=True, max_new_tokens=3)
+    assert target_from(spec, label=None, steps=False) is spec
+    # counterfactual attention's steps stay the adversarial search's
+    with pytest.raises(InputError, match=r"counterfactual_attention\(how='permuted'\) got an unknown keyword "
+                                         r"'steps'"):
+        probe.counterfactual_attention(pm, TEXTS[0], "permuted", steps=True)

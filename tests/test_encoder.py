@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -316,3 +317,30 @@ def test_a_study_on_the_encoder_runs(pretrained_minilm_folder, tmp_path):
     markdown = next((tmp_path / "out").rglob("*.md")).read_text()
     assert "none: every weight was loaded from the checkpoint" in markdown
     assert REFERENCE in markdown and "mean pooling" in markdown
+
+
+def test_python_reaches_the_encoder_targets_the_cli_takes(encoder, pretrained_minilm_folder):
+    """``reference`` and ``dimension`` from Python (probe.prepare, probe.explain: keywords or a
+    TargetSpec) give the command line's target and scores."""
+    import probe
+
+    methods = "attention_mean,loo_delete"
+    by_keywords = probe.explain(encoder, "a funny film", methods, kind="similarity", reference=REFERENCE)
+    by_spec = probe.explain(encoder, "a funny film", methods, target=TargetSpec(kind="similarity", reference=REFERENCE))
+    pd.testing.assert_frame_equal(by_keywords.to_pandas(), by_spec.to_pandas())
+    result = _cli("explain", pretrained_minilm_folder, "a funny film", "--target", "similarity", "--reference",
+                  REFERENCE, "--methods", methods, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    example = by_keywords.examples[0]
+    assert data["target"] == example.describe() and data["token_ids"] == example.input_ids
+    for method in methods.split(","):
+        python = by_keywords.scores[method].scores[0].double()
+        if not by_keywords.scores[method].per_layer:  # the command line leaves special tokens out
+            python[torch.tensor(example.special)] = float("nan")
+        cli = torch.tensor(np.array(data["scores"][method], dtype=float))  # None: NaN
+        # the same computation in another process: equal up to fp32 rounding of values bounded by 1
+        torch.testing.assert_close(cli, python, rtol=0, atol=1e-6, equal_nan=True)
+    dimension = probe.prepare(encoder, TEXTS, kind="dimension", dimension=7)
+    assert dimension == prepare(encoder, TEXTS, TargetSpec(kind="dimension", dimension=7))
+    assert dimension == probe.prepare(encoder, TEXTS, target=TargetSpec(kind="dimension", dimension=7))

@@ -63,17 +63,7 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
         contrast_labels = [label_index(pm, c) if c is not None else None for c in contrasts]
         return _classify(pm, examples, fixed, contrast_labels)
     elif target.continuation is not None:
-        # a decoder's output is a whole sequence (its end token included); a continuation goes on the input
-        ids = {}
-        for text in dict.fromkeys(continuations):
-            if not isinstance(text, str):
-                raise InputError(f"continuation {text!r} is not a text: give a string, or a list with one per text")
-            ids[text] = pm.tokenizer(text, add_special_tokens=task.encoder_decoder)["input_ids"]
-            if not ids[text]:
-                raise InputError(f"target continuation {text!r} tokenises to nothing: give a non-empty text")
-        examples = [dataclasses.replace(e, target_ids=list(ids[text]), label_name=text)
-                    for e, text in zip(examples, continuations)]
-        _check_positions(pm, examples)
+        examples = _with_continuations(pm, examples, continuations)
     elif task.next_token:
         with torch.no_grad():
             logits = pm.model(**batch).logits
@@ -81,23 +71,47 @@ def prepare(pm: ProbeModel, texts: list[str], target: TargetSpec = TargetSpec(),
         examples = [dataclasses.replace(e, target_ids=ids, label_name=pm.tokenizer.decode(ids))
                     for e, ids in zip(examples, next_ids)]
     else:
-        with torch.no_grad():
-            generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
-        from probe.models.text import decoder_start_id
-
-        start = decoder_start_id(pm)
-        pad = pm.tokenizer.pad_token_id
-        for i, example in enumerate(examples):
-            out = [t for t in generated[i].tolist()]
-            if out and out[0] == start:
-                out = out[1:]
-            out = [t for t in out if t != pad] or [pm.tokenizer.eos_token_id]
-            examples[i] = dataclasses.replace(example, target_ids=out,
-                                              label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
+        examples = _with_greedy_outputs(pm, examples, batch, max_new_tokens)
     if target.contrast is not None:
         examples = _with_foils(pm, examples, contrasts)
     values = evaluate(pm, [(e.input_ids, e) for e in examples])
     return [dataclasses.replace(e, original_value=value) for e, value in zip(examples, values.tolist())]
+
+
+def _with_continuations(pm: ProbeModel, examples: list[PreparedExample], continuations: list) -> list[PreparedExample]:
+    """``examples`` with each one's continuation as its target ids (a decoder's output is a whole
+    sequence, its end token included; a causal LM's continuation goes on the input)."""
+    ids = {}
+    for text in dict.fromkeys(continuations):
+        if not isinstance(text, str):
+            raise InputError(f"continuation {text!r} is not a text: give a string, or a list with one per text")
+        ids[text] = pm.tokenizer(text, add_special_tokens=pm.task.encoder_decoder)["input_ids"]
+        if not ids[text]:
+            raise InputError(f"target continuation {text!r} tokenises to nothing: give a non-empty text")
+    examples = [dataclasses.replace(e, target_ids=list(ids[text]), label_name=text)
+                for e, text in zip(examples, continuations)]
+    _check_positions(pm, examples)
+    return examples
+
+
+def _with_greedy_outputs(pm: ProbeModel, examples: list[PreparedExample], batch, max_new_tokens: int
+                         ) -> list[PreparedExample]:
+    """``examples`` with a seq2seq model's greedy output of up to ``max_new_tokens`` as their target ids."""
+    with torch.no_grad():
+        generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+    from probe.models.text import decoder_start_id
+
+    start = decoder_start_id(pm)
+    pad = pm.tokenizer.pad_token_id
+    examples = list(examples)
+    for i, example in enumerate(examples):
+        out = [t for t in generated[i].tolist()]
+        if out and out[0] == start:
+            out = out[1:]
+        out = [t for t in out if t != pad] or [pm.tokenizer.eos_token_id]
+        examples[i] = dataclasses.replace(example, target_ids=out,
+                                          label_name=pm.tokenizer.decode(out, skip_special_tokens=True))
+    return examples
 
 
 #: a chat message: its role and its text, as the tokenizer's chat template takes it

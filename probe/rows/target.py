@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
-from probe.errors import InputError
+from probe.errors import InputError, positive_int
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -72,6 +72,93 @@ class TargetSpec:
     chat: bool = False
     contrast: str | tuple[str, ...] | None = None  # language models: the foil text
     contrast_label: int | str | tuple[int | str, ...] | None = None  # classifiers: the contrasted class
+
+
+class TargetKeywords(TypedDict, total=False):
+    """The target as keywords: every function of ``probe.api`` that prepares, explains or perturbs
+    texts takes them beside ``target=`` (a :class:`TargetSpec`), and :func:`target_from` folds them into
+    one. ``label``, ``continuation`` and the contrasts are one value for every text or a list with one
+    per text; ``generate=N`` is ``steps`` over the greedy output of up to N tokens (``max_new_tokens``);
+    every other keyword is the :class:`TargetSpec` field of its name (``reference`` and ``dimension``:
+    a headless encoder's targets)."""
+
+    label: int | str | Sequence[int | str] | None
+    continuation: str | Sequence[str] | None
+    kind: str | None
+    generate: int | None
+    steps: bool
+    chat: bool
+    contrast: str | Sequence[str] | None
+    contrast_label: int | str | Sequence[int | str] | None
+    target_side: bool
+    reference: str | None
+    dimension: int | None
+
+
+#: the target keywords, in the order the functions list them (:class:`TargetKeywords`)
+TARGET_KEYWORDS = tuple(TargetKeywords.__annotations__)
+#: the keywords that take one value for every text or a list with one per text
+PER_TEXT = ("label", "continuation", "contrast", "contrast_label")
+
+
+def target_from(target: TargetSpec | None = None, /, **keywords: Any) -> TargetSpec:
+    """The one :class:`TargetSpec` of ``target`` and the target keywords (:class:`TargetKeywords`): the
+    keywords folded into a new one, or ``target`` as it is. A keyword beside ``target`` must say what
+    the target says (one left at its default, None or False, says nothing); one that disagrees is
+    refused in one line."""
+    unknown = [k for k in keywords if k not in TARGET_KEYWORDS]
+    if unknown:
+        raise InputError(f"unknown target keyword {unknown[0]!r}; the target keywords: {', '.join(TARGET_KEYWORDS)}")
+    if target is not None and not isinstance(target, TargetSpec):
+        raise InputError(f"target={target!r} is not a TargetSpec: give probe.TargetSpec(...) or the target keywords "
+                         f"({', '.join(TARGET_KEYWORDS)})")
+    fields = _keyword_fields(keywords)
+    if target is None:
+        target = TargetSpec(**{f: v for name in fields for f, v in fields[name].items()})
+    for name, values in fields.items():
+        for field_name, value in values.items():
+            if getattr(target, field_name) != value:
+                raise InputError(f"target= and {name}={keywords[name]!r} disagree (the target's {field_name} is "
+                                 f"{getattr(target, field_name)!r}): give the target once, as target= or as keywords")
+    if target.target_side and not target.steps:
+        raise InputError("target_side=True scores the output written before each output token: give generate=N "
+                         "(or steps=True with a continuation)")
+    return target
+
+
+def _keyword_fields(keywords: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per target keyword given (not None or False), the :class:`TargetSpec` fields it sets, checked."""
+    if keywords.get("generate") is not None:
+        positive_int(keywords["generate"], "generate")
+    flags = ("steps", "chat", "target_side")
+    for name in flags:
+        check_flag(keywords.get(name, False), name)
+    fields = {}
+    for name, value in keywords.items():
+        if value is None or (name in flags and value is False):  # a keyword left at its default
+            continue
+        if name == "generate":
+            fields[name] = {"steps": True, "max_new_tokens": value}
+        else:
+            fields[name] = {name: one_or_each(value) if name in PER_TEXT else value}
+    return fields
+
+
+def one_or_each(value: Any) -> Any:
+    """A list of per-text targets as a tuple (a TargetSpec is frozen); one value as it is."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(value, (list, tuple, np.ndarray, pd.Series, pd.Index)):
+        return tuple(value.tolist() if hasattr(value, "tolist") else value)
+    return value
+
+
+def check_flag(value: Any, argument: str) -> bool:
+    """``value`` if it is True or False, else a one-line error naming ``argument``."""
+    if not isinstance(value, bool):
+        raise InputError(f"{argument}={value!r}: give True or False")
+    return value
 
 
 @dataclass(frozen=True)
