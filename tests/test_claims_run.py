@@ -177,6 +177,9 @@ def test_load_claims_reads_defaults_and_lines(tmp_path):
     (GOOD.replace("head: 5.10", "head: five"), 9, r"claims\[1\]\.head: 'five' is not LAYER\.HEAD"),
     (GOOD.replace("head: 5.10", "head: 5.1\n    attends_to: '(x'"), 10, r"claims\[1\]\.attends_to: '\(x' is not a valid"),
     (GOOD.replace("n: 10}", "n: 0}"), 2, r"data\.n: 0 is out of range"),
+    # the data section shares the study's dataset checks (one class of fields, probe.spec.parts.ExampleDraw)
+    (GOOD.replace("n: 10}", "n: 10, max_length: 99999999}"), 2, r"data\.max_length: 99999999 is out of range"),
+    (GOOD.replace("n: 10}", "n: 10, text_column: ' '}"), 2, r"data\.text_column: .*is empty"),
     (GOOD.replace("dataset: builtin:rotten_tomatoes, ", "texts: [a], dataset: builtin:imdb, "), 2,
      r"data\.dataset: give exactly one of dataset .* or texts"),
     (GOOD + "  - claim: x\n    kind: faithfulness\n", 10, r"claims\[2\]: missing required key 'threshold'"),

@@ -77,15 +77,15 @@ class Filters(SpecModel):
         return self
 
 
-class DatasetSpec(SpecModel):
-    """The examples: a dataset, its split, and how many are drawn with which seed."""
+class ExampleDraw(SpecModel):
+    """What a study's ``dataset`` and a claim file's ``data`` share: which split, how many examples
+    with which seed, the columns of a user's file, and a length cap. The two sections differ only in
+    how they name the source (:class:`DatasetSpec`, :class:`DataSpec`)."""
 
-    #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the study
-    #: file's folder when the file is there)
-    name: str
     #: the split of a built-in dataset
     split: str = "test"
-    #: how many examples are drawn (default: every example that passes the filters and fits)
+    #: how many examples are drawn (default: every example that passes the filters and fits; of
+    #: texts: the first n)
     n: Annotated[Int, Field(ge=1)] | None = None
     #: the seed of the shuffle the n examples are drawn after
     seed: Int = 0
@@ -95,12 +95,6 @@ class DatasetSpec(SpecModel):
     label_column: str = "label"
     #: leave out examples longer than this many tokens (the model's window always applies)
     max_length: Annotated[Int, Field(ge=2, le=2**24)] | None = None
-    filters: Filters = Field(default_factory=Filters)
-
-    @field_validator("name")
-    @classmethod
-    def _dataset_name(cls, value: str, info: ValidationInfo) -> str:
-        return check_dataset_name(value, info)
 
     @field_validator("text_column", "label_column", "split")
     @classmethod
@@ -109,39 +103,47 @@ class DatasetSpec(SpecModel):
             fail("is empty; give a name or leave the key out for the default")
         return value
 
+    @property
+    def source(self) -> str | None:
+        """The dataset drawn from (builtin:NAME, planted:NAME or a file); None for a list of texts."""
+        raise NotImplementedError
+
+    def _check_split(self) -> None:
+        """A built-in dataset's split is one it has."""
+        if self.source is not None and self.source.startswith(BUILTIN_PREFIX) and self.split not in SPLITS:
+            fail(f"{self.split!r} is not a split of {self.source} (valid: {', '.join(SPLITS)})", at=["split"])
+
+
+class DatasetSpec(ExampleDraw):
+    """A study's examples: a dataset, its split, and how many are drawn with which seed."""
+
+    #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the study
+    #: file's folder when the file is there)
+    name: str
+    filters: Filters = Field(default_factory=Filters)
+
+    @field_validator("name")
+    @classmethod
+    def _dataset_name(cls, value: str, info: ValidationInfo) -> str:
+        return check_dataset_name(value, info)
+
+    @property
+    def source(self) -> str:
+        return self.name
+
     @model_validator(mode="after")
     def _builtin_split(self) -> DatasetSpec:
-        _check_builtin_split(self.name, self.split)
+        self._check_split()
         return self
 
 
-def _check_builtin_split(name: str, split: str) -> None:
-    """A built-in dataset's split is one it has (a study's ``dataset`` and a claim file's ``data`` alike)."""
-    if name.startswith(BUILTIN_PREFIX) and split not in SPLITS:
-        fail(f"{split!r} is not a split of {name} (valid: {', '.join(SPLITS)})", at=["split"])
-
-
-# A claim file's ``data`` is the twin of a study's ``dataset`` with other keys: ``dataset`` (optional) for
-# ``name``, ``texts`` for ``filters``, no upper bound on ``max_length``, empty columns accepted; the two stay
-# two classes because every error message lists a section's valid keys. select_examples reads either.
-class DataSpec(SpecModel):
-    """``dataset`` (builtin:NAME or a .csv/.jsonl file) with split, n, seed; or ``texts``."""
+class DataSpec(ExampleDraw):
+    """A claim file's examples: ``dataset`` (builtin:NAME or a .csv/.jsonl file) with split, n,
+    seed; or ``texts``."""
 
     #: builtin:NAME, planted:NAME or a .csv/.jsonl file (a relative path is read from the claim
     #: file's folder when the file is there)
     dataset: str | None = None
-    #: the split of a built-in dataset
-    split: str = "test"
-    #: how many examples are drawn (of texts: the first n)
-    n: Annotated[Int, Field(ge=1)] | None = None
-    #: the seed of the shuffle the n examples are drawn after
-    seed: Int = 0
-    #: the column of a .csv/.jsonl file that holds the text
-    text_column: str = "text"
-    #: the column of a .csv/.jsonl file that holds the label
-    label_column: str = "label"
-    #: leave out examples longer than this many tokens (the model's window always applies)
-    max_length: Annotated[Int, Field(ge=2)] | None = None
     #: instead of dataset: the texts themselves
     texts: list[str] | None = None
 
@@ -149,6 +151,10 @@ class DataSpec(SpecModel):
     @classmethod
     def _dataset(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else check_dataset_name(value, info)
+
+    @property
+    def source(self) -> str | None:
+        return self.dataset
 
     @field_validator("texts")
     @classmethod
@@ -166,8 +172,7 @@ class DataSpec(SpecModel):
         if (self.dataset is None) == (self.texts is None):
             fail("give exactly one of dataset (builtin:NAME or a .csv/.jsonl file) or texts (a list); "
                   f"{'both were' if self.texts is not None else 'neither was'} given", at=["dataset"])
-        if self.dataset is not None:
-            _check_builtin_split(self.dataset, self.split)
+        self._check_split()
         return self
 
 

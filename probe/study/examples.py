@@ -18,7 +18,7 @@ from probe.patterns import user_pattern
 from probe.rows.prepare import prepare
 from probe.rows.target import PreparedExample, TargetSpec, sources
 from probe.rows.values import evaluate
-from probe.spec.parts import DatasetSpec, DataSpec, Filters, TargetConfig
+from probe.spec.parts import DatasetSpec, ExampleDraw, Filters, TargetConfig
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -63,7 +63,7 @@ def model_text(target: TargetConfig, text: str) -> str:
     return prompt.replace("{text}", text) if prompt else text
 
 
-def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: TargetConfig) -> tuple[list[Example], dict]:
+def select_examples(pm: ProbeModel, data: ExampleDraw, target: TargetConfig) -> tuple[list[Example], dict]:
     """The examples, in order, and counts of what was left out and why (``filters``, ``too_long``).
 
     A study's ``dataset`` and a claim file's ``data`` are read alike: the whole split, the examples
@@ -72,10 +72,10 @@ def select_examples(pm: ProbeModel, data: DatasetSpec | DataSpec, target: Target
     file's ``texts`` are taken as written (the first ``n``). The study refuses an ``n`` larger than
     what is left in its own words; the audit leaves that to :func:`probe.data.take`.
     """
-    if isinstance(data, DataSpec) and data.texts is not None:
+    if data.source is None:  # a claim file's texts
         items = [Example(f"text-{i}", text, None) for i, text in enumerate(data.texts)]
         return (items[: data.n] if data.n is not None else items), {}
-    name = data.name if isinstance(data, DatasetSpec) else data.dataset
+    name = data.source
     filters = data.filters if isinstance(data, DatasetSpec) else None
     limit = min(data.max_length or pm.contract.max_positions, pm.contract.max_positions)
     dropped = {"filters": 0, "too_long": 0}
