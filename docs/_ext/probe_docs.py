@@ -369,6 +369,13 @@ def _field_docs(model: type) -> dict[str, str]:
     return docs
 
 
+def _fields(model: type) -> list[tuple[str, Any]]:
+    """A section's fields in the order its error messages list them (a dataset section's source first)."""
+    from probe.spec.validation import section_keys
+
+    return [(name, model.model_fields[name]) for name in section_keys(model)]
+
+
 def _is_model(value: Any) -> bool:
     from pydantic import BaseModel
 
@@ -466,7 +473,7 @@ def _default_words(field: Any) -> str:
 def _spec_sections(model: type, path: str, label: str, seen: dict[type, str]) -> list[tuple[str, str, type]]:
     """``(key path, ref label, model)`` of ``model`` and every model nested in it, depth first."""
     out = [(path, label, model)]
-    for name, field in model.model_fields.items():
+    for name, field in _fields(model):
         key = field.alias or name
         for nested in _nested_models(field.annotation):
             if nested in seen:
@@ -501,7 +508,7 @@ def spec_markdown(model_class: type, *, path: str = "", label: str | None = None
             lines += [" ".join(_rst_inline(p) for p in _paragraphs(doc)), ""]
         comments = _field_docs(model)
         rows = []
-        for name, field in model.model_fields.items():
+        for name, field in _fields(model):
             nested = _nested_models(field.annotation)
             what = field.description or comments.get(name) or \
                 (_first_sentence(_own_doc(nested[0])) if nested else "")

@@ -6,9 +6,9 @@ Frozen pydantic models (:class:`~probe.spec.validation.SpecModel`); problems are
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from probe.data import BUILTIN_PREFIX, SPLITS
 from probe.patterns import pattern_problem
@@ -84,8 +84,8 @@ class ExampleDraw(SpecModel):
 
     #: the split of a built-in dataset
     split: str = "test"
-    #: how many examples are drawn (default: every example that passes the filters and fits; of
-    #: texts: the first n)
+    #: how many examples are drawn (default: every example that passes the filters and fits; a
+    #: claim file's texts: the first n)
     n: Annotated[Int, Field(ge=1)] | None = None
     #: the seed of the shuffle the n examples are drawn after
     seed: Int = 0
@@ -103,10 +103,20 @@ class ExampleDraw(SpecModel):
             fail("is empty; give a name or leave the key out for the default")
         return value
 
+    #: the section's own source key, written first (as the section's keys were before they shared a class)
+    source_key: ClassVar[str] = ""
+
     @property
     def source(self) -> str | None:
         """The dataset drawn from (builtin:NAME, planted:NAME or a file); None for a list of texts."""
         raise NotImplementedError
+
+    @model_serializer(mode="wrap")
+    def _source_first(self, handler):
+        data = handler(self)
+        if isinstance(data, dict) and self.source_key in data:
+            data = {self.source_key: data.pop(self.source_key), **data}
+        return data
 
     def _check_split(self) -> None:
         """A built-in dataset's split is one it has."""
@@ -121,6 +131,7 @@ class DatasetSpec(ExampleDraw):
     #: file's folder when the file is there)
     name: str
     filters: Filters = Field(default_factory=Filters)
+    source_key: ClassVar[str] = "name"
 
     @field_validator("name")
     @classmethod
@@ -146,6 +157,7 @@ class DataSpec(ExampleDraw):
     dataset: str | None = None
     #: instead of dataset: the texts themselves
     texts: list[str] | None = None
+    source_key: ClassVar[str] = "dataset"
 
     @field_validator("dataset")
     @classmethod

@@ -387,6 +387,13 @@ def find_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def section_keys(model: type) -> list[str]:
+    """A section's keys in the order a user reads them: a dataset section's source key first."""
+    keys = list(model.model_fields)
+    lead = getattr(model, "source_key", "")
+    return [lead] + [k for k in keys if k != lead] if lead in keys else keys
+
+
 def model_at(model: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
     """The schema model found at ``loc`` below ``model`` (e.g. Study, ``("metrics", "erasure")`` -> ErasureSpec)."""
     for part in loc:
@@ -411,7 +418,7 @@ def describe(error: dict, document: SpecFile, skip: int = 0) -> str:
         return f"{path}: {message}" if path else message
     if kind in ("extra_forbidden", "invalid_key"):
         model = model_at(document.schema, own[:-1])
-        keys = list(model.model_fields) if model is not None else []
+        keys = section_keys(model) if model is not None else []
         where = dotted(loc[:-1]) or document.top
         hint = suggest(loc[-1], keys) or "; remove it or fix its spelling"
         return f"unknown key {show(loc[-1])} in {where} (valid keys: {', '.join(keys)}){hint}"
@@ -421,7 +428,7 @@ def describe(error: dict, document: SpecFile, skip: int = 0) -> str:
         return f"{prefix}missing required key {loc[-1]!r}; add {loc[-1]}: to {where or document.the_top}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         model = model_at(document.schema, own)
-        keys = f" with keys such as {', '.join(model.model_fields)}" if model is not None else ""
+        keys = f" with keys such as {', '.join(section_keys(model))}" if model is not None else ""
         return f"{dotted(loc)}: {show(value)} is not a mapping; write key: value pairs{keys}"
     return _describe_value(kind, dotted(loc), value, error)
 
