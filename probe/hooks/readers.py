@@ -1,4 +1,4 @@
-"""The read paths: how probe reads one attention layer, one row of :data:`READERS` each.
+"""The read paths: how probe reads one attention layer, one row of ``READERS`` each.
 
 A read path detects its layers in the watched forward pass (:mod:`probe.hooks.sites`), attaches
 and detaches its hooks while a capture is open (:mod:`probe.hooks.capture`), says whether it can
@@ -7,7 +7,7 @@ from HF's own ``output_attentions`` where the contract checks need one, and supp
 model needs around a forward (BigBird's attention type). Every :class:`probe.hooks.sites.Site`
 holds its read path; its ``name`` is the site kind the contract and its files know.
 
-A new read path is one module (its reader), one row of :data:`READERS` and its oracle test.
+A new read path is one module (its reader), one row of ``READERS`` and its oracle test.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ HYBRID_MAPS = "hybrid"
 
 
 class ReadPath:
-    """One way of reading an attention layer (a row of :data:`READERS`)."""
+    """One way of reading an attention layer (a row of ``READERS``)."""
 
     #: the site kind: written in the contract, read back by nothing but this table
     name: str = ""
@@ -41,7 +41,7 @@ class ReadPath:
     can_edit: bool = True
     #: the model's own full maps (True) or the query rows asked for, recomputed (False)
     full_maps: bool = False
-    #: what its layers' maps are (:data:`SOFTMAX_MAPS` or :data:`IMPLICIT_MAPS`)
+    #: what its layers' maps are (``SOFTMAX_MAPS`` or ``IMPLICIT_MAPS``)
     maps: str = SOFTMAX_MAPS
     #: what its layers compute depends on the padded width of the batch (BigBird: block-sparse over a
     #: long input, full attention over a short one), so a batch of one is compared padded to the batch's width
@@ -341,12 +341,12 @@ READERS: tuple[ReadPath, ...] = (LONGFORMER_BAND, BLOCK_SPARSE, LOCAL_GLOBAL, IM
 
 
 def row_of(kind: type) -> ReadPath:
-    """The row of :data:`READERS` of class ``kind``."""
+    """The row of ``READERS`` of class ``kind``."""
     return next(reader for reader in READERS if type(reader) is kind)
 
 
 def detect(watched, module_id: int, module: torch.nn.Module) -> tuple[ReadPath, dict] | None:
-    """(the first read path of :data:`READERS` that reads ``module`` in ``watched``, its site fields), or None."""
+    """(the first read path of ``READERS`` that reads ``module`` in ``watched``, its site fields), or None."""
     for reader in READERS:
         fields = reader.detect(watched, module_id, module)
         if fields is not None:
