@@ -233,6 +233,19 @@ def test_a_build_is_deterministic(loaded, tmp_path):
     assert again["weights_sha256"] == planted.weights_sha256(loaded["trigger-soft"][1])
 
 
+def test_hand_wired_weights_are_the_same_in_every_process():
+    """position-heads draws a random word part per token: in token-id order, not in the fast tokenizer's
+    get_vocab() order, which comes from a hash map and changes from process to process."""
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.set_num_threads(1); from probe.models import planted_wired as w; "
+            "from probe.models.planted import weights_sha256; print(weights_sha256(w.build_position_heads()[0]))")
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+               for _ in range(3)}
+    assert len(digests) == 1 and len(next(iter(digests))) == 64
+
+
 def test_a_second_materialize_reuses_the_folder(loaded, cache):
     folder = planted.materialize_planted("attention-is-importance", cache_dir=cache)
     assert str(folder) == loaded["attention-is-importance"][0].path

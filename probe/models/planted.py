@@ -244,6 +244,7 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
         "largest effect on every text. Nothing in any head's attention knows where zz is.",
         ("no",),
         "72 heads that carry no information about the causal token: none may pass the chance test, at any seed",
+        recipe_version=2,  # 2: the word parts drawn in token-id order, the same in every process
     ),
     PlantedModel(
         "one-head", "classification",
@@ -254,6 +255,7 @@ PLANTED_MODELS: dict[str, PlantedModel] = {m.name: m for m in (
         ("heads only",),
         "one head among 72 carries the causal token: exactly that head tracks, and no layer mean",
         tracking=("attention L5.H7",),
+        recipe_version=2,  # 2: the word parts drawn in token-id order, the same in every process
     ),
     PlantedModel(
         "trigger-twice", "classification",

@@ -209,7 +209,7 @@ def _many_heads(planted_head: bool):
     from transformers import BertForSequenceClassification
 
     tokenizer = word_tokenizer("bert")
-    vocab = tokenizer.get_vocab()  # iterated in its dict order (see _word_parts)
+    vocab = tokenizer.get_vocab()
     generator = torch.Generator().manual_seed(SEED + 11)
     settings = ClassifierTraining(hidden=2 * (_Z_WORD + _Z_POSITION), heads=MANY_HEADS, layers=MANY_LAYERS)
     config = bert_config(settings, len(tokenizer))
@@ -249,12 +249,13 @@ def _filled(vector, norm2: float):
 
 def _word_parts(vocab: dict[str, int], size: int, generator):
     """``[vocab, word part]``: each token's word part (position-heads, one-head), the seeded draws taken
-    in the order ``vocab`` iterates. That is the tokenizer's ``get_vocab()`` dict order, which may
-    depend on the process (hashing): kept as the recipe has always drawn."""
+    in the order of the token ids. (Not ``vocab``'s own order: a fast tokenizer's ``get_vocab()`` is
+    built from a hash map whose order changes from process to process, which made the weights differ
+    between builds before recipe version 2.)"""
     import torch
 
     word = torch.zeros(size, _Z_WORD)  # [vocab, word part]
-    for token, index in vocab.items():
+    for token, index in sorted(vocab.items(), key=lambda item: item[1]):
         part = torch.zeros(_Z_WORD)
         part[3:9] = torch.randn(6, generator=generator) * 0.5
         part[1] = 1.0 if token == TRIGGER else 0.0
