@@ -34,8 +34,10 @@ imports are outside the clock, except ``probe run`` whose whole process is timed
 * ``probe``   ``run_study`` on the workload's study (the same work as a study; probe also runs its
               random ranking in the erasure curves): the clock is the sum of the batches' wall time
               (the study steps); the statistics and the report are timed apart, and the whole
-              ``probe run`` process (imports, model load, statistics, report) once more. It prints
-              its token and LOO row counts and mean taus beside the floor's (attention: last layer).
+              ``probe run`` process (imports, model load, statistics, report) once more (``--cli``),
+              set beside the floor's work and the floor's whole child process (interpreter, imports,
+              model load and work: like with like). It prints its token and LOO row counts and mean
+              taus beside the floor's (attention: last layer).
 * ``probe_auto`` (not the workload, so not in the default --only): ``probe`` with integrated
               gradients at ``steps: auto``: Gauss-Legendre points per example, 16 then doubled
               until the completeness delta is under 5% of |f(x) - f(baseline)|.
@@ -443,12 +445,14 @@ def spawn(python: str, name: str, args, texts_path: str, folder: str, workdir: s
            "--study", study] + (["--length", str(args.length)] if args.length is not None else [])
     env = {**os.environ, **({"PYTHONPATH": args.before} if name == "probe_before" else {}), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
+    started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    whole = time.perf_counter() - started  # the child's whole process: interpreter, imports, model load, work
     line = next((s for s in done.stdout.splitlines() if s.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         print(f"  {name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ['?']}")
         return None
-    return json.loads(line.removeprefix("RESULT "))
+    return {**json.loads(line.removeprefix("RESULT ")), "child_process_seconds": whole}
 
 
 def main() -> None:
@@ -534,11 +538,18 @@ def main() -> None:
         least = floor["steps"]["integrated_gradients"] + floor["steps"]["loo"]
         print(f"round {round_ + 1}: the floor's integrated gradients and leave-one-out alone take {least:.1f} s; "
               f"2.5x faster than ferret means the whole study in {ferret['seconds'] / 2.5:.1f} s")
-    for r in runs.get("probe_cli", []):
+    floors = runs.get("floor", [])
+    for round_, r in enumerate(runs.get("probe_cli", [])):
         overhead = r["process_seconds"] - (r["study_seconds"] or 0.0)
         print(f"probe run process {r['process_seconds']:.1f} s: study steps {r['study_seconds']:.1f} s, model load "
               f"{r['load_seconds']:.1f} s, everything else (imports, statistics, report) "
               f"{overhead - r['load_seconds']:.1f} s")
+        if round_ < len(floors):  # like with like: the floor's work alone, and its whole process
+            floor = floors[round_]
+            print(f"  round {round_ + 1}: {r['process_seconds'] / floor['seconds']:.2f}x the floor's work "
+                  f"({floor['seconds']:.1f} s), {r['process_seconds'] / floor['child_process_seconds']:.2f}x the "
+                  f"floor's whole process ({floor['child_process_seconds']:.1f} s: interpreter, imports, model load "
+                  "and its work)")
 
 
 if __name__ == "__main__":
