@@ -202,3 +202,17 @@ def test_task_inference_reads_the_causal_model_types_from_the_architecture_table
     assert infer_task(config).name == "encoder"  # a bare *Model of an unknown type: a headless encoder
     monkeypatch.setattr(architectures, "CAUSAL_LM_TYPES", ("newlm",))
     assert infer_task(config).name == "causal_lm"
+
+
+def test_attention_stacks_keep_the_module_order_in_every_process():
+    """renumber keeps the stacks in the order first found: not a set's order, which follows the
+    string hash seed of the process."""
+    import subprocess
+    import sys
+
+    code = ("from probe.models.architectures import renumber; "
+            "print(list(renumber({('encoder', 3): 'e3', ('encoder', 1): 'e1', ('decoder', 7): 'd7', "
+            "('cross', 2): 'c2'})))")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in range(6)}
+    assert seen == {"[('encoder', 0), ('encoder', 1), ('decoder', 0), ('cross', 0)]"}

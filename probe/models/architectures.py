@@ -124,9 +124,10 @@ def _generic_layout(named_modules) -> dict[tuple[str, int], str]:
 
 
 def renumber(found: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
-    """Layers 0..n-1 per stack, in the order of the indices found."""
+    """Layers 0..n-1 per stack, in the order of the indices found; the stacks in the order first found
+    (the model's module order: not a set's, which changes from process to process)."""
     out: dict[tuple[str, int], str] = {}
-    for stack in {s for s, _ in found}:
+    for stack in dict.fromkeys(s for s, _ in found):
         for own, (_, layer) in enumerate(sorted(k for k in found if k[0] == stack)):
             out[(stack, own)] = found[(stack, layer)]
     return out
