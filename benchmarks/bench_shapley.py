@@ -13,6 +13,13 @@ Prints figures measured in this one run (no asserts; the machine's load shows in
    permutations: probe's seconds per example.
 
 Usage:  python benchmarks/bench_shapley.py [--n 8] [--permutations 50] [--n-long 2] [--threads 1]
+            [--device cpu|cuda]
+
+``--device cuda`` runs both sides on the GPU (the model there; captum's coalitions still built on
+the CPU and handed to the same forward function, as a captum user's would be), each timing closed
+by a synchronisation. On CPU the two sides do the same arithmetic and probe wins by its packing
+only (1.2x against captum's 64 perturbations per forward, 2.3x against its default of one); the
+gap the issue asks for (5x) is the GPU's, where captum's small sequential batches leave it idle.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ def captum_sampling(pm, examples, baseline: int, permutations: int, per_eval: in
         def forward(players: torch.Tensor, ids=ids, scorable=scorable, example=example) -> torch.Tensor:
             rows = ids.repeat(len(players), 1)  # [batch, tokens]
             rows[:, scorable] = players
-            return evaluate(pm, [(row.tolist(), example) for row in rows])
+            return evaluate(pm, [(row.tolist(), example) for row in rows]).cpu()  # captum's tensors stay on the CPU
 
         values = ShapleyValueSampling(forward).attribute(ids[scorable][None], baselines=baseline,
                                                          n_samples=permutations, perturbations_per_eval=per_eval)
@@ -64,33 +71,44 @@ def captum_sampling(pm, examples, baseline: int, permutations: int, per_eval: in
     return out
 
 
+def _clock(device: str):
+    """Seconds now, after the device's queued work is done (CUDA runs asynchronously)."""
+    def now() -> float:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter()
+    return now
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--permutations", type=int, default=50)
     parser.add_argument("--n-long", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    pm = load_model("builtin:minilm-rt")
+    pm = load_model("builtin:minilm-rt", device=args.device)
+    clock = _clock(args.device)
     examples = prepare(pm, load_texts(args.n))
     players = [sum(not s for s in e.special) for e in examples]
     mask = pm.tokenizer.mask_token_id
     print(f"minilm-rt, {args.n} sentences ({min(players)}-{max(players)} tokens), {args.permutations} permutations, "
-          f"mask replacement, {args.threads} thread(s)")
+          f"mask replacement, {args.device}, {args.threads} thread(s)")
 
-    started = time.perf_counter()
+    started = clock()
     ours = shapley(Engine(pm), examples, "mask", exact_max=0, permutations=args.permutations, seed=0)
-    probe_s = time.perf_counter() - started
+    probe_s = clock() - started
     se = float(np.nanmean(np.concatenate([e.numpy() for e in ours.extras["standard_error"]])))
     print(f"  probe shapley          {probe_s:8.2f} s   {sum(ours.extras['coalitions'])} distinct coalitions, "
           f"{ours.extras['forward_passes']} forward passes, mean standard error {se:.4f}")
 
     for per_eval in (1, 64):
-        started = time.perf_counter()
+        started = clock()
         theirs = captum_sampling(pm, examples, mask, args.permutations, per_eval, seed=0)
-        captum_s = time.perf_counter() - started
+        captum_s = clock() - started
         diff = float(np.nanmean(np.concatenate([(a.double() - b).abs().numpy()
                                                 for a, b in zip(ours.scores, theirs)])))
         evaluations = sum(args.permutations * (p + 1) for p in players)
@@ -105,9 +123,9 @@ def main() -> None:
         long_examples.append(pm.tokenizer.decode(ids))
     long = prepare(pm, long_examples)
     lengths = [sum(not s for s in e.special) for e in long]
-    started = time.perf_counter()
+    started = clock()
     result = shapley(Engine(pm), long, "mask", exact_max=0, permutations=200, seed=0)
-    seconds = time.perf_counter() - started
+    seconds = clock() - started
     print(f"64-token inputs ({lengths} tokens), 200 permutations: {seconds / len(long):.1f} s per example, "
           f"{sum(result.extras['coalitions']) // len(long)} distinct coalitions per example, max |efficiency delta| "
           f"{max(abs(d) for d in result.extras['efficiency_delta']):.1e}")
