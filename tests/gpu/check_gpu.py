@@ -381,6 +381,36 @@ def builtin_section(cache: Path) -> None:
                         dtypes=("bf16", "fp16") if ON_CUDA else ("bf16",))
 
 
+def shapley_section(cache: Path) -> None:
+    """Issue 42's speed bar: probe's sampled Shapley values against captum's ShapleyValueSampling on the
+    same model, texts and number of permutations, both on the device (benchmarks/bench_shapley.py's
+    captum side): probe at least 5x faster than captum's default of one coalition per forward."""
+    from bench_shapley import captum_sampling, load_texts
+
+    from probe.intervene.engine import Engine
+    from probe.intervene.shapley import shapley
+    from probe.models.loading import load_model
+    from probe.rows.prepare import prepare
+
+    if not (cache / "minilm-rt" / "config.json").exists():
+        print(f"SKIP  shapley: builtin:minilm-rt not in PROBE_CACHE={cache}", flush=True)
+        return
+    pm = load_model("builtin:minilm-rt", device=DEVICE)
+    examples = prepare(pm, load_texts(4 if ON_CUDA else 2))
+    mask, permutations = pm.tokenizer.mask_token_id, 50 if ON_CUDA else 6  # a dry run checks the code path
+    shapley(Engine(pm), examples[:1], "mask", exact_max=0, permutations=2, seed=0)  # warm the kernels
+    ours_s, _ = peak(lambda: shapley(Engine(pm), examples, "mask", exact_max=0, permutations=permutations, seed=0))
+    theirs = {per_eval: peak(lambda per_eval=per_eval: captum_sampling(pm, examples, mask, permutations, per_eval,
+                                                                       seed=0))[0] for per_eval in (1, 64)}
+    figures = {"probe_seconds": ours_s, "captum_seconds": theirs, "permutations": permutations,
+               "examples": len(examples)}
+    judge = check if ON_CUDA else (lambda name, ok, detail, **f: info(name, detail, **f))  # a dry run: no bar
+    judge("shapley speed", theirs[1] / ours_s >= 5,
+          f"{len(examples)} sentences x {permutations} permutations: probe {ours_s:.2f} s, captum "
+          f"{theirs[1]:.2f} s at one coalition per forward ({theirs[1] / ours_s:.1f}x), {theirs[64]:.2f} s at 64 "
+          f"({theirs[64] / ours_s:.1f}x); the bar is 5x against captum's default", **figures)
+
+
 def peak(fn) -> tuple[float, float]:
     """(seconds, peak GPU memory in GiB above what was allocated before) of fn()."""
     if not ON_CUDA:  # a dry run: the code path, no memory figure
@@ -513,7 +543,7 @@ def main() -> None:
                 ("generate", lambda: generate_section(root)), ("contrast", lambda: contrast_section(root)),
                 ("device_map", lambda: device_map_section(root)), ("builtin", lambda: builtin_section(cache)),
                 ("memory", lambda: memory_section(cache)), ("flash", lambda: flash_section(cache)),
-                ("time", time_section)]
+                ("shapley", lambda: shapley_section(cache)), ("time", time_section)]
     for label, run in sections:
         if only and label not in only:
             continue
