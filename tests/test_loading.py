@@ -207,9 +207,6 @@ def test_task_inference_reads_the_causal_model_types_from_the_architecture_table
 def test_attention_stacks_keep_the_module_order_in_every_process():
     """renumber keeps the stacks in the order first found: not a set's order, which follows the
     string hash seed of the process."""
-    import subprocess
-    import sys
-
     code = ("from probe.models.architectures import renumber; "
             "print(list(renumber({('encoder', 3): 'e3', ('encoder', 1): 'e1', ('decoder', 7): 'd7', "
             "('cross', 2): 'c2'})))")

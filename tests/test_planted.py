@@ -5,6 +5,8 @@ re-running the model), never with probe's own methods."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,9 +238,6 @@ def test_a_build_is_deterministic(loaded, tmp_path):
 def test_hand_wired_weights_are_the_same_in_every_process():
     """position-heads draws a random word part per token: in token-id order, not in the fast tokenizer's
     get_vocab() order, which comes from a hash map and changes from process to process."""
-    import subprocess
-    import sys
-
     code = ("import torch; torch.set_num_threads(1); from probe.models import planted_wired as w; "
             "from probe.models.planted import weights_sha256; print(weights_sha256(w.build_position_heads()[0]))")
     digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
