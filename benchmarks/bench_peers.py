@@ -34,10 +34,13 @@ imports are outside the clock, except ``probe run`` whose whole process is timed
 * ``probe``   ``run_study`` on the workload's study (the same work as a study; probe also runs its
               random ranking in the erasure curves): the clock is the sum of the batches' wall time
               (the study steps); the statistics and the report are timed apart, and the whole
-              ``probe run`` process (imports, model load, statistics, report) once more (``--cli``),
-              set beside the floor's work and the floor's whole child process (interpreter, imports,
-              model load and work: like with like). It prints its token and LOO row counts and mean
-              taus beside the floor's (attention: last layer).
+              ``probe run`` process (imports, model load, sanity checks, statistics, report) twice more
+              (``--cli``): the study as it is, and the floor's work alone (the same study without the
+              randomisation sanity check, which reruns the explainers on re-initialised models: work
+              the floor does not do, fixed in the study's size), each set beside the floor's work and
+              the floor's whole child process (interpreter, imports, model load and work: like with
+              like). It prints its token and LOO row counts and mean taus beside the floor's
+              (attention: last layer).
 * ``probe_auto`` (not the workload, so not in the default --only): ``probe`` with integrated
               gradients at ``steps: auto``: Gauss-Legendre points per example, 16 then doubled
               until the completeness delta is under 5% of |f(x) - f(baseline)|.
@@ -306,6 +309,22 @@ def auto_steps_study(study_path: str, out: str) -> str:
     return str(path)
 
 
+def floor_work_study(study_path: str, out: str) -> str:
+    """A copy of the study without the randomisation sanity check, the one part of a default study
+    that is not the floor's work: it reruns every explainer on re-initialised copies of the model
+    (3 weight draws per cascade step and 3 for the bottom-up units) on the sanity examples, a cost
+    fixed in the study's size. The whole ``probe run`` process on this copy is the like-with-like
+    figure; the default's minus it is what the check costs."""
+    import yaml
+
+    study = yaml.safe_load(Path(study_path).read_text())
+    metrics = study.setdefault("metrics", {})
+    metrics["sanity"] = {**(metrics.get("sanity") or {}), "randomisation": False}
+    path = Path(out).with_suffix(".work.yaml")
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return str(path)
+
+
 def run_probe_cli(n: int, out: str, study_path: str) -> dict:
     """The whole ``probe run`` process: imports, model load, the study, statistics and the report."""
     started = time.perf_counter()
@@ -425,6 +444,8 @@ def child(args) -> None:
         result = run_probe(texts, args.steps, args.out, len(texts), args.model, auto_steps_study(args.study, args.out))
     elif args.child == "probe_cli":
         result = run_probe_cli(len(texts), args.out, args.study)
+    elif args.child == "probe_cli_work":  # the floor's work only: no randomisation check
+        result = run_probe_cli(len(texts), args.out, floor_work_study(args.study, args.out))
     elif args.child == "captum":
         result = run_captum(args.folder, texts, args.steps)
     else:
@@ -470,7 +491,7 @@ def main() -> None:
     parser.add_argument("--cli", action="store_true", help="also time one whole `probe run` process per round")
     parser.add_argument("--ferret-python", default="/work/ferret-venv/bin/python")
     parser.add_argument("--before", help="a checkout of probe to time as probe_before (PYTHONPATH)")
-    parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli", "probe_before"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli", "probe_cli_work", "probe_before"), help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -508,7 +529,7 @@ def main() -> None:
           f"study {study}")
     print(f"{args.model}: {len(texts)} {dataset}, IG {args.steps} steps, {args.threads} threads; "
           f"load {os.getloadavg()[0]:.1f} (1-min average) at start")
-    extra = (["probe_before"] if args.before else []) + (["probe_cli"] if args.cli else [])
+    extra = (["probe_before"] if args.before else []) + (["probe_cli", "probe_cli_work"] if args.cli else [])
     runs: dict[str, list[dict]] = {name: [] for name in wanted + extra}
     for round_ in range(args.rounds):
         for name in runs:
@@ -524,7 +545,7 @@ def main() -> None:
     print(f"{'contender':<12}" + "".join(f"{'round ' + str(r + 1):>10}" for r in range(args.rounds))
           + f"{'/ floor':>10}{'ferret /':>10}")
     for name, results in runs.items():
-        if name == "probe_cli" or not results:
+        if name.startswith("probe_cli") or not results:
             continue
         cells = "".join(f"{r['seconds']:>10.1f}" for r in results)
         floor = [r["seconds"] for r in runs.get("floor", [])]
@@ -538,19 +559,31 @@ def main() -> None:
         least = floor["steps"]["integrated_gradients"] + floor["steps"]["loo"]
         print(f"round {round_ + 1}: the floor's integrated gradients and leave-one-out alone take {least:.1f} s; "
               f"2.5x faster than ferret means the whole study in {ferret['seconds'] / 2.5:.1f} s")
-    floors = runs.get("floor", [])
-    for round_, r in enumerate(runs.get("probe_cli", [])):
-        overhead = r["process_seconds"] - (r["study_seconds"] or 0.0)
-        print(f"probe run process {r['process_seconds']:.1f} s: study steps {r['study_seconds']:.1f} s, model load "
-              f"{r['load_seconds']:.1f} s, everything else (imports, statistics, report) "
-              f"{overhead - r['load_seconds']:.1f} s")
-        if round_ < len(floors):  # like with like: the floor's work alone, and its whole process
-            floor = floors[round_]
-            print(f"  round {round_ + 1}: {r['process_seconds'] / floor['seconds']:.2f}x the floor's work "
-                  f"({floor['seconds']:.1f} s), {r['process_seconds'] / floor['child_process_seconds']:.2f}x the "
-                  f"floor's whole process ({floor['child_process_seconds']:.1f} s: interpreter, imports, model load "
-                  "and its work)")
+    print_cli(runs)
 
+
+def print_cli(runs: dict[str, list[dict]]) -> None:
+    """The whole ``probe run`` processes beside the floor: the default study (its sanity checks
+    included) and the floor's work alone (no randomisation check), each against the floor's work and
+    the floor's whole child process (interpreter, imports, model load and work: like with like)."""
+    floors = runs.get("floor", [])
+    kinds = (("probe_cli", "probe run process, default checks"),
+             ("probe_cli_work", "probe run process, the floor's work (no randomisation check)"))
+    for name, label in kinds:
+        for round_, r in enumerate(runs.get(name, [])):
+            overhead = r["process_seconds"] - (r["study_seconds"] or 0.0) - (r["load_seconds"] or 0.0)
+            print(f"{label}: {r['process_seconds']:.1f} s = study steps {r['study_seconds']:.1f} s, model load "
+                  f"{r['load_seconds']:.1f} s, everything else (imports, sanity checks, statistics, report) "
+                  f"{overhead:.1f} s")
+            if round_ < len(floors):
+                floor = floors[round_]
+                print(f"  round {round_ + 1}: {r['process_seconds'] / floor['seconds']:.2f}x the floor's work "
+                      f"({floor['seconds']:.1f} s), {r['process_seconds'] / floor['child_process_seconds']:.2f}x the "
+                      f"floor's whole process ({floor['child_process_seconds']:.1f} s: interpreter, imports, model load "
+                      "and its work)")
+    for round_, (full, work) in enumerate(zip(runs.get("probe_cli", []), runs.get("probe_cli_work", []))):
+        print(f"  round {round_ + 1}: the randomisation check costs {full['process_seconds'] - work['process_seconds']:.1f} s "
+              "(the two processes' difference; fixed in the study's size: its sanity examples only)")
 
 if __name__ == "__main__":
     main()
