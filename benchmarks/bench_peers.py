@@ -297,16 +297,23 @@ def run_probe(texts: list[str], steps: int, out: str, n: int, model: str, study_
             **probe_agreement(root)}
 
 
-def auto_steps_study(study_path: str, out: str) -> str:
-    """A copy of the study whose integrated gradients run ``steps: auto`` (Gauss-Legendre points
-    per example, doubled from 16 until the completeness delta is under 5% of f(x) - f(baseline))."""
+def study_variant(study_path: str, out: str, suffix: str, edit) -> str:
+    """A copy of the study file beside ``out`` (``out.<suffix>.yaml``), changed by ``edit(study dict)``."""
     import yaml
 
     study = yaml.safe_load(Path(study_path).read_text())
-    study["params"]["integrated_gradients"] = {"steps": "auto"}
-    path = Path(out).with_suffix(".auto.yaml")
+    edit(study)
+    path = Path(out).with_suffix(f".{suffix}.yaml")
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return str(path)
+
+
+def auto_steps_study(study_path: str, out: str) -> str:
+    """A copy of the study whose integrated gradients run ``steps: auto`` (Gauss-Legendre points
+    per example, doubled from 16 until the completeness delta is under 5% of f(x) - f(baseline))."""
+    def edit(study: dict) -> None:
+        study["params"]["integrated_gradients"] = {"steps": "auto"}
+    return study_variant(study_path, out, "auto", edit)
 
 
 def floor_work_study(study_path: str, out: str) -> str:
@@ -315,14 +322,10 @@ def floor_work_study(study_path: str, out: str) -> str:
     (3 weight draws per cascade step and 3 for the bottom-up units) on the sanity examples, a cost
     fixed in the study's size. The whole ``probe run`` process on this copy is the like-with-like
     figure; the default's minus it is what the check costs."""
-    import yaml
-
-    study = yaml.safe_load(Path(study_path).read_text())
-    metrics = study.setdefault("metrics", {})
-    metrics["sanity"] = {**(metrics.get("sanity") or {}), "randomisation": False}
-    path = Path(out).with_suffix(".work.yaml")
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return str(path)
+    def edit(study: dict) -> None:
+        metrics = study.setdefault("metrics", {})
+        metrics["sanity"] = {**(metrics.get("sanity") or {}), "randomisation": False}
+    return study_variant(study_path, out, "work", edit)
 
 
 def run_probe_cli(n: int, out: str, study_path: str) -> dict:
@@ -488,7 +491,8 @@ def main() -> None:
                         "(e.g. 128, 512) instead of rotten_tomatoes sentences")
     parser.add_argument("--only", default=",".join(c for c in CONTENDERS if c != "probe_auto"),
                         help="comma-separated contenders: " + ", ".join(CONTENDERS))
-    parser.add_argument("--cli", action="store_true", help="also time one whole `probe run` process per round")
+    parser.add_argument("--cli", action="store_true", help="also time two whole `probe run` processes per round: the study "
+                        "as it is, and the floor's work alone (no randomisation check)")
     parser.add_argument("--ferret-python", default="/work/ferret-venv/bin/python")
     parser.add_argument("--before", help="a checkout of probe to time as probe_before (PYTHONPATH)")
     parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli", "probe_cli_work", "probe_before"), help=argparse.SUPPRESS)
@@ -584,6 +588,7 @@ def print_cli(runs: dict[str, list[dict]]) -> None:
     for round_, (full, work) in enumerate(zip(runs.get("probe_cli", []), runs.get("probe_cli_work", []))):
         print(f"  round {round_ + 1}: the randomisation check costs {full['process_seconds'] - work['process_seconds']:.1f} s "
               "(the two processes' difference; fixed in the study's size: its sanity examples only)")
+
 
 if __name__ == "__main__":
     main()
