@@ -255,3 +255,105 @@ def test_rule_1_is_the_family_wise_p_value_never_the_random_ranking():
     assert verdict(agreement, summary, study, "m", chance=chance)[0]["answer"] == "yes"
     with pytest.raises(ValueError, match="chance tests"):
         verdict(agreement, summary, study, "m")
+
+
+# Rule 2 on evidence (probe.study.power): a unit tracks only when it is shown within the margin of the
+# gradient bar; shown worse it does not; where the study cannot tell, the answer is undecidable with n
+# and the n that would decide.
+
+def _means(attention: float, gradient: float) -> dict:
+    return {("explainer", "attention_mean", "loo_delete"): attention, ("explainer", "rollout", "loo_delete"): 0.1,
+            ("explainer", "alti", "loo_delete"): 0.1, ("explainer", "saliency", "loo_delete"): gradient,
+            ("explainer", "input_x_gradient", "loo_delete"): gradient - 0.05,
+            ("baseline", "random", "loo_delete"): 0.0, ("ceiling", "loo_mask", "loo_delete"): 0.8}
+
+
+def _noisy(means: dict, sd: float, seed: int = 0) -> pd.DataFrame:
+    """Like :func:`_agreement`, with per-example noise ``sd`` on every unit (so the paired
+    differences vary)."""
+    rng = np.random.default_rng(seed)
+    frame = _agreement(means, seed)
+    frame["kendall_tau"] = np.clip(frame["kendall_tau"] + rng.normal(0, sd, len(frame)), -1, 1)
+    frame["top1"] = frame["kendall_tau"]
+    return frame
+
+
+def _judge(agreement: pd.DataFrame, unreliable=None, **statistics):
+    study = _study(measure="kendall_tau", **statistics)
+    return _verdict(agreement, summary_table(agreement, study), study, "m", unreliable=unreliable)
+
+
+def test_rule_2_passes_only_when_shown_within_the_margin_of_the_bar():
+    v, paired = _judge(_agreement(_means(0.6, 0.62)))
+    row = paired[paired.unit == "attention_mean L0"].iloc[0]
+    assert row.rule2 == "not worse" and row.rule2_low > -0.1 and row.tracks
+    assert v["answer"] == "yes" and v["n"] == N and v["margin"] == 0.1
+    worse, paired = _judge(_agreement(_means(0.3, 0.6)))
+    row = paired[paired.unit == "attention_mean L0"].iloc[0]
+    assert row.rule2 == "worse" and row.rule2_high < -0.1 and row.below_gradient and not row.tracks
+    assert worse["answer"] == "no"
+
+
+def test_a_unit_the_study_cannot_compare_with_gradients_makes_the_answer_undecidable_with_n():
+    v, paired = _judge(_noisy(_means(0.5, 0.6), sd=0.25))
+    row = paired[paired.unit == "attention_mean L0"].iloc[0]
+    assert row.rule2_low < -0.1 < row.rule2_high and row.rule2 == "undecided"
+    assert row.above_chance and row.undecided and not row.tracks
+    assert row.n_needed > N
+    assert v["answer"] == "undecidable" and v["n"] == N and v["n_needed"] == row.n_needed
+    assert v["undecidable"].startswith(f"too few examples to compare with gradients: n = {N}; about ")
+    assert f"n = {N} scored examples" in v["headline"]
+    # a gap well beyond the margin at the same n is decided: shown worse than the bar
+    big = _judge(_noisy(_means(0.3, 0.7), sd=0.25, seed=1))[0]
+    assert big["answer"] == "no"
+
+
+def test_a_smaller_margin_is_harder_to_pass():
+    assert _judge(_agreement(_means(0.56, 0.6)))[0]["answer"] == "yes"
+    assert _judge(_agreement(_means(0.56, 0.6)), margin=0.01)[0]["answer"] != "yes"
+
+
+def test_without_a_gradient_that_passed_its_checks_the_answer_says_what_was_not_compared():
+    failed = {"saliency": ["randomisation"], "input_x_gradient": ["sign"]}
+    v, paired = _judge(_agreement(_means(0.6, 0.6)), unreliable=failed)
+    assert set(paired.rule2) == {"not compared"}
+    assert v["answer"] == "undecidable" and v["undecidable"].startswith("not compared with gradients")
+    study = study_from_dict({**_study().model_dump(mode="json"), "explainers": ["attention_mean", "rollout", "alti"]}) \
+        if hasattr(_study(), "model_dump") else None
+    if study is not None:
+        agreement = _agreement({k: m for k, m in _means(0.6, 0.6).items() if k[1] not in ("saliency", "input_x_gradient")})
+        none, paired = _verdict(agreement, summary_table(agreement, study), study, "m")
+        assert set(paired.rule2) == {"not applied"} and none["answer"] == "yes"
+        assert "Rule 2 not applied: no gradient explainer in the study" in none["headline"]
+
+
+def test_n_needed_is_the_sample_size_at_which_the_rule_decides_with_the_stated_power():
+    from probe.metrics.statistics import paired_bootstrap_ci
+    from probe.study.power import N_NEEDED_CAP, n_needed, rule2_state
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(0, 1, 15)
+    d = -0.05 + 0.2 * (z - z.mean()) / z.std(ddof=1)  # mean -0.05, sd 0.2 exactly
+    need = n_needed(d, margin=0.1, alpha=0.05)
+    assert need == int(np.ceil(((1.644854 + 0.841621) * 0.2 / 0.05) ** 2))  # 99
+    decided = 0
+    for i in range(60):  # at about n_needed examples, about POWER (0.8) of studies decide "not worse"
+        d = np.random.default_rng(100 + i).normal(-0.05, 0.2, 99)
+        low, high = paired_bootstrap_ci(d, np.zeros_like(d), n_boot=500, level=0.9, seed=i)
+        decided += rule2_state(low, high, 0.1) == "not worse"
+    assert 0.6 <= decided / 60 <= 0.95
+    assert n_needed(np.array([-0.2, 0.0, -0.1]), margin=0.1, alpha=0.05) > N_NEEDED_CAP  # at the margin: never
+
+
+def test_a_reference_its_own_pair_check_distrusts_makes_the_answer_undecidable_naming_shapley():
+    found = {"pairs": 40, "examples": 40,
+             "substitutes": {"examples": list(range(39)), "strongest": {"example": 0, "tokens": ["zz", "zz"],
+                                                                         "joint": -0.9, "singles": [0.0, 0.0]}},
+             "complements": {"examples": [], "strongest": None}}
+    why = decide.undecidable_reason(None, 40, None, 0.05, found)
+    assert why is None  # no reference profile: nothing to name
+    why = decide.misjudged_reason(found, "loo_delete")
+    assert "39 of the 40 examples" in why and "statistics.reference: shapley" in why
+    assert decide.misjudged_reason(found, "shapley") is None
+    few = {**found, "substitutes": {**found["substitutes"], "examples": list(range(10))}}
+    assert decide.misjudged_reason(few, "loo_delete") is None

@@ -57,8 +57,9 @@ def verdict_section(r: StudyResult, w: Writer | None = None) -> Section:
                                                         "(p_family: rule 1's permutation p-value, family-wise)"))
     if w is not None and r.paired is not None and len(r.paired):
         columns = [c for c in ("family", "unit", "n", "mean", "ci_low", "ci_high", "chance_mean", "chance_high",
-                               "p_chance", "p_family", "null", "above_chance", "diff_vs_gradient", "wilcoxon_p",
-                               "below_gradient", "reliable", "tracks") if c in r.paired.columns]
+                               "p_chance", "p_family", "permutations", "p_mc_se", "near_alpha", "null", "above_chance",
+                               "diff_vs_gradient", "diff_ci_low", "diff_ci_high", "rule2", "n_needed", "wilcoxon_p",
+                               "below_gradient", "reliable", "tracks", "undecided") if c in r.paired.columns]
         csv = w.csv("verdict_units", r.paired[columns])
         blocks.append(Para(f"Every attention unit's rule tests (raw and family-wise permutation p-values, the mean and "
                            f"95th percentile of its chance distribution, the paired test against the gradient bar, "
@@ -83,6 +84,9 @@ def _verdict_numbers(r: StudyResult, v: dict) -> list[tuple[str, str]]:
                     f"CIs, {v.get('bootstrap', '?')} resamples)"
                     + (f"; {v['measure_why']}" if v.get("measure_why") and v.get("measure_requested") == "auto" else "")),
     ]
+    if v.get("n"):
+        numbers.append(("scored examples (n)", str(v["n"]) + (f"; about {v['n_needed']} would decide rule 2"
+                                                              if v.get("n_needed") else "")))
     if v.get("undecidable"):
         numbers.append(("why undecidable", str(v["undecidable"])))
     numbers += [
@@ -104,7 +108,8 @@ def _verdict_numbers(r: StudyResult, v: dict) -> list[tuple[str, str]]:
                      else "no ceiling pair in the study")),
     ]
     if (v.get("gradient_bar") or {}).get("text"):
-        numbers.append(("gradient bar", v["gradient_bar"]["text"]))
+        margin = f"; a unit passes rule 2 when shown at most {v['margin']} below it" if v.get("margin") else ""
+        numbers.append(("gradient bar", v["gradient_bar"]["text"] + margin))
     for name, stat in (v.get("baselines") or {}).items():
         if name != "random":
             numbers.append((f"{name} baseline", stat_text(stat)))

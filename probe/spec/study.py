@@ -335,6 +335,10 @@ class StatisticsSpec(SpecModel):
     level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
     #: the significance level of the verdict's tests
     alpha: Annotated[Float, Field(gt=0, lt=0.5)] = 0.05
+    #: rule 2's non-inferiority margin, on the verdict's measure: a unit tracks only when the lower bound of
+    #: its paired CI against the gradient bar (unit - bar) lies above -margin; worse is shown when the upper
+    #: bound lies below -margin; between the two the unit is undecided (probe.study.power)
+    margin: Annotated[Float, Field(gt=0, le=1)] = 0.1
     #: the seed of the bootstrap and the permutations
     seed: Int = 0
     #: count special tokens ([CLS], [SEP], ...) and a prompt template's tokens in agreement

@@ -47,7 +47,7 @@ def calibration(tables: dict, study, *, dtype: str, sanity: Sequence = (), seeds
     for seed in seeds:
         chance = chance_frame(plan, permutations=st.permutations, seed=int(seed))
         ceiling = {**v["ceiling"], "p_chance": ceiling_p(chance, *pair)} if pair is not None else None
-        reason = decide.undecidable_reason(judged["profile"], n_scored, ceiling, st.alpha)
+        reason = decide.undecidable_reason(judged["profile"], n_scored, ceiling, st.alpha, v.get("interactions"))
         decided = with_chance(paired, chance, st.alpha)
         families = family_answers(decided, reason)
         answer = "undecidable" if reason else (families[headline]["answer"] if headline in families else "no")

@@ -44,6 +44,7 @@ NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
 CONCENTRATED = 0.8  # share of the reference's |effect| on the top 1 (or 2) tokens that makes it sparse
 EFFECT_SHARE = 0.01  # an example's largest |effect| below this share of the study's 90th percentile: no effect
 MIN_EXAMPLES = 10  # fewer scored examples than this and no answer rests on them (DESIGN rule 16; claims: MIN_EVIDENCE)
+MISJUDGED = 0.5  # the pair check flags more than this share of the examples it looked at: the reference cannot judge
 
 EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.float32).eps),
        "bf16": 2.0 ** -7, "bfloat16": 2.0 ** -7, "fp16": float(np.finfo(np.float16).eps),
@@ -261,4 +262,20 @@ def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling:
         return (f"the references do not agree with each other above chance: the best ceiling ({a} vs {b}) is "
                 f"{ceiling['mean']:+.3f} [{ceiling['ci'][0]:+.3f}, {ceiling['ci'][1]:+.3f}], permutation p = "
                 f"{ceiling['p_chance']:.3f} > alpha {alpha}: there is no causal ranking stable enough to track")
-    return None
+    return misjudged_reason(interactions, profile.method if profile is not None else None)
+
+
+def misjudged_reason(found: dict | None, reference: str | None) -> str | None:
+    """Why the verdict cannot judge against a single-deletion reference that its own pair check
+    (:func:`interaction_summary`) finds misjudging interacting tokens in more than :data:`MISJUDGED`
+    of the examples it looked at, or None (a Shapley reference shares joint effects: never)."""
+    if not found or reference is None or reference == "shapley" or not found.get("examples"):
+        return None
+    flagged = sorted(set(found["substitutes"]["examples"]) | set(found["complements"]["examples"]))
+    if len(flagged) <= MISJUDGED * found["examples"]:
+        return None
+    kinds = [k for k in ("substitutes", "complements") if found[k]["examples"]]
+    return (f"the reference cannot judge: single-token deletion ({reference}) misjudges interacting tokens ("
+            + " and ".join(kinds) + f") in {len(flagged)} of the {found['examples']} examples the pair check looked at, "
+            f"more than {100 * MISJUDGED:.0f}%; judge against Shapley values, which share joint effects "
+            "(references: [..., shapley], statistics.reference: shapley)")

@@ -31,7 +31,7 @@ def headline(model: str, v: dict, study, mixing: str = "attention") -> str:
     """The verdict's first sentences from its fields ``v``: the answer, the units that pass, the best
     ones, the other families, chance, the random ranking, the gradient bar and the ceiling."""
     ref, measure = v["reference"], v["measure"]
-    how = f"{measure} with {reference_words(ref, study)}"
+    how = f"{measure} with {reference_words(ref, study)}" + (f"; n = {v['n']} scored examples" if v.get("n") else "")
     fam = v.get("headline_family")
     if v["answer"] == "undecidable":
         parts = [f"On {model}, whether {mixing} tracks causal importance cannot be decided ({how}): "

@@ -14,21 +14,28 @@ The verdict rule (stored with every result in ``verdict.json``):
        tokens, ``statistics.permutations`` times, the same permutations for every unit), adjusted
        across the units of U's family by the max-T method (family-wise error control), is at most
        alpha. The seeded random ranking is shown beside it and decides nothing;
-    2. not worse than gradients: U's agreement is not significantly below that of the best
-       gradient explainer G* that passed its sanity checks (the bar): a paired two-sided Wilcoxon
-       signed-rank test over the same examples with p <= alpha and a negative mean difference
-       counts as "significantly below". Without such a gradient explainer, only rules 1 and 3 apply;
+    2. shown not worse than gradients: U's agreement is shown to be at most a margin m
+       (``statistics.margin``, 0.1) below that of the best gradient explainer G* that passed its
+       sanity checks (the bar): the lower bound of the paired bootstrap interval of U - G* over the
+       same examples at 1 - 2 alpha (each bound a one-sided test at alpha) lies above -m
+       (non-inferiority). Its upper bound below -m shows U worse; an interval that holds -m leaves U
+       undecided. Where the study has gradient explainers and all
+       failed a check, nothing was compared and U is undecided; a study without any applies rules 1
+       and 3 alone and says so;
     3. reliable: U's method failed none of its sanity checks (constant scores, degeneracy,
        randomisation, sign).
 
     Units are judged per family: the attention weights (attention, attention_mean), attention-derived
     (rollout, flow), context mixing (attn_norm, value zeroing, ALTI, GlobEnc) and attention x
-    gradient. A family's answer is "yes" when at least one of its layer-level units tracks, "heads
-    only" when only single heads do, "no" when none does. The study's answer is the attention
-    weights' (the first family the study has), or "undecidable" when nothing can be decided: the
-    output does not depend on the input, R's effects are at the numerical noise floor, too few
-    examples were scored, or the references do not agree with each other above chance (the ceiling's
-    own permutation test).
+    gradient. A family's answer is "yes" when at least one of its layer-level units tracks,
+    "undecidable" when none does and one is undecided (it passes rules 1 and 3 and rule 2 cannot
+    tell, or its rule-1 p-value stays within Monte Carlo error of alpha), "heads only" when only
+    single heads track, "undecidable" when no unit tracks and a head is undecided, "no" otherwise.
+    The study's answer is the attention weights' (the first family the study has), or "undecidable"
+    when nothing can be decided: the output does not depend on the input, R's effects are at the
+    numerical noise floor, too few examples were scored, the references do not agree with each other
+    above chance (the ceiling's own permutation test), or the pair check finds that R (single-token
+    deletion) misjudges interacting tokens in more than half of the examples it looked at.
 
 Why this rule: rule 1 asks that attention carry real information about which tokens matter, against
 the whole distribution chance gives (one random ranking is a single draw: where it happens to score
@@ -36,9 +43,9 @@ the whole distribution chance gives (one random ranking is a single draw: where 
 hundreds of heads tested together so that a model whose heads carry nothing passes none of them in
 more than alpha of statistics seeds (reports/planted shows that calibration); rule 2 asks that it do so about as well as
 the cheap, standard alternative, since an explanation clearly worse than plain gradients is not one
-an auditor should rely on; rule 3 keeps a unit whose own assumption failed on this model from
-carrying the answer. The paired test is uncorrected across units, which makes "significantly
-below" easier to reach, i.e. errs towards *not* tracking. Families are answered separately because
+an auditor should rely on, and asks it on evidence (non-inferiority): "not shown worse" would pass
+any unit of a study too small to see a difference; rule 3 keeps a unit whose own assumption failed
+on this model from carrying the answer. Families are answered separately because
 "attention" in a claim means the attention weights; the others are named beside it.
 """
 
@@ -51,7 +58,7 @@ import numpy as np
 import pandas as pd
 
 from probe.errors import InputError
-from probe.metrics.statistics import holm, paired_test, summarize_groups
+from probe.metrics.statistics import holm, paired_bootstrap_ci, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.names import unit_name
@@ -59,6 +66,7 @@ from probe.registry import VERDICT_FAMILIES, find
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.headline import verdict_headline
+from probe.study.power import NOT_WORSE, UNDECIDED, WORSE, family_state, n_needed, one_sided_level, rule2_state
 from probe.study.provenance import provenance
 from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
@@ -145,7 +153,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     all_grads = _where(explainers, (family(e) == "gradient" for e in explainers.explainer))
     grads = _where(all_grads, (e not in unreliable for e in all_grads.explainer))
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
-    paired = _paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units)
+    paired = _paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units,
+                           compared=bool(len(all_grads)))
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     ceiling = _ceiling(summary, ref, measure, unreliable)
     numbers = _numbers(s, best_grad, ceiling, chance)
@@ -160,7 +169,7 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     warnings = [w for w in [decide.concentration_warning(measure, profile),
                             _reversed_warning(mixing, ordered, numbers["random"]),
                             decide.interaction_warning(found_pairs, ref)] if w]
-    fields = {**_answer_fields(study, measure, measure_why, reason, families), **_unit_lists(paired, ordered, families),
+    fields = {**_answer_fields(study, measure, measure_why, reason, families, n_scored), **_unit_lists(paired, ordered, families),
               **numbers, "gradient_bar": bar, "above_ceiling": above, "warnings": warnings, "interactions": found_pairs,
               "reference_profile": profile.to_dict() if profile is not None else None,
               "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods}}
@@ -186,14 +195,19 @@ def _numbers(s: pd.DataFrame, best_grad: pd.Series | None, ceiling: pd.Series | 
     }
 
 
-def _answer_fields(study: Study, measure: str, measure_why: str, reason: str | None, families: dict) -> dict:
-    """The verdict's answer (the headline family's, or undecidable), the rule and how it was applied."""
+def _answer_fields(study: Study, measure: str, measure_why: str, reason: str | None, families: dict,
+                   n_scored: int = 0) -> dict:
+    """The verdict's answer (the headline family's, or undecidable), the rule and how it was applied,
+    with ``n`` (the scored examples) and, where units are undecided, ``n_needed`` (about how many
+    would decide rule 2)."""
     st = study.statistics
     ref = study.verdict_reference
     headline_family = next(iter(families), None)
     chosen = families.get(headline_family) if headline_family else None
+    reason = reason or (chosen or {}).get("undecided")
     return {
         "answer": "undecidable" if reason else (chosen["answer"] if chosen else "no"), "rule": RULE,
+        "n": int(n_scored), "n_needed": (chosen or {}).get("n_needed"), "margin": st.margin,
         "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute) else "signed",
         "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
         "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap, "permutations": st.permutations,
@@ -226,19 +240,21 @@ def _unit_lists(paired: pd.DataFrame, ordered: pd.DataFrame, families: dict) -> 
 def _family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None) -> dict:
     layers, heads = rows[rows["head"] < 0], rows[rows["head"] >= 0]
     k_layers, k_heads = int(layers.tracks.sum()), int(heads.tracks.sum())
-    answer = "yes" if k_layers else ("heads only" if k_heads else "no")
+    answer, undecided, need = family_state(rows)
     methods = list(dict.fromkeys(rows.explainer))
     unreliable = sorted({e for e, ok in zip(rows.explainer, rows.reliable) if not ok})
-    why = None
+    why = undecided
     if answer == "no" and len(rows) and not rows.reliable.astype(bool).any():
         why = "every method of this family failed a sanity check: " + ", ".join(unreliable)
     best = rows.sort_values("mean", ascending=False)
     return {"answer": "undecidable" if reason else answer, "methods": methods,
-            "layer_units": {"tracking": k_layers, "total": int(len(layers))},
-            "head_units": {"tracking": k_heads, "total": int(len(heads))},
+            "layer_units": {"tracking": k_layers, "total": int(len(layers)),
+                            "undecided": int(layers.undecided.sum()) if "undecided" in layers else 0},
+            "head_units": {"tracking": k_heads, "total": int(len(heads)),
+                           "undecided": int(heads.undecided.sum()) if "undecided" in heads else 0},
             "best_layer": (_describe_units(best[best["head"] < 0].head(1), n_most) or [None])[0],
             "best_head": (_describe_units(best[best["head"] >= 0].head(1), n_most) or [None])[0],
-            "unreliable": unreliable, "why": why}
+            "unreliable": unreliable, "why": why, "undecided": undecided, "n_needed": need}
 
 
 def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: bool) -> dict:
@@ -255,10 +271,14 @@ def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: boo
 
 
 def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.DataFrame, best_grad: pd.Series | None,
-                  ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict) -> pd.DataFrame:
+                  ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict, *,
+                  compared: bool = True) -> pd.DataFrame:
     """One row per attention unit: its mean and CI, rule 1 (its chance test: raw and family-wise
-    p-values, the mean and 95th percentile of its null), rule 2 (the paired test against the best
-    gradient), rule 3 (its method reliable), and whether it tracks."""
+    p-values, the mean and 95th percentile of its null), rule 2 (the paired non-inferiority test
+    against the best gradient, :mod:`probe.study.power`: ``rule2`` is ``not worse``, ``worse``,
+    ``undecided`` with ``n_needed``, ``not compared`` where every gradient explainer of the study
+    failed a check, ``not applied`` where the study has none; ``compared``: whether it has one), rule 3
+    (its method reliable), and whether it tracks or is undecided."""
     st = study.statistics
     attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
     wide = agreement[(agreement.reference == ref)]
@@ -274,12 +294,16 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
         if grad_values is not None:
             a, b = unit.align(grad_values, join="inner")
             pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
+            low, high = paired_bootstrap_ci(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap,
+                                            level=one_sided_level(st.alpha), seed=st.seed)
+            state = rule2_state(low, high, st.margin)
             test.update({"vs_gradient": best_grad.explainer, "diff_vs_gradient": pt["mean_diff"],
-                         "diff_ci_low": pt["ci_low"], "diff_ci_high": pt["ci_high"], "wilcoxon_p": pt["wilcoxon_p"]})
-            below = pt["mean_diff"] < 0 and pt["wilcoxon_p"] <= st.alpha
+                         "diff_ci_low": pt["ci_low"], "diff_ci_high": pt["ci_high"], "wilcoxon_p": pt["wilcoxon_p"],
+                         "rule2_low": low, "rule2_high": high, "rule2": state,
+                         "n_needed": n_needed((a - b).to_numpy(), st.margin, st.alpha) if state == UNDECIDED else 0})
         else:
-            below = False
-        test["below_gradient"] = bool(below)
+            test.update({"rule2": "not compared" if compared else "not applied", "n_needed": 0})
+        test["below_gradient"] = test["rule2"] == WORSE
         test["reliable"] = (row.explainer not in unreliable
                             and (str(row.explainer), int(row.layer), int(row["head"])) not in unreliable_units)
         tests.append(test)
@@ -288,6 +312,9 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
 
 #: rule 1's columns of the per-unit tests, placed after ``n``
 CHANCE_FIELDS = ["chance_mean", "chance_high", "p_chance", "p_family", "null", "above_chance"]
+#: rule 1's Monte Carlo columns, where the chance tests carry them (the random rankings drawn, the Monte
+#: Carlo standard error of p_family, and whether alpha still lies within it at the cap)
+MC_FIELDS = ["permutations", "p_mc_se", "near_alpha"]
 
 
 def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.DataFrame:
@@ -298,17 +325,25 @@ def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.
     if not len(paired):
         return paired
     keys = ["explainer", "layer", "head"]
-    taken = [c for c in CHANCE_FIELDS[:5] if c in chance.columns]  # "null": tables from before it lack it
+    taken = [c for c in [*CHANCE_FIELDS[:5], *MC_FIELDS] if c in chance.columns]  # "null": tables from before it lack it
     fresh = chance[chance.family != "ceiling"][keys + taken].drop_duplicates(keys)
-    base = paired.drop(columns=[c for c in [*CHANCE_FIELDS, "tracks"] if c in paired.columns])
+    base = paired.drop(columns=[c for c in [*CHANCE_FIELDS, *MC_FIELDS, "tracks", "undecided"] if c in paired.columns])
     out = base.merge(fresh, on=keys, how="left")
     p = out.p_family.to_numpy(float)
-    out["above_chance"] = np.isfinite(p) & (p <= alpha)
+    near = out.near_alpha.fillna(False).astype(bool) if "near_alpha" in out.columns else False
+    out["above_chance"] = np.isfinite(p) & (p <= alpha) & ~near
     if "null" not in out.columns:
         out["null"] = "permutation"
-    out["tracks"] = out.above_chance & ~out.below_gradient.astype(bool) & out.reliable.astype(bool)
+    rule2 = out.rule2 if "rule2" in out.columns else pd.Series(np.where(out.below_gradient, WORSE, NOT_WORSE))
+    passes2 = rule2.isin([NOT_WORSE, "not applied"]).to_numpy()
+    open2 = rule2.isin([UNDECIDED, "not compared"]).to_numpy()
+    reliable = out.reliable.astype(bool).to_numpy()
+    out["tracks"] = out.above_chance.to_numpy() & passes2 & reliable
+    # undecided: rule 3 holds and neither rule 1 nor rule 2 has failed, but one of them is not shown either way
+    out["undecided"] = reliable & ((out.above_chance.to_numpy() & open2) | (np.asarray(near) & (passes2 | open2)))
     at = list(base.columns).index("n") + 1
-    return out[[*base.columns[:at], *CHANCE_FIELDS, *base.columns[at:], "tracks"]]
+    extra = [c for c in MC_FIELDS if c in out.columns]
+    return out[[*base.columns[:at], *CHANCE_FIELDS, *extra, *base.columns[at:], "tracks", "undecided"]]
 
 
 def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
@@ -353,6 +388,8 @@ def _describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
     return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
              "n": int(r.n), **({"p_family": float(r.p_family)} if pd.notna(r.get("p_family")) else {}),
              **({} if r.get("reliable", True) else {"unreliable": True}),
+             **({"undecided": True} if bool(r.get("undecided", False)) else {}),
+             **({"rule2": str(r.rule2)} if isinstance(r.get("rule2"), str) else {}),
              **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
             for _, r in rows.iterrows()]
 

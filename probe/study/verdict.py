@@ -93,7 +93,9 @@ class Verdict(PicklableFrozen):
         from probe.display import clip
 
         why = f" ({clip(self.undecidable, 90)})" if self.undecidable else ""
-        return (f"<Verdict {self.answer}{why}: {self.measure} with {self.reference}; "
+        n = self.data.get("n")
+        return (f"<Verdict {self.answer}{why}: {self.measure} with {self.reference}"
+                + (f", n = {n}" if n else "") + "; "
                 f"{self.layer_units.tracking}/{self.layer_units.total} layer-level units and "
                 f"{self.head_units.tracking}/{self.head_units.total} heads track>")
 
@@ -106,7 +108,9 @@ class Verdict(PicklableFrozen):
                 ci = entry.get("ci") or (None, None)
                 interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if None not in ci else ""
                 numbers.append(f"{name} {float(entry['mean']):+.3f}{interval}")
-        note = f"{self.measure} with {self.reference}" + (": " + "; ".join(numbers) if numbers else "")
+        n, need = self.data.get("n"), self.data.get("n_needed")
+        size = (f", n = {n} scored examples" if n else "") + (f" (about {need} would decide)" if need else "")
+        note = f"{self.measure} with {self.reference}{size}" + (": " + "; ".join(numbers) if numbers else "")
         table = frame_html(self.to_pandas(), caption="per family of attention explanation")
         return ("<div>" + block_html(f"Does attention track {self.reference}? {self.answer}", "", self.headline)
                 + block_html("", table, note) + "</div>")
