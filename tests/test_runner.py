@@ -17,7 +17,7 @@ import pytest
 import scipy.stats
 
 from probe.errors import InputError, ProbeError
-from probe.metrics.statistics import wilcoxon_method
+from probe.metrics.statistics import paired_bootstrap_ci, wilcoxon_method
 from probe.names import TABLES
 from probe.spec.study import study_from_dict
 from probe.study.runner import run_study
@@ -450,7 +450,7 @@ def test_real_model_study_ceiling_beats_random(tmp_path):
 
 
 def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
-    _, _, out = full_run
+    study, _, out = full_run
     paired = pd.read_parquet(out / "paired.parquet")
     agreement = pd.read_parquet(out / "agreement.parquet")
     best = json.loads((out / "verdict.json").read_text())["best_gradient"]["explainer"]
@@ -465,7 +465,15 @@ def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
     method = wilcoxon_method(diff.to_numpy())
     assert row.wilcoxon_p.item() == pytest.approx(scipy.stats.wilcoxon(diff.to_numpy(), method=method).pvalue)
     assert row.above_chance.item() == (row.p_family.item() <= 0.05)
-    assert row.tracks.item() == (row.above_chance.item() and not (diff.mean() < 0 and row.wilcoxon_p.item() <= 0.05))
+    # rule 2: non-inferiority, the one-sided bounds at alpha (the 1 - 2 alpha paired bootstrap interval)
+    st = study.statistics
+    low, high = paired_bootstrap_ci(x.to_numpy(), y.to_numpy(), n_boot=st.bootstrap, level=1 - 2 * st.alpha,
+                                    seed=st.seed)
+    assert row.rule2_low.item() == pytest.approx(low) and row.rule2_high.item() == pytest.approx(high)
+    state = "not worse" if low > -st.margin else ("worse" if high < -st.margin else "undecided")
+    assert row.rule2.item() == state and row.below_gradient.item() == (state == "worse")
+    assert row.tracks.item() == (row.above_chance.item() and state == "not worse" and row.reliable.item())
+    assert row.undecided.item() == (row.above_chance.item() and state == "undecided" and row.reliable.item())
 
 
 def test_rule_1_is_rebuilt_from_the_stored_tables_exactly(full_run):
