@@ -470,7 +470,10 @@ def test_paired_tests_compare_each_unit_with_the_best_gradient(full_run):
     low, high = paired_bootstrap_ci(x.to_numpy(), y.to_numpy(), n_boot=st.bootstrap, level=1 - 2 * st.alpha,
                                     seed=st.seed)
     assert row.rule2_low.item() == pytest.approx(low) and row.rule2_high.item() == pytest.approx(high)
-    state = "not worse" if low > -st.margin else ("worse" if high < -st.margin else "undecided")
+    verdict = json.loads((out / "verdict.json").read_text())
+    margin = st.margin * max(verdict["best_gradient"]["mean"] - verdict["random"]["mean"], 0.0)
+    assert row.margin.item() == pytest.approx(margin)
+    state = "not worse" if low > -margin else ("worse" if high < -margin else "undecided")
     assert row.rule2.item() == state and row.below_gradient.item() == (state == "worse")
     assert row.tracks.item() == (row.above_chance.item() and state == "not worse" and row.reliable.item())
     assert row.undecided.item() == (row.above_chance.item() and state == "undecided" and row.reliable.item())

@@ -278,6 +278,10 @@ def _noisy(means: dict, sd: float, seed: int = 0) -> pd.DataFrame:
     return frame
 
 
+def summary_mean(v: dict, explainer: str) -> float:
+    return float(v["best_gradient"]["mean"]) if v["best_gradient"]["explainer"] == explainer else float("nan")
+
+
 def _judge(agreement: pd.DataFrame, unreliable=None, **statistics):
     study = _study(measure="kendall_tau", **statistics)
     return _verdict(agreement, summary_table(agreement, study), study, "m", unreliable=unreliable)
@@ -286,18 +290,20 @@ def _judge(agreement: pd.DataFrame, unreliable=None, **statistics):
 def test_rule_2_passes_only_when_shown_within_the_margin_of_the_bar():
     v, paired = _judge(_agreement(_means(0.6, 0.62)))
     row = paired[paired.unit == "attention_mean L0"].iloc[0]
-    assert row.rule2 == "not worse" and row.rule2_low > -0.1 and row.tracks
-    assert v["answer"] == "yes" and v["n"] == N and v["margin"] == 0.1
+    assert row.margin == pytest.approx(0.2 * (summary_mean(v, "saliency") - v["random"]["mean"]))
+    assert row.rule2 == "not worse" and row.rule2_low > -row.margin and row.tracks
+    assert v["answer"] == "yes" and v["n"] == N and v["margin_share"] == 0.2
+    assert v["gradient_bar"]["margin"] == pytest.approx(row.margin)
     worse, paired = _judge(_agreement(_means(0.3, 0.6)))
     row = paired[paired.unit == "attention_mean L0"].iloc[0]
-    assert row.rule2 == "worse" and row.rule2_high < -0.1 and row.below_gradient and not row.tracks
+    assert row.rule2 == "worse" and row.rule2_high < -row.margin and row.below_gradient and not row.tracks
     assert worse["answer"] == "no"
 
 
 def test_a_unit_the_study_cannot_compare_with_gradients_makes_the_answer_undecidable_with_n():
     v, paired = _judge(_noisy(_means(0.5, 0.6), sd=0.25))
     row = paired[paired.unit == "attention_mean L0"].iloc[0]
-    assert row.rule2_low < -0.1 < row.rule2_high and row.rule2 == "undecided"
+    assert row.rule2_low < -row.margin < row.rule2_high and row.rule2 == "undecided"
     assert row.above_chance and row.undecided and not row.tracks
     assert row.n_needed > N
     assert v["answer"] == "undecidable" and v["n"] == N and v["n_needed"] == row.n_needed
@@ -310,7 +316,15 @@ def test_a_unit_the_study_cannot_compare_with_gradients_makes_the_answer_undecid
 
 def test_a_smaller_margin_is_harder_to_pass():
     assert _judge(_agreement(_means(0.56, 0.6)))[0]["answer"] == "yes"
-    assert _judge(_agreement(_means(0.56, 0.6)), margin=0.01)[0]["answer"] != "yes"
+    assert _judge(_agreement(_means(0.56, 0.6)), margin=0.02)[0]["answer"] != "yes"
+
+
+def test_the_margin_is_a_share_of_the_bars_lead_over_chance():
+    from probe.study.power import margin_of
+
+    assert margin_of(0.37, 0.0, 0.2) == pytest.approx(0.074)
+    assert margin_of(0.83, 0.08, 0.2) == pytest.approx(0.15)
+    assert margin_of(0.05, 0.1, 0.2) == 0.0  # a bar not above chance: only a unit shown better passes
 
 
 def test_without_a_gradient_that_passed_its_checks_the_answer_says_what_was_not_compared():

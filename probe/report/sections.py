@@ -108,8 +108,7 @@ def _verdict_numbers(r: StudyResult, v: dict) -> list[tuple[str, str]]:
                      else "no ceiling pair in the study")),
     ]
     if (v.get("gradient_bar") or {}).get("text"):
-        margin = f"; a unit passes rule 2 when shown at most {v['margin']} below it" if v.get("margin") else ""
-        numbers.append(("gradient bar", v["gradient_bar"]["text"] + margin))
+        numbers.append(("gradient bar", v["gradient_bar"]["text"]))
     for name, stat in (v.get("baselines") or {}).items():
         if name != "random":
             numbers.append((f"{name} baseline", stat_text(stat)))

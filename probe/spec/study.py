@@ -335,10 +335,10 @@ class StatisticsSpec(SpecModel):
     level: Annotated[Float, Field(gt=0.5, lt=1)] = 0.95
     #: the significance level of the verdict's tests
     alpha: Annotated[Float, Field(gt=0, lt=0.5)] = 0.05
-    #: rule 2's non-inferiority margin, on the verdict's measure: a unit tracks only when the lower bound of
-    #: its paired CI against the gradient bar (unit - bar) lies above -margin; worse is shown when the upper
-    #: bound lies below -margin; between the two the unit is undecided (probe.study.power)
-    margin: Annotated[Float, Field(gt=0, le=1)] = 0.1
+    #: rule 2's non-inferiority margin, as a share of the gradient bar's lead over the random ranking: a unit
+    #: tracks only when shown to keep at least 1 - margin of that lead (the lower bound of its paired interval
+    #: of unit - bar above -margin x lead); shown below that it is worse; between, undecided (probe.study.power)
+    margin: Annotated[Float, Field(gt=0, lt=1)] = 0.2
     #: the seed of the bootstrap and the permutations
     seed: Int = 0
     #: count special tokens ([CLS], [SEP], ...) and a prompt template's tokens in agreement

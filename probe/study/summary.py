@@ -14,9 +14,10 @@ The verdict rule (stored with every result in ``verdict.json``):
        tokens, ``statistics.permutations`` times, the same permutations for every unit), adjusted
        across the units of U's family by the max-T method (family-wise error control), is at most
        alpha. The seeded random ranking is shown beside it and decides nothing;
-    2. shown not worse than gradients: U's agreement is shown to be at most a margin m
-       (``statistics.margin``, 0.1) below that of the best gradient explainer G* that passed its
-       sanity checks (the bar): the lower bound of the paired bootstrap interval of U - G* over the
+    2. shown not worse than gradients: U's agreement is shown to be at most a margin m below
+       that of the best gradient explainer G* that passed its sanity checks (the bar), m being a
+       share (``statistics.margin``, 0.2) of G*'s lead over the random ranking (U must keep 80% of
+       what gradients gain over chance): the lower bound of the paired bootstrap interval of U - G* over the
        same examples at 1 - 2 alpha (each bound a one-sided test at alpha) lies above -m
        (non-inferiority). Its upper bound below -m shows U worse; an interval that holds -m leaves U
        undecided. Where the study has gradient explainers and all
@@ -66,7 +67,16 @@ from probe.registry import VERDICT_FAMILIES, find
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.headline import verdict_headline
-from probe.study.power import NOT_WORSE, UNDECIDED, WORSE, family_state, n_needed, one_sided_level, rule2_state
+from probe.study.power import (
+    NOT_WORSE,
+    UNDECIDED,
+    WORSE,
+    family_state,
+    margin_of,
+    n_needed,
+    one_sided_level,
+    rule2_state,
+)
 from probe.study.provenance import provenance
 from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
@@ -153,13 +163,16 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     all_grads = _where(explainers, (family(e) == "gradient" for e in explainers.explainer))
     grads = _where(all_grads, (e not in unreliable for e in all_grads.explainer))
     best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
+    random = s[(s.role == "baseline") & (s.explainer == "random")]
+    margin = (margin_of(float(best_grad["mean"]), float(random["mean"].iloc[0]) if len(random) else 0.0, st.margin)
+              if best_grad is not None else None)
     paired = _paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units,
-                           compared=bool(len(all_grads)))
+                           compared=bool(len(all_grads)), margin=margin)
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     ceiling = _ceiling(summary, ref, measure, unreliable)
     numbers = _numbers(s, best_grad, ceiling, chance)
     excluded = {e: unreliable[e] for e in dict.fromkeys(all_grads.explainer) if e in unreliable}
-    bar = _gradient_bar(best_grad, excluded, bool(len(all_grads)))
+    bar = _gradient_bar(best_grad, excluded, bool(len(all_grads)), margin, st.margin)
     above = _above_ceiling(ceiling, ordered, grads)
     n_scored = int(agreement[(agreement.reference == ref) & (agreement.role == "explainer")].example.nunique()) \
         if len(agreement) else 0
@@ -207,7 +220,7 @@ def _answer_fields(study: Study, measure: str, measure_why: str, reason: str | N
     reason = reason or (chosen or {}).get("undecided")
     return {
         "answer": "undecidable" if reason else (chosen["answer"] if chosen else "no"), "rule": RULE,
-        "n": int(n_scored), "n_needed": (chosen or {}).get("n_needed"), "margin": st.margin,
+        "n": int(n_scored), "n_needed": (chosen or {}).get("n_needed"), "margin_share": st.margin,
         "reference": ref, "reference_sign": "absolute" if ref in set(study.metrics.absolute) else "signed",
         "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
         "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap, "permutations": st.permutations,
@@ -257,28 +270,33 @@ def _family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None
             "unreliable": unreliable, "why": why, "undecided": undecided, "n_needed": need}
 
 
-def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: bool) -> dict:
-    """Which gradient explainer rule 2 measured against, and why the others were not."""
+def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: bool, margin: float | None,
+                  share: float) -> dict:
+    """Which gradient explainer rule 2 measured against, its margin, and why the others were not."""
     if best_grad is not None:
-        text = f"rule 2's bar: {best_grad.explainer} {best_grad['mean']:+.3f}, the best gradient that passed its checks"
+        text = (f"rule 2's bar: {best_grad.explainer} {best_grad['mean']:+.3f}, the best gradient that passed its checks; "
+                f"a unit must be shown at most {margin:.3f} below it ({share:g} of its lead over the random ranking)")
     elif any_gradient:
-        text = "rule 2 not applied: no gradient explainer passed its sanity checks"
+        text = ("rule 2 not compared: no gradient explainer passed its sanity checks, so a unit above chance is "
+                "undecided")
     else:
         text = "rule 2 not applied: no gradient explainer in the study"
     if excluded:
         text += "; excluded: " + ", ".join(f"{m} ({', '.join(c)})" for m, c in excluded.items())
-    return {"explainer": best_grad.explainer if best_grad is not None else None, "excluded": excluded, "text": text}
+    return {"explainer": best_grad.explainer if best_grad is not None else None, "excluded": excluded, "text": text,
+            "margin": margin, "margin_share": share}
 
 
 def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.DataFrame, best_grad: pd.Series | None,
                   ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict, *,
-                  compared: bool = True) -> pd.DataFrame:
+                  compared: bool = True, margin: float | None = None) -> pd.DataFrame:
     """One row per attention unit: its mean and CI, rule 1 (its chance test: raw and family-wise
     p-values, the mean and 95th percentile of its null), rule 2 (the paired non-inferiority test
     against the best gradient, :mod:`probe.study.power`: ``rule2`` is ``not worse``, ``worse``,
     ``undecided`` with ``n_needed``, ``not compared`` where every gradient explainer of the study
-    failed a check, ``not applied`` where the study has none; ``compared``: whether it has one), rule 3
-    (its method reliable), and whether it tracks or is undecided."""
+    failed a check, ``not applied`` where the study has none; ``compared``: whether it has one;
+    ``margin``: rule 2's margin on the measure, :func:`probe.study.power.margin_of`), rule 3 (its
+    method reliable), and whether it tracks or is undecided."""
     st = study.statistics
     attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
     wide = agreement[(agreement.reference == ref)]
@@ -296,11 +314,12 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
             pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
             low, high = paired_bootstrap_ci(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap,
                                             level=one_sided_level(st.alpha), seed=st.seed)
-            state = rule2_state(low, high, st.margin)
+            state = rule2_state(low, high, margin)
             test.update({"vs_gradient": best_grad.explainer, "diff_vs_gradient": pt["mean_diff"],
                          "diff_ci_low": pt["ci_low"], "diff_ci_high": pt["ci_high"], "wilcoxon_p": pt["wilcoxon_p"],
                          "rule2_low": low, "rule2_high": high, "rule2": state,
-                         "n_needed": n_needed((a - b).to_numpy(), st.margin, st.alpha) if state == UNDECIDED else 0})
+                         "margin": margin,
+                         "n_needed": n_needed((a - b).to_numpy(), margin, st.alpha) if state == UNDECIDED else 0})
         else:
             test.update({"rule2": "not compared" if compared else "not applied", "n_needed": 0})
         test["below_gradient"] = test["rule2"] == WORSE
