@@ -447,6 +447,8 @@ def planted(
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
     calibrate: int = typer.Option(200, "--calibrate", min=0,
                                   help="statistics seeds each verdict is recomputed at from its tables (0: none)"),
+    small_n: int = typer.Option(40, "--small-n", min=0,
+                                help="random subsets per size each verdict is re-judged on at small n (0: none)"),
 ):
     """The verdict's self-test: the study on every planted-truth model, each answer beside the known truth,
     and how the answer holds over many statistics seeds."""
@@ -458,7 +460,7 @@ def planted(
     quiet_libraries()
     import torch
 
-    from probe.study.planted import run_planted, write_planted
+    from probe.study.planted import planted_small_n, run_planted, write_planted
 
     _set_threads(torch, threads)
     names = [x.strip() for x in only.split(",") if x.strip()] if only else None
@@ -466,8 +468,10 @@ def planted(
         warnings.showwarning = _warn_one_line
         frame = run_planted(spec, names=names, results=Path(results), n=n, calibrate=calibrate,
                             log=_log)
+        small = planted_small_n(Path(results), list(frame.model), draws=small_n) if small_n else None
     paths = write_planted(frame, Path(out), command=f"probe planted {study}" + (f" --n {n}" if n else "")
-                          + (f" --calibrate {calibrate}" if calibrate != 200 else ""))
+                          + (f" --calibrate {calibrate}" if calibrate != 200 else "")
+                          + (f" --small-n {small_n}" if small_n != 40 else ""), small_n=small)
     for r in frame.itertuples():
         _say(f"{'ok   ' if r.right else 'WRONG'} {r.model}: {r.answer} (expected {r.expected})")
     _say(f"{int(frame.right.sum())}/{len(frame)} right; {paths[0]}")

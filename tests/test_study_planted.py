@@ -108,9 +108,28 @@ def test_redundant_copies_are_judged_against_shapley_and_single_deletion_says_wh
     judged = judge_tables(tables, single, dtype=dtype, sanity=sanity)["verdict"]
     if name == "trigger-twice":  # saturated: deleting one copy changes nothing at all
         assert judged["answer"] == "undecidable" and "stand in for each other" in judged["undecidable"]
-    else:
-        assert judged["answer"] == "no"
+    else:  # the pair check distrusts single deletion on most examples: it cannot judge (no flat "no")
+        assert judged["answer"] == "undecidable" and judged["undecidable"].startswith("the reference cannot judge")
+        assert "statistics.reference: shapley" in judged["undecidable"]
     assert any("misjudges interacting tokens" in w and "'zz' + 'zz'" in w for w in judged["warnings"])
+
+
+def test_at_small_n_a_planted_positive_still_answers_yes_and_a_null_never_does(planted_run):
+    """The verdict re-judged on random subsets of the stored tables (probe.study.subsets, no model reruns):
+    trigger-saturated drawn at n = 24 (about half its texts hold the trigger, so about 12 are scored)
+    answers yes at 95% of draws at least, so "undecidable whenever n is small" cannot pass; the null
+    position-heads (72 heads that know nothing of the deciding word) answers yes or heads only at no
+    more than 5% of draws of 10, 12, 20 and 40 examples."""
+    from probe.study.calibration import read_folder
+    from probe.study.subsets import subset_answers, subset_summary
+
+    tables, study, dtype, sanity = read_folder(planted_run("trigger-saturated")[1])
+    positive = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=(24,), draws=20, seed=1)
+    assert positive.n_scored.median() <= 16 and (positive.answer == "yes").mean() >= 0.95, positive
+    tables, study, dtype, sanity = read_folder(planted_run("position-heads")[1])
+    null = subset_summary(subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=(10, 12, 20, 40), draws=5,
+                                         seed=2))
+    assert (null.positive <= 0.05).all(), null
 
 
 def test_judged_against_shapley_values_the_randomised_model_still_gets_no_yes(tmp_path):

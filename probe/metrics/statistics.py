@@ -45,17 +45,22 @@ def _check_boot(n_boot: int, level: float) -> None:
 
 def _percentile_ci(v: np.ndarray, n_boot: int, level: float, seed: int) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of the finite, sorted 1-D array ``v``."""
+    return _percentile_cis(v, n_boot, (level,), seed)[0]
+
+
+def _percentile_cis(v: np.ndarray, n_boot: int, levels, seed: int) -> list[tuple[float, float]]:
+    """:func:`_percentile_ci` at each of ``levels``, from one set of resamples."""
     n = v.size
     if n < 2:
-        return (float("nan"), float("nan"))
+        return [(float("nan"), float("nan")) for _ in levels]
     idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
     means = np.empty(n_boot)
     step = max(1, _BOOT_BLOCK_ELEMENTS // n)
     for lo in range(0, n_boot, step):
         means[lo : lo + step] = np.take(v, idx[lo : lo + step]).mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return (float(low), float(high))
+    tails = [(1.0 - level) / 2.0 for level in levels]
+    bounds = np.quantile(means, [q for tail in tails for q in (tail, 1.0 - tail)])
+    return [(float(bounds[2 * i]), float(bounds[2 * i + 1])) for i in range(len(tails))]
 
 
 def bootstrap_ci(values, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
@@ -94,21 +99,26 @@ def paired_bootstrap_ci(
     return _percentile_ci(np.sort(a - b), n_boot, level, seed)
 
 
-def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
+                one_sided_alpha: float | None = None) -> dict:
     """Compare paired per-example values a and b (e.g. two explainers on the same examples).
 
     On the pairs where both are finite: ``n``, ``mean_diff`` (mean of a - b), ``ci_low`` /
     ``ci_high`` (:func:`paired_bootstrap_ci`), ``wilcoxon_p`` (two-sided
     ``scipy.stats.wilcoxon`` signed-rank test, exact or normal with the tie correction as
     :func:`wilcoxon_method` chooses; 1.0 when every difference is zero) and ``t_p`` (``scipy.stats.ttest_rel``; NaN when the differences have no variance).
-    Both p-values are NaN when n < 2.
+    Both p-values are NaN when n < 2. With ``one_sided_alpha``, also ``one_sided_low`` /
+    ``one_sided_high``: the bounds of the interval at 1 - 2 alpha from the same resamples (each a
+    one-sided test at alpha; :func:`paired_bootstrap_ci` at that level gives the same).
     """
     _check_boot(n_boot, level)
     a, b = _pairs(a, b)
     d = a - b
     n = int(d.size)
     d_sorted = np.sort(d)
-    low, high = _percentile_ci(d_sorted, n_boot, level, seed)
+    levels = (level,) if one_sided_alpha is None else (level, 1.0 - 2.0 * one_sided_alpha)
+    intervals = _percentile_cis(d_sorted, n_boot, levels, seed)
+    low, high = intervals[0]
     wil = t_p = float("nan")
     if n >= 2:
         with warnings.catch_warnings():
@@ -119,7 +129,7 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0)
 
             wil = 1.0 if not d.any() else float(stats.wilcoxon(a, b, method=wilcoxon_method(d)).pvalue)
             t_p = float(stats.ttest_rel(a, b).pvalue)
-    return {
+    out = {
         "n": n,
         "mean_diff": float(d_sorted.mean()) if n else float("nan"),
         "ci_low": low,
@@ -127,6 +137,9 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0)
         "wilcoxon_p": wil,
         "t_p": t_p,
     }
+    if one_sided_alpha is not None:
+        out["one_sided_low"], out["one_sided_high"] = intervals[1]
+    return out
 
 
 #: the largest n for which the Wilcoxon signed-rank p-value is exact (scipy's own limit for 'auto')

@@ -122,6 +122,44 @@ def _calibrated(folder: Path, recipe, seeds: int) -> dict:
     return out
 
 
+#: the planted models the self-test re-judges on small random subsets of their stored tables
+#: (:mod:`probe.study.subsets`), and the subset sizes: the positive drawn where about half its texts hold
+#: the trigger (about 12 scored examples at n = 24), the null at 10 to 40 examples
+SMALL_N = {"trigger-saturated": (24,), "position-heads": (10, 12, 20, 40)}
+
+
+def planted_small_n(results: Path, names: Sequence[str], *, draws: int = 100, seed: int = 0) -> pd.DataFrame:
+    """The verdict at small n on each model of :data:`SMALL_N` among ``names`` whose result is in
+    ``results``: one row per (model, n) with the share of draws giving each answer
+    (:func:`probe.study.subsets.subset_summary`)."""
+    from probe.study.calibration import read_folder
+    from probe.study.subsets import subset_answers, subset_summary
+
+    frames = []
+    for name, sizes in SMALL_N.items():
+        if name not in names or not (Path(results) / name / "verdict.json").is_file():
+            continue
+        tables, study, dtype, sanity = read_folder(Path(results) / name)
+        answers = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=sizes, draws=draws, seed=seed)
+        frames.append(subset_summary(answers).assign(model=name))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _small_n_lines(small: pd.DataFrame) -> list[str]:
+    """The small-n table: each verdict re-judged on random subsets of its stored tables."""
+    lines = ["", "## At small n: the answers on random subsets", "",
+             "Each verdict re-judged on random subsets of n of its examples, drawn from its stored tables (no model "
+             "rerun, `probe.study.subsets`). A rule that passes on the absence of evidence says yes at small n where "
+             "the whole study says no; the null `position-heads` must say yes or heads only at no more than alpha "
+             "(5%) of the draws, and the positive `trigger-saturated` (about half its texts hold the trigger) must "
+             "still say yes at 95% of them at least, so that 'undecidable whenever n is small' cannot pass.", "",
+             "| model | n | draws | median scored | yes | heads only | no | undecidable |", "|---|---|---|---|---|---|---|---|"]
+    for r in small.itertuples():
+        lines.append(f"| `{r.model}` | {r.n} | {r.draws} | {r.median_scored:g} | {100 * r.yes:.0f}% | "
+                     f"{100 * getattr(r, 'heads_only', 0.0):.0f}% | {100 * r.no:.0f}% | {100 * r.undecidable:.0f}% |")
+    return lines
+
+
 def _calibration_lines(frame: pd.DataFrame) -> list[str]:
     """The calibration table: each verdict recomputed from its stored tables at many statistics seeds."""
     seeds = int(frame.seeds.dropna().max())
@@ -153,8 +191,10 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def write_planted(frame: pd.DataFrame, out: Path, *, command: str = "probe planted studies/planted.yaml") -> list[Path]:
-    """``planted.md``, ``planted.csv`` and ``planted.json`` in ``out`` (each written atomically)."""
+def write_planted(frame: pd.DataFrame, out: Path, *, command: str = "probe planted studies/planted.yaml",
+                  small_n: pd.DataFrame | None = None) -> list[Path]:
+    """``planted.md``, ``planted.csv`` and ``planted.json`` in ``out`` (each written atomically), and
+    ``small_n.csv`` with :func:`planted_small_n`'s table where given."""
     out = Path(out)
     right = int(frame.right.sum()) if len(frame) else 0
     lines = ["# Planted truths: what probe answers where the answer is known", "",
@@ -171,9 +211,14 @@ def write_planted(frame: pd.DataFrame, out: Path, *, command: str = "probe plant
         lines += [f"- `{r.model}`: {_cell(r.headline)}"]
     if "seeds" in frame.columns:
         lines += _calibration_lines(frame)
+    if small_n is not None and len(small_n):
+        lines += _small_n_lines(small_n.rename(columns={"heads only": "heads_only"}))
     lines += ["", "## Why each expected answer", ""] + [f"- `{r.model}`: {_cell(r.why)}" for r in frame.itertuples()]
     paths = [out / "planted.md", out / "planted.csv", out / "planted.json"]
     write_file(paths[0], "\n".join(lines) + "\n")
     write_file(paths[1], frame.to_csv(index=False))
     write_file(paths[2], json.dumps(frame.to_dict(orient="records"), indent=1, ensure_ascii=False) + "\n")
+    if small_n is not None and len(small_n):
+        paths.append(out / "small_n.csv")
+        write_file(paths[3], small_n.to_csv(index=False))
     return paths

@@ -71,7 +71,7 @@ def subset_answers(tables: dict, study, *, dtype: str, sanity: Sequence = (), si
             if not len(part.get("agreement", ())):
                 rows.append({"n": int(n), "draw": draw, "answer": "undecidable", "n_scored": 0, "n_needed": None})
                 continue
-            v = judge_tables(part, study, dtype=dtype, sanity=sanity)["verdict"]
+            v = judge_tables(part, study, dtype=dtype, sanity=sanity, answer_only=True)["verdict"]
             rows.append({"n": int(n), "draw": draw, "answer": v["answer"], "n_scored": int(v.get("n") or 0),
                          "n_needed": v.get("n_needed")})
     return pd.DataFrame(rows, columns=SUBSET_COLUMNS)

@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from probe.errors import InputError
-from probe.metrics.statistics import holm, paired_bootstrap_ci, paired_test, summarize_groups
+from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.names import unit_name
@@ -74,7 +74,6 @@ from probe.study.power import (
     family_state,
     margin_of,
     n_needed,
-    one_sided_level,
     rule2_state,
 )
 from probe.study.provenance import provenance
@@ -92,11 +91,14 @@ RULE = " ".join(RULE.split())
 GROUP = ["role", "explainer", "reference", "layer", "head"]
 
 
-def summary_table(agreement: pd.DataFrame, study) -> pd.DataFrame:
-    """One row per (role, explainer, reference, layer, head, measure): n, mean, std, CI, Sig. Frac."""
+def summary_table(agreement: pd.DataFrame, study, only: str | None = None) -> pd.DataFrame:
+    """One row per (role, explainer, reference, layer, head, measure): n, mean, std, CI, Sig. Frac.
+    ``only``: that measure alone."""
     st = study.statistics
     frames = []
     for measure, p_col in measures(agreement):
+        if only is not None and measure != only:
+            continue
         frame = summarize_groups(agreement, GROUP, measure, p_col, alpha=st.alpha, n_boot=st.bootstrap,
                                  level=st.level, seed=st.seed)
         frame.insert(len(GROUP), "measure", measure)
@@ -109,12 +111,6 @@ def summary_table(agreement: pd.DataFrame, study) -> pd.DataFrame:
 
 def _unit_name(row) -> str:
     return unit_name(str(row["explainer"]), int(row["layer"]), int(row["head"]))
-
-
-def per_example(agreement: pd.DataFrame, explainer: str, reference: str, layer: int, head: int, measure: str) -> pd.Series:
-    sel = agreement[(agreement.explainer == explainer) & (agreement.reference == reference)
-                    & (agreement.layer == layer) & (agreement["head"] == head)]
-    return sel.set_index("example")[measure]
 
 
 def _where(frame: pd.DataFrame, keep) -> pd.DataFrame:
@@ -300,20 +296,24 @@ def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.
     st = study.statistics
     attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
     wide = agreement[(agreement.reference == ref)]
-    grad_values = (per_example(wide, best_grad.explainer, ref, int(best_grad.layer), int(best_grad["head"]), measure)
+    # every unit's per-example values at once (one groupby, not a filter per unit)
+    units = {key: part.set_index("example")[measure]
+             for key, part in wide.groupby(["explainer", "layer", "head"], sort=False)} if len(wide) else {}
+    empty = pd.Series(dtype=float)
+    grad_values = (units.get((best_grad.explainer, int(best_grad.layer), int(best_grad["head"])), empty)
                    if best_grad is not None else None)
     tests = []
     for _, row in attn.iterrows():
-        unit = per_example(wide, row.explainer, ref, int(row.layer), int(row["head"]), measure)
+        unit = units.get((row.explainer, int(row.layer), int(row["head"])), empty)
         test = {"explainer": row.explainer, "family": verdict_family(row.explainer), "layer": int(row.layer),
                 "head": int(row["head"]), "unit": _unit_name(row),
                 "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),
                 "n": int(row.n)}
         if grad_values is not None:
             a, b = unit.align(grad_values, join="inner")
-            pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed)
-            low, high = paired_bootstrap_ci(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap,
-                                            level=one_sided_level(st.alpha), seed=st.seed)
+            pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed,
+                             one_sided_alpha=st.alpha)
+            low, high = pt["one_sided_low"], pt["one_sided_high"]
             state = rule2_state(low, high, margin)
             test.update({"vs_gradient": best_grad.explainer, "diff_vs_gradient": pt["mean_diff"],
                          "diff_ci_low": pt["ci_low"], "diff_ci_high": pt["ci_high"], "wilcoxon_p": pt["wilcoxon_p"],
@@ -519,14 +519,16 @@ def chance_frame(plan: Sequence, *, permutations: int, seed: int) -> pd.DataFram
 
 
 def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = None, mixing: str = "attention",
-                 sanity: Sequence[Check] = ()) -> dict:
+                 sanity: Sequence[Check] = (), answer_only: bool = False) -> dict:
     """Everything the verdict is made of, from a study's merged tables alone (no model): the
     statistics, rule 1's chance tests and the verdict. Returns ``{"verdict"`` (verdict.json's dict),
     ``"summary"``, ``"paired"``, ``"chance"``, ``"comparisons"``, ``"agreement"`` (per dataset
     example, after the noise floor), ``"left_out"`` (None when unchanged), ``"heads_causal"`` (the
     per-head causal test's table, :mod:`probe.study.heads_causal`, when the study asks for it; its
     record is the verdict's ``heads_causal``; None otherwise)}``. A study whose
-    ``statistics`` differ (another seed, another alpha) gives that study's verdict on the same tables."""
+    ``statistics`` differ (another seed, another alpha) gives that study's verdict on the same tables.
+    ``answer_only``: skip what does not make the answer (the comparisons between explainers, None;
+    the per-head causal test), as the re-judging of many subsets does (:mod:`probe.study.subsets`)."""
     from probe.study.sanity import failed_methods, failed_units
 
     found = decide.profiles(tables, study, dtype)
@@ -540,12 +542,12 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
     if is_stepwise(tables["examples"]):  # statistics over dataset examples, each the mean of its output tokens
         agreement = per_source(agreement, tables["examples"])
         n_examples = int(tables["examples"]["source"].nunique())
-    summary = summary_table(agreement, study)
+    profile = found.get(study.verdict_reference)
+    measure, why = decide.choose_measure(study.statistics.measure, profile, list(agreement.columns))
+    summary = summary_table(agreement, study, only=measure if answer_only else None)
     summary = with_left_out(summary, agreement, left_out if left_out is not None else tables.get("left_out"),
                             n_examples)
     checks = list(sanity or [])
-    profile = found.get(study.verdict_reference)
-    measure, why = decide.choose_measure(study.statistics.measure, profile, list(agreement.columns))
     plan = chance_plan(tables, unit_agreement, summary, study, measure)
     chance = chance_frame(plan, permutations=study.statistics.permutations, seed=study.statistics.seed)
     result, paired = verdict(agreement, summary, study, model_name or study.model.id, unreliable=failed_methods(checks),
@@ -554,14 +556,15 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
                              redundant=redundancy(tables, study), mixing=mixing, chance=chance,
                              interactions=tables.get("interactions"))
     heads = None
-    if study.metrics.heads_causal is not None:  # beside the verdict, never changing it
+    if study.metrics.heads_causal is not None and not answer_only:  # beside the verdict, never changing it
         from probe.study.heads_causal import heads_causal
 
         heads = heads_causal(tables, study, measure=measure, dtype=dtype, unreliable=failed_methods(checks),
                              unreliable_units=failed_units(checks), token_answer=result["answer"])
         result["heads_causal"] = heads.record
     return {"verdict": result, "summary": summary, "paired": paired, "chance": chance, "plan": plan,
-            "profile": profile, "comparisons": comparisons(agreement, study, measure), "agreement": agreement,
+            "profile": profile, "comparisons": None if answer_only else comparisons(agreement, study, measure),
+            "agreement": agreement,
             "left_out": left_out, "heads_causal": heads.units if heads is not None else None}
 
 
