@@ -256,3 +256,18 @@ def test_an_edge_claims_bad_head_names_the_key_not_the_union_branch(tmp_path, he
     message = str(info.value)
     assert "constrained-int" not in message and "\n" not in message
     assert f"line {line}: claims[0].heads" in message and states in message, message
+
+
+@pytest.mark.parametrize("fields, states", [
+    ({"chat": "yes"}, "chat='yes': give True or False"),
+    ({"steps": 1}, "steps=1: give True or False"),
+    ({"bogus": 1}, "unknown TargetSpec field 'bogus'; its fields: kind, label"),
+    ({"kind": 3}, "kind=3 is not text; give one of prob, logit"),
+    ({"max_new_tokens": 0}, "max_new_tokens=0 is not a positive whole number"),
+    ({"dimension": -1}, "dimension=-1: give a component index >= 0"),
+])
+def test_a_target_spec_checks_its_own_fields_in_one_line(fields, states):
+    with pytest.raises(InputError) as info:
+        probe.TargetSpec(**fields)
+    assert str(info.value).startswith(states) and "\n" not in str(info.value)
+    assert probe.TargetSpec(chat=True, kind="logit").chat is True
