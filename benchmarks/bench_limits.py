@@ -7,6 +7,8 @@ included). ``--case NAME`` runs one case; ``--list`` lists them. No asserts: the
 machine's at the time (docs/reference/limits.md states where they were measured).
 
 Usage:  python benchmarks/bench_limits.py [--model builtin:minilm-rt] [--case shapley_permutations ...]
+        python benchmarks/bench_limits.py --model PRETRAINED_MINILM_FOLDER --random-head  (the same
+        MiniLM-L6 architecture, where the built-in is not built yet)
 """
 
 from __future__ import annotations
@@ -39,14 +41,15 @@ CASES = {
 }
 
 
-def _one(model: str, case: str) -> dict:
+def _one(model: str, case: str, random_head: bool) -> dict:
     import probe
 
     method, params = CASES[case]
     texts = TEXTS
     if case == "shapley_exact_max":  # exact on 16 words: the cap's 2^16 coalitions per example
         texts = [" ".join(t.split()[:16]) for t in TEXTS]
-    pm = probe.load_model(model)
+    pm = (probe.load_model(model, task="classification", allow_random_weights=True) if random_head
+          else probe.load_model(model))
     started = time.perf_counter()
     explanation = probe.explain(pm, texts, method, params={method: params})
     seconds = time.perf_counter() - started
@@ -60,16 +63,19 @@ def main() -> None:
     parser.add_argument("--model", default="builtin:minilm-rt")
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--random-head", action="store_true",
+                        help="load --model (a folder) as a classifier with a random head: the built-in's cost")
     parser.add_argument("--inside", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.list:
         print("\n".join(f"{k}: {m} {p}" for k, (m, p) in CASES.items()))
         return
     if args.inside:
-        print(json.dumps(_one(args.model, args.inside)))
+        print(json.dumps(_one(args.model, args.inside, args.random_head)))
         return
     for case in args.case or list(CASES):
-        done = subprocess.run([sys.executable, __file__, "--model", args.model, "--inside", case],
+        done = subprocess.run([sys.executable, __file__, "--model", args.model, "--inside", case]
+                              + (["--random-head"] if args.random_head else []),
                               capture_output=True, text=True)
         print(done.stdout.strip().splitlines()[-1] if done.returncode == 0 else f"{case}: failed: {done.stderr[-300:]}",
               flush=True)

@@ -271,3 +271,22 @@ def test_a_target_spec_checks_its_own_fields_in_one_line(fields, states):
         probe.TargetSpec(**fields)
     assert str(info.value).startswith(states) and "\n" not in str(info.value)
     assert probe.TargetSpec(chat=True, kind="logit").chat is True
+
+
+def test_the_reliability_page_states_the_declared_ranges():
+    """docs/reference/limits.md's table gives each parameter's range as its declaration does."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "limits.md").read_text()
+    rows = re.findall(r"^\| `(\w+)\.(\w+)`[^|]*\| (-?\d+)\.\.(\d+) \|", page, flags=re.M)
+    assert len(rows) >= 10
+    seen = set()
+    for method, key, low, high in rows:
+        entry = registry.find(method) or registry.counterfactual(method)
+        assert declared_limits(entry.params, key) == (int(low), int(high)), (method, key)
+        seen.add((type(entry).__name__, entry.params, key))
+    for entry in registry.methods(listed=False) + registry.COUNTERFACTUALS:
+        for f in dataclasses.fields(entry.params):
+            if "low" in f.metadata and f.name != "batch_size" and f.name != "token_budget":
+                assert any(p is entry.params and k == f.name for _, p, k in seen), (entry.name, f.name)
