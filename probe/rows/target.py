@@ -22,6 +22,7 @@ A headless encoder (:mod:`probe.models.encoder`) has no class: its targets are `
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -92,6 +93,7 @@ class TargetSpec:
 _TARGET_SPEC_INIT = TargetSpec.__init__
 
 
+@functools.wraps(_TARGET_SPEC_INIT)  # its signature stays the fields' (help(), the API page)
 def _target_spec_init(self: TargetSpec, *args: Any, **kwargs: Any) -> None:
     """The dataclass's own ``__init__``, with an unknown keyword refused in one line (not a TypeError)."""
     known = TargetSpec.__dataclass_fields__
