@@ -138,7 +138,7 @@ def _sampled_plan(n: int, permutations: int, rng: np.random.Generator) -> tuple[
         keys[:, k + 1] = np.packbits(present, axis=1)
     flat = np.ascontiguousarray(keys.reshape(-1, width)).view(np.dtype((np.void, width)))[:, 0]  # [orders * (n + 1)]
     _, first_seen, inverse = np.unique(flat, return_index=True, return_inverse=True)
-    coalitions = np.unpackbits(keys.reshape(-1, width)[first_seen], axis=1, count=n).astype(bool)  # [distinct, n]
+    coalitions = np.unpackbits(keys.reshape(-1, width)[first_seen], axis=1, count=n).view(bool)  # [distinct, n]
     return coalitions, inverse.reshape(len(orders), n + 1), orders
 
 
