@@ -290,3 +290,31 @@ def test_the_reliability_page_states_the_declared_ranges():
         for f in dataclasses.fields(entry.params):
             if "low" in f.metadata and f.name != "batch_size" and f.name != "token_budget":
                 assert any(p is entry.params and k == f.name for _, p, k in seen), (entry.name, f.name)
+
+
+@pytest.mark.parametrize("method, bad", [("loo_random", {"k": 257}), ("integrated_gradients", {"steps": 1025}),
+                                         ("gradient_shap", {"n_samples": 1025}), ("permuted", {"n": 10_001}),
+                                         ("adversarial", {"candidates": 65})])
+def test_each_implementation_refuses_past_its_declaration_with_the_file_checks_sentence(tiny_dirs, method, bad):
+    """A direct call of the implementation (no file, no probe.explain) is refused before any work,
+    in the sentence the file check gives."""
+    from probe.explainers.integrated_gradients import gradient_shap, integrated_gradients
+    from probe.intervene.counterfactual import adversarial_attention, permuted_attention
+    from probe.intervene.engine import Engine
+    from probe.intervene.tokens import loo
+    from probe.rows.prepare import prepare
+
+    pm = probe.load_model(str(tiny_dirs["bert"]))
+    examples = prepare(pm, ["the movie was good"])
+    calls = {"loo_random": lambda: loo(Engine(pm), examples, "random", **bad),
+             "integrated_gradients": lambda: integrated_gradients(pm, examples, **bad),
+             "gradient_shap": lambda: gradient_shap(pm, examples, **bad),
+             "permuted": lambda: permuted_attention(pm, examples, layer=0, **bad),
+             "adversarial": lambda: adversarial_attention(pm, examples, layer=0, **bad)}
+    entry = registry.find(method) or registry.counterfactual(method)
+    (key, value), = bad.items()
+    expected = registry.params_problem(method, bad)[1] if registry.find(method) else \
+        f"{value!r} is out of range for {method}.{key}; give {declared_limits(entry.params, key)[0]}.."
+    with pytest.raises(InputError) as info:
+        calls[method]()
+    assert str(info.value).startswith(expected), str(info.value)
