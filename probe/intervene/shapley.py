@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from probe.rows.spans import Span
     from probe.rows.target import PreparedExample
 
-__all__ = ["shapley", "shapley_players", "shapley_values", "span_shapley", "word_players"]
+__all__ = ["sampled_plan", "shapley", "shapley_players", "shapley_values", "span_shapley", "word_players"]
 
 #: the most players computed exactly by default (2^10 = 1024 coalitions per example)
 EXACT_MAX = ShapleyParams.exact_max
@@ -116,7 +116,7 @@ def _exact_coalitions(n: int) -> np.ndarray:
     return ((codes[:, None] >> np.arange(n, dtype=np.int64)[None, :]) & 1).astype(bool)
 
 
-def _sampled_plan(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sampled_plan(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``permutations // 2`` random orders, each followed by its reverse; the distinct prefixes of
     all of them as coalitions, and each order's prefix indices.
 
@@ -150,7 +150,7 @@ def _plan(players: tuple[tuple[int, ...], ...], exact_max: int, permutations: in
     # the rows an example takes are bounded whatever its length: fewer orders for a long one (its
     # extras' permutations says how many; its standard error grows to match)
     affordable = max(2, SHAPLEY_ROW_LIMIT // (n + 1))
-    coalitions, prefixes, orders = _sampled_plan(n, min(permutations, affordable), rng)
+    coalitions, prefixes, orders = sampled_plan(n, min(permutations, affordable), rng)
     return _Plan(players, False, coalitions, prefixes, orders)
 
 

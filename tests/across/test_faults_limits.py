@@ -152,10 +152,10 @@ def test_the_study_and_claim_files_take_the_counterfactual_limits_from_the_decla
 def test_the_sampled_plan_walks_each_order_prefix_by_prefix():
     """The plan kept as packed keys: each order's prefix k is the coalition of its first k players,
     and the coalitions are distinct (46 players, the largest number of orders)."""
-    from probe.intervene.shapley import _sampled_plan
+    from probe.intervene.shapley import sampled_plan
 
     n = 46
-    coalitions, prefixes, orders = _sampled_plan(n, SHAPLEY_PERMUTATIONS_LIMIT, np.random.default_rng(0))
+    coalitions, prefixes, orders = sampled_plan(n, SHAPLEY_PERMUTATIONS_LIMIT, np.random.default_rng(0))
     assert orders.shape == (SHAPLEY_PERMUTATIONS_LIMIT, n) and prefixes.shape == (SHAPLEY_PERMUTATIONS_LIMIT, n + 1)
     assert len(np.unique(coalitions, axis=0)) == len(coalitions)
     for o in (0, 1, 517, SHAPLEY_PERMUTATIONS_LIMIT - 1):
