@@ -22,9 +22,9 @@ __all__ = [
     "AdversarialParams", "AttentionParams", "AttnGradParams", "AttnNormParams", "DecompositionParams", "FlowParams",
     "GradientParams", "GradientShapParams", "IntegratedGradientsParams", "KnockoutParams", "LeaveOneOutParams",
     "NoSinkParams", "PermutedParams", "ShapleyParams", "UniformParams", "ValueZeroingParams",
-    "KNOCKOUT_QUERIES", "MAX_BATCH_SIZE", "MAX_PARAM_INT", "SHAPLEY_EXACT_LIMIT", "SHAPLEY_MODES",
-    "SHAPLEY_PERMUTATIONS_LIMIT", "SHAPLEY_ROW_LIMIT", "SHAPLEY_UNITS", "bounded", "check_params", "declared_limits",
-    "limit_problem", "one_of",
+    "ADVERSARIAL_CONSTRAINTS", "IG_BASELINES", "IG_RULES", "KNOCKOUT_QUERIES", "MAX_BATCH_SIZE", "MAX_PARAM_INT",
+    "SHAPLEY_EXACT_LIMIT", "SHAPLEY_MODES", "SHAPLEY_PERMUTATIONS_LIMIT", "SHAPLEY_ROW_LIMIT", "SHAPLEY_UNITS",
+    "bounded", "check_params", "declared_limits", "limit_problem", "one_of",
 ]
 
 #: the largest whole number a parameter without a declared range takes (seeds excepted)
@@ -59,8 +59,9 @@ def limit_problem(params: type, method: str, key: str, value: Any) -> str | None
     naming the value and the valid range or choices), or None. Types are not checked here."""
     field = {f.name: f for f in dataclasses.fields(params)}[key]
     choices = field.metadata.get("choices")
-    if choices is not None and isinstance(value, str) and value not in choices:
-        return f"{value!r} is not a valid {method}.{key}; give one of {', '.join(choices)}"
+    for text in [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else []:
+        if choices is not None and isinstance(text, str) and text not in choices:
+            return f"{text!r} is not a valid {method}.{key}; give one of {', '.join(choices)}"
     limits = declared_limits(params, key)
     if limits is None:
         return None
@@ -92,6 +93,12 @@ SHAPLEY_PERMUTATIONS_LIMIT = 1024
 #: the most rows (coalitions) one example's sampled Shapley values take, as many as the exact cap's:
 #: an example of n players runs at most ``SHAPLEY_ROW_LIMIT // (n + 1)`` orders (at least one pair)
 SHAPLEY_ROW_LIMIT = 2 ** SHAPLEY_EXACT_LIMIT
+#: what integrated gradients and GradientSHAP start from: an embedding of the pad, mask or unk token, or zero
+IG_BASELINES = ("pad", "zero", "mask", "unk")
+#: integrated gradients' quadrature rules (captum's)
+IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
+#: what the adversarial search bounds: the output's total variation distance, or the target's change
+ADVERSARIAL_CONSTRAINTS = ("tvd", "target")
 #: which query rows edge knockout blocks: the target rows, or every row from ``query_from`` on
 KNOCKOUT_QUERIES = ("target", "from")
 
@@ -137,9 +144,9 @@ class GradientParams:
 
 @dataclass(frozen=True)
 class IntegratedGradientsParams:
-    baseline: str = "pad"
+    baseline: str = one_of("pad", IG_BASELINES)
     steps: int | str = bounded(50, 1, 1024, "points on the path: forwards and backwards per example")
-    rule: str = "gausslegendre"
+    rule: str = one_of("gausslegendre", IG_RULES)
     internal_batch_size: int | str | None = "auto"
     keep_special: bool = False
     site: str | None = None
@@ -149,7 +156,7 @@ class IntegratedGradientsParams:
 
 @dataclass(frozen=True)
 class GradientShapParams:
-    baseline: str | tuple[str, ...] = "pad"
+    baseline: str | tuple[str, ...] = one_of("pad", IG_BASELINES)
     n_samples: int = bounded(20, 1, 1024, "forwards and backwards per example")
     noise: float = 0.1
     seed: int = 0
@@ -230,7 +237,7 @@ class AdversarialParams:
     steps: int = bounded(200, 0, 10_000, "optimiser steps: forwards and backwards per candidate")
     lr: float = 0.01
     bound: float = 0.01
-    constraint: str = "tvd"
+    constraint: str = one_of("tvd", ADVERSARIAL_CONSTRAINTS)
     penalty: float = 100.0
     init_scale: float = 1.0
     seed: int = 0

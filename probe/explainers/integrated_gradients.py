@@ -22,7 +22,8 @@ from probe.explainers.gradient_forward import (
     site_values,
     width_buckets,
 )
-from probe.method_params import GradientShapParams, IntegratedGradientsParams, check_params
+from probe.method_params import IG_BASELINES as BASELINES
+from probe.method_params import IG_RULES, GradientShapParams, IntegratedGradientsParams, check_params
 from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, target_generator
@@ -30,9 +31,7 @@ from probe.rows.target import PreparedExample, target_generator
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-BASELINES = ("pad", "zero", "mask", "unk")
 AUTO_STEPS = (16, 32, 64, 128, 256, 512)  # Gauss-Legendre points tried by steps="auto", in order
-IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
 
 
 # ---------------------------------------------------------------------------

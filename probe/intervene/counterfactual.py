@@ -37,6 +37,7 @@ from probe import registry
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
+from probe.method_params import ADVERSARIAL_CONSTRAINTS as CONSTRAINTS
 from probe.method_params import AdversarialParams, PermutedParams, check_params
 from probe.rows.forward import build_rows
 from probe.rows.frames import grid_frame
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 LN2 = math.log(2.0)
-CONSTRAINTS = ("tvd", "target")
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ def _adversarial_search(pm: ProbeModel, chunk: Sequence[PreparedExample], tq: Ta
     return best, step
 
 __all__ = [
-    "CONSTRAINTS", "CounterfactualResult", "Site", "adversarial_attention", "jsd", "original_attention",
+    "CounterfactualResult", "Site", "adversarial_attention", "jsd", "original_attention",
     "output_distributions", "permutation_order", "permuted_attention", "replace_attention", "tvd",
     "uniform_attention",
 ]

@@ -47,6 +47,8 @@ PAST_THE_LIMIT = [
     ("gradient_shap", {"n_samples": 100_000}, "n_samples", "give 1..1024"),
     ("loo_random", {"k": 10_000}, "k", "give 1..256"),
     ("flow", {"max_tokens": 100_000}, "max_tokens", "give 1..256"),
+    ("integrated_gradients", {"rule": "simpson"}, "rule", "give one of gausslegendre, riemann_trapezoid"),
+    ("gradient_shap", {"baseline": ["pad", "blank"]}, "baseline", "give one of pad, zero, mask, unk"),
 ]
 
 
