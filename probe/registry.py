@@ -32,6 +32,7 @@ from probe.method_params import (
     ShapleyParams,
     UniformParams,
     ValueZeroingParams,
+    limit_problem,
 )
 
 FAMILIES = ("attention", "gradient", "intervention")
@@ -503,14 +504,10 @@ def _fits(value: Any, annotation: str) -> bool:
     return False
 
 
-#: the largest whole number a method parameter takes (seeds excepted): steps, samples, batch sizes
-MAX_PARAM_INT = 1_000_000
-
-
 def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
     """Why ``values`` are not valid parameters of method ``name``: ``(the bad key or None, the
     sentence)``, or None when they are. Read from the entry's parameter dataclass (its fields,
-    their annotated types; the preset's keys are fixed by the name)."""
+    their annotated types, their declared ranges and choices; the preset's keys are fixed by the name)."""
     entry = find(name)
     if entry is None:
         return None, f"unknown method {name!r}"
@@ -536,12 +533,10 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
         annotation = str(fields[key].type)
         if not _fits(value, annotation):
             return key, f"{value!r} is not valid for {name}.{key}; give a value of type {annotation}"
-        # an index that counts from the end (a layer, -1 the last) may be negative; a count never
-        low = -MAX_PARAM_INT if fields[key].metadata.get("from_end") else 0
-        for number in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(number, int) and not isinstance(number, bool) and key != "seed" \
-                    and not low <= number <= MAX_PARAM_INT:
-                return key, f"{number!r} is out of range for {name}.{key}; give {low}..{MAX_PARAM_INT}"
+        # the declared range or choices (probe.method_params), which the implementation checks again
+        problem = limit_problem(entry.params, name, key, value)
+        if problem is not None:
+            return key, problem
     try:
         entry.params(**{**preset, **values})
     except (TypeError, ValueError) as err:

@@ -432,7 +432,9 @@ def test_knockout_is_a_registered_signed_reference_run_by_name():
     bad, sentence = registry.params_problem("knockout", {"heads": -1})
     assert bad == "heads" and "out of range" in sentence  # a head index does not count from the end
     bad, sentence = registry.params_problem("knockout", {"batch_size": -3})
-    assert bad == "batch_size" and "give 0..1000000" in sentence
+    assert bad == "batch_size" and "give 1..4096" in sentence
+    bad, sentence = registry.params_problem("knockout", {"query": "all"})
+    assert bad == "query" and "give one of target, from" in sentence  # the declared choices, before any model
 
 
 def test_a_study_file_gives_layers_and_heads_as_lists(tmp_path):

@@ -185,7 +185,7 @@ def test_delete_mode_without_any_fixed_token_is_refused(tiny_dirs):
         shapley(Engine(pm), examples, "delete")
 
 
-@pytest.mark.parametrize("bad, match", [({"mode": "random"}, "Shapley mode"), ({"units": "sentence"}, "unit"),
+@pytest.mark.parametrize("bad, match", [({"mode": "random"}, "shapley.mode"), ({"units": "sentence"}, "shapley.units"),
                                         ({"exact_max": 40}, "exact_max"), ({"permutations": 1}, "permutations")])
 def test_bad_shapley_parameters_are_one_line(bert, bad, match):
     examples = prepare(bert, TEXTS[:1])

@@ -22,6 +22,8 @@ from probe.explainers.gradient_forward import (
     site_values,
     width_buckets,
 )
+from probe.method_params import IG_BASELINES as BASELINES
+from probe.method_params import IG_RULES, GradientShapParams, IntegratedGradientsParams, check_params
 from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, target_generator
@@ -29,9 +31,7 @@ from probe.rows.target import PreparedExample, target_generator
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-BASELINES = ("pad", "zero", "mask", "unk")
 AUTO_STEPS = (16, 32, 64, 128, 256, 512)  # Gauss-Legendre points tried by steps="auto", in order
-IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
 
 
 # ---------------------------------------------------------------------------
@@ -179,6 +179,7 @@ def _check_fixed_steps(steps, rule: str, internal_batch_size: int | str | None) 
     """Refuse, in one line, a number of steps, a rule or an internal batch size IG cannot run with."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InputError(f"steps must be a positive integer or auto, got {steps!r}")
+    check_params(IntegratedGradientsParams, "integrated_gradients", steps=steps)
     if rule not in IG_RULES:
         raise InputError(f"unknown integration rule {rule!r}: use one of {', '.join(IG_RULES)}")
     _check_internal_batch_size(internal_batch_size)
@@ -357,6 +358,7 @@ def _check_shap_args(kinds: tuple, n_samples, noise, internal_batch_size) -> Non
         raise InputError(f"baseline must name at least one of {', '.join(BASELINES)}")
     if not isinstance(n_samples, int) or n_samples < 1:
         raise InputError(f"n_samples must be a positive integer, got {n_samples!r}")
+    check_params(GradientShapParams, "gradient_shap", n_samples=n_samples)
     if not noise >= 0:
         raise InputError(f"noise must be >= 0 (a fraction of the embedding std), got {noise!r}")
     _check_internal_batch_size(internal_batch_size)

@@ -37,6 +37,8 @@ from probe import registry
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
+from probe.method_params import ADVERSARIAL_CONSTRAINTS as CONSTRAINTS
+from probe.method_params import AdversarialParams, PermutedParams, check_params
 from probe.rows.forward import build_rows
 from probe.rows.frames import grid_frame
 from probe.rows.queries import (
@@ -55,7 +57,6 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 LN2 = math.log(2.0)
-CONSTRAINTS = ("tvd", "target")
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,7 @@ def permuted_attention(pm: ProbeModel, examples: Sequence[PreparedExample], *, l
     site = _site(pm, layer, head)
     if not isinstance(n, int) or n < 1:
         raise InputError(f"number of permutations must be a positive integer, got {n!r}")
+    check_params(PermutedParams, "permuted", n=n)
 
     def make_rows(first, chunk, original, tq):
         out = []
@@ -403,6 +405,7 @@ def adversarial_attention(pm: ProbeModel, examples: Sequence[PreparedExample], *
         raise InputError(f"unknown adversarial constraint {constraint!r}: use one of {', '.join(CONSTRAINTS)}")
     if candidates < 1 or steps < 0 or bound < 0 or lr <= 0:
         raise InputError("adversarial attention needs candidates >= 1, steps >= 0, bound >= 0 and lr > 0")
+    check_params(AdversarialParams, "adversarial", candidates=candidates, steps=steps)
     opts = _ADV(head=head, candidates=candidates, steps=steps, lr=lr, bound=bound, constraint=constraint,
                 penalty=penalty, init_scale=init_scale, seed=seed, batch_size=batch_size)
     columns: dict[str, list[torch.Tensor]] = {k: [] for k in ("orig", "value", "tvd", "jsd", "ajsd", "max", "ok")}
@@ -491,7 +494,7 @@ def _adversarial_search(pm: ProbeModel, chunk: Sequence[PreparedExample], tq: Ta
     return best, step
 
 __all__ = [
-    "CONSTRAINTS", "CounterfactualResult", "Site", "adversarial_attention", "jsd", "original_attention",
+    "CounterfactualResult", "Site", "adversarial_attention", "jsd", "original_attention",
     "output_distributions", "permutation_order", "permuted_attention", "replace_attention", "tvd",
     "uniform_attention",
 ]

@@ -84,6 +84,7 @@ from probe.errors import InputError
 from probe.hooks.types import python_layer
 from probe.intervene.knockout_edits import blocked_query_rows, key_set_editor, knockout_editor
 from probe.intervene.knockout_passes import edited_targets, evaluate, fed_width, reuses_prefix, suffix_targets
+from probe.method_params import KnockoutParams, check_params
 from probe.rows.forward import build_rows
 from probe.rows.queries import target_queries
 from probe.rows.scores import TokenScores
@@ -92,7 +93,6 @@ from probe.rows.target import PreparedExample
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel, StackContract
 
-QUERIES = ("target", "from")
 METHOD = "edge_knockout"
 
 #: one batch row: (example index, key position or -1 for the original, frozenset of (layer, head) blocked)
@@ -169,8 +169,7 @@ def _refuse_uneditable(pm: ProbeModel, stack: str, info: StackContract, window: 
 
 
 def _query_from(query: str, query_from) -> int | None:
-    if query not in QUERIES:
-        raise InputError(f"unknown knockout query {query!r}: use one of {', '.join(QUERIES)}")
+    check_params(KnockoutParams, "knockout", query=query)
     if query == "target":
         if query_from is not None:
             raise InputError(f"query_from={query_from!r} applies to query='from' only; query='target' blocks the "
@@ -455,6 +454,13 @@ def block_edges(pm: ProbeModel, examples: Sequence[PreparedExample], sets: Seque
         raise InputError(f"renormalise={renormalise!r}: give True (renormalise the row, = -inf before the softmax) "
                          "or False (zero the blocked weights only)")
     examples = list(examples)
+    for s in sets:  # before any layer is read: an edge set names an example of this batch and where to block
+        if isinstance(s.example, bool) or not isinstance(s.example, int) or not 0 <= s.example < len(examples):
+            raise InputError(f"edge set of example {s.example!r}: give an example index 0..{len(examples) - 1} of "
+                             f"the {len(examples)} examples given")
+        if not s.sites:
+            raise InputError(f"edge set of example {s.example} names no (layer, head): give at least one, e.g. "
+                             "sites=((0, 0),); an edge set without one would block nothing")
     stack = pm.task.target_stack(pm.contract)
     info = pm.contract.stacks[stack]
     window = _window(info, sorted({layer for s in sets for layer, _ in s.sites}) or None)
@@ -553,5 +559,5 @@ def knockout_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
     return knockout(pm, examples, **params)
 
 
-__all__ = ["EdgeSet", "KnockoutResult", "NAME", "QUERIES", "block_edges", "edge_knockout", "knockout",
+__all__ = ["EdgeSet", "KnockoutResult", "NAME", "block_edges", "edge_knockout", "knockout",
            "knockout_scores"]

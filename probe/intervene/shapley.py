@@ -18,7 +18,9 @@ units) the values come back one per span, and a token in no span is always prese
 Exact or sampled:
 
 * ``n <= exact_max``: every one of the ``2^n`` coalitions is a row, and ``phi`` is the formula above.
-* above it, ``permutations`` random orders of the players (seeded per example from its ids), each
+* above it, ``permutations`` random orders of the players (seeded per example from its ids; at most
+  ``SHAPLEY_ROW_LIMIT // (n + 1)`` of them, so that an example's rows stay within
+  :data:`~probe.method_params.SHAPLEY_ROW_LIMIT` = 2^16 however long it is), each
   with its reverse (antithetic pairs: a player early in one is late in the other, which cancels
   much of the order's noise). A player's value is its mean marginal contribution
   ``v(players before it + it) - v(players before it)``; its standard error is the standard deviation
@@ -31,7 +33,7 @@ first and last prefixes, and often more) are de-duplicated, here and in the engi
 LM's rows reuse the unchanged prefix.
 
 ``extras`` per example: ``standard_error`` (a tensor over tokens, 0 where exact, NaN where unscored),
-``exact``, ``permutations`` (0 where exact), ``players``, ``coalitions`` (distinct rows),
+``exact``, ``permutations`` (the orders used; 0 where exact), ``players``, ``coalitions`` (distinct rows),
 ``full_value`` v(N), ``empty_value`` v(empty) and ``efficiency_delta`` = sum(phi) - (v(N) - v(empty)),
 the efficiency axiom's check, as integrated gradients' completeness delta is its own.
 """
@@ -48,6 +50,7 @@ import torch
 
 from probe.errors import InputError
 from probe.intervene.tokens import replacement_token_id, scorable_positions
+from probe.method_params import SHAPLEY_ROW_LIMIT, SHAPLEY_UNITS, ShapleyParams, check_params
 from probe.rows.scores import TokenScores
 from probe.rows.target import example_seed
 
@@ -57,17 +60,10 @@ if TYPE_CHECKING:
     from probe.rows.spans import Span
     from probe.rows.target import PreparedExample
 
-__all__ = ["SHAPLEY_MODES", "SHAPLEY_UNITS", "shapley", "shapley_players", "shapley_values", "span_shapley",
-           "word_players"]
+__all__ = ["sampled_plan", "shapley", "shapley_players", "shapley_values", "span_shapley", "word_players"]
 
-#: how an absent player is perturbed (as leave-one-out's deterministic modes)
-SHAPLEY_MODES = ("delete", "mask", "unk", "pad")
-#: what a player is: one scorable token, or one word (its word pieces together)
-SHAPLEY_UNITS = ("token", "word")
 #: the most players computed exactly by default (2^10 = 1024 coalitions per example)
-EXACT_MAX = 10
-#: the most players exact values are allowed for (2^16 coalitions per example)
-EXACT_LIMIT = 16
+EXACT_MAX = ShapleyParams.exact_max
 
 
 @dataclass(frozen=True)
@@ -120,22 +116,29 @@ def _exact_coalitions(n: int) -> np.ndarray:
     return ((codes[:, None] >> np.arange(n, dtype=np.int64)[None, :]) & 1).astype(bool)
 
 
-def _sampled_plan(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sampled_plan(n: int, permutations: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``permutations // 2`` random orders, each followed by its reverse; the distinct prefixes of
-    all of them as coalitions, and each order's prefix indices."""
+    all of them as coalitions, and each order's prefix indices.
+
+    The prefixes are walked one length at a time, each kept only as its packed bits (a key of
+    ``ceil(n / 8)`` bytes): memory ``orders x (n + 1) x n / 8`` bytes for the keys, never the
+    ``[orders, n + 1, n]`` booleans."""
     pairs = max(1, permutations // 2)
     first = np.stack([rng.permutation(n) for _ in range(pairs)])  # [pairs, n]
     orders = np.empty((2 * pairs, n), dtype=np.int64)  # [orders, n]: order, its reverse, ...
     orders[0::2] = first
     orders[1::2] = first[:, ::-1]
-    # prefix k of an order holds its first k players: [orders, n + 1, n]
-    ranks = np.empty_like(orders)
-    ranks[np.arange(len(orders))[:, None], orders] = np.arange(n)[None, :]  # rank of each player in each order
-    present = ranks[:, None, :] < np.arange(n + 1)[None, :, None]  # [orders, n + 1, n]
-    flat = present.reshape(-1, n)
-    packed = np.packbits(flat, axis=1)  # [orders * (n + 1), bytes]: a key per coalition
-    _, first_seen, inverse = np.unique(packed, axis=0, return_index=True, return_inverse=True)
-    coalitions = flat[first_seen]  # [distinct, n]
+    width = (n + 7) // 8
+    keys = np.empty((len(orders), n + 1, width), dtype=np.uint8)  # [orders, n + 1, bytes]: prefix k's bits
+    present = np.zeros((len(orders), n), dtype=bool)  # [orders, n]: the prefix of the current length
+    every = np.arange(len(orders))
+    keys[:, 0] = np.packbits(present, axis=1)
+    for k in range(n):
+        present[every, orders[:, k]] = True
+        keys[:, k + 1] = np.packbits(present, axis=1)
+    flat = np.ascontiguousarray(keys.reshape(-1, width)).view(np.dtype((np.void, width)))[:, 0]  # [orders * (n + 1)]
+    _, first_seen, inverse = np.unique(flat, return_index=True, return_inverse=True)
+    coalitions = np.unpackbits(keys.reshape(-1, width)[first_seen], axis=1, count=n).view(bool)  # [distinct, n]
     return coalitions, inverse.reshape(len(orders), n + 1), orders
 
 
@@ -144,7 +147,10 @@ def _plan(players: tuple[tuple[int, ...], ...], exact_max: int, permutations: in
     n = len(players)
     if n <= exact_max:
         return _Plan(players, True, _exact_coalitions(n))
-    coalitions, prefixes, orders = _sampled_plan(n, permutations, rng)
+    # the rows an example takes are bounded whatever its length: fewer orders for a long one (its
+    # extras' permutations says how many; its standard error grows to match)
+    affordable = max(2, SHAPLEY_ROW_LIMIT // (n + 1))
+    coalitions, prefixes, orders = sampled_plan(n, min(permutations, affordable), rng)
     return _Plan(players, False, coalitions, prefixes, orders)
 
 
@@ -190,13 +196,7 @@ def shapley_values(engine: Engine, examples: Sequence[PreparedExample],
     """Per example ``{"values": [players], "standard_error": [players], "exact", "permutations",
     "coalitions", "full_value", "empty_value", "efficiency_delta"}`` for the given players (each a
     tuple of token positions), every coalition of every example through ``engine`` in one call."""
-    if mode not in SHAPLEY_MODES:
-        raise InputError(f"unknown Shapley mode {mode!r}: use one of {', '.join(SHAPLEY_MODES)}")
-    if not 0 <= int(exact_max) <= EXACT_LIMIT:
-        raise InputError(f"shapley exact_max {exact_max!r}: give 0..{EXACT_LIMIT} (2^{EXACT_LIMIT} coalitions "
-                         "per example at most); above it values are sampled")
-    if int(permutations) < 2:
-        raise InputError(f"shapley needs at least 2 permutations (one antithetic pair), got {permutations!r}")
+    check_params(ShapleyParams, "shapley", mode=mode, exact_max=exact_max, permutations=permutations)
     replacement = None if mode == "delete" else replacement_token_id(engine.pm, mode)
     plans, rows, starts = [], [], []
     for example, own in zip(examples, players):
@@ -253,8 +253,7 @@ def shapley(engine: Engine, examples: Sequence[PreparedExample], mode: str = "de
     """Shapley values of each example's tokens (``units="token"``) or words (``"word"``, shared
     equally among a word's tokens) as token scores ``[tokens]``; special tokens NaN. See the module
     docstring for the exact and sampled computations and the ``extras``."""
-    if units not in SHAPLEY_UNITS:
-        raise InputError(f"unknown Shapley unit {units!r}: use one of {', '.join(SHAPLEY_UNITS)}")
+    check_params(ShapleyParams, "shapley", units=units)
     players = [shapley_players(engine.pm, e, units) for e in examples]
     before = engine.stats.as_dict()
     found = shapley_values(engine, examples, players, mode=mode, exact_max=exact_max,

@@ -40,6 +40,7 @@ import torch
 
 from probe.errors import InputError
 from probe.intervene.engine import Engine
+from probe.method_params import LeaveOneOutParams, check_params
 from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, example_generator, example_seed
@@ -207,6 +208,7 @@ def _loo_setup(engine: Engine, examples: Sequence[PreparedExample], mode: str, k
     if mode in ("random", "lm"):
         if int(k) < 1:
             raise InputError(f"loo_{mode} needs k >= 1 draws per token, got {k!r}")
+        check_params(LeaveOneOutParams, f"loo_{mode}", k=k)
         params.update(k=int(k), seed=int(seed))
     if mode == "lm" and not pm.task.next_token:
         raise InputError(

@@ -22,6 +22,7 @@ A headless encoder (:mod:`probe.models.encoder`) has no class: its targets are `
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -72,6 +73,39 @@ class TargetSpec:
     chat: bool = False
     contrast: str | tuple[str, ...] | None = None  # language models: the foil text
     contrast_label: int | str | tuple[int | str, ...] | None = None  # classifiers: the contrasted class
+
+    def __post_init__(self) -> None:
+        # made directly (probe.TargetSpec(...)), its fields are checked as the target keywords are
+        for name in ("steps", "chat", "target_side"):
+            check_flag(getattr(self, name), name)
+        if self.kind is not None and not isinstance(self.kind, str):
+            raise InputError(f"kind={self.kind!r} is not text; give one of {', '.join(TARGET_KINDS)}")
+        if self.reference is not None and not isinstance(self.reference, str):
+            raise InputError(f"reference={self.reference!r} is not text; give the text whose pooled embedding is "
+                             "compared")
+        if self.max_new_tokens is not None:
+            positive_int(self.max_new_tokens, "max_new_tokens")
+        if self.dimension is not None and (isinstance(self.dimension, bool) or not isinstance(self.dimension, int)
+                                           or self.dimension < 0):
+            raise InputError(f"dimension={self.dimension!r}: give a component index >= 0 of the pooled embedding")
+
+
+_TARGET_SPEC_INIT = TargetSpec.__init__
+
+
+@functools.wraps(_TARGET_SPEC_INIT)  # its signature stays the fields' (help(), the API page)
+def _target_spec_init(self: TargetSpec, *args: Any, **kwargs: Any) -> None:
+    """The dataclass's own ``__init__``, with an unknown keyword refused in one line (not a TypeError)."""
+    known = TargetSpec.__dataclass_fields__
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        raise InputError(f"unknown TargetSpec field {unknown[0]!r}; its fields: {', '.join(known)}")
+    if len(args) > len(known):
+        raise InputError(f"TargetSpec takes at most {len(known)} values ({', '.join(known)}), got {len(args)}")
+    _TARGET_SPEC_INIT(self, *args, **kwargs)
+
+
+TargetSpec.__init__ = _target_spec_init  # type: ignore[method-assign]
 
 
 class TargetKeywords(TypedDict, total=False):

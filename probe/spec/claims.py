@@ -34,7 +34,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.errors import InputError
-from probe.method_params import AdversarialParams
+from probe.method_params import AdversarialParams, PermutedParams, declared_limits
 from probe.patterns import UserPattern, user_pattern
 from probe.spec.claim_values import (
     AttentionRanking,
@@ -241,7 +241,7 @@ class EdgeClaim(_Claim):
     #: the layer window: an index, first, last, an inclusive range "A-B" ("10-14", "10-last") or a list
     layers: int | str | list[int]
     #: query heads whose edges are blocked: one index or a list (default: every head)
-    heads: Annotated[Int, Field(ge=0)] | list[Annotated[Int, Field(ge=0)]] | None = None
+    heads: Int | list[Int] | None = None
     #: a regular expression a token's text matches whole (case-insensitive): the attended tokens
     to: str | None = None
     #: instead of to: the words whose tokens are the attended ones
@@ -267,6 +267,19 @@ class EdgeClaim(_Claim):
     @classmethod
     def _to(cls, value: str | None) -> str | None:
         return check_regex(value)
+
+    @field_validator("heads", mode="before")
+    @classmethod
+    def _heads(cls, value: Any) -> Any:
+        # checked here, not by the union's branches, whose names (constrained-int) would reach the message
+        if value is None:
+            return value
+        listed = isinstance(value, list)
+        for i, head in enumerate(value if listed else [value]):
+            if isinstance(head, bool) or not isinstance(head, int) or head < 0:
+                fail(f"{show(head)} is not a head index; give an index >= 0 (0 the first head) or a list of them, "
+                     "or leave heads out for every head", item=[i] if listed else [])
+        return value
 
     @field_validator("to_words")
     @classmethod
@@ -312,15 +325,16 @@ class CounterfactualClaim(_Claim):
     #: one head of that layer (default: every head)
     head: Annotated[Int, Field(ge=0)] | None = None
     #: seeded permutations of the attention row per example
-    permutations: Annotated[Int, Field(ge=1)] = 20
+    permutations: Annotated[Int, Field(ge=1, le=declared_limits(PermutedParams, "n")[1])] = 20
     #: the output change (total variation) the permutations must exceed; the adversarial search's bound
     bound: Annotated[Float, Field(gt=0, le=1)] = 0.01
     #: also run Jain & Wallace's adversarial search (evidence only)
     adversarial: Bool = True
     #: adversarial search: attention candidates per example
-    candidates: Annotated[Int, Field(ge=1)] = AdversarialParams.candidates  # the registry's defaults
+    candidates: Annotated[Int, Field(ge=1, le=declared_limits(AdversarialParams, "candidates")[1])] \
+        = AdversarialParams.candidates  # the registry's defaults and limits
     #: adversarial search: Adam steps
-    steps: Annotated[Int, Field(ge=1)] = AdversarialParams.steps
+    steps: Annotated[Int, Field(ge=1, le=declared_limits(AdversarialParams, "steps")[1])] = AdversarialParams.steps
 
     @field_validator("layer", mode="before")
     @classmethod

@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.data import BUILTIN_PREFIX
 from probe.errors import InputError
-from probe.method_params import AdversarialParams
+from probe.method_params import AdversarialParams, PermutedParams, declared_limits
 from probe.names import ALL_METHODS, ATTENTION_METHODS
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.registry import method as method_entry
@@ -151,16 +151,20 @@ class CounterfactualSpec(SpecModel):
     #: layer (the whole layer's attention at once), all (each head on its own) or a list of head indices
     heads: list[int] | Literal["all", "layer"] = "layer"
     #: seeded permutations of the attention row per example
-    permutations: Annotated[Int, Field(ge=1, le=10_000)] = 10
+    permutations: Annotated[Int, Field(ge=declared_limits(PermutedParams, "n")[0],
+                                       le=declared_limits(PermutedParams, "n")[1])] = 10
     #: Jain & Wallace's adversarial search is the slowest part of a study (129 of 185 s for 8
     #: sentences on MiniLM): asked for by name, as the shipped studies that run it do
     adversarial: Bool = False
     #: the adversarial search's bound on the output's change (total variation distance)
     max_output_tvd: Annotated[Float, Field(gt=0, le=1)] = 0.01
     #: adversarial search: attention candidates per example (Jain & Wallace)
-    adversarial_candidates: Annotated[Int, Field(ge=1, le=1_000)] = AdversarialParams.candidates
+    adversarial_candidates: Annotated[Int, Field(ge=declared_limits(AdversarialParams, "candidates")[0],
+                                                 le=declared_limits(AdversarialParams, "candidates")[1])] \
+        = AdversarialParams.candidates
     #: adversarial search: Adam steps (Jain & Wallace)
-    adversarial_steps: Annotated[Int, Field(ge=1, le=100_000)] = AdversarialParams.steps
+    adversarial_steps: Annotated[Int, Field(ge=1, le=declared_limits(AdversarialParams, "steps")[1])] \
+        = AdversarialParams.steps
 
     @field_validator("layers", mode="before")
     @classmethod

@@ -259,12 +259,29 @@ class _DepthBoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+def _unprintable(text: str, exc: yaml.reader.ReaderError, path: Path) -> str:
+    """One line for a character YAML does not allow (ESC, NUL, ...): where it is, and what to do."""
+    position = min(max(int(exc.position), 0), len(text))
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
+    return (f"{path} line {line} column {column}: the control character U+{code:04X} is not allowed in a YAML "
+            f"file; remove it, or write it as an escape inside double quotes (\"\\x{code:02x}\")"
+            if code < 0x100 else
+            f"{path} line {line} column {column}: the character U+{code:04X} is not allowed in a YAML file; remove it, "
+            f"or write it as an escape inside double quotes (\"\\u{code:04x}\")")
+
+
 def _parse_yaml(text: str, path: Path) -> tuple[yaml.Node | None, Any]:
     """(the node tree, the data) of one YAML document; bad YAML is one line with its line number."""
     if len(text) > MAX_YAML_BYTES:
         raise InputError(f"{path} is {len(text) / 2**20:.0f} MiB; a study or claim file is at most "
                          f"{MAX_YAML_BYTES // 2**20} MiB (put long data in a .csv/.jsonl dataset file)")
-    loader = _DepthBoundedLoader(text, str(path))
+    try:
+        # the reader checks every character when it is made: a control character is refused here
+        loader = _DepthBoundedLoader(text, str(path))
+    except yaml.reader.ReaderError as exc:
+        raise InputError(_unprintable(text, exc, path)) from None
     try:
         root = loader.get_single_node()
         if root is not None:
