@@ -116,16 +116,24 @@ def test_redundant_copies_are_judged_against_shapley_and_single_deletion_says_wh
 
 def test_at_small_n_a_planted_positive_still_answers_yes_and_a_null_never_does(planted_run):
     """The verdict re-judged on random subsets of the stored tables (probe.study.subsets, no model reruns):
-    trigger-saturated drawn at n = 24 (about half its texts hold the trigger, so about 12 are scored)
-    answers yes at 95% of draws at least, so "undecidable whenever n is small" cannot pass; the null
+    trigger-saturated at 12 scored examples (drawn from the texts that hold the trigger; half its texts do,
+    and the others are left out by the effect floor) answers yes at 95% of draws at least, so "undecidable
+    whenever n is small" cannot pass; at 24 examples of all its texts, every draw with at least 10 scored
+    (the minimum any answer rests on) says yes; the null
     position-heads (72 heads that know nothing of the deciding word) answers yes or heads only at no
     more than 5% of draws of 10, 12, 20 and 40 examples."""
     from probe.study.calibration import read_folder
-    from probe.study.subsets import subset_answers, subset_summary
+    from probe.study.subsets import scored_examples, subset_answers, subset_summary
 
     tables, study, dtype, sanity = read_folder(planted_run("trigger-saturated")[1])
-    positive = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=(24,), draws=20, seed=1)
-    assert positive.n_scored.median() <= 16 and (positive.answer == "yes").mean() >= 0.95, positive
+    scored = scored_examples(tables, study, dtype=dtype)
+    assert 0.3 * len(tables["examples"]) < len(scored) < 0.7 * len(tables["examples"])  # about half hold zz
+    positive = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=(12,), draws=20, seed=1, pool=scored)
+    assert (positive.n_scored == 12).all() and (positive.answer == "yes").mean() >= 0.95, positive
+    mixed = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=(24,), draws=10, seed=1)
+    enough = mixed[mixed.n_scored >= 10]
+    assert len(enough) >= 5 and (enough.answer == "yes").all(), mixed
+    assert (mixed[mixed.n_scored < 10].answer == "undecidable").all()
     tables, study, dtype, sanity = read_folder(planted_run("position-heads")[1])
     null = subset_summary(subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=(10, 12, 20, 40), draws=5,
                                          seed=2))

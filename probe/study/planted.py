@@ -123,9 +123,11 @@ def _calibrated(folder: Path, recipe, seeds: int) -> dict:
 
 
 #: the planted models the self-test re-judges on small random subsets of their stored tables
-#: (:mod:`probe.study.subsets`), and the subset sizes: the positive drawn where about half its texts hold
-#: the trigger (about 12 scored examples at n = 24), the null at 10 to 40 examples
-SMALL_N = {"trigger-saturated": (24,), "position-heads": (10, 12, 20, 40)}
+#: (:mod:`probe.study.subsets`), and the subset sizes: the positive at 12 scored examples (drawn from the
+#: texts that hold the trigger: the others are left out by the effect floor, so 12 of them and 12 others
+#: are judged alike), the null at 10 to 40 examples
+SMALL_N = {"trigger-saturated": (12,), "position-heads": (10, 12, 20, 40)}
+SCORED_POOL = {"trigger-saturated"}  # drawn from the scored examples only
 
 
 def planted_small_n(results: Path, names: Sequence[str], *, draws: int = 100, seed: int = 0) -> pd.DataFrame:
@@ -133,14 +135,16 @@ def planted_small_n(results: Path, names: Sequence[str], *, draws: int = 100, se
     ``results``: one row per (model, n) with the share of draws giving each answer
     (:func:`probe.study.subsets.subset_summary`)."""
     from probe.study.calibration import read_folder
-    from probe.study.subsets import subset_answers, subset_summary
+    from probe.study.subsets import scored_examples, subset_answers, subset_summary
 
     frames = []
     for name, sizes in SMALL_N.items():
         if name not in names or not (Path(results) / name / "verdict.json").is_file():
             continue
         tables, study, dtype, sanity = read_folder(Path(results) / name)
-        answers = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=sizes, draws=draws, seed=seed)
+        pool = scored_examples(tables, study, dtype=dtype) if name in SCORED_POOL else None
+        answers = subset_answers(tables, study, dtype=dtype, sanity=sanity, sizes=sizes, draws=draws, seed=seed,
+                                 pool=pool)
         frames.append(subset_summary(answers).assign(model=name))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -151,8 +155,9 @@ def _small_n_lines(small: pd.DataFrame) -> list[str]:
              "Each verdict re-judged on random subsets of n of its examples, drawn from its stored tables (no model "
              "rerun, `probe.study.subsets`). A rule that passes on the absence of evidence says yes at small n where "
              "the whole study says no; the null `position-heads` must say yes or heads only at no more than alpha "
-             "(5%) of the draws, and the positive `trigger-saturated` (about half its texts hold the trigger) must "
-             "still say yes at 95% of them at least, so that 'undecidable whenever n is small' cannot pass.", "",
+             "(5%) of the draws, and the positive `trigger-saturated`, drawn as 12 of the texts that hold the "
+             "trigger (the others are left out by the effect floor), must still say yes at 95% of them at least, "
+             "so that 'undecidable whenever n is small' cannot pass.", "",
              "| model | n | draws | median scored | yes | heads only | no | undecidable |", "|---|---|---|---|---|---|---|---|"]
     for r in small.itertuples():
         lines.append(f"| `{r.model}` | {r.n} | {r.draws} | {r.median_scored:g} | {100 * r.yes:.0f}% | "

@@ -23,7 +23,7 @@ from probe.errors import InputError
 from probe.study.steps import is_stepwise
 from probe.study.verdict import ANSWERS
 
-__all__ = ["SUBSET_COLUMNS", "restrict", "subset_answers", "subset_summary"]
+__all__ = ["SUBSET_COLUMNS", "restrict", "scored_examples", "subset_answers", "subset_summary"]
 
 #: one row per draw: the subset's size, the draw's index, the answer, the examples scored in it
 SUBSET_COLUMNS = ["n", "draw", "answer", "n_scored", "n_needed"]
@@ -52,13 +52,30 @@ def _dataset_examples(tables: dict) -> np.ndarray:
     return np.unique(frame[column].to_numpy(np.int64))
 
 
+def scored_examples(tables: dict, study, *, dtype: str) -> np.ndarray:
+    """The dataset examples the verdict compares with its reference: those left after the noise and
+    effect floors (:func:`probe.study.decide.without_noise`). On a study where only some texts hold
+    what matters (a planted trigger), drawing from these draws n scored examples exactly."""
+    from probe.study import decide
+
+    found = decide.profiles(tables, study, dtype)
+    agreement, _ = decide.without_noise(tables["agreement"], found)
+    ref = study.verdict_reference
+    examples = agreement.loc[(agreement.reference == ref) & (agreement.role == "explainer"), "example"].unique()
+    frame = tables["examples"]
+    if is_stepwise(frame):
+        examples = frame.loc[frame["example"].isin(examples), "source"].unique()
+    return np.unique(np.asarray(examples, dtype=np.int64))
+
+
 def subset_answers(tables: dict, study, *, dtype: str, sanity: Sequence = (), sizes: Sequence[int] = (10, 12, 20, 40),
-                   draws: int = 100, seed: int = 0) -> pd.DataFrame:
-    """The verdict's answer on ``draws`` random subsets of each size in ``sizes`` (:data:`SUBSET_COLUMNS`).
-    Sizes above the study's number of examples are refused."""
+                   draws: int = 100, seed: int = 0, pool: Sequence[int] | None = None) -> pd.DataFrame:
+    """The verdict's answer on ``draws`` random subsets of each size in ``sizes`` (:data:`SUBSET_COLUMNS`),
+    drawn from the study's examples (or from ``pool``, e.g. :func:`scored_examples`). Sizes above the
+    pool are refused."""
     from probe.study.summary import judge_tables
 
-    pool = _dataset_examples(tables)
+    pool = _dataset_examples(tables) if pool is None else np.unique(np.asarray(pool, dtype=np.int64))
     too_big = [n for n in sizes if n > len(pool)]
     if too_big:
         raise InputError(f"subset sizes {too_big} exceed the study's {len(pool)} examples; give smaller sizes")
