@@ -422,3 +422,5 @@ def test_the_cap_bounds_the_draws_and_is_checked():
     assert (rows.permutations == rows.permutations.iloc[0]).all()  # a family's units rest on one draw
     with pytest.raises(ValueError, match="max_permutations"):
         family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=500)
+    with pytest.raises(ValueError, match="max_permutations"):
+        family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=10**7)

@@ -17,7 +17,8 @@ other. That is what the family-wise test needs:
 
 - ``p_raw``: ``(1 + #{b: null_b >= observed}) / (B + 1)``, one-sided (agreement above chance);
 - ``p_family``: the single-step max-T adjustment (Westfall & Young 1993): each unit's statistic is
-  standardised by its own null mean and standard deviation, the largest standardised null value
+  standardised by its own null mean and standard deviation (exact where given: :func:`null_moments`,
+  so that the standardisation does not move with the seed), the largest standardised null value
   over the family's units is taken per permutation, and ``p_family = (1 + #{b: max_t_b >= t}) /
   (B + 1)``. It controls the family-wise error rate (the chance that any unit of the family passes
   when none carries information) at the level it is compared with, and is less conservative than

@@ -74,6 +74,8 @@ MC_RISK = 1e-3
 #: the default cap of the sequential rule: the most random rankings per example a family draws
 #: (16 x the default 1,000: four doublings); a study asking for more permutations draws those and no more
 MC_MAX_PERMUTATIONS = 16_000
+#: the largest cap a caller may set (rule 20: work has a stated bound)
+MC_CAP_BOUND = 1_000_000
 #: rankings drawn once per family, at a seed of their own, for the max-T standardisation of units
 #: without a closed-form null mean and sd
 MOMENT_PERMUTATIONS = 4000
@@ -228,8 +230,9 @@ class ChanceFamily:
         if alpha is None:
             return rows
         cap = max(permutations, MC_MAX_PERMUTATIONS) if max_permutations is None else int(max_permutations)
-        if cap < permutations:
-            raise ValueError(f"max_permutations must be at least permutations ({permutations}), got {cap}")
+        if not permutations <= cap <= MC_CAP_BOUND:
+            raise ValueError(f"max_permutations must be between permutations ({permutations}) and {MC_CAP_BOUND:,}, "
+                             f"got {cap}")
         totals = [permutations]
         while totals[-1] < cap:
             totals.append(min(cap, 2 * totals[-1]))
