@@ -293,3 +293,134 @@ def test_paired_tests_use_the_tie_corrected_normal_approximation_where_ties_or_z
     assert paired_test(x, y)["wilcoxon_p"] == pytest.approx(stats.wilcoxon(x, y).pvalue, rel=1e-12)
     long = rng.normal(size=60)
     assert wilcoxon_method(long) == "approx"
+
+
+# ----------------------------------------------------------------- Monte Carlo error (issue 61, item 3)
+
+
+@pytest.mark.parametrize("measure", MEASURES)
+def test_the_null_moments_equal_exact_enumeration(measure):
+    from probe.metrics.nulls import null_moments
+
+    rng = np.random.default_rng(11)
+    blocks = _blocks(rng, n_examples=3, n_units=3, ties=not measure.startswith("top"))
+    blocks = [b for b in blocks if b.x.shape[1] <= 7]  # 7! permutations at most
+    means = []
+    for b in blocks:
+        perms = np.array(list(itertools.permutations(range(b.x.shape[1]))))
+        means.append(agreement_values(measure, b.x, b.y[perms]))  # [U, n!]
+    # the unit's mean over examples: independent examples, so the variances add
+    want_mean = np.mean([v.mean(axis=1) for v in means], axis=0)
+    want_sd = np.sqrt(np.sum([v.var(axis=1) for v in means], axis=0)) / len(means)
+    mean, sd = null_moments(blocks, 3, measure)
+    assert len(blocks) >= 2 and mean == pytest.approx(want_mean, abs=1e-12) and sd == pytest.approx(want_sd, rel=1e-9)
+
+
+def agreement_values(measure, x, y_perm):
+    from probe.metrics.nulls import _agreement
+
+    return _agreement(measure, x, y_perm)
+
+
+def _spread_family(n_units=12, n_examples=12, n=6, seed=21):
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for e in range(n_examples):
+        shared = rng.normal(size=n)
+        y = rng.normal(size=n)
+        x = 0.7 * shared + rng.normal(size=(n_units, n))
+        x[0] += 0.6 * y  # unit 0 carries a little
+        blocks.append(NullBlock(e, e, np.arange(n_units), x, y, np.arange(n)))
+    return blocks
+
+
+def test_p_family_varies_over_seeds_by_its_binomial_monte_carlo_error_only():
+    """Standardised by the draws' own mean and sd, a discrete measure's ``p_family`` moved over seeds
+    by several times sqrt(p (1 - p) / B) (issue 61); by the exact moments, by that error alone."""
+    from probe.metrics.nulls import null_moments
+
+    blocks = _spread_family()
+    center, scale = null_moments(blocks, 12, "top1")
+    ps = []
+    for seed in range(60):
+        observed, null = permutation_means(blocks, 12, "top1", permutations=1000, seed=seed)
+        ps.append(max_t_test(observed, null, center=center, scale=scale)["p_family"][0])
+    p = float(np.mean(ps))
+    assert 0.02 < p < 0.98
+    assert np.std(ps, ddof=1) < 1.4 * math.sqrt(p * (1 - p) / 1000)
+
+
+def _near_alpha_family(data_seed):
+    """One unit of three whose true family-wise p-value (40,000 rankings) is 0.056 (data seed 26),
+    0.040 (85), or about 1e-3 and 0.5 for its two others."""
+    import pandas as pd
+
+    from probe.study.chance import ChanceFamily
+
+    rng = np.random.default_rng(data_seed)
+    blocks = []
+    for e in range(10):
+        y = rng.normal(size=6)
+        x = rng.normal(size=(3, 6))
+        x[0] = 0.25 * y + x[0]
+        blocks.append(NullBlock(e, e, np.arange(3), x, y, np.arange(6)))
+    units = pd.DataFrame({"explainer": ["attention"] * 3, "layer": [0, 0, 0], "head": [0, 1, 2]})
+    return ChanceFamily("attention weights", "loo_delete", "kendall_tau", units, tuple(blocks), (10, 10, 10))
+
+
+@pytest.mark.parametrize(("data_seed", "passes"), [(26, False), (85, True)])
+def test_a_unit_near_alpha_draws_more_and_its_decision_agrees_across_seeds_or_says_near_alpha(data_seed, passes):
+    from probe.study.chance import MC_MAX_PERMUTATIONS
+
+    family = _near_alpha_family(data_seed)
+    alpha = 0.05
+    decided = []
+    for seed in range(20):
+        row = family.test(permutations=1000, seed=seed, alpha=alpha).iloc[0]
+        assert row.permutations > 1000  # within Monte Carlo error of alpha at 1,000: it draws more
+        assert row.permutations <= MC_MAX_PERMUTATIONS
+        assert row.p_mc_se == pytest.approx(math.sqrt(row.p_family * (1 - row.p_family) / row.permutations))
+        if row.near_alpha:
+            assert row.permutations == MC_MAX_PERMUTATIONS
+        else:
+            decided.append(bool(row.p_family <= alpha))
+    assert decided and set(decided) == {passes}  # every stable decision is the true one
+    plain = [family.test(permutations=1000, seed=s).iloc[0] for s in range(20)]
+    assert all(r.permutations == 1000 and not r.near_alpha for r in plain)  # no alpha: the plain test
+
+
+def test_a_family_far_from_alpha_draws_nothing_more_and_the_rule_is_deterministic():
+    import pandas as pd
+
+    from probe.study.chance import ChanceFamily, stage_seed
+
+    rng = np.random.default_rng(4)
+    blocks = []
+    for e in range(30):
+        y = rng.normal(size=8)
+        x = rng.normal(size=(6, 8))
+        x[2] = y + 0.5 * rng.normal(size=8)  # unit 2 carries the reference; the others nothing
+        blocks.append(NullBlock(e, e, np.arange(6), x, y, np.arange(8)))
+    units = pd.DataFrame({"explainer": ["attention"] * 6, "layer": [0] * 6, "head": list(range(6))})
+    family = ChanceFamily("attention weights", "loo_delete", "kendall_tau", units, tuple(blocks), (30,) * 6)
+    plain = family.test(permutations=1000, seed=3)
+    sequential = family.test(permutations=1000, seed=3, alpha=0.05)
+    assert not (plain.p_family.between(0.02, 0.1)).any()
+    pd.testing.assert_frame_equal(plain, sequential)  # nothing more drawn, the same numbers
+    assert (sequential.permutations == 1000).all() and not sequential.near_alpha.any()
+    near = _near_alpha_family(26)
+    first = near.test(permutations=1000, seed=7, alpha=0.05)
+    pd.testing.assert_frame_equal(first, near.test(permutations=1000, seed=7, alpha=0.05))
+    assert stage_seed(7, 0) == 7 and len({stage_seed(7, s) for s in range(6)}) == 6
+    assert stage_seed(7, 1) == stage_seed(7, 1) != stage_seed(8, 1)
+
+
+def test_the_cap_bounds_the_draws_and_is_checked():
+    family = _near_alpha_family(26)
+    rows = family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=3000)
+    assert rows.permutations.iloc[0] in (2000, 3000)
+    assert (rows.permutations == rows.permutations.iloc[0]).all()  # a family's units rest on one draw
+    with pytest.raises(ValueError, match="max_permutations"):
+        family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=500)
+    with pytest.raises(ValueError, match="max_permutations"):
+        family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=10**7)

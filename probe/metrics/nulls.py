@@ -17,7 +17,8 @@ other. That is what the family-wise test needs:
 
 - ``p_raw``: ``(1 + #{b: null_b >= observed}) / (B + 1)``, one-sided (agreement above chance);
 - ``p_family``: the single-step max-T adjustment (Westfall & Young 1993): each unit's statistic is
-  standardised by its own null mean and standard deviation, the largest standardised null value
+  standardised by its own null mean and standard deviation (exact where given: :func:`null_moments`,
+  so that the standardisation does not move with the seed), the largest standardised null value
   over the family's units is taken per permutation, and ``p_family = (1 + #{b: max_t_b >= t}) /
   (B + 1)``. It controls the family-wise error rate (the chance that any unit of the family passes
   when none carries information) at the level it is compared with, and is less conservative than
@@ -47,7 +48,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["NullBlock", "exact_top_k", "max_t_test", "measure_k", "permutation_means"]
+__all__ = ["NullBlock", "exact_top_k", "max_t_test", "mc_interval", "measure_k", "null_moments", "permutation_means"]
 
 # upper bound on the elements of one [permutations, pairs] sign block (float32: 16 MiB)
 _BLOCK_ELEMENTS = 1 << 22
@@ -215,10 +216,17 @@ def permutation_means(blocks: Iterable[NullBlock], n_units: int, measure: str, *
     return means[:, 0], means[:, 1:]
 
 
-def max_t_test(observed: np.ndarray, null: np.ndarray, *, quantile: float = 0.95) -> dict[str, np.ndarray]:
+def max_t_test(observed: np.ndarray, null: np.ndarray, *, quantile: float = 0.95, center: np.ndarray | None = None,
+               scale: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per unit: ``p_raw``, ``p_family`` (max-T over every unit given, module docstring),
     ``null_mean``, ``null_sd`` and ``null_high`` (the ``quantile`` of the unit's null: the line a
-    unit's mean must clear to pass alone at ``1 - quantile``). NaN where the observed value is NaN."""
+    unit's mean must clear to pass alone at ``1 - quantile``). NaN where the observed value is NaN.
+
+    ``center`` and ``scale`` ``[U]``: the standardisation of max-T where it is known without the
+    draws (:func:`null_moments`); NaN entries, or None, fall back to the mean and standard deviation
+    of the draws given. Estimated from the same draws, the standardisation moves with the seed, and
+    for a discrete measure it moves other units' null values across a unit's statistic: the seed's
+    spread of ``p_family`` is then several times its binomial Monte Carlo error (issue 61)."""
     observed = np.asarray(observed, dtype=np.float64)
     null = np.asarray(null, dtype=np.float64)
     if null.ndim != 2 or null.shape[0] != observed.shape[0]:
@@ -229,10 +237,12 @@ def max_t_test(observed: np.ndarray, null: np.ndarray, *, quantile: float = 0.95
         mean = null.mean(axis=1)
         sd = null.std(axis=1)
         high = np.quantile(null, quantile, axis=1) if b else np.full(observed.shape, np.nan)
-        spread = np.isfinite(observed) & (sd > 0)
+        mid = mean if center is None else np.where(np.isfinite(center), center, mean)
+        width = sd if scale is None else np.where(np.isfinite(scale), scale, sd)
+        spread = np.isfinite(observed) & (sd > 0) & (width > 0)
         p_raw = (1.0 + (null >= (observed - tol)[:, None]).sum(axis=1)) / (b + 1.0)
-        t_obs = (observed - mean) / sd
-        t_null = (null - mean[:, None]) / sd[:, None]
+        t_obs = (observed - mid) / width
+        t_null = (null - mid[:, None]) / width[:, None]
     p_family = np.ones(observed.shape)
     if spread.any() and b:
         top = t_null[spread].max(axis=0)  # [B] the largest standardised null value of the family
@@ -319,3 +329,100 @@ def exact_top_k(blocks: Iterable[NullBlock], n_units: int, k: int, *, quantile: 
         line = int(np.searchsorted(below, quantile - 1e-12))  # the discrete quantile
         high[unit] = min(line, law.size - 1) / (lattice * count)
     return {"p_raw": p_raw, "null_mean": mean, "null_high": high, "exact": exact}
+
+
+def _tie_sums(values: np.ndarray) -> tuple[float, float, float, float]:
+    """Over the groups of equal values of one row: sums of t(t-1), t(t-1)(t-2), t(t-1)(2t+5), and
+    the tied pairs."""
+    _, t = np.unique(values, return_counts=True)
+    t = t.astype(np.float64)
+    return (float((t * (t - 1)).sum()), float((t * (t - 1) * (t - 2)).sum()), float((t * (t - 1) * (2 * t + 5)).sum()),
+            float((t * (t - 1) / 2).sum()))
+
+
+def _block_moments(measure: str, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean [U_b], variance [U_b])`` of each row's agreement with ``y`` under uniform permutations
+    of ``y``; NaN where no closed form applies (a top-k reference tied across its k-th place)."""
+    u, n = x.shape
+    k = measure_k(measure)
+    if k is not None:
+        kk = min(k, n)
+        ordered = np.sort(y)[::-1]
+        if kk < n and ordered[kk - 1] == ordered[kk]:
+            return np.full(u, np.nan), np.full(u, np.nan)
+        f = kk / n  # the hits are hypergeometric: n tokens, kk marked, kk drawn
+        var_hits = kk * f * (1 - f) * (n - kk) / (n - 1) if n > 1 else 0.0
+        return np.full(u, f), np.full(u, var_hits / kk ** 2)
+    if measure == "spearman":  # Pearson's r under permutations: mean 0, variance 1/(n-1), ties or not
+        return np.zeros(u), np.full(u, 1.0 / (n - 1))
+    # Kendall's S under permutations with ties on both sides (Kendall 1948), over tau-b's fixed denominator
+    pairs = n * (n - 1) / 2
+    ya, yb, yc, ytied = _tie_sums(y)
+    var = np.empty(u)
+    for r in range(u):
+        xa, xb, xc, xtied = _tie_sums(x[r])
+        var_s = ((n * (n - 1) * (2 * n + 5) - xc - yc) / 18 + xb * yb / (9 * n * (n - 1) * (n - 2) if n > 2 else np.inf)
+                 + xa * ya / (2 * n * (n - 1)))
+        var[r] = var_s / ((pairs - xtied) * (pairs - ytied))
+    return np.zeros(u), var
+
+
+def null_moments(blocks: Iterable[NullBlock], n_units: int, measure: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean [U], sd [U])``: the exact mean and standard deviation of each unit's mean agreement
+    (as :func:`permutation_means` averages it) under the permutation null, from the closed forms of
+    the measure per example (Kendall's S with ties, Pearson's r of ranks, the hypergeometric hits of
+    top-k); the examples are independent under the null (each has its own permutations). NaN for a
+    unit where some example has no closed form (a top-k reference tied across its k-th place) or
+    where it has no finite value. They do not depend on the seed: :func:`max_t_test` standardises by
+    them, so ``p_family`` varies over seeds by its binomial Monte Carlo error only."""
+    measure_k(measure)
+    by_owner: dict[int, list[NullBlock]] = {}
+    for block in blocks:
+        by_owner.setdefault(int(block.owner), []).append(block)
+    mean_sum = np.zeros(n_units)
+    var_sum = np.zeros(n_units)
+    n = np.zeros(n_units, dtype=np.int64)
+    for owner in sorted(by_owner):
+        local_mean = np.zeros(n_units)
+        local_var = np.zeros(n_units)
+        count = np.zeros(n_units, dtype=np.int64)
+        for block in by_owner[owner]:
+            x = np.asarray(block.x, dtype=np.float64)
+            y = np.asarray(block.y, dtype=np.float64)
+            if x.shape[1] < 2:
+                continue
+            finite = np.isfinite(_agreement(measure, x, y[None, :])[:, 0])  # as permutation_means keeps them
+            if not finite.any():
+                continue
+            mean, var = _block_moments(measure, x[finite], y)
+            units = np.asarray(block.units)[finite]
+            local_mean[units] += mean
+            local_var[units] += var
+            count[units] += 1
+        seen = count > 0
+        mean_sum[seen] += local_mean[seen] / count[seen]
+        var_sum[seen] += local_var[seen] / count[seen] ** 2
+        n += seen
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = mean_sum / n
+        sd = np.sqrt(var_sum) / n
+    mean[n == 0] = np.nan
+    sd[n == 0] = np.nan
+    return mean, sd
+
+
+def mc_interval(p: np.ndarray, draws: int, risk: float) -> tuple[np.ndarray, np.ndarray]:
+    """The two-sided Clopper-Pearson interval, at level ``1 - risk``, of the p-value a permutation
+    test estimates as ``p = (1 + k) / (draws + 1)`` (``k`` of ``draws`` random rankings at least as
+    extreme): ``(low [U], high [U])``, NaN where ``p`` is NaN."""
+    from scipy.stats import beta
+
+    p = np.asarray(p, dtype=np.float64)
+    k = np.clip(np.rint(p * (draws + 1)) - 1, 0, draws)
+    with np.errstate(invalid="ignore"):
+        low = np.where(k > 0, beta.ppf(risk / 2, k, draws - k + 1), 0.0)
+        high = np.where(k < draws, beta.ppf(1 - risk / 2, k + 1, draws - k), 1.0)
+    bad = ~np.isfinite(p)
+    low[bad] = np.nan
+    high[bad] = np.nan
+    return low, high

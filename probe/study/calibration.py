@@ -22,14 +22,16 @@ from probe.study.summary import ceiling_p, chance_frame, family_answers, judge_t
 
 __all__ = ["CALIBRATION_COLUMNS", "calibration", "calibration_summary", "folder_calibration", "read_folder"]
 
-CALIBRATION_COLUMNS = ["seed", "answer", "layer_units", "heads", "tracking", "above_chance"]
+CALIBRATION_COLUMNS = ["seed", "answer", "layer_units", "heads", "tracking", "above_chance", "near_alpha"]
 
 
 def calibration(tables: dict, study, *, dtype: str, sanity: Sequence = (), seeds: Iterable[int] = range(200)) -> pd.DataFrame:
     """One row per statistics seed: the verdict's ``answer`` there, how many layer-level units and
     heads of the headline family track, and which (``tracking``, ``; ``-joined unit names), and how
     many of its units pass rule 1 alone (``above_chance``: the statistic's own false positives on a
-    null model, whatever rules 2 and 3 then say)."""
+    null model, whatever rules 2 and 3 then say). Rule 1 runs the verdict's sequential Monte Carlo rule
+    (:mod:`probe.study.chance`): ``near_alpha`` counts the headline family's units (and the ceiling)
+    whose p-value is still within Monte Carlo error of alpha at the cap."""
     judged = judge_tables(tables, study, dtype=dtype, sanity=sanity)
     v = judged["verdict"]
     st = study.statistics
@@ -45,7 +47,7 @@ def calibration(tables: dict, study, *, dtype: str, sanity: Sequence = (), seeds
             or (f.family == "ceiling" and pair is not None and (f.units.explainer.iloc[0], f.reference) == pair)]
     rows = []
     for seed in seeds:
-        chance = chance_frame(plan, permutations=st.permutations, seed=int(seed))
+        chance = chance_frame(plan, permutations=st.permutations, seed=int(seed), alpha=st.alpha)
         ceiling = {**v["ceiling"], "p_chance": ceiling_p(chance, *pair)} if pair is not None else None
         reason = decide.undecidable_reason(judged["profile"], n_scored, ceiling, st.alpha, v.get("interactions"))
         decided = with_chance(paired, chance, st.alpha)
@@ -56,7 +58,8 @@ def calibration(tables: dict, study, *, dtype: str, sanity: Sequence = (), seeds
                      "heads": int((own["head"] >= 0).sum()) if len(own) else 0,
                      "tracking": "; ".join(own.unit) if len(own) else "",
                      "above_chance": int((decided.above_chance & (decided.family == headline)).sum())
-                     if len(decided) else 0})
+                     if len(decided) else 0,
+                     "near_alpha": int(chance.near_alpha.sum()) if "near_alpha" in chance else 0})
     return pd.DataFrame(rows, columns=CALIBRATION_COLUMNS)
 
 

@@ -7,10 +7,31 @@ generated text, the dataset example each output token belongs to). Each (example
 the agreement table holds is rebuilt exactly as :func:`probe.study.tables.agreement_rows` built it
 (the same scored tokens, the same magnitudes), so the observed statistic of the null is the
 summary's mean, and the permutations are of the reference's values over those same tokens.
+
+Monte Carlo error (issue 61). A permutation p-value is an estimate; where a decision ``p <= alpha``
+rests on it, :meth:`ChanceFamily.test` (given ``alpha``) makes it stable by a truncated sequential
+Monte Carlo test in the spirit of Gandy (2009, "Sequential implementation of Monte Carlo tests with
+uniformly bounded resampling risk", JASA 104): stage-wise doubling of the random rankings with a
+Clopper-Pearson interval of the p-value at every look (Davidson & MacKinnon's 2000 pretest idea),
+the interval's level Bonferroni-split over the looks. After each stage, every unit's deciding
+p-value (``p_family``; for the ``ceiling`` family ``p_chance``) gets its interval at level
+``1 - MC_RISK / looks``; while alpha lies inside one, the whole family (its max-T couples its units)
+draws as many new rankings again, at a seed derived from the statistics seed and the stage, and is
+re-tested on all of them together, until no interval holds alpha or the cap
+(:data:`MC_MAX_PERMUTATIONS`, or ``max_permutations``) is reached. A decision the procedure stops on
+differs from the one infinitely many rankings would give with probability at most ``MC_RISK`` (the
+union bound over the looks); a unit whose interval still holds alpha at the cap is ``near_alpha``:
+its decision is within Monte Carlo error of alpha and says so. A family no unit of which is near
+alpha after the first stage draws nothing more, and the first stage is the test without the rule.
+The max-T standardisation is the exact null mean and standard deviation
+(:func:`probe.metrics.nulls.null_moments`), seed-free, so the binomial interval is the p-value's whole
+Monte Carlo error; where no closed form applies (a top-k reference tied across its k-th place) it is
+the mean and sd of :data:`MOMENT_PERMUTATIONS` rankings drawn once at a seed of their own.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,19 +39,56 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from probe.metrics.nulls import NullBlock, exact_top_k, max_t_test, measure_k, permutation_means
+from probe.metrics.nulls import (
+    NullBlock,
+    exact_top_k,
+    max_t_test,
+    mc_interval,
+    measure_k,
+    null_moments,
+    permutation_means,
+)
 from probe.study.steps import is_stepwise
 
-__all__ = ["CHANCE_COLUMNS", "ChanceFamily", "chance_families"]
+__all__ = ["CHANCE_COLUMNS", "MC_MAX_PERMUTATIONS", "MC_RISK", "MOMENT_PERMUTATIONS", "ChanceFamily",
+           "chance_families", "stage_seed"]
 
 #: rule 1's table, one row per unit: its observed mean measure, the mean and the 95th percentile of its
 #: permutation null (``chance_mean``, ``chance_high``), its one-sided permutation p-value ``p_chance``
 #: and ``p_family``, adjusted (max-T) over the units of its family; ``null`` says where the first three
 #: came from (``exact`` for a top-k measure where the closed form of
-#: :func:`probe.metrics.nulls.exact_top_k` applies, else ``permutation``)
+#: :func:`probe.metrics.nulls.exact_top_k` applies, else ``permutation``); ``permutations``: the random
+#: rankings per example the family's p-values rest on (the same for all its units; where ``null`` is
+#: ``exact``, ``p_chance`` and the null's mean and percentile rest on none, and ``p_family`` on them
+#: only where it is above the exact ``p_chance``); ``p_mc_se``: the Monte Carlo standard error of
+#: ``p_family``, ``sqrt(p (1 - p) / permutations)``, 0 where it is exact; ``near_alpha``: with an
+#: alpha given, alpha still inside the Monte Carlo interval of the deciding p-value at the cap
+#: (module docstring): the decision is not stable (always False without alpha)
 CHANCE_COLUMNS = ["family", "explainer", "reference", "layer", "head", "n", "observed", "chance_mean", "chance_high",
-                  "p_chance", "p_family", "null"]
+                  "p_chance", "p_family", "null", "permutations", "p_mc_se", "near_alpha"]
 UNIT_KEYS = ["explainer", "layer", "head"]
+
+#: the bound on the chance that a decision of the sequential rule differs from the one with infinitely
+#: many rankings (the Clopper-Pearson intervals' total level, split over the looks)
+MC_RISK = 1e-3
+#: the default cap of the sequential rule: the most random rankings per example a family draws
+#: (16 x the default 1,000: four doublings); a study asking for more permutations draws those and no more
+MC_MAX_PERMUTATIONS = 16_000
+#: the largest cap a caller may set (rule 20: work has a stated bound)
+MC_CAP_BOUND = 1_000_000
+#: rankings drawn once per family, at a seed of their own, for the max-T standardisation of units
+#: without a closed-form null mean and sd
+MOMENT_PERMUTATIONS = 4000
+
+
+def _derived_seed(*parts) -> int:
+    text = repr(parts).encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+def stage_seed(seed: int, stage: int) -> int:
+    """The seed of the sequential rule's ``stage`` (0: ``seed`` itself), derived from ``seed`` alone."""
+    return int(seed) if stage == 0 else _derived_seed("mc-stage", int(seed), int(stage))
 
 
 class _Scores:
@@ -118,24 +176,79 @@ class ChanceFamily:
         k = measure_k(self.measure)
         return None if k is None else exact_top_k(self.blocks, len(self.units), k)
 
-    def test(self, *, permutations: int, seed: int) -> pd.DataFrame:
-        """The family's rows of :data:`CHANCE_COLUMNS` at this seed."""
-        observed, null = permutation_means(self.blocks, len(self.units), self.measure, permutations=permutations,
-                                           seed=seed)
-        test = max_t_test(observed, null)
+    @cached_property
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean [U], sd [U])``: the seed-free standardisation of max-T (module docstring)."""
+        mean, sd = null_moments(self.blocks, len(self.units), self.measure)
+        missing = ~(np.isfinite(mean) & np.isfinite(sd))
+        if missing.any():
+            _, null = permutation_means(self.blocks, len(self.units), self.measure, permutations=MOMENT_PERMUTATIONS,
+                                        seed=_derived_seed("mc-moments"))
+            with np.errstate(invalid="ignore"):
+                mean = np.where(missing, null.mean(axis=1), mean)
+                sd = np.where(missing, null.std(axis=1), sd)
+        return mean, sd
+
+    def _rows(self, observed: np.ndarray, null: np.ndarray, alpha: float | None) -> tuple[pd.DataFrame, np.ndarray]:
+        """The rows at these draws, and per unit the Monte Carlo part of its deciding p-value (NaN where
+        the decision is exact or there is none)."""
+        center, scale = self.moments
+        test = max_t_test(observed, null, center=center, scale=scale)
         kind = np.full(len(self.units), "permutation", dtype=object)
+        drawn = test["p_family"].copy()
         exact = self.exact
+        se_zero = np.zeros(len(self.units), dtype=bool)
         if exact is not None:  # top-k overlap: the closed form where it applies
             use = exact["exact"] & np.isfinite(observed)
             for ours, theirs in (("p_raw", "p_raw"), ("null_mean", "null_mean"), ("null_high", "null_high")):
                 test[ours] = np.where(use, exact[theirs], test[ours])
+            se_zero = use & (test["p_raw"] >= test["p_family"])
             test["p_family"] = np.where(use, np.maximum(test["p_family"], test["p_raw"]), test["p_family"])
             kind[use] = "exact"
-        return pd.DataFrame({
+            if alpha is not None:  # an exact p-value above alpha fails the unit whatever the draws say
+                drawn = np.where(use & (test["p_raw"] > alpha), np.nan, drawn)
+        b = null.shape[1]
+        p = test["p_family"]
+        se = np.where(se_zero, 0.0, np.sqrt(p * (1 - p) / b))
+        deciding = np.where(kind == "exact", np.nan, test["p_raw"]) if self.family == "ceiling" else drawn
+        frame = pd.DataFrame({
             "family": self.family, "explainer": self.units.explainer.to_numpy(), "reference": self.reference,
             "layer": self.units.layer.to_numpy(int), "head": self.units["head"].to_numpy(int), "n": list(self.n),
             "observed": observed, "chance_mean": test["null_mean"], "chance_high": test["null_high"],
-            "p_chance": test["p_raw"], "p_family": test["p_family"], "null": kind}, columns=CHANCE_COLUMNS)
+            "p_chance": test["p_raw"], "p_family": p, "null": kind, "permutations": b, "p_mc_se": se,
+            "near_alpha": False}, columns=CHANCE_COLUMNS)
+        return frame, deciding
+
+    def test(self, *, permutations: int, seed: int, alpha: float | None = None,
+             max_permutations: int | None = None) -> pd.DataFrame:
+        """The family's rows of :data:`CHANCE_COLUMNS` at this seed; with ``alpha``, by the sequential
+        rule of the module docstring (``max_permutations``: its cap, default
+        ``max(permutations, MC_MAX_PERMUTATIONS)``)."""
+        observed, null = permutation_means(self.blocks, len(self.units), self.measure, permutations=permutations,
+                                           seed=seed)
+        rows, deciding = self._rows(observed, null, alpha)
+        if alpha is None:
+            return rows
+        cap = max(permutations, MC_MAX_PERMUTATIONS) if max_permutations is None else int(max_permutations)
+        if not permutations <= cap <= MC_CAP_BOUND:
+            raise ValueError(f"max_permutations must be between permutations ({permutations}) and {MC_CAP_BOUND:,}, "
+                             f"got {cap}")
+        totals = [permutations]
+        while totals[-1] < cap:
+            totals.append(min(cap, 2 * totals[-1]))
+        risk = MC_RISK / len(totals)  # Bonferroni over the looks
+        for stage in range(len(totals)):
+            low, high = mc_interval(deciding, null.shape[1], risk)
+            near = np.isfinite(deciding) & (low <= alpha) & (alpha <= high)
+            if not near.any() or stage == len(totals) - 1:
+                rows["near_alpha"] = near
+                return rows
+            more = totals[stage + 1] - null.shape[1]
+            _, extra = permutation_means(self.blocks, len(self.units), self.measure, permutations=more,
+                                         seed=stage_seed(seed, stage + 1))
+            null = np.concatenate([null, extra], axis=1)
+            rows, deciding = self._rows(observed, null, alpha)
+        return rows
 
 
 def chance_families(tables: dict, agreement: pd.DataFrame, study, measure: str, units: pd.DataFrame, *,
