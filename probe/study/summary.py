@@ -209,6 +209,8 @@ def _answer_fields(study: Study, measure: str, measure_why: str, reason: str | N
     """The verdict's answer (the headline family's, or undecidable), the rule and how it was applied,
     with ``n`` (the scored examples) and, where units are undecided, ``n_needed`` (about how many
     would decide rule 2)."""
+    from probe.study.chance import MC_MAX_PERMUTATIONS
+
     st = study.statistics
     ref = study.verdict_reference
     headline_family = next(iter(families), None)
@@ -221,7 +223,8 @@ def _answer_fields(study: Study, measure: str, measure_why: str, reason: str | N
         "measure": measure, "measure_requested": st.measure, "measure_why": measure_why,
         "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap, "permutations": st.permutations,
         "chance_test": (f"max-T permutation test per family: {st.permutations} random rankings of each example, "
-                        f"family-wise alpha {st.alpha}"),
+                        f"more (up to {MC_MAX_PERMUTATIONS:,}) where a p-value lies within Monte Carlo error of "
+                        f"alpha, family-wise alpha {st.alpha}"),
         "undecidable": reason, "headline_family": headline_family, "families": families,
         "layer_units": chosen["layer_units"] if chosen else {"tracking": 0, "total": 0},
         "head_units": chosen["head_units"] if chosen else {"tracking": 0, "total": 0},
@@ -553,7 +556,8 @@ def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = No
                             n_examples)
     checks = list(sanity or [])
     plan = chance_plan(tables, unit_agreement, summary, study, measure)
-    chance = chance_frame(plan, permutations=study.statistics.permutations, seed=study.statistics.seed)
+    chance = chance_frame(plan, permutations=study.statistics.permutations, seed=study.statistics.seed,
+                          alpha=study.statistics.alpha)
     result, paired = verdict(agreement, summary, study, model_name or study.model.id, unreliable=failed_methods(checks),
                              unreliable_units=failed_units(checks),
                              profile=profile, measure=measure, measure_why=why, sanity=checks,
