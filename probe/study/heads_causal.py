@@ -264,23 +264,34 @@ def mechanical_weight(attention: np.ndarray, renormalise: bool) -> np.ndarray:
     return a / np.maximum(1.0 - a, 1e-12) if renormalise else a
 
 
-def null_effects(item: Compared, order: np.ndarray, *, renormalise: bool) -> np.ndarray:
+#: a token joins the deal where the largest carried value of its example, dealt to it, would move the target
+#: by at least this many noise floors through its weight; the others are pinned (module docstring)
+DEAL_MARGIN = 4.0
+
+
+def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool) -> np.ndarray:
     """``[R, n]``: the knockout effects the head would show if what its tokens carry were dealt to them
-    in the orders ``order [R, n]``, its attention row and the knockout's mechanism kept (module
-    docstring). Row ``r`` equals the stored effects where ``order[r]`` is the identity."""
+    in the order of the random ``keys [R, n]`` (over the tokens that join the deal; the others pinned),
+    its attention row and the knockout's mechanism kept (module docstring). A row whose keys deal
+    every token back to its place equals the stored effects."""
     m = mechanical_weight(item.attention, renormalise)  # [n]
     e = np.asarray(item.knockout, dtype=np.float64)
     carried = np.divide(e, m, out=np.zeros_like(e), where=m > 0)  # [n] per unit of mechanical weight
-    dealt = carried[order]  # [R, n]
+    seen = np.abs(e) > item.floor
+    largest = float(np.abs(carried[seen]).max()) if seen.any() else 0.0
+    dealt = np.flatnonzero(m * largest > DEAL_MARGIN * item.floor)  # [d]
+    order = np.tile(np.arange(e.size), (keys.shape[0], 1))  # [R, n]
+    order[:, dealt] = dealt[np.argsort(keys[:, dealt], axis=1, kind="stable")]
+    values = carried[order]  # [R, n]
     if renormalise:  # the row's mean o moves with the values dealt: shift by the change of sum_s a_s carried_s
-        dealt = dealt - ((dealt - carried[None, :]) @ np.asarray(item.attention, dtype=np.float64))[:, None]
-    return m[None, :] * dealt
+        values = values - ((values - carried[None, :]) @ np.asarray(item.attention, dtype=np.float64))[:, None]
+    return m[None, :] * values
 
 
-def _null_rows(item: Compared, order: np.ndarray, permutations: int, spec) -> np.ndarray:
+def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec) -> np.ndarray:
     """``[permutations + 1, n]``: row 0 the compared effects as stored, then the null draws kept from
-    the candidates ``order`` (those whose largest |effect| clears the example's noise floor)."""
-    effects = null_effects(item, order, renormalise=spec.renormalise)  # [pool, n]
+    the candidate ``keys`` (those whose largest |effect| clears the example's noise floor)."""
+    effects = null_effects(item, keys, renormalise=spec.renormalise)  # [pool, n]
     kept = effects[np.abs(effects).max(axis=1) > item.floor][:permutations]
     observed = np.asarray(item.knockout, dtype=np.float64)[None, :]
     if len(kept) < permutations:
@@ -308,9 +319,8 @@ def _chance(compared: list[Compared], owners: Mapping[int, int], units: pd.DataF
             # every head of the example sees the same candidates (the order of the same random keys on its
             # tokens), so heads whose draws are all kept share their permutations, as max-T needs
             keys = np.random.default_rng(_draw_seed(st.seed, item.example)).random((POOL * st.permutations, size))
-            order = np.argsort(keys[:, item.positions], axis=1, kind="stable")  # [pool, n]
             values = _measure_rows(measure, np.asarray(item.attention, dtype=np.float64),
-                                   _null_rows(item, order, st.permutations, spec))
+                                   _null_rows(item, keys[:, item.positions], st.permutations, spec))
             if not np.isfinite(values[0]):
                 continue
             u = index[item.unit]
