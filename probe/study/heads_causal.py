@@ -37,8 +37,12 @@ a head "matters" every time. The question is whether the head looks at the token
 something, so the null deals the carried values c_t = effect_t / m_t over the example's scored tokens
 and rebuilds the effects with the same mechanical weights (:func:`null_effects`; renormalised, the
 head's output o moves with the values dealt, which shifts every c by sum_s a_s (c_new,s - c_s)); the
-observed arrangement is one of those deals. Only the effects' sizes at arrangements not observed are
-first-order: a model whose target saturates between them is judged on that approximation.
+observed arrangement is one of those deals. A token whose effect is at the noise floor says nothing
+of what it carries where its weight is tiny, so only the tokens through which the example's largest
+carried value would show (``m_t x max |c| > DEAL_MARGIN x floor``) are dealt; the others stay pinned
+to their stored effects (dealing their unknown values as zeros would plant zeros where the head looks
+and lower the null). Only the effects' sizes at arrangements not observed are first-order: a model
+whose target saturates between them is judged on that approximation.
 
 Examples are kept by their observed effects clearing the noise floor, which favours arrangements
 where the carrying token sits where the head looks (a zeroed knockout of a weight of 1e-6 moves
