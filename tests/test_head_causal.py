@@ -219,8 +219,8 @@ def test_the_study_file_asks_for_it_in_one_line(tiny_dirs, data, tmp_path):
 def test_the_planted_heads_get_their_planted_answers(name, tmp_path):
     """sink-head: the head looks at yy (zero value), the decision passes through its least attended
     edge (zz): "not what matters". edge-head: the head looks at zz and that edge carries the decision:
-    "what matters". Each at the study's own measure (auto) and with Kendall's tau for sink-head; the
-    token-level verdict gets its planted answer beside it."""
+    "what matters". Each at the study's own measure (auto) and with Kendall's tau for sink-head, and
+    re-judged by magnitude (absolute: true); the token-level verdict gets its planted answer beside it."""
     from probe.models.planted import PLANTED_MODELS
 
     recipe = PLANTED_MODELS[name]
@@ -244,6 +244,18 @@ def test_the_planted_heads_get_their_planted_answers(name, tmp_path):
     edges = pd.read_parquet(tmp_path / "auto" / "head_edges.parquet")
     examples = pd.read_parquet(tmp_path / "auto" / "examples.parquet").set_index("example")
     tokens = pd.read_parquet(tmp_path / "auto" / "tokens.parquet")
+    # by magnitude (absolute, Kendall's tau) the same answers: sink-head's yy edge has the largest |effect| (the
+    # freed mass moves onto zz), which the mechanism gives a zero value at that weight. (By top-1 magnitude a
+    # renormalised 90% edge is the largest |effect| whatever its token carries: nothing to tell apart there.)
+    from probe.study.heads_causal import heads_causal
+
+    spec["output"] = str(tmp_path / "absolute")
+    spec["metrics"] = {**spec["metrics"], "heads_causal": {"absolute": True}}
+    judged = heads_causal({"examples": examples.reset_index(), "head_edges": edges}, study_from_dict(spec),
+                          measure="kendall_tau", dtype="fp32").units
+    print(name, "absolute:", judged[["unit", "mean", "chance_mean", "p_family", "answer"]].to_string())
+    for unit, answer in recipe.head_answers:
+        assert judged.set_index("unit").loc[unit, "answer"] == answer
     merged = edges.merge(tokens[["example", "position", "token"]], on=["example", "position"])
     trigger = merged[merged.token == "zz"]
     assert (trigger.knockout > 0.3).all()  # the decision passes through the edge to zz
@@ -431,6 +443,40 @@ def _max_t_truth(rows: list[tuple[np.ndarray, np.ndarray]], permutations: int, s
     return observed, (1 + (top[:, None] >= observed[None, :]).sum(0)) / (permutations + 1)
 
 
+def _dealt_max_t_truth(rows: list[tuple[np.ndarray, np.ndarray, float]], permutations: int, seed: int,
+                       absolute: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean tau [head], max-T p [head])`` over examples ``rows`` of ``(att [head, word], eff [head, word],
+    floor)`` under the per-head test's null, written out in float64 (module probe.study.heads_causal):
+    per head, carried values c = eff / (a / (1 - a)) dealt over the words through which the largest
+    carried value of an effect above the floor would clear the floor (one random order of keys per
+    example for every head), the effects rebuilt with the head's own a / (1 - a) (by magnitude: c
+    shifted by the change of sum a c), a deal kept where its largest |effect| clears the floor (the first
+    ``permutations`` of 4x as many candidates, then the observed one)."""
+    rng = np.random.default_rng(seed)
+    heads = rows[0][0].shape[0]
+    observed, null = np.zeros(heads), np.zeros((permutations, heads))
+    for att, eff, floor in rows:
+        keys = rng.random((4 * permutations, att.shape[1]))  # [candidate, word]
+        for h in range(heads):
+            a, e = att[h], eff[h]
+            m = a / (1 - a)
+            c = e / m
+            largest = np.abs(c[np.abs(e) > floor]).max()
+            dealt = np.flatnonzero(m * largest > floor)
+            order = np.tile(np.arange(a.size), (len(keys), 1))
+            order[:, dealt] = dealt[np.argsort(keys[:, dealt], axis=1)]
+            values = c[order]
+            if absolute:
+                values = values - ((values - c) @ a)[:, None]
+            y = m * values
+            y = np.concatenate([y[np.abs(y).max(axis=1) > floor], np.repeat(e[None], permutations, axis=0)])
+            y = np.abs(y[:permutations]) if absolute else y[:permutations]
+            observed[h] += _tau_untied(a, (np.abs(e) if absolute else e)[None])[0] / len(rows)
+            null[:, h] += _tau_untied(a, y) / len(rows)
+    top = null.max(axis=1)  # [permutation]; no standardising: the heads' nulls have about one spread here
+    return observed, (1 + (top[:, None] >= observed[None, :]).sum(0)) / (permutations + 1)
+
+
 @pytest.mark.parametrize("absolute", [False, True], ids=["signed", "absolute"])
 def test_the_randomised_planted_model_gets_its_float64_truth(tmp_path, absolute):
     """planted:randomised (one layer, two heads, transformers' default init, nothing trained). Its
@@ -502,12 +548,12 @@ def test_the_randomised_planted_model_gets_its_float64_truth(tmp_path, absolute)
                 kept[h] += 1
                 mine[h].append(scipy.stats.kendalltau(r["att"][h], ys(r)[h]).statistic)
                 probe_taus[h].append(scipy.stats.kendalltau(x, np.abs(k) if absolute else k).statistic)
-        same.append((r["att"], ys(r)))
+        same.append((r["att"], r["eff"], floor))
     print(f"largest effect per example and head / noise floor: min {min(margins):.2f}, median "
           f"{np.median(margins):.2f}; examples kept per head {kept}")
     # no example sits so close to the floor that float32 rounding could decide whether it is kept
     assert all(m > 1.2 or m < 0.8 for m in margins)
-    mean_same, p_same = _max_t_truth(same, permutations, seed=1)
+    mean_same, p_same = _dealt_max_t_truth(same, permutations, seed=1, absolute=absolute)
     for r in units.itertuples():
         h = int(r.head)
         assert r.n == kept[h] == len(mine[h])
@@ -606,8 +652,9 @@ def test_zeroed_knockouts_on_random_heads_rise_with_attention_in_the_null_too(cu
     than |c| spreads. That rise is the mechanism's, not evidence that the head looks at what its tokens
     carry (issue 61): the null deals the c's and keeps the a's, so its chance mean rises as much, and a
     head "matters" only where the carried |c| itself rises with a (never where it does not). For L1.H2 c
-    is one constant (the same value at every token): every deal is the observed arrangement, tau = 1 up to
-    rounding and p = 1. L0.H1 writes nothing: still undecidable."""
+    is one constant (the same value at every token): every deal is the observed arrangement up to the
+    rounding of its lightest edges, tau = 1 up to rounding and p far from alpha. L0.H1 writes nothing: still
+    undecidable."""
     spec = _study(cut["folder"], data, tmp_path / "out", n=24, heads_causal={"renormalise": False, "absolute": True})
     spec["statistics"]["permutations"] = 1000
     run_study(study_from_dict(spec), progress=False, log=lambda text: None)
@@ -633,7 +680,7 @@ def test_zeroed_knockouts_on_random_heads_rise_with_attention_in_the_null_too(cu
             assert follow > 0.1, (r.unit, follow)
         if follow <= 0:
             assert r.answer == "does not matter", (r.unit, follow)
-    assert units[SAME_VALUES].mean > 0.95 and units[SAME_VALUES].p_family == 1.0
+    assert units[SAME_VALUES].mean > 0.95 and units[SAME_VALUES].p_family > 0.5
     assert units[SAME_VALUES].answer == "does not matter"
 
 

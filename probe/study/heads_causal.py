@@ -35,9 +35,14 @@ weight whatever the token carries, and ``|effect|`` (``absolute``) rises with th
 whose looked-at tokens carry exactly nothing: a null that permutes the effects themselves calls such
 a head "matters" every time. The question is whether the head looks at the tokens that *carry*
 something, so the null deals the carried values c_t = effect_t / m_t over the example's scored tokens
-and rebuilds the effects with the same mechanical weights (:func:`null_effects`; renormalised, the
-head's output o moves with the values dealt, which shifts every c by sum_s a_s (c_new,s - c_s)); the
-observed arrangement is one of those deals. A token whose effect is at the noise floor says nothing
+and rebuilds the effects with the same mechanical weights (:func:`null_effects`); the observed
+arrangement is one of those deals. Renormalised and compared by magnitude, the head's output o moves
+with the values dealt, which shifts every c by sum_s a_s (c_new,s - c_s): that shift is what makes
+|effect| rise with the weight on tokens that carry nothing, so the null carries it. Signed, the shift
+only moves every value along its weight by one amount per deal, and it is left out: on a saturated
+target (planted:edge-head, p 0.99, whose 90% edge moves the target 100 times less per unit than its
+light edges' slope predicts) the first-order shift would rebuild the heavy edge's effect wherever its
+value is dealt. A token whose effect is at the noise floor says nothing
 of what it carries where its weight is tiny, so only the tokens through which the example's largest
 carried value would show (``m_t x max |c| > DEAL_MARGIN x floor``) are dealt; the others stay pinned
 to their stored effects (dealing their unknown values as zeros would plant zeros where the head looks
@@ -268,12 +273,12 @@ def mechanical_weight(attention: np.ndarray, renormalise: bool) -> np.ndarray:
     return a / np.maximum(1.0 - a, 1e-12) if renormalise else a
 
 
-#: a token joins the deal where the largest carried value of its example, dealt to it, would move the target
-#: by at least this many noise floors through its weight; the others are pinned (module docstring)
-DEAL_MARGIN = 4.0
+#: a token joins the deal where the largest carried value of its example (of an effect above the floor), dealt
+#: to it, would move the target by more than this many noise floors through its weight; the others are pinned
+DEAL_MARGIN = 1.0
 
 
-def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool) -> np.ndarray:
+def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool, shift: bool = True) -> np.ndarray:
     """``[R, n]``: the knockout effects the head would show if what its tokens carry were dealt to them
     in the order of the random ``keys [R, n]`` (over the tokens that join the deal; the others pinned),
     its attention row and the knockout's mechanism kept (module docstring). A row whose keys deal
@@ -287,7 +292,7 @@ def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool) -> np.n
     order = np.tile(np.arange(e.size), (keys.shape[0], 1))  # [R, n]
     order[:, dealt] = dealt[np.argsort(keys[:, dealt], axis=1, kind="stable")]
     values = carried[order]  # [R, n]
-    if renormalise:  # the row's mean o moves with the values dealt: shift by the change of sum_s a_s carried_s
+    if renormalise and shift:  # the row's mean o moves with the values dealt: shift by the change of sum_s a_s c_s
         values = values - ((values - carried[None, :]) @ np.asarray(item.attention, dtype=np.float64))[:, None]
     return m[None, :] * values
 
@@ -295,7 +300,7 @@ def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool) -> np.n
 def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec) -> np.ndarray:
     """``[permutations + 1, n]``: row 0 the compared effects as stored, then the null draws kept from
     the candidate ``keys`` (those whose largest |effect| clears the example's noise floor)."""
-    effects = null_effects(item, keys, renormalise=spec.renormalise)  # [pool, n]
+    effects = null_effects(item, keys, renormalise=spec.renormalise, shift=spec.absolute)  # [pool, n]
     kept = effects[np.abs(effects).max(axis=1) > item.floor][:permutations]
     observed = np.asarray(item.knockout, dtype=np.float64)[None, :]
     if len(kept) < permutations:
