@@ -42,12 +42,12 @@ with the values dealt, which shifts every c by sum_s a_s (c_new,s - c_s): that s
 only moves every value along its weight by one amount per deal, and it is left out: on a saturated
 target (planted:edge-head, p 0.99, whose 90% edge moves the target 100 times less per unit than its
 light edges' slope predicts) the first-order shift would rebuild the heavy edge's effect wherever its
-value is dealt. A token whose effect is at the noise floor says nothing
-of what it carries where its weight is tiny, so only the tokens through which the example's largest
-carried value would show (``m_t x max |c| > DEAL_MARGIN x floor``) are dealt; the others stay pinned
-to their stored effects (dealing their unknown values as zeros would plant zeros where the head looks
-and lower the null). Only the effects' sizes at arrangements not observed are first-order: a model
-whose target saturates between them is judged on that approximation.
+value is dealt. A token whose effect is at the noise floor says nothing of what it carries where its
+weight is tiny, so only the tokens through which the example's largest carried value would show
+(``m_t x max |c| > DEAL_MARGIN x floor``) are dealt; the others stay pinned to their stored effects
+(dealing their unknown values as zeros would plant zeros where the head looks and lower the null).
+Only the effects' sizes at arrangements not observed are first-order: a model whose target saturates
+between them is judged on that approximation.
 
 Examples are kept by their observed effects clearing the noise floor, which favours arrangements
 where the carrying token sits where the head looks (a zeroed knockout of a weight of 1e-6 moves
@@ -59,6 +59,15 @@ their correlation, as max-T needs. Ties (the exact zeros of edges that carry not
 same way in the observed statistic and in every deal: Kendall's tau-b and Spearman's average ranks
 are tie-aware, and top-k overlap (:func:`top_share_overlap`) gives tied tokens equal shares instead
 of breaking ties by position.
+
+Measured (tests/test_head_causal.py): on 30 hand-made data sets of 11 heads that look at positions
+only, whose looked-at words carry nothing, and one head that looks at the deciding word, no
+positional head "matters" on any data set under any of the four options (signed or absolute,
+renormalised or zeroed; a null of permuted effects called every head "matters" by magnitude, and some
+head on 90% of the data sets with zeroed knockouts), and the looking head matters on all 30; on
+planted:one-head, L5.H7 matters and its layer's positional heads do not, under every option. The null
+is conservative where its first-order rebuild errs: there the positional heads' chance mean sits
+0.1-0.2 above their mean.
 
 There is no gradient bar (rule 2 of the token-level verdict): no gradient method scores a head's own
 edges. The test is reported beside the token-level verdict and never changes it.
@@ -86,7 +95,7 @@ __all__ = ["ANSWER_WORDS", "EXPLAINER", "FAMILY", "RULE", "UNIT_COLUMNS", "Compa
            "heads_causal", "mechanical_weight", "null_effects", "top_share_overlap"]
 
 RULE = " ".join(__doc__.split("The rule (stored in ``verdict.json`` under ``heads_causal``):")[1]
-                .split("There is no gradient bar")[0].split())
+                .split("The null keeps the knockout's mechanism.")[0].split())
 #: the units' explainer and their family in the chance test
 EXPLAINER = "attention"
 FAMILY = "heads causal"
