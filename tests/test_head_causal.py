@@ -717,8 +717,12 @@ def test_a_perfect_agreement_at_the_noise_floor_is_not_called_matters(cut):
 
 @pytest.mark.slow
 def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
-    """An exact null: each (example, head)'s knockout effects of the cut model shuffled over its tokens
-    (seeded), so they are exchangeable given the attention row. Over 100 shuffles, a "matters" anywhere
+    """An exact null of the test (issue 61: what the tokens carry, not the effects, is dealt): each
+    (example, head)'s carried values of the cut model (knockout effect / (a / (1 - a)), the renormalised
+    mechanism's weight) shuffled over its tokens (seeded) and the effects rebuilt with the head's own
+    weights, so what the tokens carry is exchangeable given the attention row. (Shuffling the effects
+    themselves is not that null: it leaves every effect's size independent of its weight, i.e. the
+    lightly weighted tokens carry the most, which the test rightly finds.) Over 100 shuffles, a "matters" anywhere
     among the 6 heads with a path is a family-wise false positive: expected at most 5 in 100 (max-T at
     alpha 0.05); more than 11 has probability < 0.5% under that bound, while a rule on the unadjusted
     p-values (about 1 - 0.95^6 = 26% of shuffles) would fail it. Each head's unadjusted rate stays
@@ -732,6 +736,8 @@ def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
     study = study_from_dict(spec)
     groups = list(edges.groupby(["example", "layer", "head"]).indices.values())
     original = edges.knockout.to_numpy()
+    weight = edges.attention.to_numpy() / (1 - edges.attention.to_numpy())
+    carried = original / weight
     rng = np.random.default_rng(7)
     shuffles, family, unadjusted = 100, 0, 0
     per_head = np.zeros(8)
@@ -739,7 +745,7 @@ def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
         knockout = original.copy()
         for rows in groups:
             rows = rows[np.isfinite(original[rows])]
-            knockout[rows] = original[rng.permutation(rows)]
+            knockout[rows] = weight[rows] * carried[rng.permutation(rows)]
         units = heads_causal({"examples": examples, "head_edges": _with_knockout(edges, knockout)}, study,
                              measure="kendall_tau", dtype="fp32").units.sort_values(["layer", "head"])
         family += bool((units.answer == "matters").any())
