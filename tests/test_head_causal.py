@@ -219,8 +219,8 @@ def test_the_study_file_asks_for_it_in_one_line(tiny_dirs, data, tmp_path):
 def test_the_planted_heads_get_their_planted_answers(name, tmp_path):
     """sink-head: the head looks at yy (zero value), the decision passes through its least attended
     edge (zz): "not what matters". edge-head: the head looks at zz and that edge carries the decision:
-    "what matters". Each at the study's own measure (auto) and with Kendall's tau for sink-head; the
-    token-level verdict gets its planted answer beside it."""
+    "what matters". Each at the study's own measure (auto) and with Kendall's tau for sink-head, and
+    re-judged by magnitude (absolute: true); the token-level verdict gets its planted answer beside it."""
     from probe.models.planted import PLANTED_MODELS
 
     recipe = PLANTED_MODELS[name]
@@ -244,6 +244,18 @@ def test_the_planted_heads_get_their_planted_answers(name, tmp_path):
     edges = pd.read_parquet(tmp_path / "auto" / "head_edges.parquet")
     examples = pd.read_parquet(tmp_path / "auto" / "examples.parquet").set_index("example")
     tokens = pd.read_parquet(tmp_path / "auto" / "tokens.parquet")
+    # by magnitude (absolute, Kendall's tau) the same answers: sink-head's yy edge has the largest |effect| (the
+    # freed mass moves onto zz), which the mechanism gives a zero value at that weight. (By top-1 magnitude a
+    # renormalised 90% edge is the largest |effect| whatever its token carries: nothing to tell apart there.)
+    from probe.study.heads_causal import heads_causal
+
+    spec["output"] = str(tmp_path / "absolute")
+    spec["metrics"] = {**spec["metrics"], "heads_causal": {"absolute": True}}
+    judged = heads_causal({"examples": examples.reset_index(), "head_edges": edges}, study_from_dict(spec),
+                          measure="kendall_tau", dtype="fp32").units
+    print(name, "absolute:", judged[["unit", "mean", "chance_mean", "p_family", "answer"]].to_string())
+    for unit, answer in recipe.head_answers:
+        assert judged.set_index("unit").loc[unit, "answer"] == answer
     merged = edges.merge(tokens[["example", "position", "token"]], on=["example", "position"])
     trigger = merged[merged.token == "zz"]
     assert (trigger.knockout > 0.3).all()  # the decision passes through the edge to zz
@@ -431,6 +443,40 @@ def _max_t_truth(rows: list[tuple[np.ndarray, np.ndarray]], permutations: int, s
     return observed, (1 + (top[:, None] >= observed[None, :]).sum(0)) / (permutations + 1)
 
 
+def _dealt_max_t_truth(rows: list[tuple[np.ndarray, np.ndarray, float]], permutations: int, seed: int,
+                       absolute: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean tau [head], max-T p [head])`` over examples ``rows`` of ``(att [head, word], eff [head, word],
+    floor)`` under the per-head test's null, written out in float64 (module probe.study.heads_causal):
+    per head, carried values c = eff / (a / (1 - a)) dealt over the words through which the largest
+    carried value of an effect above the floor would clear the floor (one random order of keys per
+    example for every head), the effects rebuilt with the head's own a / (1 - a) (by magnitude: c
+    shifted by the change of sum a c), a deal kept where its largest |effect| clears the floor (the first
+    ``permutations`` of 4x as many candidates, then the observed one)."""
+    rng = np.random.default_rng(seed)
+    heads = rows[0][0].shape[0]
+    observed, null = np.zeros(heads), np.zeros((permutations, heads))
+    for att, eff, floor in rows:
+        keys = rng.random((4 * permutations, att.shape[1]))  # [candidate, word]
+        for h in range(heads):
+            a, e = att[h], eff[h]
+            m = a / (1 - a)
+            c = e / m
+            largest = np.abs(c[np.abs(e) > floor]).max()
+            dealt = np.flatnonzero(m * largest > floor)
+            order = np.tile(np.arange(a.size), (len(keys), 1))
+            order[:, dealt] = dealt[np.argsort(keys[:, dealt], axis=1)]
+            values = c[order]
+            if absolute:
+                values = values - ((values - c) @ a)[:, None]
+            y = m * values
+            y = np.concatenate([y[np.abs(y).max(axis=1) > floor], np.repeat(e[None], permutations, axis=0)])
+            y = np.abs(y[:permutations]) if absolute else y[:permutations]
+            observed[h] += _tau_untied(a, (np.abs(e) if absolute else e)[None])[0] / len(rows)
+            null[:, h] += _tau_untied(a, y) / len(rows)
+    top = null.max(axis=1)  # [permutation]; no standardising: the heads' nulls have about one spread here
+    return observed, (1 + (top[:, None] >= observed[None, :]).sum(0)) / (permutations + 1)
+
+
 @pytest.mark.parametrize("absolute", [False, True], ids=["signed", "absolute"])
 def test_the_randomised_planted_model_gets_its_float64_truth(tmp_path, absolute):
     """planted:randomised (one layer, two heads, transformers' default init, nothing trained). Its
@@ -502,12 +548,12 @@ def test_the_randomised_planted_model_gets_its_float64_truth(tmp_path, absolute)
                 kept[h] += 1
                 mine[h].append(scipy.stats.kendalltau(r["att"][h], ys(r)[h]).statistic)
                 probe_taus[h].append(scipy.stats.kendalltau(x, np.abs(k) if absolute else k).statistic)
-        same.append((r["att"], ys(r)))
+        same.append((r["att"], r["eff"], floor))
     print(f"largest effect per example and head / noise floor: min {min(margins):.2f}, median "
           f"{np.median(margins):.2f}; examples kept per head {kept}")
     # no example sits so close to the floor that float32 rounding could decide whether it is kept
     assert all(m > 1.2 or m < 0.8 for m in margins)
-    mean_same, p_same = _max_t_truth(same, permutations, seed=1)
+    mean_same, p_same = _dealt_max_t_truth(same, permutations, seed=1, absolute=absolute)
     for r in units.itertuples():
         h = int(r.head)
         assert r.n == kept[h] == len(mine[h])
@@ -598,21 +644,24 @@ def test_a_head_nothing_passes_through_is_undecidable(cut):
             examples)
 
 
-def test_zeroed_knockouts_on_random_heads_matter_mechanically(cut, data, tmp_path):
+def test_zeroed_knockouts_on_random_heads_rise_with_attention_in_the_null_too(cut, data, tmp_path):
     """The same cut model with the blocked weight zeroed (not renormalised) and effects compared by
     magnitude: blocking edge t removes a_t v_t from the head's output, so |effect| ~ a_t |c_t| with c_t
     the value's (random) leverage on the target. For c independent of a, |effect| rises with a on
-    average: tau > 0, and the tiny models' sharpened attention spreads a over orders of magnitude,
-    more than |c| spreads: every head with a path "matters" (a true mechanical answer). For L1.H2
-    c is one constant (the same value at every token): |effect| = |f(1) - f(1 - a_t)| is monotone in
-    a_t, tau = 1 up to rounding of the smallest effects. L0.H1 writes nothing: still undecidable."""
+    average: tau > 0.3, as the tiny models' sharpened attention spreads a over orders of magnitude, more
+    than |c| spreads. That rise is the mechanism's, not evidence that the head looks at what its tokens
+    carry (issue 61): the null deals the c's and keeps the a's, so its chance mean rises as much, and a
+    head "matters" only where the carried |c| itself rises with a (never where it does not). For L1.H2 c
+    is one constant (the same value at every token): every deal is the observed arrangement up to the
+    rounding of its lightest edges, tau = 1 up to rounding and p far from alpha. L0.H1 writes nothing: still
+    undecidable."""
     spec = _study(cut["folder"], data, tmp_path / "out", n=24, heads_causal={"renormalise": False, "absolute": True})
     spec["statistics"]["permutations"] = 1000
     run_study(study_from_dict(spec), progress=False, log=lambda text: None)
     edges = pd.read_parquet(tmp_path / "out" / "head_edges.parquet").dropna()
     units = _units(tmp_path / "out")
     for unit, r in units.items():
-        print(r.unit, r.n, f"{r.mean:+.3f}", r.p_family, r.answer)
+        print(r.unit, r.n, f"{r.mean:+.3f}", f"chance {r.chance_mean:+.3f}", r.p_family, r.answer)
         if unit == NOTHING_PASSES:
             assert r.answer == "undecidable" and r.n == 0
             continue
@@ -621,8 +670,18 @@ def test_zeroed_knockouts_on_random_heads_matter_mechanically(cut, data, tmp_pat
         log_c = np.log(np.abs(part.knockout.to_numpy()) / part.attention.to_numpy())
         spread = part.assign(a=log_a, c=log_c).groupby("example")[["a", "c"]].std().median()
         assert spread.a > spread.c, (r.unit, spread)  # the premise: attention spreads more than leverage
-        assert r.answer == "matters" and r.n == 24 and r.mean > 0.3, r
-    assert units[SAME_VALUES].mean > 0.95
+        assert r.n == 24 and r.mean > 0.3 and r.chance_mean > 0.3, r  # the rise, in the data and in the null
+        # what the test asks: do the carried values |c| themselves rise with a? (a head of layer 1 reads
+        # contextual values, which a random model can make follow its own attention)
+        follow = part.assign(c=np.abs(part.knockout) / part.attention).groupby("example").apply(
+            lambda g: scipy.stats.kendalltau(g.attention, g.c).statistic if len(g) > 1 else np.nan).mean()
+        print(f"   mean tau(a, |c|) {follow:+.3f}")
+        if r.answer == "matters":
+            assert follow > 0.1, (r.unit, follow)
+        if follow <= 0:
+            assert r.answer == "does not matter", (r.unit, follow)
+    assert units[SAME_VALUES].mean > 0.95 and units[SAME_VALUES].p_family > 0.5
+    assert units[SAME_VALUES].answer == "does not matter"
 
 
 def _with_knockout(edges: pd.DataFrame, knockout: np.ndarray) -> pd.DataFrame:
@@ -632,10 +691,13 @@ def _with_knockout(edges: pd.DataFrame, knockout: np.ndarray) -> pd.DataFrame:
 
 
 def test_a_perfect_agreement_at_the_noise_floor_is_not_called_matters(cut):
-    """The cut model's tables with every head's knockout effects replaced by its own attention row over
-    the scored tokens, scaled so its largest effect is a chosen size: a perfect agreement (tau = 1) on
-    every example. With the largest effect 1e-7, below the noise floor (16 float32 eps x ~0.5 = 1e-6),
-    the ranking would be rounding: every head "undecidable". With 1e-3, every head "matters"."""
+    """The cut model's tables with every head's knockout effects replaced by a_t / (1 - a_t) x a_t over
+    the scored tokens (the renormalised mechanism's weight times a carried value that is the attention
+    itself: the head looks exactly at what its tokens carry), scaled so its largest effect is a chosen
+    size: a perfect agreement (tau = 1) on every example. With the largest effect 1e-7, below the noise
+    floor (16 float32 eps x ~0.5 = 1e-6), the ranking would be rounding: every head "undecidable". With
+    1e-3, every head "matters". (Effects proportional to a_t alone would be what the mechanism gives
+    tokens that all carry the same: the null deals such values and finds nothing; issue 61.)"""
     from probe.study.heads_causal import heads_causal
 
     edges = pd.read_parquet(cut["out"] / "head_edges.parquet")
@@ -643,6 +705,7 @@ def test_a_perfect_agreement_at_the_noise_floor_is_not_called_matters(cut):
     study = study_from_dict(cut["spec"])
     assert 1e-7 < _floor(float(examples.target_value.abs().min()), float(examples.target_value.abs().median()))
     scored = edges.attention.where(edges.knockout.notna())
+    scored = scored / (1 - scored) * scored
     row = scored / scored.groupby([edges.example, edges.layer, edges["head"]]).transform("max")  # max 1 per row
     for largest, answer, n in ((1e-7, "undecidable", 0), (1e-3, "matters", len(examples))):
         tables = {"examples": examples, "head_edges": _with_knockout(edges, largest * row.to_numpy())}
@@ -654,8 +717,12 @@ def test_a_perfect_agreement_at_the_noise_floor_is_not_called_matters(cut):
 
 @pytest.mark.slow
 def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
-    """An exact null: each (example, head)'s knockout effects of the cut model shuffled over its tokens
-    (seeded), so they are exchangeable given the attention row. Over 100 shuffles, a "matters" anywhere
+    """An exact null of the test (issue 61: what the tokens carry, not the effects, is dealt): each
+    (example, head)'s carried values of the cut model (knockout effect / (a / (1 - a)), the renormalised
+    mechanism's weight) shuffled over its tokens (seeded) and the effects rebuilt with the head's own
+    weights, so what the tokens carry is exchangeable given the attention row. (Shuffling the effects
+    themselves is not that null: it leaves every effect's size independent of its weight, i.e. the
+    lightly weighted tokens carry the most, which the test rightly finds.) Over 100 shuffles, a "matters" anywhere
     among the 6 heads with a path is a family-wise false positive: expected at most 5 in 100 (max-T at
     alpha 0.05); more than 11 has probability < 0.5% under that bound, while a rule on the unadjusted
     p-values (about 1 - 0.95^6 = 26% of shuffles) would fail it. Each head's unadjusted rate stays
@@ -669,6 +736,8 @@ def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
     study = study_from_dict(spec)
     groups = list(edges.groupby(["example", "layer", "head"]).indices.values())
     original = edges.knockout.to_numpy()
+    weight = edges.attention.to_numpy() / (1 - edges.attention.to_numpy())
+    carried = original / weight
     rng = np.random.default_rng(7)
     shuffles, family, unadjusted = 100, 0, 0
     per_head = np.zeros(8)
@@ -676,7 +745,7 @@ def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
         knockout = original.copy()
         for rows in groups:
             rows = rows[np.isfinite(original[rows])]
-            knockout[rows] = original[rng.permutation(rows)]
+            knockout[rows] = weight[rows] * carried[rng.permutation(rows)]
         units = heads_causal({"examples": examples, "head_edges": _with_knockout(edges, knockout)}, study,
                              measure="kendall_tau", dtype="fp32").units.sort_values(["layer", "head"])
         family += bool((units.answer == "matters").any())
@@ -689,3 +758,133 @@ def test_the_family_wise_rule_holds_on_shuffled_knockouts(cut):
           f"per head {per_head.astype(int).tolist()}")
     assert family <= 11
     assert per_head.max() <= 12  # one head alone: Binomial(100, 0.05) > 12 has probability < 0.2%
+
+
+# ----------------------------------------------------------------------------- the null keeps the mechanism
+#
+# issue 61: with |effect| (absolute) a renormalised knockout's effect grows with the blocked weight whatever
+# the token carries, and with the weight zeroed an example is kept only where the deciding word sits where
+# the head looks (elsewhere its effect is below the noise floor); a null permuting the effects called heads
+# that look at positions only "matters". The tables below are a model written down by hand: truth by
+# construction, many data sets for the price of arithmetic.
+
+
+def _positional_tables(seed: int, *, renormalise: bool, heads: int = 12, carrier: int | None = None,
+                       n_examples: int = 48, sharpness: float = 4.0, value: float = 1.0) -> dict[str, pd.DataFrame]:
+    """``examples`` and ``head_edges`` of a one-layer model whose heads' [CLS] rows depend on positions
+    only (softmax of ``sharpness`` x a seeded N(0, 1) score per head and position: weights down to ~1e-6)
+    and whose one deciding word per text (at a random place) carries ``value``, every other key 0; the
+    target is sigmoid(sum of the heads' outputs - 0.5). Head ``carrier`` (if any) looks at the deciding
+    word instead (score 6 there, 0 elsewhere). Knockout effects of each edge by the mechanism itself
+    (zeroed: the head's output loses a_t v_t; renormalised: (o - a_t v_t) / (1 - a_t)), rounded to float32
+    as a study stores them: the other words' zeroed effects are exactly 0."""
+    rng = np.random.default_rng(seed)
+    scores_by_position = np.random.default_rng(10_000 + seed).normal(size=(heads, 40))  # [head, position]
+    edges, examples = [], []
+    for e in range(n_examples):
+        words = int(rng.integers(8, 17))
+        keys = words + 2  # [CLS] words [SEP]
+        place = 1 + int(rng.integers(words))
+        scores = sharpness * scores_by_position[:, :keys].copy()  # [head, key]
+        if carrier is not None:
+            scores[carrier] = 0.0
+            scores[carrier, place] = 6.0
+        a = np.exp(scores - scores.max(axis=1, keepdims=True))
+        a /= a.sum(axis=1, keepdims=True)  # [head, key]
+        v = np.zeros(keys)
+        v[place] = value
+        o = a @ v  # [head]
+
+        def f(s):
+            return 1.0 / (1.0 + np.exp(-(s - 0.5)))
+
+        base = np.float32(f(o.sum()))
+        for h in range(heads):
+            for t in range(keys):
+                knocked = np.nan
+                if 0 < t < keys - 1:
+                    out = o[h] - a[h, t] * v[t]
+                    out = out / (1.0 - a[h, t]) if renormalise else out
+                    knocked = float(base - np.float32(f(o.sum() - o[h] + out)))
+                edges.append((e, 0, h, t, float(np.float32(a[h, t])), knocked))
+        examples.append((e, float(base), 1))
+    return {"examples": pd.DataFrame(examples, columns=["example", "target_value", "target_label"]),
+            "head_edges": pd.DataFrame(edges, columns=["example", "layer", "head", "position", "attention",
+                                                       "knockout"])}
+
+
+def _judge_study(options: dict, seed: int, permutations: int, measure: str = "kendall_tau"):
+    """A study object for re-judging tables: ``metrics.heads_causal`` ``options``, statistics ``seed`` and
+    ``permutations`` (below the study file's minimum: set on the validated object, as calibration does)."""
+    spec = {"name": "hc-judge", "model": {"id": "builtin:minilm-rt"}, "dataset": {"name": "builtin:rotten_tomatoes"},
+            "explainers": ["attention"], "references": ["loo_delete"],
+            "metrics": {"top_k": [1, 3], "heads_causal": options}, "statistics": {"bootstrap": 100, "measure": measure}}
+    study = study_from_dict(spec)
+    return study.model_copy(update={"statistics": study.statistics.model_copy(
+        update={"seed": seed, "permutations": permutations})})
+
+
+OPTIONS = {"signed": {}, "absolute": {"absolute": True}, "zeroed": {"renormalise": False},
+           "zeroed-absolute": {"renormalise": False, "absolute": True}}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_heads_that_look_at_positions_only_do_not_matter_under_every_option(option):
+    """Over 30 hand-made data sets (each judged at its own statistics seed, 100 deals): 11 heads that look
+    at positions only, whose looked-at words carry nothing, are called "matters" (any of them) on at most
+    5 data sets (a family-wise rate of 5% expects 1.5; 6 or more has probability < 0.5%), while the
+    carrier head, which looks at the deciding word, matters on at least 28. Premises: the mechanism a null
+    of permuted effects misses is there (|effect| rises with the weight: mean tau of the positional heads
+    above 0.3 under absolute), and so is the selection (examples left out at the noise floor)."""
+    from probe.study.heads_causal import AT_FLOOR, heads_causal
+
+    options = OPTIONS[option]
+    renormalise = options.get("renormalise", True)
+    false, found, left, means = 0, 0, 0, []
+    for seed in range(30):
+        tables = _positional_tables(seed, renormalise=renormalise, carrier=3)
+        result = heads_causal(tables, _judge_study(options, seed, 100), measure="kendall_tau", dtype="fp32")
+        units = result.units.set_index("head")
+        nulls = units.drop(index=3)
+        false += bool((nulls.answer == "matters").any())
+        found += units.loc[3, "answer"] == "matters"
+        left += int((result.left_out.reason == AT_FLOOR).sum())
+        means.append(float(nulls["mean"].mean()))
+    print(f"{option}: false 'matters' on {false}/30 data sets, the carrier matters on {found}/30; positional "
+          f"heads' mean agreement {np.mean(means):+.3f}; (example, head) pairs left out at the floor {left}")
+    if options.get("absolute") and renormalise:
+        assert np.mean(means) > 0.3
+    if not renormalise:
+        assert left > 0
+    assert false <= 5
+    assert found >= 28
+
+
+@pytest.mark.slow
+def test_the_one_planted_head_matters_and_the_positional_ones_do_not_under_every_option(tmp_path):
+    """planted:one-head, layer 5: L5.H7 looks at zz (over 90% of its row) and its value carries the decision;
+    L5.H0-H2 look at positions only, and the zz they read carries the decision too wherever it stands. Two
+    studies (renormalised and zeroed knockouts), each judged signed and by magnitude at 10 statistics seeds
+    (200 deals each): L5.H7 matters at every seed under every option, the positional heads never do."""
+    from probe.study.heads_causal import heads_causal
+
+    for renormalise in (True, False):
+        out = tmp_path / f"renormalise-{renormalise}"
+        spec = {"name": "hc-one-head", "model": {"id": "planted:one-head"},
+                "dataset": {"name": "planted:one-head", "n": 32}, "target": {"kind": "prob"},
+                "explainers": ["attention_mean"], "references": ["loo_delete"],
+                "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
+                            "sanity": {"randomisation": False},
+                            "heads_causal": {"layers": [5], "heads": [0, 1, 2, 7], "renormalise": renormalise}},
+                "statistics": {"bootstrap": 100, "measure": "kendall_tau"}, "output": str(out)}
+        run_study(study_from_dict(spec), progress=False, log=lambda text: None)
+        tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in ("examples", "head_edges")}
+        for absolute in (False, True):
+            options = {"layers": [5], "heads": [0, 1, 2, 7], "renormalise": renormalise, "absolute": absolute}
+            for seed in range(10):
+                units = heads_causal(tables, _judge_study(options, seed, 200), measure="kendall_tau",
+                                     dtype="fp32").units.set_index("unit")
+                if seed == 0:
+                    print(renormalise, absolute, units[["n", "mean", "chance_mean", "p_family", "answer"]].to_string())
+                assert units.loc["attention L5.H7", "answer"] == "matters", (renormalise, absolute, seed)
+                assert (units.drop(index="attention L5.H7").answer == "does not matter").all(), (renormalise, absolute)

@@ -274,6 +274,52 @@ def test_pair_interactions_name_substitutes_complements_and_additive_tokens(bert
     assert math.isclose(row["interaction"], row["joint"] - row["single_a"] - row["single_b"], abs_tol=1e-12)
 
 
+def _jitter(toks: list[str]) -> float:
+    """A fixed pseudo-random number in [-1e-4, 1e-4) per row (its tokens): the rounding a trained model's
+    target carries, enough to move |interaction| / largest single across 1 from text to text."""
+    import zlib
+
+    return 2e-4 * (zlib.crc32(" ".join(toks).encode()) / 2 ** 32 - 0.5)
+
+
+_BOUNDARY_RULES = {
+    "complements": lambda toks: float("good" in toks and "movie" in toks) + _jitter(toks),  # a pure AND
+    "substitutes": lambda toks: float("good" in toks or "movie" in toks) + _jitter(toks),  # a pure OR
+    "additive": lambda toks: 0.3 * ("good" in toks) + 0.2 * ("movie" in toks) + _jitter(toks),
+}
+
+
+@pytest.mark.parametrize("kind", list(_BOUNDARY_RULES))
+def test_a_textbook_and_or_pair_gets_its_label_on_every_text(bert, kind):
+    """A pure AND of two words (the target needs both) is complements on every one of 40 texts, a pure
+    OR (either suffices) substitutes, an additive pair additive, with each row's target jittered by up
+    to 1e-4: the AND's |interaction| equals its largest single effect up to that jitter (ratios on both
+    sides of 1 here), which is where a rule "at least the largest single effect" decided its label by
+    rounding; the rule's boundary sits at half of it (probe.intervene.pairs.FLAG_SHARE)."""
+    from probe.intervene.pairs import FLAG_SHARE, pair_interactions
+
+    rng = np.random.default_rng(3)
+    fillers = ["the", "was", "a", "story", "film", "very", "i", "this"]
+    texts = []
+    for _ in range(40):
+        words = list(rng.choice(fillers, size=int(rng.integers(2, 6))))
+        for word in ("good", "movie"):
+            words.insert(int(rng.integers(0, len(words) + 1)), word)
+        texts.append(" ".join(words))
+    examples = prepare(bert, texts, TargetSpec(kind="logit"))
+    candidates = [[e.tokens.index("good"), e.tokens.index("movie")] for e in examples]
+    frame = pair_interactions(_RuleEngine(bert, _BOUNDARY_RULES[kind]), examples, candidates)
+    assert len(frame) == 40
+    ratio = (frame.interaction.abs() / frame.largest_single).to_numpy()
+    print(kind, "|interaction| / largest single:", np.round([ratio.min(), ratio.max()], 5))
+    if kind == "complements":  # the premise: the AND sits on the old boundary, on both sides of it
+        assert (ratio < 1).any() and (ratio > 1).any() and np.abs(ratio - 1).max() < 1e-3
+        assert (frame.interaction < 0).all()
+    if kind == "additive":
+        assert ratio.max() < 1e-3 < FLAG_SHARE
+    assert (frame.kind == kind).all(), frame.kind.value_counts().to_dict()
+
+
 def test_the_verdict_warns_when_single_deletion_misjudges_substitutes():
     import pandas as pd
 

@@ -13,10 +13,19 @@ complements   together they do less than the sum (``|joint| < |sum|``): each nee
               that effect twice
 ============  ===================================================================================
 
-A pair is flagged when its interaction is at least as large as the example's largest single effect
-(the single effects then misjudge those two tokens by more than anything they rank) and at least
-:data:`RELATIVE_FLOOR` of the target's own size (so a flag never comes from float rounding on an
-example where nothing matters). A flagged pair is ``misranked`` when single deletion ranks some other
+The rule, and where its boundary sits. A pair is flagged (named substitutes or complements) when its
+interaction is at least :data:`FLAG_SHARE` (one half) of the example's largest single effect and at
+least :data:`RELATIVE_FLOOR` of the target's own size (so a flag never comes from float rounding on an
+example where nothing matters); otherwise it is additive. The half is the midpoint between the two
+textbook cases: an additive pair has interaction 0, and a pure AND (the target needs both tokens:
+each single effect is the whole effect, the joint effect too, so interaction = -single) or a pure OR
+(either token suffices: singles 0, interaction = joint) has ``|interaction|`` equal to the largest
+single effect, exactly where a rule "at least the largest single effect" would put its boundary (a
+trained AND pair sat at ratios 0.994-1.001 there, and 1e-4 of rounding decided its label). At the
+midpoint, only a change of half the effect scale moves a textbook pair across it. The kind of a
+flagged pair is then ``|joint| > |sum of singles|`` (substitutes) or not (complements); for a
+textbook pair that comparison is far from equality (AND: joint = half the sum; OR: sum 0). A
+flagged pair is ``misranked`` when single deletion ranks some other
 token above the weaker of the two by more than that floor (or ranks nothing at all): then the reference's ranking, not only its
 sizes, is wrong about them, and the verdict warns (two triggers that each keep a clear effect of their
 own are flagged but not misranked).
@@ -42,10 +51,13 @@ if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.rows.target import PreparedExample
 
-__all__ = ["INTERACTION_COLUMNS", "pair_interactions", "top_positions"]
+__all__ = ["FLAG_SHARE", "INTERACTION_COLUMNS", "pair_interactions", "top_positions"]
 
 INTERACTION_COLUMNS = ["example", "position_a", "position_b", "token_a", "token_b", "single_a", "single_b", "joint",
                        "interaction", "largest_single", "original_value", "kind", "misranked"]
+#: a pair is named where |interaction| >= FLAG_SHARE x the example's largest single effect: halfway between
+#: additive (0) and a textbook AND or OR (1), so rounding never decides a textbook pair's label
+FLAG_SHARE = 0.5
 #: the smallest interaction named, as a share of |f(x)| (and never below ABSOLUTE_FLOOR)
 RELATIVE_FLOOR = 1e-3
 ABSOLUTE_FLOOR = 1e-6
@@ -63,7 +75,7 @@ def top_positions(scores: torch.Tensor, example: PreparedExample, top: int = TOP
 
 def _kind(interaction: float, joint: float, total: float, largest: float, original: float) -> str:
     floor = max(RELATIVE_FLOOR * abs(original), ABSOLUTE_FLOOR)
-    if not np.isfinite(interaction) or abs(interaction) < max(largest, floor):
+    if not np.isfinite(interaction) or abs(interaction) < max(FLAG_SHARE * largest, floor):
         return "additive"
     return "substitutes" if abs(joint) > abs(total) else "complements"
 

@@ -14,15 +14,60 @@ The rule (stored in ``verdict.json`` under ``heads_causal``):
 
     Each tested head H is a unit. Per example, H's agreement is the study's measure (the verdict's,
     chosen as the verdict chooses it) between H's attention row and the knockout effects of H's own
-    edges, on the tokens both score; an example whose knockout effects through H are all at the
-    numerical noise floor (nothing passes through H's edges there) is left out of H's mean. Where
-    this head looks *is what matters through this head* when H's mean agreement is above chance:
-    its permutation p-value (each example's knockout effects permuted over its scored tokens, the
-    same permutations for every head of the example), adjusted over every tested head by the max-T
-    method (family-wise error control, as every unit family of the verdict), is at most alpha; and
-    the attention explainer failed no sanity check, on the whole method or on H. Otherwise it *is
-    not*; and it *cannot be decided* where fewer than the stated minimum of examples show an effect
-    through H's edges, or where H's attention failed a check.
+    edges (their magnitudes under ``absolute``), on the tokens both score, tied values sharing their
+    places (top-k overlap counts a tie at the k-th place by its share of the places left); an example
+    whose knockout effects through H are all at the numerical noise floor (nothing passes through H's
+    edges there) is left out of H's mean. Where this head looks *is what matters through this head*
+    when H's mean agreement is above chance, chance being what the same head would show if what its
+    tokens carry were dealt to them at random: its permutation p-value under that null (below),
+    adjusted over every tested head by the max-T method (family-wise error control, as every unit
+    family of the verdict), is at most alpha; and the attention explainer failed no sanity check, on
+    the whole method or on H. Otherwise it *is not*; and it *cannot be decided* where fewer than the
+    stated minimum of examples show an effect through H's edges, or where H's attention failed a check.
+
+The null keeps the knockout's mechanism. Blocking edge t of a head that puts weight a_t on token t
+moves the head's output by a_t v_t (the blocked weight zeroed, ``renormalise: false``) or by
+a_t / (1 - a_t) (v_t - o) (the row renormalised onto the other keys, o the head's output): to first
+order the effect is ``m_t * c_t``, with the *mechanical weight* m_t = a_t or a_t / (1 - a_t)
+(:func:`mechanical_weight`) times what the token carries, c_t = g.v_t (zeroed) or g.(v_t - o)
+(renormalised), g the target's gradient at the head's output. The effect therefore grows with the
+weight whatever the token carries, and ``|effect|`` (``absolute``) rises with the attention on a head
+whose looked-at tokens carry exactly nothing: a null that permutes the effects themselves calls such
+a head "matters" every time. The question is whether the head looks at the tokens that *carry*
+something, so the null deals the carried values c_t = effect_t / m_t over the example's scored tokens
+and rebuilds the effects with the same mechanical weights (:func:`null_effects`); the observed
+arrangement is one of those deals. Renormalised and compared by magnitude, the head's output o moves
+with the values dealt, which shifts every c by sum_s a_s (c_new,s - c_s): that shift is what makes
+|effect| rise with the weight on tokens that carry nothing, so the null carries it. Signed, the shift
+only moves every value along its weight by one amount per deal, and it is left out: on a saturated
+target (planted:edge-head, p 0.99, whose 90% edge moves the target 100 times less per unit than its
+light edges' slope predicts) the first-order shift would rebuild the heavy edge's effect wherever its
+value is dealt. A token whose effect is at the noise floor says nothing of what it carries where its
+weight is tiny, so only the tokens through which the example's largest carried value would show
+(``m_t x max |c| > DEAL_MARGIN x floor``) are dealt; the others stay pinned to their stored effects
+(dealing their unknown values as zeros would plant zeros where the head looks and lower the null).
+Only the effects' sizes at arrangements not observed are first-order: a model whose target saturates
+between them is judged on that approximation.
+
+Examples are kept by their observed effects clearing the noise floor, which favours arrangements
+where the carrying token sits where the head looks (a zeroed knockout of a weight of 1e-6 moves
+nothing measurable). The null conditions on it too: a deal counts only if its rebuilt effects clear
+the example's floor as well (candidates are drawn :data:`POOL` times over; a head short of deals
+fills up with the observed one, which can only raise its p-value). Every head of an example sees the
+same candidate deals (the order of the same random keys on its tokens), so the heads' nulls keep
+their correlation, as max-T needs. Ties (the exact zeros of edges that carry nothing) are scored the
+same way in the observed statistic and in every deal: Kendall's tau-b and Spearman's average ranks
+are tie-aware, and top-k overlap (:func:`top_share_overlap`) gives tied tokens equal shares instead
+of breaking ties by position.
+
+Measured (tests/test_head_causal.py): on 30 hand-made data sets of 11 heads that look at positions
+only, whose looked-at words carry nothing, and one head that looks at the deciding word, no
+positional head "matters" on any data set under any of the four options (signed or absolute,
+renormalised or zeroed; a null of permuted effects called every head "matters" by magnitude, and some
+head on 90% of the data sets with zeroed knockouts), and the looking head matters on all 30; on
+planted:one-head, L5.H7 matters and its layer's positional heads do not, under every option. The null
+is conservative where its first-order rebuild errs: there the positional heads' chance mean sits
+0.1-0.2 above their mean.
 
 There is no gradient bar (rule 2 of the token-level verdict): no gradient method scores a head's own
 edges. The test is reported beside the token-level verdict and never changes it.
@@ -32,6 +77,7 @@ Torch-free: it reads the tables a study stored.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,18 +85,17 @@ import numpy as np
 import pandas as pd
 
 from probe.metrics.agreement import agreement
-from probe.metrics.nulls import NullBlock
+from probe.metrics.nulls import max_t_test, measure_k
 from probe.metrics.statistics import summarize_groups
 from probe.names import measure_columns, unit_name
-from probe.study.chance import ChanceFamily
 from probe.study.decide import EPS, MIN_EXAMPLES, noise_floor
 from probe.study.steps import is_stepwise, per_source
 
-__all__ = ["ANSWER_WORDS", "EXPLAINER", "FAMILY", "RULE", "UNIT_COLUMNS", "HeadsCausal", "edge_agreement",
-           "heads_causal"]
+__all__ = ["ANSWER_WORDS", "EXPLAINER", "FAMILY", "RULE", "UNIT_COLUMNS", "Compared", "HeadsCausal", "edge_agreement",
+           "heads_causal", "mechanical_weight", "null_effects", "top_share_overlap"]
 
 RULE = " ".join(__doc__.split("The rule (stored in ``verdict.json`` under ``heads_causal``):")[1]
-                .split("There is no gradient bar")[0].split())
+                .split("The null keeps the knockout's mechanism.")[0].split())
 #: the units' explainer and their family in the chance test
 EXPLAINER = "attention"
 FAMILY = "heads causal"
@@ -95,15 +140,15 @@ def _scale(examples: pd.DataFrame) -> tuple[pd.Series, float]:
 
 
 def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study, dtype: str
-                   ) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple[int, tuple[int, int], np.ndarray, np.ndarray,
-                                                                   np.ndarray]]]:
+                   ) -> tuple[pd.DataFrame, pd.DataFrame, list[Compared]]:
     """Per (example, head): the agreement of the head's attention row with its own edges' knockout
     effects (every measure the study computes), on the tokens both score.
 
     Returns ``(agreement, left_out, compared)``: ``agreement`` with ``example, explainer, reference,
     role, layer, head, n_tokens`` and the measures; ``left_out`` the pairs left out (``reason``);
-    ``compared`` per kept pair ``(example, (layer, head), x, y, positions)`` as the chance test
-    permutes it."""
+    ``compared`` per kept pair a :class:`Compared` (what the chance test redraws). Top-k overlap
+    here is :func:`top_share_overlap` (ties share the places), not the token-level tables' position
+    tie-break."""
     spec = study.metrics.heads_causal
     eps = EPS.get(str(dtype), EPS["fp32"])
     targets, scale = _scale(examples)
@@ -119,6 +164,7 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study, dtype: st
             continue
         x = part["attention"].to_numpy(np.float64).reshape(len(units), n)  # [unit, tokens]
         y = part["knockout"].to_numpy(np.float64).reshape(len(units), n)  # [unit, tokens]
+        signed = y
         if spec.absolute:
             y = np.abs(y)
         keep = np.isfinite(x) & np.isfinite(y)  # [unit, tokens]
@@ -134,12 +180,16 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study, dtype: st
         for members in groups.values():
             mask = keep[members[0]]
             values = agreement(x[members][:, mask], y[members][:, mask], k=top_k)
+            for k in top_k:  # ties share the top k's places (as the null counts them), never broken by position
+                values[f"top{int(k)}"] = np.array([float(top_share_overlap(x[u, mask], y[u, mask][None, :], int(k))[0])
+                                                   for u in members])
             for j, u in enumerate(members):
                 row = {"example": example, "layer": int(units[u, 0]), "head": int(units[u, 1]),
                        "n_tokens": int(mask.sum())}
                 row.update({key: float(v[j]) for key, v in values.items() if _wanted(key, study)})
                 records.append(row)
-                compared.append((example, (row["layer"], row["head"]), x[u, mask], y[u, mask], np.flatnonzero(mask)))
+                compared.append(Compared(example, (row["layer"], row["head"]), x[u, mask], signed[u, mask],
+                                         np.flatnonzero(mask), floor))
     table = pd.DataFrame.from_records(records)
     if len(table):
         table.insert(1, "explainer", EXPLAINER)
@@ -150,15 +200,160 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study, dtype: st
     return table, left_out, compared
 
 
-def _chance(compared, owners: Mapping[int, int], units: pd.DataFrame, n: tuple[int, ...], measure: str,
+@dataclass(frozen=True)
+class Compared:
+    """One kept (example, head): ``attention [n]`` and signed ``knockout [n]`` on the ``n`` tokens both
+    score, their ``positions`` in the example, and the example's noise ``floor``."""
+
+    example: int
+    unit: tuple[int, int]
+    attention: np.ndarray  # [n]
+    knockout: np.ndarray  # [n] signed, as stored
+    positions: np.ndarray  # [n] int
+    floor: float
+
+
+def top_share_overlap(x: np.ndarray, ys: np.ndarray, k: int) -> np.ndarray:
+    """Top-k overlap of ``x [n]`` with each row of ``ys [R, n]`` where tied values share the top k's
+    places: a token strictly inside a row's top k counts 1, each of the ``g`` tokens tied at its k-th
+    place ``(k - above) / g``; the overlap is ``sum(x's share * y's share) / k``, the mean overlap
+    over every way of breaking the ties at random. It equals the plain overlap without ties, and
+    gives a row the same value wherever its tied tokens stand, so an observed row and its null draws
+    are scored alike (a tie broken by position is not: it favours whatever the head looks at first)."""
+    n = x.shape[0]
+    k = min(int(k), n)
+    if n == 0:
+        return np.full(ys.shape[0], np.nan)
+    return (_top_share(x[None, :], k) * _top_share(ys, k)).sum(axis=1) / k
+
+
+def _top_share(a: np.ndarray, k: int) -> np.ndarray:
+    """``[R, n]``: each token's share of its row's top-k places (:func:`top_share_overlap`)."""
+    kth = -np.sort(-a, axis=1)[:, k - 1:k]  # [R, 1] the k-th largest value
+    above = (a > kth).sum(axis=1, keepdims=True)
+    tied = a == kth
+    return np.where(a > kth, 1.0, np.where(tied, (k - above) / np.maximum(tied.sum(axis=1, keepdims=True), 1), 0.0))
+
+
+def _measure_rows(measure: str, x: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """The measure of ``x [n]`` against every row of ``ys [R, n]``: ``[R]`` (Kendall tau-b, Spearman's rho
+    of average ranks, or :func:`top_share_overlap`); NaN where a side is constant."""
+    n = x.shape[0]
+    k = measure_k(measure)
+    if k is not None:
+        return top_share_overlap(x, ys, k)
+    out = np.full(ys.shape[0], np.nan)
+    if n < 2:
+        return out
+    if measure == "kendall_tau":
+        i, j = np.triu_indices(n, 1)
+        sx = np.sign(x[j] - x[i])  # [pairs]
+        sy = np.sign(ys[:, j] - ys[:, i])  # [R, pairs]
+        nx, ny = float(np.count_nonzero(sx)), np.count_nonzero(sy, axis=1).astype(np.float64)
+        ok = (ny > 0) & (nx > 0)
+        out[ok] = np.clip((sy[ok] @ sx) / np.sqrt(nx * ny[ok]), -1.0, 1.0)
+        return out
+    from scipy.stats import rankdata
+
+    rx = rankdata(x) - (n + 1) / 2.0
+    ry = rankdata(ys, axis=1) - (n + 1) / 2.0  # [R, n]
+    sxx, syy = float(rx @ rx), np.einsum("rt,rt->r", ry, ry)
+    ok = (syy > 0) & (sxx > 0)
+    out[ok] = np.clip((ry[ok] @ rx) / np.sqrt(sxx * syy[ok]), -1.0, 1.0)
+    return out
+
+
+def _draw_seed(seed: int, example: int) -> int:
+    text = repr(("heads causal", int(seed), int(example))).encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+#: candidate permutations drawn per null draw kept: a draw is kept only where the effects it rebuilds clear
+#: the noise floor, as the example itself did; a head short of draws after that many fills up with the
+#: observed arrangement (which clears it), so it can only lose significance
+POOL = 4
+
+
+def mechanical_weight(attention: np.ndarray, renormalise: bool) -> np.ndarray:
+    """``[n]``: how blocking an edge scales what its token carries, by the head's weight on it alone: the
+    weight ``a`` itself where the blocked weight is zeroed (the head's output loses ``a v``), ``a / (1 -
+    a)`` where the row is renormalised (the output moves by ``a / (1 - a) (v - o)``)."""
+    a = np.asarray(attention, dtype=np.float64)
+    return a / np.maximum(1.0 - a, 1e-12) if renormalise else a
+
+
+#: a token joins the deal where the largest carried value of its example (of an effect above the floor), dealt
+#: to it, would move the target by more than this many noise floors through its weight; the others are pinned
+DEAL_MARGIN = 1.0
+
+
+def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool, shift: bool = True) -> np.ndarray:
+    """``[R, n]``: the knockout effects the head would show if what its tokens carry were dealt to them
+    in the order of the random ``keys [R, n]`` (over the tokens that join the deal; the others pinned),
+    its attention row and the knockout's mechanism kept (module docstring). A row whose keys deal
+    every token back to its place equals the stored effects."""
+    m = mechanical_weight(item.attention, renormalise)  # [n]
+    e = np.asarray(item.knockout, dtype=np.float64)
+    carried = np.divide(e, m, out=np.zeros_like(e), where=m > 0)  # [n] per unit of mechanical weight
+    seen = np.abs(e) > item.floor
+    largest = float(np.abs(carried[seen]).max()) if seen.any() else 0.0
+    dealt = np.flatnonzero(m * largest > DEAL_MARGIN * item.floor)  # [d]
+    order = np.tile(np.arange(e.size), (keys.shape[0], 1))  # [R, n]
+    order[:, dealt] = dealt[np.argsort(keys[:, dealt], axis=1, kind="stable")]
+    values = carried[order]  # [R, n]
+    if renormalise and shift:  # the row's mean o moves with the values dealt: shift by the change of sum_s a_s c_s
+        values = values - ((values - carried[None, :]) @ np.asarray(item.attention, dtype=np.float64))[:, None]
+    return m[None, :] * values
+
+
+def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec) -> np.ndarray:
+    """``[permutations + 1, n]``: row 0 the compared effects as stored, then the null draws kept from
+    the candidate ``keys`` (those whose largest |effect| clears the example's noise floor)."""
+    effects = null_effects(item, keys, renormalise=spec.renormalise, shift=spec.absolute)  # [pool, n]
+    kept = effects[np.abs(effects).max(axis=1) > item.floor][:permutations]
+    observed = np.asarray(item.knockout, dtype=np.float64)[None, :]
+    if len(kept) < permutations:
+        kept = np.concatenate([kept, np.repeat(observed, permutations - len(kept), axis=0)])
+    rows = np.concatenate([observed, kept])
+    return np.abs(rows) if spec.absolute else rows
+
+
+def _chance(compared: list[Compared], owners: Mapping[int, int], units: pd.DataFrame, measure: str,
             study) -> pd.DataFrame:
+    """Per tested head: ``chance_mean``, ``chance_high`` (the null's 95th percentile), ``p_chance`` and
+    ``p_family`` (max-T over the heads) of its mean measure under the null of the module docstring."""
+    spec, st = study.metrics.heads_causal, study.statistics
     index = {(int(layer), int(head)): i for i, (layer, head) in enumerate(zip(units.layer, units["head"]))}
-    blocks = tuple(NullBlock(owner=owners.get(example, example), key=example, units=np.array([index[unit]]),
-                             x=x[None, :], y=y, positions=positions)
-                   for example, unit, x, y, positions in compared if unit in index)
-    family = ChanceFamily(FAMILY, REFERENCE, measure, units.assign(explainer=EXPLAINER)[["explainer", "layer", "head"]],
-                          blocks, n)
-    return family.test(permutations=study.statistics.permutations, seed=study.statistics.seed)
+    columns = st.permutations + 1
+    total, count = np.zeros((len(index), columns)), np.zeros(len(index), dtype=np.int64)
+    by_owner: dict[int, list[Compared]] = {}
+    for item in compared:
+        if item.unit in index and len(item.positions) >= 2:
+            by_owner.setdefault(int(owners.get(item.example, item.example)), []).append(item)
+    for owner in sorted(by_owner):
+        local, seen = np.zeros((len(index), columns)), np.zeros(len(index), dtype=np.int64)
+        for item in by_owner[owner]:
+            size = int(item.positions.max()) + 1
+            # every head of the example sees the same candidates (the order of the same random keys on its
+            # tokens), so heads whose draws are all kept share their permutations, as max-T needs
+            keys = np.random.default_rng(_draw_seed(st.seed, item.example)).random((POOL * st.permutations, size))
+            values = _measure_rows(measure, np.asarray(item.attention, dtype=np.float64),
+                                   _null_rows(item, keys[:, item.positions], st.permutations, spec))
+            if not np.isfinite(values[0]):
+                continue
+            u = index[item.unit]
+            local[u] += values
+            seen[u] += 1
+        has = seen > 0
+        total[has] += local[has] / seen[has, None]
+        count += has
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = total / count[:, None]
+    means[count == 0] = np.nan
+    test = max_t_test(means[:, 0], means[:, 1:])
+    return pd.DataFrame({"layer": units.layer.to_numpy(int), "head": units["head"].to_numpy(int),
+                         "chance_mean": test["null_mean"], "chance_high": test["null_high"],
+                         "p_chance": test["p_raw"], "p_family": test["p_family"], "null": "permutation"})
 
 
 def heads_causal(tables: Mapping[str, pd.DataFrame], study, *, measure: str, dtype: str,
@@ -188,7 +383,7 @@ def heads_causal(tables: Mapping[str, pd.DataFrame], study, *, measure: str, dty
     units = tested.merge(summary[["layer", "head", "n", "mean", "std", "ci_low", "ci_high"]], on=["layer", "head"],
                          how="left")
     units["n"] = units["n"].fillna(0).astype(np.int64)
-    chance = _chance(compared, owners, units[["layer", "head"]], tuple(int(v) for v in units.n), measure, study)
+    chance = _chance(compared, owners, units[["layer", "head"]], measure, study)
     chance = chance[["layer", "head", "chance_mean", "chance_high", "p_chance", "p_family", "null"]]
     units = units.merge(chance, on=["layer", "head"], how="left")
     p = units.p_family.to_numpy(np.float64)
@@ -266,8 +461,10 @@ def _record(units: pd.DataFrame, study, measure: str, token_answer: str | None, 
         "rule": RULE, "measure": measure, "reference": REFERENCE, "renormalise": spec.renormalise,
         "absolute": spec.absolute, "alpha": st.alpha, "level": st.level, "bootstrap": st.bootstrap,
         "permutations": st.permutations,
-        "chance_test": (f"max-T permutation test over the {total} heads tested: {st.permutations} permutations of "
-                        f"each example's knockout effects, family-wise alpha {st.alpha}"),
+        "chance_test": (f"max-T permutation test over the {total} heads tested: {st.permutations} deals per example of "
+                        f"what the head's tokens carry (knockout effect / mechanical weight "
+                        f"{'a / (1 - a)' if spec.renormalise else 'a'}), the effects rebuilt with the head's own "
+                        f"weights, kept where they clear the example's noise floor; family-wise alpha {st.alpha}"),
         "min_examples": MIN_EXAMPLES, "layers": sorted({int(v) for v in units.layer}),
         "heads_tested": sorted({int(v) for v in units["head"]}), "compared": n_pairs,
         "counts": {"matters": counts[MATTERS], "does_not_matter": counts[NOT], "undecidable": counts[UNDECIDABLE],
