@@ -15,7 +15,7 @@ from scipy import stats
 
 from probe.claims.rules import MIN_EVIDENCE, RULES, Rule, judge, sign_flip_p
 from probe.metrics.agreement import agreement
-from probe.metrics.nulls import NullBlock, exact_top_k, max_t_test, permutation_means
+from probe.metrics.nulls import NullBlock, agreement_values, exact_top_k, max_t_test, permutation_means
 from probe.metrics.statistics import paired_test, wilcoxon_method
 
 MEASURES = ["kendall_tau", "spearman", "top1", "top2"]
@@ -314,12 +314,6 @@ def test_the_null_moments_equal_exact_enumeration(measure):
     want_sd = np.sqrt(np.sum([v.var(axis=1) for v in means], axis=0)) / len(means)
     mean, sd = null_moments(blocks, 3, measure)
     assert len(blocks) >= 2 and mean == pytest.approx(want_mean, abs=1e-12) and sd == pytest.approx(want_sd, rel=1e-9)
-
-
-def agreement_values(measure, x, y_perm):
-    from probe.metrics.nulls import _agreement
-
-    return _agreement(measure, x, y_perm)
 
 
 def _spread_family(n_units=12, n_examples=12, n=6, seed=21):

@@ -10,7 +10,8 @@ import pytest
 
 from probe.spec.study import study_from_dict
 from probe.study import decide
-from probe.study.summary import summary_table, verdict, verdict_family
+from probe.study.summary import summary_table, verdict
+from probe.study.units import verdict_family
 
 N = 20
 

@@ -48,7 +48,8 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["NullBlock", "exact_top_k", "max_t_test", "mc_interval", "measure_k", "null_moments", "permutation_means"]
+__all__ = ["NullBlock", "agreement_values", "exact_top_k", "max_t_test", "mc_interval", "measure_k", "null_moments",
+           "permutation_means"]
 
 # upper bound on the elements of one [permutations, pairs] sign block (float32: 16 MiB)
 _BLOCK_ELEMENTS = 1 << 22
@@ -172,7 +173,7 @@ def _top_k(x: np.ndarray, y_perm: np.ndarray, k: int) -> np.ndarray:
     return hits.astype(np.float64) / k
 
 
-def _agreement(measure: str, x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
+def agreement_values(measure: str, x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
     k = measure_k(measure)
     if k is not None:
         return _top_k(x, y_perm, k)
@@ -202,7 +203,7 @@ def permutation_means(blocks: Iterable[NullBlock], n_units: int, measure: str, *
             if block.x.shape[1] < 2:
                 continue
             order = _permutations(seed, block.key, np.asarray(block.positions), permutations)  # [B + 1, n]
-            values = _agreement(measure, np.asarray(block.x, dtype=np.float64), np.asarray(block.y)[order])
+            values = agreement_values(measure, np.asarray(block.x, dtype=np.float64), np.asarray(block.y)[order])
             finite = np.isfinite(values[:, 0])  # [U_b]; finiteness does not depend on the permutation
             units = np.asarray(block.units)[finite]
             local[units] += values[finite]  # a block names each unit once
@@ -391,7 +392,7 @@ def null_moments(blocks: Iterable[NullBlock], n_units: int, measure: str) -> tup
             y = np.asarray(block.y, dtype=np.float64)
             if x.shape[1] < 2:
                 continue
-            finite = np.isfinite(_agreement(measure, x, y[None, :])[:, 0])  # as permutation_means keeps them
+            finite = np.isfinite(agreement_values(measure, x, y[None, :])[:, 0])  # as permutation_means keeps them
             if not finite.any():
                 continue
             mean, var = _block_moments(measure, x[finite], y)

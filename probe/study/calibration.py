@@ -7,7 +7,7 @@ every seed. ``probe planted --calibrate N`` writes the table into ``reports/plan
 
 Only rule 1 depends on the seed (rules 2 and 3, the paired test against the best gradient and the
 sanity checks, do not), so each seed reruns the chance tests and applies the verdict's own rule
-(:func:`probe.study.summary.with_chance`, :func:`probe.study.summary.family_answers`); the
+(:func:`probe.study.units.with_chance`, :func:`probe.study.units.family_answers`); the
 bootstrap intervals, which are shown and decide nothing, are those of the study's own seed.
 """
 
@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from probe.study import decide
-from probe.study.summary import ceiling_p, chance_frame, family_answers, judge_tables, with_chance
+from probe.study.summary import ceiling_p, chance_frame, judge_tables
+from probe.study.units import family_answers, with_chance
 
 __all__ = ["CALIBRATION_COLUMNS", "calibration", "calibration_summary", "folder_calibration", "read_folder"]
 

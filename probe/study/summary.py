@@ -63,22 +63,14 @@ from probe.metrics.statistics import holm, paired_test, summarize_groups
 from probe.names import measure_columns as measures
 from probe.names import method_family as family
 from probe.names import unit_name
-from probe.registry import VERDICT_FAMILIES, find
 from probe.study import decide
 from probe.study.checks import redundancy, sanity_table, with_left_out
 from probe.study.headline import verdict_headline
-from probe.study.power import (
-    NOT_WORSE,
-    UNDECIDED,
-    WORSE,
-    family_state,
-    margin_of,
-    n_needed,
-    rule2_state,
-)
+from probe.study.power import margin_of
 from probe.study.provenance import provenance
 from probe.study.steps import is_stepwise, per_source
 from probe.study.store import ResultStore, write_json, write_table
+from probe.study.units import describe_units, family_answers, paired_tests, verdict_family, where_rows
 from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -113,18 +105,6 @@ def _unit_name(row) -> str:
     return unit_name(str(row["explainer"]), int(row["layer"]), int(row["head"]))
 
 
-def _where(frame: pd.DataFrame, keep) -> pd.DataFrame:
-    """The rows of ``frame`` where ``keep`` (one bool per row) holds; an empty frame keeps its columns
-    (a plain empty list would select no columns instead of no rows)."""
-    return frame.loc[np.asarray(list(keep), dtype=bool)] if len(frame) else frame
-
-
-def verdict_family(method: str) -> str | None:
-    """The verdict family of an attention-family method (:data:`probe.registry.VERDICT_FAMILIES`)."""
-    entry = find(method)
-    return entry.verdict_family if entry is not None else None
-
-
 def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_name: str,
             unreliable: dict | None = None, *, profile: decide.ReferenceProfile | None = None,
             measure: str | None = None, measure_why: str = "set by the study", sanity: Sequence[Check] = (),
@@ -156,13 +136,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     measure = measure or (st.measure if st.measure != "auto" else "kendall_tau")
     s = summary[(summary.reference == ref) & (summary.measure == measure)]
     explainers = s[s.role == "explainer"]
-    all_grads = _where(explainers, (family(e) == "gradient" for e in explainers.explainer))
-    grads = _where(all_grads, (e not in unreliable for e in all_grads.explainer))
-    best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
-    random = s[(s.role == "baseline") & (s.explainer == "random")]
-    margin = (margin_of(float(best_grad["mean"]), float(random["mean"].iloc[0]) if len(random) else 0.0, st.margin)
-              if best_grad is not None else None)
-    paired = _paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units,
+    all_grads, grads, best_grad, margin = _the_bar(s, unreliable, st.margin)
+    paired = paired_tests(agreement, explainers, chance, best_grad, ref, measure, study, unreliable, unreliable_units,
                            compared=bool(len(all_grads)), margin=margin)
     ordered = paired.sort_values("mean", ascending=False) if len(paired) else paired
     ceiling = _ceiling(summary, ref, measure, unreliable)
@@ -188,6 +163,19 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
               "unreliable": unreliable, "unreliable_units": {unit_name(*u): c for u, c in unreliable_units.items()},
               "redundant": list(redundant)}
     return result, paired
+
+
+def _the_bar(s: pd.DataFrame, unreliable: dict, share: float) -> tuple:
+    """Rule 2's bar on the verdict's summary rows ``s``: the gradient explainers, those that passed
+    their checks, the best of them (None without one) and the margin (:func:`probe.study.power.margin_of`)."""
+    explainers = s[s.role == "explainer"]
+    all_grads = where_rows(explainers, (family(e) == "gradient" for e in explainers.explainer))
+    grads = where_rows(all_grads, (e not in unreliable for e in all_grads.explainer))
+    best_grad = grads.sort_values("mean", ascending=False).iloc[0] if len(grads) else None
+    random = s[(s.role == "baseline") & (s.explainer == "random")]
+    margin = (margin_of(float(best_grad["mean"]), float(random["mean"].iloc[0]) if len(random) else 0.0, share)
+              if best_grad is not None else None)
+    return all_grads, grads, best_grad, margin
 
 
 def _numbers(s: pd.DataFrame, best_grad: pd.Series | None, ceiling: pd.Series | None, chance: pd.DataFrame) -> dict:
@@ -238,35 +226,15 @@ def _unit_lists(paired: pd.DataFrame, ordered: pd.DataFrame, families: dict) -> 
     headline_family = next(iter(families), None)
 
     def top(rows: pd.DataFrame, ascending: bool) -> list[dict]:
-        return _describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
+        return describe_units(rows.sort_values("mean", ascending=ascending).head(3), n_most) if len(rows) else []
 
-    own = _where(paired, (verdict_family(e) == headline_family for e in paired.explainer)) if len(paired) else paired
+    own = where_rows(paired, (verdict_family(e) == headline_family for e in paired.explainer)) if len(paired) else paired
     layer_units = own[own["head"] < 0] if len(own) else own
     head_units = own[own["head"] >= 0] if len(own) else own
-    return {"best": _describe_units(ordered.head(3), n_most) if len(ordered) else [],
-            "worst": _describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
+    return {"best": describe_units(ordered.head(3), n_most) if len(ordered) else [],
+            "worst": describe_units(ordered.tail(3).iloc[::-1], n_most) if len(ordered) else [],
             "best_layers": top(layer_units, False), "worst_layers": top(layer_units, True),
             "best_heads": top(head_units, False), "worst_heads": top(head_units, True)}
-
-
-def _family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None) -> dict:
-    layers, heads = rows[rows["head"] < 0], rows[rows["head"] >= 0]
-    k_layers, k_heads = int(layers.tracks.sum()), int(heads.tracks.sum())
-    answer, undecided, need = family_state(rows)
-    methods = list(dict.fromkeys(rows.explainer))
-    unreliable = sorted({e for e, ok in zip(rows.explainer, rows.reliable) if not ok})
-    why = undecided
-    if answer == "no" and len(rows) and not rows.reliable.astype(bool).any():
-        why = "every method of this family failed a sanity check: " + ", ".join(unreliable)
-    best = rows.sort_values("mean", ascending=False)
-    return {"answer": "undecidable" if reason else answer, "methods": methods,
-            "layer_units": {"tracking": k_layers, "total": int(len(layers)),
-                            "undecided": int(layers.undecided.sum()) if "undecided" in layers else 0},
-            "head_units": {"tracking": k_heads, "total": int(len(heads)),
-                           "undecided": int(heads.undecided.sum()) if "undecided" in heads else 0},
-            "best_layer": (_describe_units(best[best["head"] < 0].head(1), n_most) or [None])[0],
-            "best_head": (_describe_units(best[best["head"] >= 0].head(1), n_most) or [None])[0],
-            "unreliable": unreliable, "why": why, "undecided": undecided, "n_needed": need}
 
 
 def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: bool, margin: float | None,
@@ -284,100 +252,6 @@ def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: boo
         text += "; excluded: " + ", ".join(f"{m} ({', '.join(c)})" for m, c in excluded.items())
     return {"explainer": best_grad.explainer if best_grad is not None else None, "excluded": excluded, "text": text,
             "margin": margin, "margin_share": share}
-
-
-def _paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.DataFrame, best_grad: pd.Series | None,
-                  ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict, *,
-                  compared: bool = True, margin: float | None = None) -> pd.DataFrame:
-    """One row per attention unit: its mean and CI, rule 1 (its chance test: raw and family-wise
-    p-values, the mean and 95th percentile of its null), rule 2 (the paired non-inferiority test
-    against the best gradient, :mod:`probe.study.power`: ``rule2`` is ``not worse``, ``worse``,
-    ``undecided`` with ``n_needed``, ``not compared`` where every gradient explainer of the study
-    failed a check, ``not applied`` where the study has none; ``compared``: whether it has one;
-    ``margin``: rule 2's margin on the measure, :func:`probe.study.power.margin_of`), rule 3 (its
-    method reliable), and whether it tracks or is undecided."""
-    st = study.statistics
-    attn = _where(explainers, (family(e) == "attention" for e in explainers.explainer)).copy()
-    wide = agreement[(agreement.reference == ref)]
-    # every unit's per-example values at once (one groupby, not a filter per unit)
-    units = {key: part.set_index("example")[measure]
-             for key, part in wide.groupby(["explainer", "layer", "head"], sort=False)} if len(wide) else {}
-    empty = pd.Series(dtype=float)
-    grad_values = (units.get((best_grad.explainer, int(best_grad.layer), int(best_grad["head"])), empty)
-                   if best_grad is not None else None)
-    tests = []
-    for _, row in attn.iterrows():
-        unit = units.get((row.explainer, int(row.layer), int(row["head"])), empty)
-        test = {"explainer": row.explainer, "family": verdict_family(row.explainer), "layer": int(row.layer),
-                "head": int(row["head"]), "unit": _unit_name(row),
-                "mean": float(row["mean"]), "ci_low": float(row.ci_low), "ci_high": float(row.ci_high),
-                "n": int(row.n)}
-        if grad_values is not None:
-            a, b = unit.align(grad_values, join="inner")
-            pt = paired_test(a.to_numpy(), b.to_numpy(), n_boot=st.bootstrap, level=st.level, seed=st.seed,
-                             one_sided_alpha=st.alpha)
-            low, high = pt["one_sided_low"], pt["one_sided_high"]
-            state = rule2_state(low, high, margin)
-            test.update({"vs_gradient": best_grad.explainer, "diff_vs_gradient": pt["mean_diff"],
-                         "diff_ci_low": pt["ci_low"], "diff_ci_high": pt["ci_high"], "wilcoxon_p": pt["wilcoxon_p"],
-                         "rule2_low": low, "rule2_high": high, "rule2": state,
-                         "margin": margin,
-                         "n_needed": n_needed((a - b).to_numpy(), margin, st.alpha) if state == UNDECIDED else 0})
-        else:
-            test.update({"rule2": "not compared" if compared else "not applied", "n_needed": 0})
-        test["below_gradient"] = test["rule2"] == WORSE
-        test["reliable"] = (row.explainer not in unreliable
-                            and (str(row.explainer), int(row.layer), int(row["head"])) not in unreliable_units)
-        tests.append(test)
-    return with_chance(pd.DataFrame(tests), chance[chance.reference == ref] if len(chance) else chance, st.alpha)
-
-
-#: rule 1's columns of the per-unit tests, placed after ``n``
-CHANCE_FIELDS = ["chance_mean", "chance_high", "p_chance", "p_family", "null", "above_chance"]
-#: rule 1's Monte Carlo columns, where the chance tests carry them (the random rankings drawn, the Monte
-#: Carlo standard error of p_family, and whether alpha still lies within it at the cap)
-MC_FIELDS = ["permutations", "p_mc_se", "near_alpha"]
-
-
-def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.DataFrame:
-    """``paired`` (rules 2 and 3 per unit) with rule 1 from ``chance`` (its p-values, the mean and
-    95th percentile of the unit's null; ``null``: ``exact`` or ``permutation``, where they came from;
-    ``above_chance``: ``p_family <= alpha``) and ``tracks``, all
-    three rules. The verdict applies it once; :mod:`probe.study.calibration` again at every seed."""
-    if not len(paired):
-        return paired
-    keys = ["explainer", "layer", "head"]
-    taken = [c for c in [*CHANCE_FIELDS[:5], *MC_FIELDS] if c in chance.columns]  # "null": tables from before it lack it
-    fresh = chance[chance.family != "ceiling"][keys + taken].drop_duplicates(keys)
-    base = paired.drop(columns=[c for c in [*CHANCE_FIELDS, *MC_FIELDS, "tracks", "undecided"] if c in paired.columns])
-    out = base.merge(fresh, on=keys, how="left")
-    p = out.p_family.to_numpy(float)
-    near = out.near_alpha.fillna(False).astype(bool) if "near_alpha" in out.columns else False
-    out["above_chance"] = np.isfinite(p) & (p <= alpha) & ~near
-    if "null" not in out.columns:
-        out["null"] = "permutation"
-    rule2 = out.rule2 if "rule2" in out.columns else pd.Series(np.where(out.below_gradient, WORSE, NOT_WORSE))
-    passes2 = rule2.isin([NOT_WORSE, "not applied"]).to_numpy()
-    open2 = rule2.isin([UNDECIDED, "not compared"]).to_numpy()
-    reliable = out.reliable.astype(bool).to_numpy()
-    out["tracks"] = out.above_chance.to_numpy() & passes2 & reliable
-    # undecided: rule 3 holds and neither rule 1 nor rule 2 has failed, but one of them is not shown either way
-    out["undecided"] = reliable & ((out.above_chance.to_numpy() & open2) | (np.asarray(near) & (passes2 | open2)))
-    at = list(base.columns).index("n") + 1
-    extra = [c for c in MC_FIELDS if c in out.columns]
-    return out[[*base.columns[:at], *CHANCE_FIELDS, *extra, *base.columns[at:], "tracks", "undecided"]]
-
-
-def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
-    """Each verdict family's answer (:func:`_family_answer`) from the per-unit tests, in
-    :data:`probe.registry.VERDICT_FAMILIES` order (the headline family first)."""
-    n_most = int(paired.n.max()) if len(paired) else 0
-    families = {}
-    for fam in VERDICT_FAMILIES:
-        rows = _where(paired, (verdict_family(e) == fam for e in paired.explainer)) if len(paired) else paired
-        if len(rows):
-            families[fam] = _family_answer(fam, rows, n_most, reason)
-    return families
 
 
 def ceiling_p(chance: pd.DataFrame, a: str, b: str) -> float | None:
@@ -404,16 +278,6 @@ def _reversed_warning(mixing: str, ordered: pd.DataFrame, random: dict | None) -
             f"{worst.unit} {worst['mean']:+.3f} [{worst.ci_low:+.3f}, {worst.ci_high:+.3f}]: a signed matrix can rank "
             f"tokens in reverse (its sign is relative to the value path's direction, which it does not carry); "
             f"such units carry a ranking but are not counted as tracking")
-
-
-def _describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
-    return [{"unit": r.unit, "mean": r["mean"], "ci": [r.ci_low, r.ci_high], "tracks": bool(r.tracks),
-             "n": int(r.n), **({"p_family": float(r.p_family)} if pd.notna(r.get("p_family")) else {}),
-             **({} if r.get("reliable", True) else {"unreliable": True}),
-             **({"undecided": True} if bool(r.get("undecided", False)) else {}),
-             **({"rule2": str(r.rule2)} if isinstance(r.get("rule2"), str) else {}),
-             **({"fewer_examples": f"n = {int(r.n)} of {n_most}"} if int(r.n) < n_most else {})}
-            for _, r in rows.iterrows()]
 
 
 def _ceiling(summary: pd.DataFrame, ref: str, measure: str, unreliable: dict) -> pd.Series | None:
@@ -490,7 +354,7 @@ def _chance_units(summary: pd.DataFrame, ref: str, measure: str) -> pd.DataFrame
     """The units rule 1 tests: every attention-family unit compared with ``ref`` on ``measure``,
     with its verdict family (the family its max-T test runs over)."""
     rows = summary[(summary.role == "explainer") & (summary.reference == ref) & (summary.measure == measure)]
-    rows = _where(rows, (verdict_family(e) is not None for e in rows.explainer))
+    rows = where_rows(rows, (verdict_family(e) is not None for e in rows.explainer))
     return pd.DataFrame({"explainer": rows.explainer.astype(str), "layer": rows.layer.astype(int),
                          "head": rows["head"].astype(int), "family": [verdict_family(e) for e in rows.explainer]})
 
