@@ -369,6 +369,9 @@ def test_a_reference_its_own_pair_check_distrusts_makes_the_answer_undecidable_n
     assert why is None  # no reference profile: nothing to name
     why = decide.misjudged_reason(found, "loo_delete")
     assert "39 of the 40 examples" in why and "statistics.reference: shapley" in why
+    complements = {**found, "substitutes": {"examples": [], "strongest": None},
+                   "complements": found["substitutes"]}
+    assert decide.misjudged_reason(complements, "loo_delete") is None  # named in the warning, deciding nothing
     assert decide.misjudged_reason(found, "shapley") is None
     few = {**found, "substitutes": {**found["substitutes"], "examples": list(range(10))}}
     assert decide.misjudged_reason(few, "loo_delete") is None

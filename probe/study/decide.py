@@ -44,7 +44,7 @@ NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
 CONCENTRATED = 0.8  # share of the reference's |effect| on the top 1 (or 2) tokens that makes it sparse
 EFFECT_SHARE = 0.01  # an example's largest |effect| below this share of the study's 90th percentile: no effect
 MIN_EXAMPLES = 10  # fewer scored examples than this and no answer rests on them (DESIGN rule 16; claims: MIN_EVIDENCE)
-MISJUDGED = 0.5  # the pair check flags more than this share of the examples it looked at: the reference cannot judge
+MISJUDGED = 0.5  # substitutes in more than this share of the examples the pair check looked at: the reference cannot judge
 
 EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.float32).eps),
        "bf16": 2.0 ** -7, "bfloat16": 2.0 ** -7, "fp16": float(np.finfo(np.float16).eps),
@@ -266,16 +266,19 @@ def undecidable_reason(profile: ReferenceProfile | None, n_scored: int, ceiling:
 
 
 def misjudged_reason(found: dict | None, reference: str | None) -> str | None:
-    """Why the verdict cannot judge against a single-deletion reference that its own pair check
-    (:func:`interaction_summary`) finds misjudging interacting tokens in more than :data:`MISJUDGED`
-    of the examples it looked at, or None (a Shapley reference shares joint effects: never)."""
+    """Why the verdict cannot judge against a single-deletion reference whose own pair check
+    (:func:`interaction_summary`) finds, in more than :data:`MISJUDGED` of the examples it looked at,
+    top tokens that stand in for each other and that single deletion misranks, or None (a Shapley
+    reference shares joint effects: never). Substitutes are the blind spot of design rule 17: deleting
+    one shows nothing, so single deletion cannot rank them at all. Complements (each deletion removes
+    their shared effect, counted twice) are named in the verdict's warning, and decide nothing: single
+    deletion still sees each of them move the target."""
     if not found or reference is None or reference == "shapley" or not found.get("examples"):
         return None
-    flagged = sorted(set(found["substitutes"]["examples"]) | set(found["complements"]["examples"]))
+    flagged = found["substitutes"]["examples"]
     if len(flagged) <= MISJUDGED * found["examples"]:
         return None
-    kinds = [k for k in ("substitutes", "complements") if found[k]["examples"]]
-    return (f"the reference cannot judge: single-token deletion ({reference}) misjudges interacting tokens ("
-            + " and ".join(kinds) + f") in {len(flagged)} of the {found['examples']} examples the pair check looked at, "
-            f"more than {100 * MISJUDGED:.0f}%; judge against Shapley values, which share joint effects "
-            "(references: [..., shapley], statistics.reference: shapley)")
+    return (f"the reference cannot judge: single-token deletion ({reference}) cannot rank top tokens that stand in "
+            f"for each other (deleting one shows little, both a lot) in {len(flagged)} of the {found['examples']} "
+            f"examples the pair check looked at, more than {100 * MISJUDGED:.0f}%; judge against Shapley values, "
+            "which share joint effects (references: [..., shapley], statistics.reference: shapley)")

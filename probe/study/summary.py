@@ -35,8 +35,9 @@ The verdict rule (stored with every result in ``verdict.json``):
     The study's answer is the attention weights' (the first family the study has), or "undecidable"
     when nothing can be decided: the output does not depend on the input, R's effects are at the
     numerical noise floor, too few examples were scored, the references do not agree with each other
-    above chance (the ceiling's own permutation test), or the pair check finds that R (single-token
-    deletion) misjudges interacting tokens in more than half of the examples it looked at.
+    above chance (the ceiling's own permutation test), or the pair check finds top tokens that stand
+    in for each other, which R (single-token deletion) cannot rank, in more than half of the examples
+    it looked at.
 
 Why this rule: rule 1 asks that attention carry real information about which tokens matter, against
 the whole distribution chance gives (one random ranking is a single draw: where it happens to score
