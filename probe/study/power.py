@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 __all__ = ["NOT_WORSE", "N_NEEDED_CAP", "POWER", "UNDECIDED", "WORSE", "family_state", "margin_of", "n_needed",
-           "n_needed_text", "one_sided_level", "rule2_state", "undecided_why"]
+           "n_needed_text", "rule2_state", "undecided_why"]
 
 NOT_WORSE, WORSE, UNDECIDED = "not worse", "worse", "undecided"
 POWER = 0.8  # the power at which n_needed expects a unit's interval to clear the margin
@@ -60,11 +60,6 @@ def rule2_state(ci_low: float, ci_high: float, margin: float) -> str:
     if ci_high < -margin:
         return WORSE
     return UNDECIDED
-
-
-def one_sided_level(alpha: float) -> float:
-    """The level of the two-sided interval whose bounds are one-sided tests at ``alpha``: 1 - 2 alpha."""
-    return 1.0 - 2.0 * alpha
 
 
 def n_needed(diffs, margin: float, alpha: float, power: float = POWER) -> int:
@@ -101,10 +96,9 @@ def family_state(rows) -> tuple[str, str | None, int | None]:
     would decide rule 2 for the deciding units (None where rule 2 is not what is open). Yes when a
     layer-level unit tracks; else undecidable when one is undecided (it might track); else heads
     only when a head tracks; else undecidable when a head is undecided; else no."""
-    undecided = rows.undecided.astype(bool) if "undecided" in rows.columns else rows.tracks.astype(bool) & False
     is_layer = (rows["head"] < 0).to_numpy()
     tracks = rows.tracks.astype(bool).to_numpy()
-    undecided = undecided.to_numpy()
+    undecided = rows.undecided.astype(bool).to_numpy()
     if tracks[is_layer].any():
         return "yes", None, None
     if undecided[is_layer].any():

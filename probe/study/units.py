@@ -34,12 +34,10 @@ def where_rows(frame: pd.DataFrame, keep) -> pd.DataFrame:
     return frame.loc[np.asarray(list(keep), dtype=bool)] if len(frame) else frame
 
 
-
 def verdict_family(method: str) -> str | None:
     """The verdict family of an attention-family method (:data:`probe.registry.VERDICT_FAMILIES`)."""
     entry = find(method)
     return entry.verdict_family if entry is not None else None
-
 
 
 def family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None) -> dict:
@@ -62,10 +60,9 @@ def family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None)
             "unreliable": unreliable, "why": why, "undecided": undecided, "n_needed": need}
 
 
-
 def paired_tests(agreement: pd.DataFrame, explainers: pd.DataFrame, chance: pd.DataFrame, best_grad: pd.Series | None,
-                  ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict, *,
-                  compared: bool = True, margin: float | None = None) -> pd.DataFrame:
+                 ref: str, measure: str, study: Study, unreliable: dict, unreliable_units: dict, *,
+                 compared: bool = True, margin: float | None = None) -> pd.DataFrame:
     """One row per attention unit: its mean and CI, rule 1 (its chance test: raw and family-wise
     p-values, the mean and 95th percentile of its null), rule 2 (the paired non-inferiority test
     against the best gradient, :mod:`probe.study.power`: ``rule2`` is ``not worse``, ``worse``,
@@ -117,10 +114,12 @@ MC_FIELDS = ["permutations", "p_mc_se", "near_alpha"]
 
 
 def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.DataFrame:
-    """``paired`` (rules 2 and 3 per unit) with rule 1 from ``chance`` (its p-values, the mean and
-    95th percentile of the unit's null; ``null``: ``exact`` or ``permutation``, where they came from;
-    ``above_chance``: ``p_family <= alpha``) and ``tracks``, all
-    three rules. The verdict applies it once; :mod:`probe.study.calibration` again at every seed."""
+    """``paired`` (rules 2 and 3 per unit, :func:`paired_tests`) with rule 1 from ``chance`` (its
+    p-values, the mean and 95th percentile of the unit's null; ``null``: ``exact`` or ``permutation``,
+    where they came from; the Monte Carlo columns where present; ``above_chance``: ``p_family <= alpha``
+    and not ``near_alpha``), ``tracks`` (all three rules pass) and ``undecided`` (rule 3 passes and
+    neither rule 1 nor rule 2 failed, but one is not shown either way). The verdict applies it once;
+    :mod:`probe.study.calibration` again at every seed."""
     if not len(paired):
         return paired
     keys = ["explainer", "layer", "head"]
@@ -134,21 +133,18 @@ def with_chance(paired: pd.DataFrame, chance: pd.DataFrame, alpha: float) -> pd.
     out["above_chance"] = np.isfinite(p) & (p <= alpha) & ~near
     if "null" not in out.columns:
         out["null"] = "permutation"
-    rule2 = out.rule2 if "rule2" in out.columns else pd.Series(np.where(out.below_gradient, WORSE, NOT_WORSE))
-    passes2 = rule2.isin([NOT_WORSE, "not applied"]).to_numpy()
-    open2 = rule2.isin([UNDECIDED, "not compared"]).to_numpy()
+    passes2 = out.rule2.isin([NOT_WORSE, "not applied"]).to_numpy()
+    open2 = out.rule2.isin([UNDECIDED, "not compared"]).to_numpy()
     reliable = out.reliable.astype(bool).to_numpy()
     out["tracks"] = out.above_chance.to_numpy() & passes2 & reliable
-    # undecided: rule 3 holds and neither rule 1 nor rule 2 has failed, but one of them is not shown either way
     out["undecided"] = reliable & ((out.above_chance.to_numpy() & open2) | (np.asarray(near) & (passes2 | open2)))
     at = list(base.columns).index("n") + 1
     extra = [c for c in MC_FIELDS if c in out.columns]
     return out[[*base.columns[:at], *CHANCE_FIELDS, *extra, *base.columns[at:], "tracks", "undecided"]]
 
 
-
 def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
-    """Each verdict family's answer (:func:`_family_answer`) from the per-unit tests, in
+    """Each verdict family's answer (:func:`family_answer`) from the per-unit tests, in
     :data:`probe.registry.VERDICT_FAMILIES` order (the headline family first)."""
     n_most = int(paired.n.max()) if len(paired) else 0
     families = {}
@@ -157,7 +153,6 @@ def family_answers(paired: pd.DataFrame, reason: str | None) -> dict[str, dict]:
         if len(rows):
             families[fam] = family_answer(fam, rows, n_most, reason)
     return families
-
 
 
 def describe_units(rows: pd.DataFrame, n_most: int) -> list[dict]:
