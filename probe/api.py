@@ -515,7 +515,10 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
     from probe.study.runner import run_study as _run
 
     if isinstance(study, (str, Path)):
-        study = load_study(study, out=out)
+        from probe.study.sizes import check_sizes
+
+        study, file = load_study(study, out=out), study
+        check_sizes(study, file=file)  # names the file's line; the runner checks again without it
     elif isinstance(study, Mapping):
         study = study_from_dict(study)
         if out is not None:

@@ -347,6 +347,9 @@ def run(
 
     shard_of = parse_shard(shard)  # both checked before the slow imports
     spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype, out=out)
+    from probe.study.sizes import check_sizes
+
+    check_sizes(spec, file=study)  # the file's line, before the slow imports and the model
     quiet_libraries()
     import torch
 

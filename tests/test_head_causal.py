@@ -207,8 +207,8 @@ def test_the_study_file_asks_for_it_in_one_line(tiny_dirs, data, tmp_path):
     with pytest.raises(InputError, match="ranks tokens .* not spans"):
         study_from_dict({**base, "metrics": {"heads_causal": True}, "spans": {"pattern": r"\w+"}})
     study = study_from_dict(_study(tiny_dirs["bert"], data, tmp_path / "out", heads_causal={"heads": [7]}))
-    with pytest.raises(InputError, match=r"^metrics.heads_causal: head 7 does not exist: the model has query heads "
-                                         r"0..3"):
+    with pytest.raises(InputError, match=r"^the study: metrics.heads_causal.heads: head 7 does not exist: the model "
+                                         r"has query heads 0..3"):  # from its config, before it loads
         run_study(study, progress=False, log=lambda text: None)
 
 

@@ -126,18 +126,22 @@ class KnockoutResult:
 
 
 def _window(info: StackContract, layers) -> tuple[int, ...]:
+    return _layer_window(layers, info.n_layers, info.stack)
+
+
+def _layer_window(layers, n_layers: int, stack: str) -> tuple[int, ...]:
     if layers is None:
-        chosen = list(range(info.n_layers))
+        chosen = list(range(n_layers))
     elif isinstance(layers, (list, tuple, range)):
         chosen = list(layers)
     else:
         chosen = [layers]
     out = []
     for layer in chosen:
-        index = python_layer(layer, info.n_layers)
+        index = python_layer(layer, n_layers)
         if index is None:
-            raise InputError(f"layer {layer!r} does not exist in the {info.stack}: it has layers "
-                             f"0..{info.n_layers - 1} (-1 is the last)")
+            raise InputError(f"layer {layer!r} does not exist in the {stack}: it has layers "
+                             f"0..{n_layers - 1} (-1 is the last)")
         out.append(index)
     if not out:
         raise InputError("edge knockout needs at least one layer: give layers=None (all), an int or a list")
@@ -145,12 +149,16 @@ def _window(info: StackContract, layers) -> tuple[int, ...]:
 
 
 def _heads(info: StackContract, heads) -> tuple[int, ...]:
-    chosen = list(range(info.n_heads)) if heads is None else list(heads) if isinstance(heads, (list, tuple, range)) \
+    return _head_set(heads, info.n_heads, info.stack)
+
+
+def _head_set(heads, n_heads: int, stack: str) -> tuple[int, ...]:
+    chosen = list(range(n_heads)) if heads is None else list(heads) if isinstance(heads, (list, tuple, range)) \
         else [heads]
     for head in chosen:
-        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < info.n_heads:
-            raise InputError(f"head {head!r} does not exist in the {info.stack}: it has query heads "
-                             f"0..{info.n_heads - 1} (or None = all)")
+        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < n_heads:
+            raise InputError(f"head {head!r} does not exist in the {stack}: it has query heads "
+                             f"0..{n_heads - 1} (or None = all)")
     if not chosen:
         raise InputError("edge knockout needs at least one head: give heads=None (all), an int or a list")
     return tuple(sorted(set(chosen)))
@@ -517,6 +525,21 @@ def _resolve(spec, count: int):
     return list(range(count))[spec] if isinstance(spec, slice) else spec
 
 
+def knockout_window(layers, heads, n_layers: int, n_heads: int, stack: str = "model") -> tuple[list, list]:
+    """The layers and query heads ``knockout`` blocks, from the forms a study or claim file writes
+    (None, an int, a list, ``"0,2"``, ``"a:b"``), in a stack of ``n_layers`` layers and ``n_heads``
+    query heads: ``(layers, heads)`` as sorted index lists, or the one-line refusal the run would give.
+    Needs only the two counts, so a study's parameters are checked against the model's config before
+    it loads (:mod:`probe.study.sizes`)."""
+    layer_spec = _resolve(_index_spec(layers, "layers"), n_layers)
+    head_spec = _resolve(_index_spec(heads, "heads"), n_heads)
+    if isinstance(layer_spec, list) and not layer_spec:
+        raise InputError(f"layers={layers!r} selects no layer of the {stack} (layers 0..{n_layers - 1})")
+    if isinstance(head_spec, list) and not head_spec:
+        raise InputError(f"heads={heads!r} selects no head of the {stack} (query heads 0..{n_heads - 1})")
+    return list(_layer_window(layer_spec, n_layers, stack)), list(_head_set(head_spec, n_heads, stack))
+
+
 def knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int | str | None = None,
              heads: int | str | None = None, query: str = "target", query_from: int | None = None,
              renormalise: bool = True, per_head: bool = False, keep_special: bool = False,
@@ -536,12 +559,7 @@ def knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int
     """
     stack = pm.task.target_stack(pm.contract)
     info = pm.contract.stacks[stack]
-    layer_spec = _resolve(_index_spec(layers, "layers"), info.n_layers)
-    head_spec = _resolve(_index_spec(heads, "heads"), info.n_heads)
-    if isinstance(layer_spec, list) and not layer_spec:
-        raise InputError(f"layers={layers!r} selects no layer of the {stack} (layers 0..{info.n_layers - 1})")
-    if isinstance(head_spec, list) and not head_spec:
-        raise InputError(f"heads={heads!r} selects no head of the {stack} (query heads 0..{info.n_heads - 1})")
+    layer_spec, head_spec = knockout_window(layers, heads, info.n_layers, info.n_heads, stack)
     result = edge_knockout(pm, examples, layers=layer_spec, heads=head_spec, query=query, query_from=query_from,
                            renormalise=renormalise, per_head=per_head, keep_special=keep_special,
                            batch_size=batch_size)
@@ -559,5 +577,5 @@ def knockout_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method:
     return knockout(pm, examples, **params)
 
 
-__all__ = ["EdgeSet", "KnockoutResult", "NAME", "block_edges", "edge_knockout", "knockout",
+__all__ = ["EdgeSet", "KnockoutResult", "NAME", "block_edges", "edge_knockout", "knockout", "knockout_window",
            "knockout_scores"]

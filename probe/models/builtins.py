@@ -266,6 +266,15 @@ def _package_folder(import_name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def built_builtin_folder(name: str, cache_dir: Path | str | None = None) -> Path | None:
+    """The folder of built-in model ``name`` if it is built already, else None (nothing is built)."""
+    if name not in BUILTIN_MODELS:
+        return None
+    recipe = get_builtin(name)
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return cache / recipe.name if _is_complete(cache / recipe.name, recipe) else None
+
+
 def _is_complete(folder: Path, recipe: BuiltinModel) -> bool:
     try:
         metadata = json.loads((folder / METADATA_FILE).read_text(encoding="utf-8"))

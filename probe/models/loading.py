@@ -258,6 +258,43 @@ def _find_model(name: str, cache_dir: str | Path | None) -> tuple[str, bool, dic
     return name, True, {}  # a hub id
 
 
+#: the config keys of the layer count and of the query-head count, as architectures spell them
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+
+
+def config_sizes(name: object) -> tuple[int, int] | None:
+    """(layers, query heads) from the ``config.json`` of model ``name`` where it can be read without
+    loading, building or downloading anything (a built-in or planted model built already, a local
+    folder) and the model has one stack; None otherwise (a hub id, an encoder-decoder, a config that
+    nests its text model, or one without both counts). Lets a study's layer and head indices be
+    checked before the model loads (:mod:`probe.study.sizes`); the loaded contract is checked again."""
+    import json
+
+    if not isinstance(name, str) or not name.strip():
+        return None
+    folder: Path | None
+    if name.startswith("builtin:"):
+        from probe.models.builtins import built_builtin_folder
+
+        folder = built_builtin_folder(name.split(":", 1)[1])
+    elif name.startswith("planted:"):
+        from probe.models.planted import built_planted_folder
+
+        folder = built_planted_folder(name.split(":", 1)[1])
+    else:
+        folder = Path(name).expanduser()
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("is_encoder_decoder") or "text_config" in config:
+        return None
+    layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)
+    heads = next((config[k] for k in _HEAD_KEYS if isinstance(config.get(k), int)), None)
+    return (layers, heads) if layers and heads else None
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 

@@ -32,6 +32,7 @@ from probe.study.checks import study_sanity
 from probe.study.examples import check_contrast, check_spans, prepare_examples, select_examples
 from probe.study.lock import folder_lock
 from probe.study.plan import methods_needed
+from probe.study.sizes import check_sizes
 from probe.study.store import ResultStore
 from probe.study.summary import finalize
 from probe.study.verdict import Verdict
@@ -137,6 +138,8 @@ def _run_study(study: Study, *, shard, progress, log, stop_after, on_complete, w
         finished = _finished(study, store, shard=shard, model=model, on_complete=on_complete, log=log)
         if finished is not None:
             return finished
+    if model is None:
+        check_sizes(study)  # layer and head indices against the model's config, before it loads
     pm, load_seconds = (model, model.load_seconds) if model is not None else _load(study, dist_info)
     _check_methods(pm, study)
     data, dropped = select_examples(pm, study.dataset, study.target)

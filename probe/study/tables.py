@@ -19,6 +19,7 @@ from probe.errors import InputError
 from probe.metrics.agreement import agreement
 from probe.rows.scores import TokenScores
 from probe.study.plan import ceiling_pairs
+from probe.study.sizes import counterfactual_sites, heads_causal_window
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -162,26 +163,8 @@ def ranking_vectors(scores: TokenScores, spec: str) -> list[torch.Tensor]:
 
 
 def _sites(pm: ProbeModel, study: Study) -> list[tuple[int, int | None]]:
-    spec = study.metrics.counterfactual
-    stack = pm.task.target_stack(pm.contract)
-    info = pm.contract.stacks[stack]
-    layers = range(info.n_layers) if spec.layers == "all" else [
-        {"first": 0, "last": info.n_layers - 1}.get(layer, layer) for layer in spec.layers]
-    sites = []
-    for layer in layers:
-        if not isinstance(layer, int) or not 0 <= layer < info.n_layers:
-            raise InputError(f"counterfactual layer {layer!r} does not exist: the model has layers "
-                             f"0..{info.n_layers - 1}")
-        if spec.heads == "layer":
-            sites.append((layer, None))
-        else:
-            heads = range(info.n_heads) if spec.heads == "all" else spec.heads
-            for head in heads:
-                if not 0 <= head < info.n_heads:
-                    raise InputError(f"counterfactual head {head} does not exist: the model has heads "
-                                     f"0..{info.n_heads - 1}")
-                sites.append((layer, head))
-    return sites
+    info = pm.contract.stacks[pm.task.target_stack(pm.contract)]
+    return counterfactual_sites(study.metrics.counterfactual, info.n_layers, info.n_heads)
 
 
 def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame:
@@ -257,20 +240,8 @@ def _head_frame(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.
 def tested_heads(pm: ProbeModel, study: Study) -> tuple[list[int], list[int]]:
     """The layers and query heads of the target stack the per-head causal test
     (``study.metrics.heads_causal``) covers; a one-line error naming one that does not exist."""
-    spec = study.metrics.heads_causal
     info = pm.contract.stacks[pm.task.target_stack(pm.contract)]
-    layers = list(range(info.n_layers)) if spec.layers == "all" else [
-        {"first": 0, "last": info.n_layers - 1}.get(layer, layer) for layer in spec.layers]
-    for layer in layers:
-        if not 0 <= layer < info.n_layers:
-            raise InputError(f"metrics.heads_causal: layer {layer} does not exist: the model has layers "
-                             f"0..{info.n_layers - 1} (or first, last, all)")
-    heads = list(range(info.n_heads)) if spec.heads == "all" else list(spec.heads)
-    for head in heads:
-        if not 0 <= head < info.n_heads:
-            raise InputError(f"metrics.heads_causal: head {head} does not exist: the model has query heads "
-                             f"0..{info.n_heads - 1} (or all)")
-    return sorted(set(layers)), sorted(set(heads))
+    return heads_causal_window(study.metrics.heads_causal, info.n_layers, info.n_heads)
 
 
 def head_edge_rows(pm: ProbeModel, study: Study, examples, first_index: int,

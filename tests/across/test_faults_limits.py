@@ -320,3 +320,82 @@ def test_each_implementation_refuses_past_its_declaration_with_the_file_checks_s
     with pytest.raises(InputError) as info:
         calls[method]()
     assert str(info.value).startswith(expected), str(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# layer and head indices against the model's size, before the model loads (issue 62, item 3)
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama_gqa", "bart", "t5"])
+def test_the_config_sizes_are_the_loaded_contracts_or_none(tiny_dirs, kind):
+    from probe.models.loading import config_sizes
+
+    pm = probe.load_model(str(tiny_dirs[kind]))
+    sizes = config_sizes(str(tiny_dirs[kind]))
+    if len(pm.contract.stacks) > 1:  # an encoder-decoder: the config cannot say which stack is meant
+        assert sizes is None
+        return
+    info = pm.contract.stacks[pm.task.target_stack(pm.contract)]
+    assert sizes == (info.n_layers, info.n_heads)  # GQA: query heads, as every layer and head index counts
+
+
+def test_config_sizes_read_nothing_they_cannot_read_offline(tmp_path):
+    from probe.models.loading import config_sizes
+
+    assert config_sizes("someone/some-model") is None  # a hub id: nothing is downloaded to check
+    assert config_sizes(str(tmp_path)) is None  # a folder without config.json
+    assert config_sizes("builtin:no-such-model") is None
+
+
+#: (the study's extra keys, the key path refused, what the message states); tiny llama: 2 layers, 4 query heads
+OUT_OF_RANGE = [
+    ({"references": ["knockout"], "params": {"knockout": {"layers": 9}}}, ("params", "knockout", "layers"),
+     "layer 9 does not exist"),
+    ({"references": ["knockout"], "params": {"knockout": {"heads": "0,7"}}}, ("params", "knockout", "heads"),
+     "head 7 does not exist"),
+    ({"references": ["knockout"], "params": {"knockout": {"layers": "5:9"}}}, ("params", "knockout", "layers"),
+     "selects no layer"),
+    ({"references": ["loo_delete"], "metrics": {"heads_causal": {"layers": [0, 3]}}},
+     ("metrics", "heads_causal", "layers"), "layer 3 does not exist"),
+    ({"references": ["loo_delete"], "metrics": {"heads_causal": {"heads": [4]}}},
+     ("metrics", "heads_causal", "heads"), "head 4 does not exist"),
+    ({"references": ["loo_delete"], "metrics": {"counterfactual": {"layers": [2]}}},
+     ("metrics", "counterfactual", "layers"), "counterfactual layer 2 does not exist"),
+    ({"references": ["loo_delete"], "metrics": {"counterfactual": {"heads": [0, 5]}}},
+     ("metrics", "counterfactual", "heads"), "counterfactual head 5 does not exist"),
+]
+
+
+@pytest.mark.parametrize("extra, keys, states", OUT_OF_RANGE)
+def test_a_layer_or_head_the_model_lacks_is_refused_before_it_loads_with_file_line_and_key(
+        tiny_dirs, tmp_path, monkeypatch, capsys, extra, keys, states):
+    import probe.models.loading as loading
+    from probe.spec.validation import line_of, read_yaml_mapping
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before its layers and heads were checked")
+
+    study = {**STUDY, "model": {"id": str(tiny_dirs["llama_gqa"])},
+             "dataset": {"name": "builtin:rotten_tomatoes", "n": 2}, **extra}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    _, root = read_yaml_mapping(path, "study file", "study", "", "")
+    monkeypatch.setattr(loading, "load_model", no_load)
+    code, _, err = _cli(monkeypatch, capsys, "run", path, "--no-progress", "--out", tmp_path / "out")
+    assert code == 2
+    _one_line(err, f"{path} line {line_of(root, keys)}: {'.'.join(keys)}: ", states)
+    assert not (tmp_path / "out").exists()  # nothing written
+    with pytest.raises(InputError) as info:  # the Python API says the same
+        probe.run_study(path, out=tmp_path / "out")
+    assert f"line {line_of(root, keys)}: {'.'.join(keys)}: " in str(info.value)
+
+
+def test_the_runner_refuses_without_a_file_and_lets_a_loaded_model_through(tiny_dirs, tmp_path, monkeypatch):
+    import probe.models.loading as loading
+    from probe.spec.study import study_from_dict
+
+    study = study_from_dict({**STUDY, "model": {"id": str(tiny_dirs["llama_gqa"])}, "references": ["knockout"],
+                             "params": {"knockout": {"heads": 6}}, "output": str(tmp_path / "out")})
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
+    with pytest.raises(InputError, match=r"^the study: params\.knockout\.heads: head 6 does not exist"):
+        probe.run_study(study)
