@@ -276,33 +276,44 @@ class _UserFile:
         """``(row, where, example)`` per row, in file order, each row checked as it is made."""
         stem = self.path.stem
         for row, (where, record) in enumerate(raw_records(self.path, [])):
-            text = record.get(self.text_column)
-            if text is None:
-                raise InputError(f"{self.path}: row {row} ({where}) has no {self.text_column!r} (missing or null); "
-                                 "every example needs text")
-            if not isinstance(text, str):
-                raise InputError(f"{self.path}: row {row} ({where}) has {self.text_column}={text!r}, a "
-                                 f"{type(text).__name__}, not a string; write every text as a string (in quotes)")
-            if not text.strip():
-                raise InputError(f"{self.path}: row {row} ({where}) has an empty {self.text_column!r}; every example "
-                                 f"needs text")
+            problem = _text_problem(self.path, self.text_column, row, where, record)
+            if problem is not None:
+                raise InputError(problem)
+            text = record[self.text_column]
             label = (parse_label(record.get(self.label_column), self.path, row, where, self.label_column)
                      if self.has_labels else None)
             yield row, where, Example(id=f"{stem}-{row}", text=text, label=label)
 
 
+def _text_problem(path: Path, text_column: str, row: int, where: str, record: dict) -> str | None:
+    """Why a row's text cannot be an example (missing, not a string, empty), or None."""
+    text = record.get(text_column)
+    if text is None:
+        return f"{path}: row {row} ({where}) has no {text_column!r} (missing or null); every example needs text"
+    if not isinstance(text, str):
+        return (f"{path}: row {row} ({where}) has {text_column}={text!r}, a {type(text).__name__}, not a string; "
+                "write every text as a string (in quotes)")
+    if not text.strip():
+        return f"{path}: row {row} ({where}) has an empty {text_column!r}; every example needs text"
+    return None
+
+
 def _open_user_file(path: Path, text_column: str, label_column: str) -> _UserFile:
-    """The first pass over a user file: its columns, its rows counted, its labels of one type."""
+    """The first pass over a user file: its columns, its rows counted, its labels of one type, every
+    row's text there (so that a draw that reads only the rows it takes still refuses a bad row)."""
     _check_user_path(path)
     header: list[str] = []
     columns: dict[str, None] = {}
     n_rows = 0
     first_label: tuple[int, str, Any, str] | None = None  # row, where, value, kind of the first label
+    bad_text: str | None = None  # the first row whose text cannot be an example, said once the columns are known
     for row, (where, record) in enumerate(raw_records(path, header)):
         if not isinstance(record, dict):
             raise InputError(f"{path}: row {row} is a {type(record).__name__}, not an object like {{\"text\": ..., "
                              f"\"label\": ...}}")
         n_rows += 1
+        if bad_text is None:
+            bad_text = _text_problem(path, text_column, row, where, record)
         for key in record:
             if key is not None:  # a CSV row with more fields than the header: csv's "rest" key
                 columns.setdefault(key, None)
@@ -332,6 +343,8 @@ def _open_user_file(path: Path, text_column: str, label_column: str) -> _UserFil
         raise InputError(f"{path} has no label column {label_column!r}; its columns are {sorted(names)}")
     if not n_rows:
         raise InputError(f"{path} has no examples; give a file with at least one row")
+    if bad_text is not None:
+        raise InputError(bad_text)
     return _UserFile(path, text_column, label_column, has_labels, n_rows)
 
 
@@ -375,6 +388,12 @@ def _rows(spec: str, split: str, text_column: str, label_column: str,
     return ((i, f"row {i}", e) for i, e in enumerate(examples)), None
 
 
+def is_user_file(spec: str) -> bool:
+    """Whether ``spec`` names a user file (read from disk, pass by pass) rather than built-in or planted
+    data (held in memory)."""
+    return not spec.startswith((BUILTIN_PREFIX, PLANTED_PREFIX))
+
+
 def iter_dataset(spec: str, split: str = "test", text_column: str = "text",
                  label_column: str = "label") -> Iterator[Example]:
     """Every example of ``spec``, in order, one at a time (see :func:`load_dataset`): a user file
@@ -408,28 +427,68 @@ class DatasetScan:
         """How many examples were kept."""
         return len(self.positions)
 
+    def _order(self, n: int | None, seed: int):
+        """The kept examples' indices after the seeded shuffle (all of them, in order, for None)."""
+        import array
+
+        order = array.array("q", range(self.count))  # 8 bytes per kept example
+        if n is not None:
+            random.Random(seed).shuffle(order)  # a shuffle of n items depends on n and the seed only
+        return order
+
+    def _read(self, indices) -> list[tuple[int, str, Example]]:
+        """``(row, where, example)`` of the kept examples ``indices``, in that order: from what the scan
+        held, else by one more pass over the dataset that makes only those into objects."""
+        if self.held is not None:
+            return [self.held[i] for i in indices]
+        rank = {self.positions[i]: r for r, i in enumerate(indices)}
+        chosen: list = [None] * len(indices)
+        rows, _ = _rows(self.spec, self.split, self.text_column, self.label_column, self.user)
+        for position, entry in enumerate(rows):
+            r = rank.get(position)
+            if r is not None:
+                chosen[r] = entry
+                if len(rank) == 1:
+                    break
+                del rank[position]
+        return chosen
+
     def take(self, n: int | None, seed: int) -> list[Example]:
         """The first ``n`` kept examples after a shuffle seeded with ``seed`` (every kept one, in
         order, for None): the same examples :func:`take` gives on a list of them. Unless the scan held
         them, the dataset is read once more and only the selected examples are made into objects."""
-        import array
-
         if n is not None and n > self.count:
             raise InputError(f"n={n} is larger than the {self.count} examples of {self.spec}; give n <= {self.count}")
-        order = array.array("q", range(self.count))  # 8 bytes per kept example
-        if n is not None:
-            random.Random(seed).shuffle(order)  # a shuffle of n items depends on n and the seed only
-            order = order[:n]
-        if self.held is not None:
-            chosen = [self.held[i] for i in order]
-        else:
-            rank = {self.positions[i]: r for r, i in enumerate(order)}
-            chosen = [None] * len(order)
-            rows, _ = _rows(self.spec, self.split, self.text_column, self.label_column, self.user)
-            for position, entry in enumerate(rows):
-                r = rank.get(position)
-                if r is not None:
-                    chosen[r] = entry
+        order = self._order(n, seed)
+        chosen = self._read(order if n is None else order[:n])
+        return self._checked(chosen)
+
+    def take_fitting(self, n: int, seed: int, fits: Callable[[list[Example]], Sequence[bool]]) -> tuple[list[Example], int]:
+        """The first ``n`` kept examples that ``fits`` accepts, walking the seeded shuffle of the kept
+        ones (the order :meth:`take` draws from), and how many it passed over: ``fits`` sees only the
+        examples drawn, a part of the order at a time (``n``, then four times as many, ...), so a
+        length check costs the draw, not the dataset. Where ``fits`` accepts every example this is
+        :meth:`take`'s draw. Refuses, in one line, an ``n`` more than the examples that fit."""
+        order = self._order(n, seed)
+        chosen: list = []
+        skipped = start = 0
+        step = max(n, 16)
+        while len(chosen) < n and start < len(order):
+            part = self._read(order[start:start + step])
+            for entry, ok in zip(part, fits([e for _, _, e in part])):
+                if len(chosen) == n:
+                    break
+                if ok:
+                    chosen.append(entry)
+                else:
+                    skipped += 1
+            start, step = start + step, step * 4
+        if len(chosen) < n:
+            raise InputError(f"n={n} is larger than the {len(chosen)} examples of {self.spec} left after the filters "
+                             f"and the length limit; give n <= {len(chosen)}")
+        return self._checked(chosen), skipped
+
+    def _checked(self, chosen: list) -> list[Example]:
         if self.user is not None:
             _warn_about_duplicates(self.user.path, sorted(chosen, key=lambda entry: entry[0]))
         return [example for _, _, example in chosen]
@@ -445,6 +504,8 @@ def scan_dataset(spec: str, *, split: str = "test", text_column: str = "text", l
     if not isinstance(spec, str) or not spec.strip():
         raise InputError(f"dataset spec {spec!r} is empty; give builtin:NAME or a path to a .csv/.jsonl file")
     rows, user = _rows(spec, split, text_column, label_column)
+    if keep is None and not hold and user is not None:  # every row kept: the first pass counted them
+        return DatasetScan(spec, split, text_column, label_column, user.n_rows, range(user.n_rows), None, user)
     positions = array.array("q")
     held: list | None = [] if hold else None
     total = 0

@@ -88,7 +88,7 @@ def test_finished_study_has_every_section_in_order(report, result):
     assert "PARTIAL" not in html
     for text in ("attention contract", "query heads", "head dim", "mask kind", "weights sha256", "forward passes per "
                                                                                                  "example",
-                 "peak memory", "sequence length", "time per step", "versions"):
+                 "peak memory", "sequence length", "time per step", "versions", "not forgery"):
         assert text in html, text
     # one heatmap figure per per-head explainer, the layer lines, the distribution, erasure, both
     # counterfactual figures, the head maps, the sanity checks' randomisation curves, the attention sinks

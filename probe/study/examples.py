@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from probe.data import Example, scan_dataset
+from probe.data import Example, is_user_file, scan_dataset
 from probe.errors import InputError
 from probe.patterns import user_pattern
 from probe.rows.prepare import prepare
@@ -63,6 +63,35 @@ def model_text(target: TargetConfig, text: str) -> str:
     return prompt.replace("{text}", text) if prompt else text
 
 
+#: no token of a vocabulary covers more characters of a text than its own spelling has, within this
+#: factor (normalisation may contract a text: a combining sequence read as one character)
+SPELLING_SLACK = 2
+
+
+def _length_check(pm: ProbeModel, target: TargetConfig, limit: int):
+    """``fit(examples) -> [bool]``: whether each example's model text fits ``limit`` tokens, tokenised
+    together; a text with more characters (whitespace aside) than any ``limit`` tokens could spell
+    (the vocabulary's longest token, :data:`SPELLING_SLACK` times over) is too long without tokenising
+    it (a 10 MB cell costs nothing). A normaliser that drops characters wholesale (a text of nothing
+    but combining accents, for an accent-stripping tokenizer) could make such a text short: it is
+    left out as too long all the same."""
+    try:
+        longest = max((len(token) for token in pm.tokenizer.get_vocab()), default=0)
+    except (AttributeError, NotImplementedError, TypeError):
+        longest = 0
+    most_chars = SPELLING_SLACK * longest * limit if longest else None
+
+    def fit(examples: list[Example]) -> list[bool]:
+        texts = [model_text(target, e.text) for e in examples]
+        short = [most_chars is None or len(t) <= most_chars or sum(map(len, t.split())) <= most_chars for t in texts]
+        measured = [t for t, ok in zip(texts, short) if ok]
+        # a tokenizer refuses an empty batch
+        lengths = iter([len(ids) for ids in pm.tokenizer(measured)["input_ids"]] if measured else [])
+        return [ok and next(lengths) <= limit for ok in short]
+
+    return fit
+
+
 def select_examples(pm: ProbeModel, data: ExampleDraw, target: TargetConfig) -> tuple[list[Example], dict]:
     """The examples, in order, and counts of what was left out and why (``filters``, ``too_long``).
 
@@ -80,18 +109,29 @@ def select_examples(pm: ProbeModel, data: ExampleDraw, target: TargetConfig) -> 
     limit = min(data.max_length or pm.contract.max_positions, pm.contract.max_positions)
     dropped = {"filters": 0, "too_long": 0}
 
+    fit = _length_check(pm, target, limit)
+
     def fits(chunk: list[Example]) -> list[bool]:
         """Which examples of a chunk pass the filters and fit ``limit`` (tokenised a chunk at a time)."""
         passing = [filters is None or passes_filters(e, filters) for e in chunk]
-        texts = [model_text(target, e.text) for e, p in zip(chunk, passing) if p]
-        # a tokenizer refuses an empty batch
-        lengths = iter([len(ids) for ids in pm.tokenizer(texts)["input_ids"]] if texts else [])
-        kept = [p and next(lengths) <= limit for p in passing]
+        lengths_ok = iter(fit([e for e, p in zip(chunk, passing) if p]))
+        kept = [p and next(lengths_ok) for p in passing]
         dropped["filters"] += passing.count(False)
         dropped["too_long"] += sum(p and not k for p, k in zip(passing, kept))
         return kept
 
-    # one pass keeps only the fitting examples' positions; take reads the file again for the n selected
+    if data.n is not None and is_user_file(name):
+        # a user file: one pass keeps the positions of the examples that pass the filters (no tokeniser),
+        # and the draw checks the length of the examples it draws only (a file of 10^6 rows: seconds)
+        scan = scan_dataset(name, split=data.split, text_column=data.text_column, label_column=data.label_column,
+                            keep=None if filters is None else (lambda chunk: [passes_filters(e, filters)
+                                                                                for e in chunk]))
+        dropped["filters"] = scan.total - scan.count
+        if not scan.count:
+            raise InputError(f"no example of {name} is left after the filters; loosen them")
+        chosen, dropped["too_long"] = scan.take_fitting(data.n, data.seed, fit)
+        return chosen, dropped
+    # data in memory (built-in, planted) or every example: the lengths of all, as every shipped study drew
     scan = scan_dataset(name, split=data.split, text_column=data.text_column, label_column=data.label_column,
                         keep=fits, hold=data.n is None)
     if not scan.count and filters is None:

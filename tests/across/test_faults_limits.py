@@ -399,3 +399,77 @@ def test_the_runner_refuses_without_a_file_and_lets_a_loaded_model_through(tiny_
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
     with pytest.raises(InputError, match=r"^the study: params\.knockout\.heads: head 6 does not exist"):
         probe.run_study(study)
+
+
+# --------------------------------------------------------------------------------------------------
+# a large user file: the draw reads the length of the examples it draws only (issue 62, item 6)
+
+
+def _user_csv(path, texts):
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows([t, i % 2] for i, t in enumerate(texts))
+    return path
+
+
+def _counting_tokenizer(pm, seen: list):
+    real = pm.tokenizer
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, texts, *args, **kwargs):
+            seen.extend([texts] if isinstance(texts, str) else texts)
+            return real(texts, *args, **kwargs)
+
+    return dataclasses.replace(pm, tokenizer=Counting())
+
+
+def test_a_user_file_draw_tokenises_the_drawn_examples_only_and_draws_as_before(tiny_dirs, tmp_path):
+    from probe.data import load_dataset, take
+    from probe.spec.study import study_from_dict
+    from probe.study.examples import select_examples
+
+    texts = [f"the film number {i} was good" for i in range(5000)]
+    path = _user_csv(tmp_path / "big.csv", texts)
+    pm = probe.load_model(str(tiny_dirs["bert"]))
+    seen: list = []
+    study = study_from_dict({**STUDY, "model": {"id": str(tiny_dirs["bert"])}, "references": ["loo_delete"],
+                             "dataset": {"name": str(path), "n": 7, "seed": 3}})
+    chosen, dropped = select_examples(_counting_tokenizer(pm, seen), study.dataset, study.target)
+    every = load_dataset(str(path))
+    assert [e.id for e in chosen] == [e.id for e in take(list(every), 7, 3, str(path))]  # the draw every fit gives
+    assert len(seen) <= 16 and dropped == {"filters": 0, "too_long": 0}  # one part of the order, not 5000 texts
+
+
+def test_a_drawn_example_too_long_is_passed_over_and_a_huge_cell_never_tokenised(tiny_dirs, tmp_path):
+    from probe.spec.study import study_from_dict
+    from probe.study.examples import select_examples
+
+    huge = "good " * 2_000_000  # 10 MB
+    texts = [huge if i % 3 == 0 else f"short review {i}" for i in range(60)]
+    path = _user_csv(tmp_path / "cells.csv", texts)
+    pm = probe.load_model(str(tiny_dirs["bert"]))
+    seen: list = []
+    study = study_from_dict({**STUDY, "model": {"id": str(tiny_dirs["bert"])}, "references": ["loo_delete"],
+                             "dataset": {"name": str(path), "n": 30, "max_length": 32}})
+    chosen, dropped = select_examples(_counting_tokenizer(pm, seen), study.dataset, study.target)
+    assert len(chosen) == 30 and all(e.text != huge for e in chosen)
+    assert dropped["too_long"] > 0 and max(map(len, seen)) < 100  # passed over without tokenising them
+    study = study_from_dict({**STUDY, "model": {"id": str(tiny_dirs["bert"])}, "references": ["loo_delete"],
+                             "dataset": {"name": str(path), "n": 41, "max_length": 32}})
+    with pytest.raises(InputError, match=r"n=41 is larger than the 40 examples .* left after the filters and the "
+                                         r"length limit; give n <= 40"):
+        select_examples(pm, study.dataset, study.target)
+
+
+def test_a_bad_row_past_the_drawn_ones_is_still_refused_in_one_line(tmp_path):
+    from probe.data import scan_dataset
+
+    path = _user_csv(tmp_path / "late.csv", [f"review {i}" for i in range(3000)] + ["   "])
+    with pytest.raises(InputError, match=r"row 3000 .* has an empty 'text'; every example needs text"):
+        scan_dataset(str(path)).take(4, 0)
