@@ -154,8 +154,10 @@ def worker_inseq(prompts: list[str], n_new: int, steps: int) -> dict:
         out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": n_new, "do_sample": False},
                                           show_progress=False, **kwargs)
         methods[method] = round(time.perf_counter() - at, 1)  # each includes its own greedy generation
-        n_tokens = sum(len(s.target) for s in out.sequence_attributions)
-    return {"seconds": time.perf_counter() - started, "target_tokens": n_tokens, "methods": methods}
+        # a decoder-only model's target in inseq is the prompt and the generated tokens: the output
+        # tokens, which probe counts, are what follows the source (the prompt)
+        n_tokens = sum(len(s.target) - len(s.source) for s in out.sequence_attributions)
+    return {"seconds": time.perf_counter() - started, "output_tokens": n_tokens, "methods": methods}
 
 
 WORKERS = {"floor": worker_floor, "probe": worker_probe, "inseq": worker_inseq}

@@ -138,7 +138,15 @@ def main() -> None:
             ratio = mib["full"] / max(mib["row"], 1e-9)
             print(f"{length:>6} " + " ".join(f"{mib[m]:>15.1f}" for m in MODES)
                   + f" {ratio:>10.1f} {held_full / max(held_row, 1):>14.0f}", flush=True)
-        last = max(length for length in args.lengths if (length, "full") in results)
+        compared = [length for length in args.lengths if (length, "full") in results and (length, "row") in results]
+        if not compared:  # every length past --quadratic-max: the full capture was not run to compare with
+            longest = max(args.lengths)
+            measured = ", ".join(f"{m} {results[(longest, m)]['extra_bytes'] / 2**20:.0f} MiB" for m in MODES
+                                 if (longest, m) in results)
+            print(f"at T = {longest}: {measured}; the modes quadratic in T ({', '.join(sorted(QUADRATIC))}) were "
+                  f"not run past --quadratic-max {args.quadratic_max}, so there is no full-capture ratio")
+            return
+        last = max(compared)
         row, full = results[(last, "row")], results[(last, "full")]
         print(f"at T = {last}: full capture adds {full['extra_bytes'] / 2**20:.0f} MiB, row capture "
               f"{row['extra_bytes'] / 2**20:.0f} MiB (ratio {full['extra_bytes'] / max(row['extra_bytes'], 1):.1f}x); "

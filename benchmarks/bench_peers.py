@@ -46,12 +46,19 @@ imports are outside the clock, except ``probe run`` whose whole process is timed
               until the completeness delta is under 5% of |f(x) - f(baseline)|.
 * ``ferret``  ferret-xai 0.4.2's ``Benchmark.explain`` + ``evaluate_explanations`` with Gradient,
               GradientXInput, IntegratedGradients and AOPC comprehensiveness, AOPC sufficiency,
-              tau-LOO; it needs its own virtual environment (``--ferret-python``), skipped if absent.
+              tau-LOO; it needs its own virtual environment (``--ferret-python PATH`` or
+              ``$FERRET_PYTHON``), skipped if absent. To build one beside torch 2.13.0 (ferret's
+              pins resolve numpy 1.26 with a pyarrow that numpy cannot import, hence the last line)::
+
+                  python -m venv ~/ferret-venv
+                  ~/ferret-venv/bin/pip install torch==2.13.0 ferret-xai==0.4.2
+                  ~/ferret-venv/bin/pip install "pyarrow<16"
+                  export FERRET_PYTHON=~/ferret-venv/bin/python
 * ``captum``  the same work written with captum's attribution classes per sentence (Saliency,
               InputXGradient, IntegratedGradients, FeatureAblation for LOO), erasure as the floor.
 
     python benchmarks/bench_peers.py [--n 50] [--rounds 2] [--steps 50] [--threads 2]
-        [--only floor,probe] [--ferret-python /work/ferret-venv/bin/python]
+        [--only floor,probe] [--ferret-python ~/ferret-venv/bin/python]
         [--length 128|512] [--model builtin:minilm-rt|builtin:smollm2-135m] [--cli]
 
     python benchmarks/bench_peers.py --n 50 --rounds 1 --only floor,probe,ferret --cli       # default
@@ -493,7 +500,9 @@ def main() -> None:
                         help="comma-separated contenders: " + ", ".join(CONTENDERS))
     parser.add_argument("--cli", action="store_true", help="also time two whole `probe run` processes per round: the study "
                         "as it is, and the floor's work alone (no randomisation check)")
-    parser.add_argument("--ferret-python", default="/work/ferret-venv/bin/python")
+    parser.add_argument("--ferret-python", default=os.environ.get("FERRET_PYTHON"),
+                        help="the python of a virtual environment with ferret-xai (default: $FERRET_PYTHON; see the "
+                             "docstring to build it)")
     parser.add_argument("--before", help="a checkout of probe to time as probe_before (PYTHONPATH)")
     parser.add_argument("--child", choices=(*CONTENDERS, "probe_cli", "probe_cli_work", "probe_before"), help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
@@ -509,8 +518,9 @@ def main() -> None:
     for name in wanted:
         if name not in CONTENDERS:
             raise SystemExit(f"unknown contender {name!r}: use {', '.join(CONTENDERS)}")
-    if "ferret" in wanted and not Path(args.ferret_python).exists():
-        print(f"ferret: {args.ferret_python} not found, skipped (see the docstring to build its venv)")
+    if "ferret" in wanted and not (args.ferret_python and Path(args.ferret_python).exists()):
+        print(f"ferret: {args.ferret_python or 'no --ferret-python and no $FERRET_PYTHON'} not found, skipped (see "
+              "the docstring to build its venv)")
         wanted.remove("ferret")
     folder = model_folder(args.model)
     causal = is_causal(folder)
@@ -563,7 +573,26 @@ def main() -> None:
         least = floor["steps"]["integrated_gradients"] + floor["steps"]["loo"]
         print(f"round {round_ + 1}: the floor's integrated gradients and leave-one-out alone take {least:.1f} s; "
               f"2.5x faster than ferret means the whole study in {ferret['seconds'] / 2.5:.1f} s")
+    print_taus(runs)
     print_cli(runs)
+
+
+def print_taus(runs: dict[str, list[dict]]) -> None:
+    """The mean Kendall tau against LOO of each ranking, per contender (their first round), and why
+    probe's gradient rankings need not equal the floor's: the gradient site."""
+    order = ("attention (last layer)", "saliency", "input x gradient", "integrated gradients")
+    shown = {name: results[0]["mean_tau"] for name, results in runs.items() if results and results[0].get("mean_tau")}
+    if not shown:
+        return
+    print()
+    print(f"{'mean tau with LOO':<24}" + "".join(f"{name:>12}" for name in shown))
+    for i, label in enumerate(order):
+        print(f"{label:<24}" + "".join(f"{'-' if taus[i] is None else format(taus[i], '+.3f'):>12}"
+                                       for taus in shown.values()))
+    print("the floor and captum take gradients at the word embeddings (inputs_embeds); probe at the embeddings "
+          "module's output (word + position + token type embeddings, after its LayerNorm), its default site "
+          "(docs/guides/coming-from.md): saliency and input x gradient multiply or measure another vector, so "
+          "their taus differ by that choice, not by an error; attention and LOO match")
 
 
 def print_cli(runs: dict[str, list[dict]]) -> None:
