@@ -88,3 +88,56 @@ def test_redundant_units_are_one_row_in_the_table_and_named_in_the_figures(check
     assert {(e, int(l_)) for e, l_ in zip(marked.explainer, marked.layer)} >= {("attention_mean", 0), ("rollout", 0)}
     notes = an.layer_line_notes(r)
     assert notes["rollout"] == "attention_mean L0 = rollout L0: one ranking"
+
+
+# ------------------------------------------------------------- integrated gradients on randomised models
+
+
+def test_the_check_runs_ig_at_the_fewest_points_up_to_the_studys_that_pass_completeness(tiny_dirs, tmp_path):
+    from probe.explainers.integrated_gradients import auto_ladder
+    from probe.study.checks import randomised_params
+
+    assert auto_ladder(50) == [16, 32, 50] and auto_ladder(64) == [16, 32, 64] and auto_ladder(512)[-1] == 512
+    assert auto_ladder(15) == []
+
+    def study(params):
+        spec = tiny_study(tiny_dirs["bert"], write_dataset(tmp_path / "r.csv", n=4), tmp_path / "out",
+                          explainers=["attention_mean", "integrated_gradients", "saliency"], references=["loo_delete"],
+                          params=params)
+        return study_from_dict(spec)
+
+    s = study({"integrated_gradients": {"steps": 50, "tolerance": 0.01, "baseline": "zero"}})
+    assert randomised_params(s, "integrated_gradients") == {"steps": "auto", "max_steps": 50, "tolerance": 0.01,
+                                                            "baseline": "zero"}
+    assert randomised_params(s, "saliency") is None
+    assert randomised_params(study({}), "integrated_gradients") == {"steps": "auto", "max_steps": 50}  # the default 50
+    for kept in ({"steps": 16}, {"steps": "auto", "max_steps": 64}, {"steps": 1024}):
+        assert randomised_params(study({"integrated_gradients": kept}), "integrated_gradients") == kept
+
+
+def test_ig_verified_up_to_the_studys_points_never_runs_more_and_is_the_fixed_run_where_it_must(tiny_dirs,
+                                                                                               monkeypatch):
+    import probe
+    from probe.explainers import integrated_gradients as ig_module
+    from probe.explainers.integrated_gradients import integrated_gradients
+    from probe.rows.prepare import prepare
+
+    pm = probe.load_model(str(tiny_dirs["bert"]))
+    examples = prepare(pm, ["the movie was good", "a dull and lifeless film , sadly", "not bad at all"])
+    fixed = integrated_gradients(pm, examples, steps=24)
+    with monkeypatch.context() as patch:
+        patch.setattr(ig_module, "AUTO_ABSOLUTE_TOLERANCE", 0.0)
+        strict = integrated_gradients(pm, examples, steps="auto", max_steps=24, tolerance=1e-12)  # never done early
+    assert strict.extras["steps_used"] == [24, 24, 24]  # the study's own points, no more
+    assert [h[-1][0] for h in strict.extras["delta_by_steps"]] == [24, 24, 24]
+    assert all(torch_close(a, b) for a, b in zip(strict.scores, fixed.scores))
+    loose = integrated_gradients(pm, examples, steps="auto", max_steps=24, tolerance=0.5)
+    for used, delta, target, base in zip(loose.extras["steps_used"], loose.extras["convergence_delta"],
+                                         loose.extras["target_value"], loose.extras["baseline_value"]):
+        assert used <= 24 and (used == 24 or abs(delta) <= max(0.5 * abs(target - base), 1e-4))  # shown complete
+
+
+def torch_close(a, b) -> bool:
+    import torch
+
+    return bool(torch.allclose(a, b, atol=1e-5, rtol=1e-4))

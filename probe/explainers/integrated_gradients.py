@@ -141,7 +141,8 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
     ``steps="auto"``: IG that knows when it is done. Each example starts at
     ``AUTO_STEPS[0]`` points and is rerun with twice the points while its completeness delta is
     above ``tolerance`` x |f(x) - f(baseline)| (Sundararajan et al. 2017 suggest checking 5%) and
-    above :data:`AUTO_ABSOLUTE_TOLERANCE`, up to ``max_steps``; Gauss-Legendre points are not
+    above :data:`AUTO_ABSOLUTE_TOLERANCE`, up to ``max_steps`` (:func:`auto_ladder`: a last try at
+    ``max_steps`` itself where it is not a power of two); Gauss-Legendre points are not
     nested, so a rerun starts afresh (at most about twice the points of the final run). Extras
     add ``steps_used`` and ``converged`` per example, and ``delta_by_steps`` (``[[steps, delta],
     ...]``, every try) so a report can show delta against steps.
@@ -237,13 +238,21 @@ def quadrature(rule: str, steps: int) -> tuple[list[float], list[float]]:
 AUTO_ABSOLUTE_TOLERANCE = 1e-4
 
 
+def auto_ladder(max_steps: int) -> list[int]:
+    """The points ``steps="auto"`` tries in turn up to ``max_steps``: the :data:`AUTO_STEPS` below it,
+    then ``max_steps`` itself (16, 32, 50 for 50); empty below the first."""
+    if max_steps < AUTO_STEPS[0]:
+        return []
+    return [s for s in AUTO_STEPS if s < max_steps] + [max_steps]
+
+
 def _integrated_gradients_auto(pm: ProbeModel, examples: Sequence[PreparedExample], *, tolerance: float, max_steps: int,
                                **params) -> TokenScores:
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
         raise InputError(f"tolerance must be a positive fraction of |f(x) - f(baseline)| (e.g. 0.05), got "
                          f"{tolerance!r}")
-    ladder = [s for s in AUTO_STEPS if s <= max_steps] if isinstance(max_steps, int) else []
-    if isinstance(max_steps, bool) or not ladder:
+    ladder = auto_ladder(max_steps) if isinstance(max_steps, int) and not isinstance(max_steps, bool) else []
+    if not ladder:
         raise InputError(f"max_steps must be an integer >= {AUTO_STEPS[0]} (steps auto tries "
                          f"{', '.join(map(str, AUTO_STEPS))}), got {max_steps!r}")
     n = len(examples)
