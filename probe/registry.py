@@ -195,7 +195,7 @@ class Method:
             implicit = [s for s in stacks.values() if not getattr(s, "softmax", True)]
             if implicit:
                 s = implicit[0]
-                which = "include" if s.maps == "hybrid" else "are"
+                which = "are" if s.implicit else "include"  # every layer implicit, or some (a hybrid)
                 return (f"{self.label or self.name} {self.needs_softmax}; this model's {s.stack} maps {which} "
                         f"the implicit matrices of {s.mixer_class or s.module_class} (signed, rows need not sum to "
                         f"one)")
