@@ -102,6 +102,17 @@ def _pair_signs(values: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     return np.sign(values[:, j] - values[:, i]).astype(np.float32)
 
 
+def _permuted_pair_signs(y_perm: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """:func:`_pair_signs` of rows that all hold one multiset of finite values (permutations of one
+    vector), from their ranks in it as small integers: the same signs, ties 0, at a third of the
+    cost (the null's largest share: issue 63). Other rows go the general way."""
+    first = np.sort(y_perm[0])
+    if y_perm.shape[1] >= 2 ** 15 or not np.isfinite(first).all():
+        return _pair_signs(y_perm, i, j)
+    ranks = np.searchsorted(first, y_perm).astype(np.int8 if y_perm.shape[1] < 128 else np.int16)  # equal: equal
+    return np.sign(ranks[:, j] - ranks[:, i]).astype(np.float32)
+
+
 def _kendall(x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
     """Kendall's tau-b of every row of x [U, n] with every row of y_perm [P, n]: [U, P]; NaN where
     either side is constant. The same formula as :func:`probe.metrics.agreement.kendall_tau_b`."""
@@ -121,7 +132,7 @@ def _kendall(x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
     step = max(1, _BLOCK_ELEMENTS // tot)
     cmd = np.empty((u, p), dtype=np.int64)
     for lo in range(0, p, step):
-        sy = _pair_signs(y_perm[lo:lo + step], i, j)  # [p_blk, pairs]
+        sy = _permuted_pair_signs(y_perm[lo:lo + step], i, j)  # [p_blk, pairs]
         cmd[:, lo:lo + step] = np.rint(sx @ sy.T).astype(np.int64)  # exact below 2**24 pairs
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = cmd / np.sqrt(tot - xtie)[:, None] / np.sqrt(tot - ytie)
