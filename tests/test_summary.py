@@ -326,6 +326,10 @@ def test_the_margin_is_a_share_of_the_bars_lead_over_chance():
     assert margin_of(0.37, 0.0, 0.2) == pytest.approx(0.074)
     assert margin_of(0.83, 0.08, 0.2) == pytest.approx(0.15)
     assert margin_of(0.05, 0.1, 0.2) == 0.0  # a bar not above chance: only a unit shown better passes
+    v, _ = _judge(_agreement(_means(0.3, -0.2)))  # the best gradient ranks against the reference
+    assert v["gradient_bar"]["margin"] == 0.0
+    assert "is not above the random ranking: no margin, a unit must be shown above it" in v["gradient_bar"]["text"]
+    assert "of its lead over the random ranking" not in v["headline"]
 
 
 def test_without_a_gradient_that_passed_its_checks_the_answer_says_what_was_not_compared():

@@ -241,7 +241,11 @@ def _unit_lists(paired: pd.DataFrame, ordered: pd.DataFrame, families: dict) -> 
 def _gradient_bar(best_grad: pd.Series | None, excluded: dict, any_gradient: bool, margin: float | None,
                   share: float) -> dict:
     """Which gradient explainer rule 2 measured against, its margin, and why the others were not."""
-    if best_grad is not None:
+    if best_grad is not None and not margin and share > 0:  # the bar does not lead the random ranking
+        text = (f"rule 2's bar: {best_grad.explainer} {best_grad['mean']:+.3f}, the best gradient that passed its checks, "
+                "is not above the random ranking: no margin, a unit must be shown above it, which adds little to "
+                "rule 1")
+    elif best_grad is not None:
         text = (f"rule 2's bar: {best_grad.explainer} {best_grad['mean']:+.3f}, the best gradient that passed its checks; "
                 f"a unit must be shown at most {margin:.3f} below it ({share:g} of its lead over the random ranking)")
     elif any_gradient:
