@@ -40,7 +40,14 @@ CASES = {
     "integrated_gradients_steps": ("integrated_gradients", {"steps": 1024}),
     "gradient_shap_n_samples": ("gradient_shap", {"n_samples": 1024}),
     "loo_random_k": ("loo_random", {"k": 256}),
+    # flow solves a max-flow per layer and token: its cap bounds the input, so it runs on a text of 254 tokens
+    "flow_max_tokens": ("flow", {"max_tokens": 256}),
+    # the counterfactual attention of the last layer (probe.counterfactual_attention), at their caps
+    "permuted_n": ("permuted", {"n": 10_000}),
+    "adversarial_candidates_steps": ("adversarial", {"candidates": 64, "steps": 1000}),
 }
+#: the cases run through probe.counterfactual_attention rather than probe.explain
+COUNTERFACTUAL = ("permuted", "adversarial")
 
 
 def _one(model: str, case: str, random_head: bool) -> dict:
@@ -52,12 +59,19 @@ def _one(model: str, case: str, random_head: bool) -> dict:
         texts = [" ".join(t.split()[:16]) for t in TEXTS]
     pm = (probe.load_model(model, task="classification", allow_random_weights=True) if random_head
           else probe.load_model(model))
+    if case == "flow_max_tokens":  # as long as the cap allows: 254 words of one token each, [CLS] and [SEP]
+        tokens = pm.tokenizer(TEXTS[0])["input_ids"]
+        texts = [pm.tokenizer.decode((tokens[1:-1] * 8)[:254])]
     started = time.perf_counter()
-    explanation = probe.explain(pm, texts, method, params={method: params})
+    if method in COUNTERFACTUAL:
+        probe.counterfactual_attention(pm, texts, method, layer=-1, **params)
+        rows = None
+    else:
+        rows = probe.explain(pm, texts, method, params={method: params})[method].extras.get("rows_evaluated")
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
     return {"case": case, "method": method, "params": params, "seconds": round(seconds, 1), "peak_mib": round(peak),
-            "examples": len(texts), "rows": explanation[method].extras.get("rows_evaluated")}
+            "examples": len(texts), "rows": rows}
 
 
 def main() -> None:

@@ -234,7 +234,7 @@ class AdversarialParams:
     read them; every shipped study sets its own (2 candidates, 50 steps) in its file."""
     head: int | None = None
     candidates: int = bounded(5, 1, 64, "optimised attention vectors per example")
-    steps: int = bounded(200, 0, 10_000, "optimiser steps: forwards and backwards per candidate")
+    steps: int = bounded(200, 0, 1000, "optimiser steps: forwards and backwards per candidate")
     lr: float = 0.01
     bound: float = 0.01
     constraint: str = one_of("tvd", ADVERSARIAL_CONSTRAINTS)
