@@ -84,6 +84,9 @@ def test_the_first_hour_notebook_runs_and_displays(tmp_path):
     text = [o["data"]["text/plain"] for o in outputs if "text/plain" in o.get("data", {})]
     assert any(t.startswith("<ProbeModel builtin:minilm-rt") for t in text)
     assert any(t.startswith("<ProbeModel builtin:smollm2-135m") for t in text)
+    # the tutorial teaches on answers, not on "can't tell": its study and its audit both decide
+    assert any(t.startswith("<Verdict no: ") for t in text), [t[:80] for t in text if t.startswith("<Verdict")]
+    assert any(t.startswith("<AuditResult") and "1 supported" in t for t in text)
 
     cells = {c.get("id"): c for c in notebook.cells[:stored]}
     times = {c.get("id"): round(_seconds(c), 2) for c in notebook.cells[:stored] if c.cell_type == "code"}
