@@ -88,6 +88,8 @@ def measure_label(measure: str) -> str:
 
 #: characters per line of a legend entry: two columns of them fit under a report panel
 LEGEND_WIDTH = 44
+#: characters a method's label beside its panel takes on one line (wrapped beyond: the panel keeps its width)
+PANEL_LABEL_WIDTH = 28
 
 
 def wrap_label(text: str, width: int = LEGEND_WIDTH) -> str:
@@ -445,3 +447,12 @@ def units_figure(points: Sequence[UnitPoint], bands: Mapping[str, Band], gradien
     if title:
         set_title(fig, title)
     return fig
+
+
+def mark_axes(ax, mark: str, colour: str) -> None:
+    """A panel of a method whose check failed: its label in ``colour`` and ``mark`` inside it ("": unmarked)."""
+    if not mark:
+        return
+    ax.yaxis.label.set_color(colour)
+    ax.text(0.005, 0.96, mark, transform=ax.transAxes, ha="left", va="top", fontsize=7, color=colour,
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1})

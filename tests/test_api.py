@@ -591,7 +591,7 @@ def test_constant_scores_and_a_degenerate_site_are_marked(loaded):
     assert flag.check == "constant" and flag.examples == (0,)
     with pytest.warns(ScoresWarning, match="constant scores"):
         flat.top_tokens(1, example=0)
-    assert f"saliency {FLAG_MARK} constant scores" in flat._repr_html_()
+    assert f"saliency (L2) {FLAG_MARK} constant scores" in flat._repr_html_()
 
 
 def test_completeness_flag_reads_converged_and_the_absolute_floor():

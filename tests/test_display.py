@@ -42,8 +42,8 @@ def ex(pm):
 
 def test_explanation_and_model_reprs_are_short_and_say_what_they_hold(ex, pm):
     text = repr(ex)
-    assert text == ("<Explanation builtin:minilm-rt: 2 texts x 3 methods (attention_mean, integrated_gradients, "
-                    "loo_delete)>")
+    assert text == ("<Explanation builtin:minilm-rt: 2 texts x 3 methods (attention_mean, integrated_gradients "
+                    "(baseline pad, specials replaced), loo_delete)>")
     assert str(ex) == text
     for value in (pm, pm.contract, ex["integrated_gradients"], ex["attention_mean"]):
         shown = repr(value)
@@ -52,6 +52,26 @@ def test_explanation_and_model_reprs_are_short_and_say_what_they_hold(ex, pm):
     assert "encoder 6 layers x 12 heads" in repr(pm.contract)
     assert repr(ex["attention_mean"]).startswith("<TokenScores attention_mean: 2 examples, [layer, token] (6x")
     assert "steps=8" in repr(ex["integrated_gradients"])
+    assert repr(ex["integrated_gradients"]).startswith("<TokenScores integrated_gradients (baseline pad, specials "
+                                                       "replaced): 2 examples")
+
+
+def test_every_view_names_the_settings_that_differ_from_captum(pm, ex):
+    """IG's baseline at [CLS]/[SEP] too and saliency's L2 norm are named in the HTML, the params and the
+    tables' attrs; the method column keeps the names."""
+    label = "integrated_gradients (baseline pad, specials replaced)"
+    assert ex["integrated_gradients"].label == ex["integrated_gradients"].params["label"] == label
+    assert label in TAG.sub("", ex._repr_html_())
+    for level in ("token", "word"):
+        frame = ex.to_pandas(level)
+        assert frame.attrs["labels"] == {"attention_mean": "attention_mean", "integrated_gradients": label,
+                                         "loo_delete": "loo_delete"}
+        assert set(frame["method"]) == set(METHODS)
+    assert ex["integrated_gradients"].to_pandas().attrs["label"] == label
+    kept = probe.explain(pm, TEXTS[:1], methods=["saliency", "integrated_gradients"],
+                         params={"integrated_gradients": {"steps": 4, "keep_special": True, "baseline": "zero"}})
+    assert [s.label for s in kept.scores.values()] == ["saliency (L2)",
+                                                       "integrated_gradients (baseline zero, specials kept)"]
 
 
 def test_intervention_and_capture_reprs(pm, ex):

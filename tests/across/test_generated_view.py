@@ -285,7 +285,7 @@ def test_terminal_tables_at_80_columns_never_break_a_number(capsys, monkeypatch)
     assert sorted(np.round(numbers, 3)) == sorted(np.round(expected, 3))
     # the one-target tables: eight methods' columns in a family table at 80 columns
     example = ex.examples[0]
-    columns = {f"method number {k}": torch.full((len(tokens),), -0.2234 * (k + 1)) for k in range(8)}
+    columns = {f"method number {k}": (torch.full((len(tokens),), -0.2234 * (k + 1)), False) for k in range(8)}
     from rich.console import Console
 
     console = Console()
