@@ -161,7 +161,12 @@ def test_verdict_study_and_audit_html(study_result, pm):
     claim = audit.claims[0]
     assert "Head 5.9 &lt;matters&gt;" in shown and "<matters>" not in shown
     assert claim.verdict in shown and f"{claim.effect:.3f}" in shown
-    assert repr(audit) == f"<AuditResult builtin:minilm-rt: 1 claim (1 {claim.verdict})>"
+    first, *reasons = repr(audit).splitlines()
+    assert first == f"<AuditResult builtin:minilm-rt: 1 claim (1 {claim.verdict})>"
+    # 4 texts: too few to decide, and the repr and the table say so
+    assert claim.verdict == "inconclusive" and len(reasons) == 1
+    assert reasons[0].startswith("# claim 1 inconclusive: n = 4, at least 10 needed")
+    assert "n = 4, at least 10 needed" in shown
 
 
 def test_attention_maps_html_gives_the_shapes(pm):
