@@ -338,11 +338,12 @@ def test_language_models_take_every_kind(tiny_dirs, loaded, kind):
     assert result.to_dict()["model"]["stack"] == ("cross" if kind == "bart" else "decoder")
 
 
-def test_too_few_examples_is_inconclusive_with_n_needed(tiny_dirs, loaded):
+def test_too_few_examples_is_inconclusive_with_n_needed(tiny_dirs, loaded, capsys):
     pm = loaded("bert")
     claim = {"claim": "permuting moves the output", "kind": "counterfactual", "layer": 1, "permutations": 4,
              "adversarial": False}
-    first = run_audit(claim_file(tiny_dirs["bert"], [claim], texts=TEXTS[:4]), model=pm).claims[0]
+    first = run_audit(claim_file(tiny_dirs["bert"], [claim], texts=TEXTS[:4]), model=pm, progress=True).claims[0]
+    assert "4 examples; 1 claim\n" in capsys.readouterr().err  # one claim, not "1 claims"
     mean, std = first.effect, first.evidence["std"]
     # a bound a tenth of a standard deviation above the mean: 4 examples cannot decide (and never would)
     bound = mean + 0.1 * std

@@ -184,7 +184,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     ctx = AuditContext(pm, claim_file, items, examples, progress)
     _check_sites(ctx)
     log(f"{len(items)} examples" + (f" ({len(examples)} output tokens)" if claim_file.target.stepwise else "")
-        + f"; {len(claim_file.claims)} claims")
+        + f"; {len(claim_file.claims)} claim{'s' if len(claim_file.claims) != 1 else ''}")
     results = []
     for index, claim in enumerate(claim_file.claims):
         t0 = time.perf_counter()
