@@ -124,3 +124,13 @@ def test_explain_table_names_the_settings_and_blanks_the_specials_json_leaves_nu
         for name, cell in zip(("saliency", "integrated_gradients"), cells):
             assert (cell == "-") == (data["scores"][name][i] is None), (token, name, cell)
     assert any(v is None for v in data["scores"]["saliency"])  # [CLS] and [SEP]
+
+
+def test_explain_help_keeps_its_square_brackets():
+    """rich read ``[prompt token x output token]`` and ``logit[label]`` as markup and dropped them."""
+    result = subprocess.run([sys.executable, "-m", "probe.cli", "explain", "--help"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "COLUMNS": "250", "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    text = " ".join(line.strip(" │") for line in result.stdout.splitlines())
+    assert "[prompt token x output token] table" in text
+    assert "logit[label] - logit[contrast label]" in text
