@@ -129,7 +129,9 @@ class Explanation(PicklableFrozen):
     def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
                    head: int | None = None) -> TopTokens:
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
-        by ``method`` (default: the only method), highest first: special tokens and NaN scores are
+        by ``method`` (default: the only method), highest first, each token as the tables and plots
+        show it (:func:`probe.display.shown_token`: ``Ġis`` -> ``is``, a space inside it ``␣``;
+        ``examples[example].tokens[position]`` is the tokenizer's string): special tokens and NaN scores are
         left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
         last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
         as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
@@ -166,7 +168,9 @@ class Explanation(PicklableFrozen):
         scores = values.double().numpy()
         real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
         ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
-        top = TopTokens((p, chosen.tokens[p], float(scores[p])) for p in ranked)
+        from probe.display import shown_token
+
+        top = TopTokens((p, shown_token(chosen.tokens[p]), float(scores[p])) for p in ranked)
         top.read_at = self._read_at(method, layer, head)
         top.flags = tuple(self._flag_lines(example % len(self.examples), method))
         if top.flags:
@@ -369,6 +373,26 @@ class Explanation(PicklableFrozen):
         else:
             raise InputError(f"level={level!r} is not a level of the table: use 'token', 'word' or 'span'")
         frame.attrs["labels"] = {method: result.label for method, result in self.scores.items()}
+        return self._with_outputs(frame)
+
+    def _with_outputs(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A step explanation's table (every example an output token) with, after ``example``, the
+        text it belongs to (``text``, as :meth:`matrix` counts them), its ``output_index`` and its
+        ``output_token`` (as the views show it: ``␣`` for a space); other tables as they are."""
+        from probe.display import shown_token
+
+        groups = self._generated_groups()
+        if not groups or "example" not in frame:
+            return frame
+        text = np.zeros(len(self.examples), dtype=np.int64)
+        for t, group in enumerate(groups):
+            text[list(group)] = t
+        at = frame["example"].to_numpy(dtype=np.int64)
+        where = frame.columns.get_loc("example") + 1
+        tokens = np.array([shown_token(e.label_name) for e in self.examples], dtype=object)
+        frame.insert(where, "output_token", tokens[at])
+        frame.insert(where, "output_index", np.array([e.output_index for e in self.examples], dtype=np.int64)[at])
+        frame.insert(where, "text", text[at])
         return frame
 
     def _token_frame(self) -> pd.DataFrame:
@@ -414,32 +438,10 @@ class Explanation(PicklableFrozen):
                  tuple(g)) for g in groups]
 
     def _word_frame(self, agg: str) -> pd.DataFrame:
-        from probe.explainers.words import AGGREGATIONS, aggregate
+        from probe.explainers.words import word_table
 
-        if agg not in AGGREGATIONS:
-            raise InputError(f"agg={agg!r} is not a word aggregation: use one of {', '.join(AGGREGATIONS)}")
-        columns = ["example", "word_index", "word", "first_position", "n_tokens", "special", "method", "layer",
-                   "head", "score"]
-        words = [self.word_groups(i) for i in range(len(self.examples))]
-        frames = []
-        for method, result in self._checked_scores():
-            for i in range(len(result.scores)):
-                groups = [list(g) for _, g in words[i]]
-                folded = TokenScores(method, [aggregate(result.scores[i], groups, agg)],
-                                     per_head=result.per_head, per_layer=result.per_layer)
-                frame = folded.to_pandas().rename(columns={"position": "word_index"})
-                at = frame["word_index"].to_numpy()
-                frame["example"] = i
-                frame["word"] = np.array([text for text, _ in words[i]], dtype=object)[at]
-                frame["first_position"] = np.array([g[0] for _, g in words[i]], dtype=np.int64)[at]
-                frame["n_tokens"] = np.array([len(g) for _, g in words[i]], dtype=np.int64)[at]
-                frame["special"] = np.array([len(g) == 1 and bool(self.examples[i].special[g[0]])
-                                             for _, g in words[i]], dtype=bool)[at]
-                frame["method"] = method
-                frames.append(frame[columns])
-        if not frames:
-            return pd.DataFrame(columns=columns)
-        return pd.concat(frames, ignore_index=True)
+        return word_table(list(self._checked_scores()), [self.word_groups(i) for i in range(len(self.examples))],
+                          [e.special for e in self.examples], agg)
 
     def _rows(self, index: int, methods: Sequence[str] | None = None, *, marked: bool = False) -> dict[str, np.ndarray]:
         """Method label (:attr:`TokenScores.label`: ``saliency (L2)``) -> example ``index``'s ``[tokens]``
