@@ -381,9 +381,9 @@ class Explanation(PicklableFrozen):
         ``output_token`` (as the views show it: ``␣`` for a space); other tables as they are."""
         from probe.display import shown_token
 
-        groups = self._generated_groups()
-        if not groups or "example" not in frame:
-            return frame
+        if not self.examples or any(getattr(e, "output_index", None) is None for e in self.examples):
+            return frame  # not every example an output token (:meth:`_generated_groups`)
+        groups = self.outputs()
         text = np.zeros(len(self.examples), dtype=np.int64)
         for t, group in enumerate(groups):
             text[list(group)] = t
