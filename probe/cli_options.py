@@ -77,7 +77,7 @@ TARGET_OPTIONS = (
                                               "whose log-prob is explained")),
     ("generate", int | None, typer.Option(None, "--generate", help="for a language model, explain each token of its "
                                           "greedy output of up to N tokens (or of --continuation) on its own: a "
-                                          "[prompt token x output token] table per method")),
+                                          "\\[prompt token x output token] table per method")),  # \\[: not rich markup
     ("target_side", bool, typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output "
                                        "written before each output token too, as part of its input")),
     ("chat", bool, typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's "
@@ -87,7 +87,7 @@ TARGET_OPTIONS = (
                                           "log-prob of the continuation minus the foil's at the same positions (as "
                                           "many tokens, or one)")),
     ("contrast_label", str | None, typer.Option(None, "--contrast-label", help="for a classifier, a label (index or "
-                                                "name): explain logit[label] - logit[contrast label]")),
+                                                "name): explain logit\\[label] - logit\\[contrast label]")),
     ("target_kind", str | None, typer.Option(None, "--target", help="prob, logit or logprob (default prob for "
                                              "classifiers, logprob for LMs); similarity or dimension for a headless "
                                              "encoder")),

@@ -22,6 +22,7 @@ MAX_EXAMPLES = 5  # examples an explanation's HTML shows
 MAX_ROWS = 12  # table rows a result's HTML shows
 SPECIAL_STYLE = "color:#9a9a9a;font-style:italic"
 CELL_STYLE = "padding:1px 6px;text-align:right;font-variant-numeric:tabular-nums"
+FLAG_COLOUR = "#b00000"  # a failed check's lines and marks
 
 
 def clean_token(token: str) -> str:
@@ -208,3 +209,8 @@ def block_html(title: str, body: str, note: str = "") -> str:
     if note:
         out += f'<div style="color:#555">{escape_html(note)}</div>'
     return out + body + "</div>"
+
+
+def warning_html(lines: Sequence[str]) -> str:
+    """Failed checks' lines as HTML, in the colour of a warning (each line escaped)."""
+    return "".join(f'<div style="color:{FLAG_COLOUR}">{escape_html(line)}</div>' for line in lines)

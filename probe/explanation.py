@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probe.display import FLAG_COLOUR, warning_html
 from probe.errors import InputError, positive_int
 from probe.explanation_folder import (
     EXPLANATION_FORMAT,
@@ -128,7 +129,9 @@ class Explanation(PicklableFrozen):
     def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
                    head: int | None = None) -> TopTokens:
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
-        by ``method`` (default: the only method), highest first: special tokens and NaN scores are
+        by ``method`` (default: the only method), highest first, each token as the tables and plots
+        show it (:func:`probe.display.shown_token`: ``Ġis`` -> ``is``, a space inside it ``␣``;
+        ``examples[example].tokens[position]`` is the tokenizer's string): special tokens and NaN scores are
         left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
         last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
         as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
@@ -165,7 +168,9 @@ class Explanation(PicklableFrozen):
         scores = values.double().numpy()
         real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
         ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
-        top = TopTokens((p, chosen.tokens[p], float(scores[p])) for p in ranked)
+        from probe.display import shown_token
+
+        top = TopTokens((p, shown_token(chosen.tokens[p]), float(scores[p])) for p in ranked)
         top.read_at = self._read_at(method, layer, head)
         top.flags = tuple(self._flag_lines(example % len(self.examples), method))
         if top.flags:
@@ -272,7 +277,7 @@ class Explanation(PicklableFrozen):
         words = ", ".join(dict.fromkeys(m.split(" ", 1)[1] for m in marks if m))
         fig = matrix_figure(frame.to_numpy(), rows, [str(c) for c in frame.columns],
                             title=(f"{FLAG_MARK} {words} on {flagged} of {len(group)} output tokens; " if flagged
-                                   else "") + (f"{method} ({at})" if at else method),
+                                   else "") + (f"{self[method].label} ({at})" if at else self[method].label),
                             subtitle=f"{self.model}, text {text}: {prompt_text(first)}",
                             label=f"{method} score")
         for label, mark in zip(fig.axes[0].get_yticklabels(), marks):
@@ -321,7 +326,7 @@ class Explanation(PicklableFrozen):
         counted = (f"{len(groups)} prompt{'s' if len(groups) != 1 else ''}, {n} output token{'s' if n != 1 else ''}"
                    if groups else f"{n} text{'s' if n != 1 else ''}")
         text = f"<Explanation {self.model}: {counted} x {len(self.scores)} method"
-        text += f"{'s' if len(self.scores) != 1 else ''} ({name_list(self.scores)})"
+        text += f"{'s' if len(self.scores) != 1 else ''} ({name_list(s.label for s in self.scores.values())})"
         return text + (f", {len(self.skipped)} skipped>" if self.skipped else ">")
 
     def to_pandas(self, level: str = "token", *, agg: str = "sum") -> pd.DataFrame:
@@ -349,18 +354,48 @@ class Explanation(PicklableFrozen):
         NaN-aware: NaN tokens are left out of a word's sum, max or mean, and a word whose tokens
         are all NaN is NaN (not 0, which would read as unimportant). ``max`` is the largest
         signed value.
+
+        ``attrs["labels"]``: per method, its name with the settings that make its numbers differ
+        from captum's or inseq's (:attr:`TokenScores.label <probe.rows.scores.TokenScores.label>`:
+        ``{"saliency": "saliency (L2)", ...}``); the ``method`` column holds the names.
         """
         if level == "word":
-            return self._word_frame(agg)
-        if level == "span":
+            frame = self._word_frame(agg)
+        elif level == "span":
             from probe.rows.spans import span_table
 
             if self.spans is None:
                 raise InputError("this explanation has no spans: explain with spans=PATTERN (a regular expression) or "
                                  "spans=[(start, end), ...] (character offsets)")
-            return span_table(self.scores, self.spans, agg)
-        if level != "token":
+            frame = span_table(self.scores, self.spans, agg)
+        elif level == "token":
+            frame = self._token_frame()
+        else:
             raise InputError(f"level={level!r} is not a level of the table: use 'token', 'word' or 'span'")
+        frame.attrs["labels"] = {method: result.label for method, result in self.scores.items()}
+        return self._with_outputs(frame)
+
+    def _with_outputs(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A step explanation's table (every example an output token) with, after ``example``, the
+        text it belongs to (``text``, as :meth:`matrix` counts them), its ``output_index`` and its
+        ``output_token`` (as the views show it: ``␣`` for a space); other tables as they are."""
+        from probe.display import shown_token
+
+        if not self.examples or any(getattr(e, "output_index", None) is None for e in self.examples):
+            return frame  # not every example an output token (:meth:`_generated_groups`)
+        groups = self.outputs()
+        text = np.zeros(len(self.examples), dtype=np.int64)
+        for t, group in enumerate(groups):
+            text[list(group)] = t
+        at = frame["example"].to_numpy(dtype=np.int64)
+        where = frame.columns.get_loc("example") + 1
+        tokens = np.array([shown_token(e.label_name) for e in self.examples], dtype=object)
+        frame.insert(where, "output_token", tokens[at])
+        frame.insert(where, "output_index", np.array([e.output_index for e in self.examples], dtype=np.int64)[at])
+        frame.insert(where, "text", text[at])
+        return frame
+
+    def _token_frame(self) -> pd.DataFrame:
         from probe.display import clean_token
 
         columns = ["example", "position", "token", "clean_token", "special", "method", "layer", "head", "score"]
@@ -403,44 +438,23 @@ class Explanation(PicklableFrozen):
                  tuple(g)) for g in groups]
 
     def _word_frame(self, agg: str) -> pd.DataFrame:
-        from probe.explainers.words import AGGREGATIONS, aggregate
+        from probe.explainers.words import word_table
 
-        if agg not in AGGREGATIONS:
-            raise InputError(f"agg={agg!r} is not a word aggregation: use one of {', '.join(AGGREGATIONS)}")
-        columns = ["example", "word_index", "word", "first_position", "n_tokens", "special", "method", "layer",
-                   "head", "score"]
-        words = [self.word_groups(i) for i in range(len(self.examples))]
-        frames = []
-        for method, result in self._checked_scores():
-            for i in range(len(result.scores)):
-                groups = [list(g) for _, g in words[i]]
-                folded = TokenScores(method, [aggregate(result.scores[i], groups, agg)],
-                                     per_head=result.per_head, per_layer=result.per_layer)
-                frame = folded.to_pandas().rename(columns={"position": "word_index"})
-                at = frame["word_index"].to_numpy()
-                frame["example"] = i
-                frame["word"] = np.array([text for text, _ in words[i]], dtype=object)[at]
-                frame["first_position"] = np.array([g[0] for _, g in words[i]], dtype=np.int64)[at]
-                frame["n_tokens"] = np.array([len(g) for _, g in words[i]], dtype=np.int64)[at]
-                frame["special"] = np.array([len(g) == 1 and bool(self.examples[i].special[g[0]])
-                                             for _, g in words[i]], dtype=bool)[at]
-                frame["method"] = method
-                frames.append(frame[columns])
-        if not frames:
-            return pd.DataFrame(columns=columns)
-        return pd.concat(frames, ignore_index=True)
+        return word_table(list(self._checked_scores()), [self.word_groups(i) for i in range(len(self.examples))],
+                          [e.special for e in self.examples], agg)
 
     def _rows(self, index: int, methods: Sequence[str] | None = None, *, marked: bool = False) -> dict[str, np.ndarray]:
-        """Method label -> example ``index``'s ``[tokens]`` row (per-layer and per-head methods: their
-        last layer, heads averaged; the label says so). ``marked``: a method whose own check failed
-        on this example says so in its label (``integrated_gradients ⚠ not converged``)."""
+        """Method label (:attr:`TokenScores.label`: ``saliency (L2)``) -> example ``index``'s ``[tokens]``
+        row (per-layer and per-head methods: their last layer, heads averaged; the label says so).
+        ``marked``: a method whose own check failed on this example says so in its label
+        (``integrated_gradients (...) ⚠ not converged``)."""
         from probe.display import unit_row
 
         chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
         rows = {}
         for method in chosen:
             values, what = unit_row(self[method].scores[index].double().numpy())
-            label = f"{method} ({what})" if what else method
+            label = f"{self[method].label} ({what})" if what else self[method].label
             flagged = self._flag_words(method, index) if marked else ""
             rows[f"{label} {flagged}" if flagged else label] = values
         return rows
@@ -450,7 +464,7 @@ class Explanation(PicklableFrozen):
 
         if self._generated_groups():
             return self._generated_html()
-        parts = [block_html(repr(self), _warning_html(self._flag_lines()),
+        parts = [block_html(repr(self), warning_html(self._flag_lines()),
                             "cells shaded by each method's score over its largest |score| on the text's scored "
                             "tokens, written under its name (red positive, blue negative); a method at the "
                             "target's noise floor or whose own check failed is not shaded; grey: special tokens")]
@@ -461,7 +475,7 @@ class Explanation(PicklableFrozen):
             note = f"explained: {example.kind} of {target if target is not None else 'the continuation'}{value}"
             rows = self._rows(i, marked=True)
             table = token_table_html(example.tokens, example.special, rows, self._faded(i, rows))
-            parts.append(block_html(title, _warning_html(self._flag_lines(i)) + table, note))
+            parts.append(block_html(title, warning_html(self._flag_lines(i)) + table, note))
         more = len(self.examples) - MAX_EXAMPLES
         if more > 0:
             parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
@@ -506,7 +520,7 @@ class Explanation(PicklableFrozen):
         )
 
         groups = self._generated_groups()
-        parts = [block_html(repr(self), _warning_html(self._flag_lines()),
+        parts = [block_html(repr(self), warning_html(self._flag_lines()),
                             "per prompt, one matrix per method: a row per output token (explained: that token given "
                             "the prompt and the output before it), a column per source token; cells shaded by the "
                             "method's score over the matrix's scored tokens (red positive, blue negative); grey: "
@@ -532,7 +546,7 @@ class Explanation(PicklableFrozen):
                 at = self._read_at(method)
                 table = matrix_table_html(self.matrix(method, t).to_numpy(), rows, widest.tokens, widest.special,
                                           written)
-                body.append(block_html(f"{method} ({at})" if at else method, table))
+                body.append(block_html(f"{result.label} ({at})" if at else result.label, table))
             parts.append(block_html(f"prompt {t}: {clip(prompt_text(first), 200)}", "".join(body), note))
         more = len(groups) - MAX_EXAMPLES
         if more > 0:
@@ -546,7 +560,7 @@ class Explanation(PicklableFrozen):
         Returns a :class:`matplotlib.figure.Figure` (on its own Agg canvas; nothing global changed)."""
         from probe.display import clip, prompt_text, shown_token
         from probe.names import FLAG_MARK
-        from probe.plots import token_scores_figure
+        from probe.plots import PANEL_LABEL_WIDTH, mark_axes, token_scores_figure, wrap_label
 
         if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < len(self.examples):
             raise InputError(f"example={example!r} is not an example of this explanation: use "
@@ -555,32 +569,15 @@ class Explanation(PicklableFrozen):
         chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
         marks = [self._flag_words(m, example) for m in chosen]
         flagged = [m for m, mark in zip(chosen, marks) if mark]
-        fig = token_scores_figure([shown_token(t) for t in e.tokens], self._rows(example, chosen),
+        # a label naming its settings (integrated_gradients (baseline pad, specials replaced)) on lines that fit
+        rows = {wrap_label(label, PANEL_LABEL_WIDTH): values for label, values in self._rows(example, chosen).items()}
+        fig = token_scores_figure([shown_token(t) for t in e.tokens], rows,
                                   [bool(s) for s in e.special],
                                   title=(f"{FLAG_MARK} {', '.join(flagged)}: own check failed; " if flagged else "")
                                   + f"{self.model}, example {example}: {clip(prompt_text(e), 70)}")
         for ax, mark in zip(fig.axes, marks):
-            _mark_axes(ax, mark)
+            mark_axes(ax, mark, FLAG_COLOUR)
         return fig
-
-
-FLAG_COLOUR = "#b00000"
-
-
-def _warning_html(lines: Sequence[str]) -> str:
-    """Failed checks' lines as HTML, in the colour of a warning (each line escaped)."""
-    from probe.document import escape_html
-
-    return "".join(f'<div style="color:{FLAG_COLOUR}">{escape_html(line)}</div>' for line in lines)
-
-
-def _mark_axes(ax, mark: str) -> None:
-    """A panel of a method whose check failed: its label in the warning colour and ``mark`` inside it."""
-    if not mark:
-        return
-    ax.yaxis.label.set_color(FLAG_COLOUR)
-    ax.text(0.005, 0.96, mark, transform=ax.transAxes, ha="left", va="top", fontsize=7, color=FLAG_COLOUR,
-            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1})
 
 
 def load_explanation(path: str | Path) -> Explanation:

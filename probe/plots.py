@@ -88,6 +88,8 @@ def measure_label(measure: str) -> str:
 
 #: characters per line of a legend entry: two columns of them fit under a report panel
 LEGEND_WIDTH = 44
+#: characters a method's label beside its panel takes on one line (wrapped beyond: the panel keeps its width)
+PANEL_LABEL_WIDTH = 28
 
 
 def wrap_label(text: str, width: int = LEGEND_WIDTH) -> str:
@@ -182,7 +184,7 @@ def ci_offset(j: int, n: int) -> float:
 
 def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mapping[str, Mapping[str, Band]],
                        gradients: Mapping[str, dict | None], measure: str, notes: Mapping[str, str] | None = None,
-                       *, points_only: bool = False, title: str = "") -> Figure:
+                       *, points_only: bool = False, title: str = "", note: str = "") -> Figure:
     """Per reference: mean agreement per layer (with CI) of each per-layer explainer, beside the
     baselines, the ceiling and the best gradient (a token-level method: a horizontal line). Each
     explainer's line joins its means at the layers themselves; its CIs are thin bars in its colour,
@@ -192,7 +194,7 @@ def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mappin
     ``lines_by_ref``: reference -> explainer -> a frame with ``layer``, ``mean``, ``ci_low``,
     ``ci_high``. ``notes``: explainer -> a remark put in its legend entry (its redundant layers).
     ``points_only``: the layers given are a selection (a verdict's best and worst units), drawn as
-    points with CI bars and not joined into a line."""
+    points with CI bars and not joined into a line. ``note``: what the figure leaves out, under it."""
     notes = notes or {}
     refs = list(lines_by_ref)
     cols = min(len(refs), 2)
@@ -233,7 +235,14 @@ def layer_lines_figure(lines_by_ref: Mapping[str, Mapping], bands_by_ref: Mappin
         axes[j // cols][j % cols].set_visible(False)
     if title:
         set_title(fig, title)
+    set_note(fig, note)
     return fig
+
+
+def set_note(fig: Figure, text: str) -> None:
+    """``text`` (what the figure leaves out) under the figure, wrapped to its width; nothing where empty."""
+    if text:
+        fig.supxlabel(wrap_label(text, max(int(fig.get_figwidth() * 13), 40)), fontsize=8, color="#555555")
 
 
 #: the tallest a token-score figure grows (inches): past it, many methods' panels get shorter
@@ -401,12 +410,12 @@ class UnitPoint:
 
 
 def units_figure(points: Sequence[UnitPoint], bands: Mapping[str, Band], gradient: Mapping | None, measure: str,
-                 *, title: str = "") -> Figure:
+                 *, title: str = "", note: str = "") -> Figure:
     """Units of several methods and families side by side: one row per point (top to bottom as
     given), its mean agreement with its CI as a horizontal bar, its label the unit's name and why
     it is shown; one colour and marker per group, named in the legend. The random, uniform and
     position baselines and the ceiling (those of ``bands`` that exist) are vertical bands, the best
-    gradient (``{"explainer", "mean"}``) a vertical purple dashed line."""
+    gradient (``{"explainer", "mean"}``) a vertical purple dashed line; ``note``: what it leaves out, under it."""
     n = len(points)
     fig = new_figure(7.5, min(max(3.0, 0.32 * n + 2.6), MAX_SCORES_HEIGHT))
     ax = fig.subplots()
@@ -444,4 +453,14 @@ def units_figure(points: Sequence[UnitPoint], bands: Mapping[str, Band], gradien
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     if title:
         set_title(fig, title)
+    set_note(fig, note)
     return fig
+
+
+def mark_axes(ax, mark: str, colour: str) -> None:
+    """A panel of a method whose check failed: its label in ``colour`` and ``mark`` inside it ("": unmarked)."""
+    if not mark:
+        return
+    ax.yaxis.label.set_color(colour)
+    ax.text(0.005, 0.96, mark, transform=ax.transAxes, ha="left", va="top", fontsize=7, color=colour,
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1})

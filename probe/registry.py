@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,6 +165,21 @@ class Method:
         """The frozen parameters with their defaults (the preset applied)."""
         return self.params(**dict(self.preset))
 
+    def settings(self, params: Mapping[str, Any] | None = None) -> str:
+        """The settings that make its numbers differ from captum's or inseq's usual ones, as words
+        (``"L2"``: the gradient's norm over the embedding axis, where captum users sum |grad|;
+        ``"baseline pad, specials replaced"``: a path method's baseline, at [CLS]/[SEP] too unless
+        ``keep_special``, where captum's tutorial keeps them); "" where none. ``params``: the
+        parameters given or the ones a result recorded (``baseline_keeps_special``); defaults fill the rest."""
+        words = [REDUCTION_WORDS[self.reduction]] if self.reduction is not None and not self.times_input else []
+        given, defaults = dict(params or {}), self.defaults()
+        if hasattr(defaults, "baseline") and hasattr(defaults, "keep_special"):
+            baseline = given.get("baseline", defaults.baseline)
+            kept = given.get("baseline_keeps_special", given.get("keep_special", defaults.keep_special))
+            shown = "+".join(map(str, baseline)) if isinstance(baseline, (list, tuple)) else baseline
+            words.append(f"baseline {shown}, specials {'kept' if kept else 'replaced'}")
+        return ", ".join(words)
+
     @property
     def span_mode(self) -> str | None:
         """How this leave-one-out perturbs a whole span (:data:`SPAN_MODES`: its tokens deleted, or each
@@ -231,6 +246,19 @@ class Counterfactual:
 
     def defaults(self) -> Any:
         return self.params()
+
+
+#: how a gradient method that is not embedding x gradient folds the embedding axis, as its label says
+REDUCTION_WORDS = {"l2": "L2", "l1": "L1", "sum": "signed sum"}
+
+
+def labelled(name: str, params: Mapping[str, Any] | None = None) -> str:
+    """``name`` with the settings that make its numbers differ from captum's or inseq's
+    (:meth:`Method.settings`): ``"saliency (L2)"``, ``"integrated_gradients (baseline pad, specials
+    replaced)"``; the name alone where there are none or the name is not registered."""
+    entry = _BY_NAME.get(name)
+    words = entry.settings(params) if entry is not None else ""
+    return f"{name} ({words})" if words else name
 
 
 # ---------------------------------------------------------------------------

@@ -64,17 +64,24 @@ def no_score_reasons(results: Mapping, skipped: dict[str, str]) -> None:
                 f" (limited to {result.params['max_tokens']} tokens)" if "max_tokens" in result.params else "")
 
 
+def specials_left_out(result) -> bool:
+    """Whether ``probe explain`` leaves special tokens' scores out of ``result``'s column (null in
+    ``--json``, ``-`` in the table): a token-level method's, whose rankings leave them out; a per-layer
+    or per-head method's are shown (attention to [CLS] is part of the map)."""
+    return not (result.per_head or result.per_layer)
+
+
 def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict, checks: list) -> None:
     scores: dict[str, Any] = {}
     for name, result in results.items():
-        values = result.scores[0].tolist()
-        if result.per_head or result.per_layer:
-            scores[name] = nan_to_none(values)
-        else:
-            scores[name] = [None if example.special[i] else v for i, v in enumerate(nan_to_none(values))]
+        values = nan_to_none(result.scores[0].tolist())
+        if specials_left_out(result):
+            values = [None if example.special[i] else v for i, v in enumerate(values)]
+        scores[name] = values
     print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
                       "target": example.describe(), "scores": scores,
                       "params": {name: dict(r.params) for name, r in results.items()},
+                      "labels": {name: r.label for name, r in results.items()},
                       "skipped": skipped, "sanity": [c.to_dict() for c in checks],
                       "random_weights": list(pm.random_weights),
                       "allow_random_weights": pm.allow_random_weights}, default=str))
@@ -108,12 +115,15 @@ def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dic
     for kind, title in titles.items():
         names = [name for name in results if registry.method(name).family == kind]
         if names:  # a method whose own check failed (the sanity line above says which) is marked in its header
-            console.print(_family_table(title, example, {name + (f" {FLAG_MARK}" if name in failed else ""):
-                                                         summary_column(results[name], layer) for name in names}))
-    console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
+            console.print(_family_table(title, example, {
+                results[name].label + (f" {FLAG_MARK}" if name in failed else ""):
+                    (summary_column(results[name], layer), specials_left_out(results[name])) for name in names}))
+    console.print("[dim]* special token: excluded from rankings by default; - where a method's score for it is "
+                  "not shown (null in --json); interventions never score it[/]")
 
 
 def _family_table(title: str, example, columns: Mapping):
+    """``columns``: label -> (``[tokens]`` values, whether special tokens are left out: ``-``)."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -122,9 +132,9 @@ def _family_table(title: str, example, columns: Mapping):
         table.add_column(name.replace("_", " "), justify="right", overflow="fold")
     for i, token in enumerate(example.tokens):
         cells = []
-        for values in columns.values():
+        for values, left_out in columns.values():
             value = float(values[i])
-            cells.append("" if value != value else f"{value:.3f}")
+            cells.append("-" if left_out and example.special[i] else "" if value != value else f"{value:.3f}")
         table.add_row(plain(_shown(token) + (" *" if example.special[i] else "")), *cells)
     return fitted(table)
 
@@ -154,7 +164,7 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
         where = (f" at layer {shown_layer if shown_layer >= 0 else pm.contract.n_layers - 1}"
                  + (" (head mean)" if result.per_head else "")) if result.per_head or result.per_layer else ""
         frame = explanation.matrix(name, 0, layer=shown_layer)
-        table = Table(title=f"{name}{where}: rows prompt tokens, columns output tokens")
+        table = Table(title=f"{result.label}{where}: rows prompt tokens, columns output tokens")
         table.add_column("token")
         for j, (i, e) in enumerate(zip(group, steps)):
             # a check failed on this token's scores

@@ -402,7 +402,7 @@ def test_audit_from_a_dict_with_a_loaded_model(tiny_dirs, loaded):
     (claim,) = result.claims
     assert claim.verdict in ("supported", "refuted", "inconclusive") and claim.n == len(TEXTS) * 4
     table = result.to_pandas()
-    assert list(table.columns) == ["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n", "threshold",
+    assert list(table.columns) == ["claim", "kind", "verdict", "why", "effect", "ci_low", "ci_high", "n", "threshold",
                                    "measure", "intervention", "seconds"]
     assert table.claim.tolist() == ["head 0.1 matters"] and table.verdict.tolist() == [claim.verdict]
     assert table.effect.iloc[0] == claim.effect and table.ci_high.iloc[0] == claim.ci[1] and table.n.iloc[0] == claim.n
@@ -591,7 +591,7 @@ def test_constant_scores_and_a_degenerate_site_are_marked(loaded):
     assert flag.check == "constant" and flag.examples == (0,)
     with pytest.warns(ScoresWarning, match="constant scores"):
         flat.top_tokens(1, example=0)
-    assert f"saliency {FLAG_MARK} constant scores" in flat._repr_html_()
+    assert f"saliency (L2) {FLAG_MARK} constant scores" in flat._repr_html_()
 
 
 def test_completeness_flag_reads_converged_and_the_absolute_floor():
@@ -637,12 +637,26 @@ def test_cli_generate_warns_per_output_token_and_marks_the_columns(tiny_dirs, ge
     assert auto["params"]["integrated_gradients"]["steps"] == "auto"
 
 
+def _table_headers(text: str) -> list[str]:
+    """The column headers of every rich table in ``text``, each header's folded lines joined."""
+    tables, current = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("\u2503"):
+            current.append([cell.strip() for cell in line.split("\u2503")[1:-1]])
+        elif current:
+            tables.append(current)
+            current = []
+    return [" ".join(" ".join(column).split()) for rows in tables for column in zip(*rows)]
+
+
 def test_cli_one_target_marks_the_column_and_refuses_bad_steps(tiny_dirs):
     out = _cli("explain", str(tiny_dirs["llama_gqa"]), TEXT, "--methods", "integrated_gradients,saliency",
                "--steps", "2")
     assert out.returncode == 0, out.stderr
     assert "sanity integrated_gradients: FAILED completeness" in out.stdout
-    assert f"integrated gradients {FLAG_MARK}" in out.stdout and f"saliency {FLAG_MARK}" not in out.stdout
+    headers = _table_headers(out.stdout)  # the header names the settings; a folded header joined
+    assert f"integrated gradients (baseline pad, specials replaced) {FLAG_MARK}" in headers
+    assert "saliency (L2)" in headers and f"saliency (L2) {FLAG_MARK}" not in headers
     bad = _cli("explain", str(tiny_dirs["llama_gqa"]), TEXT, "--steps", "many")
     assert bad.returncode != 0 and "--steps many" in bad.stderr + bad.stdout and "Traceback" not in bad.stderr
 

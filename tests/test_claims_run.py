@@ -338,11 +338,12 @@ def test_language_models_take_every_kind(tiny_dirs, loaded, kind):
     assert result.to_dict()["model"]["stack"] == ("cross" if kind == "bart" else "decoder")
 
 
-def test_too_few_examples_is_inconclusive_with_n_needed(tiny_dirs, loaded):
+def test_too_few_examples_is_inconclusive_with_n_needed(tiny_dirs, loaded, capsys):
     pm = loaded("bert")
     claim = {"claim": "permuting moves the output", "kind": "counterfactual", "layer": 1, "permutations": 4,
              "adversarial": False}
-    first = run_audit(claim_file(tiny_dirs["bert"], [claim], texts=TEXTS[:4]), model=pm).claims[0]
+    first = run_audit(claim_file(tiny_dirs["bert"], [claim], texts=TEXTS[:4]), model=pm, progress=True).claims[0]
+    assert "4 examples; 1 claim\n" in capsys.readouterr().err  # one claim, not "1 claims"
     mean, std = first.effect, first.evidence["std"]
     # a bound a tenth of a standard deviation above the mean: 4 examples cannot decide (and never would)
     bound = mean + 0.1 * std
@@ -417,3 +418,30 @@ def test_minilm_audit_refutes_a_too_high_faithfulness_threshold(tmp_path):
     assert len(data["data"]["ids"]) == 12 and all(i.startswith("rt-") for i in data["data"]["ids"])
     assert data["model"]["layers"] == 6 and data["model"]["heads"] == 12
     assert result.claims[0].verdict == "refuted"
+
+
+def test_an_undecided_claim_shows_why_in_the_repr_the_html_and_the_table():
+    """``inconclusive 0.629`` is not shown bare beside a decided effect: the reason (too few examples,
+    or the CI holding the threshold) and n_needed are in the repr, the notebook table and to_pandas."""
+    from probe.claims.kinds import ClaimResult
+    from probe.claims.run import AuditResult
+
+    def claim(text, verdict, ci, evidence):
+        return ClaimResult(claim=text, kind="counterfactual", verdict=verdict, effect=0.629, ci=ci, n=2,
+                           threshold=0.5, measure="m", rule="r", intervention="i", evidence=evidence, settings={})
+
+    audit = AuditResult(claims=[
+        claim("few", "inconclusive", (math.nan, math.nan), {"why": "n = 2, at least 10 needed", "n_needed": 10}),
+        claim("straddles", "inconclusive", (0.4, 0.8), {"n_needed": 31}),
+        claim("decided", "supported", (0.6, 0.7), {}),
+    ], model={"id": "m"}, data={}, statistics={}, source="claims.yaml")
+    frame = audit.to_pandas()
+    assert list(frame["why"]) == ["n = 2, at least 10 needed; n_needed = 10",
+                                  "the 95% CI [0.4, 0.8] holds the threshold 0.5; n_needed = 31", ""]
+    assert list(frame.columns[:4]) == ["claim", "kind", "verdict", "why"]
+    lines = repr(audit).splitlines()
+    assert lines[0] == "<AuditResult m: 3 claims (2 inconclusive, 1 supported)>"
+    assert lines[1:] == ["# claim 1 inconclusive: n = 2, at least 10 needed; n_needed = 10",
+                         "# claim 2 inconclusive: the 95% CI [0.4, 0.8] holds the threshold 0.5; n_needed = 31"]
+    html = audit._repr_html_()
+    assert "n = 2, at least 10 needed; n_needed = 10" in html and "holds the threshold 0.5" in html

@@ -101,3 +101,36 @@ def test_explain_on_the_builtin_classifier(builtin_cache):
     assert data["tokens"][0] == "[CLS]" and data["scores"]["loo_mask"][0] is None
     scored = [v for v in data["scores"]["loo_mask"] if v is not None]
     assert len(scored) == len(data["tokens"]) - 2
+
+
+def test_explain_table_names_the_settings_and_blanks_the_specials_json_leaves_null(tiny_dirs):
+    """The table's headers name what differs from captum (saliency's L2 norm, IG's baseline at the
+    special tokens too); a special token's cell is ``-`` exactly where ``--json`` gives null."""
+    args = ["explain", str(tiny_dirs["bert"]), "the movie was good", "--methods",
+            "attention_mean,saliency,integrated_gradients", "--steps", "4"]
+    env = {"COLUMNS": "200"}
+    table = subprocess.run([sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
+    assert table.returncode == 0, table.stderr
+    out = table.stdout
+    assert "saliency (L2)" in out and "integrated gradients (baseline pad, specials replaced)" in out
+    data = json.loads(_cli(*args, "--json").stdout)
+    assert data["labels"]["saliency"] == "saliency (L2)"
+    rows = [[c.strip() for c in line.split("\u2502")[1:-1]] for line in out.splitlines() if line.startswith("\u2502")]
+    gradient = [cells for cells in rows if len(cells) == 3]  # the gradient table's: token, saliency, IG
+    assert len(gradient) == len(data["tokens"])
+    for i, (token, *cells) in enumerate(gradient):
+        assert token.startswith(data["tokens"][i])
+        for name, cell in zip(("saliency", "integrated_gradients"), cells):
+            assert (cell == "-") == (data["scores"][name][i] is None), (token, name, cell)
+    assert any(v is None for v in data["scores"]["saliency"])  # [CLS] and [SEP]
+
+
+def test_explain_help_keeps_its_square_brackets():
+    """rich read ``[prompt token x output token]`` and ``logit[label]`` as markup and dropped them."""
+    result = subprocess.run([sys.executable, "-m", "probe.cli", "explain", "--help"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "COLUMNS": "250", "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    text = " ".join(line.strip(" │") for line in result.stdout.splitlines())
+    assert "[prompt token x output token] table" in text
+    assert "logit[label] - logit[contrast label]" in text

@@ -42,8 +42,8 @@ def ex(pm):
 
 def test_explanation_and_model_reprs_are_short_and_say_what_they_hold(ex, pm):
     text = repr(ex)
-    assert text == ("<Explanation builtin:minilm-rt: 2 texts x 3 methods (attention_mean, integrated_gradients, "
-                    "loo_delete)>")
+    assert text == ("<Explanation builtin:minilm-rt: 2 texts x 3 methods (attention_mean, integrated_gradients "
+                    "(baseline pad, specials replaced), loo_delete)>")
     assert str(ex) == text
     for value in (pm, pm.contract, ex["integrated_gradients"], ex["attention_mean"]):
         shown = repr(value)
@@ -52,6 +52,26 @@ def test_explanation_and_model_reprs_are_short_and_say_what_they_hold(ex, pm):
     assert "encoder 6 layers x 12 heads" in repr(pm.contract)
     assert repr(ex["attention_mean"]).startswith("<TokenScores attention_mean: 2 examples, [layer, token] (6x")
     assert "steps=8" in repr(ex["integrated_gradients"])
+    assert repr(ex["integrated_gradients"]).startswith("<TokenScores integrated_gradients (baseline pad, specials "
+                                                       "replaced): 2 examples")
+
+
+def test_every_view_names_the_settings_that_differ_from_captum(pm, ex):
+    """IG's baseline at [CLS]/[SEP] too and saliency's L2 norm are named in the HTML, the params and the
+    tables' attrs; the method column keeps the names."""
+    label = "integrated_gradients (baseline pad, specials replaced)"
+    assert ex["integrated_gradients"].label == ex["integrated_gradients"].params["label"] == label
+    assert label in TAG.sub("", ex._repr_html_())
+    for level in ("token", "word"):
+        frame = ex.to_pandas(level)
+        assert frame.attrs["labels"] == {"attention_mean": "attention_mean", "integrated_gradients": label,
+                                         "loo_delete": "loo_delete"}
+        assert set(frame["method"]) == set(METHODS)
+    assert ex["integrated_gradients"].to_pandas().attrs["label"] == label
+    kept = probe.explain(pm, TEXTS[:1], methods=["saliency", "integrated_gradients"],
+                         params={"integrated_gradients": {"steps": 4, "keep_special": True, "baseline": "zero"}})
+    assert [s.label for s in kept.scores.values()] == ["saliency (L2)",
+                                                       "integrated_gradients (baseline zero, specials kept)"]
 
 
 def test_intervention_and_capture_reprs(pm, ex):
@@ -141,7 +161,12 @@ def test_verdict_study_and_audit_html(study_result, pm):
     claim = audit.claims[0]
     assert "Head 5.9 &lt;matters&gt;" in shown and "<matters>" not in shown
     assert claim.verdict in shown and f"{claim.effect:.3f}" in shown
-    assert repr(audit) == f"<AuditResult builtin:minilm-rt: 1 claim (1 {claim.verdict})>"
+    first, *reasons = repr(audit).splitlines()
+    assert first == f"<AuditResult builtin:minilm-rt: 1 claim (1 {claim.verdict})>"
+    # 4 texts: too few to decide, and the repr and the table say so
+    assert claim.verdict == "inconclusive" and len(reasons) == 1
+    assert reasons[0].startswith("# claim 1 inconclusive: n = 4, at least 10 needed")
+    assert "n = 4, at least 10 needed" in shown
 
 
 def test_attention_maps_html_gives_the_shapes(pm):
@@ -263,6 +288,9 @@ def test_study_and_verdict_plots_draw_the_layers_and_the_random_baseline(study_r
     drawn = sum(len(c.lines[0].get_xdata()) for c in fig.axes[0].containers)  # one errorbar per family
     assert drawn >= len(recorded) >= 1  # the best and worst, and each family's best layer and head
     assert texts_outside_canvas(fig) == []
+    # the token-level explainers it does not draw are named under it
+    said = " ".join(t.get_text().replace("\n", " ") for t in fig.texts)
+    assert "not drawn: token-level explainers (no layer axis) other than the best gradient, saliency" in said
     with pytest.raises(InputError, match="loo_mask"):
         study_result.plot("loo_mask")
 

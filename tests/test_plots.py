@@ -235,3 +235,28 @@ def test_verdict_plot_shows_the_best_and_worst_units_across_families():
     assert sum(len(c.lines[0].get_xdata()) for c in ax.containers) == len(units)
     assert "across methods and families" in fig.get_suptitle()
     assert texts_outside_canvas(fig) == []
+
+
+def test_a_plot_names_the_explainers_it_cannot_draw():
+    """run.plot() and verdict.plot() dropped a token-level explainer (saliency: no layer axis) without a word."""
+    from probe.report.lines import summary_left_out
+
+    rows = [("explainer", "attention_mean", layer, -1) for layer in range(3)]
+    rows += [("explainer", "saliency", -1, -1), ("explainer", "input_x_gradient", -1, -1), ("baseline", "random", -1, -1)]
+    summary = pd.DataFrame([{"role": role, "explainer": e, "reference": "loo_delete", "measure": "kendall_tau",
+                             "layer": layer, "head": head, "n": 10, "mean": 0.1, "std": 0.1, "ci_low": 0.0,
+                             "ci_high": 0.2, "sig_frac": 0.0} for role, e, layer, head in rows])
+    assert summary_left_out(summary, "loo_delete", "kendall_tau", ["attention_mean", "input_x_gradient"]) == ["saliency"]
+    note = "not drawn (no layer axis, or no layer-level rows): saliency; run.to_pandas() has them"
+    fig = layer_lines_figure({"loo_delete": {"attention_mean": _frame(0.0)}}, {}, {}, "kendall_tau", note=note)
+    assert [t.get_text().replace("\n", " ") for t in fig.texts] == [note]
+    assert texts_outside_canvas(fig) == []
+    data = {"answer": "no", "headline": "h", "reference": "loo_delete", "measure": "kendall_tau",
+            "layer_units": {"tracking": 0, "total": 2}, "head_units": {"tracking": 0, "total": 0},
+            "best": [_unit("attention_mean L1", 0.1)], "worst": [_unit("attention_mean L0", -0.1)], "families": {},
+            "best_gradient": {"explainer": "integrated_gradients", "mean": 0.3, "ci": [0.2, 0.4]},
+            "gradient_bar": {"excluded": {"input_x_gradient": ["sign"]}}}
+    fig = Verdict.from_dict(data).plot()
+    said = " ".join(t.get_text().replace("\n", " ") for t in fig.texts)
+    assert "token-level explainers (no layer axis) other than the best gradient, integrated_gradients" in said
+    assert "input_x_gradient (sign)" in said and texts_outside_canvas(fig) == []

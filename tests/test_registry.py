@@ -165,3 +165,18 @@ def test_the_capability_fields_say_what_each_method_needs():
     assert needs == set(registry.names(family="gradient")) | {"attn_grad"}
     assert {m.name for m in registry.methods() if m.reads_attention} == set(names.ATTENTION_METHODS)
     assert all(not m.needs_gradients for m in registry.methods(family="intervention"))
+
+
+def test_labels_name_the_settings_where_numbers_differ_from_captum_and_inseq():
+    """saliency's L2 norm (captum users sum |grad|) and IG's baseline at [CLS]/[SEP] too (captum's
+    tutorial keeps them) are named beside the method; a method with nothing to name keeps its name."""
+    assert registry.labelled("saliency") == "saliency (L2)"
+    assert registry.labelled("saliency_l1") == "saliency_l1 (L1)"
+    assert registry.labelled("integrated_gradients") == "integrated_gradients (baseline pad, specials replaced)"
+    # what a result recorded (IG writes baseline_keeps_special) or what was given
+    recorded = {"baseline": "zero", "baseline_keeps_special": True}
+    assert registry.labelled("integrated_gradients", recorded) == "integrated_gradients (baseline zero, specials kept)"
+    assert registry.labelled("gradient_shap", {"baseline": ["pad", "unk"], "keep_special": True}) == (
+        "gradient_shap (baseline pad+unk, specials kept)")
+    for name in ("attention", "input_x_gradient", "loo_delete", "not_a_method"):
+        assert registry.labelled(name) == name

@@ -82,6 +82,19 @@ def test_families_are_answered_separately_and_the_headline_is_the_attention_weig
     assert v["families"]["context mixing"]["answer"] == "yes"
     assert "Other attention explanations: attention-derived: no" in v["headline"]
     assert "signed loo_delete" in v["headline"] and v["reference_sign"] == "signed"
+    # no per-head explainer in the study: the headline counts layer-level units only, never "0/0 heads"
+    assert v["head_units"]["total"] == 0 and "0/0" not in v["headline"] and " heads" not in v["headline"]
+    assert "layer-level units pass the rule." in v["headline"]
+
+
+def test_passing_units_leaves_out_the_heads_only_where_there_are_none():
+    from probe.study.headline import passing_units
+
+    layer, heads, none = {"tracking": 3, "total": 6}, {"tracking": 2, "total": 48}, {"tracking": 0, "total": 0}
+    assert passing_units(layer, heads) == "3/6 layer-level units and 2/48 heads"
+    assert passing_units(layer, heads, short=True) == "3/6 layer-level, 2/48 heads"
+    assert passing_units(layer, none) == "3/6 layer-level units"
+    assert passing_units(none, heads) == "2/48 heads"
 
 
 def test_a_unit_whose_method_failed_a_check_never_tracks_and_cannot_carry_the_verdict():

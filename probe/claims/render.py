@@ -27,7 +27,7 @@ def md_escape(text) -> str:
     """Markdown text with control characters (ESC, NUL, bidi overrides) shown as escapes."""
     return _md_escape(printable(text))
 
-__all__ = ["claim_warnings", "render_html", "render_markdown"]
+__all__ = ["claim_warnings", "render_html", "render_markdown", "why_undecided"]
 
 TEXT_CHARS = 240
 COLOURS = {"supported": "#1a7f37", "refuted": "#cf222e", "inconclusive": "#9a6700"}
@@ -132,6 +132,25 @@ def _md(text) -> str:
 
 _SUMMARY_COLUMNS = ["#", "verdict", "claim", "kind", "effect", "95% CI", "threshold", "n"]
 _EXAMPLE_COLUMNS = ["id", "effect", "text", "details"]
+
+
+def why_undecided(c: dict) -> str:
+    """Why a claim (``ClaimResult.to_dict()``) is inconclusive, in words, "" when it was decided: the
+    judge's own reason where it gave one (``n = 2, at least 10 needed``; a CI the sign-flip test does
+    not back), else the CI holding the threshold where the claim's own CI does (a two-part claim may
+    be undecided by its other part), then the examples that would decide it (``n_needed``)."""
+    if c["verdict"] != "inconclusive":
+        return ""
+    evidence, ci, threshold = c.get("evidence") or {}, c.get("ci") or [None, None], c.get("threshold")
+    low, high = ci[0], ci[1]
+    if evidence.get("why"):
+        why = str(evidence["why"])
+    elif None not in (low, high, threshold) and low <= threshold <= high:
+        why = f"the 95% CI {_ci(ci)} holds the threshold {_num(threshold)}"
+    else:
+        why = "neither supported nor refuted by its rule"
+    needed = evidence.get("n_needed")
+    return why + (f"; n_needed = {_num(needed)}" if needed is not None else "")
 
 
 def _needed(c: dict) -> str:

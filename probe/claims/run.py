@@ -58,17 +58,24 @@ class AuditResult:
     def __repr__(self) -> str:
         from collections import Counter
 
+        from probe.claims.render import why_undecided
+        from probe.display import clip
+
         counts = Counter(c.verdict for c in self.claims)
         tally = ", ".join(f"{n} {v}" for v, n in counts.items())
         n = len(self.claims)
+        # an undecided claim's reason below the line, as a decided one's verdict is in it
+        reasons = [f"\n# claim {i} inconclusive: {clip(why, 200)}" for i, c in enumerate(self.claims, 1)
+                   if (why := why_undecided(c.to_dict()))]
         return (f"<AuditResult {(self.model or {}).get('id', '?')}: {n} claim{'s' if n != 1 else ''}"
-                f"{f' ({tally})' if tally else ''}>")
+                f"{f' ({tally})' if tally else ''}>" + "".join(reasons))
 
     def _repr_html_(self) -> str:
         from probe.display import block_html, frame_html
 
-        frame = self.to_pandas()[["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n"]]
-        return "<div>" + block_html(repr(self), frame_html(frame, max_rows=max(len(frame), 1))) + "</div>"
+        frame = self.to_pandas()[["claim", "kind", "verdict", "why", "effect", "ci_low", "ci_high", "n"]]
+        # the first line only: the reasons are the table's why column
+        return "<div>" + block_html(repr(self).split("\n")[0], frame_html(frame, max_rows=max(len(frame), 1))) + "</div>"
 
     def to_dict(self) -> dict:
         return clean_json({"source": self.source, "description": self.description, "model": self.model, "data": self.data, "statistics": self.statistics,
@@ -76,14 +83,18 @@ class AuditResult:
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per claim, in the claim file's order: ``claim``, ``kind``, ``verdict`` (supported,
-        refuted or inconclusive), ``effect`` with its CI ``ci_low`` / ``ci_high``, ``n``,
+        refuted or inconclusive), ``why`` (an inconclusive claim's reason and ``n_needed``, as
+        audit.md gives them; "" where decided), ``effect`` with its CI ``ci_low`` / ``ci_high``, ``n``,
         ``threshold``, ``measure``, ``intervention``, ``seconds``."""
         import pandas as pd
 
-        columns = ["claim", "kind", "verdict", "effect", "ci_low", "ci_high", "n", "threshold", "measure",
+        from probe.claims.render import why_undecided
+
+        columns = ["claim", "kind", "verdict", "why", "effect", "ci_low", "ci_high", "n", "threshold", "measure",
                    "intervention", "seconds"]
-        rows = [(c.claim, c.kind, c.verdict, float(c.effect), float(c.ci[0]), float(c.ci[1]), int(c.n),
-                 float(c.threshold), c.measure, c.intervention, float(c.seconds)) for c in self.claims]
+        rows = [(c.claim, c.kind, c.verdict, why_undecided(c.to_dict()), float(c.effect), float(c.ci[0]),
+                 float(c.ci[1]), int(c.n), float(c.threshold), c.measure, c.intervention, float(c.seconds))
+                for c in self.claims]
         return pd.DataFrame.from_records(rows, columns=columns)
 
     def write(self, out_dir: str | Path) -> list[Path]:
@@ -173,7 +184,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     ctx = AuditContext(pm, claim_file, items, examples, progress)
     _check_sites(ctx)
     log(f"{len(items)} examples" + (f" ({len(examples)} output tokens)" if claim_file.target.stepwise else "")
-        + f"; {len(claim_file.claims)} claims")
+        + f"; {len(claim_file.claims)} claim{'s' if len(claim_file.claims) != 1 else ''}")
     results = []
     for index, claim in enumerate(claim_file.claims):
         t0 = time.perf_counter()

@@ -145,6 +145,7 @@ def _from_gradients(pm: ProbeModel, method: str, values: torch.Tensor, problem: 
     params = {**common_params(pm, problem), "reduction": REDUCTIONS[entry.reduction], "signed": entry.signed}
     if entry.times_input:
         params["note"] = "Jain & Wallace 2019 take |score|"
+    params["label"] = registry.labelled(method, params)
     return TokenScores(method=method, scores=per_example(reduced, problem), params=params)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from probe import registry
 from probe.errors import InputError
 from probe.explainers.gradient_forward import (
     GRADIENT_TOKEN_BUDGET,
@@ -170,6 +171,7 @@ def integrated_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], *,
               "baseline_norm": _baseline_norm(pm, problem, baseline, base), "steps": steps, "rule": rule,
               "internal_batch_size": internal_batch_size, "baseline_keeps_special": keep_special,
               "reduction": "signed sum over embedding dim", "signed": True}
+    params["label"] = registry.labelled("integrated_gradients", params)
     extras = {"convergence_delta": delta.tolist(), "target_value": target.tolist(),
               "baseline_value": at_baseline.tolist()}
     return TokenScores(method="integrated_gradients", scores=per_example(scores, problem), params=params,
@@ -357,6 +359,7 @@ def gradient_shap(pm: ProbeModel, examples: Sequence[PreparedExample], *, baseli
               "noise_std": stdev, "seed": seed, "internal_batch_size": internal_batch_size,
               "baseline_keeps_special": keep_special, "estimator": "captum GradientShap, per-example seeded draws",
               "reduction": "signed sum over embedding dim", "signed": True}
+    params["label"] = registry.labelled("gradient_shap", params)
     extras = {"convergence_delta": delta.tolist(), "target_value": target.tolist(),
               "baseline_value": expected_base.tolist()}
     return TokenScores(method="gradient_shap", scores=per_example(scores, problem), params=params, extras=extras)

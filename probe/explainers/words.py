@@ -14,8 +14,11 @@ sentencepiece "▁" start one. Special tokens are always words of their own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
 import torch
 
 from probe.display import CONTINUATION_PREFIX, WORD_START_PREFIXES
@@ -137,3 +140,33 @@ def word_scores(pm: ProbeModel, examples, scores: TokenScores, how: str = "sum")
     extras = {**scores.extras, "word_groups": all_groups, "words": all_words, "word_special": all_special}
     return TokenScores(method=scores.method, scores=folded, params={**scores.params, "word_aggregation": how},
                        per_head=scores.per_head, per_layer=scores.per_layer, extras=extras)
+
+
+#: the columns of :func:`word_table` (``Explanation.to_pandas(level="word")``)
+WORD_COLUMNS = ["example", "word_index", "word", "first_position", "n_tokens", "special", "method", "layer", "head",
+                "score"]
+
+
+def word_table(results: Sequence[tuple[str, TokenScores]], words: Sequence[Sequence[tuple[str, tuple[int, ...]]]],
+               special: Sequence[Sequence[bool]], agg: str) -> pd.DataFrame:
+    """One row per (example, method, layer, head, word): each method's token scores folded by ``agg``
+    over example i's ``words[i]`` (text, token positions); a word is ``special`` where it is one
+    special token (``special[i]``)."""
+    if agg not in AGGREGATIONS:
+        raise InputError(f"agg={agg!r} is not a word aggregation: use one of {', '.join(AGGREGATIONS)}")
+    frames = []
+    for method, result in results:
+        for i in range(len(result.scores)):
+            groups = [list(g) for _, g in words[i]]
+            folded = TokenScores(method, [aggregate(result.scores[i], groups, agg)],
+                                 per_head=result.per_head, per_layer=result.per_layer)
+            frame = folded.to_pandas().rename(columns={"position": "word_index"})
+            at = frame["word_index"].to_numpy()
+            frame["example"] = i
+            frame["word"] = np.array([text for text, _ in words[i]], dtype=object)[at]
+            frame["first_position"] = np.array([g[0] for _, g in words[i]], dtype=np.int64)[at]
+            frame["n_tokens"] = np.array([len(g) for _, g in words[i]], dtype=np.int64)[at]
+            frame["special"] = np.array([len(g) == 1 and bool(special[i][g[0]]) for _, g in words[i]], dtype=bool)[at]
+            frame["method"] = method
+            frames.append(frame[WORD_COLUMNS])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WORD_COLUMNS)

@@ -70,6 +70,14 @@ def summary_layer_lines(summary: pd.DataFrame | None, reference: str, measure: s
             for e in ordered_explainers(s["explainer"])}
 
 
+def summary_left_out(summary: pd.DataFrame | None, reference: str, measure: str, drawn) -> list[str]:
+    """The explainers with rows against ``reference`` that a per-layer figure does not draw: neither a
+    line (``drawn``) nor the best gradient's level (token-level methods such as ``saliency`` have no
+    layer axis), in the summary's order."""
+    s = select_rows(summary, role="explainer", reference=reference, measure=measure)
+    return [e for e in ordered_explainers(s["explainer"]) if e not in set(drawn)]
+
+
 def summary_best_gradient(summary: pd.DataFrame | None, reference: str, measure: str,
                           unreliable=()) -> dict | None:
     """The gradient explainer with the highest mean agreement with ``reference`` (token level),

@@ -80,9 +80,11 @@ class StudyResult:
         """Mean agreement per layer (with its CI band) of each per-layer explainer against each of
         ``references`` (default: every reference), beside the random, uniform and position
         baselines, the ceiling and the best gradient: the report's per-layer figure, from the
-        summary table. Returns a :class:`matplotlib.figure.Figure`."""
+        summary table. An explainer it cannot draw (a token-level one such as ``saliency`` has no
+        layer axis; the best gradient is its dashed line) is named in a note under the figure.
+        Returns a :class:`matplotlib.figure.Figure`."""
         from probe.plots import layer_lines_figure
-        from probe.report.lines import summary_bands, summary_best_gradient, summary_layer_lines
+        from probe.report.lines import summary_bands, summary_best_gradient, summary_layer_lines, summary_left_out
 
         refs = self.references if references is None else [references] if isinstance(references, str) else list(references)
         unknown = [r for r in refs if r not in self.references]
@@ -94,9 +96,13 @@ class StudyResult:
         if not lines:
             raise InputError(f"the study {self.name!r} has no per-layer explainer to plot (its explainers: "
                              f"{', '.join(self.explainers)})")
-        return layer_lines_figure(lines, {r: summary_bands(self.summary, r, self.measure) for r in lines},
-                                  {r: summary_best_gradient(self.summary, r, self.measure, unreliable) for r in lines},
-                                  self.measure, title=f"{self.name} ({self.model_id})")
+        gradients = {r: summary_best_gradient(self.summary, r, self.measure, unreliable) for r in lines}
+        left_out = {e: None for r in lines for e in summary_left_out(
+            self.summary, r, self.measure, [*lines[r], *([gradients[r]["explainer"]] if gradients[r] else [])])}
+        note = (f"not drawn (no layer axis, or no layer-level rows): {', '.join(left_out)}; run.to_pandas() has them"
+                if left_out else "")
+        return layer_lines_figure(lines, {r: summary_bands(self.summary, r, self.measure) for r in lines}, gradients,
+                                  self.measure, title=f"{self.name} ({self.model_id})", note=note)
 
     def to_pandas(self) -> pd.DataFrame:
         """The summary table (a copy): one row per (role, explainer, reference, layer, head,

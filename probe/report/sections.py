@@ -14,6 +14,7 @@ from probe.report import figures as fg
 from probe.report.output import Writer
 from probe.report.results import StudyResult
 from probe.report.tokens import token_examples
+from probe.study.headline import passing_units
 
 
 def stat_text(d: dict | None) -> str:
@@ -119,11 +120,9 @@ def _family_numbers(v: dict) -> list[tuple[str, str]]:
     """One row per verdict family: its methods, answer and units that track."""
     numbers = []
     for name, info in (v.get("families") or {}).items():
-        lu, hu = info.get("layer_units") or {}, info.get("head_units") or {}
+        lu, hu = ({"tracking": 0, "total": 0, **(info.get(key) or {})} for key in ("layer_units", "head_units"))
         numbers.append((f"{name} ({', '.join(info.get('methods') or [])})",
-                        f"{str(info.get('answer', '?')).upper()}: {lu.get('tracking', 0)}/{lu.get('total', 0)} "
-                        f"layer-level, "
-                        f"{hu.get('tracking', 0)}/{hu.get('total', 0)} heads"
+                        f"{str(info.get('answer', '?')).upper()}: {passing_units(lu, hu, short=True)}"
                         + (f"; {info['why']}" if info.get("why") else "")))
     return numbers
 

@@ -87,7 +87,7 @@ class TokenScores(PicklableFrozen):
         entry = registry.find(self.method)  # its parameters only; params also holds the method's diagnostics
         names = [f.name for f in dataclasses.fields(entry.defaults())] if entry is not None else []
         params = ", ".join(f"{k}={self.params[k]}" for k in names if k in self.params)
-        text = f"<TokenScores {self.method}: {n} example{'s' if n != 1 else ''}, [{', '.join(self.axes)}] ({shapes})"
+        text = f"<TokenScores {self.label}: {n} example{'s' if n != 1 else ''}, [{', '.join(self.axes)}] ({shapes})"
         return clip(text + (f", {params}" if params else ""), 280) + ">"
 
     def __eq__(self, other: object) -> bool:
@@ -97,6 +97,15 @@ class TokenScores(PicklableFrozen):
         return (self.method == other.method and self.per_head == other.per_head
                 and self.per_layer == other.per_layer and same_values(self.params, other.params)
                 and same_values(self.extras, other.extras) and same_values(self.scores, other.scores))
+
+    @property
+    def label(self) -> str:
+        """The method's name with the settings that make its numbers differ from captum's or inseq's
+        (:func:`probe.registry.labelled`): ``"saliency (L2)"``, ``"integrated_gradients (baseline
+        pad, specials replaced)"``; the name alone where there are none. Every view shows it."""
+        from probe import registry
+
+        return registry.labelled(self.method, self.params)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -119,7 +128,8 @@ class TokenScores(PicklableFrozen):
     def to_pandas(self) -> pd.DataFrame:
         """One row per (example, layer, head, token): columns ``example`` (index into the examples),
         ``layer``, ``head`` (-1 where the method has none), ``position``, ``score`` (float64; NaN
-        where the method does not score the token). Ordered by example, unit, position."""
+        where the method does not score the token). Ordered by example, unit, position;
+        ``attrs["label"]`` is :attr:`label`."""
         frames = []
         for i in range(len(self.scores)):
             values, layer, head = self.unit_rows(i)
@@ -127,7 +137,8 @@ class TokenScores(PicklableFrozen):
             frames.append(pd.DataFrame({
                 "example": i, "layer": np.repeat(layer, n_tokens), "head": np.repeat(head, n_tokens),
                 "position": np.tile(np.arange(n_tokens), n_units), "score": values.ravel()}))
-        if not frames:
-            return pd.DataFrame(columns=list(SCORE_COLUMNS))
-        frame = pd.concat(frames, ignore_index=True)
-        return frame.astype({"example": "int64", "layer": "int64", "head": "int64", "position": "int64"})
+        frame = (pd.concat(frames, ignore_index=True).astype({"example": "int64", "layer": "int64", "head": "int64",
+                                                              "position": "int64"})
+                 if frames else pd.DataFrame(columns=list(SCORE_COLUMNS)))
+        frame.attrs["label"] = self.label
+        return frame

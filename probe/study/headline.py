@@ -23,6 +23,18 @@ def _fmt(d: dict) -> str:
     return f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
 
 
+def passing_units(layer: dict, head: dict, *, short: bool = False) -> str:
+    """``3/6 layer-level units and 2/48 heads`` (``short``: ``3/6 layer-level, 2/48 heads``) from the
+    ``{tracking, total}`` counts; heads left out where there are none (a study without a per-head
+    explainer), not shown as 0/0."""
+    parts = []
+    if layer["total"] or not head["total"]:
+        parts.append(f"{layer['tracking']}/{layer['total']} layer-level" + ("" if short else " units"))
+    if head["total"]:
+        parts.append(f"{head['tracking']}/{head['total']} heads")
+    return (", " if short else " and ").join(parts)
+
+
 FAMILY_WORDS = {"yes": "tracks", "heads only": "tracks in single heads only", "no": "does not track",
                 "undecidable": "cannot be decided"}
 
@@ -40,8 +52,7 @@ def headline(model: str, v: dict, study, mixing: str = "attention") -> str:
         subject = mixing if fam in (None, "attention weights") else fam
         lu, hu = v["layer_units"], v["head_units"]
         parts = [f"On {model}, {subject} {FAMILY_WORDS[v['answer']]} causal importance ({how}): "
-                 f"{lu['tracking']}/{lu['total']} layer-level units and {hu['tracking']}/{hu['total']} heads pass the "
-                 f"rule."]
+                 f"{passing_units(lu, hu)} pass the rule."]
         why = (v["families"].get(fam) or {}).get("why") if fam else None
         if why:
             parts.append(f"({why}.)")
@@ -51,9 +62,7 @@ def headline(model: str, v: dict, study, mixing: str = "attention") -> str:
                          f"{_fmt(best_layer[0])}{_fewer(best_layer[0])}.")
         if best_head:
             parts.append(f"Best head: {best_head[0]['unit']} {_fmt(best_head[0])}{_fewer(best_head[0])}.")
-    others = [f"{name}: {info['answer']} ({info['layer_units']['tracking']}/{info['layer_units']['total']} "
-              f"layer-level, "
-              f"{info['head_units']['tracking']}/{info['head_units']['total']} heads)"
+    others = [f"{name}: {info['answer']} ({passing_units(info['layer_units'], info['head_units'], short=True)})"
               for name, info in v["families"].items() if name != fam and v["answer"] != "undecidable"]
     if others:
         parts.append("Other attention explanations: " + "; ".join(others) + ".")

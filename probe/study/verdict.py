@@ -166,9 +166,20 @@ class Verdict(PicklableFrozen):
                 label = f"ceiling ({' vs '.join(entry.get('pair') or ())})" if name == "ceiling" else name
                 bands[name] = Band(label, _mean(entry), _finite(ci[0]), _finite(ci[1]))
         gradient = dict(self.best_gradient) if self.best_gradient and self.best_gradient.get("mean") is not None else None
-        return units_figure(points, bands, gradient, self.measure,
+        return units_figure(points, bands, gradient, self.measure, note=self._left_out(),
                             title=f"verdict: {self.answer} (best and worst units across methods and families, "
                                   f"vs {self.reference})")
+
+    def _left_out(self) -> str:
+        """What :meth:`plot` does not draw, in words: token-level explainers (no layer axis) beside the best
+        gradient's line, and the gradient explainers excluded by their failed checks."""
+        bar = self.data.get("gradient_bar") or {}
+        best = (self.best_gradient or {}).get("explainer")
+        excluded = ", ".join(f"{m} ({', '.join(c)})" for m, c in (bar.get("excluded") or {}).items())
+        kept = f" other than the best gradient, {best} (the dashed line)" if best else ""
+        failed = f"; gradient explainers whose checks failed: {excluded}" if excluded else ""
+        return (f"not drawn: token-level explainers (no layer axis){kept}{failed}; the verdict holds the units "
+                "drawn only, run.to_pandas() has every explainer")
 
     @property
     def heads_causal(self) -> Mapping[str, Any] | None:

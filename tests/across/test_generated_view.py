@@ -81,6 +81,20 @@ def test_the_data_column_still_strips_markers():
 # --------------------------------------------------------------------------- counts
 
 
+def test_top_tokens_and_the_table_show_tokens_as_the_views_do():
+    """top_tokens gave the tokenizer's 'Ġis' where every view shows 'is'; the table of a step explanation
+    says which output token each example explains."""
+    ex = _generated(["The", "\u0120capital", "\u0120of", "\u0120France", "\u0120is"], [" Paris", "\n"])
+    top = ex.top_tokens(2, "loo_delete", example=1)
+    assert [t for _, t, _ in top] == ["is", "France"] and ex.examples[1].tokens[top[0][0]] == "\u0120is"
+    frame = ex.to_pandas()
+    assert list(frame.columns[:4]) == ["example", "text", "output_index", "output_token"]
+    first = frame[frame["example"] == 1].iloc[0]
+    assert (first["text"], first["output_index"], first["output_token"]) == (0, 1, "\u21b5")
+    assert set(frame.loc[frame["example"] == 0, "output_token"]) == {"Paris"}
+    assert list(ex.to_pandas("word").columns[:4]) == ["example", "text", "output_index", "output_token"]
+
+
 def test_the_repr_counts_prompts_and_output_tokens(loaded):
     pm = loaded("gpt2")
     ex = probe.explain(pm, ["the movie was good and", "bad plot"], ["attention_mean", "loo_delete"], generate=3)
@@ -285,7 +299,7 @@ def test_terminal_tables_at_80_columns_never_break_a_number(capsys, monkeypatch)
     assert sorted(np.round(numbers, 3)) == sorted(np.round(expected, 3))
     # the one-target tables: eight methods' columns in a family table at 80 columns
     example = ex.examples[0]
-    columns = {f"method number {k}": torch.full((len(tokens),), -0.2234 * (k + 1)) for k in range(8)}
+    columns = {f"method number {k}": (torch.full((len(tokens),), -0.2234 * (k + 1)), False) for k in range(8)}
     from rich.console import Console
 
     console = Console()
