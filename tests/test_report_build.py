@@ -780,3 +780,17 @@ def test_the_figures_best_gradient_is_the_verdicts_bar_not_a_method_that_failed_
     assert chosen["explainer"] == "input_x_gradient" and chosen["mean"] == pytest.approx(-0.1)
     assert summary_best_gradient(summary, "loo_delete", "kendall_tau", ["integrated_gradients", "saliency",
                                                                         "input_x_gradient"]) is None
+
+
+def test_the_report_names_the_commit_it_was_made_from(report, result):
+    import re
+
+    from probe.study.provenance import source_commit
+
+    commit = json.loads((result / "provenance.json").read_text())["source_commit"]
+    assert commit == source_commit() or commit is None  # None only outside a git checkout
+    if commit is not None:
+        assert re.fullmatch(r"[0-9a-f]{40}\+?", commit)
+        html = report.html.read_text(encoding="utf-8")
+        assert f"commit {commit[:12]}" in html
+        assert ("with uncommitted changes" in html) == commit.endswith("+")

@@ -285,6 +285,10 @@ def _provenance_rows(r: StudyResult, p: dict) -> list[tuple[str, str]]:
             rows.append((label, _list(value) if isinstance(value, list) else str(value)))
     if p.get("versions"):
         rows.append(("versions", ", ".join(f"{k} {v}" for k, v in p["versions"].items())))
+    if p.get("source_commit"):
+        commit = p["source_commit"]
+        rows.append(("probe source", f"commit {commit.rstrip('+')[:12]}" + (" with uncommitted changes to probe/"
+                                                                              if commit.endswith("+") else "")))
     rows.append(("integrity", "complete.json's digests catch accidents (a file edited, damaged or left by a killed "
                               "run, another study's results), not forgery: they live in the folder they describe"))
     return rows

@@ -34,6 +34,26 @@ def _versions() -> dict:
             "python": platform.python_version()}
 
 
+def source_commit() -> str | None:
+    """The git commit of the source tree probe runs from, with ``+`` where that tree holds uncommitted
+    changes to tracked files (a report made from it cannot be remade from the commit alone); None
+    where probe is not run from a git checkout (an installed wheel) or git is missing."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0 or not (root / "probe").is_dir():
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                "probe"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
 def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict,
                load_seconds: float) -> dict:
     import torch
@@ -47,7 +67,7 @@ def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables
             steps[step] = steps.get(step, 0.0) + seconds
     lengths = examples["n_tokens"]
     return {
-        "versions": _versions(),
+        "versions": _versions(), "source_commit": source_commit(),
         "model": {"id": study.model.id, "path": str(pm.path), "revision": pm.metadata.get("revision"),
                   "weights_sha256": weights_digest(pm.path), "builtin": pm.metadata or None,
                   "contract": pm.contract.to_dict(), "random_weights": list(pm.random_weights),
