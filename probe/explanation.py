@@ -130,7 +130,7 @@ class Explanation(PicklableFrozen):
                    head: int | None = None) -> TopTokens:
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
         by ``method`` (default: the only method), highest first, each token as the tables and plots
-        show it (:func:`probe.display.shown_token`: ``Ġis`` -> ``is``, a space inside it ``␣``;
+        show it (``probe.display.shown_token``: ``Ġis`` -> ``is``, a space inside it ``␣``;
         ``examples[example].tokens[position]`` is the tokenizer's string): special tokens and NaN scores are
         left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
         last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
@@ -356,7 +356,7 @@ class Explanation(PicklableFrozen):
         signed value.
 
         ``attrs["labels"]``: per method, its name with the settings that make its numbers differ
-        from captum's or inseq's (:attr:`TokenScores.label <probe.rows.scores.TokenScores.label>`:
+        from captum's or inseq's (``TokenScores.label``:
         ``{"saliency": "saliency (L2)", ...}``); the ``method`` column holds the names.
         """
         if level == "word":
@@ -444,7 +444,7 @@ class Explanation(PicklableFrozen):
                           [e.special for e in self.examples], agg)
 
     def _rows(self, index: int, methods: Sequence[str] | None = None, *, marked: bool = False) -> dict[str, np.ndarray]:
-        """Method label (:attr:`TokenScores.label`: ``saliency (L2)``) -> example ``index``'s ``[tokens]``
+        """Method label (``TokenScores.label``: ``saliency (L2)``) -> example ``index``'s ``[tokens]``
         row (per-layer and per-head methods: their last layer, heads averaged; the label says so).
         ``marked``: a method whose own check failed on this example says so in its label
         (``integrated_gradients (...) ⚠ not converged``)."""

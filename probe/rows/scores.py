@@ -101,7 +101,7 @@ class TokenScores(PicklableFrozen):
     @property
     def label(self) -> str:
         """The method's name with the settings that make its numbers differ from captum's or inseq's
-        (:func:`probe.registry.labelled`): ``"saliency (L2)"``, ``"integrated_gradients (baseline
+        (``probe.registry.labelled``): ``"saliency (L2)"``, ``"integrated_gradients (baseline
         pad, specials replaced)"``; the name alone where there are none. Every view shows it."""
         from probe import registry
 
