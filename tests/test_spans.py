@@ -172,7 +172,10 @@ def test_chat_roles_are_spans_of_the_conversation(chat_gpt2, tmp_path):
     spans = ex.spans[0]
     assert [(s.role, s.text) for s in spans] == [("system", "be very short"), ("user", "was the plot good")]
     table = ex.to_pandas(level="span")
-    assert list(table.columns[:7]) == ["example", "span_index", "span", "start", "end", "n_tokens", "role"]
+    columns = list(table.columns)
+    assert columns[1:4] == ["text", "output_index", "output_token"]  # generated text: which output token each explains
+    assert [c for c in columns if c not in columns[1:4]][:7] == ["example", "span_index", "span", "start", "end",
+                                                                 "n_tokens", "role"]
     for i in range(len(ex.examples)):
         for s in ex.spans[i]:
             row = table[(table.example == i) & (table.role == s.role) & (table.method == "saliency")]
