@@ -16,13 +16,17 @@ from pathlib import Path
 from probe.errors import InputError
 
 
+def _layer_indices(layers, n_layers: int) -> list:
+    """A study part's ``layers`` (all, or indices, first and last) as indices of ``n_layers`` layers."""
+    return list(range(n_layers)) if layers == "all" else [{"first": 0, "last": n_layers - 1}.get(layer, layer)
+                                                          for layer in layers]
+
+
 def counterfactual_sites(spec, n_layers: int, n_heads: int) -> list[tuple[int, int | None]]:
     """The (layer, head) sites ``metrics.counterfactual`` replaces attention at (head None: the whole
     layer), in a stack of ``n_layers`` layers and ``n_heads`` query heads; one line for one it lacks."""
-    layers = range(n_layers) if spec.layers == "all" else [
-        {"first": 0, "last": n_layers - 1}.get(layer, layer) for layer in spec.layers]
     sites: list[tuple[int, int | None]] = []
-    for layer in layers:
+    for layer in _layer_indices(spec.layers, n_layers):
         if not isinstance(layer, int) or not 0 <= layer < n_layers:
             raise InputError(f"counterfactual layer {layer!r} does not exist: the model has layers 0..{n_layers - 1}")
         if spec.heads == "layer":
@@ -38,8 +42,7 @@ def counterfactual_sites(spec, n_layers: int, n_heads: int) -> list[tuple[int, i
 def heads_causal_window(spec, n_layers: int, n_heads: int) -> tuple[list[int], list[int]]:
     """The layers and query heads the per-head causal test (``metrics.heads_causal``) covers;
     one line naming one the model lacks."""
-    layers = list(range(n_layers)) if spec.layers == "all" else [
-        {"first": 0, "last": n_layers - 1}.get(layer, layer) for layer in spec.layers]
+    layers = _layer_indices(spec.layers, n_layers)
     for layer in layers:
         if not 0 <= layer < n_layers:
             raise InputError(f"metrics.heads_causal: layer {layer} does not exist: the model has layers "
@@ -57,19 +60,27 @@ def _checks(study, n_layers: int, n_heads: int) -> list[tuple[tuple[str, ...], o
     from probe.intervene.knockout import knockout_window
     from probe.study.plan import methods_needed
 
+    # each check asks about its own key alone (the other dimension at its widest), so the key blamed is
+    # the one whose index the model lacks
     checks: list[tuple[tuple[str, ...], object]] = []
     knockout = study.params.get("knockout", {})
     if "knockout" in methods_needed(study):
-        for key in ("layers", "heads"):
-            if key in knockout:
-                checks.append((("params", "knockout", key), lambda: knockout_window(
-                    knockout.get("layers"), knockout.get("heads"), n_layers, n_heads)))
-    if study.metrics.counterfactual is not None:
-        checks.append((("metrics", "counterfactual"),
-                       lambda: counterfactual_sites(study.metrics.counterfactual, n_layers, n_heads)))
-    if study.metrics.heads_causal is not None:
-        checks.append((("metrics", "heads_causal"),
-                       lambda: heads_causal_window(study.metrics.heads_causal, n_layers, n_heads)))
+        if "layers" in knockout:
+            checks.append((("params", "knockout", "layers"),
+                           lambda: knockout_window(knockout["layers"], None, n_layers, n_heads)))
+        if "heads" in knockout:
+            checks.append((("params", "knockout", "heads"),
+                           lambda: knockout_window(None, knockout["heads"], n_layers, n_heads)))
+    for section, check, whole in (("counterfactual", counterfactual_sites, "layer"),
+                                  ("heads_causal", heads_causal_window, "all")):
+        spec = getattr(study.metrics, section)
+        if spec is not None:
+            checks.append((("metrics", section, "layers"),
+                           lambda spec=spec, check=check, whole=whole:
+                           check(spec.model_copy(update={"heads": whole}), n_layers, n_heads)))
+            checks.append((("metrics", section, "heads"),
+                           lambda spec=spec, check=check: check(spec.model_copy(update={"layers": "all"}),
+                                                                n_layers, n_heads)))
     return checks
 
 
@@ -87,9 +98,6 @@ def check_sizes(study, file: str | Path | None = None) -> None:
             check()
         except InputError as exc:
             message = str(exc).removeprefix("metrics.heads_causal: ")
-            if len(keys) == 2:  # a metrics section: the key of the layers or of the heads
-                keys = (*keys, "layers" if message.split(" ", 2)[:2] != ["counterfactual", "head"]
-                        and not message.startswith("head ") else "heads")
             raise InputError(f"{_where(file, keys)}: {'.'.join(keys)}: {message} (layers and heads of "
                              f"{study.model.id}, read from its config)") from None
 

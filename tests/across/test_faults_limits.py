@@ -355,6 +355,11 @@ OUT_OF_RANGE = [
      "head 7 does not exist"),
     ({"references": ["knockout"], "params": {"knockout": {"layers": "5:9"}}}, ("params", "knockout", "layers"),
      "selects no layer"),
+    # a good layer beside a bad head: the head's key is blamed, not the first key of the section
+    ({"references": ["knockout"], "params": {"knockout": {"layers": 0, "heads": 9}}}, ("params", "knockout", "heads"),
+     "head 9 does not exist"),
+    ({"references": ["loo_delete"], "metrics": {"heads_causal": {"layers": [1], "heads": [0, 6]}}},
+     ("metrics", "heads_causal", "heads"), "head 6 does not exist"),
     ({"references": ["loo_delete"], "metrics": {"heads_causal": {"layers": [0, 3]}}},
      ("metrics", "heads_causal", "layers"), "layer 3 does not exist"),
     ({"references": ["loo_delete"], "metrics": {"heads_causal": {"heads": [4]}}},
