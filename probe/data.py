@@ -26,7 +26,7 @@ from typing import Any
 from probe.errors import InputError, warn_at_caller
 from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.planted_texts import study_texts
-from probe.user_files import label_kind, parse_label, raw_records
+from probe.user_files import ShuffledOrder, label_kind, parse_label, raw_records
 
 BUILTIN_PREFIX = "builtin:"
 SPLITS = ("test", "train")
@@ -242,8 +242,9 @@ def _load_planted(name: str) -> list[Example]:
 # A user file is read row by row, never whole: a first pass reads its columns, counts its rows and
 # checks that its labels are of one type; the examples are then made one at a time. A selection of
 # n examples needs only the count of the candidates (a seeded shuffle is a permutation of their
-# positions, whatever they hold), so :func:`scan_dataset` keeps their positions (8 bytes each) and
-# reads the file once more for the n selected: memory follows the selection, not the file. A
+# positions, whatever they hold), so :func:`scan_dataset` counts them (the rows the filters keep),
+# the shuffle is read only as far as the draw goes (:class:`probe.user_files.ShuffledOrder`) and the
+# file is read once more for the n selected: memory follows the selection, not the file. A
 # ``.json`` list is the exception: JSON cannot be read in part, so it is parsed whole on each pass.
 
 #: examples handed to a scan's ``keep`` at once (tokenised together for the length limit)
@@ -415,32 +416,34 @@ class DatasetScan:
     label_column: str
     #: examples the dataset has
     total: int
-    #: the positions (in dataset order) of the examples kept
-    positions: Sequence[int]
+    #: the positions (in dataset order) of the examples kept; None where a user file's rows are kept
+    #: by ``keep``, which the reading pass applies again (memory does not grow with the file)
+    positions: Sequence[int] | None
     #: ``(row, where, example)`` of the kept examples, when the scan held them (``hold=True``)
     held: tuple | None
     #: the user file read (None for built-in and planted data)
     user: _UserFile | None = None
+    #: how many examples were kept (the length of ``positions`` where it is held)
+    kept: int = 0
+    #: which examples of a chunk to keep (for a scan without ``positions``)
+    keep: Callable[[list[Example]], Sequence[bool]] | None = None
 
     @property
     def count(self) -> int:
         """How many examples were kept."""
-        return len(self.positions)
+        return self.kept if self.positions is None else len(self.positions)
 
-    def _order(self, n: int | None, seed: int):
+    def _order(self, n: int | None, seed: int) -> Sequence[int]:
         """The kept examples' indices after the seeded shuffle (all of them, in order, for None)."""
-        import array
-
-        order = array.array("q", range(self.count))  # 8 bytes per kept example
-        if n is not None:
-            random.Random(seed).shuffle(order)  # a shuffle of n items depends on n and the seed only
-        return order
+        return range(self.count) if n is None else ShuffledOrder(self.count, seed)
 
     def _read(self, indices) -> list[tuple[int, str, Example]]:
         """``(row, where, example)`` of the kept examples ``indices``, in that order: from what the scan
         held, else by one more pass over the dataset that makes only those into objects."""
         if self.held is not None:
             return [self.held[i] for i in indices]
+        if self.positions is None:
+            return self._read_kept(indices)
         rank = {self.positions[i]: r for r, i in enumerate(indices)}
         chosen: list = [None] * len(indices)
         rows, _ = _rows(self.spec, self.split, self.text_column, self.label_column, self.user)
@@ -451,6 +454,24 @@ class DatasetScan:
                 if len(rank) == 1:
                     break
                 del rank[position]
+        return chosen
+
+    def _read_kept(self, indices) -> list[tuple[int, str, Example]]:
+        """:meth:`_read` for a scan that kept no positions: one more pass applies ``keep`` again and
+        counts the kept rows, making only those of ``indices`` into objects."""
+        rank = {i: r for r, i in enumerate(indices)}
+        chosen: list = [None] * len(indices)
+        rows, _ = _rows(self.spec, self.split, self.text_column, self.label_column, self.user)
+        kept = 0
+        for chunk in _chunks(rows):
+            for entry, yes in zip(chunk, self.keep([e for _, _, e in chunk])):
+                if yes:
+                    r = rank.pop(kept, None)
+                    if r is not None:
+                        chosen[r] = entry
+                    kept += 1
+            if not rank:
+                break
         return chosen
 
     def take(self, n: int | None, seed: int) -> list[Example]:
@@ -498,37 +519,43 @@ def scan_dataset(spec: str, *, split: str = "test", text_column: str = "text", l
                  keep: Callable[[list[Example]], Sequence[bool]] | None = None, hold: bool = False) -> DatasetScan:
     """Read ``spec`` once, handing its examples to ``keep`` in chunks of :data:`SCAN_CHUNK` (``keep``
     says which to keep; None keeps all), and remember only the kept ones' positions, or with
-    ``hold`` the kept examples themselves (when all of them will be used)."""
+    ``hold`` the kept examples themselves (when all of them will be used). A user file's scan
+    remembers neither: it counts the kept rows, and the reading pass applies ``keep`` again."""
     import array
 
     if not isinstance(spec, str) or not spec.strip():
         raise InputError(f"dataset spec {spec!r} is empty; give builtin:NAME or a path to a .csv/.jsonl file")
     rows, user = _rows(spec, split, text_column, label_column)
-    if keep is None and not hold and user is not None:  # every row kept: the first pass counted them
-        return DatasetScan(spec, split, text_column, label_column, user.n_rows, range(user.n_rows), None, user)
+    if user is not None and not hold:
+        if keep is None:  # every row kept: the first pass counted them
+            return DatasetScan(spec, split, text_column, label_column, user.n_rows, range(user.n_rows), None, user)
+        kept = sum(sum(map(bool, keep([e for _, _, e in chunk]))) for chunk in _chunks(rows))
+        return DatasetScan(spec, split, text_column, label_column, user.n_rows, None, None, user, kept, keep)
     positions = array.array("q")
     held: list | None = [] if hold else None
     total = 0
-
-    def flush(chunk: list) -> None:
-        kept = keep([e for _, _, e in chunk]) if keep is not None else [True] * len(chunk)
-        for offset, (entry, yes) in enumerate(zip(chunk, kept)):
+    for chunk in _chunks(rows):
+        flags = keep([e for _, _, e in chunk]) if keep is not None else [True] * len(chunk)
+        for position, (entry, yes) in enumerate(zip(chunk, flags), start=total):
             if yes:
-                positions.append(total - len(chunk) + offset)
+                positions.append(position)
                 if held is not None:
                     held.append(entry)
+        total += len(chunk)
+    return DatasetScan(spec, split, text_column, label_column, total, positions,
+                       None if held is None else tuple(held), user)
 
+
+def _chunks(rows: Iterator) -> Iterator[list]:
+    """``rows`` in lists of :data:`SCAN_CHUNK`."""
     chunk: list = []
     for entry in rows:
         chunk.append(entry)
-        total += 1
         if len(chunk) >= SCAN_CHUNK:
-            flush(chunk)
+            yield chunk
             chunk = []
     if chunk:
-        flush(chunk)
-    return DatasetScan(spec, split, text_column, label_column, total, positions,
-                       None if held is None else tuple(held), user)
+        yield chunk
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -542,3 +569,4 @@ def take(examples: list[Example], n: int | None, seed: int, spec: str) -> list[E
     shuffled = list(examples)
     random.Random(seed).shuffle(shuffled)
     return shuffled[:n]
+

@@ -1,18 +1,20 @@
 """The records of a user's dataset file (.csv, .jsonl or .json), read one at a time, and the checks
 of a label's value: :mod:`probe.data` makes its examples from them. No record is read before it is
-asked for, except a ``.json`` list: JSON cannot be read in part, so it is parsed whole."""
+asked for, except a ``.json`` list: JSON cannot be read in part, so it is parsed whole. The seeded
+shuffle a draw takes its rows from is read here a slice at a time, without the list of every row."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from probe.errors import InputError
 
-__all__ = ["MAX_CSV_FIELD", "label_kind", "parse_label", "raw_records"]
+__all__ = ["MAX_CSV_FIELD", "ShuffledOrder", "label_kind", "parse_label", "raw_records", "shuffled_positions"]
 
 #: the longest CSV field probe reads (the csv module's own default is 128 KiB): a text this long is
 #: far past any model's window, and is left out by the study's length limit
@@ -147,3 +149,51 @@ def parse_label(value: Any, path: Path, row: int, where: str, label_column: str)
         f"{path}: row {row} ({where}) has {label_column}={value!r}; labels must be integer class ids "
         f"(0 = negative, 1 = positive for the built-in sentiment classifier)"
     )
+
+
+class ShuffledOrder(Sequence[int]):
+    """``list(range(count))`` after ``random.Random(seed).shuffle``, read a slice at a time without the
+    list: a draw of ``n`` of 10^6 rows holds memory for ``n`` and the random state, not 8 MB of order."""
+
+    def __init__(self, count: int, seed: int):
+        self.count, self.seed = count, seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return shuffled_positions(self.count, self.seed, range(self.count)[index])
+        return shuffled_positions(self.count, self.seed, [range(self.count)[index]])[0]
+
+
+def shuffled_positions(count: int, seed: int, places: Sequence[int]) -> list[int]:
+    """``order[p]`` for each ``p`` of ``places``, where ``order = list(range(count))`` shuffled in place by
+    ``random.Random(seed).shuffle``: the same random draws, replayed twice instead of held. The shuffle
+    swaps ``order[i]`` with ``order[j_i]`` for ``i`` from ``count - 1`` down to 1; undoing those swaps
+    from ``i = 1`` up carries each place back to the position its value started at. The draws come
+    out in the other order, so the first replay saves the generator's state every ``block`` steps and
+    the second regenerates one block at a time (memory: a state per block and one block of draws)."""
+    import array
+
+    rng = random.Random(seed)
+    draw = rng._randbelow  # what Random.shuffle draws its j with (tested against shuffle itself)
+    block = max(2**16, math.isqrt(count) * 64)
+    starts = []  # (highest i of a block, the state before its draws)
+    for top in range(count - 1, 0, -block):
+        starts.append((top, rng.getstate()))
+        for i in range(top, max(top - block, 0), -1):
+            draw(i + 1)
+    where = {p: p for p in places}  # a position now -> the place whose value it holds
+    for top, state in reversed(starts):
+        rng.setstate(state)
+        draws = array.array("q", (draw(i + 1) for i in range(top, max(top - block, 0), -1)))
+        for i, j in zip(range(top - len(draws) + 1, top + 1), reversed(draws)):
+            if i != j:
+                a, b = where.pop(i, None), where.pop(j, None)
+                if a is not None:
+                    where[j] = a
+                if b is not None:
+                    where[i] = b
+    value = {p: v for v, p in where.items()}
+    return [value[p] for p in places]

@@ -163,3 +163,41 @@ def test_errors_are_one_line_probe_errors(tmp_path):
         with pytest.raises(ProbeError) as info:
             call()
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 17, 1000])
+def test_shuffled_positions_are_random_shuffle_itself(count):
+    """The order a draw reads a slice at a time is the list ``random.Random(seed).shuffle`` makes."""
+    import random
+
+    from probe.user_files import ShuffledOrder, shuffled_positions
+
+    for seed in (0, 7, 2**40 + 3):
+        order = list(range(count))
+        random.Random(seed).shuffle(order)
+        assert shuffled_positions(count, seed, range(count)) == order
+        assert list(ShuffledOrder(count, seed)[: count // 2]) == order[: count // 2]
+
+
+def test_shuffled_positions_across_blocks_of_draws():
+    """Past one block of replayed draws (2^16 steps) the order is still the shuffle's, at both ends."""
+    import random
+
+    from probe.user_files import shuffled_positions
+
+    count = 150_001
+    order = list(range(count))
+    random.Random(3).shuffle(order)
+    places = [*range(40), 65_535, 65_536, 100_000, count - 1]
+    assert shuffled_positions(count, 3, places) == [order[p] for p in places]
+
+
+def test_a_filtered_draw_from_a_user_file_holds_no_positions(tmp_path):
+    """Filters on a user file: the scan counts the rows they keep and the reading pass applies them
+    again, so that nothing of the scan grows with the file; the draw is a shuffle of the kept rows."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"text": f"row {i}", "label": i % 3}) + "\n" for i in range(3000)))
+    scan = data.scan_dataset(str(path), keep=lambda chunk: [e.label != 0 for e in chunk])
+    assert scan.positions is None and scan.count == 2000 and scan.total == 3000
+    kept = [e for e in load_dataset(str(path)) if e.label != 0]
+    assert scan.take(25, 4) == data.take(kept, 25, 4, str(path))

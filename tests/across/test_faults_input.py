@@ -338,7 +338,7 @@ def test_a_study_on_a_large_jsonl_makes_only_its_selected_examples(bert, bert_pm
     monkeypatch.setattr("probe.study.examples.scan_dataset", scan)
     chosen, dropped = select_examples(bert_pm, spec.dataset, spec.target)
     assert len(chosen) == 4 and all(e.label == 1 for e in chosen) and dropped == {"filters": 2_500, "too_long": 0}
-    assert lists[0].held is None and lists[0].count == 2_500  # positions only, not the examples
+    assert lists[0].held is None and lists[0].positions is None and lists[0].count == 2_500  # a count, not rows
     everything = [e for e in data.load_dataset(str(path)) if e.label == 1]
     assert chosen == data.take(everything, 4, 0, str(path))  # the selection is what it was
 
