@@ -42,6 +42,7 @@ extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
     "sphinx.ext.intersphinx",
+    "sphinx_copybutton",
     "probe_docs",
 ]
 
@@ -62,6 +63,12 @@ nb_execution_timeout = 900
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
+# what a cell writes to stderr (library warnings, the loading bars of transformers) is the build
+# machine's, with its paths: not shown
+nb_output_stderr = "remove"
+# the copy button leaves out the prompt and what a command prints
+copybutton_prompt_text = r"\$ |>>> |\.\.\. "
+copybutton_prompt_is_regexp = True
 
 # autodoc: signatures as written, members in source order
 autodoc_member_order = "bysource"

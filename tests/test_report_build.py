@@ -20,6 +20,7 @@ from probe.errors import InputError
 from probe.names import FORMAT_VERSION
 from probe.report.build import build_comparison, build_report
 
+from browser import headless_chromium
 from figure_checks import legend_overlaps_axes, overlapping_texts, texts_outside_canvas
 
 ALL_SECTIONS = ["verdict", "setup", "agreement", "erasure", "counterfactual", "heads", "tokens", "limitations"]
@@ -417,34 +418,8 @@ def test_report_bootstrap_equals_the_metrics_bootstrap():
 # --------------------------------------------------------------------------- a real browser
 
 
-def _browser():
-    if os.environ.get("PROBE_SKIP_BROWSER") == "1":
-        pytest.skip("PROBE_SKIP_BROWSER=1")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not chromium or not driver:
-        # CI (.ci/run) installs them and sets PROBE_REQUIRE_BROWSER=1, so there a missing browser fails;
-        # on a developer's machine without them the test says what to install and is skipped
-        message = "the browser test needs Debian's chromium and chromedriver: apt-get install -y chromium chromium-driver"
-        if os.environ.get("PROBE_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.fail("the browser test needs selenium: pip install -e '.[test]' (or set PROBE_SKIP_BROWSER=1)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000",
-                "--hide-scrollbars"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
 def test_report_renders_in_a_headless_browser(injected):
-    browser = _browser()
+    browser = headless_chromium()
     try:
         browser.get(injected.html.resolve().as_uri())
         state = browser.execute_script(
@@ -794,3 +769,14 @@ def test_the_report_names_the_commit_it_was_made_from(report, result):
         html = report.html.read_text(encoding="utf-8")
         assert f"commit {commit[:12]}" in html
         assert ("with uncommitted changes" in html) == commit.endswith("+")
+
+
+def test_the_report_names_the_machine_and_its_load(report, result):
+    """A wall time is read with the machine's cores and the load beside it (one source for a timing)."""
+    import os
+
+    machine = json.loads((result / "provenance.json").read_text())["machine"]
+    assert machine["cpu_count"] == os.cpu_count()
+    if hasattr(os, "getloadavg"):
+        assert machine["load_average"] >= 0 and machine["batches_with_load"] >= 1
+    assert f"{os.cpu_count()} CPU cores" in report.html.read_text(encoding="utf-8")

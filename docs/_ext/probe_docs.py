@@ -654,6 +654,29 @@ def _builder_inited(app) -> None:
     resolve_type_checking_imports()
 
 
+def _link_images_to_full_size(app, doctree, docname):
+    """Every figure on a page links to its file: a report's figure is scaled down to the column,
+    where its legend is too small to read, and a click opens it at full size. (Sphinx links only the
+    images a page scales itself, with ``:width:`` or ``:scale:``.)"""
+    import posixpath
+
+    from docutils import nodes
+    from sphinx.util.osutil import relative_uri
+
+    if app.builder.format != "html":
+        return
+    folder = relative_uri(app.builder.get_target_uri(docname), "_images")
+    for image in list(doctree.findall(nodes.image)):
+        known = app.env.images.get(image["uri"])
+        if known is None or isinstance(image.parent, nodes.reference):
+            continue
+        link = nodes.reference("", "", internal=True, refuri=posixpath.join(folder, known[1]))
+        link["classes"].append("full-size")
+        image.replace_self(link)
+        link.append(image)
+
+
 def setup(app):
     app.connect("builder-inited", _builder_inited)
+    app.connect("doctree-resolved", _link_images_to_full_size)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
