@@ -283,6 +283,8 @@ def _provenance_rows(r: StudyResult, p: dict) -> list[tuple[str, str]]:
         if p.get(key) is not None:
             value = p[key]
             rows.append((label, _list(value) if isinstance(value, list) else str(value)))
+    if p.get("machine"):
+        rows.append(("machine", _machine(p["machine"], p.get("torch_threads"))))
     if p.get("versions"):
         rows.append(("versions", ", ".join(f"{k} {v}" for k, v in p["versions"].items())))
     if p.get("source_commit"):
@@ -292,6 +294,18 @@ def _provenance_rows(r: StudyResult, p: dict) -> list[tuple[str, str]]:
     rows.append(("integrity", "complete.json's digests catch accidents (a file edited, damaged or left by a killed "
                               "run, another study's results), not forgery: they live in the folder they describe"))
     return rows
+
+
+def _machine(machine: dict, threads: int | None) -> str:
+    """The machine's cores and load while the batches ran, so that the wall time can be read."""
+    text = f"{machine.get('cpu_count')} CPU cores"
+    load = machine.get("load_average")
+    if load is None:
+        return text + "; load not recorded"
+    text += f"; load average {load:.1f} at the end of the batches (1-minute, mean)"
+    if threads is not None and load > threads + 0.5:
+        text += f": more than the run's {threads} torch thread(s), so other work shared the machine"
+    return text
 
 
 def _sanity_blocks(r: StudyResult, w: Writer) -> list:

@@ -129,8 +129,20 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
         counter.close()
     wall = time.perf_counter() - started
     info = {"examples": len(examples), "first_example": first_index, "wall_s": wall,
-            "forward_calls": counter.calls, "forward_rows": counter.rows, "peak_memory_bytes": peak_memory(pm)}
+            "forward_calls": counter.calls, "forward_rows": counter.rows, "peak_memory_bytes": peak_memory(pm),
+            "load_average": _load_average()}
     return tables, {**info, "timings": timed.seconds}
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average as a batch ends (None where the system has none): a
+    timing read beside it says whether other work shared the machine."""
+    import os
+
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
 
 
 def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample], engine: Engine,

@@ -86,9 +86,19 @@ def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables
         "forward_passes_per_example": float(sum(i["forward_calls"] for i in infos) / max(n, 1)),
         "forward_rows_per_example": float(sum(i["forward_rows"] for i in infos) / max(n, 1)),
         "devices_used": sorted({str(i.get("device")) for i in infos}),
-        "torch_threads": torch.get_num_threads(), "host": platform.platform(),
+        "torch_threads": torch.get_num_threads(), "host": platform.platform(), "machine": machine_load(infos),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def machine_load(infos: list[dict]) -> dict:
+    """The machine a run's timings come from: its CPU cores and the mean of the 1-minute load average
+    at the end of each batch (None where no batch recorded one, as before this was recorded)."""
+    import os
+
+    loads = [float(i["load_average"]) for i in infos if i.get("load_average") is not None]
+    return {"cpu_count": os.cpu_count(), "load_average": sum(loads) / len(loads) if loads else None,
+            "batches_with_load": len(loads)}
 
 
 def _accuracy(examples: pd.DataFrame) -> float | None:
