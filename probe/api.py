@@ -122,7 +122,9 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
 
     from probe.models.loading import load_model as _load
     from probe.models.loading import not_a_model_name
+    from probe.progress import quiet_notebook_import
 
+    quiet_notebook_import()
     own = [p for p in inspect.signature(load_model).parameters if p != "options"]
     unknown_keywords(options, [*own, *(p for p in inspect.signature(_load).parameters if p not in own)],
                      "probe.load_model()")

@@ -129,18 +129,17 @@ def run_shared_gradients(pm: ProbeModel, examples, methods: Sequence[str]) -> di
 def run_methods(pm: ProbeModel, examples, methods: Sequence[str], *, engine=None,
                 params: Mapping[str, Mapping] | None = None, progress: bool = False) -> dict[str, TokenScores]:
     """Several methods; ``params`` maps a method name to its keyword parameters. ``progress``: a
-    bar over the methods (standard error, or the notebook's widget), and the engine's over its
-    batches when this call makes the engine."""
+    bar over the methods, naming the one under way (standard error, or the notebook's widget)."""
     from probe.intervene.engine import Engine
 
-    engine = engine or Engine(pm, progress=progress)
+    engine = engine or Engine(pm)  # the bar below names the method under way: no second bar beneath it
     params = params or {}
     if not progress:
         return {m: run_method(pm, examples, m, engine=engine, params=params.get(m)) for m in methods}
-    from tqdm.auto import tqdm
+    from probe.progress import progress_bar
 
     out = {}
-    with tqdm(total=len(methods), desc="explain", unit="method") as bar:
+    with progress_bar(total=len(methods), desc="explain", unit="method") as bar:
         for m in methods:
             bar.set_postfix_str(m)
             out[m] = run_method(pm, examples, m, engine=engine, params=params.get(m))

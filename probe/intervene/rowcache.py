@@ -149,6 +149,6 @@ class RowCache:
     def _iterate(self, plans, unit: str):
         if not self.progress:
             return plans
-        from tqdm.auto import tqdm
+        from probe.progress import progress_bar
 
-        return tqdm(plans, desc=f"engine ({unit})", unit="batch", leave=False)
+        return progress_bar(plans, desc=f"engine ({unit})", unit="batch")

@@ -258,10 +258,10 @@ def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[lis
     size = study.engine.batch_size
     bar = None
     if progress and todo:
-        from tqdm.auto import tqdm
+        from probe.progress import progress_bar
 
-        bar = tqdm(total=sum(len(batches[b]) for b in mine), initial=sum(len(batches[b]) for b in mine if b in done),
-                   unit="ex", desc=study.name, dynamic_ncols=True)
+        bar = progress_bar(total=sum(len(batches[b]) for b in mine),
+                           initial=sum(len(batches[b]) for b in mine if b in done), unit="ex", desc=study.name)
     computed = []
     try:
         for b in todo:
@@ -289,24 +289,33 @@ def _barrier(dist_info: tuple[int, int] | None) -> None:
 class _FinishBar:
     """The progress bar over what follows the batches: one step per randomised model of the sanity
     checks (and one for the checks before them), then one for the statistics, each phase named while
-    it runs (standard error, or the notebook's widget)."""
+    it runs. Opened at the first step, when the checks know how many models they draw."""
 
     def __init__(self, name: str):
-        from tqdm.auto import tqdm
-
         self.name = name
-        self.bar = tqdm(total=2, desc=f"{name}: sanity checks", unit="step", dynamic_ncols=True)
+        self.bar = None
+
+    def _open(self, total: int) -> None:
+        from probe.progress import progress_bar
+
+        self.bar = progress_bar(total=total, desc=f"{self.name}: sanity checks", unit="step")
 
     def sanity(self, done: int, total: int, what: str) -> None:
-        if self.bar.total != total + 1:  # the statistics after them; reset: a notebook's widget takes it from there
-            self.bar.reset(total=total + 1)
+        if self.bar is None:
+            self._open(total + 1)  # the statistics after them
+        elif self.bar.total != total + 1:  # fewer models: a method failed its checks before its draws
+            self.bar.total = total + 1
         self.bar.set_description(f"{self.name}: {what}", refresh=False)
         self.bar.update(done - self.bar.n)
 
     def statistics(self) -> None:
+        if self.bar is None:
+            self._open(1)
         self.bar.set_description(f"{self.name}: statistics")
 
     def close(self, complete: bool) -> None:
+        if self.bar is None:
+            return
         if complete:
             self.bar.update(self.bar.total - self.bar.n)
         self.bar.close()

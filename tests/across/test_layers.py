@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2] / "probe"
 #: registered method by name) sits above both.
 RANKS = {
     "errors": 0, "names": 0, "registry": 0, "tasks": 0, "frozen": 0, "patterns": 0, "method_params": 0, "files": 0,
+    "progress": 0,
     "data": 1, "user_files": 1, "planted_texts": 1, "spec": 1, "document": 1, "display": 1, "plots": 1,
     "hooks": 2,
     "models": 3,
