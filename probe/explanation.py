@@ -554,10 +554,13 @@ class Explanation(PicklableFrozen):
                                     "(ex.matrix(method, text) has each)", ""))
         return "<div>" + "".join(parts) + "</div>"
 
-    def plot(self, example: int = 0, methods: str | Sequence[str] | None = None):
+    def plot(self, example: int = 0, methods: str | Sequence[str] | None = None, *, level: str = "token",
+             agg: str = "sum"):
         """Example ``example``'s token scores, one bar panel per method (default: all), the tokens
         on the x axis; per-layer and per-head methods show their last layer (heads averaged).
-        Returns a :class:`matplotlib.figure.Figure` (on its own Agg canvas; nothing global changed)."""
+        ``level="word"``: the words on the x axis, each the ``agg`` of its tokens (as
+        :meth:`to_pandas` folds them). Returns a :class:`matplotlib.figure.Figure` (on its own Agg
+        canvas; nothing global changed)."""
         from probe.display import clip, prompt_text, shown_token
         from probe.names import FLAG_MARK
         from probe.plots import PANEL_LABEL_WIDTH, mark_axes, token_scores_figure, wrap_label
@@ -571,8 +574,12 @@ class Explanation(PicklableFrozen):
         flagged = [m for m, mark in zip(chosen, marks) if mark]
         # a label naming its settings (integrated_gradients (baseline pad, specials replaced)) on lines that fit
         rows = {wrap_label(label, PANEL_LABEL_WIDTH): values for label, values in self._rows(example, chosen).items()}
-        fig = token_scores_figure([shown_token(t) for t in e.tokens], rows,
-                                  [bool(s) for s in e.special],
+        shown, special = [shown_token(t) for t in e.tokens], [bool(s) for s in e.special]
+        if level != "token":
+            from probe.explainers.words import word_rows
+
+            shown, special, rows = word_rows(level, self.word_groups(example), special, rows, agg)
+        fig = token_scores_figure(shown, rows, special,
                                   title=(f"{FLAG_MARK} {', '.join(flagged)}: own check failed; " if flagged else "")
                                   + f"{self.model}, example {example}: {clip(prompt_text(e), 70)}")
         for ax, mark in zip(fig.axes, marks):

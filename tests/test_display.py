@@ -224,6 +224,21 @@ def test_explanation_plot_has_a_panel_per_method_and_the_tokens(ex):
         ex.plot(7)
 
 
+def test_explanation_plot_at_word_level_folds_the_tokens_as_the_table_does(ex):
+    fig = ex.plot(0, methods=["loo_delete"], level="word")
+    words = ex.word_groups(0)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [text for text, _ in words]
+    assert "##watch" not in [t.get_text() for t in fig.axes[0].get_xticklabels()]  # joined into its word
+    table = ex.to_pandas("word")
+    table = table[(table.example == 0) & (table.method == "loo_delete")]
+    heights = [bar.get_height() for bar in fig.axes[0].patches]
+    assert len(heights) == len(words) == len(table)
+    np.testing.assert_allclose(np.nan_to_num(heights), np.nan_to_num(table.score.to_numpy()), atol=1e-6)
+    assert texts_outside_canvas(fig) == []
+    with pytest.raises(InputError, match="level='span'"):
+        ex.plot(0, level="span")
+
+
 def test_attention_maps_plot_is_a_query_key_heatmap(pm):
     batch = pm.encode(TEXTS)
     with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:

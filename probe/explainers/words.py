@@ -14,7 +14,7 @@ sentencepiece "▁" start one. Special tokens are always words of their own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -118,6 +118,17 @@ def aggregate(scores: torch.Tensor, groups: list[list[int]], how: str = "sum") -
     if flat != list(range(n_tokens)) or any(not group for group in groups):
         raise InputError(f"word groups must cover each of the {n_tokens} tokens exactly once, got {groups!r}")
     return torch.stack([fold(scores, group, how) for group in groups], dim=-1)  # [..., words]
+
+
+def word_rows(level: str, words: Sequence[tuple[str, Sequence[int]]], special: Sequence[bool],
+              rows: Mapping[str, np.ndarray], how: str = "sum") -> tuple[list[str], list[bool], dict[str, np.ndarray]]:
+    """A plot's ``[tokens]`` rows folded into ``words`` (``(text, token positions)``, as
+    ``Explanation.word_groups`` gives them): the words' texts, whether each is special, the rows."""
+    if level != "word":
+        raise InputError(f"level={level!r} is not a level of the plot: use 'token' or 'word'")
+    groups = [list(group) for _, group in words]
+    folded = {label: aggregate(torch.as_tensor(values), groups, how).numpy() for label, values in rows.items()}
+    return [text for text, _ in words], [bool(special[group[0]]) for group in groups], folded
 
 
 def word_scores(pm: ProbeModel, examples, scores: TokenScores, how: str = "sum") -> TokenScores:
