@@ -418,3 +418,17 @@ def test_the_cap_bounds_the_draws_and_is_checked():
         family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=500)
     with pytest.raises(ValueError, match="max_permutations"):
         family.test(permutations=1000, seed=0, alpha=0.05, max_permutations=10**7)
+
+
+def test_kendall_null_from_dense_ranks_equals_the_null_from_values():
+    """The null permutes y's ranks (small integers) instead of its values: every tau the same, ties too."""
+    from probe.metrics.nulls import _kendall, dense_ranks
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(4, 25))
+    y = np.round(rng.normal(size=25), 1)  # ties
+    order = np.array([rng.permutation(25) for _ in range(300)])
+    ranks = dense_ranks(y)
+    assert ranks.dtype == np.int16 and (np.argsort(ranks, kind="stable") == np.argsort(y, kind="stable")).all()
+    np.testing.assert_array_equal(_kendall(x, ranks[order]), _kendall(x, y[order]))
+    assert dense_ranks(np.array([1.0, np.nan])).dtype == np.float64  # not finite: the values, as before

@@ -106,11 +106,23 @@ def _permuted_pair_signs(y_perm: np.ndarray, i: np.ndarray, j: np.ndarray) -> np
     """:func:`_pair_signs` of rows that all hold one multiset of finite values (permutations of one
     vector), from their ranks in it as small integers: the same signs, ties 0, at a third of the
     cost (the null's largest share: issue 63). Other rows go the general way."""
+    if np.issubdtype(y_perm.dtype, np.integer):  # ranks already (:func:`dense_ranks`): their signs are the values'
+        return np.sign(y_perm[:, j] - y_perm[:, i]).astype(np.float32)
     first = np.sort(y_perm[0])
     if y_perm.shape[1] >= 2 ** 15 or not np.isfinite(first).all():
         return _pair_signs(y_perm, i, j)
     ranks = np.searchsorted(first, y_perm).astype(np.int8 if y_perm.shape[1] < 128 else np.int16)  # equal: equal
     return np.sign(ranks[:, j] - ranks[:, i]).astype(np.float32)
+
+
+def dense_ranks(y: np.ndarray) -> np.ndarray:
+    """``y``'s values as their ranks among its distinct values (0, 1, ...; equal values equal), as
+    small integers, where all are finite and fewer than 2^15; ``y`` itself otherwise. Permuted, they
+    give every pair the sign the values give, without a search per permuted row."""
+    y = np.asarray(y)
+    if y.ndim != 1 or y.size >= 2 ** 15 or not np.isfinite(y).all():
+        return y
+    return np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int16)
 
 
 def _kendall(x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
@@ -214,7 +226,10 @@ def permutation_means(blocks: Iterable[NullBlock], n_units: int, measure: str, *
             if block.x.shape[1] < 2:
                 continue
             order = _permutations(seed, block.key, np.asarray(block.positions), permutations)  # [B + 1, n]
-            values = agreement_values(measure, np.asarray(block.x, dtype=np.float64), np.asarray(block.y)[order])
+            y = np.asarray(block.y)
+            if measure == "kendall_tau":
+                y = dense_ranks(y)  # the same taus: Kendall's reads y's order only
+            values = agreement_values(measure, np.asarray(block.x, dtype=np.float64), y[order])
             finite = np.isfinite(values[:, 0])  # [U_b]; finiteness does not depend on the permutation
             units = np.asarray(block.units)[finite]
             local[units] += values[finite]  # a block names each unit once
@@ -427,13 +442,13 @@ def mc_interval(p: np.ndarray, draws: int, risk: float) -> tuple[np.ndarray, np.
     """The two-sided Clopper-Pearson interval, at level ``1 - risk``, of the p-value a permutation
     test estimates as ``p = (1 + k) / (draws + 1)`` (``k`` of ``draws`` random rankings at least as
     extreme): ``(low [U], high [U])``, NaN where ``p`` is NaN."""
-    from scipy.stats import beta
+    from scipy.special import betaincinv  # the beta distribution's quantile, without importing scipy.stats
 
     p = np.asarray(p, dtype=np.float64)
     k = np.clip(np.rint(p * (draws + 1)) - 1, 0, draws)
-    with np.errstate(invalid="ignore"):
-        low = np.where(k > 0, beta.ppf(risk / 2, k, draws - k + 1), 0.0)
-        high = np.where(k < draws, beta.ppf(1 - risk / 2, k + 1, draws - k), 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = np.where(k > 0, betaincinv(np.maximum(k, 1), draws - k + 1, risk / 2), 0.0)
+        high = np.where(k < draws, betaincinv(k + 1, np.maximum(draws - k, 1), 1 - risk / 2), 1.0)
     bad = ~np.isfinite(p)
     low[bad] = np.nan
     high[bad] = np.nan
