@@ -93,4 +93,5 @@ intersphinx_disabled_reftypes = ["std:doc"]
 
 html_theme = "furo"
 html_title = f"probe {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["probe.css"]
