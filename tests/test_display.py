@@ -303,9 +303,9 @@ def test_study_and_verdict_plots_draw_the_layers_and_the_random_baseline(study_r
     drawn = sum(len(c.lines[0].get_xdata()) for c in fig.axes[0].containers)  # one errorbar per family
     assert drawn >= len(recorded) >= 1  # the best and worst, and each family's best layer and head
     assert texts_outside_canvas(fig) == []
-    # the token-level explainers it does not draw are named under it
-    said = " ".join(t.get_text().replace("\n", " ") for t in fig.texts)
-    assert "not drawn: token-level explainers (no layer axis) other than the best gradient, saliency" in said
+    # its one token-level explainer is the best gradient, drawn as the dashed line: nothing is left out
+    assert verdict.data["token_level"] == ["saliency"] and verdict.best_gradient["explainer"] == "saliency"
+    assert not [t for t in fig.texts if "not drawn" in t.get_text()]
     with pytest.raises(InputError, match="loo_mask"):
         study_result.plot("loo_mask")
 

@@ -260,3 +260,9 @@ def test_a_plot_names_the_explainers_it_cannot_draw():
     said = " ".join(t.get_text().replace("\n", " ") for t in fig.texts)
     assert "token-level explainers (no layer axis) other than the best gradient, integrated_gradients" in said
     assert "input_x_gradient (sign)" in said and texts_outside_canvas(fig) == []
+    data["token_level"] = ["saliency", "integrated_gradients", "input_x_gradient"]  # as verdict.json records them
+    said = " ".join(t.get_text().replace("\n", " ") for t in Verdict.from_dict(data).plot().texts)
+    assert "token-level explainers (no layer axis): saliency (integrated_gradients, the best gradient, is the dashed" in said
+    assert "input_x_gradient (sign)" in said and "saliency, " not in said
+    data.update(token_level=["integrated_gradients"], gradient_bar={"excluded": {}})
+    assert not [t for t in Verdict.from_dict(data).plot().texts if "not drawn" in t.get_text()]  # nothing left out

@@ -157,6 +157,8 @@ def verdict(agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, model_
     fields = {**_answer_fields(study, measure, measure_why, reason, families, n_scored), **_unit_lists(paired, ordered, families),
               **numbers, "gradient_bar": bar, "above_ceiling": above, "warnings": warnings, "interactions": found_pairs,
               "reference_profile": profile.to_dict() if profile is not None else None,
+              "token_level": [e for e in study.explainers if e not in set(paired.explainer)] if len(paired)
+              else list(study.explainers),
               "unreliable_excluded": {m: c for m, c in unreliable.items() if m in study.methods}}
     text = verdict_headline(model_name, fields, study, mixing, unreliable=unreliable,
                             unreliable_units=unreliable_units, redundant=redundant)

@@ -178,6 +178,12 @@ class Verdict(PicklableFrozen):
         excluded = ", ".join(f"{m} ({', '.join(c)})" for m, c in (bar.get("excluded") or {}).items())
         kept = f" other than the best gradient, {best} (the dashed line)" if best else ""
         failed = f"; gradient explainers whose checks failed: {excluded}" if excluded else ""
+        named = self.data.get("token_level")  # absent from a verdict.json written before it was recorded
+        if named is not None:
+            named = [str(e) for e in named if e != best and e not in (bar.get("excluded") or {})]
+            if not named and not failed:
+                return ""
+            kept = f": {', '.join(named) or 'none'}" + (f" ({best}, the best gradient, is the dashed line)" if best else "")
         return (f"not drawn: token-level explainers (no layer axis){kept}{failed}; the verdict holds the units "
                 "drawn only, run.to_pandas() has every explainer")
 
