@@ -119,6 +119,20 @@ def test_run_writes_every_table_and_a_verdict(full_run):
     assert set(prov["versions"]) >= {"probe", "torch", "transformers", "captum"}
 
 
+def test_the_pair_check_and_the_sinks_pass_can_be_switched_off(full_run, tiny_dirs, tiny_data, tmp_path):
+    """A study that does only the floor's work (benchmarks/peers_study.yaml) turns them off; the other
+    tables are the default study's, and the verdict says nothing of interacting tokens."""
+    _, _, full = full_run
+    assert (full / "interactions.parquet").exists() and (full / "sinks.parquet").exists()
+    out = tmp_path / "off"
+    metrics = {**tiny_study(tiny_dirs["bert"], tiny_data, out)["metrics"], "interactions": False, "sinks": None}
+    result = run_study(study_from_dict(tiny_study(tiny_dirs["bert"], tiny_data, out, metrics=metrics)), progress=False,
+                       log=lambda _: None)
+    assert result.complete and not (out / "interactions.parquet").exists() and not (out / "sinks.parquet").exists()
+    assert json.loads((out / "verdict.json").read_text())["interactions"] is None
+    pd.testing.assert_frame_equal(read_tables(out)["agreement"], read_tables(full)["agreement"], check_exact=True)
+
+
 def test_finalize_returns_the_frozen_verdict_it_wrote(full_run, tmp_path):
     import dataclasses
 

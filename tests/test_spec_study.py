@@ -478,6 +478,9 @@ def test_fingerprint(tmp_path):
     assert changed(engine__batch_size=8) != fp
     assert changed(metrics__erasure__flips=False) != fp  # flips: true (the default) is left out of it
     assert changed(metrics__erasure__flips=True) == fp
+    assert changed(metrics__interactions=True, metrics__sinks=True) == fp  # on (the default): left out of it
+    assert changed(metrics__interactions=None) == changed(metrics__interactions=False) != fp
+    assert changed(metrics__sinks=False) != fp
     assert load_study(write(tmp_path, QUICKSTART), n=100).fingerprint() != fp
     assert load_study(write(tmp_path, QUICKSTART), out="x").fingerprint() == fp
     assert study_from_dict(data).fingerprint() == fp

@@ -280,6 +280,10 @@ class MetricsSpec(SpecModel):
     #: the per-head causal test (off by default: one forward row per layer x head x token); true: every
     #: head of every layer
     heads_causal: HeadsCausalSpec | None = None
+    #: the pair check (top tokens deleted in pairs: tokens single deletion misjudges); false or null: off
+    interactions: bool = True
+    #: the attention sinks per layer and head, on the study's first examples; false or null: off
+    sinks: bool = True
     #: methods compared by magnitude (|score|), as Jain & Wallace compare |delta y| and |grad x input|
     absolute: list[str] = Field(default_factory=list)
     sanity: SanitySpec = Field(default_factory=SanitySpec)
@@ -290,6 +294,12 @@ class MetricsSpec(SpecModel):
     def _false_is_off(cls, value: Any) -> Any:
         """``false`` switches the metric off, as ``null`` does."""
         return None if value is False else value
+
+    @field_validator("interactions", "sinks", mode="before")
+    @classmethod
+    def _null_is_off(cls, value: Any) -> Any:
+        """``null`` switches the pass off, as ``false`` does."""
+        return False if value is None else value
 
     @field_validator("heads_causal", mode="before")
     @classmethod
@@ -501,6 +511,9 @@ class Study(SpecModel):
             payload.pop("spans", None)
         if payload["metrics"].get("heads_causal") is None:
             payload["metrics"].pop("heads_causal", None)
+        for key in ("interactions", "sinks"):
+            if payload["metrics"].get(key) is True:
+                payload["metrics"].pop(key)
         for key in ("steps", "target_side"):
             if payload["target"].get(key) is False:
                 payload["target"].pop(key)

@@ -119,10 +119,11 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
                                                                         left_out))
         tables["left_out"] = pd.DataFrame(left_out, columns=["example", "explainer", "reference", "role", "reason"])
         tables.update(_intervention_tables(pm, study, examples, first_index, token_scores, engine, timed))
-        sinks = timed("sinks", lambda: study_sinks(pm, study, examples, first_index, data_index, token_scores))
+        sinks = (timed("sinks", lambda: study_sinks(pm, study, examples, first_index, data_index, token_scores))
+                 if study.metrics.sinks else None)
         if sinks is not None:
             tables["sinks"] = sinks
-        if study.spans is None:
+        if study.spans is None and study.metrics.interactions:
             tables["interactions"] = timed("interactions", lambda: _interactions(study, examples, first_index,
                                                                                   token_scores, engine))
     finally:
