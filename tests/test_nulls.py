@@ -422,7 +422,7 @@ def test_the_cap_bounds_the_draws_and_is_checked():
 
 def test_kendall_null_from_dense_ranks_equals_the_null_from_values():
     """The null permutes y's ranks (small integers) instead of its values: every tau the same, ties too."""
-    from probe.metrics.nulls import _kendall, dense_ranks
+    from probe.metrics.nulls import agreement_values, dense_ranks
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(4, 25))
@@ -430,5 +430,6 @@ def test_kendall_null_from_dense_ranks_equals_the_null_from_values():
     order = np.array([rng.permutation(25) for _ in range(300)])
     ranks = dense_ranks(y)
     assert ranks.dtype == np.int16 and (np.argsort(ranks, kind="stable") == np.argsort(y, kind="stable")).all()
-    np.testing.assert_array_equal(_kendall(x, ranks[order]), _kendall(x, y[order]))
+    np.testing.assert_array_equal(agreement_values("kendall_tau", x, ranks[order]),
+                                  agreement_values("kendall_tau", x, y[order]))
     assert dense_ranks(np.array([1.0, np.nan])).dtype == np.float64  # not finite: the values, as before
