@@ -1,7 +1,7 @@
 """Benchmark: what the largest accepted value of a parameter that multiplies work costs.
 
 Each case runs ``probe.explain`` with one method at the top of its declared range
-(:mod:`probe.method_params`) on two texts of 46 words (the issue's inputs), in a process of its
+(:mod:`probe.registry.params`) on two texts of 46 words (the issue's inputs), in a process of its
 own, and prints the seconds (model load excluded) and the process's peak resident memory (model
 included). ``--case NAME`` runs one case; ``--list`` lists them. No asserts: the figures are the
 machine's at the time (docs/reference/limits.md states where they were measured).

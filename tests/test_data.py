@@ -170,7 +170,7 @@ def test_shuffled_positions_are_random_shuffle_itself(count):
     """The order a draw reads a slice at a time is the list ``random.Random(seed).shuffle`` makes."""
     import random
 
-    from probe.user_files import ShuffledOrder, shuffled_positions
+    from probe.data.user_files import ShuffledOrder, shuffled_positions
 
     for seed in (0, 7, 2**40 + 3):
         order = list(range(count))
@@ -183,7 +183,7 @@ def test_shuffled_positions_across_blocks_of_draws():
     """Past one block of replayed draws (2^16 steps) the order is still the shuffle's, at both ends."""
     import random
 
-    from probe.user_files import shuffled_positions
+    from probe.data.user_files import shuffled_positions
 
     count = 150_001
     order = list(range(count))

@@ -488,8 +488,8 @@ def test_the_randomised_planted_model_gets_its_float64_truth(tmp_path, absolute)
     noise floor on every example, so none is undecidable), keep exactly the examples whose float64
     effects clear the floor, rank as float64 does, and give a family-wise p-value near the truth's on
     the same examples."""
+    from probe.data.planted_texts import study_texts
     from probe.models.planted import materialize_planted
-    from probe.planted_texts import study_texts
 
     folder = materialize_planted("randomised")
     texts = [t.text for t in study_texts("randomised")]

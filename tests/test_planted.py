@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from probe.data import load_dataset
+from probe.data.planted_texts import planted_dataset_names
 from probe.errors import InputError, ModelLoadError, ProbeError
 from probe.models import planted, planted_classifiers
 from probe.models.loading import load_model
@@ -23,7 +24,6 @@ from probe.models.planted import (
     build_planted,
     planted_model_names,
 )
-from probe.planted_texts import planted_dataset_names
 
 AUTO = {"classification": transformers.AutoModelForSequenceClassification,
         "causal_lm": transformers.AutoModelForCausalLM,

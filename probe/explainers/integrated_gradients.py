@@ -23,8 +23,8 @@ from probe.explainers.gradient_forward import (
     site_values,
     width_buckets,
 )
-from probe.method_params import IG_BASELINES as BASELINES
-from probe.method_params import IG_RULES, GradientShapParams, IntegratedGradientsParams, check_params
+from probe.registry.params import IG_BASELINES as BASELINES
+from probe.registry.params import IG_RULES, GradientShapParams, IntegratedGradientsParams, check_params
 from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, target_generator

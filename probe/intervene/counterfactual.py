@@ -37,8 +37,8 @@ from probe import registry
 from probe.errors import InputError
 from probe.hooks.capture import capture_attention
 from probe.hooks.types import python_layer
-from probe.method_params import ADVERSARIAL_CONSTRAINTS as CONSTRAINTS
-from probe.method_params import AdversarialParams, PermutedParams, check_params
+from probe.registry.params import ADVERSARIAL_CONSTRAINTS as CONSTRAINTS
+from probe.registry.params import AdversarialParams, PermutedParams, check_params
 from probe.rows.forward import build_rows
 from probe.rows.frames import grid_frame
 from probe.rows.queries import (

@@ -84,7 +84,7 @@ from probe.errors import InputError
 from probe.hooks.types import python_layer
 from probe.intervene.knockout_edits import blocked_query_rows, key_set_editor, knockout_editor
 from probe.intervene.knockout_passes import edited_targets, evaluate, fed_width, reuses_prefix, suffix_targets
-from probe.method_params import KnockoutParams, check_params
+from probe.registry.params import KnockoutParams, check_params
 from probe.rows.forward import build_rows
 from probe.rows.queries import target_queries
 from probe.rows.scores import TokenScores

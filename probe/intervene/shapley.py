@@ -20,7 +20,7 @@ Exact or sampled:
 * ``n <= exact_max``: every one of the ``2^n`` coalitions is a row, and ``phi`` is the formula above.
 * above it, ``permutations`` random orders of the players (seeded per example from its ids; at most
   ``SHAPLEY_ROW_LIMIT // (n + 1)`` of them, so that an example's rows stay within
-  :data:`~probe.method_params.SHAPLEY_ROW_LIMIT` = 2^16 however long it is), each
+  :data:`~probe.registry.params.SHAPLEY_ROW_LIMIT` = 2^16 however long it is), each
   with its reverse (antithetic pairs: a player early in one is late in the other, which cancels
   much of the order's noise). A player's value is its mean marginal contribution
   ``v(players before it + it) - v(players before it)``; its standard error is the standard deviation
@@ -50,7 +50,7 @@ import torch
 
 from probe.errors import InputError
 from probe.intervene.tokens import replacement_token_id, scorable_positions
-from probe.method_params import SHAPLEY_ROW_LIMIT, SHAPLEY_UNITS, ShapleyParams, check_params
+from probe.registry.params import SHAPLEY_ROW_LIMIT, SHAPLEY_UNITS, ShapleyParams, check_params
 from probe.rows.scores import TokenScores
 from probe.rows.target import example_seed
 

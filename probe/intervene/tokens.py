@@ -40,7 +40,7 @@ import torch
 
 from probe.errors import InputError
 from probe.intervene.engine import Engine
-from probe.method_params import LeaveOneOutParams, check_params
+from probe.registry.params import LeaveOneOutParams, check_params
 from probe.rows.queries import eval_mode
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, example_generator, example_seed

@@ -1,7 +1,7 @@
 """Planted-truth models: tiny models whose token importance is known by construction.
 
 Each recipe builds (seeded, deterministic, a few CPU seconds) a model that loads as ``planted:NAME``
-with its study data ``planted:NAME`` (64 held-out texts, :mod:`probe.planted_texts`). The verdict
+with its study data ``planted:NAME`` (64 held-out texts, :mod:`probe.data.planted_texts`). The verdict
 "attention does / does not track causal importance" is tested on them like a method (DESIGN.md,
 house rule 14): probe must give the ``expected`` answer. Every fact a truth rests on is *measured* in
 the recipe with plain Hugging Face forwards (eager ``output_attentions``; leave-one-out by deleting
@@ -82,6 +82,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.data.planted_texts import PREFIX, SECOND_TRIGGER, study_texts
 from probe.errors import ModelLoadError
 from probe.files import remove_leftovers, staged_folder
 from probe.models.builtins import (
@@ -112,7 +113,6 @@ from probe.models.planted_wired import (
     build_position_heads,
     build_sink_head,
 )
-from probe.planted_texts import PREFIX, SECOND_TRIGGER, study_texts
 
 ANSWERS = ("yes", "heads only", "no", "undecidable")
 DATA_FILE = "data.jsonl"

@@ -13,6 +13,7 @@ import functools
 import time
 from dataclasses import asdict
 
+from probe.data.planted_texts import SECOND_TRIGGER, TRIGGER, study_texts, training_texts
 from probe.models.planted_parts import (
     SEED,
     ClassifierTraining,
@@ -26,7 +27,6 @@ from probe.models.planted_parts import (
     true_share,
     word_tokenizer,
 )
-from probe.planted_texts import SECOND_TRIGGER, TRIGGER, study_texts, training_texts
 
 SATURATED = ClassifierTraining()
 SOFT = ClassifierTraining(label_smoothing=0.2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from probe.data.planted_texts import FILLER, PlantedText, study_texts, training_texts
 from probe.models.planted_parts import (
     MAX_POSITIONS,
     SEED,
@@ -20,7 +21,6 @@ from probe.models.planted_parts import (
     true_share,
     word_tokenizer,
 )
-from probe.planted_texts import FILLER, PlantedText, study_texts, training_texts
 
 # ----------------------------------------------------------------------------------------- copy-lm
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from probe.data.planted_texts import TRIGGER, WORDS, PlantedText
 from probe.errors import ModelLoadError
-from probe.planted_texts import TRIGGER, WORDS, PlantedText
 
 SEED = 0
 MAX_POSITIONS = 16  # 12 words + [CLS] + [SEP], with room

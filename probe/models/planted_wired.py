@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from probe.data.planted_texts import FILLER, SECOND_TRIGGER, TRIGGER, WORDS, PlantedText, study_texts
 from probe.models.planted_parts import (
     MAX_POSITIONS,
     SEED,
@@ -26,7 +27,6 @@ from probe.models.planted_parts import (
     true_share,
     word_tokenizer,
 )
-from probe.planted_texts import FILLER, SECOND_TRIGGER, TRIGGER, WORDS, PlantedText, study_texts
 
 # ------------------------------------------------------------------------- attention-is-importance
 

@@ -34,8 +34,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.errors import InputError
-from probe.method_params import AdversarialParams, PermutedParams, declared_limits
 from probe.patterns import UserPattern, user_pattern
+from probe.registry.params import AdversarialParams, PermutedParams, declared_limits
 from probe.spec.claim_values import (
     AttentionRanking,
     check_head,

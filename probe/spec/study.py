@@ -22,12 +22,12 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from probe.data import BUILTIN_PREFIX
+from probe.data.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.errors import InputError
-from probe.method_params import AdversarialParams, PermutedParams, declared_limits
 from probe.names import ALL_METHODS, ATTENTION_METHODS
-from probe.planted_texts import PREFIX as PLANTED_PREFIX
 from probe.registry import method as method_entry
 from probe.registry import params_problem
+from probe.registry.params import AdversarialParams, PermutedParams, declared_limits
 from probe.spec.parts import DatasetSpec, ModelSpec, SpansSpec, TargetConfig
 from probe.spec.validation import (
     LAYER_WORDS,

@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Strict, ValidationError, ValidationI
 from pydantic_core import PydanticCustomError
 
 from probe.data import BUILTIN_PREFIX, USER_FILE_SUFFIXES, builtin_dataset_names
+from probe.data.planted_texts import PREFIX as PLANTED_PREFIX
+from probe.data.planted_texts import planted_dataset_names
 from probe.errors import InputError
 from probe.names import ALL_METHODS
-from probe.planted_texts import PREFIX as PLANTED_PREFIX
-from probe.planted_texts import planted_dataset_names
 
 __all__ = [
     "Bool", "Float", "Int", "LAYER_WORDS", "SpecFile", "SpecModel", "check_dataset_name", "check_duplicate_keys", "check_node_graph",

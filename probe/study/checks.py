@@ -164,7 +164,7 @@ def randomised_params(study: Study, method: str) -> dict | None:
     trained one (MiniLM: 16 points suffice once half its layers are redrawn, where the trained model
     needs 16-32), so most of the check's points go."""
     from probe.explainers.integrated_gradients import AUTO_STEPS
-    from probe.method_params import IntegratedGradientsParams, declared_limits
+    from probe.registry.params import IntegratedGradientsParams, declared_limits
 
     params = study.params.get(method)
     if method != "integrated_gradients":

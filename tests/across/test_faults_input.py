@@ -244,7 +244,8 @@ def test_a_jsonl_text_that_is_not_a_string_says_so(tmp_path):
 
 
 def test_a_csv_with_a_huge_cell_is_read_or_named(tmp_path, monkeypatch):
-    from probe import data, user_files
+    from probe import data
+    from probe.data import user_files
 
     huge = "word " * 60_000  # 300,000 characters: past the csv module's own 131,072
     path = tmp_path / "huge.csv"

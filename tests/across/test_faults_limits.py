@@ -1,7 +1,7 @@
 """Limits of work and of input (issue 62, reliability round 5).
 
 Every method parameter that multiplies work has a range declared once, in its parameter class
-(:mod:`probe.method_params`): the file check and the run-time check read it, so a study file past a
+(:mod:`probe.registry.params`): the file check and the run-time check read it, so a study file past a
 limit is refused in one line naming the file, the line, the key and the real range, before any
 model loads, and the implementation refuses the same value with the same sentence. Sampled Shapley
 values of a long example are bounded in rows; a control character in a study or claim file is one
@@ -19,7 +19,7 @@ import yaml
 import probe
 from probe import registry
 from probe.errors import InputError
-from probe.method_params import (
+from probe.registry.params import (
     SHAPLEY_EXACT_LIMIT,
     SHAPLEY_PERMUTATIONS_LIMIT,
     AdversarialParams,

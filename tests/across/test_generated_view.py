@@ -169,7 +169,7 @@ def test_a_newline_output_token_is_visible_in_the_matrix_html_plot_and_terminal(
     assert all(r.split(": ", 1)[1].strip() for r in rows) and rows[1].endswith("\u21b5")
     pm = types.SimpleNamespace(contract=types.SimpleNamespace(implementation="sdpa", dtype="float32", device="cpu",
                                                               n_layers=3), random_weights=())
-    from probe import terminal
+    from probe.cli import terminal
 
     terminal.print_generation_tables(pm, ex, None)
     out = capsys.readouterr().out
@@ -282,7 +282,7 @@ def _lines(text: str) -> list[str]:
 
 def test_terminal_tables_at_80_columns_never_break_a_number(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
-    from probe import terminal
+    from probe.cli import terminal
 
     tokens = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
     ex = _generated(tokens, [f" w{j}" for j in range(14)])

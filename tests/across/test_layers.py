@@ -21,21 +21,18 @@ ROOT = Path(__file__).resolve().parents[2] / "probe"
 #: of its users, the explainers and the interventions; ``methods`` (the dispatcher that runs any
 #: registered method by name) sits above both.
 RANKS = {
-    "errors": 0, "names": 0, "registry": 0, "tasks": 0, "frozen": 0, "patterns": 0, "method_params": 0, "files": 0,
-    "progress": 0,
-    "data": 1, "user_files": 1, "planted_texts": 1, "spec": 1, "document": 1, "display": 1, "plots": 1,
+    "errors": 0, "names": 0, "registry": 0, "tasks": 0, "frozen": 0, "patterns": 0, "files": 0, "progress": 0,
+    "data": 1, "spec": 1, "document": 1, "display": 1, "plots": 1,
     "hooks": 2,
     "models": 3,
-    "rows": 4, "predict": 4,
+    "rows": 4,
     "intervene": 5, "explainers": 5,
     "methods": 6,
     "metrics": 7,
     "study": 8,
     "report": 9, "claims": 9,  # siblings: the study report and the audit
-    "explanation_folder": 9,  # the folder an explanation is saved into and loaded from
-    "terminal": 10, "explanation": 10,  # an explanation shows itself (display, plots) and is saved
-    "api": 11, "cli": 12, "__main__": 13,  # the CLI calls the Python API
-    "cli_options": 11,  # the command line's option groups (model, target), below the commands
+    "explanation": 10,  # an explanation shows itself (display, plots) and is saved into its folder
+    "api": 11, "cli": 12, "__main__": 13,  # the CLI (its options, terminal views, predictions) calls the Python API
 }
 
 

@@ -2,7 +2,7 @@
 
 An entry owns its name, family, what it applies to, whether it takes a seed, its implementation
 (a lazy ``module:function`` path, so importing this module imports no torch) and a frozen
-dataclass of its parameters with their defaults (:mod:`probe.method_params`). :mod:`probe.names`, :mod:`probe.methods`,
+dataclass of its parameters with their defaults (:mod:`probe.registry.params`). :mod:`probe.names`, :mod:`probe.methods`,
 the CLI and the README's method table read it; nothing else lists method names.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.errors import InputError
-from probe.method_params import (
+from probe.registry.params import (
     AdversarialParams,
     AttentionParams,
     AttnGradParams,
@@ -561,7 +561,7 @@ def params_problem(name: str, values: Any) -> tuple[str | None, str] | None:
         annotation = str(fields[key].type)
         if not _fits(value, annotation):
             return key, f"{value!r} is not valid for {name}.{key}; give a value of type {annotation}"
-        # the declared range or choices (probe.method_params), which the implementation checks again
+        # the declared range or choices (probe.registry.params), which the implementation checks again
         problem = limit_problem(entry.params, name, key, value)
         if problem is not None:
             return key, problem

