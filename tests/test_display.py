@@ -239,6 +239,19 @@ def test_explanation_plot_at_word_level_folds_the_tokens_as_the_table_does(ex):
         ex.plot(0, level="span")
 
 
+def test_top_tokens_at_word_level_ranks_the_words_as_the_table_folds_them(ex):
+    top = ex.top_tokens(3, method="loo_delete", example=0, level="word")
+    table = ex.to_pandas("word")
+    table = table[(table.example == 0) & (table.method == "loo_delete")].dropna(subset=["score"])
+    words = ex.word_groups(0)
+    assert [w for _, w, _ in top] == [words[i][0] for i, _, _ in top]  # the index is the word's place
+    expected = table.sort_values("score", ascending=False, kind="stable").head(3)
+    np.testing.assert_allclose([s for _, _, s in top], expected.score.to_numpy(), atol=1e-6)
+    assert "##watch" not in [w for _, w, _ in ex.top_tokens(20, method="loo_delete", example=0, level="word")]
+    with pytest.raises(InputError, match="level='span'"):
+        ex.top_tokens(3, method="loo_delete", level="span")
+
+
 def test_attention_maps_plot_is_a_query_key_heatmap(pm):
     batch = pm.encode(TEXTS)
     with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:

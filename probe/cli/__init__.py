@@ -568,6 +568,3 @@ def main() -> None:
         _say(_usage_line(exc), err=True)
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()

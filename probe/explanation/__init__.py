@@ -127,7 +127,7 @@ class Explanation(PicklableFrozen):
         return lines
 
     def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
-                   head: int | None = None) -> TopTokens:
+                   head: int | None = None, level: str = "token", agg: str = "sum") -> TopTokens:
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
         by ``method`` (default: the only method), highest first, each token as the tables and plots
         show it (``probe.display.shown_token``: ``Ġis`` -> ``is``, a space inside it ``␣``;
@@ -135,7 +135,8 @@ class Explanation(PicklableFrozen):
         left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
         last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
         as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
-        say so). Where the method's own check failed on this
+        say so). ``level="word"``: ``(word index, word, score)`` of the words, each the ``agg`` of its
+        tokens (as :meth:`to_pandas` folds them). Where the method's own check failed on this
         example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
         shows them) and a :class:`~probe.explanation.ScoresWarning` is issued."""
         positive_int(k, "k")
@@ -149,28 +150,19 @@ class Explanation(PicklableFrozen):
         if isinstance(example, bool) or not isinstance(example, int) or not -n <= example < n:
             raise InputError(f"example={example!r} does not exist: this explanation has examples "
                              f"0..{len(self.examples) - 1}")
-        values = result.scores[example]
-        if result.per_head or result.per_layer:
-            n_layers = values.shape[0]
-            if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
-                raise InputError(f"layer={layer!r} does not exist: {method} has layers 0..{n_layers - 1} "
-                                 "(-1 is the last)")
-            values = values[layer]
-        if result.per_head:
-            n_heads = values.shape[0]
-            if head is None:  # [head, tokens] -> [tokens]: the head mean the table and the plots show
-                values = torch.nanmean(values.double(), dim=0)
-            elif isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
-                raise InputError(f"head={head!r} does not exist: {method} has heads 0..{n_heads - 1}")
-            else:
-                values = values[head]
         chosen = self.examples[example]
-        scores = values.double().numpy()
-        real = [p for p in range(len(scores)) if not chosen.special[p] and not np.isnan(scores[p])]
-        ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
+        scores = result.row(example, layer, head).double().numpy()
         from probe.display import shown_token
 
-        top = TopTokens((p, shown_token(chosen.tokens[p]), float(scores[p])) for p in ranked)
+        names, special = [shown_token(t) for t in chosen.tokens], [bool(s) for s in chosen.special]
+        if level != "token":  # words: the position is the word's index, its score the agg of its tokens
+            from probe.explainers.words import word_rows
+
+            names, special, rows = word_rows(level, self.word_groups(example % n), special, {"": scores}, agg)
+            scores = rows[""]
+        real = [p for p in range(len(scores)) if not special[p] and not np.isnan(scores[p])]
+        ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
+        top = TopTokens((p, names[p], float(scores[p])) for p in ranked)
         top.read_at = self._read_at(method, layer, head)
         top.flags = tuple(self._flag_lines(example % len(self.examples), method))
         if top.flags:

@@ -98,6 +98,28 @@ class TokenScores(PicklableFrozen):
                 and self.per_layer == other.per_layer and same_values(self.params, other.params)
                 and same_values(self.extras, other.extras) and same_values(self.scores, other.scores))
 
+    def row(self, example: int, layer: int = -1, head: int | None = None) -> torch.Tensor:
+        """Example ``example``'s ``[tokens]`` scores: a per-layer method's at ``layer`` (-1: the last), a
+        per-head one's at ``layer`` and ``head`` (None: the mean over heads, NaN-aware, as the tables and
+        plots show it). A layer or head that does not exist is a one-line error naming those that do."""
+        from probe.errors import InputError
+
+        values = self.scores[example]
+        if self.per_head or self.per_layer:
+            n_layers = values.shape[0]
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+                raise InputError(f"layer={layer!r} does not exist: {self.method} has layers 0..{n_layers - 1} "
+                                 "(-1 is the last)")
+            values = values[layer]
+        if self.per_head:
+            n_heads = values.shape[0]
+            if head is None:  # [head, tokens] -> [tokens]: the head mean the table and the plots show
+                return torch.nanmean(values.double(), dim=0)
+            if isinstance(head, bool) or not isinstance(head, int) or not -n_heads <= head < n_heads:
+                raise InputError(f"head={head!r} does not exist: {self.method} has heads 0..{n_heads - 1}")
+            values = values[head]
+        return values
+
     @property
     def label(self) -> str:
         """The method's name with the settings that make its numbers differ from captum's or inseq's
