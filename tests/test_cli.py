@@ -126,6 +126,30 @@ def test_explain_table_names_the_settings_and_blanks_the_specials_json_leaves_nu
     assert any(v is None for v in data["scores"]["saliency"])  # [CLS] and [SEP]
 
 
+@pytest.mark.slow
+def test_explain_words_shows_a_row_per_word_its_tokens_summed(tiny_dirs, builtin_cache):
+    """``--words``: the table and the JSON at word level, each word's scores the sum of its tokens' (as
+    ``to_pandas("word")`` folds them); refused with --generate."""
+    text = "a gripping and unwatchable film"  # "unwatchable": several word pieces of MiniLM's
+    args = ["explain", "builtin:minilm-rt", text, "--methods", "attention_mean,saliency,loo_delete", "--json"]
+    tokens, words = json.loads(_cli(*args).stdout), json.loads(_cli(*args, "--words").stdout)
+    assert tokens["level"] == "token" and words["level"] == "word"
+    from probe.api import explain
+
+    ex = explain(load_model(tokens["model_path"]), [text], methods=["attention_mean", "saliency", "loo_delete"])
+    groups = ex.word_groups(0)
+    assert words["tokens"] == [w for w, _ in groups] and len(words["tokens"]) < len(tokens["tokens"])
+    assert words["token_ids"] == [[tokens["token_ids"][i] for i in g] for _, g in groups]
+    for name in ("saliency", "loo_delete"):
+        for value, (_, group) in zip(words["scores"][name], groups):
+            parts = [tokens["scores"][name][i] for i in group if tokens["scores"][name][i] is not None]
+            assert (value is None) == (not parts) and (value is None or value == pytest.approx(sum(parts), abs=1e-5))
+    table = _cli(*args[:-1], "--words")
+    assert table.returncode == 0 and words["tokens"][1] in table.stdout
+    refused = _cli("explain", str(tiny_dirs["gpt2"]), "the movie", "--generate", "2", "--words")
+    assert refused.returncode == 2 and "--words" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_explain_help_keeps_its_square_brackets():
     """rich read ``[prompt token x output token]`` and ``logit[label]`` as markup and dropped them."""
     result = subprocess.run([sys.executable, "-m", "probe.cli", "explain", "--help"], capture_output=True, text=True,

@@ -242,6 +242,8 @@ def explain(
                                                          "(default: decided from the model)"),
     seed: int = typer.Option(0, "--seed", help="seed for random replacements and sampling"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    words: bool = typer.Option(False, "--words", help="one row per word, its tokens' scores summed (JSON: tokens "
+                                                      "are the words, token_ids each word's ids)"),
     strict_length: bool = typer.Option(False, "--strict-length", help="refuse text longer than the model's window "
                                                                       "instead of truncating"),
     *, target: TargetSpec, options: ModelOptions,
@@ -253,6 +255,9 @@ def explain(
     chosen = parse_methods(methods) if methods and methods.strip() != "all" else None
     if seed < 0:
         raise InputError(f"--seed {seed} is negative; give a seed >= 0")
+    if words and target.steps:
+        raise InputError("--words shows one text's words; with --generate, fold the tokens in Python: "
+                         "probe.explain(...).to_pandas('word')")
     ig_steps = _steps_option(steps)
     pm = options.load(model)
     _check_continuation(pm, target.continuation)
@@ -270,11 +275,11 @@ def explain(
         resolve_site(pm, site)  # one-line error for an unknown site or one the model lacks
     params = terminal.explain_params(names, steps=ig_steps, seed=seed, site=site)
     explanation = api.explain(pm, examples, names, params={m: p for m, p in params.items() if m in names})
-    _print_explanation(pm, explanation, skipped, params, layer, as_json=as_json, per_output=target.steps)
+    _print_explanation(pm, explanation, skipped, params, layer, as_json=as_json, per_output=target.steps, words=words)
 
 
 def _print_explanation(pm: ProbeModel, explanation, skipped: dict, params: dict, layer: int | None, *,
-                       as_json: bool, per_output: bool) -> None:
+                       as_json: bool, per_output: bool, words: bool = False) -> None:
     """``probe explain``'s output: per output token with --generate (``per_output``), else the token x
     method table (or JSON) with the checks that read it."""
     examples, results = list(explanation.examples), dict(explanation.scores)
@@ -288,10 +293,13 @@ def _print_explanation(pm: ProbeModel, explanation, skipped: dict, params: dict,
 
     checks = explain_checks(pm, examples, results, params)
     terminal.no_score_reasons(results, skipped)  # a method that gave no score for this input is listed, with why
+    example = examples[0]
+    if words:  # the checks above read the tokens; the rows shown are the words
+        example, results = terminal.word_view(explanation)
     if as_json:
-        terminal.print_explain_json(pm, examples[0], results, skipped, checks)
+        terminal.print_explain_json(pm, example, results, skipped, checks)
     else:
-        terminal.print_explain_tables(pm, examples[0], results, skipped, checks, layer)
+        terminal.print_explain_tables(pm, example, results, skipped, checks, layer)
 
 
 def _steps_option(steps: str | None) -> int | str | None:

@@ -71,6 +71,34 @@ def specials_left_out(result) -> bool:
     return not (result.per_head or result.per_layer)
 
 
+class WordView:
+    """One text's words as ``probe explain --words`` shows them in place of its tokens: each word's
+    text, whether it is a special token, and its tokens' ids; the target is the text's."""
+
+    def __init__(self, example, words: list[tuple[str, tuple[int, ...]]]):
+        self.example = example
+        self.tokens = [text for text, _ in words]
+        self.special = [bool(example.special[group[0]]) for _, group in words]
+        self.input_ids = [[int(example.input_ids[i]) for i in group] for _, group in words]
+
+    def describe(self) -> dict:
+        return self.example.describe()
+
+
+def word_view(explanation, agg: str = "sum") -> tuple[WordView, dict]:
+    """The first text of ``explanation`` at word level: its :class:`WordView` and every method's scores
+    folded into its words (``agg`` of each word's tokens, NaN-aware, as ``to_pandas("word")`` folds them)."""
+    import dataclasses
+
+    from probe.explainers.words import aggregate
+
+    words = explanation.word_groups(0)
+    groups = [list(group) for _, group in words]
+    results = {name: dataclasses.replace(result, scores=[aggregate(result.scores[0], groups, agg)])
+               for name, result in explanation.scores.items()}
+    return WordView(explanation.examples[0], words), results
+
+
 def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict, checks: list) -> None:
     scores: dict[str, Any] = {}
     for name, result in results.items():
@@ -78,7 +106,8 @@ def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict,
         if specials_left_out(result):
             values = [None if example.special[i] else v for i, v in enumerate(values)]
         scores[name] = values
-    print(json.dumps({"model_path": pm.path, "tokens": example.tokens, "token_ids": example.input_ids,
+    print(json.dumps({"model_path": pm.path, "level": "word" if isinstance(example, WordView) else "token",
+                      "tokens": example.tokens, "token_ids": example.input_ids,
                       "target": example.describe(), "scores": scores,
                       "params": {name: dict(r.params) for name, r in results.items()},
                       "labels": {name: r.label for name, r in results.items()},
@@ -127,7 +156,7 @@ def _family_table(title: str, example, columns: Mapping):
     from rich.table import Table
 
     table = Table(title=title)
-    table.add_column("token")
+    table.add_column("word" if isinstance(example, WordView) else "token")
     for name in columns:
         table.add_column(name.replace("_", " "), justify="right", overflow="fold")
     for i, token in enumerate(example.tokens):
