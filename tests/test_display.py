@@ -252,6 +252,21 @@ def test_top_tokens_at_word_level_ranks_the_words_as_the_table_folds_them(ex):
         ex.top_tokens(3, method="loo_delete", level="span")
 
 
+def test_the_notebook_table_at_word_level_has_a_row_per_word(ex):
+    table = ex.word_table()
+    html = table._repr_html_()
+    words = ex.word_groups(0)
+    assert "unwatchable" in html and "##watch" not in html  # the word, not its pieces
+    assert html.count("<tr") >= sum(len(ex.word_groups(i)) for i in range(len(ex.examples)))
+    assert "folded by sum" in html and "word table" in repr(table)
+    label = ex["loo_delete"].label
+    folded = table.tables[0][3][next(k for k in table.tables[0][3] if k.startswith(label))]
+    frame = ex.to_pandas("word")
+    frame = frame[(frame.example == 0) & (frame.method == "loo_delete")]
+    np.testing.assert_allclose(np.nan_to_num(folded), np.nan_to_num(frame.score.to_numpy()), atol=1e-6)
+    assert len(folded) == len(words)
+
+
 def test_attention_maps_plot_is_a_query_key_heatmap(pm):
     batch = pm.encode(TEXTS)
     with probe.capture(pm, attention_mask=batch["attention_mask"]) as cap:

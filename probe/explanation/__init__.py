@@ -28,6 +28,7 @@ from probe.explanation.folder import (
     saved_examples,
     saved_scores,
 )
+from probe.explanation.words import WordTable, word_level_table
 from probe.frozen import PicklableFrozen
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
@@ -128,17 +129,13 @@ class Explanation(PicklableFrozen):
 
     def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
                    head: int | None = None, level: str = "token", agg: str = "sum") -> TopTokens:
-        """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]``
-        by ``method`` (default: the only method), highest first, each token as the tables and plots
-        show it (``probe.display.shown_token``: ``Ġis`` -> ``is``, a space inside it ``␣``;
-        ``examples[example].tokens[position]`` is the tokenizer's string): special tokens and NaN scores are
-        left out (ties keep the token order). A per-layer method is read at ``layer`` (default the
-        last), a per-head one at ``layer`` and ``head`` (default None: the mean over heads, NaN-aware,
-        as :meth:`matrix`, :meth:`plot` and the HTML table show it; the list's ``read_at`` and repr
-        say so). ``level="word"``: ``(word index, word, score)`` of the words, each the ``agg`` of its
-        tokens (as :meth:`to_pandas` folds them). Where the method's own check failed on this
-        example (e.g. integrated gradients not converged), the list's ``flags`` say why (its repr
-        shows them) and a :class:`~probe.explanation.ScoresWarning` is issued."""
+        """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]`` by ``method``
+        (default: the only method), highest first, shown as the tables show them (``Ġis`` -> ``is``; the
+        tokenizer's string is ``examples[example].tokens[position]``); special tokens and NaN scores left out,
+        ties in token order. A per-layer method is read at ``layer`` (default the last), a per-head one at
+        ``layer`` and ``head`` (None: the NaN-aware head mean the HTML table shows; ``read_at`` says which).
+        ``level="word"``: ``(word index, word, score)``, each word the ``agg`` of its tokens. Where the
+        method's own check failed on this example, ``flags`` say why and a :class:`ScoresWarning` is issued."""
         positive_int(k, "k")
         if method is None:
             if len(self.scores) != 1:
@@ -473,6 +470,16 @@ class Explanation(PicklableFrozen):
             parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
                                     "(ex.to_pandas() has them all)", ""))
         return "<div>" + "".join(parts) + "</div>"
+
+    def word_table(self, agg: str = "sum") -> WordTable:
+        """The notebook table at word level, each word the ``agg`` of its tokens' scores (sum, mean, max)."""
+        return word_level_table(self, agg)
+
+    def columns(self, index: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Example ``index``'s notebook table: method label (a failed check marked) -> ``[tokens]``
+        row, and the columns left unshaded, each with why."""
+        rows = self._rows(index, marked=True)
+        return rows, self._faded(index, rows)
 
     def _faded(self, index: int, rows: Mapping[str, np.ndarray]) -> dict[str, str]:
         """The columns of example ``index``'s table (``rows``: :meth:`_rows` with ``marked``, in the
