@@ -134,8 +134,8 @@ class Explanation(PicklableFrozen):
         tokenizer's string is ``examples[example].tokens[position]``); special tokens and NaN scores left out,
         ties in token order. A per-layer method is read at ``layer`` (default the last), a per-head one at
         ``layer`` and ``head`` (None: the NaN-aware head mean the HTML table shows; ``read_at`` says which).
-        ``level="word"``: ``(word index, word, score)``, each word the ``agg`` of its tokens. Where the
-        method's own check failed on this example, ``flags`` say why and a :class:`ScoresWarning` is issued."""
+        ``level="word"``: ``(word index, word, score)``, each word the ``agg`` of its tokens. Where the method's
+        check failed on this example, ``flags`` say why and a :class:`~probe.explanation.ScoresWarning` is issued."""
         positive_int(k, "k")
         if method is None:
             if len(self.scores) != 1:
