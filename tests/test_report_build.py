@@ -52,7 +52,8 @@ def result(tiny_dirs, tmp_path_factory) -> Path:
         "metrics": {"top_k": [1, 3], "erasure": {"rankings": ["attention_mean@last", "saliency"], "bins": [10, 50]},
                     "counterfactual": {"layers": ["last"], "permutations": 3, "adversarial": True,
                                        "adversarial_steps": 10, "adversarial_candidates": 2},
-                    "heads": {"ablation": True, "importance": True}},
+                    "heads": {"ablation": True, "importance": True},
+                    "sanity": {"fractions": [0.5, 1.0]}},  # the cascade's curve (by default its judged stage alone)
         "statistics": {"bootstrap": 200, "reference": "loo_delete"},
         "engine": {"batch_size": 4},
         "output": str(root / "result"),
@@ -264,6 +265,21 @@ def test_sections_without_their_tables_say_so(result, tmp_path):
     assert "mean_abs_ablation_change" not in pd.read_csv(folder / "report" / "tables" / "heads.csv").columns
     assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "heads", "randomisation",
                                                "sinks"}
+
+
+def test_the_randomisation_figure_needs_a_curve(result, tmp_path):
+    """The default check draws its judged stage alone (issue 63): a curve of the trained model and
+    one stage is no figure; the table carries the value, and a note says how to draw the curve."""
+    folder = _copy(result, tmp_path / "result")
+    verdict = json.loads((folder / "verdict.json").read_text())
+    curved = [c for c in verdict["sanity"] if c.get("check") == "randomisation" and len(c.get("curve") or []) > 2]
+    assert curved and all(len(c["curve"]) == 4 for c in curved)  # the trained model, the head, 1/2, all layers
+    for check in curved:
+        check["curve"] = [check["curve"][0], check["curve"][2]]  # trained, the judged stage
+    (folder / "verdict.json").write_text(json.dumps(verdict))
+    files = build_report(folder)
+    assert "randomisation" not in {p.stem for p in files.figures}
+    assert "drew its judged stage alone" in files.html.read_text(encoding="utf-8")
 
 
 def test_a_half_finished_run_gets_a_partial_report(result, tmp_path):

@@ -78,7 +78,7 @@ def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
     before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
     scorers = {"input_x_gradient": lambda pm, ex: G.input_x_gradient(pm, ex).scores,
                "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
-    checks = {c.method: c for c in R.randomisation(pm, examples, scorers, seed=0)}
+    checks = {c.method: c for c in R.randomisation(pm, examples, scorers, seed=0, fractions=(0.5, 1.0))}
     assert checks["position"].status == "fail" and checks["position"].value == pytest.approx(1.0)
     assert all(rho == pytest.approx(1.0) for _, rho in checks["position"].curve)
     curve = checks["input_x_gradient"].curve  # 2 layers: trained (0, 1), the head (0, .), (0.5, .), (1, .)
@@ -99,16 +99,44 @@ def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
         calls.append(1)
         return G.input_x_gradient(pm, ex).scores
 
-    alone = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0)
+    alone = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0, fractions=(0.5, 1.0))
     steps = 3 * R.RANDOM_DRAWS  # the head, half, all layers; each drawn RANDOM_DRAWS times
     assert len(calls) == 1 + steps  # and the trained model once
-    given = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
+    given = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0, fractions=(0.5, 1.0),
                             trained_scores={"input_x_gradient": G.input_x_gradient(pm, examples).scores})
     assert len(calls) == 1 + 2 * steps and given == alone
-    shifted = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0,
+    shifted = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0, fractions=(0.5, 1.0),
                               trained_scores={"input_x_gradient": [torch.arange(len(e.input_ids), dtype=torch.float32)
                                                                    for e in examples]})
     assert shifted[0].curve != alone[0].curve  # the given scores are the ones compared
+
+
+def test_the_judged_stage_alone_answers_as_the_whole_cascade(loaded):
+    """By default the cascade draws only the stage it is judged at (issue 63): a third of the
+    randomised models, and every check's answer, value and words as the whole cascade gives them,
+    with the head re-initialised at that stage though the head-alone stage is not drawn."""
+    from probe.methods import run_method
+
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    calls = []
+
+    def scorer(pm, ex):
+        calls.append(1)
+        return G.input_x_gradient(pm, ex).scores
+
+    scorers = {"input_x_gradient": scorer,
+               "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
+    reference = ("loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
+    judged = R.randomisation(pm, examples, scorers, seed=0, reference=reference)
+    assert len(calls) == 1 + R.RANDOM_DRAWS
+    whole = R.randomisation(pm, examples, scorers, seed=0, reference=reference, fractions=(0.5, 1.0))
+    assert len(calls) == 2 + 4 * R.RANDOM_DRAWS
+    assert [c.method for c in judged] == [c.method for c in whole] == ["loo_delete", "input_x_gradient", "position"]
+    for one, all_ in zip(judged, whole):
+        assert (one.status, one.value, one.detail) == (all_.status, all_.value, all_.detail)
+        assert one.curve == (all_.curve[0], all_.curve[2])  # the trained model, the head and half the layers
+    assert "once the head and the top half of the layers are random" in judged[1].detail
 
 
 def test_randomisation_cascades_from_the_head_and_restores_it(loaded):
@@ -125,7 +153,8 @@ def test_randomisation_cascades_from_the_head_and_restores_it(loaded):
     before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
     reference = ("loo_delete", lambda pm, ex: run_method(pm, ex, "loo_delete"))
     checks = {c.method: c for c in R.randomisation(pm, examples, {"position": lambda pm, ex: [
-        torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}, seed=0, reference=reference)}
+        torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}, seed=0, reference=reference,
+        fractions=(0.5, 1.0))}
     ref = checks["loo_delete"]
     assert ref.status == "pass" and ref.curve[1][1] < 0.9  # the head alone moved the reference's ranking
     assert "the target moved by" in ref.detail

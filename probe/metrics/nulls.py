@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 __all__ = ["NullBlock", "agreement_values", "exact_top_k", "max_t_test", "mc_interval", "measure_k", "null_moments",
-           "permutation_means"]
+           "permutation_means", "permutation_means_many"]
 
 # upper bound on the elements of one [permutations, pairs] sign block (float32: 16 MiB)
 _BLOCK_ELEMENTS = 1 << 22
@@ -210,37 +210,79 @@ def permutation_means(blocks: Iterable[NullBlock], n_units: int, measure: str, *
     output tokens), on the data and under ``B = permutations`` permutations of the reference per
     example. A unit with no finite value is NaN throughout. Memory: ``U x (B + 1)`` floats per
     owner being summed, whatever the number of examples."""
+    return permutation_means_many([(list(blocks), n_units)], measure, permutations=permutations, seed=seed)[0]
+
+
+def permutation_means_many(families: Sequence[tuple[Sequence[NullBlock], int]], measure: str, *,
+                           permutations: int = 1000, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`permutation_means` of several families (each its blocks and its number of units) at
+    one seed, the same numbers bit for bit, with the work they share done once: blocks of one
+    example that compare with the same reference values on the same tokens (the explainers of a
+    family, and every family of a study) share that example's permutations, and for a rank or
+    top-k measure one computation of the permuted reference's pairs or top tokens, their units'
+    rows stacked (a study's families drew and ranked them once per family: issue 63)."""
     if isinstance(permutations, bool) or not isinstance(permutations, (int, np.integer)) or permutations < 1:
         raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
     measure_k(measure)
-    by_owner: dict[int, list[NullBlock]] = {}
-    for block in blocks:
-        by_owner.setdefault(int(block.owner), []).append(block)
+    by_owner: dict[int, list[tuple[int, NullBlock]]] = {}
+    for f, (blocks, _) in enumerate(families):
+        for block in blocks:
+            by_owner.setdefault(int(block.owner), []).append((f, block))  # each family's blocks in its order
     columns = permutations + 1
-    total = np.zeros((n_units, columns))
-    n = np.zeros(n_units, dtype=np.int64)
+    totals = [np.zeros((n_units, columns)) for _, n_units in families]
+    counts = [np.zeros(n_units, dtype=np.int64) for _, n_units in families]
     for owner in sorted(by_owner):
-        local = np.zeros((n_units, columns))
-        count = np.zeros(n_units, dtype=np.int64)
-        for block in by_owner[owner]:
-            if block.x.shape[1] < 2:
-                continue
-            order = _permutations(seed, block.key, np.asarray(block.positions), permutations)  # [B + 1, n]
-            y = np.asarray(block.y)
-            if measure == "kendall_tau":
-                y = dense_ranks(y)  # the same taus: Kendall's reads y's order only
-            values = agreement_values(measure, np.asarray(block.x, dtype=np.float64), y[order])
-            finite = np.isfinite(values[:, 0])  # [U_b]; finiteness does not depend on the permutation
+        entries = [(f, block) for f, block in by_owner[owner] if block.x.shape[1] >= 2]
+        values = _shared_values([block for _, block in entries], measure, permutations, seed)
+        local = {f: np.zeros((families[f][1], columns)) for f, _ in entries}
+        count = {f: np.zeros(families[f][1], dtype=np.int64) for f, _ in entries}
+        for (f, block), value in zip(entries, values):
+            finite = np.isfinite(value[:, 0])  # [U_b]; finiteness does not depend on the permutation
             units = np.asarray(block.units)[finite]
-            local[units] += values[finite]  # a block names each unit once
-            count[units] += 1
-        seen = count > 0
-        total[seen] += local[seen] / count[seen, None]
-        n += seen
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = total / n[:, None]
-    means[n == 0] = np.nan
-    return means[:, 0], means[:, 1:]
+            local[f][units] += value[finite]  # a block names each unit once
+            count[f][units] += 1
+        for f in local:
+            seen = count[f] > 0
+            totals[f][seen] += local[f][seen] / count[f][seen, None]
+            counts[f] += seen
+    out = []
+    for total, n in zip(totals, counts):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = total / n[:, None]
+        means[n == 0] = np.nan
+        out.append((means[:, 0], means[:, 1:]))
+    return out
+
+
+def _shared_values(blocks: Sequence[NullBlock], measure: str, permutations: int, seed: int) -> list[np.ndarray]:
+    """Each block's ``[U_b, permutations + 1]`` agreement values, blocks with the same key, tokens and
+    reference values drawn together: one permutation of the reference for them all, and for Kendall's
+    tau and top-k one computation over their stacked rows (exact integer arithmetic per row, so the
+    same numbers as alone); Spearman's rho per block (a float product whose rounding could move with
+    the stacking)."""
+    groups: dict[tuple, list[int]] = {}
+    for index, block in enumerate(blocks):
+        y = np.asarray(block.y)
+        positions = np.asarray(block.positions)
+        groups.setdefault((int(block.key), positions.tobytes(), y.dtype.str, y.tobytes()), []).append(index)
+    out: list[np.ndarray] = [np.empty(0)] * len(blocks)
+    for members in groups.values():
+        first = blocks[members[0]]
+        order = _permutations(seed, first.key, np.asarray(first.positions), permutations)  # [B + 1, n]
+        y = np.asarray(first.y)
+        if measure == "kendall_tau":
+            y = dense_ranks(y)  # the same taus: Kendall's reads y's order only
+        y_perm = y[order]
+        xs = [np.asarray(blocks[m].x, dtype=np.float64) for m in members]
+        if measure == "spearman":
+            for m, x in zip(members, xs):
+                out[m] = agreement_values(measure, x, y_perm)
+            continue
+        stacked = agreement_values(measure, np.concatenate(xs, axis=0), y_perm)
+        bounds = np.cumsum([0] + [x.shape[0] for x in xs])
+        for m, lo, hi in zip(members, bounds[:-1], bounds[1:]):
+            out[m] = stacked[lo:hi]
+    return out
 
 
 def max_t_test(observed: np.ndarray, null: np.ndarray, *, quantile: float = 0.95, center: np.ndarray | None = None,

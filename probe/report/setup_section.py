@@ -331,9 +331,13 @@ def _sanity_blocks(r: StudyResult, w: Writer) -> list:
         blocks.append(Para(f"Every unit's own randomisation check ({len(units)} units) is in "
                            f"{w.csv('sanity_units', unit_frame)}.", "note"))
     curves = {c["method"]: c["curve"] for c in whole if c.get("check") == "randomisation" and c.get("curve")}
-    if curves:
+    if any(len(curve) > 2 for curve in curves.values()):  # the trained model and more than the judged stage
         blocks.append(w.figure("randomisation", fg.randomisation_curves(curves, r.reference),
                                randomisation_caption(curves)))
+    elif curves:
+        blocks.append(Para("The randomisation check drew its judged stage alone (the table's values); "
+                           "metrics.sanity.fractions: [0.25, 0.5, 1.0] draws the cascade's curve, from the output "
+                           "head alone down.", "note"))
     convergence = an.ig_convergence(r)
     if len(convergence):
         shown = convergence.assign(**{c: [f"{v:.1e}" for v in convergence[c]]

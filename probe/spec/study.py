@@ -237,8 +237,11 @@ class SanitySpec(SpecModel):
     examples: Annotated[Int, Field(ge=1, le=64)] = 4
     #: run the model-parameter randomisation check (Adebayo et al. 2018)
     randomisation: Bool = True
-    #: the fractions of the layers re-initialised from the top, one step of the cascade each
-    fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5, 1.0])
+    #: the fractions of the layers re-initialised from the top (with the output head), one stage of the
+    #: cascade each; the check is judged at the first >= 0.5. One fraction runs that stage alone; more
+    #: (e.g. [0.25, 0.5, 1.0]) draw the cascade's curve in the report, from the head alone down, at
+    #: three randomised models per stage
+    fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5])
 
 
 class PublishedNumber(SpecModel):

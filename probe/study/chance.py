@@ -32,7 +32,7 @@ the mean and sd of :data:`MOMENT_PERMUTATIONS` rankings drawn once at a seed of 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -47,11 +47,12 @@ from probe.metrics.nulls import (
     measure_k,
     null_moments,
     permutation_means,
+    permutation_means_many,
 )
 from probe.study.steps import is_stepwise
 
 __all__ = ["CHANCE_COLUMNS", "MC_MAX_PERMUTATIONS", "MC_RISK", "MOMENT_PERMUTATIONS", "ChanceFamily",
-           "chance_families", "stage_seed"]
+           "chance_families", "stage_seed", "test_families"]
 
 #: rule 1's table, one row per unit: its observed mean measure, the mean and the 95th percentile of its
 #: permutation null (``chance_mean``, ``chance_high``), its one-sided permutation p-value ``p_chance``
@@ -224,31 +225,64 @@ class ChanceFamily:
         """The family's rows of :data:`CHANCE_COLUMNS` at this seed; with ``alpha``, by the sequential
         rule of the module docstring (``max_permutations``: its cap, default
         ``max(permutations, MC_MAX_PERMUTATIONS)``)."""
-        observed, null = permutation_means(self.blocks, len(self.units), self.measure, permutations=permutations,
-                                           seed=seed)
-        rows, deciding = self._rows(observed, null, alpha)
-        if alpha is None:
-            return rows
-        cap = max(permutations, MC_MAX_PERMUTATIONS) if max_permutations is None else int(max_permutations)
-        if not permutations <= cap <= MC_CAP_BOUND:
-            raise ValueError(f"max_permutations must be between permutations ({permutations}) and {MC_CAP_BOUND:,}, "
-                             f"got {cap}")
-        totals = [permutations]
-        while totals[-1] < cap:
-            totals.append(min(cap, 2 * totals[-1]))
-        risk = MC_RISK / len(totals)  # Bonferroni over the looks
-        for stage in range(len(totals)):
-            low, high = mc_interval(deciding, null.shape[1], risk)
-            near = np.isfinite(deciding) & (low <= alpha) & (alpha <= high)
-            if not near.any() or stage == len(totals) - 1:
-                rows["near_alpha"] = near
-                return rows
-            more = totals[stage + 1] - null.shape[1]
-            _, extra = permutation_means(self.blocks, len(self.units), self.measure, permutations=more,
-                                         seed=stage_seed(seed, stage + 1))
-            null = np.concatenate([null, extra], axis=1)
-            rows, deciding = self._rows(observed, null, alpha)
+        return test_families([self], permutations=permutations, seed=seed, alpha=alpha,
+                             max_permutations=max_permutations)[0]
+
+
+def test_families(families: Sequence[ChanceFamily], *, permutations: int, seed: int, alpha: float | None = None,
+                  max_permutations: int | None = None) -> list[pd.DataFrame]:
+    """:meth:`ChanceFamily.test` of every family, the same rows, the permutations they share drawn
+    and compared once (:func:`probe.metrics.nulls.permutation_means_many`): the families of one
+    measure at each stage together, a family leaving the stages once no unit of it is near alpha."""
+    cap = max(permutations, MC_MAX_PERMUTATIONS) if max_permutations is None else int(max_permutations)
+    if alpha is not None and not permutations <= cap <= MC_CAP_BOUND:
+        raise ValueError(f"max_permutations must be between permutations ({permutations}) and {MC_CAP_BOUND:,}, "
+                         f"got {cap}")
+    first = _draw(families, permutations, seed)
+    observed = [o for o, _ in first]
+    nulls = [n for _, n in first]
+    tested = [f._rows(o, n, alpha) for f, o, n in zip(families, observed, nulls)]
+    rows = [t[0] for t in tested]
+    if alpha is None:
         return rows
+    totals = [permutations]
+    while totals[-1] < cap:
+        totals.append(min(cap, 2 * totals[-1]))
+    risk = MC_RISK / len(totals)  # Bonferroni over the looks
+    going = list(range(len(families)))
+    for stage in range(len(totals)):
+        still = []
+        for i in going:
+            low, high = mc_interval(tested[i][1], nulls[i].shape[1], risk)
+            near = np.isfinite(tested[i][1]) & (low <= alpha) & (alpha <= high)
+            if not near.any() or stage == len(totals) - 1:
+                rows[i]["near_alpha"] = near
+            else:
+                still.append(i)
+        going = still
+        if not going:
+            break
+        more = totals[stage + 1] - totals[stage]
+        for i, (_, extra) in zip(going, _draw([families[i] for i in going], more, stage_seed(seed, stage + 1))):
+            nulls[i] = np.concatenate([nulls[i], extra], axis=1)
+            tested[i] = families[i]._rows(observed[i], nulls[i], alpha)
+            rows[i] = tested[i][0]
+    return rows
+
+
+def _draw(families: Sequence[ChanceFamily], permutations: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(observed, null)`` of each family at ``permutations`` draws of ``seed``, the families of one
+    measure drawn together."""
+    out: list = [None] * len(families)
+    by_measure: dict[str, list[int]] = {}
+    for i, family in enumerate(families):
+        by_measure.setdefault(family.measure, []).append(i)
+    for measure, members in by_measure.items():
+        drawn = permutation_means_many([(families[i].blocks, len(families[i].units)) for i in members], measure,
+                                       permutations=permutations, seed=seed)
+        for i, result in zip(members, drawn):
+            out[i] = result
+    return out
 
 
 def chance_families(tables: dict, agreement: pd.DataFrame, study, measure: str, units: pd.DataFrame, *,

@@ -5,7 +5,9 @@
                    (:mod:`probe.study.weights`; ``draws`` draws per step, averaged); at each step each
                    explainer's Spearman (or chance-corrected top-k agreement) with its trained-model
                    scores, and the same for the study's reference with the mean |change| of the target.
-                   Judged once the head and the top half of the layers are random.
+                   Judged once the head and the top half of the layers are random; by default
+                   that stage alone is drawn (``metrics.sanity.fractions``: more stages draw the
+                   cascade's curve, from the head alone down, and decide nothing more).
     units          :func:`unit_randomisation`, for the bottom-up methods: a layer-l unit is computed
                    from the embeddings and layers 0..l only, so every weight is re-initialised and each
                    unit gets its own check.
@@ -29,7 +31,7 @@ from probe.errors import ProbeError
 from probe.rows.scores import score_unit_rows
 from probe.study.replay import ReferenceRuns, reference_runs
 from probe.study.sanity import Check, output_unit
-from probe.study.weights import cascade_steps, layer_stack, randomised, randomised_top
+from probe.study.weights import cascade_steps, head_parameters, layer_stack, randomised, randomised_top
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -68,7 +70,7 @@ def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray],
 
 
 def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *,
-                  fractions: Sequence[float] = (0.25, 0.5, 1.0), seed: int = 0,
+                  fractions: Sequence[float] = (0.5,), seed: int = 0,
                   trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
                   reference: tuple[str, Callable] | ReferenceRuns | None = None,
                   scored: Sequence[Sequence[bool]] | None = None, top: int | None = None,
@@ -101,7 +103,8 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *,
     curves, changes = _cascade_curves(pm, layers, steps, run, trained, values if ref_name in trained else None,
                                       seed=seed, draws=draws, scored=scored, top=top, step=step)
     judged = next((i for i, c in enumerate(steps) if c / len(layers) >= 0.5 - 1e-9), len(steps) - 1) + 1
-    checks.update(_cascade_checks(curves, changes, judged, ref_name, head=steps[:1] == [0], top=top))
+    checks.update(_cascade_checks(curves, changes, judged, ref_name, head=bool(head_parameters(pm.model, layers)),
+                                  top=top))
     return [checks[name] for name in names if name in checks]
 
 

@@ -23,7 +23,9 @@ they failed on, per example where the check is (:class:`ScoreFlag`, :func:`expla
     randomisation  Adebayo et al. 2018 (:mod:`probe.study.randomisation`), cascading from the logits down: first the output head (the
                    classifier, score or pooler modules that are not tied to the input embeddings),
                    then the layers from the top, each re-initialised (matrices N(0, init std),
-                   biases 0, norm scales 1; three draws per step, averaged). At each step, each explainer's Spearman correlation
+                   biases 0, norm scales 1; three draws per step, averaged; by default only the
+                   judged step, the head and the top half, is drawn: ``metrics.sanity.fractions``
+                   lists more for the curve). At each step, each explainer's Spearman correlation
                    with its trained-model scores, mean over a small sample, and the same for the
                    study's reference (its own row: how far the step moved what the model does with
                    its input) with the mean |change| of the target. Judged once the head and the

@@ -388,10 +388,9 @@ def chance_frame(plan: Sequence, *, permutations: int, seed: int, alpha: float |
     """Rule 1's tests of a :func:`chance_plan` at one seed (:data:`probe.study.chance.CHANCE_COLUMNS`);
     with ``alpha``, a family with a unit within Monte Carlo error of it draws more rankings, up to
     ``max_permutations`` (the sequential rule of :mod:`probe.study.chance`)."""
-    from probe.study.chance import CHANCE_COLUMNS
+    from probe.study.chance import CHANCE_COLUMNS, test_families
 
-    frames = [f.test(permutations=permutations, seed=seed, alpha=alpha, max_permutations=max_permutations)
-              for f in plan]
+    frames = test_families(plan, permutations=permutations, seed=seed, alpha=alpha, max_permutations=max_permutations)
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CHANCE_COLUMNS)
 

@@ -71,7 +71,11 @@ def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int,
 
 
 def cascade_steps(model, layers: torch.nn.ModuleList, fractions: Sequence[float]) -> list[int]:
-    """The cascade's steps as numbers of top layers re-initialised: 0 (the output head alone, where
-    the model has one), then each fraction's count of layers."""
+    """The cascade's steps as numbers of top layers re-initialised (each with the output head, where
+    the model has one): each fraction's count of layers, and where that is more than one stage (a
+    curve), first 0, the output head alone. One fraction is the judged stage alone: the check's
+    answer is read there, and the other stages only draw the curve (about a third of the check's
+    models each, the head alone the dearest for integrated gradients: the trained layers under a
+    random head need more points)."""
     counts = sorted({max(1, min(len(layers), round(fraction * len(layers)))) for fraction in fractions})
-    return ([0] if head_parameters(model, layers) else []) + counts
+    return ([0] if len(counts) > 1 and head_parameters(model, layers) else []) + counts
