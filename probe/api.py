@@ -17,6 +17,7 @@ This module imports torch; ``import probe`` does not (its names load on first us
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -544,7 +545,9 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
         if report_is_current(root):
             log(f"report: {root / 'report' / 'report.html'} (up to date)")
             return
-        log(f"report: {build_report(root).html}")
+        started = time.perf_counter()
+        html = build_report(root).html
+        log(f"report: {html} (written in {time.perf_counter() - started:.1f} s)")
 
     run = _run(study, shard=shard, progress=progress, log=log,
                on_complete=write_report if report else None, wait=wait, force_new=force_new, model=model)

@@ -433,3 +433,46 @@ def test_kendall_null_from_dense_ranks_equals_the_null_from_values():
     np.testing.assert_array_equal(agreement_values("kendall_tau", x, ranks[order]),
                                   agreement_values("kendall_tau", x, y[order]))
     assert dense_ranks(np.array([1.0, np.nan])).dtype == np.float64  # not finite: the values, as before
+
+
+def test_families_tested_together_give_each_family_its_own_rows():
+    """A study's families share their examples' permutations (issue 63): tested together, every
+    family's rows are the ones it gets alone, bit for bit, the sequential rule's extra draws
+    included, whatever its measure or reference."""
+    import pandas as pd
+
+    from probe.study.chance import ChanceFamily, test_families
+
+    rng = np.random.default_rng(11)
+    near = _near_alpha_family(26)
+    shared = [NullBlock(b.owner, b.key, np.arange(2), rng.normal(size=(2, b.x.shape[1])), b.y, b.positions)
+              for b in near.blocks]  # the same reference values: the same permutations, stacked
+    other_ref = [NullBlock(b.owner, b.key, np.arange(1), b.x[:1], rng.normal(size=b.y.size), b.positions)
+                 for b in near.blocks]
+
+    def family(name, measure, blocks, units, reference="loo_delete"):
+        frame = pd.DataFrame({"explainer": [name] * units, "layer": [0] * units, "head": list(range(units))})
+        return ChanceFamily(name, reference, measure, frame, tuple(blocks), (len(blocks),) * units)
+
+    plan = [near, family("gradients", "kendall_tau", shared, 2), family("ceiling", "kendall_tau", other_ref, 1, "loo_mask"),
+            family("spearman", "spearman", shared, 2), family("top", "top2", shared, 2)]
+    together = test_families(plan, permutations=1000, seed=5, alpha=0.05)
+    assert together[0].permutations.iloc[0] > 1000  # the near family drew more
+    for fam, rows in zip(plan, together, strict=True):
+        pd.testing.assert_frame_equal(rows, fam.test(permutations=1000, seed=5, alpha=0.05))
+
+
+def test_kendall_null_from_large_integers_and_long_rows_equals_the_oracle():
+    """The pair signs come from small integer ranks a row position at a time: integer values beyond
+    int8 or int16, and rows of 128 tokens and more, give the taus scipy gives."""
+    from probe.metrics.nulls import dense_ranks
+
+    rng = np.random.default_rng(8)
+    for n in (7, 130):
+        x = rng.normal(size=(3, n))
+        y = rng.integers(0, n // 2, size=n)  # ties
+        order = np.array([rng.permutation(n) for _ in range(40)])
+        for values in (y * 1000 + 70000, dense_ranks(y.astype(float)), y.astype(float)):
+            got = agreement_values("kendall_tau", x, values[order])
+            want = [[stats.kendalltau(x[u], y[o]).statistic for o in order] for u in range(3)]
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)

@@ -372,3 +372,44 @@ def test_the_replay_gives_way_where_a_changed_parameter_runs_before_its_layers(l
     assert {name: (dict(m._forward_hooks), dict(m._forward_pre_hooks))
             for name, m in pm.model.named_modules()} == hooks
     assert all("forward" not in layer.__dict__ for layer in layers)
+
+
+def test_fresh_weights_are_drawn_in_place_with_the_numbers_of_a_separate_draw():
+    """The randomised weights are drawn in place where torch gives the same numbers as drawing them
+    apart and scaling (float32 on the CPU, 16 elements or more), apart otherwise: the same model
+    either way, and the trained one back after."""
+    lin = torch.nn.Linear(8, 8)  # 64 elements: in place
+    small = torch.nn.Linear(3, 2)  # 6 elements: apart
+    half = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    params = [("a.weight", lin.weight), ("a.bias", lin.bias), ("b.weight", small.weight), ("c.weight", half.weight),
+              ("norm", torch.nn.Parameter(torch.zeros(4)))]
+    before = [p.detach().clone() for _, p in params]
+    generator = torch.Generator().manual_seed(9)
+    expected = [torch.randn(p.shape, generator=generator) * 0.02 for _, p in params if p.ndim >= 2]
+    with W.randomised(params, seed=9, std=0.02):
+        assert torch.equal(lin.weight, expected[0]) and torch.equal(small.weight, expected[1])
+        assert torch.equal(half.weight, expected[2].to(torch.bfloat16))
+        assert torch.equal(lin.bias, torch.zeros(8)) and torch.equal(params[-1][1], torch.ones(4))
+    for (_, p), b in zip(params, before):
+        assert torch.equal(p, b)
+
+
+def test_methods_one_gradient_pass_gives_are_made_once_per_randomised_model(loaded):
+    """Saliency and input x gradient from one gradient pass per randomised model (issue 63), as the
+    study's batches make them: the same checks as one call per method, and one pass per model."""
+    from probe.methods import run_method, run_shared_gradients
+
+    pm = loaded("bert")
+    examples = prepare(pm, TEXTS, TargetSpec())
+    names = ("saliency", "input_x_gradient")
+    passes = []
+
+    def both(pm, ex):
+        passes.append(1)
+        return {m: r.scores for m, r in run_shared_gradients(pm, ex, list(names)).items()}
+
+    alone = {m: (lambda pm, ex, m=m: run_method(pm, ex, m).scores) for m in names}
+    apart = R.randomisation(pm, examples, alone, seed=0, fractions=(0.5, 1.0))
+    joined = R.randomisation(pm, examples, alone, seed=0, fractions=(0.5, 1.0), together={names: both})
+    assert repr([c.to_dict() for c in joined]) == repr([c.to_dict() for c in apart])
+    assert len(passes) == 1 + 3 * R.RANDOM_DRAWS  # the trained model, then each randomised one once

@@ -73,6 +73,15 @@ def test_report_shows_checks_left_out_and_flags(checked_run, tmp_path):
     assert "input_x_gradient failed its sanity checks (degeneracy" in text
     assert "identical rankings on this model: attention_mean L0 = rollout L0" in text
     assert any(p.name.startswith("randomisation") for p in files.figures)
+    assert "time after the steps" in text  # the phases' seconds (issue 63)
+
+
+def test_provenance_times_each_phase_after_the_steps(checked_run):
+    """provenance.json records the seconds of the sanity checks, the randomisation check among them,
+    and the statistics (issue 63: each phase's cost on the report)."""
+    phases = json.loads((checked_run / "provenance.json").read_text())["phase_seconds"]
+    assert set(phases) == {"sanity checks", "randomisation check", "statistics"}
+    assert 0 < phases["randomisation check"] <= phases["sanity checks"] and phases["statistics"] > 0
 
 
 def test_redundant_units_are_one_row_in_the_table_and_named_in_the_figures(checked_run):

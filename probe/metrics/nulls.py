@@ -104,15 +104,25 @@ def _pair_signs(values: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
 
 def _permuted_pair_signs(y_perm: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """:func:`_pair_signs` of rows that all hold one multiset of finite values (permutations of one
-    vector), from their ranks in it as small integers: the same signs, ties 0, at a third of the
-    cost (the null's largest share: issue 63). Other rows go the general way."""
-    if np.issubdtype(y_perm.dtype, np.integer):  # ranks already (:func:`dense_ranks`): their signs are the values'
-        return np.sign(y_perm[:, j] - y_perm[:, i]).astype(np.float32)
-    first = np.sort(y_perm[0])
-    if y_perm.shape[1] >= 2 ** 15 or not np.isfinite(first).all():
-        return _pair_signs(y_perm, i, j)
-    ranks = np.searchsorted(first, y_perm).astype(np.int8 if y_perm.shape[1] < 128 else np.int16)  # equal: equal
-    return np.sign(ranks[:, j] - ranks[:, i]).astype(np.float32)
+    vector), transposed: ``[pairs, rows]``, float32. From their ranks in it as small integers (equal
+    values equal ranks), a pair's sign is that of the ranks' difference, computed a row position at a
+    time over all rows at once (contiguous, no gather per pair: the null's largest share, issue 63).
+    Other rows go the general way."""
+    small = np.issubdtype(y_perm.dtype, np.integer) and y_perm.size and 0 <= y_perm.min() and y_perm.max() < 2 ** 15
+    if not small:  # values (or large integers): ranked here, or the general way
+        first = np.sort(y_perm[0])
+        if y_perm.shape[1] >= 2 ** 15 or not np.isfinite(first).all():
+            return _pair_signs(y_perm, i, j).T
+        y_perm = np.searchsorted(first, y_perm)  # equal values: equal ranks, below the row's length
+    n = y_perm.shape[1]
+    kind = np.int8 if y_perm.max() < 128 else np.int16  # ranks in [0, 2^15): their differences fit
+    ranks = np.ascontiguousarray(y_perm.T.astype(kind))  # [n, rows]
+    out = np.empty((i.size, y_perm.shape[0]), dtype=np.float32)
+    k = 0
+    for a in range(n - 1):  # the pairs (a, a+1), ..., (a, n-1): np.triu_indices' order
+        np.sign(ranks[a + 1:] - ranks[a], out=out[k:k + n - 1 - a], casting="unsafe")
+        k += n - 1 - a
+    return out
 
 
 def dense_ranks(y: np.ndarray) -> np.ndarray:
@@ -144,8 +154,8 @@ def _kendall(x: np.ndarray, y_perm: np.ndarray) -> np.ndarray:
     step = max(1, _BLOCK_ELEMENTS // tot)
     cmd = np.empty((u, p), dtype=np.int64)
     for lo in range(0, p, step):
-        sy = _permuted_pair_signs(y_perm[lo:lo + step], i, j)  # [p_blk, pairs]
-        cmd[:, lo:lo + step] = np.rint(sx @ sy.T).astype(np.int64)  # exact below 2**24 pairs
+        sy = _permuted_pair_signs(y_perm[lo:lo + step], i, j)  # [pairs, p_blk]
+        cmd[:, lo:lo + step] = np.rint(sx @ sy).astype(np.int64)  # exact below 2**24 pairs
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = cmd / np.sqrt(tot - xtie)[:, None] / np.sqrt(tot - ytie)
     out[ok] = np.clip(tau[ok], -1.0, 1.0)

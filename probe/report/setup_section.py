@@ -258,6 +258,12 @@ def _provenance_blocks(r: StudyResult) -> list:
         frame["share"] = frame["seconds"] / total
         frame["seconds_per_example"] = frame["seconds"] / max(r.n_examples, 1)
         blocks.append(Table(frame, caption="time per step, over all batches"))
+    phases = p.get("phase_seconds") or {}
+    if phases:
+        frame = pd.DataFrame({"phase": list(phases), "seconds": list(phases.values())})
+        blocks.append(Table(frame, caption="time after the steps, once per study (the randomisation check is part of "
+                                           "the sanity checks; the report's own rendering is not here: probe run "
+                                           "prints it with the report's path)"))
     return blocks
 
 

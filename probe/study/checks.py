@@ -9,6 +9,7 @@ not change the reference) is ``not informative``, which is no failure.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -36,12 +37,14 @@ LEFT_OUT_KEY = ["role", "explainer", "reference"]
 
 def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
                  stored: Mapping[str, TokenScores] | None = None, *,
-                 progress: Callable[[int, int, str], None] | None = None) -> list[S.Check]:
+                 progress: Callable[[int, int, str], None] | None = None,
+                 timings: dict[str, float] | None = None) -> list[S.Check]:
     """Every check that applies to the study's explainers and gradient references, on ``examples``.
     ``stored``: the trained model's scores of these examples as the study's batches computed them
     (:func:`probe.study.tables.scores_from_rows`), used instead of computing them again; the
     randomised models' scores are always computed. ``progress(done, total, what)``: called as the
     checks go, ``total`` being the randomised models (draws) plus one for the checks before them.
+    ``timings``: given, it gets the randomisation check's seconds (``"randomisation check"``).
 
     The reference's trained-model run on the sample is made once for every check that reads it
     (the randomisation checks compare with that run, not with the stored scores, whose batches were
@@ -76,8 +79,11 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
         report(done[0], total, "sanity checks: randomised models")
 
     if spec.randomisation:
+        started = time.perf_counter()
         checks += _randomisation_checks(pm, study, examples, results, ref_runs if reference is not None else None,
                                         _sample_top(study, reference, scored), scored, step)
+        if timings is not None:
+            timings["randomisation check"] = time.perf_counter() - started
     report(total, total, "sanity checks")
     return checks
 
@@ -148,10 +154,23 @@ def _randomisation_checks(pm: ProbeModel, study: Study, examples: list[PreparedE
         if whole:
             checks += randomisation(pm, examples, {m: scorers[m] for m in whole},
                                     fractions=tuple(study.metrics.sanity.fractions), seed=study.statistics.seed,
-                                    trained_scores=trained, reference=ref_scorer, scored=scored, top=top, step=step)
+                                    trained_scores=trained, reference=ref_scorer, scored=scored, top=top, step=step,
+                                    together=_one_gradient_pass([m for m in whole if not on_random[m]]))
     except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
         checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks
+
+
+def _one_gradient_pass(methods: list[str]) -> dict[tuple[str, ...], Callable]:
+    """The gradient methods among ``methods`` (default parameters) that one pass gives, as the study's
+    batches run them (:func:`probe.methods.run_shared_gradients`: the same numbers as one by one)."""
+    from probe.explainers.gradients import SHARED_GRADIENT_METHODS
+    from probe.methods import run_shared_gradients
+
+    shared = tuple(m for m in methods if m in SHARED_GRADIENT_METHODS)
+    if len(shared) < 2:
+        return {}
+    return {shared: lambda pm, ex: {m: r.scores for m, r in run_shared_gradients(pm, ex, list(shared)).items()}}
 
 
 def randomised_params(study: Study, method: str) -> dict | None:

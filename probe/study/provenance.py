@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -55,7 +56,10 @@ def source_commit() -> str | None:
 
 
 def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict,
-               load_seconds: float) -> dict:
+               load_seconds: float, phases: Mapping[str, float] | None = None) -> dict:
+    """What the run was and how it went: versions, the model and its weights' hash, the data, the
+    seconds of each step over the batches (``step_seconds``) and of what ran once after them
+    (``phase_seconds``: the sanity checks, the randomisation check among them, the statistics)."""
     import torch
 
     infos = [store.batch_info(b) for b in range(n_batches)]
@@ -82,6 +86,7 @@ def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables
                             "min": int(lengths.min()), "max": int(lengths.max())},
         "wall_seconds": float(sum(i["wall_s"] for i in infos)), "model_load_seconds": load_seconds,
         "step_seconds": {k: float(v) for k, v in steps.items()},
+        "phase_seconds": {k: float(v) for k, v in (phases or {}).items()},
         "peak_memory_bytes": int(max(i.get("peak_memory_bytes", -1) for i in infos)),
         "forward_passes_per_example": float(sum(i["forward_calls"] for i in infos) / max(n, 1)),
         "forward_rows_per_example": float(sum(i["forward_rows"] for i in infos) / max(n, 1)),

@@ -74,9 +74,12 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *,
                   trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
                   reference: tuple[str, Callable] | ReferenceRuns | None = None,
                   scored: Sequence[Sequence[bool]] | None = None, top: int | None = None,
-                  draws: int = RANDOM_DRAWS, step: Callable[[], None] | None = None) -> list[Check]:
+                  draws: int = RANDOM_DRAWS, step: Callable[[], None] | None = None,
+                  together: Mapping[tuple[str, ...], Callable] | None = None) -> list[Check]:
     """Cascading randomisation (module docstring). ``scorers`` maps a name to ``f(pm, examples) ->
     list of per-example score tensors``; each one's output unit is compared by Spearman.
+    ``together``: names whose scores one call gives (``f(pm, examples) -> {name: scores}``, e.g.
+    saliency and input x gradient from one gradient pass), made once per model instead of per name.
     ``trained_scores``: a scorer's output on the trained model where the caller already has it
     (the same call, so the same numbers); the others are run first. ``reference``: (name, scorer)
     of the study's reference, a leave-one-out whose result carries ``original_values``: its own
@@ -97,7 +100,7 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *,
         reason = f"no list of {pm.contract.n_layers} layers found in the model to re-initialise"
         return [Check(name, "randomisation", "not run", None, reason) for name in names]
     values: list[np.ndarray] = []  # the reference's own target values, one array per run of it
-    run = _ranking_run(pm, examples, scorers, reference, values)
+    run = _ranking_run(pm, examples, scorers, reference, values, together)
     trained, checks = _trained_rankings(names, run, trained_scores)
     steps = cascade_steps(pm.model, layers, fractions)
     curves, changes = _cascade_curves(pm, layers, steps, run, trained, values if ref_name in trained else None,
@@ -109,15 +112,26 @@ def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *,
 
 
 def _ranking_run(pm: ProbeModel, examples, scorers: Mapping[str, Callable], reference: ReferenceRuns | None,
-                 values: list[np.ndarray]) -> Callable:
+                 values: list[np.ndarray], together: Mapping[tuple[str, ...], Callable] | None = None) -> Callable:
     """``run(name, changed=None)``: ``name``'s output-unit scores (one array per example) on the trained
     model, or with ``changed`` re-initialised (the caller's block); each run of the reference appends
-    its ``original_values`` (the target's values) to ``values``."""
+    its ``original_values`` (the target's values) to ``values``. A name of a ``together`` group takes
+    the group's one call on this model (the same ``changed`` object: the same model)."""
     ref_name = reference.name if reference is not None else None
+    groups = {name: group for group in (together or {}) for name in group}
+    made: dict[tuple[str, ...], tuple[object, Mapping]] = {}  # group -> (the model's changed, its scores)
+
+    def scores(name, changed):
+        group = groups.get(name)
+        if group is None:
+            return scorers[name](pm, examples)
+        if group not in made or made[group][0] is not changed:
+            made[group] = (changed, together[group](pm, examples))
+        return made[group][1][name]
 
     def run(name, changed=None):
         if name != ref_name:
-            result = scorers[name](pm, examples)
+            result = scores(name, changed)
         else:
             result = reference.trained() if changed is None else reference.randomised(changed)
             values.append(np.asarray(result.extras.get("original_values", []), dtype=float))

@@ -341,11 +341,15 @@ def _finish(pm: ProbeModel, study: Study, store: ResultStore, data: list, *, n_b
     bar = _FinishBar(study.name) if progress else None
     finished = False
     try:
-        checks = study_sanity(pm, study, prepared, stored=stored, progress=bar.sanity if bar is not None else None)
+        phases: dict[str, float] = {}
+        started = time.perf_counter()
+        checks = study_sanity(pm, study, prepared, stored=stored, progress=bar.sanity if bar is not None else None,
+                              timings=phases)
+        phases = {"sanity checks": time.perf_counter() - started, **phases}
         if bar is not None:
             bar.statistics()
         verdict = finalize(store, study, pm, n_batches=n_batches, dropped=dropped, load_seconds=load_seconds,
-                           sanity=checks)
+                           sanity=checks, phases=phases)
         finished = True
     finally:
         if bar is not None:

@@ -53,7 +53,8 @@ on this model from carrying the answer. Families are answered separately because
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -463,15 +464,19 @@ def _refuse_without_agreement(tables: dict) -> None:
 
 
 def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
-             sanity: Sequence[Check] | None = None) -> Verdict:
+             sanity: Sequence[Check] | None = None, phases: Mapping[str, float] | None = None) -> Verdict:
     """Merge the parts, compute the statistics and the verdict (:func:`judge_tables`), write them;
     returns the verdict (frozen; ``verdict.json`` holds its :meth:`~probe.study.verdict.Verdict.to_dict`).
     ``sanity``: the study's :class:`probe.study.sanity.Check` list (``sanity.parquet``, and the
-    verdict's ``sanity``, ``unreliable`` and ``redundant``)."""
+    verdict's ``sanity``, ``unreliable`` and ``redundant``). ``phases``: the seconds of what ran after
+    the steps (the sanity checks), recorded in ``provenance.json``'s ``phase_seconds`` with the
+    statistics' own."""
     tables = store.merge(n_batches)
     _refuse_without_agreement(tables)
     checks = list(sanity or [])
+    started = time.perf_counter()
     judged = judge_tables(tables, study, dtype=pm.contract.dtype, mixing=mixing_words(pm.contract), sanity=checks)
+    phases = {**(phases or {}), "statistics": time.perf_counter() - started}
     if judged["left_out"] is not None:
         tables["left_out"] = judged["left_out"]
         write_table(store.root / "left_out.parquet", judged["left_out"])
@@ -483,6 +488,7 @@ def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropp
     write_table(store.root / "comparisons.parquet", judged["comparisons"])
     if judged["heads_causal"] is not None:
         write_table(store.root / "heads_causal.parquet", judged["heads_causal"])
-    write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds))
+    write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds,
+                                                          phases=phases))
     write_json(store.root / "verdict.json", decided.to_dict())
     return decided

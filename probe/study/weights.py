@@ -44,13 +44,13 @@ def randomised(params: Sequence[tuple[str, torch.nn.Parameter]], *, seed: int, s
         with torch.no_grad():
             for name, param in params:
                 saved.append((param, param.detach().clone()))
-                if param.ndim >= 2:
-                    fresh = torch.randn(param.shape, generator=generator) * std
-                elif name.endswith("bias"):
-                    fresh = torch.zeros(param.shape)
+                if param.ndim >= 2 and param.dtype == torch.float32 and param.device.type == "cpu" \
+                        and param.numel() >= 16:  # in place, one pass: randn(...) * std's numbers (torch's
+                    param.normal_(0.0, std, generator=generator)  # vectorised kernel; below 16 it rounds otherwise)
+                elif param.ndim >= 2:
+                    param.copy_((torch.randn(param.shape, generator=generator) * std).to(param.dtype))
                 else:
-                    fresh = torch.ones(param.shape)
-                param.copy_(fresh.to(param.dtype))
+                    param.fill_(0.0 if name.endswith("bias") else 1.0)
         yield
     finally:
         with torch.no_grad():
