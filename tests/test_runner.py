@@ -573,6 +573,6 @@ def test_progress_names_every_phase_of_a_study(tiny_dirs, tiny_data, tmp_path, c
     err = capsys.readouterr().err
     assert result.complete and completed == [result.out]
     assert "batch 0: loo_delete" in err and "batch 2: agreement" in err  # batch_size 5: batches 0..2
-    steps = 1 + S.RANDOM_DRAWS * (1 + 3) + 1  # the checks, the unit draws, 3 cascade steps (head, 1, 2 layers), stats
+    steps = 1 + S.RANDOM_DRAWS * (1 + 1) + 1  # the checks, the unit draws, the cascade's judged step, the stats
     assert "tiny: sanity checks" in err and "tiny: statistics: 100%" in err and f"{steps}/{steps}" in err
     assert lines[-1].startswith("study tiny: ") and lines[-1].endswith("; writing the report")

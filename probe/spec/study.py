@@ -230,17 +230,14 @@ class HeadsCausalSpec(SpecModel):
 
 
 class SanitySpec(SpecModel):
-    """Sanity checks (probe.study.sanity), always run: how many examples they use, and the
-    cascading randomisation (fractions of the layers re-initialised from the top)."""
+    """Sanity checks (probe.study.sanity), always run: their examples, and the cascading randomisation."""
 
     #: the examples the sanity checks run on
     examples: Annotated[Int, Field(ge=1, le=64)] = 4
     #: run the model-parameter randomisation check (Adebayo et al. 2018)
     randomisation: Bool = True
-    #: the fractions of the layers re-initialised from the top (with the output head), one stage of the
-    #: cascade each; the check is judged at the first >= 0.5. One fraction runs that stage alone; more
-    #: (e.g. [0.25, 0.5, 1.0]) draw the cascade's curve in the report, from the head alone down, at
-    #: three randomised models per stage
+    #: the fractions of the layers re-initialised from the top (and the head), one cascade stage each,
+    #: judged at the first >= 0.5; more (e.g. [0.25, 0.5, 1.0]) draw the curve, from the head alone
     fractions: list[Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5])
 
 
