@@ -41,7 +41,7 @@ from probe.rows.inputs import (
     unknown_keywords,
 )
 from probe.rows.scores import TokenScores
-from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetKeywords, TargetSpec, check_flag
+from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetKeywords, TargetSpec, check_flag, target_from
 
 if TYPE_CHECKING:
     from transformers import Pipeline, PreTrainedModel, PreTrainedTokenizerBase
@@ -110,6 +110,7 @@ def _method_params(params: Any) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------------------- models
 
 
+@arguments_checked
 def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp32",
                attn_implementation: str | None = None, task: str | None = None,
                cache_dir: str | Path | None = None, **options: Any) -> ProbeModel:
@@ -135,6 +136,7 @@ def load_model(name: str, *, device: str | None = "cpu", dtype: str | None = "fp
                  cache_dir=cache_dir, **options)
 
 
+@arguments_checked
 def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase | None = None, *,
          name: str | None = None, task: str | None = None) -> ProbeModel:
     """A :class:`ProbeModel` for a Hugging Face model and tokenizer already in memory, with the
@@ -159,6 +161,7 @@ def wrap(model: PreTrainedModel | Pipeline, tokenizer: PreTrainedTokenizerBase |
 # --------------------------------------------------------------------------------------- targets
 
 
+@arguments_checked
 @in_eval
 def prepare(pm: ProbeModel, texts: str | Sequence[str], *, target: TargetSpec | None = None,
             strict_length: bool = False, **keywords: Unpack[TargetKeywords]) -> list[PreparedExample]:
@@ -195,6 +198,7 @@ def prepare(pm: ProbeModel, texts: str | Sequence[str], *, target: TargetSpec | 
     (:class:`~probe.rows.target.TargetKeywords`, folded into one; beside ``target`` they must agree with
     it). A headless encoder's targets: ``kind="similarity", reference=TEXT`` (the cosine of the pooled
     embeddings) and ``kind="dimension", dimension=N`` (a component of the pooled embedding)."""
+    target = target_from(target, **keywords)
     from probe.rows.prepare import prepare as _prepare
 
     return _prepare(pm, text_list(texts, chat=target.chat), target, strict_length=strict_length)
@@ -222,6 +226,7 @@ def _examples(pm: ProbeModel, texts: Texts, target: TargetSpec, *, strict_length
 # --------------------------------------------------------------------------------------- explain
 
 
+@arguments_checked
 @in_eval
 def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = None, *,
             params: Mapping[str, Mapping[str, Any]] | None = None, strict_length: bool = False,
@@ -246,6 +251,7 @@ def explain(pm: ProbeModel, texts: Texts, methods: str | Sequence[str] | None = 
     ``[(start, end), ...]`` into each text; ``to_pandas(level="span")`` then folds every method's
     token scores over them (``probe.rows.spans``).
     """
+    target = target_from(target, **keywords)
     from probe.methods import applicable_methods, run_methods
 
     chosen = _method_names(methods)  # validate before tokenising; None or "all": every method that applies
@@ -310,6 +316,7 @@ def _words(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple:
 # --------------------------------------------------------------------------------------- interventions
 
 
+@arguments_checked
 @in_eval
 def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed: int = 0, progress: bool = False,
         target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> TokenScores:
@@ -317,6 +324,7 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     ``mode`` one of delete, mask, unk, pad, random, lm (``k`` seeded draws for random and lm).
     Special tokens get NaN. ``extras["original_values"]`` holds f(x) per example. ``progress``: a
     bar over the forward batches. The target: ``target`` or its keywords (see :func:`prepare`)."""
+    target = target_from(target, **keywords)
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo as _loo
 
@@ -324,6 +332,7 @@ def loo(pm: ProbeModel, texts: Texts, mode: str = "delete", *, k: int = 8, seed:
     return _loo(Engine(pm, progress=check_flag(progress, "progress")), examples, mode, k=k, seed=seed)
 
 
+@arguments_checked
 @in_eval
 def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]], mode: str = "delete", *,
              target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> pd.DataFrame:
@@ -335,6 +344,7 @@ def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]
     ``generate=N``: every output token of the greedy output is its own example. Columns:
     example, span_index, span, start, end, n_tokens, mode, score, original_value. The target:
     ``target`` or its keywords (see :func:`prepare`)."""
+    target = target_from(target, **keywords)
     from probe.intervene.engine import Engine
     from probe.intervene.spans import span_loo as _span_loo
     from probe.rows.spans import span_spec, spans_per_example
@@ -344,6 +354,7 @@ def span_loo(pm: ProbeModel, texts: Texts, spans: str | Sequence[tuple[int, int]
     return _span_loo(Engine(pm), examples, spans_per_example(pm, examples, spans), mode)
 
 
+@arguments_checked
 def find_spans(pm: ProbeModel, example: PreparedExample, spans: str | Sequence[tuple[int, int]]) -> list:
     """The spans of one prepared example (:class:`probe.rows.spans.Span`: text, start, end,
     token positions), as :func:`span_loo` and ``explain(..., spans=)`` find them."""
@@ -352,6 +363,7 @@ def find_spans(pm: ProbeModel, example: PreparedExample, spans: str | Sequence[t
     return _find(pm, example, spans)
 
 
+@arguments_checked
 @in_eval
 def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | Sequence[torch.Tensor]] | None = None,
             *, bins: Sequence[float] | None = None, seed: int = 0, flips: bool = True, progress: bool = False,
@@ -366,6 +378,7 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
     fractions of the scorable tokens (default ``ERASURE_BINS``, 1% to 50%). ``progress``: a bar
     over the forward batches. The target of texts: ``target`` or its keywords (see :func:`prepare`).
     """
+    target = target_from(target, **keywords)
     from probe.intervene.engine import Engine
     from probe.intervene.erasure import ERASURE_BINS
     from probe.intervene.erasure import erasure as _erasure
@@ -383,12 +396,14 @@ def erasure(pm: ProbeModel, texts: Texts, rankings: Mapping[str, TokenScores | S
                     flips=flips)
 
 
+@arguments_checked
 @in_eval
 def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, batch_size: int = 32,
                   target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> HeadEffects:
     """Each head of ``stack`` (default: the one that reads the target) ablated alone.
     ``result.change`` is ``[example, layer, head]`` original - ablated target; ``result.mean_abs_change``
     ``[layer, head]``. The target: ``target`` or its keywords (see :func:`prepare`)."""
+    target = target_from(target, **keywords)
     from probe.intervene.heads import head_ablation_effects
 
     positive_int(batch_size, "batch_size")
@@ -396,12 +411,14 @@ def head_ablation(pm: ProbeModel, texts: Texts, *, stack: str | None = None, bat
     return head_ablation_effects(pm, examples, stack=stack, batch_size=batch_size)
 
 
+@arguments_checked
 @in_eval
 def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, loss: str = "nll",
                     ablation: bool = True, target: TargetSpec | None = None, **keywords: Unpack[TargetKeywords]) -> HeadImportance:
     """Michel et al. head importance ``[layer, head]`` (``E_x |dL/dxi_h|``, L2-normalised per layer),
     with the single-head ablation effect beside it when ``ablation``. The target: ``target`` or its
     keywords (see :func:`prepare`)."""
+    target = target_from(target, **keywords)
     from probe.intervene.heads import head_importance as _importance
 
     if torch.is_inference_mode_enabled():
@@ -411,6 +428,7 @@ def head_importance(pm: ProbeModel, texts: Texts, *, stack: str | None = None, l
     return _importance(pm, examples, stack=stack, loss=loss, ablation=ablation)
 
 
+@arguments_checked(passed_on=SEARCH_KEYWORDS)
 @in_eval
 def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform", *, layer: int = -1,
                              head: int | None = None, target: TargetSpec | None = None,
@@ -434,6 +452,7 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
     if registry.counterfactual(how).needs_gradients and torch.is_inference_mode_enabled():
         raise InputError(f"{how} attention searches by gradient, which torch.inference_mode() switches off: call "
                          "probe.counterfactual_attention outside the `with torch.inference_mode():` block")
+    target = target_from(target, **{k: options.pop(k) for k in TARGET_KEYWORDS if k not in SEARCH_KEYWORDS and k in options})
     examples = _examples(pm, texts, target)
     return registry.counterfactual(how).load()(pm, examples, layer=layer, head=head, **options)
 
@@ -441,6 +460,7 @@ def counterfactual_attention(pm: ProbeModel, texts: Texts, how: str = "uniform",
 # --------------------------------------------------------------------------------------- capture
 
 
+@arguments_checked
 def capture(pm: ProbeModel, *, queries: Any = None, layers: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
             heads: Sequence[int] | Mapping[str, Sequence[int]] | None = None, stacks: Sequence[str] | None = None,
             attention_mask: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
@@ -467,6 +487,7 @@ def capture(pm: ProbeModel, *, queries: Any = None, layers: Sequence[int] | Mapp
 # --------------------------------------------------------------------------------------- studies
 
 
+@arguments_checked
 def load_study(path: str | Path, *, n: int | None = None, dataset: str | None = None, device: str | None = None,
                dtype: str | None = None, out: str | Path | None = None) -> Study:
     """Read and validate a study file (YAML), with the command line's overrides (``n``,
@@ -476,6 +497,7 @@ def load_study(path: str | Path, *, n: int | None = None, dataset: str | None = 
     return _load(path, n=n, dataset=dataset, device=device, dtype=dtype, out=None if out is None else str(out))
 
 
+@arguments_checked
 def study_from_dict(data: Mapping[str, Any]) -> Study:
     """Validate a study given as a dict (the YAML's structure)."""
     from probe.spec.study import study_from_dict as _from_dict
@@ -486,6 +508,7 @@ def study_from_dict(data: Mapping[str, Any]) -> Study:
     return _from_dict(dict(data))
 
 
+@arguments_checked
 def load_results(folder: str | Path) -> StudyResult:
     """Read a study's result folder (finished, or part-way through its batches) without a model:
     its tables, typed verdict and provenance (:class:`~probe.report.results.StudyResult`)."""
@@ -494,6 +517,7 @@ def load_results(folder: str | Path) -> StudyResult:
     return load_result(folder)
 
 
+@arguments_checked
 def run_study(study: Study | str | Path, *, out: str | Path | None = None, progress: bool = False,
               report: bool = True, shard: tuple[int, int] | None = None, wait: bool = False,
               force_new: bool = False, log: Callable[[str], None] | None = None,
@@ -557,6 +581,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
 # --------------------------------------------------------------------------------------- audits
 
 
+@arguments_checked
 def load_claims(path: str | Path) -> ClaimFile:
     """Read and validate a claim file (YAML)."""
     from probe.spec.claims import load_claims as _load
@@ -564,6 +589,7 @@ def load_claims(path: str | Path) -> ClaimFile:
     return _load(path)
 
 
+@arguments_checked
 def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path | None = None,
           model: ProbeModel | None = None, progress: bool = False) -> AuditResult:
     """Test the claims of a claim file (its path, a validated :class:`~probe.spec.claims.ClaimFile`, or a dict with the
@@ -583,14 +609,6 @@ def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path
         raise InputError(f"claims must be a claim file's path, a ClaimFile or a dict, got {type(claims).__name__}")
     return run_audit(claim_file, out_dir=out, progress=progress, model=None if model is None else probe_model(model, "model"))
 
-
-# Every public function binds its arguments first: a misspelt keyword is one line naming the accepted ones.
-for _name in ("audit", "capture", "counterfactual_attention", "erasure", "explain", "find_spans", "head_ablation",
-              "head_importance", "load_claims", "load_explanation", "load_model", "load_results", "load_study", "loo",
-              "prepare", "run_study", "span_loo", "study_from_dict", "wrap"):
-    globals()[_name] = arguments_checked(globals()[_name],
-                                         SEARCH_KEYWORDS if _name == "counterfactual_attention" else ())
-del _name
 
 __all__ = [
     "COUNTERFACTUALS", "Explanation", "ScoresWarning", "Texts", "TopTokens", "audit", "capture", "counterfactual_attention",

@@ -744,3 +744,68 @@ def test_a_keyword_that_disagrees_with_the_target_is_one_line(loaded):
     with pytest.raises(InputError, match=r"counterfactual_attention\(how='permuted'\) got an unknown keyword "
                                          r"'steps'"):
         probe.counterfactual_attention(pm, TEXTS[0], "permuted", steps=True)
+
+
+def test_the_target_s_four_declarations_stay_in_step():
+    """The target is declared for four readers: the Python keywords (TargetKeywords), the TargetSpec
+    they fold into, probe explain's options and the study file's section (TargetConfig). A field added
+    to one and not the others fails here (issue 66); each difference is named and has its reason."""
+    import dataclasses
+    import typing
+
+    from probe.cli.options import TARGET_OPTIONS
+    from probe.rows.target import TARGET_KEYWORDS, TargetKeywords, TargetSpec, target_from
+    from probe.spec.parts import TargetConfig
+
+    keywords = set(TARGET_KEYWORDS)
+    assert tuple(typing.get_type_hints(TargetKeywords)) == TARGET_KEYWORDS
+    # TargetSpec: every keyword's field, generate=N being steps with max_new_tokens N
+    spec_fields = {f.name for f in dataclasses.fields(TargetSpec)}
+    assert spec_fields == (keywords - {"generate"}) | {"max_new_tokens"}
+    assert target_from(generate=4) == TargetSpec(steps=True, max_new_tokens=4)
+    # the command line: every keyword but steps (--generate, or a --continuation with --generate), kind as --target
+    options = {name for name, _, _ in TARGET_OPTIONS}
+    assert options == (keywords - {"steps", "kind"}) | {"target_kind"}
+    assert next(o for n, _, o in TARGET_OPTIONS if n == "target_kind").param_decls == ("--target",)
+    # the study file: every keyword but chat (a study's texts are not chat messages), and the study's own
+    # prompt template and answer choices
+    assert set(TargetConfig.model_fields) == (keywords - {"chat"}) | {"prompt", "choices"}
+
+
+def test_a_study_s_target_folds_through_target_from():
+    """The study file's target section becomes its TargetSpec through target_from, as the Python
+    keywords do: the same fields, the same checks."""
+    from probe.rows.target import TargetSpec
+    from probe.spec.parts import TargetConfig
+    from probe.study.examples import study_target
+
+    assert study_target(TargetConfig(label=1, kind="logit")) == TargetSpec(kind="logit", label=1)
+    assert study_target(TargetConfig(generate=3, target_side=True)) == TargetSpec(steps=True, max_new_tokens=3,
+                                                                                   target_side=True)
+    assert study_target(TargetConfig(continuation=" yes", steps=True)) == TargetSpec(continuation=" yes", steps=True)
+    assert study_target(TargetConfig(contrast_label=0)) == TargetSpec(contrast_label=0)
+    assert study_target(TargetConfig(prompt="Q: {text}")) == TargetSpec()  # the template is the study's own
+
+
+def test_every_keyword_parameter_is_read_and_every_public_function_checked_where_it_is_defined():
+    """No function of probe.api declares ``**keywords`` it never reads (the target keywords fold in the
+    function, through target_from), and each public function carries its argument check as a visible
+    decorator at its definition (issue 66: no loop rebinding the module's names)."""
+    import ast
+    import inspect
+
+    import probe.api as api
+
+    tree = ast.parse(inspect.getsource(api))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.args.kwarg is not None:
+            name = node.args.kwarg.arg
+            reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            assert name in reads, f"{node.name} declares **{name} and never reads it"
+    assert "globals()" not in inspect.getsource(api)
+    checked = ("audit", "capture", "counterfactual_attention", "erasure", "explain", "find_spans", "head_ablation",
+               "head_importance", "load_claims", "load_explanation", "load_model", "load_results", "load_study", "loo",
+               "prepare", "run_study", "span_loo", "study_from_dict", "wrap")
+    for name in checked:  # checked before they run: a wrong call is one line naming the function, not a TypeError
+        with pytest.raises(InputError, match=rf"^probe\.{name}\("):
+            getattr(probe, name)(nonsense=1)

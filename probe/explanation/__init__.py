@@ -30,6 +30,7 @@ from probe.explanation.folder import (
 )
 from probe.explanation.words import WordTable, word_level_table
 from probe.frozen import PicklableFrozen
+from probe.rows.inputs import arguments_checked
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
 
@@ -586,6 +587,7 @@ class Explanation(PicklableFrozen):
         return fig
 
 
+@arguments_checked
 def load_explanation(path: str | Path) -> Explanation:
     """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, equal to
     the one saved (every score exactly; no model is loaded)."""

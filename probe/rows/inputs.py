@@ -16,7 +16,7 @@ import torch
 
 from probe.errors import InputError
 from probe.models.core import ProbeModel
-from probe.rows.target import TARGET_KEYWORDS, target_from
+from probe.rows.target import TARGET_KEYWORDS
 
 if TYPE_CHECKING:
     from probe.rows.target import PreparedExample
@@ -51,23 +51,27 @@ def unknown_keywords(options: Mapping[str, Any], accepted: Sequence[str], doing:
         raise InputError(f"{doing} got an unknown keyword {unknown[0]!r}; it accepts: {', '.join(accepted)}")
 
 
-def arguments_checked(function, passed_on: Sequence[str] = ()):
-    """``function`` with its arguments bound before it runs: an unknown keyword, a missing argument or
-    too many positional ones is one :class:`~probe.errors.InputError` line (naming the accepted keywords), not
-    Python's TypeError. Keywords a function passes on (``**options``) it checks itself.
+def arguments_checked(function=None, /, *, passed_on: Sequence[str] = ()):
+    """A decorator: ``function`` with its arguments bound before it runs: an unknown keyword, a missing
+    argument or too many positional ones is one :class:`~probe.errors.InputError` line (naming the
+    accepted keywords), not Python's TypeError. ``@arguments_checked`` or, for a function whose
+    ``**options`` pass some keywords on (it checks those itself), ``@arguments_checked(passed_on=...)``.
 
-    A function with a ``target`` parameter takes the target keywords too (:class:`~probe.rows.target.TargetKeywords`,
-    but those in ``passed_on``, which its ``**options`` pass on), and runs with them folded into
-    ``target`` by :func:`~probe.rows.target.target_from`: the one place the keywords become a target."""
+    A function that declares the target keywords (``**keywords: Unpack[TargetKeywords]``) accepts
+    them by name (:class:`~probe.rows.target.TargetKeywords`); it folds them into its ``target``
+    itself, with :func:`~probe.rows.target.target_from`."""
+    if function is None:
+        return lambda f: arguments_checked(f, passed_on=passed_on)
     import functools
     import inspect
 
     signature = inspect.signature(function)
     parameters = signature.parameters
-    folded = [k for k in TARGET_KEYWORDS if k not in passed_on] if "target" in parameters else []
+    targeted = "target" in parameters
+    named = [k for k in TARGET_KEYWORDS if k not in passed_on] if targeted else []
     passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD and n != "keywords" for n, p in parameters.items())
     accepted = [n for n, p in parameters.items()
-                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)] + folded
+                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)] + named
     doing = f"probe.{function.__name__}()"
 
     @functools.wraps(function)
@@ -78,9 +82,6 @@ def arguments_checked(function, passed_on: Sequence[str] = ()):
             signature.bind(*args, **kwargs)
         except TypeError as err:
             raise InputError(f"{doing}: {err}; its parameters: {', '.join(accepted)}") from None
-        if folded:
-            given = {k: kwargs.pop(k) for k in folded if k in kwargs}
-            kwargs["target"] = target_from(kwargs.get("target"), **given)
         return function(*args, **kwargs)
 
     return wrapper

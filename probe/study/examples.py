@@ -16,14 +16,14 @@ from probe.data import Example, is_user_file, scan_dataset
 from probe.errors import InputError
 from probe.patterns import user_pattern
 from probe.rows.prepare import prepare
-from probe.rows.target import PreparedExample, TargetSpec, sources
+from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetSpec, sources, target_from
 from probe.rows.values import evaluate
 from probe.spec.parts import DatasetSpec, ExampleDraw, Filters, TargetConfig
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
-__all__ = ["check_contrast", "check_spans", "model_text", "passes_filters", "prepare_examples", "select_examples", "sources"]
+__all__ = ["check_contrast", "check_spans", "model_text", "passes_filters", "prepare_examples", "select_examples", "sources", "study_target"]
 
 
 def passes_filters(example: Example, filters: Filters) -> bool:
@@ -180,18 +180,21 @@ def prepare_examples(pm: ProbeModel, target: TargetConfig, texts: Sequence[str],
     elif t.label == "gold":
         examples = _gold_examples(pm, t, inputs, gold)
     else:
-        examples = prepare(pm, inputs, TargetSpec(kind=t.kind, label=t.label, continuation=t.continuation,
-                                                  reference=t.reference, dimension=t.dimension,
-                                                  contrast=t.contrast, contrast_label=t.contrast_label,
-                                                  steps=t.stepwise, max_new_tokens=t.generate,
-                                                  target_side=t.target_side),
-                           strict_length=True)
+        examples = prepare(pm, inputs, study_target(t), strict_length=True)
     marked = []
     owners = sources(examples) if t.stepwise else range(len(examples))
     for owner, example in zip(owners, examples):
         template = _template_positions(pm, t, texts[owner], example.input_ids)
         marked.append(dataclasses.replace(example, special=[s or m for s, m in zip(example.special, template)]))
     return marked
+
+
+def study_target(target: TargetConfig) -> TargetSpec:
+    """The study file's target section as the :class:`~probe.rows.target.TargetSpec` it names, folded
+    by :func:`~probe.rows.target.target_from` from the keys it shares with the Python keywords (the
+    rest, ``prompt``, ``choices`` and ``label: gold``, the study reads itself)."""
+    keys = TargetConfig.model_fields.keys() & set(TARGET_KEYWORDS)
+    return target_from(**{key: getattr(target, key) for key in sorted(keys)})
 
 
 def check_contrast(pm: ProbeModel, target: TargetConfig, where: str = "") -> None:
