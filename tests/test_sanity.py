@@ -88,16 +88,21 @@ def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
 
 
+def _counted_input_x_gradient(calls: list) -> object:
+    """Input x gradient as a randomisation check's scorer, appending to ``calls`` at each run."""
+    def scorer(pm, ex):
+        calls.append(1)
+        return G.input_x_gradient(pm, ex).scores
+    return scorer
+
+
 def test_randomisation_takes_the_trained_scores_it_is_given(loaded):
     """A study already has each method's scores on the trained model: passed in, the scorer runs
     only on the randomised models, and the checks are the same as when it runs them itself."""
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
     calls = []
-
-    def scorer(pm, ex):
-        calls.append(1)
-        return G.input_x_gradient(pm, ex).scores
+    scorer = _counted_input_x_gradient(calls)
 
     alone = R.randomisation(pm, examples, {"input_x_gradient": scorer}, seed=0, fractions=(0.5, 1.0))
     steps = 3 * R.RANDOM_DRAWS  # the head, half, all layers; each drawn RANDOM_DRAWS times
@@ -120,10 +125,7 @@ def test_the_judged_stage_alone_answers_as_the_whole_cascade(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
     calls = []
-
-    def scorer(pm, ex):
-        calls.append(1)
-        return G.input_x_gradient(pm, ex).scores
+    scorer = _counted_input_x_gradient(calls)
 
     scorers = {"input_x_gradient": scorer,
                "position": lambda pm, ex: [torch.arange(len(e.input_ids), dtype=torch.float32) for e in ex]}
