@@ -179,8 +179,22 @@ def test_no_private_name_is_imported_from_another_module():
         "\n".join(private)
 
 
+def _face(path: Path) -> set[str]:
+    """A package's face: the names its ``__init__``'s ``__all__`` lists (empty for a plain module)."""
+    if path.name != "__init__.py":
+        return set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets) \
+                and isinstance(node.value, (ast.List, ast.Tuple)):
+            return {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return set()
+
+
 @pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_every_name_is_imported_from_the_module_that_defines_it():
+    """The import rule (docs/design.md, house rule 4): a name comes from the module that defines it,
+    or from a package's face, the names its ``__init__`` lists in ``__all__`` (issue 66): a package
+    may present its public names without its importers knowing its files."""
     modules = _modules()
     wrong = []
     for path, line, module, name in _import_froms():
@@ -190,10 +204,45 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
             wrong.append(f"{path}:{line} from {module} import {name}: no such module")
             continue
         defined, imported = _top_level_names(modules[module])
-        if name not in defined:
-            where = "re-exported there" if name in imported else "not defined there"
+        if name not in defined and name not in _face(modules[module]):
+            where = "re-exported there, not on its face (__all__)" if name in imported else "not defined there"
             wrong.append(f"{path}:{line} from {module} import {name}: {where}")
-    assert not wrong, "import every name from its defining module:\n" + "\n".join(wrong)
+    assert not wrong, "import every name from its defining module or a package's face:\n" + "\n".join(wrong)
+
+
+def _face_problems(modules: dict[str, Path]) -> list[str]:
+    """Each name a package's face (``__all__``) lists that is neither defined there nor imported there
+    from a module that defines it (or from a face below it)."""
+    wrong = []
+    for module, path in modules.items():
+        face = _face(path)
+        defined, _ = _top_level_names(path)
+        sources = {alias.asname or alias.name: node.module for node in ast.parse(path.read_text()).body
+                   if isinstance(node, ast.ImportFrom) and node.level == 0 for alias in node.names}
+        for name in sorted(face - defined):
+            source = sources.get(name)
+            if source is None or source not in modules:
+                wrong.append(f"{module}.__all__ lists {name}, neither defined nor imported from a probe module there")
+            elif name not in _top_level_names(modules[source])[0] and name not in _face(modules[source]):
+                wrong.append(f"{module}.__all__ lists {name}, imported from {source}, which does not define it")
+    return wrong
+
+
+def test_a_package_face_lists_names_its_package_imports_from_their_defining_modules(tmp_path):
+    """A face re-exports, it does not define anew: each name an ``__init__``'s ``__all__`` lists is
+    defined there or imported there from the module that defines it; a face that lists a name its
+    package does not hold, or holds from a module that only re-exports it, is named."""
+    assert not _face_problems(_modules()), "\n".join(_face_problems(_modules()))
+    package = tmp_path / "probe" / "faces"
+    package.mkdir(parents=True)
+    (package / "inner.py").write_text("from probe.faces.deep import Deep\n\n\ndef shown():\n    return 1\n")
+    (package / "deep.py").write_text("class Deep:\n    pass\n")
+    (package / "__init__.py").write_text('from probe.faces.inner import Deep, shown\n\n__all__ = ["shown", "Deep", "Gone"]\n')
+    modules = {"probe.faces": package / "__init__.py", "probe.faces.inner": package / "inner.py",
+               "probe.faces.deep": package / "deep.py"}
+    assert _face_problems(modules) == [
+        "probe.faces.__all__ lists Deep, imported from probe.faces.inner, which does not define it",
+        "probe.faces.__all__ lists Gone, neither defined nor imported from a probe module there"]
 
 
 def test_probe_top_level_names_point_at_their_defining_modules():
