@@ -9,7 +9,6 @@ first, so a result depends only on the multiset of values and the seed, never on
 from __future__ import annotations
 
 import hashlib
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -19,10 +18,12 @@ __all__ = [
     "group_seed",
     "holm",
     "paired_bootstrap_ci",
+    "paired_t_p",
     "paired_test",
     "summarize",
     "summarize_groups",
     "wilcoxon_method",
+    "wilcoxon_p",
 ]
 
 # bootstrap rows whose gathered values are averaged at once (bounds the temporary memory)
@@ -105,8 +106,11 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
 
     On the pairs where both are finite: ``n``, ``mean_diff`` (mean of a - b), ``ci_low`` /
     ``ci_high`` (:func:`paired_bootstrap_ci`), ``wilcoxon_p`` (two-sided
-    ``scipy.stats.wilcoxon`` signed-rank test, exact or normal with the tie correction as
-    :func:`wilcoxon_method` chooses; 1.0 when every difference is zero) and ``t_p`` (``scipy.stats.ttest_rel``; NaN when the differences have no variance).
+    signed-rank test, :func:`wilcoxon_p`: exact or normal with the tie correction as
+    :func:`wilcoxon_method` chooses; 1.0 when every difference is zero) and ``t_p`` (the paired t-test,
+    :func:`paired_t_p`). The two p-values are scipy.stats' ``wilcoxon`` and ``ttest_rel``, computed here
+    from scipy.special (``tests/test_statistics.py`` holds them to scipy.stats): importing scipy.stats
+    costs half a second a study would pay for two numbers (issue 63).
     Both p-values are NaN when n < 2. With ``one_sided_alpha``, also ``one_sided_low`` /
     ``one_sided_high``: the bounds of the interval at 1 - 2 alpha from the same resamples (each a
     one-sided test at alpha; :func:`paired_bootstrap_ci` at that level gives the same).
@@ -121,14 +125,8 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
     low, high = intervals[0]
     wil = t_p = float("nan")
     if n >= 2:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # small-sample and degenerate-input warnings
-            from scipy import (
-                stats,  # here, not at import: reports use this module without scipy's start-up
-            )
-
-            wil = 1.0 if not d.any() else float(stats.wilcoxon(a, b, method=wilcoxon_method(d)).pvalue)
-            t_p = float(stats.ttest_rel(a, b).pvalue)
+        wil = 1.0 if not d.any() else wilcoxon_p(d, wilcoxon_method(d))
+        t_p = paired_t_p(d)
     out = {
         "n": n,
         "mean_diff": float(d_sorted.mean()) if n else float("nan"),
@@ -140,6 +138,56 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
     if one_sided_alpha is not None:
         out["one_sided_low"], out["one_sided_high"] = intervals[1]
     return out
+
+
+def wilcoxon_p(d, method: str) -> float:
+    """The two-sided Wilcoxon signed-rank p-value of the paired differences ``d`` (zeros dropped,
+    Wilcoxon's convention; no continuity correction), as ``scipy.stats.wilcoxon(d, method=...)``
+    gives it: ``"exact"`` the exact null of the signed ranks (no zero, no tied magnitude),
+    ``"approx"`` the normal approximation with the tie correction of its variance."""
+    from scipy import special
+
+    d = np.asarray(d, dtype=np.float64)
+    d = d[d != 0]
+    count = float(d.size)
+    values, inverse, ties = np.unique(np.abs(d), return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(ties) - (ties - 1) / 2.0)[inverse.reshape(-1)]  # average ranks, 1-based
+    r_plus = float(np.sum((d > 0) * ranks))
+    mean = count * (count + 1.0) * 0.25
+    if method == "exact":
+        pmf = _signed_rank_pmf(d.size)
+        low, high = int(np.ceil(r_plus)), int(np.floor(r_plus))
+        cdf = pmf[:low + 1].sum() if low <= mean else 1 - pmf[low + 1:].sum()
+        sf = pmf[high:].sum() if high <= mean else 1 - pmf[:high].sum()
+        return float(np.clip(2 * min(sf, cdf), 0, 1))
+    variance = count * (count + 1.0) * (2.0 * count + 1.0)
+    se = np.sqrt((variance - float(np.sum(ties.astype(np.float64) ** 3 - ties)) / 2) / 24)
+    return float(2 * special.ndtr(-abs((r_plus - mean) / se)))
+
+
+def _signed_rank_pmf(n: int) -> np.ndarray:
+    """The null distribution of the sum of the positive ranks of n signed ranks: P(W = 0..n(n+1)/2)."""
+    pmf = np.ones(1, dtype=np.float64)
+    for k in range(1, n + 1):
+        before = pmf
+        pmf = np.zeros(k * (k + 1) // 2 + 1, dtype=np.float64)
+        pmf[:before.size] = before * 0.5
+        pmf[-before.size:] += before * 0.5
+    return pmf
+
+
+def paired_t_p(d) -> float:
+    """The two-sided paired t-test's p-value for the differences ``d``, as ``scipy.stats.ttest_rel``
+    gives it: NaN when every difference is zero, 0 when they are equal and not zero."""
+    from scipy import special
+
+    d = np.asarray(d, dtype=np.float64)
+    n = d.size
+    mean = d.mean()
+    variance = np.mean((d - mean) ** 2) * (n / (n - 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = mean / np.sqrt(variance / n)
+    return float(2 * special.stdtr(n - 1, -abs(t)))
 
 
 #: the largest n for which the Wilcoxon signed-rank p-value is exact (scipy's own limit for 'auto')

@@ -69,7 +69,7 @@ def n_needed(diffs, margin: float, alpha: float, power: float = POWER) -> int:
     n = ((z_{1-alpha} + z_power) sd / |mean + margin|)^2 (the normal approximation of a paired
     t-test's sample size), at least the current n + 1, at most :data:`N_NEEDED_CAP` + 1 (read: more
     than the cap)."""
-    from scipy.stats import norm
+    from scipy.special import ndtri  # norm.ppf's own function, without scipy.stats' start-up
 
     d = np.asarray(diffs, dtype=np.float64)
     d = d[np.isfinite(d)]
@@ -80,7 +80,7 @@ def n_needed(diffs, margin: float, alpha: float, power: float = POWER) -> int:
         return N_NEEDED_CAP + 1
     if sd == 0:
         return n + 1
-    z = float(norm.ppf(1 - alpha)) + float(norm.ppf(power))
+    z = float(ndtri(1 - alpha)) + float(ndtri(power))
     need = math.ceil((z * sd / distance) ** 2)
     return int(min(max(need, n + 1), N_NEEDED_CAP + 1))
 
