@@ -12,6 +12,9 @@ Shapes: a :class:`TokenScores` holds per example ``[tokens]`` (token-level metho
 ``[layer, head, tokens]`` (per-head methods) or ``[layer, tokens]`` (per-layer methods).
 
 This module imports torch; ``import probe`` does not (its names load on first use).
+
+Size: the whole Python API a notebook calls, each function with the docstring help() and the API
+page show and its argument check as a visible decorator; split, a user's one page would be several.
 """
 
 from __future__ import annotations
