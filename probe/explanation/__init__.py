@@ -589,8 +589,7 @@ class Explanation(PicklableFrozen):
 
 @arguments_checked
 def load_explanation(path: str | Path) -> Explanation:
-    """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, equal to
-    the one saved (every score exactly; no model is loaded)."""
+    """The :class:`Explanation` :meth:`Explanation.save` wrote into the folder ``path``, every score exact."""
     record, table = read_explanation_folder(Path(path))
     examples = saved_examples(record)
     scores = saved_scores(record, table)
