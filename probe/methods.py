@@ -115,6 +115,16 @@ def _join_parts(parts: Sequence[TokenScores]) -> TokenScores:
                        per_head=first.per_head, per_layer=first.per_layer, extras=extras)
 
 
+def one_pass_gradients(methods: Sequence[str], params: Mapping[str, Mapping | None]) -> list[str]:
+    """The methods of ``methods`` that :func:`run_shared_gradients` gives from one gradient pass
+    (saliency, saliency_sum, input x gradient at their default parameters: none in ``params``);
+    [] where fewer than two are (one alone gains nothing)."""
+    from probe.explainers.gradients import SHARED_GRADIENT_METHODS
+
+    shared = [m for m in methods if m in SHARED_GRADIENT_METHODS and not params.get(m)]
+    return shared if len(shared) > 1 else []
+
+
 def run_shared_gradients(pm: ProbeModel, examples, methods: Sequence[str]) -> dict[str, TokenScores]:
     """Saliency, saliency_sum and input x gradient (any of them, default parameters) from one
     gradient pass (:func:`probe.explainers.gradients.shared_gradient_scores`), halving on OOM."""

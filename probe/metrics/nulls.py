@@ -108,14 +108,14 @@ def _permuted_pair_signs(y_perm: np.ndarray, i: np.ndarray, j: np.ndarray) -> np
     values equal ranks), a pair's sign is that of the ranks' difference, computed a row position at a
     time over all rows at once (contiguous, no gather per pair: the null's largest share, issue 63).
     Other rows go the general way."""
-    small = np.issubdtype(y_perm.dtype, np.integer) and y_perm.size and 0 <= y_perm.min() and y_perm.max() < 2 ** 15
-    if not small:  # values (or large integers): ranked here, or the general way
-        first = np.sort(y_perm[0])
-        if y_perm.shape[1] >= 2 ** 15 or not np.isfinite(first).all():
-            return _pair_signs(y_perm, i, j).T
-        y_perm = np.searchsorted(first, y_perm)  # equal values: equal ranks, below the row's length
     n = y_perm.shape[1]
-    kind = np.int8 if y_perm.max() < 128 else np.int16  # ranks in [0, 2^15): their differences fit
+    top = int(y_perm.max()) if np.issubdtype(y_perm.dtype, np.integer) and y_perm.min() >= 0 else 2 ** 15
+    if top >= 2 ** 15:  # values (or large integers): ranked here, or the general way
+        first = np.sort(y_perm[0])
+        if n >= 2 ** 15 or not np.isfinite(first).all():
+            return _pair_signs(y_perm, i, j).T
+        y_perm, top = np.searchsorted(first, y_perm), n - 1  # equal values: equal ranks, below the row's length
+    kind = np.int8 if top < 128 else np.int16  # ranks in [0, 2^15): their differences fit
     ranks = np.ascontiguousarray(y_perm.T.astype(kind))  # [n, rows]
     out = np.empty((i.size, y_perm.shape[0]), dtype=np.float32)
     k = 0

@@ -150,7 +150,7 @@ def wilcoxon_p(d, method: str) -> float:
     d = np.asarray(d, dtype=np.float64)
     d = d[d != 0]
     count = float(d.size)
-    values, inverse, ties = np.unique(np.abs(d), return_inverse=True, return_counts=True)
+    _, inverse, ties = np.unique(np.abs(d), return_inverse=True, return_counts=True)
     ranks = (np.cumsum(ties) - (ties - 1) / 2.0)[inverse.reshape(-1)]  # average ranks, 1-based
     r_plus = float(np.sum((d > 0) * ranks))
     mean = count * (count + 1.0) * 0.25

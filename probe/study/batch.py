@@ -149,13 +149,12 @@ def _load_average() -> float | None:
 def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample], engine: Engine,
                    timed: _Timings) -> dict[str, TokenScores]:
     """Every method the study needs, once; gradient methods without parameters share one pass."""
-    from probe.explainers.gradients import SHARED_GRADIENT_METHODS
-    from probe.methods import run_method, run_shared_gradients
+    from probe.methods import one_pass_gradients, run_method, run_shared_gradients
 
     scores = {}
     needed = methods_needed(study)
-    shared = [m for m in needed if m in SHARED_GRADIENT_METHODS and not study.params.get(m)]
-    if len(shared) > 1:  # one gradient pass serves them all
+    shared = one_pass_gradients(needed, study.params)
+    if shared:  # one gradient pass serves them all
         scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared)))
     for method in (m for m in needed if m not in scores):
         scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,

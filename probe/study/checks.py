@@ -155,22 +155,22 @@ def _randomisation_checks(pm: ProbeModel, study: Study, examples: list[PreparedE
             checks += randomisation(pm, examples, {m: scorers[m] for m in whole},
                                     fractions=tuple(study.metrics.sanity.fractions), seed=study.statistics.seed,
                                     trained_scores=trained, reference=ref_scorer, scored=scored, top=top, step=step,
-                                    together=_one_gradient_pass([m for m in whole if not on_random[m]]))
+                                    together=_one_gradient_pass(whole, on_random))
     except (ProbeError, RuntimeError, ValueError) as error:  # never crash a study on a check
         checks += [S.Check(m, "randomisation", "not run", None, f"could not run: {error}") for m in results]
     return checks
 
 
-def _one_gradient_pass(methods: list[str]) -> dict[tuple[str, ...], Callable]:
-    """The gradient methods among ``methods`` (default parameters) that one pass gives, as the study's
-    batches run them (:func:`probe.methods.run_shared_gradients`: the same numbers as one by one)."""
-    from probe.explainers.gradients import SHARED_GRADIENT_METHODS
-    from probe.methods import run_shared_gradients
+def _one_gradient_pass(methods: list[str], params: Mapping[str, Mapping | None]) -> dict[tuple[str, ...], Callable]:
+    """The methods one gradient pass gives on a randomised model (:func:`probe.methods.one_pass_gradients`
+    at the parameters they run with there), as the study's batches run them: the same numbers as
+    one by one."""
+    from probe.methods import one_pass_gradients, run_shared_gradients
 
-    shared = tuple(m for m in methods if m in SHARED_GRADIENT_METHODS)
-    if len(shared) < 2:
+    shared = one_pass_gradients(methods, params)
+    if not shared:
         return {}
-    return {shared: lambda pm, ex: {m: r.scores for m, r in run_shared_gradients(pm, ex, list(shared)).items()}}
+    return {tuple(shared): lambda pm, ex: {m: r.scores for m, r in run_shared_gradients(pm, ex, shared).items()}}
 
 
 def randomised_params(study: Study, method: str) -> dict | None:
