@@ -51,12 +51,12 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from probe.claims.run import AuditResult
+    from probe.claims.spec import ClaimFile
     from probe.hooks.capture import Capture
     from probe.hooks.types import Editor
     from probe.intervene.counterfactual import CounterfactualResult
     from probe.intervene.heads import HeadEffects, HeadImportance
     from probe.report.results import StudyResult
-    from probe.spec.claims import ClaimFile
     from probe.spec.study import Study
 
 # a text, texts, examples from prepare(), or an Explanation (its examples: the same targets again)
@@ -587,7 +587,7 @@ def run_study(study: Study | str | Path, *, out: str | Path | None = None, progr
 @arguments_checked
 def load_claims(path: str | Path) -> ClaimFile:
     """Read and validate a claim file (YAML)."""
-    from probe.spec.claims import load_claims as _load
+    from probe.claims.file import load_claims as _load
 
     return _load(path)
 
@@ -595,12 +595,13 @@ def load_claims(path: str | Path) -> ClaimFile:
 @arguments_checked
 def audit(claims: ClaimFile | Mapping[str, Any] | str | Path, *, out: str | Path | None = None,
           model: ProbeModel | None = None, progress: bool = False) -> AuditResult:
-    """Test the claims of a claim file (its path, a validated :class:`~probe.spec.claims.ClaimFile`, or a dict with the
+    """Test the claims of a claim file (its path, a validated :class:`~probe.claims.spec.ClaimFile`, or a dict with the
     YAML's structure) by intervention: ``result.claims[i].verdict`` is supported, refuted or
     inconclusive, with effect, CI and evidence. ``model``: an already loaded :class:`ProbeModel`
     to audit instead of the file's. With ``out``, audit.json/.md/.html are written there."""
+    from probe.claims.file import claims_from_dict
     from probe.claims.run import run_audit
-    from probe.spec.claims import ClaimFile, claims_from_dict
+    from probe.claims.spec import ClaimFile
 
     if isinstance(claims, (str, Path)):
         claim_file = load_claims(claims)

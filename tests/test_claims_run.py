@@ -8,23 +8,27 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from probe.claims.file import claims_from_dict, load_claims
+from probe.claims.kinds import KINDS
 from probe.claims.rules import (
-    RULES,
     Rule,
     conjunction,
-    counterfactual_rule,
-    faithfulness_rule,
     judge,
     n_needed,
     verdict,
 )
 from probe.claims.run import run_audit
 from probe.errors import InputError
-from probe.spec.claims import claims_from_dict, load_claims
+
+
+def kind_rule(kind: str, **keys) -> Rule:
+    """The rule a claim of ``kind`` with these keys is decided by (its kind's own)."""
+    return KINDS[kind].rule(SimpleNamespace(**keys))
 
 TEXTS = [
     "the movie was not good",
@@ -73,26 +77,26 @@ def error_of(path) -> str:
 
 @pytest.mark.parametrize("rule, ci, expected", [
     # token_importance: strict on both sides of 0.5
-    (RULES["token_importance"], (0.51, 0.9), "supported"),
-    (RULES["token_importance"], (0.5, 0.9), "inconclusive"),
-    (RULES["token_importance"], (0.1, 0.49), "refuted"),
-    (RULES["token_importance"], (0.1, 0.5), "inconclusive"),
+    (kind_rule("token_importance"), (0.51, 0.9), "supported"),
+    (kind_rule("token_importance"), (0.5, 0.9), "inconclusive"),
+    (kind_rule("token_importance"), (0.1, 0.49), "refuted"),
+    (kind_rule("token_importance"), (0.1, 0.5), "inconclusive"),
     # specific_tokens / head_role: supported above 0, refuted at or below 0
-    (RULES["specific_tokens"], (1e-9, 1.0), "supported"),
-    (RULES["specific_tokens"], (0.0, 1.0), "inconclusive"),
-    (RULES["specific_tokens"], (-1.0, 0.0), "refuted"),
-    (RULES["head_role"], (-1.0, 1e-9), "inconclusive"),
-    (RULES["head_role"], (-0.2, -0.1), "refuted"),
+    (kind_rule("specific_tokens"), (1e-9, 1.0), "supported"),
+    (kind_rule("specific_tokens"), (0.0, 1.0), "inconclusive"),
+    (kind_rule("specific_tokens"), (-1.0, 0.0), "refuted"),
+    (kind_rule("head_role"), (-1.0, 1e-9), "inconclusive"),
+    (kind_rule("head_role"), (-0.2, -0.1), "refuted"),
     # faithfulness: supported at or above the threshold, refuted strictly below
-    (faithfulness_rule(0.3), (0.3, 0.6), "supported"),
-    (faithfulness_rule(0.3), (0.29, 0.6), "inconclusive"),
-    (faithfulness_rule(0.3), (0.0, 0.3), "inconclusive"),
-    (faithfulness_rule(0.3), (0.0, 0.299), "refuted"),
+    (kind_rule("faithfulness", threshold=0.3), (0.3, 0.6), "supported"),
+    (kind_rule("faithfulness", threshold=0.3), (0.29, 0.6), "inconclusive"),
+    (kind_rule("faithfulness", threshold=0.3), (0.0, 0.3), "inconclusive"),
+    (kind_rule("faithfulness", threshold=0.3), (0.0, 0.299), "refuted"),
     # counterfactual: strict on both sides of the bound
-    (counterfactual_rule(0.01), (0.0101, 0.2), "supported"),
-    (counterfactual_rule(0.01), (0.01, 0.2), "inconclusive"),
-    (counterfactual_rule(0.01), (0.0, 0.0099), "refuted"),
-    (counterfactual_rule(0.01), (0.0, 0.01), "inconclusive"),
+    (kind_rule("counterfactual", bound=0.01), (0.0101, 0.2), "supported"),
+    (kind_rule("counterfactual", bound=0.01), (0.01, 0.2), "inconclusive"),
+    (kind_rule("counterfactual", bound=0.01), (0.0, 0.0099), "refuted"),
+    (kind_rule("counterfactual", bound=0.01), (0.0, 0.01), "inconclusive"),
     (Rule(0.0), (float("nan"), float("nan")), "inconclusive"),
 ])
 def test_verdict_boundaries(rule, ci, expected):
@@ -101,27 +105,27 @@ def test_verdict_boundaries(rule, ci, expected):
 
 def test_judge_decides_from_per_example_effects():
     # matches in 9 of 10 examples: the CI of the rate lies above 0.5
-    assert judge([1] * 9 + [0], RULES["token_importance"]).verdict == "supported"
-    assert judge([0] * 9 + [1], RULES["token_importance"]).verdict == "refuted"
-    mixed = judge([1, 0] * 3, RULES["token_importance"])
+    assert judge([1] * 9 + [0], kind_rule("token_importance")).verdict == "supported"
+    assert judge([0] * 9 + [1], kind_rule("token_importance")).verdict == "refuted"
+    mixed = judge([1, 0] * 3, kind_rule("token_importance"))
     assert mixed.verdict == "inconclusive" and mixed.n == 6 and mixed.mean == 0.5
     assert mixed.n_needed is None  # mean == threshold: no sample size helps
     # NaN effects (examples a measure does not apply to) are dropped
-    j = judge([0.2, 0.3, float("nan"), 0.25, 0.22, 0.21, 0.28, 0.24, 0.26, 0.23, 0.27], RULES["specific_tokens"])
+    j = judge([0.2, 0.3, float("nan"), 0.25, 0.22, 0.21, 0.28, 0.24, 0.26, 0.23, 0.27], kind_rule("specific_tokens"))
     assert j.verdict == "supported" and j.n == 10 and j.n_needed is None
     # too few: never decided, however clear (issue 40: "supported" on n = 2 was a bootstrap over two values)
-    few = judge([0.2, 0.3, float("nan"), 0.25, 0.22], RULES["specific_tokens"])
+    few = judge([0.2, 0.3, float("nan"), 0.25, 0.22], kind_rule("specific_tokens"))
     assert few.verdict == "inconclusive" and few.n == 4 and few.why == "n = 4, at least 10 needed"
     # a faithfulness threshold clearly above every tau
-    assert judge(np.linspace(0.1, 0.3, 20), faithfulness_rule(0.9)).verdict == "refuted"
+    assert judge(np.linspace(0.1, 0.3, 20), kind_rule("faithfulness", threshold=0.9)).verdict == "refuted"
     # one example: no CI, inconclusive, no estimate
-    one = judge([0.5], RULES["head_role"])
+    one = judge([0.5], kind_rule("head_role"))
     assert one.verdict == "inconclusive" and one.n_needed is None and math.isnan(one.ci[0])
 
 
 def test_n_needed_formula_when_the_ci_straddles():
     values = np.array([0.3, -0.2, 0.25, -0.15, 0.2, -0.25, 0.1, -0.05, 0.15, -0.1])
-    j = judge(values, RULES["specific_tokens"])
+    j = judge(values, kind_rule("specific_tokens"))
     assert j.verdict == "inconclusive" and j.ci[0] < 0 < j.ci[1]
     std = values.std(ddof=1)
     assert j.n_needed == math.ceil((1.96 * std / abs(values.mean())) ** 2)
@@ -423,7 +427,7 @@ def test_minilm_audit_refutes_a_too_high_faithfulness_threshold(tmp_path):
 def test_an_undecided_claim_shows_why_in_the_repr_the_html_and_the_table():
     """``inconclusive 0.629`` is not shown bare beside a decided effect: the reason (too few examples,
     or the CI holding the threshold) and n_needed are in the repr, the notebook table and to_pandas."""
-    from probe.claims.kinds import ClaimResult
+    from probe.claims.kind import ClaimResult
     from probe.claims.run import AuditResult
 
     def claim(text, verdict, ci, evidence):
@@ -445,3 +449,82 @@ def test_an_undecided_claim_shows_why_in_the_repr_the_html_and_the_table():
                          "# claim 2 inconclusive: the 95% CI [0.4, 0.8] holds the threshold 0.5; n_needed = 31"]
     html = audit._repr_html_()
     assert "n = 2, at least 10 needed; n_needed = 10" in html and "holds the threshold 0.5" in html
+
+
+# ----------------------------------------------------------------------------- a kind is one object
+
+
+def test_a_kind_is_one_module_and_one_registry_line():
+    """Every registered kind's module holds its spec, rule, check and run, and only the kinds' own
+    modules name a kind: no other module of probe/ holds a kind's name as a string (nothing branches
+    on it) or imports a kind's spec."""
+    import ast
+    import importlib
+
+    from probe.claims.kind import ClaimKind
+    from probe.claims.spec import ClaimSpec
+
+    root = Path(__file__).resolve().parents[1] / "probe"
+    for name, kind in KINDS.items():
+        module = importlib.import_module(f"probe.claims.kinds.{name}")
+        assert isinstance(kind, ClaimKind) and module.KIND is kind
+        assert issubclass(kind.spec, ClaimSpec) and kind.spec.__module__ == module.__name__
+        assert all(f.__module__ == module.__name__ for f in (kind.rule, kind.check, kind.run))
+    names = set(KINDS) - {"counterfactual"}  # also the study's counterfactual metric (metrics.counterfactual)
+    for path in root.rglob("*.py"):
+        if path.parent.name == "kinds" and path.parent.parent.name == "claims":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(n) is not None}
+        named = [n.value for n in ast.walk(tree)
+                 if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
+        assert not named, f"{path.relative_to(root.parent)} names the claim kinds {named}"
+        kinds_imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                          and n.module.startswith("probe.claims.kinds.")]
+        assert not kinds_imported, f"{path.relative_to(root.parent)} imports a kind's module: {kinds_imported}"
+
+
+def test_a_kind_added_in_one_place_is_read_validated_audited_and_reported(tiny_dirs, tmp_path, monkeypatch):
+    """A new kind written as one object and added to KINDS, nothing else touched: the claim file takes
+    its keys (and refuses a wrong one, naming it), the audit checks it before measuring, runs and
+    decides it, and the report shows it."""
+    from typing import Literal
+
+    from probe.claims.kind import ClaimKind, evidence_examples, result
+    from probe.claims.rules import at_least_rule
+    from probe.claims.spec import ClaimSpec
+
+    class LengthClaim(ClaimSpec):
+        kind: Literal["length"]
+        #: the mean number of tokens the claim needs
+        threshold: float = 2.0
+
+    checked = []
+
+    def check(ctx, claim, index):
+        checked.append(index)
+
+    def run(ctx, claim, index):
+        effects = np.array([float(len(e.input_ids)) for e in ctx.examples])
+        j = ctx.judge(effects, at_least_rule(claim.threshold))
+        return result(claim, j, measure="tokens per example", rule=at_least_rule(claim.threshold),
+                      intervention="none", evidence=evidence_examples(ctx, effects, [{} for _ in effects]))
+
+    with pytest.raises(TypeError, match="Literal"):
+        ClaimKind("lengths", LengthClaim, rule=lambda c: at_least_rule(c.threshold), check=check, run=run)
+    monkeypatch.setitem(KINDS, "length", ClaimKind("length", LengthClaim, rule=lambda c: at_least_rule(c.threshold),
+                                                   check=check, run=run))
+    texts = [f"{TEXTS[i % len(TEXTS)]} {'good ' * (i % 3)}".strip() for i in range(12)]
+    bad = {"claim": "texts are long", "kind": "length", "treshold": 3}
+    with pytest.raises(InputError, match=r"unknown key .treshold. in claims\[0\].*threshold"):
+        claim_file(tiny_dirs["bert"], [bad], texts=texts)
+    spec = claim_file(tiny_dirs["bert"], [{"claim": "texts are long", "kind": "length", "threshold": 3}], texts=texts)
+    audit = run_audit(spec, tmp_path / "out")
+    (claim,) = audit.claims
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dirs["bert"])
+    assert checked == [0] and claim.kind == "length" and claim.verdict == "supported"
+    assert claim.effect == pytest.approx(np.mean([len(tokenizer(t)["input_ids"]) for t in texts]))
+    assert "texts are long" in (tmp_path / "out" / "audit.md").read_text()

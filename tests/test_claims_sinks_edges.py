@@ -21,6 +21,7 @@ import torch
 from test_knockout import _blocked_edges, _target
 
 from probe.claims.edges import CONTROL_DRAWS
+from probe.claims.file import claims_from_dict, load_claims
 from probe.claims.rules import at_least_rule, at_most_rule, judge
 from probe.claims.run import run_audit
 from probe.errors import InputError
@@ -29,7 +30,6 @@ from probe.intervene.knockout import EdgeSet, block_edges, edge_knockout
 from probe.models.loading import load_model
 from probe.rows.prepare import prepare
 from probe.rows.target import TargetSpec
-from probe.spec.claims import claims_from_dict, load_claims
 
 from tiny_models import WORDS, _strip_attn_implementation
 from tolerances import fp_tol, model_depth

@@ -503,7 +503,7 @@ def test_the_registered_method_in_a_batch_of_one_equals_a_batch_of_several(loade
 
 def test_probe_explain_study_and_claim_files_take_knockout(loaded):
     import probe
-    from probe.spec.claims import claims_from_dict
+    from probe.claims.file import claims_from_dict
     from probe.spec.study import study_from_dict
 
     pm = loaded("gpt2")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from probe.claims.rules import MIN_EVIDENCE, RULES, Rule, judge, sign_flip_p
+from probe.claims.kinds import KINDS
+from probe.claims.rules import MIN_EVIDENCE, Rule, judge, sign_flip_p
 from probe.metrics.agreement import agreement
 from probe.metrics.nulls import NullBlock, agreement_values, exact_top_k, max_t_test, permutation_means
 from probe.metrics.statistics import paired_test, wilcoxon_method
@@ -241,12 +242,12 @@ def test_owners_average_their_blocks_first_as_a_study_of_generated_text_does():
 
 
 def test_no_claim_is_decided_on_fewer_than_the_minimum_of_examples():
-    two = judge([1.0, 1.0], RULES["token_importance"])
+    two = judge([1.0, 1.0], KINDS["token_importance"].rule(None))
     assert two.verdict == "inconclusive" and two.why == f"n = 2, at least {MIN_EVIDENCE} needed"
     assert all(math.isnan(b) for b in two.ci) and two.n_needed >= MIN_EVIDENCE
-    nine = judge([0.9, 0.8, 0.95, 0.7, 0.85, 0.9, 0.8, 0.75, 0.9], RULES["specific_tokens"])
+    nine = judge([0.9, 0.8, 0.95, 0.7, 0.85, 0.9, 0.8, 0.75, 0.9], KINDS["specific_tokens"].rule(None))
     assert nine.verdict == "inconclusive" and "at least 10" in nine.why
-    ten = judge([0.9, 0.8, 0.95, 0.7, 0.85, 0.9, 0.8, 0.75, 0.9, 0.8], RULES["specific_tokens"])
+    ten = judge([0.9, 0.8, 0.95, 0.7, 0.85, 0.9, 0.8, 0.75, 0.9, 0.8], KINDS["specific_tokens"].rule(None))
     assert ten.verdict == "supported" and ten.why is None and ten.p_value == pytest.approx(1 / 1024)
 
 
@@ -254,11 +255,11 @@ def test_a_small_sample_needs_the_sign_flip_test_to_agree_with_the_bootstrap_int
     """0/1 hits against 0.5: 11 of 15 put the percentile bootstrap CI above 0.5, but the exact sign
     test gives p = 0.059 > 0.025: inconclusive, and it says why."""
     hits = [1] * 11 + [0] * 4
-    j = judge(hits, RULES["token_importance"], n_boot=2000, seed=0)
+    j = judge(hits, KINDS["token_importance"].rule(None), n_boot=2000, seed=0)
     assert j.ci[0] > 0.5  # the interval alone would have said supported
     assert j.verdict == "inconclusive" and "sign-flip" in j.why
     assert j.p_value == pytest.approx(stats.binomtest(11, 15, 0.5, alternative="greater").pvalue)
-    nine_of_ten = judge([1] * 10 + [1] * 9 + [0], RULES["token_importance"])  # 19 of 20
+    nine_of_ten = judge([1] * 10 + [1] * 9 + [0], KINDS["token_importance"].rule(None))  # 19 of 20
     assert nine_of_ten.verdict == "supported"
 
 

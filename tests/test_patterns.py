@@ -122,7 +122,7 @@ def test_a_claim_files_spans_pattern_returns_in_one_line(bert, tmp_path, monkeyp
 
 
 def test_a_claims_token_patterns_are_bounded_too():
-    from probe.spec.claims import claims_from_dict
+    from probe.claims.file import claims_from_dict
 
     spec = claims_from_dict({"model": {"id": "builtin:minilm-rt"}, "data": {"texts": ["x"]}, "claims": [
         {"claim": "a", "kind": "specific_tokens", "pattern": CATASTROPHIC},

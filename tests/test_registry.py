@@ -119,8 +119,8 @@ def test_importing_the_registry_loads_no_torch():
 
 def test_study_and_claim_files_take_the_registry_adversarial_defaults():
     """One default for the adversarial search: the library, study files and claim files agree."""
+    from probe.claims.kinds.counterfactual import CounterfactualClaim
     from probe.intervene.counterfactual import adversarial_attention
-    from probe.spec.claims import CounterfactualClaim
     from probe.spec.study import CounterfactualSpec
 
     adversarial = registry.counterfactual("adversarial").defaults()

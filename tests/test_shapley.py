@@ -367,9 +367,9 @@ def test_shapley_explains_a_contrast_and_runs_from_the_cli(bert, tiny_dirs, monk
 def test_a_claim_is_judged_against_shapley_values(tiny_dirs, bert):
     """``reference: shapley`` in a claim file: the audit's token-importance effect is the share of
     examples whose most-attended word is Shapley's most important one, as computed here by hand."""
+    from probe.claims.file import claims_from_dict
     from probe.claims.run import run_audit
     from probe.explainers.attention import attention
-    from probe.spec.claims import claims_from_dict
 
     texts = ["the movie was very good", "i hated this film", "a great story", "not bad at all",
              "the plot was thin", "wonderful acting", "a waste of time", "it was fine", "i loved it",

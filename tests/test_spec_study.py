@@ -504,7 +504,7 @@ def test_validating_study_and_claim_files_imports_no_torch():
         "import sys\n"
         "from probe.errors import InputError\n"
         "from probe.spec.study import load_study\n"
-        "from probe.spec.claims import load_claims\n"
+        "from probe.claims.file import load_claims\n"
         "from probe.spec.study import study_from_dict\n"
         "study = load_study('studies/quickstart.yaml')\n"
         "claims = load_claims('data/claims/minilm_rt.yaml')\n"

@@ -167,11 +167,11 @@ def test_a_claim_over_generated_tokens_is_judged_over_the_prompts(tiny_dirs):
     """token_importance with target.generate: each output token's top-1 match (its own attention row
     against its own leave-one-out), averaged per prompt, then judged over the prompts."""
     import probe
+    from probe.claims.file import claims_from_dict
     from probe.claims.run import run_audit
     from probe.explainers.attention import attention
     from probe.intervene.engine import Engine
     from probe.intervene.tokens import loo
-    from probe.spec.claims import claims_from_dict
 
     texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(4 + i % 3)) for i in range(N_EXAMPLES)]
     pm = probe.load_model(str(tiny_dirs["gpt2"]))
@@ -198,10 +198,10 @@ def test_when_it_writes_the_most_attended_span_is_the_most_important_one(tiny_di
     """The issue's claim: token_importance over spans of the prompt, for every generated token,
     checked by hand (attention summed over each span, each span deleted in one forward)."""
     import probe
+    from probe.claims.file import claims_from_dict
     from probe.claims.run import run_audit
     from probe.explainers.attention import attention
     from probe.rows.values import evaluate
-    from probe.spec.claims import claims_from_dict
 
     texts = ["the movie was good and the plot was bad", "the film is fun but the story is boring",
              "a boring plot and the worst film", "the acting was great , the ending was not"]

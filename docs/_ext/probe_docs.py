@@ -527,8 +527,10 @@ def study_markdown() -> str:
 
 
 def claims_markdown() -> str:
-    """The keys of a claim file, then those of each claim kind (:mod:`probe.spec.claims`)."""
-    from probe.spec import claims
+    """The keys of a claim file (:mod:`probe.claims.file`), then those of each claim kind
+    (:data:`probe.claims.kinds.KINDS`)."""
+    from probe.claims import file as claims
+    from probe.claims.kinds import CLAIM_KINDS, KINDS
 
     schema = claims._FileSchema  # the claim file's top level as validated (ClaimFile is its result)
     top = spec_markdown(schema, label="claim-keys")
@@ -538,8 +540,8 @@ def claims_markdown() -> str:
     lines = [top,
              "(claim-kinds)=", "## Claim kinds", "",
              f"Each entry of {_code('claims')} has {_code('claim')} (the sentence tested) and {_code('kind')}, "
-             f"one of {', '.join(_code(k) for k in claims.CLAIM_KINDS)}, and the keys of its kind.", ""]
-    for kind, cls in claims.CLAIM_CLASSES.items():
+             f"one of {', '.join(_code(k) for k in CLAIM_KINDS)}, and the keys of its kind.", ""]
+    for kind, cls in ((name, entry.spec) for name, entry in KINDS.items()):
         text = spec_markdown(cls, path=f"claims[] (kind {kind})", label=f"claim-kind-{kind.replace('_', '-')}",
                              title=f"kind: {_code(kind)}", level=3)
         doc = _own_doc(cls)

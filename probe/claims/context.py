@@ -12,10 +12,10 @@ from probe.claims.rules import Judgement, judge
 from probe.errors import InputError
 from probe.rows.target import sources
 from probe.spec.claim_values import AttentionRanking
-from probe.spec.claims import ClaimFile
 from probe.study.steps import per_example_means
 
 if TYPE_CHECKING:
+    from probe.claims.spec import ClaimFile
     from probe.data import Example
     from probe.models.core import ProbeModel
     from probe.rows.target import PreparedExample

@@ -1,18 +1,18 @@
-"""The edges a ``sink_head`` or ``edge`` claim blocks (:mod:`probe.claims.kinds`): which keys an edge
-claim names, the seeded control draws it is compared with, the blocked changes, and the words for them."""
+"""The edges a ``sink_head`` or ``edge`` claim blocks (:mod:`probe.claims.kinds.sink_head`,
+:mod:`probe.claims.kinds.edge`): the seeded control draws an edge claim is compared with, the
+blocked changes, and the words for them."""
 
 from __future__ import annotations
 
-import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from probe.claims.context import AuditContext
-from probe.errors import InputError
-from probe.spec.claims import EdgeClaim
+if TYPE_CHECKING:
+    from probe.claims.context import AuditContext
 
-__all__ = ["CONTROL_DRAWS", "blocked_changes", "control_keys", "control_warning", "edge_details", "edge_keys",
-           "renormalised", "set_changes", "window_words"]
+__all__ = ["CONTROL_DRAWS", "blocked_changes", "control_keys", "edge_details", "renormalised", "set_changes",
+           "window_words"]
 
 #: Seeded random key sets per example that an edge claim's named edges are compared with.
 CONTROL_DRAWS = 8
@@ -38,29 +38,6 @@ def blocked_changes(ctx: AuditContext, sets: list, renormalise: bool) -> dict[in
 def renormalised(renormalise: bool) -> str:
     return ("the row renormalised over its other keys (-inf before the softmax)" if renormalise
             else "the blocked weights zeroed, the row not renormalised")
-
-
-def edge_keys(ctx: AuditContext, claim: EdgeClaim, index: int) -> list[tuple[int, ...]]:
-    """Per example, the positions the claim's edges go to (empty: the example has none)."""
-    if claim.to_position is not None:
-        out = []
-        for example in ctx.examples:
-            n = len(example.input_ids)
-            p = claim.to_position if claim.to_position >= 0 else n + claim.to_position
-            out.append((p,) if 0 <= p < n else ())
-        if not any(out):
-            raise InputError(f"{ctx.file.where(index, 'to_position')}: position {claim.to_position} lies outside "
-                             f"every one of the {len(ctx.examples)} examples (the longest has "
-                             f"{max(len(e.input_ids) for e in ctx.examples)} tokens)")
-        return out
-    matcher = claim.matcher()
-    out = [tuple(int(p) for p in np.flatnonzero(ctx.matches(i, matcher))) for i in range(len(ctx.examples))]
-    if not any(out):
-        raise InputError(f"{ctx.file.where(index, 'to' if claim.to is not None else 'to_words')}: {claim.to_what} "
-                         f"match no token in any of the {len(ctx.examples)} examples searched (token texts are "
-                         "matched whole, case-insensitive, word-piece markers stripped); check the pattern or use "
-                         "more data")
-    return out
 
 
 def control_keys(ctx: AuditContext, keys: list[tuple[int, ...]], sites) -> list[list[tuple[int, ...]]]:
@@ -94,21 +71,6 @@ def control_keys(ctx: AuditContext, keys: list[tuple[int, ...]], sites) -> list[
         out.append([tuple(int(p) for p in np.sort(rng.choice(others, size=len(k), replace=False)))
                     for _ in range(CONTROL_DRAWS)])
     return out
-
-
-def control_warning(claim: EdgeClaim, verdict: str, control_mean: float, above: float | None, where: str) -> str | None:
-    """One line where a supported edge claim's effect is not specific to its tokens (None otherwise)."""
-    if verdict != "supported" or above is None:
-        return None
-    reasons = []
-    if math.isfinite(control_mean) and control_mean >= claim.threshold:
-        reasons.append(f"blocking the target row's edges to as many random other tokens in {where} moves the target "
-                       f"by {control_mean:.3g} (>= threshold {claim.threshold:g})")
-    if above <= 0.5:
-        reasons.append(f"the named edges move the target more than random ones in only {above:.0%} of the examples")
-    if not reasons:
-        return None
-    return "; ".join(reasons) + f": the effect is not specific to {claim.to_what}"
 
 
 def window_words(window: list[int]) -> str:

@@ -2,7 +2,8 @@
 
 Every claim kind reduces to a per-example *effect* (higher = more in favour of the claim) and a
 *threshold* T. With ``[lo, hi]`` the seeded percentile-bootstrap CI of the mean effect (level 0.95
-by default, :func:`probe.metrics.statistics.bootstrap_ci`; non-finite effects are dropped first):
+by default, :func:`probe.metrics.statistics.bootstrap_ci`; non-finite effects are dropped first).
+The shipped kinds at a glance (each kind's module in :mod:`probe.claims.kinds` defines its rule):
 
 ==================  =========================================  =============  ============  ============
 kind                per-example effect                         T              supported     refuted
@@ -58,8 +59,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probe.metrics.statistics import summarize
-
 #: the fewest examples with an effect on which a claim is supported or refuted (and a CI computed)
 MIN_EVIDENCE = 10
 #: below this many examples a decision also needs the sign-flip permutation test
@@ -95,21 +94,6 @@ class Rule:
                 f"(lower bound {'>=' if self.support_inclusive else '>'} {t}); refuted if it lies "
                 f"{'at or ' if self.refute_inclusive else ''}below {t} (upper bound "
                 f"{'<=' if self.refute_inclusive else '<'} {t}); inconclusive otherwise")
-
-
-RULES = {
-    "token_importance": Rule(0.5),
-    "specific_tokens": Rule(0.0, refute_inclusive=True),
-    "head_role": Rule(0.0, refute_inclusive=True),
-}
-
-
-def faithfulness_rule(threshold: float) -> Rule:
-    return Rule(float(threshold), support_inclusive=True)
-
-
-def counterfactual_rule(bound: float) -> Rule:
-    return Rule(float(bound))
 
 
 def at_least_rule(threshold: float) -> Rule:
@@ -204,6 +188,8 @@ def judge(values, rule: Rule, *, n_boot: int = 2000, level: float = 0.95, seed: 
         return Judgement("inconclusive", mean, std, (float("nan"), float("nan")), n, rule.threshold,
                          max(MIN_EVIDENCE, needed) if needed is not None else None,
                          why=f"n = {n}, at least {MIN_EVIDENCE} needed")
+    from probe.metrics.statistics import summarize  # pandas and scipy: not needed to read a claim file
+
     s = summarize(v, n_boot=n_boot, level=level, seed=seed)
     decided = verdict(s["ci_low"], s["ci_high"], rule)
     why = p_value = None
@@ -227,6 +213,5 @@ def conjunction(*verdicts: str) -> str:
     return "inconclusive"
 
 
-__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "RULES", "Rule", "SMALL_N", "at_least_rule", "at_most_rule",
-           "conjunction", "counterfactual_rule", "faithfulness_rule", "judge", "n_needed", "sign_flip_p", "verdict",
-           "z_value"]
+__all__ = ["Judgement", "LN2_HALF", "MIN_EVIDENCE", "Rule", "SMALL_N", "at_least_rule", "at_most_rule", "conjunction",
+           "judge", "n_needed", "sign_flip_p", "verdict", "z_value"]

@@ -1,8 +1,8 @@
 """Run an audit: load the model and the examples once, measure every claim, decide, write the report.
 
 The examples are those a study with the same data would explain (:func:`probe.study.examples.select_examples`),
-prepared with the claim file's target; what each claim kind measures is in :mod:`probe.claims.kinds`,
-the decision rules in :mod:`probe.claims.rules`.
+prepared with the claim file's target; what each claim kind checks, measures and how it is decided is
+in its module of :mod:`probe.claims.kinds`, the decision rules' mechanics in :mod:`probe.claims.rules`.
 """
 
 from __future__ import annotations
@@ -15,20 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.claims.context import AuditContext
-from probe.claims.kinds import KINDS, ClaimResult, clean_json, replacement_token
+from probe.claims.kind import ClaimResult, clean_json
+from probe.claims.kinds import KINDS
+from probe.claims.spec import ClaimFile
 from probe.errors import InputError
 from probe.files import write_files
 from probe.names import printable
-from probe.spec.claims import (
-    ClaimFile,
-    CounterfactualClaim,
-    EdgeClaim,
-    FaithfulnessClaim,
-    HeadRoleClaim,
-    SinkHeadClaim,
-    SpecificTokensClaim,
-    TokenImportanceClaim,
-)
 from probe.study.examples import check_contrast, prepare_examples, select_examples
 
 if TYPE_CHECKING:
@@ -41,7 +33,7 @@ __all__ = ["AuditResult", "run_audit"]
 
 @dataclass(repr=False)
 class AuditResult:
-    """What :func:`probe.audit` returns: each claim's result (:class:`~probe.claims.kinds.ClaimResult`),
+    """What :func:`probe.audit` returns: each claim's result (:class:`~probe.claims.kind.ClaimResult`),
     in the claim file's order, with the model, data and statistics it ran with, the claim file
     (``source``), the seconds it took, and the report folder and its files when one was written."""
 
@@ -120,27 +112,10 @@ class AuditResult:
 
 
 def _check_sites(ctx: AuditContext) -> None:
-    """Refuse layers and heads the model does not have before anything slow runs."""
+    """Refuse what the model cannot do (a layer or head it lacks, a replacement token its tokenizer
+    lacks) for every claim, by its kind's check, before anything slow runs."""
     for index, claim in enumerate(ctx.file.claims):
-        if isinstance(claim, (TokenImportanceClaim, FaithfulnessClaim, SpecificTokensClaim)):
-            ctx.check_ranking(claim.ranking, index)
-        elif isinstance(claim, HeadRoleClaim):
-            layer, head = claim.site
-            ctx.layer(layer, index, "head")
-            ctx.head(head, index, "head")
-        elif isinstance(claim, CounterfactualClaim):
-            ctx.layer(claim.layer, index, "layer")
-            ctx.head(claim.head, index, "head")
-        elif isinstance(claim, SinkHeadClaim):
-            layer, head = claim.site
-            ctx.layer(layer, index, "head")
-            ctx.head(head, index, "head")
-        elif isinstance(claim, EdgeClaim):
-            ctx.layer_window(claim, index)
-            for head in claim.head_list or ():
-                ctx.head(head, index, "heads")
-        if isinstance(claim, SpecificTokensClaim) and claim.intervention != "delete":
-            replacement_token(ctx.pm, claim.intervention)
+        KINDS[claim.kind].check(ctx, claim, index)
 
 
 def _check_target(pm: ProbeModel, claim_file: ClaimFile) -> None:
@@ -188,7 +163,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
     results = []
     for index, claim in enumerate(claim_file.claims):
         t0 = time.perf_counter()
-        result = KINDS[claim.kind](ctx, claim, index)
+        result = KINDS[claim.kind].run(ctx, claim, index)
         result.seconds = time.perf_counter() - t0
         results.append(result)
         log(f"[{index + 1}/{len(claim_file.claims)}] {result.verdict.upper()}: {printable(claim.claim)} "

@@ -387,7 +387,7 @@ def audit(
     """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
     from pathlib import Path
 
-    from probe.spec.claims import load_claims
+    from probe.claims.file import load_claims
 
     spec = load_claims(claims)  # validate before the slow imports and the model load
     folder = out or spec.output or str(Path("results") / f"audit_{Path(claims).stem}")

@@ -7,5 +7,6 @@ and the report reads a result folder's study as a typed :class:`Study`.
   with duplicate-key and line-numbered errors, :func:`located_error`), for any schema.
 - :mod:`probe.spec.parts`: the sections both files share (model, dataset, target).
 - :mod:`probe.spec.study`: the :class:`Study` and its loader.
-- :mod:`probe.spec.claims`: the claim file (:class:`ClaimFile`) and its loader.
+- :mod:`probe.spec.claim_values`: the values a claim's keys hold; the claim file itself and its
+  loader are the audit's (:mod:`probe.claims.file`), since each claim kind's keys live with the kind.
 """

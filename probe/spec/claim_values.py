@@ -1,4 +1,4 @@
-"""The values a claim's keys hold (:mod:`probe.spec.claims`): an attention read as
+"""The values a claim's keys hold (:mod:`probe.claims.kinds`): an attention read as
 ``METHOD@LAYER.HEAD``, a head as ``LAYER.HEAD``, a layer window, and the checks of a claim's
 patterns, references and word lists. A parser raises ``ValueError`` with the reason; a check fails
 with :func:`~probe.spec.validation.fail` inside a validator."""

@@ -379,8 +379,8 @@ def test_an_unwrapped_os_error_is_still_one_line(monkeypatch, capsys, tmp_path):
 
 
 def test_a_failed_audit_rerun_keeps_the_earlier_audit(tiny_dirs, loaded, tmp_path, monkeypatch):
+    from probe.claims.file import claims_from_dict
     from probe.claims.run import run_audit
-    from probe.spec.claims import claims_from_dict
 
     spec = claims_from_dict({"model": {"id": str(tiny_dirs["bert"])}, "data": {"texts": ["good film", "bad movie"]},
                              "claims": [{"claim": "faithful", "kind": "faithfulness", "threshold": 0.5}]})
@@ -453,7 +453,7 @@ def test_a_bootstrap_that_does_not_fit_the_free_memory_is_refused_before_writing
 
 
 def test_claim_file_numbers_are_bounded():
-    from probe.spec.claims import claims_from_dict
+    from probe.claims.file import claims_from_dict
 
     with pytest.raises(InputError, match="bootstrap"):
         claims_from_dict({"model": {"id": "x"}, "data": {"texts": ["a b"]}, "statistics": {"bootstrap": 10**9},

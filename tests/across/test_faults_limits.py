@@ -131,7 +131,7 @@ def test_the_cli_refuses_a_shapley_bomb_in_one_line_before_the_model_loads(tmp_p
 
 
 def test_the_study_and_claim_files_take_the_counterfactual_limits_from_the_declaration(tmp_path):
-    from probe.spec.claims import CounterfactualClaim
+    from probe.claims.kinds.counterfactual import CounterfactualClaim
     from probe.spec.study import CounterfactualSpec
 
     high = declared_limits(AdversarialParams, "candidates")[1]

@@ -114,8 +114,8 @@ def _assert_inert_markdown(md: str) -> None:
 
 
 def test_audit_markdown_escapes_claims_and_data(tiny_dirs, loaded, tmp_path):
+    from probe.claims.file import claims_from_dict
     from probe.claims.run import run_audit
-    from probe.spec.claims import claims_from_dict
 
     texts = [f"the film was good {SHORT}", "a bad movie", f"- {SHORT} boring film", "# great | movie"]
     spec = claims_from_dict({"model": {"id": str(tiny_dirs["bert"])}, "data": {"texts": texts},
