@@ -46,12 +46,14 @@ def test_a_special_tokens_bar_does_not_set_the_panels_scale():
 
 
 def test_explanation_plot_of_a_tiny_model_scales_to_its_scored_tokens(loaded):
+    from probe.explanation.views import method_rows
+
     pm = loaded("bert")
     ex = probe.explain(pm, ["a very good film", "bad"], methods=["rollout", "attention_mean", "loo_delete"])
     for example in range(2):
         fig = ex.plot(example)
         special = np.asarray(ex.examples[example].special, dtype=bool)
-        rows = ex._rows(example)
+        rows = method_rows(ex, example)
         for ax, values in zip(fig.axes, rows.values()):
             scored = values[np.isfinite(values) & ~special]
             low, high = ax.get_ylim()

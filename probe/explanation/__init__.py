@@ -1,8 +1,10 @@
-"""An explanation: token scores of several methods on the same prepared examples, how it shows itself
-(a notebook table, plots, a generated text's prompt x output matrix, the CLI's rows) and its folder on
-disk (:meth:`Explanation.save`, :func:`load_explanation`).
+"""An explanation: token scores of several methods on the same prepared examples, its tables and its
+folder on disk (:meth:`Explanation.save`, :func:`load_explanation`; the files: :mod:`.folder`).
+How it shows itself (a notebook table, plots, a generated text's prompt x output matrix) is
+:mod:`.views`'s, which its ``_repr_html_``, :meth:`~Explanation.plot` and
+:meth:`~Explanation.plot_matrix` call.
 
-:func:`probe.explain <probe.api.explain>` makes one; this module holds the value and its file I/O.
+:func:`probe.explain <probe.api.explain>` makes one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.display import FLAG_COLOUR, warning_html
 from probe.errors import InputError, positive_int
 from probe.explanation.folder import (
     EXPLANATION_FORMAT,
@@ -27,6 +28,16 @@ from probe.explanation.folder import (
     read_explanation_folder,
     saved_examples,
     saved_scores,
+)
+from probe.explanation.views import (
+    explanation_html,
+    faded_columns,
+    flag_lines,
+    generated_groups,
+    matrix_heatmap,
+    method_rows,
+    read_at,
+    scores_figure,
 )
 from probe.explanation.words import WordTable, word_level_table
 from probe.frozen import PicklableFrozen
@@ -106,28 +117,6 @@ class Explanation(PicklableFrozen):
         return [f for f in flags if (method is None or f.method == method)
                 and (example is None or f.covers(example % max(len(self.examples), 1)))]
 
-    def _flag_words(self, method: str, example: int) -> str:
-        """``"⚠ not converged"`` (the failed checks' words) where ``method`` is marked on ``example``, else ''."""
-        from probe.names import FLAG_MARK
-
-        words = list(dict.fromkeys(f.words for f in self.failed_checks(method, example)))
-        return f"{FLAG_MARK} {', '.join(words)}" if words else ""
-
-    def _flag_lines(self, example: int | None = None, method: str | None = None) -> list[str]:
-        """One line per failed check (of ``method`` or any, on ``example``'s scores or any), with why."""
-        from probe.names import FLAG_MARK
-
-        lines = []
-        for f in self.failed_checks(method, example):
-            if example is None:
-                named = [f"{i} ({self.examples[i].label_name!r})" if self.examples[i].step is not None else str(i)
-                         for i in f.examples]  # an output token: its text beside its index
-                where = f" on examples {', '.join(named)}" if f.examples else ""
-                lines.append(f"{FLAG_MARK} {f.method} {f.words}{where}: {f.detail}")
-            else:
-                lines.append(f"{FLAG_MARK} {f.method} {f.words} here: {f.note(example)}")
-        return lines
-
     def top_tokens(self, k: int = 5, method: str | None = None, example: int = 0, *, layer: int = -1,
                    head: int | None = None, level: str = "token", agg: str = "sum") -> TopTokens:
         """``(position, token, score)`` of the ``k`` highest scored tokens of ``examples[example]`` by ``method``
@@ -161,8 +150,8 @@ class Explanation(PicklableFrozen):
         real = [p for p in range(len(scores)) if not special[p] and not np.isnan(scores[p])]
         ranked = sorted(real, key=lambda p: -scores[p])[:k]  # sorted is stable: ties keep the token order
         top = TopTokens((p, names[p], float(scores[p])) for p in ranked)
-        top.read_at = self._read_at(method, layer, head)
-        top.flags = tuple(self._flag_lines(example % len(self.examples), method))
+        top.read_at = read_at(self, method, layer, head)
+        top.flags = tuple(flag_lines(self, example % len(self.examples), method))
         if top.flags:
             from probe.errors import warn_at_caller
 
@@ -189,24 +178,6 @@ class Explanation(PicklableFrozen):
         if isinstance(text, bool) or not isinstance(text, int) or not -len(groups) <= text < len(groups):
             raise InputError(f"text={text!r} does not exist: this explanation has texts 0..{len(groups) - 1}")
         return groups[text]
-
-    def _generated_groups(self) -> list[tuple[int, ...]]:
-        """:meth:`outputs` where every example is an output token (a generated or step explanation), else []."""
-        groups = self.outputs()
-        return groups if groups and sum(len(g) for g in groups) == len(self.examples) else []
-
-    def _read_at(self, method: str, layer: int = -1, head: int | None = None) -> str:
-        """Which layer (and head) a one-layer view of ``method`` shows, as words: ``"layer 5 of 0..5,
-        head mean"``; "" for a token-level method."""
-        result = self[method]
-        if not (result.per_head or result.per_layer) or not len(result.scores):
-            return ""
-        n_layers = int(result.scores[0].shape[0])
-        shown = layer % n_layers if isinstance(layer, int) and -n_layers <= layer < n_layers else layer
-        words = f"layer {shown} of 0..{n_layers - 1}" + (", the last" if shown == n_layers - 1 else "")
-        if result.per_head:
-            words += ", head mean" if head is None else f", head {head}"
-        return words
 
     def stacked(self, method: str, text: int = 0) -> torch.Tensor:
         """``method``'s scores of text ``text``'s output tokens stacked: ``[output token, ...,
@@ -253,27 +224,7 @@ class Explanation(PicklableFrozen):
         per-head method at ``layer`` (default the last) and ``head`` (default their mean), which the
         title names; the prompt (a chat prompt's messages) above the map, wrapped, not cut. Returns
         a :class:`matplotlib.figure.Figure`."""
-        from probe.display import prompt_text
-        from probe.names import FLAG_MARK
-        from probe.plots import matrix_figure
-
-        frame = self.matrix(method, text, layer=layer, head=head)
-        at = self._read_at(method, layer, head)  # which layer (and head) a per-layer method shows
-        group = self._output_group(text)
-        first = self.examples[group[0]]
-        marks = [self._flag_words(method, i) for i in group]
-        rows = [f"{FLAG_MARK} {r}" if mark else str(r) for r, mark in zip(frame.index, marks)]
-        flagged = sum(bool(m) for m in marks)
-        words = ", ".join(dict.fromkeys(m.split(" ", 1)[1] for m in marks if m))
-        fig = matrix_figure(frame.to_numpy(), rows, [str(c) for c in frame.columns],
-                            title=(f"{FLAG_MARK} {words} on {flagged} of {len(group)} output tokens; " if flagged
-                                   else "") + (f"{self[method].label} ({at})" if at else self[method].label),
-                            subtitle=f"{self.model}, text {text}: {prompt_text(first)}",
-                            label=f"{method} score")
-        for label, mark in zip(fig.axes[0].get_yticklabels(), marks):
-            if mark:
-                label.set_color(FLAG_COLOUR)
-        return fig
+        return matrix_heatmap(self, method, text, layer=layer, head=head)
 
     def save(self, path: str | Path) -> Path:
         """Write the explanation into the folder ``path`` (made if missing): ``scores.parquet``
@@ -312,7 +263,7 @@ class Explanation(PicklableFrozen):
         from probe.display import name_list
 
         n = len(self.examples)
-        groups = self._generated_groups()
+        groups = generated_groups(self)
         counted = (f"{len(groups)} prompt{'s' if len(groups) != 1 else ''}, {n} output token{'s' if n != 1 else ''}"
                    if groups else f"{n} text{'s' if n != 1 else ''}")
         text = f"<Explanation {self.model}: {counted} x {len(self.scores)} method"
@@ -433,44 +384,8 @@ class Explanation(PicklableFrozen):
         return word_table(list(self._checked_scores()), [self.word_groups(i) for i in range(len(self.examples))],
                           [e.special for e in self.examples], agg)
 
-    def _rows(self, index: int, methods: Sequence[str] | None = None, *, marked: bool = False) -> dict[str, np.ndarray]:
-        """Method label (``TokenScores.label``: ``saliency (L2)``) -> example ``index``'s ``[tokens]``
-        row (per-layer and per-head methods: their last layer, heads averaged; the label says so).
-        ``marked``: a method whose own check failed on this example says so in its label
-        (``integrated_gradients (...) ⚠ not converged``)."""
-        from probe.display import unit_row
-
-        chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
-        rows = {}
-        for method in chosen:
-            values, what = unit_row(self[method].scores[index].double().numpy())
-            label = f"{self[method].label} ({what})" if what else self[method].label
-            flagged = self._flag_words(method, index) if marked else ""
-            rows[f"{label} {flagged}" if flagged else label] = values
-        return rows
-
     def _repr_html_(self) -> str:
-        from probe.display import MAX_EXAMPLES, block_html, clip, prompt_text, token_table_html
-
-        if self._generated_groups():
-            return self._generated_html()
-        parts = [block_html(repr(self), warning_html(self._flag_lines()),
-                            "cells shaded by each method's score over its largest |score| on the text's scored "
-                            "tokens, written under its name (red positive, blue negative); a method at the "
-                            "target's noise floor or whose own check failed is not shaded; grey: special tokens")]
-        for i, example in enumerate(self.examples[:MAX_EXAMPLES]):
-            target = example.label_name if example.label_name is not None else example.label
-            value = "" if example.original_value is None else f" = {example.original_value:.4g}"
-            title = f"example {i}: {clip(prompt_text(example), 120)}"
-            note = f"explained: {example.kind} of {target if target is not None else 'the continuation'}{value}"
-            rows = self._rows(i, marked=True)
-            table = token_table_html(example.tokens, example.special, rows, self._faded(i, rows))
-            parts.append(block_html(title, warning_html(self._flag_lines(i)) + table, note))
-        more = len(self.examples) - MAX_EXAMPLES
-        if more > 0:
-            parts.append(block_html(f"... and {more} more example{'s' if more != 1 else ''} "
-                                    "(ex.to_pandas() has them all)", ""))
-        return "<div>" + "".join(parts) + "</div>"
+        return explanation_html(self)
 
     def word_table(self, agg: str = "sum") -> WordTable:
         """The notebook table at word level, each word the ``agg`` of its tokens' scores (sum, mean, max)."""
@@ -479,80 +394,8 @@ class Explanation(PicklableFrozen):
     def columns(self, index: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """Example ``index``'s notebook table: method label (a failed check marked) -> ``[tokens]``
         row, and the columns left unshaded, each with why."""
-        rows = self._rows(index, marked=True)
-        return rows, self._faded(index, rows)
-
-    def _faded(self, index: int, rows: Mapping[str, np.ndarray]) -> dict[str, str]:
-        """The columns of example ``index``'s table (``rows``: :meth:`_rows` with ``marked``, in the
-        order of ``scores``) left unshaded, each with why: a method whose own check failed on it,
-        and an intervention whose largest |effect| on the scored tokens is at or below the target's
-        noise floor (:data:`probe.study.decide.NOISE_ULPS` float32 epsilons times the target's
-        |value|: an explanation does not record its dtype, and float32's is the lowest floor)."""
-        from probe.names import method_family
-        from probe.study.decide import noise_floor
-
-        example = self.examples[index]
-        special = np.asarray([bool(s) for s in example.special], dtype=bool)
-        value = example.original_value
-        floor = noise_floor(abs(float(value))) if value is not None and np.isfinite(value) else None
-        faded = {}
-        for method, (label, values) in zip(self.scores, rows.items()):
-            if self._flag_words(method, index):
-                faded[label] = "its own check failed"
-                continue
-            scored = np.abs(values[~special & np.isfinite(values)])
-            if floor is not None and method_family(method) == "intervention" and scored.size and scored.max() <= floor:
-                faded[label] = f"at the target's noise floor ({floor:.1e})"
-        return faded
-
-    def _generated_html(self) -> str:
-        """A generated (step) explanation as inseq shows one: per prompt (at most ``MAX_EXAMPLES``),
-        its output, then one output x source matrix per method (:meth:`matrix`; a per-layer method
-        at its last layer, heads averaged, as its title says)."""
-        from probe.display import (
-            MAX_EXAMPLES,
-            WHITESPACE_SIGNS,
-            block_html,
-            clip,
-            matrix_table_html,
-            prompt_text,
-            shown_token,
-        )
-
-        groups = self._generated_groups()
-        parts = [block_html(repr(self), warning_html(self._flag_lines()),
-                            "per prompt, one matrix per method: a row per output token (explained: that token given "
-                            "the prompt and the output before it), a column per source token; cells shaded by the "
-                            "method's score over the matrix's scored tokens (red positive, blue negative); grey: "
-                            "special tokens; \u2423 a space, \u21b5 a newline, ## a word piece")]
-        for t, group in enumerate(groups[:MAX_EXAMPLES]):
-            steps = [self.examples[i] for i in group]
-            first, widest = steps[0], max(steps, key=lambda e: len(e.tokens))
-            written = len(widest.tokens) - len(first.tokens)  # target-side: the output written before the last
-            output = "".join(str(e.label_name) for e in steps)
-            output = "".join(c if c == " " else WHITESPACE_SIGNS.get(c, c) for c in output)
-            values = ", ".join(f"{shown_token(e.label_name)} {e.original_value:.3f}" for e in steps
-                               if e.original_value is not None)
-            note = (f"output ({len(steps)} token{'s' if len(steps) != 1 else ''}): {output}; {first.kind} of each: "
-                    f"{values}" + ("" if written else "; sources: the prompt (target_side=True scores the output "
-                                                      "written before each token too)"))
-            body = []
-            for method, result in self.scores.items():
-                if not len(result.scores):
-                    continue
-                marks = [self._flag_words(method, i) for i in group]
-                rows = [f"{e.output_index}: {shown_token(e.label_name)}" + (f" {mark}" if mark else "")
-                        for e, mark in zip(steps, marks)]
-                at = self._read_at(method)
-                table = matrix_table_html(self.matrix(method, t).to_numpy(), rows, widest.tokens, widest.special,
-                                          written)
-                body.append(block_html(f"{result.label} ({at})" if at else result.label, table))
-            parts.append(block_html(f"prompt {t}: {clip(prompt_text(first), 200)}", "".join(body), note))
-        more = len(groups) - MAX_EXAMPLES
-        if more > 0:
-            parts.append(block_html(f"... and {more} more prompt{'s' if more != 1 else ''} "
-                                    "(ex.matrix(method, text) has each)", ""))
-        return "<div>" + "".join(parts) + "</div>"
+        rows = method_rows(self, index, marked=True)
+        return rows, faded_columns(self, index, rows)
 
     def plot(self, example: int = 0, methods: str | Sequence[str] | None = None, *, level: str = "token",
              agg: str = "sum"):
@@ -561,30 +404,7 @@ class Explanation(PicklableFrozen):
         ``level="word"``: the words on the x axis, each the ``agg`` of its tokens (as
         :meth:`to_pandas` folds them). Returns a :class:`matplotlib.figure.Figure` (on its own Agg
         canvas; nothing global changed)."""
-        from probe.display import clip, prompt_text, shown_token
-        from probe.names import FLAG_MARK
-        from probe.plots import PANEL_LABEL_WIDTH, mark_axes, token_scores_figure, wrap_label
-
-        if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < len(self.examples):
-            raise InputError(f"example={example!r} is not an example of this explanation: use "
-                             f"0..{len(self.examples) - 1}")
-        e = self.examples[example]
-        chosen = list(self.scores) if methods is None else [methods] if isinstance(methods, str) else list(methods)
-        marks = [self._flag_words(m, example) for m in chosen]
-        flagged = [m for m, mark in zip(chosen, marks) if mark]
-        # a label naming its settings (integrated_gradients (baseline pad, specials replaced)) on lines that fit
-        rows = {wrap_label(label, PANEL_LABEL_WIDTH): values for label, values in self._rows(example, chosen).items()}
-        shown, special = [shown_token(t) for t in e.tokens], [bool(s) for s in e.special]
-        if level != "token":
-            from probe.explainers.words import word_rows
-
-            shown, special, rows = word_rows(level, self.word_groups(example), special, rows, agg)
-        fig = token_scores_figure(shown, rows, special,
-                                  title=(f"{FLAG_MARK} {', '.join(flagged)}: own check failed; " if flagged else "")
-                                  + f"{self.model}, example {example}: {clip(prompt_text(e), 70)}")
-        for ax, mark in zip(fig.axes, marks):
-            mark_axes(ax, mark, FLAG_COLOUR)
-        return fig
+        return scores_figure(self, example, methods, level=level, agg=agg)
 
 
 @arguments_checked
