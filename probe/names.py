@@ -14,6 +14,14 @@ GRADIENT_METHODS = registry.names(family="gradient")
 INTERVENTION_METHODS = registry.names(family="intervention")
 ALL_METHODS = registry.names()
 
+#: a stack's (or a layer's) maps are rows of probabilities (the contract's ``maps`` word,
+#: as written to files)
+SOFTMAX_MAPS = "softmax"
+#: a stack's (or a layer's) maps are a token mixer's implicit matrix (:mod:`probe.hooks.implicit`)
+IMPLICIT_MAPS = "implicit"
+#: a stack whose layers are some softmax, some implicit (``StackContract.layer_maps`` says which)
+HYBRID_MAPS = "hybrid"
+
 #: the mark every display puts beside scores whose method's own check failed on them (not converged,
 #: constant, a degenerate site: probe.study.sanity.ScoreFlag)
 FLAG_MARK = "\u26a0"  # ⚠

@@ -21,13 +21,7 @@ from probe.errors import CaptureError
 from probe.hooks import banded, blocksparse, implicit, local_global
 from probe.hooks import math as amath
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
-
-#: a stack's (or a layer's) maps are rows of probabilities (the contract's ``maps`` word)
-SOFTMAX_MAPS = "softmax"
-#: a stack's (or a layer's) maps are a token mixer's implicit matrix (:mod:`probe.hooks.implicit`)
-IMPLICIT_MAPS = "implicit"
-#: a stack whose layers are some softmax, some implicit (``StackContract.layer_maps`` says which)
-HYBRID_MAPS = "hybrid"
+from probe.names import IMPLICIT_MAPS, SOFTMAX_MAPS
 
 
 class ReadPath:

@@ -12,7 +12,7 @@ import torch
 
 from probe.hooks.attention_functions import implementation_of
 from probe.hooks.implicit import mixer_kind
-from probe.hooks.readers import FUNCTION, HYBRID_MAPS, IMPLICIT_MAPS
+from probe.hooks.readers import FUNCTION
 from probe.hooks.sites import Site, discover_sites, implicit_sites
 from probe.models.architectures import (
     ATTENTION_LAYOUTS,
@@ -26,6 +26,7 @@ from probe.models.architectures import (
 )
 from probe.models.core import AttentionContract, StackContract
 from probe.models.tasks import infer_task
+from probe.names import HYBRID_MAPS, IMPLICIT_MAPS
 from probe.tasks import Task, task_named
 
 

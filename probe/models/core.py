@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from probe.errors import InputError, warn_at_caller
+from probe.names import IMPLICIT_MAPS, SOFTMAX_MAPS
 from probe.tasks import Task, task_named
 
 if TYPE_CHECKING:  # imported for annotations only
@@ -50,7 +51,7 @@ class StackContract:
     shared_layers: int = 0  # layers served by a module the model calls more than once per forward
     #: softmax (rows are probabilities) | implicit (a token mixer's matrix, probe.hooks.implicit: signed,
     #: rows need not sum to one, not editable) | hybrid (both, layer by layer: ``layer_maps``)
-    maps: str = "softmax"
+    maps: str = SOFTMAX_MAPS
     structure: str = ""  # a sparse pattern the maps live on (banded: window and global tokens), else ""
     #: softmax | implicit per layer, in model order, where a stack mixes them (a hybrid); () otherwise
     layer_maps: tuple[str, ...] = ()
@@ -61,12 +62,12 @@ class StackContract:
         """softmax | implicit: what layer ``layer``'s map is."""
         if self.layer_maps and 0 <= layer < len(self.layer_maps):
             return self.layer_maps[layer]
-        return "implicit" if self.implicit else "softmax"
+        return IMPLICIT_MAPS if self.implicit else SOFTMAX_MAPS
 
     @property
     def implicit(self) -> bool:
         """Every layer's map is a token mixer's implicit matrix (``maps`` implicit)."""
-        return self.maps == "implicit"
+        return self.maps == IMPLICIT_MAPS
 
     @property
     def softmax(self) -> bool:
@@ -75,17 +76,17 @@ class StackContract:
 
     def layer_implicit(self, layer: int) -> bool:
         """Layer ``layer``'s map is a token mixer's implicit matrix, not a softmax."""
-        return self.layer_kind(layer) == "implicit"
+        return self.layer_kind(layer) == IMPLICIT_MAPS
 
     def softmax_layers(self) -> tuple[int, ...]:
         """The layers of a hybrid (``layer_maps``) whose maps are a softmax; () for other stacks."""
-        return tuple(i for i, kind in enumerate(self.layer_maps) if kind == "softmax")
+        return tuple(i for i, kind in enumerate(self.layer_maps) if kind == SOFTMAX_MAPS)
 
 
 def maps_are_softmax(maps: str | None) -> bool:
     """Whether a stack whose ``maps`` (the contract's word, as written to files; None: not given)
     are softmax rows in every layer."""
-    return maps in (None, "softmax")
+    return maps in (None, SOFTMAX_MAPS)
 
 
 @dataclass(frozen=True, repr=False)
