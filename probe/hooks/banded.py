@@ -42,6 +42,7 @@ import torch
 
 from probe.errors import CaptureError
 from probe.hooks import blocksparse, local_global
+from probe.hooks.layer_calls import LayerCallReader
 
 #: module classes whose forward computes banded (sliding-window + global) attention, Longformer's way
 BANDED_ATTENTION_CLASSES = frozenset({"LongformerSelfAttention", "LEDEncoderSelfAttention"})
@@ -192,51 +193,15 @@ def refuse_hooks(places: Mapping[str, list[tuple[str, int]]], modules: Mapping[s
                     "write an edited [query, key] map back into")
 
 
-def _input_length(module, args, kwargs) -> int | None:
-    """The positions of the input a model's forward is handed (input_ids or inputs_embeds)."""
-    try:
-        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
-    except TypeError:
-        bound = kwargs
-    for name in ("input_ids", "inputs_embeds"):
-        value = bound.get(name)
-        if isinstance(value, torch.Tensor) and value.dim() >= 2:
-            return int(value.shape[1])
-    return None
-
-
-class BandedReader:
+class BandedReader(LayerCallReader):
     """Hooks that read the banded layers of ``model`` while it runs: for each call of a watched
     module, ``handle(module, BandedCall)``. The model's output is its own (see the module docstring);
     :meth:`close` removes exactly these hooks."""
 
-    def __init__(self, model: torch.nn.Module, modules: Mapping[str, torch.nn.Module],
-                 handle: Callable[[torch.nn.Module, BandedCall], None]):
-        self.handle = handle
-        self.length: int | None = None
-        self._asked: list[bool] = []  # per open call: whether its caller asked for output_attentions
-        self._handles: list = []
-        try:
-            self._handles.append(model.register_forward_pre_hook(self._read_length, with_kwargs=True))
-            for module in modules.values():
-                self._handles.append(module.register_forward_pre_hook(self._ask, with_kwargs=True))
-                self._handles.append(module.register_forward_hook(self._read, with_kwargs=True))
-        except BaseException:
-            self.close()
-            raise
-
-    def _read_length(self, module, args, kwargs):
-        self.length = _input_length(module, args, kwargs)
-
-    def _ask(self, module, args, kwargs):
-        bound = inspect.signature(module.forward).bind(*args, **kwargs)
-        asked = bool(bound.arguments.get("output_attentions", False))
-        self._asked.append(asked)
-        bound.arguments["output_attentions"] = True
-        return bound.args, bound.kwargs
+    reads_input = True
 
     def _read(self, module, args, kwargs, output):
-        asked = self._asked.pop() if self._asked else True
+        asked = self._was_asked()
         bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
         is_global = bound["is_index_global_attn"]
         global_ = output[2] if bool(bound.get("is_global_attn")) and len(output) > 2 else None
@@ -247,12 +212,6 @@ class BandedReader:
                                        is_masked=bound["is_index_masked"], window=one_sided_window(module),
                                        length=length))
         return output if asked else output[:1]
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._asked.clear()
 
 
 def dense_from_output_attentions(local: torch.Tensor, global_: torch.Tensor | None, attention_mask: torch.Tensor,

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError
+from probe.hooks.layer_calls import LayerCallReader
 
 #: module classes whose forward computes BigBird's block-sparse attention
 BLOCK_SPARSE_ATTENTION_CLASSES = frozenset({"BigBirdBlockSparseAttention", "BigBirdPegasusBlockSparseAttention"})
@@ -275,44 +276,27 @@ class _PartsWatch(torch.overrides.TorchFunctionMode):
         return result
 
 
-class BlockSparseReader:
+class BlockSparseReader(LayerCallReader):
     """Hooks that read the block-sparse layers of ``model`` while it runs: ``modules`` are the
     layers' parents (:func:`is_block_sparse_layer`), which stay when HF swaps their block-sparse
     child for full attention. For each call, ``handle(parent, BlockSparseCall)``. The model's
     output is its own; :meth:`close` removes exactly these hooks and puts the model's attention
     types back (:class:`AttentionTypeGuard`)."""
 
+    reads_input = True
+
     def __init__(self, model: torch.nn.Module, modules: Mapping[str, torch.nn.Module],
                  handle: Callable[[torch.nn.Module, BlockSparseCall], None]):
-        self.handle = handle
-        self.length: int | None = None
-        self.mask: torch.Tensor | None = None
-        self._handles: list = []
         self._open: dict[int, tuple[torch.nn.Module, _PartsWatch, list]] = {}
-        self._guard = None
-        try:
-            self._guard = AttentionTypeGuard(model)
-            self._handles.append(model.register_forward_pre_hook(self._read_input, with_kwargs=True))
-            for module in modules.values():
-                self._handles.append(module.register_forward_pre_hook(self._enter))
-                self._handles.append(module.register_forward_hook(self._leave))
-        except BaseException:
-            self.close()
-            raise
+        self._guard: AttentionTypeGuard | None = None
+        super().__init__(model, modules, handle)
 
-    def _read_input(self, module, args, kwargs):
-        try:
-            bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
-        except TypeError:
-            bound = kwargs
-        self.length, self.mask = None, None
-        for name in ("input_ids", "inputs_embeds"):
-            value = bound.get(name)
-            if isinstance(value, torch.Tensor) and value.dim() >= 2:
-                self.length = int(value.shape[1])
-                break
-        mask = bound.get("attention_mask")
-        self.mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    def _prepare(self, model: torch.nn.Module) -> None:
+        self._guard = AttentionTypeGuard(model)
+
+    def _watch(self, module: torch.nn.Module) -> None:
+        self._handles.append(module.register_forward_pre_hook(self._enter))
+        self._handles.append(module.register_forward_hook(self._leave))
 
     def _enter(self, parent, args):
         child = parent.self
@@ -379,9 +363,7 @@ class BlockSparseReader:
             opened[1].__exit__(None, None, None)
             opened[4].remove()
             opened[0].__dict__.pop("torch_gather_b2", None)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        super().close()
         if self._guard is not None:
             self._guard.close()
             self._guard = None

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.errors import CaptureError
+from probe.hooks.layer_calls import LayerCallReader
 
 #: module classes whose forward computes LongT5's blocked local attention, with side keys or without
 LOCAL_GLOBAL_ATTENTION_CLASSES = frozenset({"LongT5LocalAttention", "LongT5TransientGlobalAttention"})
@@ -256,32 +257,13 @@ def dense_from_output_attentions(attentions: torch.Tensor, module: torch.nn.Modu
     return call_from(module, attentions, mask, length).dense()[0]
 
 
-class LocalGlobalReader:
+class LocalGlobalReader(LayerCallReader):
     """Hooks that read the LongT5 encoder layers of ``model`` while it runs: for each call of a
     watched module, ``handle(module, LocalGlobalCall)``. The model's output is its own (see the
     module docstring); :meth:`close` removes exactly these hooks."""
 
-    def __init__(self, model: torch.nn.Module, modules: Mapping[str, torch.nn.Module],
-                 handle: Callable[[torch.nn.Module, LocalGlobalCall], None]):
-        self.handle = handle
-        self._asked: list[bool] = []  # per open call: whether its caller asked for output_attentions
-        self._handles: list = []
-        try:
-            for module in modules.values():
-                self._handles.append(module.register_forward_pre_hook(self._ask, with_kwargs=True))
-                self._handles.append(module.register_forward_hook(self._read, with_kwargs=True))
-        except BaseException:
-            self.close()
-            raise
-
-    def _ask(self, module, args, kwargs):
-        bound = inspect.signature(module.forward).bind(*args, **kwargs)
-        self._asked.append(bool(bound.arguments.get("output_attentions", False)))
-        bound.arguments["output_attentions"] = True
-        return bound.args, bound.kwargs
-
     def _read(self, module, args, kwargs, output):
-        asked = self._asked.pop() if self._asked else True
+        asked = self._was_asked()
         bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
         hidden = bound["hidden_states"]
         if not isinstance(output, tuple) or len(output) < 3:
@@ -289,9 +271,3 @@ class LocalGlobalReader:
                                "outputs with output_attentions=True where probe reads 3 (output, bias, probabilities)")
         self.handle(module, call_from(module, output[2], bound.get("mask"), int(hidden.shape[1])))
         return output if asked else output[:2]
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._asked.clear()
