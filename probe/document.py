@@ -105,6 +105,23 @@ def fmt(value) -> str:
     return str(value)
 
 
+def significant(value, digits: int = 3) -> str:
+    """A number to ``digits`` significant digits, so that effects of any size read side by side (the
+    audit's numbers; the study report's tables use :func:`fmt`'s 3 decimals): tiny values in
+    exponent form, a bool as yes/no, an int as it is, "n/a" where missing or not finite."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a"
+        return f"{value:.{digits}g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    return str(value)
+
+
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
 _MD_BLOCK_START = re.compile(r"^(\s*\d{0,9})([-+.)])(?=\s|$)")  # "- x", "+ x", "1. x", "1) x": a list item
 _AUTOLINK = re.compile(r"(?i)(?<=[a-z])://|(?<![a-z0-9])(?=www\.)w")  # what GFM turns into links by itself

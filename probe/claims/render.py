@@ -5,15 +5,16 @@ Only the audit's own sections are written here; the page, its tables and the esc
 report renderer's (:mod:`probe.document`), so every string that comes from the data
 (claims, texts, tokens, ids, paths) goes through :func:`~probe.document.escape_html` or
 :func:`~probe.document.md_escape`. Numbers are shown to 3 significant digits (effects of
-any size side by side), not the study report's 3 decimals.
+any size side by side: :func:`probe.document.significant`), not the study report's 3 decimals; the
+page's style is the report's, with the audit's badges and CI bars added.
 """
 
 from __future__ import annotations
 
 import math
 
+from probe.document import CSS, html_page, html_table, md_table, significant
 from probe.document import escape_html as _escape_html
-from probe.document import html_page, html_table, md_table
 from probe.document import md_escape as _md_escape
 from probe.names import printable
 
@@ -33,24 +34,10 @@ TEXT_CHARS = 240
 COLOURS = {"supported": "#1a7f37", "refuted": "#cf222e", "inconclusive": "#9a6700"}
 
 
-def _num(value, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "n/a"
-        return f"{value:.{digits}g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
-    return str(value)
-
-
 def _ci(ci) -> str:
     if not ci or ci[0] is None or ci[1] is None:
         return "n/a"
-    return f"[{_num(ci[0])}, {_num(ci[1])}]"
+    return f"[{significant(ci[0])}, {significant(ci[1])}]"
 
 
 def _short(text: str) -> str:
@@ -74,11 +61,11 @@ def _evidence_lines(evidence: dict) -> list[tuple[str, str]]:
             continue
         if isinstance(value, dict):
             if "mean" in value and "ci" in value:
-                out.append((key, f"{_num(value['mean'])} (CI {_ci(value['ci'])}, n = {_num(value.get('n'))})"))
+                out.append((key, f"{significant(value['mean'])} (CI {_ci(value['ci'])}, n = {significant(value.get('n'))})"))
             elif "verdict" in value:
-                out.append((key, f"{value['verdict']}: {_num(value.get('effect'))} (CI {_ci(value.get('ci'))}, "
-                                 f"n = {_num(value.get('n'))}"
-                                 + (f", n_needed = {_num(value.get('n_needed'))}" if value.get("verdict") == "inconclusive" else "")
+                out.append((key, f"{value['verdict']}: {significant(value.get('effect'))} (CI {_ci(value.get('ci'))}, "
+                                 f"n = {significant(value.get('n'))}"
+                                 + (f", n_needed = {significant(value.get('n_needed'))}" if value.get("verdict") == "inconclusive" else "")
                                  + ")"))
             else:
                 parts = []
@@ -86,14 +73,14 @@ def _evidence_lines(evidence: dict) -> list[tuple[str, str]]:
                     if k == "warning":  # shown on its own line (claim_warnings)
                         continue
                     if isinstance(v, dict) and "mean" in v:
-                        parts.append(f"{k} {_num(v['mean'])} (CI {_ci(v.get('ci'))})")
+                        parts.append(f"{k} {significant(v['mean'])} (CI {_ci(v.get('ci'))})")
                     elif not isinstance(v, (dict, list)):
-                        parts.append(f"{k} {_num(v)}")
+                        parts.append(f"{k} {significant(v)}")
                 out.append((key, ", ".join(parts)))
         elif isinstance(value, list):
-            out.append((key, ", ".join(_num(v) for v in value)))
+            out.append((key, ", ".join(significant(v) for v in value)))
         else:
-            out.append((key, _num(value)))
+            out.append((key, significant(value)))
     return out
 
 
@@ -106,7 +93,7 @@ def _detail(entry: dict) -> str:
         if isinstance(value, list):
             parts.append(f"{key}: {' '.join(str(v) for v in value)}")
         else:
-            parts.append(f"{key}: {_num(value)}")
+            parts.append(f"{key}: {significant(value)}")
     return "; ".join(parts)
 
 
@@ -146,23 +133,23 @@ def why_undecided(c: dict) -> str:
     if evidence.get("why"):
         why = str(evidence["why"])
     elif None not in (low, high, threshold) and low <= threshold <= high:
-        why = f"the 95% CI {_ci(ci)} holds the threshold {_num(threshold)}"
+        why = f"the 95% CI {_ci(ci)} holds the threshold {significant(threshold)}"
     else:
         why = "neither supported nor refuted by its rule"
     needed = evidence.get("n_needed")
-    return why + (f"; n_needed = {_num(needed)}" if needed is not None else "")
+    return why + (f"; n_needed = {significant(needed)}" if needed is not None else "")
 
 
 def _needed(c: dict) -> str:
     if c["verdict"] != "inconclusive":
         return ""
     why = c["evidence"].get("why")
-    return f"; n_needed = {_num(c['evidence'].get('n_needed'))}" + (f" ({_md(why)})" if why else "")
+    return f"; n_needed = {significant(c['evidence'].get('n_needed'))}" + (f" ({_md(why)})" if why else "")
 
 
 def _md_claim(i: int, c: dict) -> list[str]:
     lines = ["", f"## {i}. {c['verdict'].upper()}: {_md(c['claim'])}", "",
-             f"- kind: `{c['kind']}`; effect {_num(c['effect'])}, 95% CI {_ci(c['ci'])}, n = {c['n']}{_needed(c)}",
+             f"- kind: `{c['kind']}`; effect {significant(c['effect'])}, 95% CI {_ci(c['ci'])}, n = {c['n']}{_needed(c)}",
              f"- measure: {_md(c['measure'])}",
              f"- rule: {_md(c['rule'])}",
              f"- intervention: {_md(c['intervention'])}"]
@@ -172,7 +159,7 @@ def _md_claim(i: int, c: dict) -> list[str]:
         entries = c["evidence"].get(side) or []
         if entries:
             lines += ["", f"Most {side}:", ""]
-            lines += md_table(_EXAMPLE_COLUMNS, ([_md(e["id"]), _num(e["effect"]), _md(_short(e["text"])),
+            lines += md_table(_EXAMPLE_COLUMNS, ([_md(e["id"]), significant(e["effect"]), _md(_short(e["text"])),
                                                  _md(_detail(e))] for e in entries))
     return lines
 
@@ -182,8 +169,8 @@ def render_markdown(data: dict) -> str:
     if data.get("description"):
         lines += [_md(data["description"]), ""]
     lines += [_md(_model_line(data)), ""]
-    lines += md_table(_SUMMARY_COLUMNS, ([str(i), f"**{c['verdict']}**", _md(c["claim"]), c["kind"], _num(c["effect"]),
-                                          _ci(c["ci"]), _num(c["threshold"]), str(c["n"])]
+    lines += md_table(_SUMMARY_COLUMNS, ([str(i), f"**{c['verdict']}**", _md(c["claim"]), c["kind"], significant(c["effect"]),
+                                          _ci(c["ci"]), significant(c["threshold"]), str(c["n"])]
                                          for i, c in enumerate(data["claims"], 1)))
     for i, c in enumerate(data["claims"], 1):
         lines += _md_claim(i, c)
@@ -192,20 +179,15 @@ def render_markdown(data: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ html
 
-#: the audit's own styles (verdict badges, CI bars); the page shell and the table wrapper are the report's
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:70em;
-padding:0 1em;color:#1f2328;line-height:1.45}
-h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.8em}
-table{border-collapse:collapse;margin:.6em 0;width:100%}th,td{border:1px solid #d0d7de;padding:.3em .5em;
-vertical-align:top;text-align:left;font-size:.92em}th{background:#f6f8fa}
-.tablewrap{overflow-x:auto;max-width:100%}
+#: the audit's own components (verdict badges, CI bars); the page, its headings and its tables are the
+#: study report's (:data:`probe.document.CSS`)
+_AUDIT_CSS = """
 .v{color:#fff;border-radius:.3em;padding:.1em .45em;font-weight:600;font-size:.85em;white-space:nowrap}
-.meta{color:#59636e;font-size:.92em}.num{font-variant-numeric:tabular-nums;white-space:nowrap}
-.bar{position:relative;height:1.1em;background:#f6f8fa;border:1px solid #d0d7de;border-radius:.2em;width:16em}
+.meta{color:var(--muted);font-size:.92em}
+.bar{position:relative;height:1.1em;background:var(--soft);border:1px solid var(--line);border-radius:.2em;width:16em}
 .bar .ci{position:absolute;top:.25em;height:.6em;opacity:.55}
-.bar .mean{position:absolute;top:0;height:100%;width:2px;background:#1f2328}
-.bar .thr{position:absolute;top:-.2em;height:1.5em;border-left:2px dashed #59636e}
+.bar .mean{position:absolute;top:0;height:100%;width:2px;background:var(--ink)}
+.bar .thr{position:absolute;top:-.2em;height:1.5em;border-left:2px dashed var(--muted)}
 ul{margin:.3em 0 .6em 1.2em;padding:0}
 """
 
@@ -234,8 +216,8 @@ def _bar(c: dict) -> str:
     if mean is not None:
         parts.append(f'<span class="mean" style="left:{at(mean):.1f}%"></span>')
     if t is not None:
-        parts.append(f'<span class="thr" style="left:{at(t):.1f}%" title="threshold {_e(_num(t))}"></span>')
-    title = f"effect {_num(mean)}, CI {_ci(c['ci'])}, threshold {_num(t)}; axis {_num(left)} to {_num(right)}"
+        parts.append(f'<span class="thr" style="left:{at(t):.1f}%" title="threshold {_e(significant(t))}"></span>')
+    title = f"effect {significant(mean)}, CI {_ci(c['ci'])}, threshold {significant(t)}; axis {significant(left)} to {significant(right)}"
     return f'<div class="bar" title="{_e(title)}">{"".join(parts)}</div>'
 
 
@@ -245,7 +227,7 @@ def _num_cell(value) -> str:
 
 def _html_claim(i: int, c: dict) -> list[str]:
     out = [f'<h2 id="claim-{i}">{i}. {_badge(c["verdict"])} {_e(c["claim"])}</h2>', "<ul>",
-           f"<li>kind <code>{_e(c['kind'])}</code>; effect {_e(_num(c['effect']))}, 95% CI {_e(_ci(c['ci']))}, "
+           f"<li>kind <code>{_e(c['kind'])}</code>; effect {_e(significant(c['effect']))}, 95% CI {_e(_ci(c['ci']))}, "
            f"n = {_e(c['n'])}{_e(_needed(c))}</li>",
            f"<li>measure: {_e(c['measure'])}</li>", f"<li>rule: {_e(c['rule'])}</li>",
            f"<li>intervention: {_e(c['intervention'])}</li>"]
@@ -256,7 +238,7 @@ def _html_claim(i: int, c: dict) -> list[str]:
         entries = c["evidence"].get(side) or []
         if entries:
             out.append(f"<p><b>Most {side}</b></p>")
-            out.append(html_table((f'<td>{_e(e["id"])}</td>{_num_cell(_num(e["effect"]))}'
+            out.append(html_table((f'<td>{_e(e["id"])}</td>{_num_cell(significant(e["effect"]))}'
                                    f'<td>{_e(_short(e["text"]))}</td><td>{_e(_detail(e))}</td>' for e in entries),
                                   _EXAMPLE_COLUMNS))
     return out
@@ -270,9 +252,9 @@ def render_html(data: dict) -> str:
     out.append(f'<p class="meta">{_e(_model_line(data))}</p>')
     out.append(html_table((f'<td>{i}</td><td>{_badge(c["verdict"])}</td><td><a '
                            f'href="#claim-{i}">{_e(c["claim"])}</a></td>'
-                           f'<td>{_e(c["kind"])}</td>{_num_cell(_num(c["effect"]))}{_num_cell(_ci(c["ci"]))}'
-                           f'{_num_cell(_num(c["threshold"]))}{_num_cell(c["n"])}<td>{_bar(c)}</td>'
+                           f'<td>{_e(c["kind"])}</td>{_num_cell(significant(c["effect"]))}{_num_cell(_ci(c["ci"]))}'
+                           f'{_num_cell(significant(c["threshold"]))}{_num_cell(c["n"])}<td>{_bar(c)}</td>'
                            for i, c in enumerate(data["claims"], 1)), _SUMMARY_COLUMNS + ["CI vs threshold"]))
     for i, c in enumerate(data["claims"], 1):
         out += _html_claim(i, c)
-    return html_page(title, _CSS, out)
+    return html_page(title, CSS + _AUDIT_CSS, out)
