@@ -468,6 +468,19 @@ def _audit_data(text: str) -> dict:
             "data": {"n_examples": 2}, "statistics": {"bootstrap": 10, "level": 0.95, "seed": 0}}
 
 
+def test_an_audit_page_wears_the_report_s_style_and_shows_a_folded_description_as_text():
+    """The audit's page is the study report's style sheet plus its own badges and bars; a claim file's
+    description written as YAML folded text (ending in a newline) reads as a sentence, not '\\x0a'."""
+    from probe.claims.render import render_html as audit_html
+    from probe.document import CSS
+
+    data = {**_audit_data("a claim"), "description": "Popular readings of attention,\nchecked by intervention.\n"}
+    page = audit_html(data)
+    style = page.split("<style>")[1].split("</style>")[0]
+    assert style.startswith(CSS) and ".bar" in style[len(CSS):] and "body{" not in style[len(CSS):]
+    assert "<p>Popular readings of attention, checked by intervention.</p>" in page and "x0a" not in page
+
+
 def test_reports_and_audits_share_one_page_shell_and_escape_everything():
     from probe.claims.render import render_html as audit_html
     from probe.claims.render import render_markdown as audit_markdown

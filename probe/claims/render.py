@@ -248,7 +248,7 @@ def render_html(data: dict) -> str:
     title = f"Attention audit: {data['source']}"
     out = [f"<h1>{_e(title)}</h1>"]
     if data.get("description"):
-        out.append(f"<p>{_e(data['description'])}</p>")
+        out.append(f"<p>{_e(' '.join(str(data['description']).split()))}</p>")  # YAML's folded text ends in a newline
     out.append(f'<p class="meta">{_e(_model_line(data))}</p>')
     out.append(html_table((f'<td>{i}</td><td>{_badge(c["verdict"])}</td><td><a '
                            f'href="#claim-{i}">{_e(c["claim"])}</a></td>'
