@@ -746,30 +746,75 @@ def test_a_keyword_that_disagrees_with_the_target_is_one_line(loaded):
         probe.counterfactual_attention(pm, TEXTS[0], "permuted", steps=True)
 
 
-def test_the_target_s_four_declarations_stay_in_step():
-    """The target is declared for four readers: the Python keywords (TargetKeywords), the TargetSpec
-    they fold into, probe explain's options and the study file's section (TargetConfig). A field added
-    to one and not the others fails here (issue 66); each difference is named and has its reason."""
+def _target_drift(keywords_dict, spec_class, options, config_class) -> list[str]:
+    """Where the target's typed declarations differ from its one table (probe.spec.target): the
+    TypedDict of the Python keywords, the TargetSpec dataclass, probe explain's options and a study
+    file's section; [] when every one says what the table says."""
     import dataclasses
     import typing
 
-    from probe.cli.options import TARGET_OPTIONS
-    from probe.rows.target import TARGET_KEYWORDS, TargetKeywords, TargetSpec, target_from
-    from probe.spec.parts import TargetConfig
+    from probe.spec.target import TARGET_FIELDS, TARGET_KINDS
 
-    keywords = set(TARGET_KEYWORDS)
-    assert tuple(typing.get_type_hints(TargetKeywords)) == TARGET_KEYWORDS
-    # TargetSpec: every keyword's field, generate=N being steps with max_new_tokens N
-    spec_fields = {f.name for f in dataclasses.fields(TargetSpec)}
-    assert spec_fields == (keywords - {"generate"}) | {"max_new_tokens"}
+    drift = []
+    keywords = [f.name for f in TARGET_FIELDS if f.keyword]
+    if list(typing.get_type_hints(keywords_dict)) != keywords:
+        drift.append(f"keywords {list(typing.get_type_hints(keywords_dict))} != {keywords}")
+    spec = {f.name for f in TARGET_FIELDS if f.spec_field}
+    if {f.name for f in dataclasses.fields(spec_class)} != spec:
+        drift.append(f"TargetSpec fields {sorted(f.name for f in dataclasses.fields(spec_class))} != {sorted(spec)}")
+    table_options = {(f.option_param or f.name, f.option) for f in TARGET_FIELDS if f.option}
+    if {(name, option.param_decls[0]) for name, _, option in options} != table_options:
+        drift.append("options differ from the table's flags")
+    study = {f.name for f in TARGET_FIELDS if f.study}
+    if set(config_class.model_fields) != study:
+        drift.append(f"study section {sorted(config_class.model_fields)} != {sorted(study)}")
+    kind = config_class.model_fields["kind"].annotation if "kind" in config_class.model_fields else None
+    literal = next((a for a in typing.get_args(kind) if typing.get_origin(a) is typing.Literal), None)
+    if literal is None or typing.get_args(literal) != TARGET_KINDS:
+        drift.append("the study section's kinds are not TARGET_KINDS")
+    return drift
+
+
+def test_the_target_s_four_declarations_are_the_one_table_s():
+    """The target is declared once (probe.spec.target.TARGET_FIELDS): the keywords' names and which are
+    per text, the command line's options and the fields' checks are made from it; the typed
+    declarations a type checker reads (TargetKeywords, TargetSpec, TargetConfig) must say what it says
+    (issue 66). The check itself is shown failing on a declaration that drifted."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from probe.cli.options import TARGET_OPTIONS
+    from probe.rows.target import PER_TEXT, TARGET_KEYWORDS, TargetKeywords, TargetSpec, target_from
+    from probe.spec.parts import TargetConfig
+    from probe.spec.target import TARGET_FIELDS
+
+    assert _target_drift(TargetKeywords, TargetSpec, TARGET_OPTIONS, TargetConfig) == []
+    assert TARGET_KEYWORDS == tuple(typing.get_type_hints(TargetKeywords))
+    assert PER_TEXT == ("label", "continuation", "contrast", "contrast_label")
     assert target_from(generate=4) == TargetSpec(steps=True, max_new_tokens=4)
-    # the command line: every keyword but steps (--generate, or a --continuation with --generate), kind as --target
-    options = {name for name, _, _ in TARGET_OPTIONS}
-    assert options == (keywords - {"steps", "kind"}) | {"target_kind"}
     assert next(o for n, _, o in TARGET_OPTIONS if n == "target_kind").param_decls == ("--target",)
-    # the study file: every keyword but chat (a study's texts are not chat messages), and the study's own
-    # prompt template and answer choices
-    assert set(TargetConfig.model_fields) == (keywords - {"chat"}) | {"prompt", "choices"}
+    # a checked field is checked alike as a keyword and as a TargetSpec field, by the table's check
+    for declared in (f for f in TARGET_FIELDS if f.check is not None and f.keyword):
+        bad = "yes" if not declared.nullable else -1 if declared.name in ("dimension", "generate") else 3
+        expected = declared.problem(bad)
+        with pytest.raises(InputError) as as_keyword:
+            target_from(**{declared.name: bad})
+        assert str(as_keyword.value) == expected
+        if declared.spec_field:
+            with pytest.raises(InputError) as as_field:
+                TargetSpec(**{declared.name: bad})
+            assert str(as_field.value) == expected
+
+    class Drifted(typing.TypedDict, total=False):  # a keyword added here and not to the table
+        label: str
+        temperature: float
+
+    class Section(BaseModel):  # a study section without the table's fields
+        kind: typing.Literal["prob"] | None = None
+
+    drift = _target_drift(Drifted, TargetSpec, TARGET_OPTIONS[:-1], Section)
+    assert len(drift) == 4 and drift[0].startswith("keywords") and "study section" in drift[2], drift
 
 
 def test_a_study_s_target_folds_through_target_from():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from probe.errors import InputError
+from probe.spec.target import TARGET_FIELDS
 from probe.tasks import TASKS
 
 if TYPE_CHECKING:  # torch loads inside the commands, so ``probe --help`` stays fast
@@ -69,32 +70,12 @@ MODEL_OPTIONS = (
                                                 "its checkpoint leaves some weights random (e.g. a missing head)")),
 )
 
-#: (parameter, type, typer option) of each target option; ``target_kind`` is ``--target``
-TARGET_OPTIONS = (
-    ("label", str | None, typer.Option(None, "--label", help="classifier label (index or name) to explain; default "
-                                       "the predicted one")),
-    ("continuation", str | None, typer.Option(None, "--continuation", help="for a language model, the output text "
-                                              "whose log-prob is explained")),
-    ("generate", int | None, typer.Option(None, "--generate", help="for a language model, explain each token of its "
-                                          "greedy output of up to N tokens (or of --continuation) on its own: a "
-                                          "\\[prompt token x output token] table per method")),  # \\[: not rich markup
-    ("target_side", bool, typer.Option(False, "--target-side", help="with --generate (causal LMs): score the output "
-                                       "written before each output token too, as part of its input")),
-    ("chat", bool, typer.Option(False, "--chat", help="a chat model: TEXT is the user's message in the tokenizer's "
-                                "chat template (the template's tokens are not scored; control-token text in TEXT is "
-                                "read as plain text)")),
-    ("contrast", str | None, typer.Option(None, "--contrast", help="for a language model, a foil text: explain the "
-                                          "log-prob of the continuation minus the foil's at the same positions (as "
-                                          "many tokens, or one)")),
-    ("contrast_label", str | None, typer.Option(None, "--contrast-label", help="for a classifier, a label (index or "
-                                                "name): explain logit\\[label] - logit\\[contrast label]")),
-    ("target_kind", str | None, typer.Option(None, "--target", help="prob, logit or logprob (default prob for "
-                                             "classifiers, logprob for LMs); similarity or dimension for a headless "
-                                             "encoder")),
-    ("reference", str | None, typer.Option(None, "--reference", help="--target similarity: the text whose pooled "
-                                           "embedding the input's is compared with (cosine)")),
-    ("dimension", int | None, typer.Option(None, "--dimension", help="--target dimension: which component of the "
-                                           "pooled embedding")),
+#: (parameter, type, typer option) of each target option, made from the target's table
+#: (:data:`probe.spec.target.TARGET_FIELDS`: flag, type, help, place); ``target_kind`` is ``--target``
+TARGET_OPTIONS = tuple(
+    (f.option_param or f.name, f.option_type,
+     typer.Option(False if f.option_type is bool else None, f.option, help=f.help))
+    for f in sorted((f for f in TARGET_FIELDS if f.option is not None), key=lambda f: f.option_rank)
 )
 
 
@@ -129,7 +110,8 @@ def with_options(name: str, group: tuple, build: Callable[..., Any], *, after: s
 
         # typer reads the signature, and the annotations of the command's own parameters
         wrapper.__annotations__ = {k: v for k, v in command.__annotations__.items() if k != name}
-        wrapper.__signature__ = inspect.signature(command).replace(parameters=own[:at] + added + own[at:])
+        wrapper.__signature__ = inspect.signature(command).replace(  # type: ignore[attr-defined]  # read by inspect
+            parameters=own[:at] + added + own[at:])
         return wrapper
 
     return decorate

@@ -14,10 +14,13 @@ import torch
 
 from probe.errors import InputError
 from probe.rows.forward import build_rows, forward_accepts, plain_kv_cache
-from probe.rows.target import TARGET_KINDS, PreparedExample, TargetSpec, label_index, special_mask
+from probe.rows.target import PreparedExample, TargetSpec, label_index, special_mask
 from probe.rows.values import evaluate, output_values, target_values
+from probe.spec.target import TARGET_KINDS
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from probe.models.core import ProbeModel
 
 
@@ -146,7 +149,7 @@ def chat_layout(pm: ProbeModel, text: str | Sequence[Message]) -> tuple[str, tup
     return "".join(parts), tuple(regions)
 
 
-def control_texts(tokenizer) -> list[str]:
+def control_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """The texts ``tokenizer`` reads as control tokens (its special tokens and the added tokens marked
     special, e.g. ``<|im_end|>``), longest first."""
     texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
@@ -465,7 +468,7 @@ def _classify(pm: ProbeModel, examples: list[PreparedExample], fixed: list[int |
         values = target_values(pm, dataclasses.replace(batch, examples=labelled), logits).tolist()
         for i, example, value in zip(group, labelled, values):
             done[i] = dataclasses.replace(example, original_value=value)
-    return done
+    return done  # type: ignore[return-value]  # the width groups hold every index: no entry is left None
 
 
 def contrast_kind(pm: ProbeModel, target: TargetSpec, kind: str | None) -> str | None:
@@ -575,7 +578,7 @@ def _resolve_encoder_target(pm: ProbeModel, examples: list[PreparedExample], tar
                 for e in examples]
     from probe.models.core import encode_texts
 
-    reference = encode_texts(pm, [target.reference])
+    reference = encode_texts(pm, [target.reference])  # type: ignore[list-item]  # str: _check_encoder_target
     with torch.no_grad():
         embedding = pm.model(**reference).logits[0].float()  # [hidden]
     return [dataclasses.replace(e, reference_embedding=embedding, label_name=target.reference) for e in examples]

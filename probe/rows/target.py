@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
-from probe.errors import InputError, positive_int
+from probe.errors import InputError
+from probe.spec.target import TARGET_FIELDS
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 
-#: every target kind; which a model takes is its task's (:attr:`probe.tasks.Task.kinds`)
-TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
 
 
 @dataclass(frozen=True)
@@ -75,19 +74,12 @@ class TargetSpec:
     contrast_label: int | str | tuple[int | str, ...] | None = None  # classifiers: the contrasted class
 
     def __post_init__(self) -> None:
-        # made directly (probe.TargetSpec(...)), its fields are checked as the target keywords are
-        for name in ("steps", "chat", "target_side"):
-            check_flag(getattr(self, name), name)
-        if self.kind is not None and not isinstance(self.kind, str):
-            raise InputError(f"kind={self.kind!r} is not text; give one of {', '.join(TARGET_KINDS)}")
-        if self.reference is not None and not isinstance(self.reference, str):
-            raise InputError(f"reference={self.reference!r} is not text; give the text whose pooled embedding is "
-                             "compared")
-        if self.max_new_tokens is not None:
-            positive_int(self.max_new_tokens, "max_new_tokens")
-        if self.dimension is not None and (isinstance(self.dimension, bool) or not isinstance(self.dimension, int)
-                                           or self.dimension < 0):
-            raise InputError(f"dimension={self.dimension!r}: give a component index >= 0 of the pooled embedding")
+        # made directly (probe.TargetSpec(...)), its fields get the checks the target keywords get (the
+        # target's one table, probe.spec.target)
+        for declared in TARGET_FIELDS:
+            problem = declared.problem(getattr(self, declared.name)) if declared.spec_field else None
+            if problem is not None:
+                raise InputError(problem)
 
 
 _TARGET_SPEC_INIT = TargetSpec.__init__
@@ -129,10 +121,11 @@ class TargetKeywords(TypedDict, total=False):
     dimension: int | None
 
 
-#: the target keywords, in the order the functions list them (:class:`TargetKeywords`)
-TARGET_KEYWORDS = tuple(TargetKeywords.__annotations__)
+#: the target keywords, in the order the functions list them (the target's table; :class:`TargetKeywords`
+#: is their typed declaration)
+TARGET_KEYWORDS = tuple(f.name for f in TARGET_FIELDS if f.keyword)
 #: the keywords that take one value for every text or a list with one per text
-PER_TEXT = ("label", "continuation", "contrast", "contrast_label")
+PER_TEXT = tuple(f.name for f in TARGET_FIELDS if f.per_text)
 
 
 def target_from(target: TargetSpec | None = None, /, **keywords: Any) -> TargetSpec:
@@ -162,11 +155,12 @@ def target_from(target: TargetSpec | None = None, /, **keywords: Any) -> TargetS
 
 def _keyword_fields(keywords: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per target keyword given (not None or False), the :class:`TargetSpec` fields it sets, checked."""
-    if keywords.get("generate") is not None:
-        positive_int(keywords["generate"], "generate")
-    flags = ("steps", "chat", "target_side")
-    for name in flags:
-        check_flag(keywords.get(name, False), name)
+    flags = {f.name for f in TARGET_FIELDS if f.keyword and not f.nullable}  # True or False, never None
+    for declared in TARGET_FIELDS:
+        if declared.keyword:
+            problem = declared.problem(keywords.get(declared.name, False if declared.name in flags else None))
+            if problem is not None:
+                raise InputError(problem)
     fields = {}
     for name, value in keywords.items():
         if value is None or (name in flags and value is False):  # a keyword left at its default
@@ -283,7 +277,7 @@ class RowBatch:
     foil_tokens: torch.Tensor | None = None  # [rows, n_target] contrast foil ids at those positions, -1: none
 
 
-def label_index(pm: ProbeModel, label) -> int:
+def label_index(pm: ProbeModel, label: int | str) -> int:
     n_labels = int(getattr(pm.model.config, "num_labels", 0) or 0)
     if isinstance(label, str) and not label.lstrip("-").isdigit():
         mapping = {str(v): int(k) for k, v in (pm.model.config.id2label or {}).items()}
