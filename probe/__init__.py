@@ -62,7 +62,8 @@ def _exports() -> dict[str, str]:
 
     tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
-    return {a.asname: f"probe.{a.name}" if n.module == "probe" else n.module
+    # every line of the block is ``from <module> import <name> as <name>``: asname and module are set
+    return {a.asname or a.name: f"probe.{a.name}" if n.module == "probe" else n.module or ""
             for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
 
 

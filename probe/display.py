@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -67,7 +68,15 @@ def shown_token(token: str) -> str:
     return "".join(WHITESPACE_SIGNS.get(c, c) for c in text)
 
 
-def prompt_text(example) -> str:
+class _Prompt(Protocol):
+    """What :func:`prompt_text` reads of an example (a :class:`probe.rows.target.PreparedExample` is one;
+    a chat prompt's ``messages``, ``(start, end, role)`` in ``text``, are read where it has them)."""
+
+    @property
+    def text(self) -> str: ...
+
+
+def prompt_text(example: _Prompt) -> str:
     """What a prompt says, for a header: a chat prompt's messages (``role: content``; a single user
     message as it is), not the template around them (whose system prompt comes first and would fill
     the header); any other example's text."""

@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -82,7 +83,7 @@ class Document:
 # --------------------------------------------------------------------------- formatting
 
 
-def fmt(value) -> str:
+def fmt(value: object) -> str:
     """A cell: floats to 3 decimals, integers as they are, missing values empty."""
     if value is None:
         return ""
@@ -105,7 +106,7 @@ def fmt(value) -> str:
     return str(value)
 
 
-def significant(value, digits: int = 3) -> str:
+def significant(value: object, digits: int = 3) -> str:
     """A number to ``digits`` significant digits, so that effects of any size read side by side (the
     audit's numbers; the study report's tables use :func:`fmt`'s 3 decimals): tiny values in
     exponent form, a bool as yes/no, an int as it is, "n/a" where missing or not finite."""
@@ -127,7 +128,7 @@ _MD_BLOCK_START = re.compile(r"^(\s*\d{0,9})([-+.)])(?=\s|$)")  # "- x", "+ x", 
 _AUTOLINK = re.compile(r"(?i)(?<=[a-z])://|(?<![a-z0-9])(?=www\.)w")  # what GFM turns into links by itself
 
 
-def md_escape(text) -> str:
+def md_escape(text: object) -> str:
     """Text that Markdown shows as written: HTML-significant characters as entities, Markdown
     punctuation (backslash, backtick, *, _, [, ], |, #, ~) backslash-escaped, a leading list or
     heading marker escaped, bare URLs broken with an entity so GFM does not link them, newlines as
@@ -186,7 +187,7 @@ figcaption { color: var(--muted); font-size: 13px; }
 """
 
 
-def escape_html(text) -> str:
+def escape_html(text: object) -> str:
     """``text`` (any value, as ``str``) safe as HTML text or as a quoted attribute value, control
     characters shown as escapes."""
     return html.escape(printable(text, keep_newlines=True), quote=True)
@@ -195,7 +196,7 @@ def escape_html(text) -> str:
 _h = escape_html
 
 
-def script_json(value) -> str:
+def script_json(value: Any) -> str:
     """``value`` as JSON safe inside an HTML ``<script>`` element: ``<``, ``>`` and ``&`` as ``\\u``
     escapes (so no ``</script>`` or ``<!--`` can end or bend the element) and every non-ASCII
     character escaped too (U+2028 and U+2029 end a line in older JavaScript)."""

@@ -4,6 +4,11 @@ A ``ProbeError`` is a user-facing problem: its message names the bad value and t
 prints it on one line without a traceback.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import os
+
 
 class ProbeError(Exception):
     """Root of every error probe raises on purpose."""
@@ -27,7 +32,8 @@ class StorageError(InputError):
     continues where it stopped once the cause is gone."""
 
 
-def storage_error(err: OSError, path, doing: str = "write", fix: str | None = None) -> StorageError:
+def storage_error(err: OSError, path: "str | os.PathLike[str]", doing: str = "write",
+                  fix: str | None = None) -> StorageError:
     """``err`` (raised while ``doing`` ``path``) as one line naming the path, the cause and the fix:
     ``fix``, or by default one for the cause worded for a command's ``--out``."""
     import errno
@@ -45,7 +51,7 @@ def storage_error(err: OSError, path, doing: str = "write", fix: str | None = No
     return StorageError(f"cannot {doing} {path}: {cause}; {fix}")
 
 
-def positive_int(value, argument: str) -> int:
+def positive_int(value: object, argument: str) -> int:
     """``value`` when it is a whole number of at least 1 (not a bool), else an :class:`InputError` naming
     ``argument`` and an example."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -12,7 +12,9 @@ from probe.names import ALL_METHODS
 from probe.rows.scores import TokenScores
 
 if TYPE_CHECKING:
+    from probe.intervene.engine import Engine
     from probe.models.core import ProbeModel
+    from probe.rows.target import PreparedExample
 
 __all__ = [
     "family", "parse_methods", "applicable_methods", "refuse_gradients_under_inference_mode", "run_method",
@@ -39,7 +41,7 @@ def parse_methods(text: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def applicable_methods(pm: ProbeModel, examples) -> tuple[list[str], dict[str, str]]:
+def applicable_methods(pm: ProbeModel, examples: Sequence[PreparedExample]) -> tuple[list[str], dict[str, str]]:
     """The default method set for this model and these examples, and why others were left out
     (what each registered method applies to: :func:`probe.registry.skipped`)."""
     skipped = registry.skipped(pm, max(len(e.input_ids) for e in examples))
@@ -62,7 +64,8 @@ def refuse_gradients_under_inference_mode(methods: Sequence[str], doing: str = "
                          f"`with torch.inference_mode():` block{also}")
 
 
-def run_method(pm: ProbeModel, examples, method: str, *, engine=None, params: Mapping | None = None) -> TokenScores:
+def run_method(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, *, engine: Engine | None = None,
+               params: Mapping | None = None) -> TokenScores:
     """One method on every example, through its registry entry's scorer; interventions share
     ``engine`` (and so its cache), the others halve the examples when memory runs out."""
     params = dict(params or {})
@@ -125,7 +128,8 @@ def one_pass_gradients(methods: Sequence[str], params: Mapping[str, Mapping | No
     return shared if len(shared) > 1 else []
 
 
-def run_shared_gradients(pm: ProbeModel, examples, methods: Sequence[str]) -> dict[str, TokenScores]:
+def run_shared_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str]
+                         ) -> dict[str, TokenScores]:
     """Saliency, saliency_sum and input x gradient (any of them, default parameters) from one
     gradient pass (:func:`probe.explainers.gradients.shared_gradient_scores`), halving on OOM."""
     from probe.explainers.gradients import shared_gradient_scores
@@ -136,8 +140,9 @@ def run_shared_gradients(pm: ProbeModel, examples, methods: Sequence[str]) -> di
     return {m: _join_parts([part[m] for part in parts]) for m in methods}
 
 
-def run_methods(pm: ProbeModel, examples, methods: Sequence[str], *, engine=None,
-                params: Mapping[str, Mapping] | None = None, progress: bool = False) -> dict[str, TokenScores]:
+def run_methods(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str], *,
+                engine: Engine | None = None, params: Mapping[str, Mapping] | None = None,
+                progress: bool = False) -> dict[str, TokenScores]:
     """Several methods; ``params`` maps a method name to its keyword parameters. ``progress``: a
     bar over the methods, naming the one under way (standard error, or the notebook's widget)."""
     from probe.intervene.engine import Engine

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from probe import registry
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: derived from :mod:`probe.registry` (the one list of methods), in its order
 ATTENTION_METHODS = registry.names(family="attention")
@@ -42,7 +46,7 @@ def method_family(method: str) -> str | None:
     return entry.family if entry is not None and entry.listed else None
 
 
-def measure_columns(agreement) -> list[tuple[str, str | None]]:
+def measure_columns(agreement: pd.DataFrame) -> list[tuple[str, str | None]]:
     """The agreement measures a table holds (kendall_tau, spearman, topK), each with its p-value column or None."""
     out = []
     for col in agreement.columns:
@@ -87,7 +91,7 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0x
 _CONTROL.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
 
 
-def printable(text, *, keep_newlines: bool = False) -> str:
+def printable(text: object, *, keep_newlines: bool = False) -> str:
     """``text`` with every control character shown as an escape (``ESC`` as ``\\x1b``, a
     right-to-left override as ``\\u202e``), so text from the data cannot clear a screen, hide
     itself or reverse what follows. ``keep_newlines`` leaves newlines and tabs as they are."""

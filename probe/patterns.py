@@ -121,12 +121,13 @@ def _compiled(source: str, ignore_case: bool):
 def _repeat_size(source: str) -> int:
     """How many items the counted repeats of ``source`` spell out: each item 1, a repeat its body
     times its least count (at least 1), a group or a branch the sum of its parts."""
+    import sys
     import warnings
 
-    try:
-        from re import _parser as parser  # Python 3.11+
-    except ImportError:  # Python 3.10
-        import sre_parse as parser  # type: ignore[no-redef]
+    if sys.version_info >= (3, 11):
+        from re import _parser as parser
+    else:  # Python 3.10
+        import sre_parse as parser
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -11,11 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as _MatplotlibFigure
 from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 DPI = 100
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
@@ -128,7 +132,7 @@ def set_title(fig: Figure, text: str) -> None:
     fig.suptitle(text if len(text) <= limit else text[: limit - 1] + "\u2026", fontsize=10)
 
 
-def draw_band(ax, band: Band | None, color: str, label: str, *, alpha: float = 0.18, style: str = "--") -> None:
+def draw_band(ax: Axes, band: Band | None, color: str, label: str, *, alpha: float = 0.18, style: str = "--") -> None:
     if band is None:
         return
     if band.low is not None and band.high is not None and band.high > band.low:
@@ -139,7 +143,7 @@ def draw_band(ax, band: Band | None, color: str, label: str, *, alpha: float = 0
         ax.axhline(band.mean, color=color, lw=1.2, ls=style, label=f"{label} {band.mean:+.3f}")
 
 
-def draw_bands(ax, bands: Mapping[str, Band]) -> None:
+def draw_bands(ax: Axes, bands: Mapping[str, Band]) -> None:
     """The random, uniform and position baselines and the ceiling, those of ``bands`` that exist."""
     for name in ("random", "uniform", "position", "ceiling"):
         band = bands.get(name)
@@ -304,7 +308,7 @@ def token_scores_figure(tokens: Sequence[str], rows: Mapping[str, np.ndarray], s
     grid = fig.add_gridspec(per_column, columns)
     compact = panel < PANEL_HEIGHT
     x = np.arange(n_tokens)
-    axes = []
+    axes: list[Axes] = []
     for j, name in enumerate(names):
         row, column = j % per_column, j // per_column
         ax = fig.add_subplot(grid[row, column], sharex=axes[column * per_column] if row else None)
@@ -457,7 +461,7 @@ def units_figure(points: Sequence[UnitPoint], bands: Mapping[str, Band], gradien
     return fig
 
 
-def mark_axes(ax, mark: str, colour: str) -> None:
+def mark_axes(ax: Axes, mark: str, colour: str) -> None:
     """A panel of a method whose check failed: its label in ``colour`` and ``mark`` inside it ("": unmarked)."""
     if not mark:
         return

@@ -5,12 +5,15 @@ where ``tqdm.auto`` would warn "IProgress not found" first), its width following
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tqdm.std import tqdm
 
 __all__ = ["progress_bar", "quiet_notebook_import"]
 
 
-def progress_bar(iterable: Iterable | None = None, **options: Any):
+def progress_bar(iterable: Iterable | None = None, **options: Any) -> tqdm:
     """A tqdm bar over ``iterable`` (or of ``total=...`` steps), with tqdm's own ``options``."""
     options.setdefault("dynamic_ncols", True)
     if _notebook_with_widgets():

@@ -3,17 +3,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
     from probe.claims.context import AuditContext
+    from probe.spec.claim_values import AttentionRanking
 
-__all__ = ["agreements", "column"]
+
+class RankingClaim(Protocol):
+    """What a ranking claim (``token_importance``, ``faithfulness``) gives :func:`agreements`."""
+
+    @property
+    def ranking(self) -> AttentionRanking: ...
+
+    @property
+    def reference(self) -> str: ...
+
+__all__ = ["RankingClaim", "agreements", "column"]
 
 
-def agreements(ctx: AuditContext, claim, index: int, k: int) -> tuple[list[dict], list[dict]]:
+def agreements(ctx: AuditContext, claim: RankingClaim, index: int, k: int) -> tuple[list[dict], list[dict]]:
     """Per example: agreement of the attention ranking with the reference over the scored tokens (with
     the claim file's ``spans``: over the spans, attention folded, the reference leaving out whole spans)."""
     from probe.metrics.agreement import agreement
@@ -23,7 +34,8 @@ def agreements(ctx: AuditContext, claim, index: int, k: int) -> tuple[list[dict]
         attention, reference = ctx.span_vectors(attention), ctx.span_reference(claim.reference, index)
     else:
         reference = ctx.reference(claim.reference)
-    rows, details = [], []
+    rows: list[dict[str, float]] = []
+    details: list[dict[str, object]] = []
     for i, (x, y) in enumerate(zip(attention, reference)):
         scorable = np.ones(len(x), dtype=bool) if ctx.file.spans is not None else ctx.scorable(i)
         keep = scorable & np.isfinite(x) & np.isfinite(y)

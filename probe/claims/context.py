@@ -3,21 +3,26 @@ scores and ablations, and the checks that a layer or head exists (errors point a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
 from probe import registry
-from probe.claims.rules import Judgement, judge
+from probe.claims.rules import Judgement, Rule, judge
 from probe.errors import InputError
 from probe.rows.target import sources
-from probe.spec.claim_values import AttentionRanking
+from probe.spec.claim_values import AttentionRanking, parse_layer_window
 from probe.study.steps import per_example_means
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from probe.claims.spec import ClaimFile
     from probe.data import Example
+    from probe.explainers.sinks import SinkResult
     from probe.models.core import ProbeModel
+    from probe.patterns import UserPattern
+    from probe.rows.scores import TokenScores
     from probe.rows.target import PreparedExample
 
 __all__ = ["AuditContext", "WORD_PIECE_MARKERS", "token_text"]
@@ -62,7 +67,7 @@ class AuditContext:
         """Dataset examples audited (with a step target: the prompts, not their output tokens)."""
         return len(self.items)
 
-    def judge(self, values, rule) -> Judgement:
+    def judge(self, values: Sequence[float] | np.ndarray, rule: Rule) -> Judgement:
         """``values`` one per prepared example; with a step target (``target.generate`` / ``steps``)
         each dataset example's output tokens are averaged first (their finite values), so the
         bootstrap is over the examples, not over their tokens."""
@@ -72,7 +77,7 @@ class AuditContext:
             values = per_example_means(values, self.owners)
         return judge(values, rule, n_boot=s.bootstrap, level=s.level, seed=s.seed)
 
-    def scores(self, method: str):
+    def scores(self, method: str) -> TokenScores:
         if method not in self._scores:
             from probe.methods import run_method
 
@@ -88,7 +93,7 @@ class AuditContext:
     def scorable(self, i: int) -> np.ndarray:
         return ~np.asarray(self.examples[i].special, dtype=bool)
 
-    def matches(self, i: int, matcher) -> np.ndarray:
+    def matches(self, i: int, matcher: UserPattern) -> np.ndarray:
         """Scored tokens of example i whose text fully matches ``matcher``."""
         texts = self.texts(i)
         return self.scorable(i) & np.array([bool(matcher.fullmatch(t)) for t in texts], dtype=bool)
@@ -100,6 +105,12 @@ class AuditContext:
                              f"{self.n_layers} layers in its {self.stack} attention (valid 0..{self.n_layers - 1}, "
                              "first or last)")
         return layer
+
+    @overload
+    def head(self, value: int, index: int, key: str) -> int: ...
+
+    @overload
+    def head(self, value: None, index: int, key: str) -> None: ...
 
     def head(self, value: int | None, index: int, key: str) -> int | None:
         if value is not None and not 0 <= value < self.n_heads:
@@ -121,7 +132,7 @@ class AuditContext:
             out.append(v.double().numpy())
         return out
 
-    def sinks(self, threshold: float):
+    def sinks(self, threshold: float) -> SinkResult:
         """The examples' attention sinks at ``threshold`` (:func:`probe.explainers.sinks.attention_sinks`), found once."""
         key = f"sinks@{threshold!r}"
         if key not in self._scores:
@@ -130,14 +141,15 @@ class AuditContext:
             self._scores[key] = attention_sinks(self.pm, self.examples, threshold=threshold)
         return self._scores[key]
 
-    def layer_window(self, claim, index: int) -> list[int]:
-        """An edge claim's ``layers`` as layer indices (each checked; a range's ends in order)."""
-        ends, layers = claim.window
+    def layer_window(self, window: int | str | list[int], index: int) -> list[int]:
+        """An edge claim's ``layers`` (``window``, as written) as layer indices (each checked; a range's
+        ends in order)."""
+        ends, layers = parse_layer_window(window)
         if ends is None:
             return sorted({self.layer(layer, index, "layers") for layer in layers})
         start, stop = (self.layer(end, index, "layers") for end in ends)
         if start > stop:
-            raise InputError(f"{self.file.where(index, 'layers')}: the range {claim.layers!r} runs from layer {start} "
+            raise InputError(f"{self.file.where(index, 'layers')}: the range {window!r} runs from layer {start} "
                              f"down to {stop}; write the lower layer first")
         return list(range(start, stop + 1))
 
@@ -146,7 +158,7 @@ class AuditContext:
         if layer not in self._ablations:
             from probe.intervene.heads import ablate_heads
 
-            ablations = [[]] + [[(layer, h)] for h in range(self.n_heads)]
+            ablations: list[list[tuple[int, int]]] = [[]] + [[(layer, h)] for h in range(self.n_heads)]
             self._ablations[layer] = ablate_heads(self.pm, self.examples, ablations, stack=self.stack).double().numpy()
         return self._ablations[layer]
 

@@ -4,6 +4,7 @@ blocked changes, and the words for them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,7 +41,8 @@ def renormalised(renormalise: bool) -> str:
             else "the blocked weights zeroed, the row not renormalised")
 
 
-def control_keys(ctx: AuditContext, keys: list[tuple[int, ...]], sites) -> list[list[tuple[int, ...]]]:
+def control_keys(ctx: AuditContext, keys: list[tuple[int, ...]],
+                 sites: Sequence[tuple[int, int]]) -> list[list[tuple[int, ...]]]:
     """Per example with named keys: ``CONTROL_DRAWS`` seeded draws of as many of its other scored
     tokens (sorted positions; all of them, once, where no more are left; none where none are). A key
     that is an attention sink in at least half of the claim's heads (``sites``; :func:`probe.explainers.

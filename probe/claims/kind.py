@@ -12,7 +12,7 @@ shape of its evidence (:mod:`probe.claims.render`): a kind has no renderer of it
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +81,7 @@ class ClaimResult:
                            "settings": self.settings, "seconds": round(self.seconds, 3)})
 
 
-def clean_json(value):
+def clean_json(value: Any) -> Any:
     """JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
     if isinstance(value, dict):
         return {str(k): clean_json(v) for k, v in value.items()}
@@ -97,7 +97,8 @@ def clean_json(value):
     return value
 
 
-def evidence_examples(ctx: AuditContext, effects: np.ndarray, details: list[dict], secondary=None) -> dict:
+def evidence_examples(ctx: AuditContext, effects: np.ndarray, details: list[dict],
+                      secondary: np.ndarray | None = None) -> dict:
     """The examples most for (highest effect) and most against (lowest) the claim."""
     finite = [i for i in range(len(effects)) if math.isfinite(effects[i])]
     if not finite:
@@ -116,14 +117,14 @@ def evidence_examples(ctx: AuditContext, effects: np.ndarray, details: list[dict
 _ANY_RULE = Rule(0.0, refute_inclusive=True)
 
 
-def summary(ctx: AuditContext, values) -> dict:
+def summary(ctx: AuditContext, values: Sequence[float] | np.ndarray) -> dict:
     """The mean of per-example ``values`` with its CI and n (evidence, not decided)."""
     j = ctx.judge(values, _ANY_RULE)
     return {"mean": j.mean, "ci": list(j.ci), "n": j.n}
 
 
 def result(claim: ClaimSpec, judgement: Judgement, *, measure: str, rule: Rule, intervention: str, evidence: dict,
-           verdict: str | None = None, n_needed=None, rule_text: str | None = None) -> ClaimResult:
+           verdict: str | None = None, n_needed: int | None = None, rule_text: str | None = None) -> ClaimResult:
     """The claim's result from its judgement (``verdict``, ``n_needed`` and ``rule_text`` where a
     conjunction decides instead), the evidence given the judgement's std, n_needed and sign-flip p."""
     verdict = verdict or judgement.verdict

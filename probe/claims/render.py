@@ -24,7 +24,7 @@ def _e(text) -> str:
     return _escape_html(printable(text))
 
 
-def md_escape(text) -> str:
+def md_escape(text: object) -> str:
     """Markdown text with control characters (ESC, NUL, bidi overrides) shown as escapes."""
     return _md_escape(printable(text))
 

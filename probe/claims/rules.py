@@ -55,6 +55,7 @@ sign-flip test is then one-sided downwards).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,7 +154,7 @@ class Judgement:
                 "threshold": self.threshold, "n_needed": self.n_needed, "why": self.why, "p_value": self.p_value}
 
 
-def sign_flip_p(differences, *, greater: bool = True, seed: int = 0) -> float:
+def sign_flip_p(differences: Sequence[float] | np.ndarray, *, greater: bool = True, seed: int = 0) -> float:
     """One-sided p-value of the one-sample sign-flip permutation test that the mean of
     ``differences`` (effect - threshold) is above 0 (``greater``) or below it: the share of sign
     patterns whose mean is at least as extreme as the observed one, the observed pattern included.
@@ -176,7 +177,7 @@ def sign_flip_p(differences, *, greater: bool = True, seed: int = 0) -> float:
     return float((1 + (sums >= observed - tol).sum()) / (SIGN_FLIP_DRAWS + 1))
 
 
-def judge(values, rule: Rule, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> Judgement:
+def judge(values: Sequence[float] | np.ndarray, rule: Rule, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> Judgement:
     """Decide a claim from its per-example effects (non-finite ones are dropped; module docstring)."""
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     v = v[np.isfinite(v)]

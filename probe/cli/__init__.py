@@ -28,7 +28,10 @@ from probe.errors import InputError
 from probe.names import printable
 
 if TYPE_CHECKING:
-    from probe.models.core import ProbeModel
+    from click.exceptions import ClickException
+    from typer._click.exceptions import ClickException as TyperClickException
+
+    from probe.models.core import AttentionContract, ProbeModel
     from probe.rows.target import TargetSpec
 
 #: ``--steps``' default: integrated gradients' registered default
@@ -73,7 +76,7 @@ def _maps_text(stack) -> str:
     return f"hybrid, by layer: {kinds}; implicit layers are {stack.mixer_class} matrices, not editable"
 
 
-def contract_table(contract) -> object:
+def contract_table(contract: AttentionContract) -> object:
     from rich.table import Table
 
     table = Table(title="attention contract", show_header=False)
@@ -349,7 +352,7 @@ def run(
     force_new: bool = typer.Option(False, "--force-new", help="start over in a result folder that holds another "
                                                               "study's "
                                    "results (or this study's on other data, weights or code), removing them"),
-):
+) -> None:
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
     from probe.spec.study import load_study
     from probe.study.plan import parse_shard
@@ -383,7 +386,7 @@ def audit(
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)"),
     wait: bool = typer.Option(False, "--wait", help="if another audit holds the report folder, wait for it instead of "
                                                     "exiting"),
-):
+) -> None:
     """Test claims about the model's attention by intervention: supported, refuted or inconclusive, with evidence."""
     from pathlib import Path
 
@@ -461,7 +464,7 @@ def planted(
                                   help="statistics seeds each verdict is recomputed at from its tables (0: none)"),
     small_n: int = typer.Option(40, "--small-n", min=0,
                                 help="random subsets per size each verdict is re-judged on at small n (0: none)"),
-):
+) -> None:
     """The verdict's self-test: the study on every planted-truth model, each answer beside the known truth,
     and how the answer holds over many statistics seeds."""
     from pathlib import Path
@@ -495,7 +498,7 @@ def planted(
 def report(
     result_dir: str = typer.Argument(..., help="a study's result folder (written by probe run)"),
     out: str = typer.Option(None, "--out", help="report folder (default: RESULT_DIR/report)"),
-):
+) -> None:
     """Render a study's stored results: one self-contained HTML file, Markdown with figures, CSV tables."""
     from probe.report.build import build_report  # probe.build_report: torch-free, no model
 
@@ -510,7 +513,7 @@ def report(
 def compare(
     result_dirs: list[str] = typer.Argument(..., help="two or more study result folders"),
     out: str = typer.Option(None, "--out", help="report folder (default: ./comparison)"),
-):
+) -> None:
     """Several studies side by side: verdicts, headline numbers and per-layer agreement."""
     from probe.report.build import build_comparison  # probe.build_comparison: torch-free
 
@@ -519,12 +522,12 @@ def compare(
     _say(f"markdown: {files.markdown}")
 
 
-def usage_error_classes() -> tuple[type, ...]:
+def usage_error_classes() -> tuple[type[ClickException] | type[TyperClickException], ...]:
     """The usage-error roots of the click that typer uses: typer >= 0.25 ships its own copy
     (``typer._click``); older typers use the ``click`` package. Both are caught, whichever is present."""
     import importlib
 
-    roots = []
+    roots: list[type[ClickException] | type[TyperClickException]] = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
             roots.append(importlib.import_module(module).ClickException)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,7 @@ def target_attention(pm: ProbeModel, text: str, *, strict_length: bool = False, 
     batch = encode_texts(pm, [text], strict_length=strict_length)
     ids = batch["input_ids"][0].tolist()
     tokens = pm.tokenizer.convert_ids_to_tokens(ids)
+    prediction: dict[str, Any]  # each kind of model its own keys and values
     with torch.no_grad():
         if pm.task.encoder_decoder:
             generated = pm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from probe import registry
 from probe.names import FLAG_MARK, printable
 
 if TYPE_CHECKING:
+    import torch
+    from rich.table import Table
+
+    from probe.explanation import Explanation
     from probe.models.core import ProbeModel
+    from probe.rows.scores import TokenScores
+    from probe.rows.target import PreparedExample
 
 
-def plain(value) -> str:
+def plain(value: object) -> str:
     """Text from the model or the user, shown by rich as written: ``[bold]`` or ``[/]`` in a token,
     label or continuation is not markup, and a control character (ESC, a right-to-left override,
     ...) shows as an escape (:func:`probe.names.printable`) instead of acting on the terminal."""
@@ -24,13 +30,13 @@ def plain(value) -> str:
     return escape(printable(value))
 
 
-def nan_to_none(values):
+def nan_to_none(values: Any) -> Any:
     if isinstance(values, list):
         return [nan_to_none(v) for v in values]
     return None if values is None or (isinstance(values, float) and math.isnan(values)) else values
 
 
-def summary_column(scores, layer: int | None):
+def summary_column(scores: TokenScores, layer: int | None) -> torch.Tensor:
     """One number per token for the terminal table: per-head scores are averaged over heads."""
     values = scores.scores[0]
     if scores.per_head:
@@ -40,7 +46,7 @@ def summary_column(scores, layer: int | None):
     return values
 
 
-def explain_params(chosen, *, steps: int | str | None, seed: int, site: str | None) -> dict[str, dict]:
+def explain_params(chosen: Iterable[str], *, steps: int | str | None, seed: int, site: str | None) -> dict[str, dict]:
     """``probe explain``'s keyword parameters per method: ``--steps`` for the path methods whose
     points the registry counts in steps (integrated gradients; None: their default, which is
     ``auto`` for output tokens), ``--seed`` for every method the registry says takes one,
@@ -64,7 +70,7 @@ def no_score_reasons(results: Mapping, skipped: dict[str, str]) -> None:
                 f" (limited to {result.params['max_tokens']} tokens)" if "max_tokens" in result.params else "")
 
 
-def specials_left_out(result) -> bool:
+def specials_left_out(result: TokenScores) -> bool:
     """Whether ``probe explain`` leaves special tokens' scores out of ``result``'s column (null in
     ``--json``, ``-`` in the table): a token-level method's, whose rankings leave them out; a per-layer
     or per-head method's are shown (attention to [CLS] is part of the map)."""
@@ -75,7 +81,7 @@ class WordView:
     """One text's words as ``probe explain --words`` shows them in place of its tokens: each word's
     text, whether it is a special token, and its tokens' ids; the target is the text's."""
 
-    def __init__(self, example, words: list[tuple[str, tuple[int, ...]]]):
+    def __init__(self, example: PreparedExample, words: list[tuple[str, tuple[int, ...]]]) -> None:
         self.example = example
         self.tokens = [text for text, _ in words]
         self.special = [bool(example.special[group[0]]) for _, group in words]
@@ -85,7 +91,7 @@ class WordView:
         return self.example.describe()
 
 
-def word_view(explanation, agg: str = "sum") -> tuple[WordView, dict]:
+def word_view(explanation: Explanation, agg: str = "sum") -> tuple[WordView, dict]:
     """The first text of ``explanation`` at word level: its :class:`WordView` and every method's scores
     folded into its words (``agg`` of each word's tokens, NaN-aware, as ``to_pandas("word")`` folds them)."""
     import dataclasses
@@ -99,7 +105,8 @@ def word_view(explanation, agg: str = "sum") -> tuple[WordView, dict]:
     return WordView(explanation.examples[0], words), results
 
 
-def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict, checks: list) -> None:
+def print_explain_json(pm: ProbeModel, example: PreparedExample | WordView, results: Mapping, skipped: dict,
+                       checks: list) -> None:
     scores: dict[str, Any] = {}
     for name, result in results.items():
         values = nan_to_none(result.scores[0].tolist())
@@ -116,8 +123,8 @@ def print_explain_json(pm: ProbeModel, example, results: Mapping, skipped: dict,
                       "allow_random_weights": pm.allow_random_weights}, default=str))
 
 
-def print_explain_tables(pm: ProbeModel, example, results: Mapping, skipped: dict, checks: list,
-                         layer: int | None) -> None:
+def print_explain_tables(pm: ProbeModel, example: PreparedExample | WordView, results: Mapping, skipped: dict,
+                         checks: list, layer: int | None) -> None:
     """The target line, what was skipped, the sanity summary and one table per family."""
     from rich.console import Console
 
@@ -168,7 +175,7 @@ def _family_table(title: str, example, columns: Mapping):
     return fitted(table)
 
 
-def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> None:
+def print_generation_tables(pm: ProbeModel, explanation: Explanation, layer: int | None) -> None:
     """``probe explain --generate``: the output, then per method a table of the prompt's tokens
     (rows) by the generated tokens (columns), each cell the token's score for that output token."""
     from rich.console import Console
@@ -178,7 +185,7 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
     group = explanation.outputs()[0]
     steps = [explanation.examples[i] for i in group]
     first = steps[0]
-    output = "".join(e.label_name for e in steps)
+    output = "".join(str(e.label_name) for e in steps)  # a step's label_name is its token, never None
     console.print(plain(f"output ({len(steps)} tokens, {first.kind} of each given the prompt and the output before "
                         f"it): "
                         f"{output!r}  ({pm.contract.implementation}, {pm.contract.dtype}, {pm.contract.device})"))
@@ -209,7 +216,7 @@ def print_generation_tables(pm: ProbeModel, explanation, layer: int | None) -> N
     console.print("[dim]* special token: not scored by interventions, excluded from rankings by default[/]")
 
 
-def generation_flag_lines(explanation) -> list[str]:
+def generation_flag_lines(explanation: Explanation) -> list[str]:
     """A line per method and output token (of the first text) whose scores failed the method's own
     check: ``⚠ integrated_gradients not converged on output token 1 '.': completeness delta ...``."""
     group = explanation.outputs()[0]
@@ -232,7 +239,7 @@ def _shown(token: str) -> str:
     return shown_token(token)
 
 
-def fitted(table):
+def fitted(table: Table) -> _FittedTable:
     """``table`` (rich) as a renderable that never breaks a number across lines: every column after
     the first (the tokens) as wide as its widest cell, and where they do not all fit the width
     (a pipe's 80 columns), several tables, each the first column and as many others as fit."""
@@ -285,7 +292,7 @@ class _FittedTable:
             yield self._part(chunk, f"({k + 1} of {len(chunks)})")
 
 
-def print_generation_json(pm: ProbeModel, explanation, skipped: dict) -> None:
+def print_generation_json(pm: ProbeModel, explanation: Explanation, skipped: dict) -> None:
     group = explanation.outputs()[0]
     steps = [explanation.examples[i] for i in group]
     scores = {name: nan_to_none(explanation.stacked(name, 0).tolist()) for name in explanation.scores}

@@ -462,9 +462,11 @@ class DatasetScan:
         rank = {i: r for r, i in enumerate(indices)}
         chosen: list = [None] * len(indices)
         rows, _ = _rows(self.spec, self.split, self.text_column, self.label_column, self.user)
+        keep = self.keep
+        assert keep is not None  # a scan keeps no positions only where it keeps rows by ``keep`` (:func:`scan_dataset`)
         kept = 0
         for chunk in _chunks(rows):
-            for entry, yes in zip(chunk, self.keep([e for _, _, e in chunk])):
+            for entry, yes in zip(chunk, keep([e for _, _, e in chunk])):
                 if yes:
                     r = rank.pop(kept, None)
                     if r is not None:

@@ -155,6 +155,8 @@ class ShuffledOrder(Sequence[int]):
     """``list(range(count))`` after ``random.Random(seed).shuffle``, read a slice at a time without the
     list: a draw of ``n`` of 10^6 rows holds memory for ``n`` and the random state, not 8 MB of order."""
 
+    count: int  # the instance's number of positions (it hides Sequence.count)
+
     def __init__(self, count: int, seed: int):
         self.count, self.seed = count, seed
 
@@ -177,7 +179,8 @@ def shuffled_positions(count: int, seed: int, places: Sequence[int]) -> list[int
     import array
 
     rng = random.Random(seed)
-    draw = rng._randbelow  # what Random.shuffle draws its j with (tested against shuffle itself)
+    # what Random.shuffle draws its j with (tested against shuffle itself)
+    draw = rng._randbelow  # type: ignore[attr-defined]  # CPython's private method: typeshed does not declare it
     block = max(2**16, math.isqrt(count) * 64)
     starts = []  # (highest i of a block, the state before its draws)
     for top in range(count - 1, 0, -block):

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -123,7 +123,8 @@ def attention_mean(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch
 # ---------------------------------------------------------------------------
 
 
-def value_output_modules(pm: ProbeModel, stack: str, layer: int):
+def value_output_modules(pm: ProbeModel, stack: str, layer: int
+                         ) -> tuple[ValueOutputLayout, torch.nn.Module, torch.nn.Module]:
     """(layout, value projection module, output projection module) of one attention layer."""
     model_type = pm.contract.model_type
     layout = VALUE_OUTPUT_LAYOUTS.get(model_type)
@@ -139,7 +140,7 @@ def value_output_modules(pm: ProbeModel, stack: str, layer: int):
                          "the value/output layout table does not match this model") from None
 
 
-def in_out_weight(module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def in_out_weight(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight [in, out], bias [out] or None) of a Linear or a transformers Conv1D, fp32."""
     from transformers.pytorch_utils import Conv1D
 
@@ -148,7 +149,7 @@ def in_out_weight(module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight.float(), (bias.float() if bias is not None else None)
 
 
-def value_vectors(layout: ValueOutputLayout, value_module, inputs: torch.Tensor) -> torch.Tensor:
+def value_vectors(layout: ValueOutputLayout, value_module: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     """x W_V + b_V from the value projection's input: [batch, key, in] -> [batch, key, kv_head * dim] fp32."""
     weight, bias = in_out_weight(value_module)
     index, chunks = layout.value_chunk
@@ -357,7 +358,7 @@ def max_over_queries(pm: ProbeModel, examples: Sequence[PreparedExample], method
         "target_query": "maximum over every real query row (Abnar & Zuidema 2020, .max(axis=0))"})
 
 
-def attention_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
+def attention_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params: Any) -> TokenScores:
     """Run one attention explainer by its registry name (``attn_norm_sum`` = attn_norm with per_head=False).
     ``query``: ``target`` (default: the target query's row) or ``max`` (:func:`max_over_queries`)."""
     query = params.pop("query", "target")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 
-def attention_params(pm: ProbeModel, stack: str, **extra) -> dict:
+def attention_params(pm: ProbeModel, stack: str, **extra: Any) -> dict:
     """``params`` of an attention explainer's TokenScores on ``stack``, plus ``extra``."""
     info = pm.contract.stacks[stack]
     return {

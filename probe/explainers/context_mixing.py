@@ -44,9 +44,9 @@ knows no layout for is refused in one line, like any other.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -85,7 +85,8 @@ def _mixing_stack(pm: ProbeModel, tq) -> str:
 
 def _cross_rows(pm: ProbeModel, batch: RowBatch, tq) -> torch.Tensor:
     """seq2seq: head-mean cross-attention of every decoder layer at the target rows [batch, layer, key]."""
-    with torch.no_grad(), capture_attention(pm, layers={"cross": None}, queries={"cross": tq.rows},
+    with torch.no_grad(), capture_attention(pm, layers={"cross": None},  # None: every layer of the stack
+                                            queries={"cross": tq.rows},
                                             stacks=["cross"], **capture_masks(batch)) as capture:
         pm.model(**batch.inputs)
     return tq.mean_over_rows(capture.maps("cross").weights.float().mean(dim=2))
@@ -154,7 +155,8 @@ def record_layers(pm: ProbeModel, batch: RowBatch, stack: str, *, norms: MixingL
     block_outs: dict = {}
     ln_ins: dict = {}
     ln_outs: dict = {}
-    values = record_value_inputs(pm, stack) if norms is not None else nullcontext({})
+    values: AbstractContextManager[dict[int, torch.Tensor]] = (record_value_inputs(pm, stack) if norms is not None
+                                                                else nullcontext({}))
     with torch.no_grad(), values as value_inputs, \
             _module_hooks(blocks, block_ins, block_outs, with_kwargs=True), \
             _module_hooks(norm_modules, ln_ins, ln_outs), \
@@ -425,7 +427,8 @@ def value_zeroing(pm: ProbeModel, examples: Sequence[PreparedExample], *, batch_
 SCORER = f"{__name__}:context_mixing_scores"
 
 
-def context_mixing_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
+def context_mixing_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str,
+                          **params: Any) -> TokenScores:
     entry = registry.find(method)
     if entry is None or entry.scorer != SCORER:
         raise InputError(f"unknown context-mixing method {method!r}: use one of {', '.join(CONTEXT_MIXING_METHODS)}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -50,11 +50,11 @@ class Site:
     normalising: str | None = None  # class name of the norm inside the embeddings module, if any
 
 
-def is_norm(module) -> bool:
+def is_norm(module: torch.nn.Module) -> bool:
     return isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) or "norm" in type(module).__name__.lower()
 
 
-def embeddings_module(model) -> tuple[str, torch.nn.Module] | None:
+def embeddings_module(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
     """(dotted name, module) of the model's embeddings module, or None when it has none.
 
     Found from the structure: the parent of ``get_input_embeddings()`` when that parent holds no
@@ -77,7 +77,7 @@ def _word_name(model) -> str:
     return next((name for name, module in model.named_modules() if module is word), "get_input_embeddings()")
 
 
-def reads_token_ids(model) -> bool:
+def reads_token_ids(model: torch.nn.Module) -> bool:
     """Whether a module inside the model's layer stack takes ``input_ids`` in its forward (a layer
     that routes by token id), so the model needs its ids even when given embeddings."""
     import inspect
@@ -92,7 +92,7 @@ def reads_token_ids(model) -> bool:
     return False
 
 
-def normalising_module(model) -> str | None:
+def normalising_module(model: torch.nn.Module) -> str | None:
     """Class name of the norm applied inside the embeddings module (None: no module, or no norm)."""
     found = embeddings_module(model)
     if found is None:
@@ -131,7 +131,7 @@ class _StopForward(Exception):
 
 
 @contextlib.contextmanager
-def hooked(module, hook) -> Iterator[None]:
+def hooked(module: torch.nn.Module, hook: Callable[..., Any]) -> Iterator[None]:
     handle = module.register_forward_hook(hook)
     try:
         yield

@@ -38,7 +38,7 @@ only when they enter the model, so a bf16 model still gives fp32 scores (of bf16
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -174,7 +174,7 @@ def shared_gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], 
 SCORER = f"{__name__}:gradient_scores"
 
 
-def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params) -> TokenScores:
+def gradient_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, **params: Any) -> TokenScores:
     """Run the gradient explainer called ``method`` with its keyword ``params``, on width buckets
     of the examples (:func:`width_buckets`) so that no pass pads a short example to a long one."""
     entry = registry.find(method)

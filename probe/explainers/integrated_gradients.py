@@ -221,8 +221,8 @@ def quadrature(rule: str, steps: int) -> tuple[list[float], list[float]]:
     import numpy as np
 
     if rule == "gausslegendre":
-        nodes, weights = np.polynomial.legendre.leggauss(steps)
-        return (0.5 * (1 + nodes)).tolist(), (0.5 * weights).tolist()
+        nodes, node_weights = np.polynomial.legendre.leggauss(steps)
+        return (0.5 * (1 + nodes)).tolist(), (0.5 * node_weights).tolist()
     if steps < 2:
         raise InputError(f"the {rule} rule needs at least 2 steps, got {steps}")
     kind = rule.split("_")[-1]

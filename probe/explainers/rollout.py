@@ -27,6 +27,7 @@ from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample, RowBatch
 
 if TYPE_CHECKING:
+    from probe.hooks.types import AttentionInputs
     from probe.models.core import ProbeModel
 
 #: Attention flow solves (layers x tokens) max-flow problems per example on a graph of
@@ -108,7 +109,8 @@ class _ResidualStream:
                 self.kept.append(augmented[:, : self.keep_width, : self.keep_width].clone())
 
 
-def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_width: int | None = None):
+def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_width: int | None = None
+                   ) -> tuple[_ResidualStream, torch.Tensor | None]:
     """One pass with a residual stream on the attention that carries the explained tokens.
 
     Returns (stream, cross) where cross is the head-mean cross-attention at the target rows
@@ -124,8 +126,8 @@ def encoder_stream(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, keep_w
     n_layers = pm.contract.stacks[stack].n_layers
     stream = _ResidualStream(n_layers, target, keep_width, queries=tq)
     observers = {(stack, layer): stream for layer in range(n_layers)}
-    record = {stack: ()}
-    queries = None
+    record: dict[str, Sequence[int] | None] = {stack: ()}
+    queries: dict[str, torch.Tensor] | None = None
     if cross_target:
         record, queries = {"cross": None}, {"cross": tq.rows}
     with torch.no_grad(), capture_attention(pm, observers=observers, layers=record, queries=queries,
@@ -156,7 +158,7 @@ def _rollout_target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, 
 
     stack = tq.stack
     n_layers = pm.contract.stacks[stack].n_layers
-    kept: dict[int, object] = {}
+    kept: dict[int, AttentionInputs] = {}
     readers = {(stack, layer): (lambda inputs, layer=layer: kept.__setitem__(layer, inputs)) for layer in range(n_layers)}
     with torch.no_grad(), capture_attention(pm, readers=readers, layers={stack: ()}, stacks=[stack],
                                             **capture_masks(batch)):

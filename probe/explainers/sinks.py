@@ -59,6 +59,8 @@ from probe.rows.queries import capture_masks, eval_mode, row_batches
 from probe.rows.scores import TokenScores
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from probe.models.core import ProbeModel
     from probe.rows.target import PreparedExample
 
@@ -207,7 +209,7 @@ SINK_COLUMNS = ("example", "layer", "head", "share", "n_sinks", "first", "positi
 
 
 def sink_rows(sinks: Sequence[torch.Tensor], shares: Sequence[torch.Tensor], *, threshold: float,
-              first_index: int = 0):
+              first_index: int = 0) -> pd.DataFrame:
     """The tidy sink table (:data:`SINK_COLUMNS`) of examples ``first_index, first_index + 1, ...``
     from their sinks ``[layer, head, tokens]`` (bool) and sink shares ``[layer, head]``; a head a
     layer does not have (NaN share) has no row. ``positions``: the sink keys' positions, comma-joined."""
@@ -231,7 +233,7 @@ def sink_rows(sinks: Sequence[torch.Tensor], shares: Sequence[torch.Tensor], *, 
                          "n_sinks": "int64", "first": "bool", "n_tokens": "int64", "threshold": "float64"})
 
 
-def result_rows(result: SinkResult, first_index: int = 0):
+def result_rows(result: SinkResult, first_index: int = 0) -> pd.DataFrame:
     """:func:`sink_rows` of an :func:`attention_sinks` result."""
     return sink_rows([e.sinks for e in result.examples], [e.share for e in result.examples],
                      threshold=result.threshold, first_index=first_index)

@@ -28,11 +28,12 @@ from probe.rows.spans import fold
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.rows.target import PreparedExample
 
 AGGREGATIONS = ("sum", "max", "mean")
 
 
-def word_groups(pm: ProbeModel, example) -> list[list[int]]:
+def word_groups(pm: ProbeModel, example: PreparedExample) -> list[list[int]]:
     """Token indices of each word of ``example``, in order; every token in exactly one group."""
     ids = list(example.input_ids)
     special = list(example.special) if example.special else [False] * len(ids)
@@ -131,7 +132,8 @@ def word_rows(level: str, words: Sequence[tuple[str, Sequence[int]]], special: S
     return [text for text, _ in words], [bool(special[group[0]]) for group in groups], folded
 
 
-def word_scores(pm: ProbeModel, examples, scores: TokenScores, how: str = "sum") -> TokenScores:
+def word_scores(pm: ProbeModel, examples: Sequence[PreparedExample], scores: TokenScores, how: str = "sum"
+                ) -> TokenScores:
     """``scores`` folded into words for each example (same method name; params say how).
 
     ``extras``: ``word_groups`` (token indices per word), ``words`` (their text) and

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,9 @@ from probe.frozen import PicklableFrozen
 from probe.rows.inputs import arguments_checked
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
+
+if TYPE_CHECKING:
+    from probe.plots import Figure
 
 
 class ScoresWarning(UserWarning):
@@ -219,7 +222,7 @@ class Explanation(PicklableFrozen):
         return pd.DataFrame(values.double().numpy(), index=pd.Index(rows, name="output token"),
                             columns=pd.Index(columns, name="source token"))
 
-    def plot_matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None):
+    def plot_matrix(self, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> Figure:
         """:meth:`matrix` as a heatmap: output tokens down, source tokens across; a per-layer or
         per-head method at ``layer`` (default the last) and ``head`` (default their mean), which the
         title names; the prompt (a chat prompt's messages) above the map, wrapped, not cut. Returns
@@ -330,7 +333,8 @@ class Explanation(PicklableFrozen):
             text[list(group)] = t
         at = frame["example"].to_numpy(dtype=np.int64)
         where = frame.columns.get_loc("example") + 1
-        tokens = np.array([shown_token(e.label_name) for e in self.examples], dtype=object)
+        # every example is an output token here, whose label_name is its text (never None)
+        tokens = np.array([shown_token(str(e.label_name)) for e in self.examples], dtype=object)
         frame.insert(where, "output_token", tokens[at])
         frame.insert(where, "output_index", np.array([e.output_index for e in self.examples], dtype=np.int64)[at])
         frame.insert(where, "text", text[at])
@@ -398,7 +402,7 @@ class Explanation(PicklableFrozen):
         return rows, faded_columns(self, index, rows)
 
     def plot(self, example: int = 0, methods: str | Sequence[str] | None = None, *, level: str = "token",
-             agg: str = "sum"):
+             agg: str = "sum") -> Figure:
         """Example ``example``'s token scores, one bar panel per method (default: all), the tokens
         on the x axis; per-layer and per-head methods show their last layer (heads averaged).
         ``level="word"``: the words on the x axis, each the ``agg`` of its tokens (as

@@ -7,7 +7,7 @@ check failed. :class:`~probe.explanation.Explanation` calls these (``_repr_html_
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,9 @@ from probe.display import FLAG_COLOUR, warning_html
 from probe.errors import InputError
 from probe.rows.scores import TokenScores
 from probe.rows.target import PreparedExample
+
+if TYPE_CHECKING:
+    from probe.plots import Figure
 
 __all__ = ["Shown", "explanation_html", "faded_columns", "flag_lines", "flag_words", "generated_groups",
            "generated_html", "matrix_heatmap", "method_rows", "read_at", "scores_figure"]
@@ -83,7 +86,7 @@ def read_at(ex: Shown, method: str, layer: int = -1, head: int | None = None) ->
     return words
 
 
-def matrix_heatmap(ex: Shown, method: str, text: int = 0, *, layer: int = -1, head: int | None = None):
+def matrix_heatmap(ex: Shown, method: str, text: int = 0, *, layer: int = -1, head: int | None = None) -> Figure:
     """``ex.matrix(...)`` as a heatmap: output tokens down, source tokens across; a per-layer or
     per-head method at ``layer`` (default the last) and ``head`` (default their mean), which the
     title names; the prompt (a chat prompt's messages) above the map, wrapped, not cut. Returns
@@ -228,7 +231,7 @@ def generated_html(ex: Shown) -> str:
 
 
 def scores_figure(ex: Shown, example: int = 0, methods: str | Sequence[str] | None = None, *, level: str = "token",
-         agg: str = "sum"):
+         agg: str = "sum") -> Figure:
     """Example ``example``'s token scores, one bar panel per method (default: all), the tokens
     on the x axis; per-layer and per-head methods show their last layer (heads averaged).
     ``level="word"``: the words on the x axis, each the ``agg`` of its tokens (as

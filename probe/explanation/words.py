@@ -6,8 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from probe.explanation.views import Shown
+
+    class _Worded(Shown, Protocol):
+        """What :func:`word_level_table` reads of an explanation (:class:`probe.explanation.Explanation` is one)."""
+
+        def columns(self, index: int) -> tuple[dict[str, np.ndarray], dict[str, str]]: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +46,7 @@ class WordTable:
         return "<div>" + "".join(parts) + "</div>"
 
 
-def word_level_table(explanation, agg: str = "sum") -> WordTable:
+def word_level_table(explanation: _Worded, agg: str = "sum") -> WordTable:
     """``explanation``'s notebook table at word level (:meth:`probe.explanation.Explanation.word_table`)."""
     from probe.display import MAX_EXAMPLES, clip, prompt_text
     from probe.errors import InputError

@@ -17,10 +17,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from probe.hooks import math as amath
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import AttentionInterface
 
 _MISSING = object()
 _LOCK = threading.RLock()
@@ -28,7 +32,7 @@ _LOCK = threading.RLock()
 _SESSIONS: list = []
 #: (id of a registry, implementation name) -> what that registry's local mapping held before us
 _SAVED: dict[tuple[int, str], object] = {}
-_HELD: dict[int, object] = {}  # id -> a registry probe has installed into (kept alive while installed)
+_HELD: dict[int, AttentionInterface] = {}  # id -> a registry probe has installed into (kept alive while installed)
 
 
 def _registry():
@@ -73,11 +77,28 @@ def _generic_eager(module, query, key, value, attention_mask, scaling=None, drop
     return amath.attention_output(weights, value), weights
 
 
-def original_attention_function(name: str, module) -> Callable:
+class _Places(Protocol):
+    def get(self, key: int, /) -> object: ...
+
+
+class AttentionSession(Protocol):
+    """What the wrapper asks of an open session (:class:`probe.hooks.capture._Session`, or the watched
+    pass's stand-in in :mod:`probe.hooks.sites`): ``where.get(id(module))``, the place of a module it
+    serves (None for the others), and ``call``, which runs one call of the attention function for it."""
+
+    @property
+    def where(self) -> _Places: ...
+
+    def call(self, place: Any, original: Callable[..., Any], module: torch.nn.Module, query: torch.Tensor,
+             key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, *args: Any,
+             **kwargs: Any) -> Any: ...
+
+
+def original_attention_function(name: str, module: torch.nn.Module) -> Callable:
     """The function the module would have used had no capture been open."""
     saved = _SAVED.get((id(_registry_of(module)), name), _MISSING)
     if saved is not _MISSING:
-        return saved
+        return cast("Callable", saved)  # what a registry's local mapping held: an attention function
     if name == "eager":
         # Every transformers 5 modeling file defines its own eager function; use that one.
         return getattr(sys.modules[type(module).__module__], "eager_attention_forward", _generic_eager)
@@ -93,7 +114,7 @@ def _make_wrapper(name: str) -> Callable:
                 return session.call(place, original, module, query, key, value, attention_mask, *args, **kwargs)
         return original(module, query, key, value, attention_mask, *args, **kwargs)
 
-    probe_attention.__probe_wrapper__ = True
+    probe_attention.__probe_wrapper__ = True  # type: ignore[attr-defined]  # functions take attributes at run time
     return probe_attention
 
 
@@ -124,13 +145,13 @@ def installed_wrappers() -> list[str]:
                    if getattr(v, "__probe_wrapper__", False)})
 
 
-def implementation_of(model) -> str:
+def implementation_of(model: torch.nn.Module) -> str:
     """The registry name of the attention implementation ``model`` runs (``eager`` when unset)."""
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
 @contextmanager
-def open_session(session, implementation: str) -> Iterator[None]:
+def open_session(session: AttentionSession, implementation: str) -> Iterator[None]:
     """The wrapper installed under ``implementation`` and ``session`` served by it, for the block;
     removed again in ``finally`` (the wrapper itself once no session is left)."""
     with _LOCK:

@@ -35,11 +35,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from probe.errors import CaptureError
 from probe.hooks.layer_calls import LayerCallReader
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+    from transformers import PretrainedConfig
 
 #: module classes whose forward computes BigBird's block-sparse attention
 BLOCK_SPARSE_ATTENTION_CLASSES = frozenset({"BigBirdBlockSparseAttention", "BigBirdPegasusBlockSparseAttention"})
@@ -64,7 +69,7 @@ def is_block_sparse_layer(module: torch.nn.Module) -> bool:
         and getattr(config, "attention_type", None) == "block_sparse" and not getattr(config, "is_decoder", False)
 
 
-def full_attention_limit(module) -> int:
+def full_attention_limit(module: torch.nn.Module | PretrainedConfig) -> int:
     """HF runs full attention for sequences of at most this many tokens: (5 + 2r) b (``module``:
     the block-sparse module or its config)."""
     return (5 + 2 * int(module.num_random_blocks)) * int(module.block_size)
@@ -287,7 +292,8 @@ class BlockSparseReader(LayerCallReader):
 
     def __init__(self, model: torch.nn.Module, modules: Mapping[str, torch.nn.Module],
                  handle: Callable[[torch.nn.Module, BlockSparseCall], None]):
-        self._open: dict[int, tuple[torch.nn.Module, _PartsWatch, list]] = {}
+        # id of a parent -> (its block-sparse child, the softmax watch, the random-key gathers, the masks, the hook)
+        self._open: dict[int, tuple[torch.nn.Module, _PartsWatch, list, list, RemovableHandle]] = {}
         self._guard: AttentionTypeGuard | None = None
         super().__init__(model, modules, handle)
 

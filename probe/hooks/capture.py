@@ -22,9 +22,10 @@ The registry wrapper itself, the one piece of process-global state, is :mod:`pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ from probe.hooks.types import (
     EditContext,
     Editor,
     Observer,
+    Probed,
     QuerySpec,
     Reader,
     for_stack,
@@ -126,6 +128,8 @@ class _Session:
         self.forward_ids: dict[str, torch.Tensor | None] = {}
         # the token strings of those ids, converted once per forward (every layer's maps share them)
         self._token_strings: dict[tuple[str, int, int], tuple | None] = {}
+        # the tokenizer whose strings the maps show (capture_attention sets it), None: no strings
+        self.tokenizer: Any = None
 
     def wants(self, stack: str, layer: int) -> bool:
         if stack not in self.stacks:
@@ -178,7 +182,7 @@ class _Session:
         pad = getattr(config, "pad_token_id", None)
         if ids is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] == 0 or pad is None:
             return
-        real = set()
+        real: set[object] = set()
         for name in ("bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id"):
             value = getattr(config, name, None)
             real.update(value if isinstance(value, (list, tuple)) else [value])
@@ -208,7 +212,7 @@ class _Session:
         if (side, batch, length) not in self._token_strings:
             ids = self.forward_ids.get(side)
             tokens = None
-            convert = getattr(getattr(self, "tokenizer", None), "convert_ids_to_tokens", None)
+            convert = getattr(self.tokenizer, "convert_ids_to_tokens", None)
             if (convert is not None and isinstance(ids, torch.Tensor) and ids.dim() == 2
                     and tuple(ids.shape) == (batch, length)):
                 tokens = tuple(tuple(str(t) for t in convert(row)) for row in ids.tolist())
@@ -530,10 +534,10 @@ def _softmax_layers(info) -> str:
 
 @contextmanager
 def capture_attention(
-    probe_model,
+    probe_model: Probed,
     *,
     queries: QuerySpec | Mapping[str, QuerySpec] = None,
-    layers: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
+    layers: Sequence[int] | Mapping[str, Sequence[int] | None] | None = None,
     heads: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
     stacks: Sequence[str] | None = None,
     attention_mask: torch.Tensor | None = None,
@@ -542,7 +546,7 @@ def capture_attention(
     keep_grad: bool = False,
     observers: Mapping[tuple[str, int], Observer] | None = None,
     readers: Mapping[tuple[str, int], Reader] | None = None,
-):
+) -> Iterator[Capture]:
     """Record attention of ``probe_model`` during the forward passes run inside the block.
 
     queries: ``None``/"all" every row, "first" ([CLS]), "last" (last real token: read from

@@ -102,6 +102,7 @@ class ScanTerms:
         """Exact ``M`` of units ``start..stop-1``: [batch, unit, query, key] fp32, zero above the
         diagonal and at padded keys and query rows."""
         units = slice(start, self.n_units if stop is None else stop)
+        assert self.kind.matrices is not None  # every kind of ScanTerms carries its functions
         return self.kind.matrices(self, units)
 
     def _real_only(self, matrix: torch.Tensor) -> torch.Tensor:
@@ -236,7 +237,7 @@ def _causal_conv(module, states: torch.Tensor) -> torch.Tensor:
     return module.act(out)
 
 
-def mamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+def mamba_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
     """A ``MambaMixer`` (or ``FalconMambaMixer``: its dt/B/C norms where the module has them)."""
     hidden = _zero_padding(hidden, attention_mask)
     value, gate = module.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # [batch, d_inner, time] each
@@ -256,7 +257,7 @@ def mamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
         key_mask=_real(attention_mask, hidden))
 
 
-def zamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+def zamba_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
     """A ``ZambaMambaMixer``: Mamba's scan run on ``n_mamba_heads`` heads of the inner width, each
     with its own ``x_proj`` and ``dt_proj``, so ``B`` and ``C`` are per head (kept per channel:
     [batch, time, channel, state]). ``in_proj`` interleaves value and gate channel by channel."""
@@ -284,7 +285,7 @@ def zamba_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
         unit_of_channel=torch.arange(channels, device=value.device), key_mask=_real(attention_mask, hidden))
 
 
-def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+def mamba2_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
     """A ``Mamba2Mixer`` (and the hybrids' copies of it: bamba, zamba2, nemotron_h, granitemoehybrid,
     falcon_h1 with its input and muP multipliers): scalar decay per head, B and C per group of heads."""
     hidden = _zero_padding(hidden, attention_mask)
@@ -298,7 +299,7 @@ def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | No
     value, B, C = torch.split(mixed, [inner, groups * state, groups * state], dim=-1)
     batch, time = value.shape[:2]
     step = F.softplus(step.float() + module.dt_bias.float())  # [batch, time, head]
-    low, high = module.time_step_limit
+    low, high = module.time_step_limit  # type: ignore[misc]  # a tuple (nn.Module.__getattr__ says Tensor | Module)
     step = torch.clamp(step, min=low, max=high)
 
     def per_head(t: torch.Tensor) -> torch.Tensor:  # [batch, time, group * state] -> [batch, time, head, state]
@@ -311,7 +312,7 @@ def mamba2_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | No
         B=per_head(B), C=per_head(C), unit_of_channel=head_of_channel, key_mask=_real(attention_mask, hidden))
 
 
-def rwkv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+def rwkv_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
     """An ``RwkvSelfAttention`` (time mixing): value and key from the token-shifted input, the
     receptance sigmoid(r) as the gate; ``B`` holds the keys, ``decay`` w = -exp(time_decay) and
     ``step`` carries time_first (u) per channel. No skip term: D = 0."""
@@ -331,7 +332,7 @@ def rwkv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None
         B=key, C=key, unit_of_channel=torch.arange(channels, device=key.device), key_mask=_real(attention_mask, hidden))
 
 
-def short_conv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
+def short_conv_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> ScanTerms:
     """An ``Lfm2ShortConv``: ``in_proj`` gives B, C and x per channel, then y = C * conv(B * x), a
     causal depthwise convolution of kernel w: so y_t = sum_s C_t w[K-1-(t-s)] B_s x_s (+ C_t b with a
     conv bias, no mixing). ``B`` and ``C`` are the key and query gates [batch, time, channel],
@@ -345,12 +346,13 @@ def short_conv_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor 
         B=B, C=C, unit_of_channel=torch.arange(channels, device=value.device), key_mask=_real(attention_mask, hidden))
 
 
-def mixer_output(module, terms: ScanTerms, scan: torch.Tensor | None = None) -> torch.Tensor:
+def mixer_output(module: torch.nn.Module, terms: ScanTerms, scan: torch.Tensor | None = None) -> torch.Tensor:
     """The mixer's output [batch, time, hidden] rebuilt from its matrices: ``scan`` (``y = M x + D x``
     [batch, channel, time], by default :meth:`ScanTerms.scan_output`) through the mixer's own gate and
     output projection (its terms kind's ``output``). An oracle: equal to the module's output, the
     matrices are its mixing."""
     scan = terms.scan_output() if scan is None else scan
+    assert terms.kind.output is not None  # every kind of ScanTerms carries its functions
     return terms.kind.output(module, terms, scan)
 
 
@@ -368,6 +370,14 @@ def _mamba_heads(module) -> int:
     return MAMBA_CHANNEL_GROUPS if channels % MAMBA_CHANNEL_GROUPS == 0 else 1
 
 
+def _zamba_heads(module: torch.nn.Module) -> int:
+    return int(module.n_mamba_heads)
+
+
+def _mamba2_heads(module: torch.nn.Module) -> int:
+    return int(module.num_heads)
+
+
 @dataclass(frozen=True)
 class MixerKind:
     """One family of token mixers probe reads as implicit attention."""
@@ -382,7 +392,7 @@ class MixerKind:
     mask_arg: int = 2  # the position of the attention mask among the forward's positional arguments
     takes_mask: bool = True  # False: the model never hands the mixer its padding mask (the capture's is used)
 
-    def head_width(self, module) -> int:
+    def head_width(self, module: torch.nn.Module) -> int:
         """Channels per map head."""
         return (self.width or _width)(module) // self.heads(module)
 
@@ -391,11 +401,11 @@ MIXERS: tuple[MixerKind, ...] = (
     MixerKind("mamba selective scan", ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer"), mamba_terms,
               _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
-    MixerKind("zamba multi-head selective scan", ("ZambaMambaMixer",), zamba_terms, lambda m: int(m.n_mamba_heads),
+    MixerKind("zamba multi-head selective scan", ("ZambaMambaMixer",), zamba_terms, _zamba_heads,
               "the mixer's mamba heads, each the mean of its channels' matrices"),
     MixerKind("mamba2 selective scan", ("Mamba2Mixer", "BambaMixer", "Zamba2MambaMixer", "FalconH1Mixer",
                                         "NemotronHMamba2Mixer", "GraniteMoeHybridMambaLayer"),
-              mamba2_terms, lambda m: int(m.num_heads), "the mixer's own heads"),
+              mamba2_terms, _mamba2_heads, "the mixer's own heads"),
     MixerKind("gated short convolution", ("Lfm2ShortConv",), short_conv_terms, _mamba_heads,
               f"{MAMBA_CHANNEL_GROUPS} groups of consecutive channels, each the mean of its channels' matrices"),
     MixerKind("rwkv wkv", ("RwkvSelfAttention",), rwkv_terms, _mamba_heads,
@@ -418,18 +428,19 @@ MIXERS: tuple[MixerKind, ...] = (
 )
 
 
-def mixer_kind(module) -> MixerKind | None:
+def mixer_kind(module: torch.nn.Module) -> MixerKind | None:
     """The row of :data:`MIXERS` for ``module``'s class, or None."""
     name = type(module).__name__
     return next((kind for kind in MIXERS if name in kind.classes), None)
 
 
-def find_mixers(model) -> list[tuple[str, MixerKind]]:
+def find_mixers(model: torch.nn.Module) -> list[tuple[str, MixerKind]]:
     """(path, kind) of every mixer module of ``model``, in module order (a stack's layer order)."""
     return [(path, kind) for path, module in model.named_modules() if (kind := mixer_kind(module)) is not None]
 
 
-def call_inputs(module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+def call_inputs(module: torch.nn.Module, args: tuple,
+                kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(hidden states, attention mask) a mixer's forward is called with (a forward pre-hook's view)."""
     hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("hidden"))
     at = kind.mask_arg if (kind := mixer_kind(module)) is not None else 2
@@ -437,7 +448,7 @@ def call_inputs(module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.
     return hidden, mask if isinstance(mask, torch.Tensor) else None
 
 
-def continues_a_state(module, args: tuple, kwargs: dict) -> bool:
+def continues_a_state(module: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether this call continues a cached recurrent state (a generation step): its matrix over
     the call's own tokens would miss the past, so probe refuses to read it."""
     cache = kwargs.get("cache", kwargs.get("cache_params", args[1] if len(args) > 1 else None))
@@ -462,10 +473,11 @@ def group_maps(terms: ScanTerms, heads: int) -> torch.Tensor:
         part = torch.zeros(block.shape[0], heads, *block.shape[2:], dtype=block.dtype, device=block.device)
         part = part.index_add(1, group, block)
         sums = part if sums is None else sums + part
+    assert sums is not None  # the blocks cover every unit, at least one
     return sums / width
 
 
-def implicit_maps(module, kind: MixerKind, hidden: torch.Tensor,
+def implicit_maps(module: torch.nn.Module, kind: MixerKind, hidden: torch.Tensor,
                   attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(maps [batch, head, query, key] fp32, has_keys [batch, head, query] bool) of one mixer call:
     a query row has keys where its own position is real."""

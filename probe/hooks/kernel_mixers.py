@@ -56,6 +56,7 @@ class KernelTerms:
 
     def exact_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """M of heads ``start..stop-1`` as the layer applies it: [batch, head, query, key] fp32."""
+        assert self.kind.matrices is not None  # YOSO carries its functions
         return self.kind.matrices(self, slice(start, stop))
 
     def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -78,7 +79,7 @@ class KernelTerms:
         return torch.einsum("bcqk,bck->bcq", matrices, self.value)
 
 
-def yoso_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> KernelTerms:
+def yoso_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> KernelTerms:
     """A ``YosoSelfAttention`` with ``use_expectation`` (its expected-collision form)."""
     if not getattr(module, "use_expectation", False) or getattr(module, "use_conv", False):
         raise CaptureError(f"{type(module).__name__} with LSH sampling (use_expectation=False) or a convolution branch "
@@ -104,17 +105,17 @@ def yoso_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None
                        unit_of_channel=torch.arange(heads * width, device=hidden.device) // width)
 
 
-def kernel_output(module, terms: KernelTerms, scan: torch.Tensor) -> torch.Tensor:
+def kernel_output(module: torch.nn.Module, terms: KernelTerms, scan: torch.Tensor) -> torch.Tensor:
     """The layer's context [batch, time, channel] from ``scan`` (``M x``, [batch, channel, time]):
     YOSO's output is its normalised context itself (the output dense layer is the next module's)."""
     return scan.transpose(1, 2)
 
 
-def yoso_heads(module) -> int:
+def yoso_heads(module: torch.nn.Module) -> int:
     return int(module.num_attention_heads)
 
 
-def yoso_width(module) -> int:
+def yoso_width(module: torch.nn.Module) -> int:
     return int(module.all_head_size)
 
 

@@ -127,6 +127,7 @@ class LinearTerms:
         """Exact ``M`` of units ``start..stop-1`` at every position, padding included:
         [batch, unit, query, key] fp32, zero above the diagonal."""
         units = slice(start, self.n_units if stop is None else stop)
+        assert self.kind.matrices is not None  # every kind of LinearTerms carries its functions
         return self.kind.matrices(self, units).float()
 
     def unit_matrices(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -247,7 +248,7 @@ def _key_mask(attention_mask: torch.Tensor | None, hidden: torch.Tensor) -> torc
     return torch.ones(batch, time, dtype=torch.bool, device=hidden.device)
 
 
-def rglru_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+def rglru_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                 position_ids: torch.Tensor | None = None, fold_conv: bool = True) -> LinearTerms:
     """A ``RecurrentGemmaRecurrentBlock``. ``position_ids`` [batch or 1, time] (the block's resets are
     where they are 0; default: 0 at the first position only, the model's own default);
@@ -289,7 +290,7 @@ def rglru_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | Non
                    conv_weight=conv.weight[:, 0].float())
 
 
-def gated_deltanet_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+def gated_deltanet_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
     """A ``Qwen3NextGatedDeltaNet`` (the torch fallback's maths; no cache: a prefill)."""
     from transformers.activations import ACT2FN
 
@@ -303,7 +304,9 @@ def gated_deltanet_terms(module, hidden: torch.Tensor, attention_mask: torch.Ten
     mixed = F.conv1d(mixed.to(conv.weight.dtype), conv.weight, conv.bias, padding=conv.kernel_size[0] - 1,
                      groups=conv.groups)[..., :time]
     mixed = ACT2FN[module.activation](mixed).transpose(1, 2)  # [batch, time, conv_dim]
-    query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    query, key, value = torch.split(
+        mixed, [module.key_dim, module.key_dim, module.value_dim],  # type: ignore[list-item]  # ints on HF's layer
+        dim=-1)
     repeat = int(module.num_v_heads) // int(module.num_k_heads)
 
     def per_head(t: torch.Tensor) -> torch.Tensor:  # [batch, time, k_heads * d_k] -> [batch, v_head, time, d_k]
@@ -323,7 +326,7 @@ def gated_deltanet_terms(module, hidden: torch.Tensor, attention_mask: torch.Ten
         key_mask=_key_mask(attention_mask, hidden), log_decay=log_decay, query=query, key=key, beta=beta)
 
 
-def kimi_delta_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+def kimi_delta_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
     """A ``KimiLinearDeltaAttention`` (Kimi delta attention: the gated delta rule with a decay per
     key channel, ``g = -exp(A_log) softplus(f_b(f_a(u)) + dt_bias)``; the torch fallback's maths,
     no cache: a prefill)."""
@@ -356,15 +359,15 @@ def kimi_delta_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor 
         beta=torch.sigmoid(module.b_proj(hidden).float()).transpose(1, 2))
 
 
-def kimi_delta_heads(module) -> int:
+def kimi_delta_heads(module: torch.nn.Module) -> int:
     return int(module.num_heads)
 
 
-def kimi_delta_width(module) -> int:
+def kimi_delta_width(module: torch.nn.Module) -> int:
     return int(module.num_heads) * int(module.head_dim)
 
 
-def lightning_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+def lightning_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
     """A ``MiniMaxLightningAttention`` (no cache: a prefill)."""
     batch, time = hidden.shape[:2]
     heads, width = int(module.num_attention_heads), int(module.head_dim)
@@ -382,7 +385,7 @@ def lightning_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor |
         query=query.float().transpose(1, 2), key=key.float().transpose(1, 2))
 
 
-def mlstm_terms(module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
+def mlstm_terms(module: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> LinearTerms:
     """An ``xLSTMLayer`` (weight_mode ``single`` or ``fused``; no state: a prefill)."""
     config = module.config
     batch, time = hidden.shape[:2]
@@ -416,44 +419,45 @@ def _soft_cap(values: torch.Tensor, cap: float | None) -> torch.Tensor:
     return values if cap is None else cap * torch.tanh(values / cap)
 
 
-def mlstm_heads(module) -> int:
+def mlstm_heads(module: torch.nn.Module) -> int:
     return int(module.config.num_heads)
 
 
-def mlstm_width(module) -> int:
+def mlstm_width(module: torch.nn.Module) -> int:
     return int(module.v_dim)
 
 
-def lightning_heads(module) -> int:
+def lightning_heads(module: torch.nn.Module) -> int:
     return int(module.num_attention_heads)
 
 
-def lightning_width(module) -> int:
+def lightning_width(module: torch.nn.Module) -> int:
     return int(module.num_attention_heads) * int(module.head_dim)
 
 
-def rglru_heads(module) -> int:
+def rglru_heads(module: torch.nn.Module) -> int:
     """The RG-LRU's gate heads."""
     return int(module.rg_lru.num_attention_heads)
 
 
-def rglru_width(module) -> int:
+def rglru_width(module: torch.nn.Module) -> int:
     return int(module.lru_width)
 
 
-def deltanet_heads(module) -> int:
+def deltanet_heads(module: torch.nn.Module) -> int:
     """The DeltaNet's value heads."""
     return int(module.num_v_heads)
 
 
-def deltanet_width(module) -> int:
+def deltanet_width(module: torch.nn.Module) -> int:
     return int(module.value_dim)
 
 
-def linear_output(module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
+def linear_output(module: torch.nn.Module, terms: LinearTerms, scan: torch.Tensor) -> torch.Tensor:
     """The mixer's output [batch, time, hidden] rebuilt from its mixed value path ``scan`` (``M x +
     offset`` [batch, channel, time]) through the layer's own gate, norm and output projection (its
     terms kind's ``output``)."""
+    assert terms.kind.output is not None  # every kind of LinearTerms carries its functions
     return terms.kind.output(module, terms, scan)
 
 

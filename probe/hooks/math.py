@@ -43,7 +43,7 @@ def allowed_keys(
     k_len: int,
     is_causal: bool,
     rows: torch.Tensor | None,
-    device,
+    device: torch.device,
 ) -> torch.Tensor | None:
     """Boolean [B|1, 1|H, R, K] of keys each kept row may attend to, or None when all may.
 
@@ -157,6 +157,7 @@ def head_mean_weights(
         part = masked_softmax(scores, mask, inplace=True, sinks=head_sinks)[0][:, 0]  # [batch, query, key]
         del scores
         total = part if total is None else total.add_(part)
+    assert total is not None  # at least one query head
     return total / n_heads
 
 

@@ -12,16 +12,45 @@ A new read path is one module (its reader), one row of ``READERS`` and its oracl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from probe.errors import CaptureError
 from probe.hooks import banded, blocksparse, implicit, local_global
 from probe.hooks import math as amath
+from probe.hooks.layer_calls import LayerCallReader
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
+from probe.hooks.types import Place, ReaderSession
 from probe.names import IMPLICIT_MAPS, SOFTMAX_MAPS
+
+if TYPE_CHECKING:
+    from probe.hooks.banded import BandedCall
+    from probe.hooks.blocksparse import BlockSparseCall
+    from probe.hooks.local_global import LocalGlobalCall
+
+    LayerCall = BandedCall | BlockSparseCall | LocalGlobalCall
+
+#: a site (:class:`probe.hooks.sites.Site`, whose module imports this one): what :meth:`ReadPath.key` reads of it
+Site = Any
+
+
+class SeenCalls(Protocol):
+    """The watched pass's stand-in session: the modules that called the attention-function registry."""
+
+    callers: set[int]
+
+
+class WatchedPass(Protocol):
+    """What a read path's :meth:`~ReadPath.detect` reads of the watched forward pass
+    (:func:`probe.hooks.sites.discover_sites`): module id -> what was seen of it."""
+
+    watch: SeenCalls
+    seen_probabilities: Mapping[int, set[str]]
+    seen_softmax: Mapping[int, tuple[bool, bool]]
+    causal_seen: Mapping[int, bool | None]
 
 
 class ReadPath:
@@ -46,7 +75,7 @@ class ReadPath:
         """Its maps are a token mixer's matrix (signed, rows need not sum to one), not a softmax."""
         return self.maps == IMPLICIT_MAPS
 
-    def detect(self, watched, module_id: int, module: torch.nn.Module) -> dict | None:
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         """The :class:`probe.hooks.sites.Site` fields of ``module`` (``probability_path``, ``causal``,
         ``folded_heads``) where this path reads it in the watched pass ``watched``, else None."""
         return None
@@ -59,35 +88,38 @@ class ReadPath:
         """``module``, an attention candidate, is no site of its own (its parent stands in for it)."""
         return False
 
-    def key(self, site, path: str, modules: Mapping[str, torch.nn.Module]):
+    def key(self, site: Site | None, path: str, modules: Mapping[str, torch.nn.Module]) -> object:
         """What the capture groups this path's layers by (a module path by default)."""
         return path
 
-    def attach(self, session, places: Mapping) -> list[Callable[[], None]]:
+    def attach(self, session: ReaderSession, places: Mapping[object, list[Place]]) -> list[Callable[[], None]]:
         """Hooks for ``places`` (:meth:`key` -> the layers it serves, in call order) reporting to the
         capture ``session``; returns what undoes them."""
         return []
 
-    def refuse(self, places: Mapping, modules: Mapping[str, torch.nn.Module], hooked: tuple[Mapping, ...]) -> None:
+    def refuse(self, places: Mapping[object, list[Place]], modules: Mapping[str, torch.nn.Module],
+               hooked: tuple[Mapping, ...]) -> None:
         """Raise where an editor or reader in ``hooked`` asks a layer this path cannot serve."""
 
     def structure(self, layers: Mapping[int, torch.nn.Module]) -> str:
         """The sparse pattern the maps of ``layers`` live on (for the contract), else ""."""
         return ""
 
-    def dense_maps(self, attentions, modules, paths, global_layers, inputs) -> tuple | None:
+    def dense_maps(self, attentions: Sequence[torch.Tensor], modules: Mapping[str, torch.nn.Module],
+                   paths: Sequence[str], global_layers: Sequence[torch.Tensor] | None,
+                   inputs: Mapping[str, Any]) -> tuple | None:
         """A stack's HF ``output_attentions`` as dense ``[batch, head, query, key]`` maps where this
         path's layers return them in their own layout (the contract checks), else None."""
         return None
 
-    def guard(self, model: torch.nn.Module):
+    def guard(self, model: torch.nn.Module) -> AbstractContextManager:
         """A context manager the model's forwards run under while this path's layers may run."""
         return nullcontext()
 
     def __repr__(self) -> str:
         return f"<read path {self.name}: {type(self).__name__}>"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         # one object per row: a pickled or copied site keeps the table's own read path (sites are
         # compared with the table's rows by identity)
         return row_of, (type(self),)
@@ -99,10 +131,10 @@ class FunctionPath(ReadPath):
 
     name, describe = "function", "attention function"
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         return {} if module_id in watched.watch.callers else None
 
-    def key(self, site, path, modules):
+    def key(self, site: Site | None, path: str, modules: Mapping[str, torch.nn.Module]) -> object:
         return id(modules[path])  # the registry wrapper knows the calling module, not its path
 
 
@@ -111,16 +143,16 @@ class ProbabilitiesPath(ReadPath):
 
     name, describe, full_maps = "probabilities", "probability module", True
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         if not watched.seen_probabilities.get(module_id):
             return None
         return {"probability_path": sorted(watched.seen_probabilities[module_id])[0],
                 "causal": watched.causal_seen.get(module_id)}
 
-    def key(self, site, path, modules):
+    def key(self, site: Site | None, path: str, modules: Mapping[str, torch.nn.Module]) -> object:
         return site.probability_path
 
-    def attach(self, session, places):
+    def attach(self, session: ReaderSession, places: Mapping[object, list[Place]]) -> list[Callable[[], None]]:
         handles = []
         for path, layer_places in places.items():
             def hook(module, args, output, path=path, layer_places=layer_places):
@@ -139,13 +171,13 @@ class SoftmaxPath(ReadPath):
 
     name, describe, full_maps = "softmax", "softmax call", True
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         if module_id not in watched.seen_softmax:
             return None
         folded, causal = watched.seen_softmax[module_id]
         return {"folded_heads": folded, "causal": causal}
 
-    def attach(self, session, places):
+    def attach(self, session: ReaderSession, places: Mapping[object, list[Place]]) -> list[Callable[[], None]]:
         if not places:
             return []
         modes = ModuleModes()
@@ -161,7 +193,7 @@ class SoftmaxPath(ReadPath):
         return [modes.close]
 
     @staticmethod
-    def read(session, place, probabilities: torch.Tensor, folded: bool):
+    def read(session: ReaderSession, place: Place, probabilities: torch.Tensor, folded: bool) -> torch.Tensor | None:
         """[batch, head, query, key], or [batch * head, query, key] unfolded with the layer's head
         count and folded back after an edit."""
         if not folded:
@@ -181,11 +213,11 @@ class ImplicitPath(ReadPath):
 
     name, describe, can_edit, full_maps, maps = "implicit", "implicit matrix", False, True, IMPLICIT_MAPS
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         kind = implicit.mixer_kind(module)
         return None if kind is None else {"causal": kind.causal}
 
-    def attach(self, session, places):
+    def attach(self, session: ReaderSession, places: Mapping[object, list[Place]]) -> list[Callable[[], None]]:
         handles = []
         for path, layer_places in places.items():
             def read(module, args, kwargs, path=path, layer_places=layer_places):
@@ -195,7 +227,7 @@ class ImplicitPath(ReadPath):
         return [handle.remove for handle in handles]
 
     @staticmethod
-    def read(session, place, module, args, kwargs) -> None:
+    def read(session: ReaderSession, place: Place, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """One mixer call: its matrix, recomputed from its input, stored for the rows asked for."""
         stack, layer = place
         session.calls[place] = session.calls.get(place, 0) + 1
@@ -223,9 +255,9 @@ class SparseLayoutPath(ReadPath):
 
     name, describe, can_edit = "banded", "banded reader", False
     #: the family's reader: ``reader(model, modules by path, handle(module, call))``, closed with ``close()``
-    reader: Callable = None
+    reader: Callable[..., LayerCallReader]
 
-    def attach(self, session, places):
+    def attach(self, session: ReaderSession, places: Mapping[object, list[Place]]) -> list[Callable[[], None]]:
         if not places:
             return []
         paths = {id(session.modules[path]): path for path in places}
@@ -234,7 +266,7 @@ class SparseLayoutPath(ReadPath):
         return [reader.close]
 
     @staticmethod
-    def read(session, places, path: str, call) -> None:
+    def read(session: ReaderSession, places: Mapping[object, list[Place]], path: str, call: LayerCall) -> None:
         """The layer's own sparse weights (a BandedCall, BlockSparseCall or LocalGlobalCall),
         densified over the rows asked for."""
         place = session.next_place(path, places[path])
@@ -256,7 +288,8 @@ class SparseLayoutPath(ReadPath):
         """The layer's sparse pattern in a few words, for one-line messages."""
         raise NotImplementedError
 
-    def refuse(self, places, modules, hooked):
+    def refuse(self, places: Mapping[object, list[Place]], modules: Mapping[str, torch.nn.Module],
+               hooked: tuple[Mapping, ...]) -> None:
         banded.refuse_hooks(places, modules, hooked, self.pattern)
 
 
@@ -265,13 +298,15 @@ class LongformerBandPath(SparseLayoutPath):
 
     reader, pattern = banded.BandedReader, staticmethod(banded.pattern)
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         return {} if banded.is_longformer_band(module) else None
 
-    def structure(self, layers):
+    def structure(self, layers: Mapping[int, torch.nn.Module]) -> str:
         return banded.describe_layers(layers)
 
-    def dense_maps(self, attentions, modules, paths, global_layers, inputs):
+    def dense_maps(self, attentions: Sequence[torch.Tensor], modules: Mapping[str, torch.nn.Module],
+                   paths: Sequence[str], global_layers: Sequence[torch.Tensor] | None,
+                   inputs: Mapping[str, Any]) -> tuple | None:
         return tuple(banded.dense_from_output_attentions(
             local, global_layers[i] if global_layers else None, inputs["attention_mask"],
             banded.one_sided_window(modules[paths[i]])) for i, local in enumerate(attentions))
@@ -284,26 +319,28 @@ class BlockSparsePath(SparseLayoutPath):
     reader, pattern = blocksparse.BlockSparseReader, staticmethod(blocksparse.pattern)
     width_dependent = True
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         return {} if blocksparse.is_block_sparse_layer(module) else None
 
-    def structure(self, layers):
+    def structure(self, layers: Mapping[int, torch.nn.Module]) -> str:
         return blocksparse.describe_layers(layers)
 
-    def stands_in(self, module):
+    def stands_in(self, module: torch.nn.Module) -> bool:
         return blocksparse.is_block_sparse_layer(module)
 
-    def hides(self, module):
+    def hides(self, module: torch.nn.Module) -> bool:
         return blocksparse.is_block_sparse(module)
 
-    def dense_maps(self, attentions, modules, paths, global_layers, inputs):
+    def dense_maps(self, attentions: Sequence[torch.Tensor], modules: Mapping[str, torch.nn.Module],
+                   paths: Sequence[str], global_layers: Sequence[torch.Tensor] | None,
+                   inputs: Mapping[str, Any]) -> tuple | None:
         first = modules[paths[0]]  # ran block-sparse: it is in place (the guard) and the input is long
         ran = blocksparse.is_block_sparse(first.self) and \
             int(inputs["input_ids"].shape[1]) > blocksparse.full_attention_limit(first.config)
         return tuple(blocksparse.dense_from_output_attentions(a, modules[path], inputs["attention_mask"], ran)
                      for a, path in zip(attentions, paths))
 
-    def guard(self, model):
+    def guard(self, model: torch.nn.Module) -> AbstractContextManager:
         # HF's BigBird falls back to full attention for a short input and keeps it: each forward runs
         # what its own input runs
         return blocksparse.AttentionTypeGuard(model)
@@ -314,13 +351,15 @@ class LocalGlobalPath(SparseLayoutPath):
 
     reader, pattern = local_global.LocalGlobalReader, staticmethod(local_global.pattern)
 
-    def detect(self, watched, module_id, module):
+    def detect(self, watched: WatchedPass, module_id: int, module: torch.nn.Module) -> dict | None:
         return {} if local_global.is_local_global(module) else None
 
-    def structure(self, layers):
+    def structure(self, layers: Mapping[int, torch.nn.Module]) -> str:
         return local_global.describe_layers(layers)
 
-    def dense_maps(self, attentions, modules, paths, global_layers, inputs):
+    def dense_maps(self, attentions: Sequence[torch.Tensor], modules: Mapping[str, torch.nn.Module],
+                   paths: Sequence[str], global_layers: Sequence[torch.Tensor] | None,
+                   inputs: Mapping[str, Any]) -> tuple | None:
         # [batch, block, head, bl, 3 bl + G] per layer
         return tuple(local_global.dense_from_output_attentions(a, modules[path], inputs["attention_mask"])
                      for a, path in zip(attentions, paths))
@@ -339,7 +378,7 @@ def row_of(kind: type) -> ReadPath:
     return next(reader for reader in READERS if type(reader) is kind)
 
 
-def detect(watched, module_id: int, module: torch.nn.Module) -> tuple[ReadPath, dict] | None:
+def detect(watched: WatchedPass, module_id: int, module: torch.nn.Module) -> tuple[ReadPath, dict] | None:
     """(the first read path of ``READERS`` that reads ``module`` in ``watched``, its site fields), or None."""
     for reader in READERS:
         fields = reader.detect(watched, module_id, module)
@@ -349,7 +388,7 @@ def detect(watched, module_id: int, module: torch.nn.Module) -> tuple[ReadPath, 
 
 
 @contextmanager
-def guarded(model: torch.nn.Module):
+def guarded(model: torch.nn.Module) -> Iterator[None]:
     """Every read path's guard around the forwards run inside the block."""
     with ExitStack() as stack:
         for reader in READERS:

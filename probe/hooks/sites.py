@@ -34,6 +34,7 @@ reason it cannot be read.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,6 +43,9 @@ from probe.hooks.implicit import find_mixers, mixer_kind
 from probe.hooks.modes import ModuleModes, SoftmaxWatch
 from probe.hooks.readers import IMPLICIT, READERS, ReadPath, detect, guarded
 from probe.tasks import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PROBABILITY_MODULES = (torch.nn.Dropout, torch.nn.Softmax)
 #: words in a module path that name a cross-attention (read here and by the fallback layout of
@@ -87,14 +91,14 @@ def stack_of(path: str) -> str:
     return "encoder" if "encoder" in lowered else "decoder"
 
 
-def attention_candidates(model) -> dict[str, torch.nn.Module]:
+def attention_candidates(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Innermost modules whose class name ends in ``Attention``, by path."""
     named = [(p, m) for p, m in model.named_modules() if p and type(m).__name__.lower().endswith("attention")]
     paths = [p for p, _ in named]
     return {p: m for p, m in named if not any(other.startswith(p + ".") for other in paths)}
 
 
-def probe_inputs(model, tokenizer, task: Task) -> dict:
+def probe_inputs(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None, task: Task) -> dict:
     """A one-example batch of six tokens: enough to see which modules run and what they hand on."""
     vocab = int(getattr(model.config, "vocab_size", None) or 100)
     ids = None
@@ -158,7 +162,8 @@ class _Watch:
         return original(module, query, key, *args, **kwargs)
 
 
-def discover_sites(model, tokenizer, task: Task) -> tuple[list[Site], dict[str, str]]:
+def discover_sites(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None,
+                   task: Task) -> tuple[list[Site], dict[str, str]]:
     """Every readable attention layer of ``model`` and, by path, the modules that cannot be read and why."""
     watched = _WatchedPass(model, tokenizer, task)
     watched.run(model)
@@ -219,8 +224,10 @@ class _WatchedPass:
         modes = ModuleModes()
         try:
             for module in self.candidates.values():
-                modes.watch(module, lambda module=module: SoftmaxWatch(
-                    self._over_positions, lambda t, m=module: self._saw_softmax(t, m)))
+                def make(module: torch.nn.Module = module) -> SoftmaxWatch:
+                    return SoftmaxWatch(self._over_positions, lambda t: self._saw_softmax(t, module))
+
+                modes.watch(module, make)
             for module in self.named.values():
                 handles.append(module.register_forward_pre_hook(lambda mod, args: self.order.append(id(mod))))
             handles += self._probability_hooks()
@@ -274,7 +281,7 @@ class _WatchedPass:
         return sites
 
 
-def implicit_sites(model) -> list[Site]:
+def implicit_sites(model: torch.nn.Module) -> list[Site]:
     """One :class:`Site` of kind ``implicit`` per token mixer (probe.hooks.implicit), numbered in module order
     (the decoder stack: these mixers are causal)."""
     return [Site(stack="decoder", layer=i, path=path, reader=IMPLICIT, causal=True)

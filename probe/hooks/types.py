@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
 QuerySpec = None | str | Sequence[int] | torch.Tensor
 
@@ -106,7 +107,7 @@ class AttentionMaps:
         empty = int((~self.row_has_keys).sum())
         return "<div>" + block_html(repr(self), frame_html(frame), f"{empty} query rows with every key masked") + "</div>"
 
-    def plot(self, layer: int, head: int, example: int = 0, tokens: Sequence[str] | None = None):
+    def plot(self, layer: int, head: int, example: int = 0, tokens: Sequence[str] | None = None) -> Figure:
         """The ``[query, key]`` map of ``layer`` and ``head`` (the model's indices, as captured;
         negative ones count from the last captured, as Python's do) for batch row ``example``, as a
         heatmap of its real tokens: the padding keys and query rows that ``attention_mask`` marks
@@ -143,7 +144,7 @@ class AttentionMaps:
         return attention_figure(weights.detach().cpu().double().numpy(), positions, labels,
                                 title=f"{self.stack} L{layer}.H{head}, example {example}", query_tokens=query_text)
 
-    def to_bertviz(self, example: int = 0, tokens: Sequence[str] | None = None, *, view: str = "head"):
+    def to_bertviz(self, example: int = 0, tokens: Sequence[str] | None = None, *, view: str = "head") -> Any:
         """Batch row ``example`` in bertviz's ``head_view`` or ``model_view`` (``view``), as the HTML
         object a notebook displays. bertviz needs every query row (capture with ``queries=None``)
         and numbers the captured layers from 0. Padding never appears: the positions shown are the
@@ -248,6 +249,73 @@ class AttentionInputs:
 
 # A reader is handed a layer's AttentionInputs (detached); the model's own kernel runs unchanged.
 Reader = Callable[[AttentionInputs], None]
+
+#: a layer of a stack: (stack, layer index)
+Place = tuple[str, int]
+
+
+class Probed(Protocol):
+    """What a capture needs of a loaded model (:class:`probe.models.core.ProbeModel` is one): the
+    transformers module, its attention contract and, for the maps' token strings, its tokenizer."""
+
+    model: torch.nn.Module
+    #: :class:`probe.models.core.AttentionContract`
+    contract: Any
+
+
+class ReaderSession(Protocol):
+    """What a read path (a row of :data:`probe.hooks.readers.READERS`) may use of the capture session
+    it serves (:class:`probe.hooks.capture._Session` is the one that exists): the model and its
+    modules, the sites and the contract, and the session's bookkeeping of each layer's calls, what
+    it wants recorded and where editors and observers apply. A reader hooks the modules of its
+    places (``attach``) and, on each call, hands the layer's probabilities to
+    :meth:`on_probabilities`, or records what it computed itself through :meth:`store`."""
+
+    model: torch.nn.Module
+    #: every module of the model by its dotted path
+    modules: Mapping[str, torch.nn.Module]
+    #: the attention contract (:class:`probe.models.core.AttentionContract`)
+    contract: Any
+    #: each layer's site (:class:`probe.hooks.sites.Site`): its reader, folded heads, ...
+    sites: Mapping[Place, Any]
+    #: calls seen per layer in this forward
+    calls: dict[Place, int]
+    observers: Mapping[Place, Observer]
+    #: the device of the model's inputs: records, editors and observers work there
+    home: torch.device
+    #: records keep their graph (gradient methods read attention through them)
+    keep_grad: bool
+
+    def next_place(self, key: object, places: Sequence[Place]) -> Place:
+        """The layer of this call of a module shared by several layers (call by call)."""
+        ...
+
+    def wants(self, stack: str, layer: int) -> bool:
+        """Whether the session records this layer."""
+        ...
+
+    def query_rows(self, stack: str, batch: int, q_len: int, device: torch.device) -> torch.Tensor | None:
+        """The query rows recorded (``[batch, rows]``), None for every row."""
+        ...
+
+    def batch_mask(self, stack: str) -> torch.Tensor | None:
+        """The stack's 2-D padding mask (the capture's, else the forward's)."""
+        ...
+
+    def on_probabilities(self, place: Place, probabilities: torch.Tensor) -> torch.Tensor | None:
+        """A layer's own ``[batch, head, query, key]`` probabilities: recorded, observed or edited;
+        the edited ones to return in their place, or None."""
+        ...
+
+    def context(self, place: Place, module: torch.nn.Module, rows: torch.Tensor | None,
+                allowed: torch.Tensor | None, batch: int, q_len: int, device: torch.device) -> EditContext:
+        """What an editor or observer is told."""
+        ...
+
+    def store(self, place: Place, picked: torch.Tensor, has_keys: torch.Tensor, rows: torch.Tensor | None,
+              q_len: int) -> None:
+        """Record a layer's rows: ``picked`` [batch, head, rows, key], ``has_keys`` [batch|1, head|1, rows]."""
+        ...
 
 
 _Option = TypeVar("_Option")

@@ -160,7 +160,7 @@ def _erasure_rows(examples: Sequence[PreparedExample], named: dict[str, list[tor
         n = len(scorable_positions(example))
         for name, scores in named.items():
             order = ranked_positions(example, scores[i])
-            entry = {"comp": [], "suff": [], "flip": []}
+            entry: dict[str, list[int]] = {"comp": [], "suff": [], "flip": []}
             for frac in bins:
                 top = set(order[:bin_size(frac, n)])
                 entry["comp"].append(add(tuple(x for t, x in enumerate(ids) if t not in top), example))

@@ -133,7 +133,8 @@ def head_ablation_effects(pm: ProbeModel, examples: Sequence[PreparedExample], *
     """Ablate every head of ``stack`` alone (one head per row, all in few batches)."""
     stack = _stack(pm, stack)
     info = pm.contract.stacks[stack]
-    singles = [[]] + [[(layer, head)] for layer in range(info.n_layers) for head in range(info.n_heads)]
+    singles: list[list[tuple[int, int]]] = [[]] + [[(layer, head)] for layer in range(info.n_layers)
+                                                   for head in range(info.n_heads)]
     values = ablate_heads(pm, examples, singles, stack=stack, batch_size=batch_size)  # [example, 1 + L*H]
     return HeadEffects(stack=stack, original=values[:, 0],
                        ablated=values[:, 1:].reshape(len(examples), info.n_layers, info.n_heads),

@@ -76,7 +76,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -303,8 +303,8 @@ def _run_batch(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], windo
     return edited_targets(pm, batch, stack, editors)
 
 
-def _reuse_starts(pm: ProbeModel, stack: str, examples, rows: Sequence[_Row], query: str, query_from,
-                  reuse_prefix: bool) -> list[int] | None:
+def _reuse_starts(pm: ProbeModel, stack: str, examples, rows: Sequence[tuple[int, int, frozenset | None]],
+                  query: str, query_from, reuse_prefix: bool) -> list[int] | None:
     """Per example, the first query position any of its rows edits (every earlier position is the
     same in all of them), or None where the rows are run whole."""
     if not reuse_prefix or not reuses_prefix(pm, stack):
@@ -525,7 +525,8 @@ def _resolve(spec, count: int):
     return list(range(count))[spec] if isinstance(spec, slice) else spec
 
 
-def knockout_window(layers, heads, n_layers: int, n_heads: int, stack: str = "model") -> tuple[list, list]:
+def knockout_window(layers: int | str | Sequence[int] | None, heads: int | str | Sequence[int] | None, n_layers: int,
+                    n_heads: int, stack: str = "model") -> tuple[list[int], list[int]]:
     """The layers and query heads ``knockout`` blocks, from the forms a study or claim file writes
     (None, an int, a list, ``"0,2"``, ``"a:b"``), in a stack of ``n_layers`` layers and ``n_heads``
     query heads: ``(layers, heads)`` as sorted index lists, or the one-line refusal the run would give.
@@ -570,7 +571,8 @@ def knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int
     return TokenScores(method=NAME, scores=list(result.tokens.scores), params=params, extras=extras)
 
 
-def knockout_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str = NAME, **params) -> TokenScores:
+def knockout_scores(pm: ProbeModel, examples: Sequence[PreparedExample], method: str = NAME,
+                    **params: Any) -> TokenScores:
     """The registry's scorer for ``knockout`` (``scorer(pm, examples, name, **params)``)."""
     if method != NAME:
         raise InputError(f"unknown knockout method {method!r}: use {NAME}")

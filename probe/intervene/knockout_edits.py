@@ -5,11 +5,18 @@ the blocked weight zeroed), and the query rows each batch row blocks."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from probe.hooks.types import Editor
+    from probe.rows.queries import TargetQueries
+    from probe.rows.target import RowBatch
 
 
 def knockout_editor(key: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Tensor, *, renormalise: bool,
-                     sinks: bool):
+                     sinks: bool) -> Editor:
     """Editor blocking, in batch row ``b``, the edges from the query rows ``rows_on[b]`` to key
     ``key[b]`` in the heads ``heads_on[b]``.
 
@@ -44,7 +51,7 @@ def knockout_editor(key: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Te
 
 
 def key_set_editor(keys_on: torch.Tensor, heads_on: torch.Tensor, rows_on: torch.Tensor, *, renormalise: bool,
-                    sinks: bool):
+                   sinks: bool) -> Editor:
     """Editor blocking, in batch row ``b``, the edges from the query rows ``rows_on[b]`` to every key
     of ``keys_on[b]`` in the heads ``heads_on[b]`` (renormalised as :func:`knockout_editor` does).
 
@@ -74,8 +81,8 @@ def key_set_editor(keys_on: torch.Tensor, heads_on: torch.Tensor, rows_on: torch
     return edit
 
 
-def blocked_query_rows(batch, tq, keys: torch.Tensor, query: str, query_from: int | None,
-             width: int) -> torch.Tensor:
+def blocked_query_rows(batch: RowBatch, tq: TargetQueries, keys: torch.Tensor, query: str, query_from: int | None,
+                       width: int) -> torch.Tensor:
     """[rows, width] bool: the query rows each batch row blocks."""
     positions = torch.arange(width, device=keys.device)
     if query == "target":

@@ -7,6 +7,7 @@ take it, each example's rows sharing the tokens before their first edited query 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,10 +17,11 @@ from probe.hooks.capture import capture_attention
 from probe.intervene.prefix import model_supports_reuse
 from probe.rows.forward import build_rows, forward_accepts, keep_target_logits
 from probe.rows.queries import capture_masks, eval_mode
-from probe.rows.target import PreparedExample
+from probe.rows.target import PreparedExample, RowBatch
 from probe.rows.values import target_values
 
 if TYPE_CHECKING:
+    from probe.hooks.types import Editor
     from probe.models.core import ProbeModel
 
 
@@ -27,7 +29,8 @@ def _identity(weights, context):
     return weights
 
 
-def prefix_cache(pm: ProbeModel, stack: str, example: PreparedExample, start: int, window) -> list:
+def prefix_cache(pm: ProbeModel, stack: str, example: PreparedExample, start: int,
+                 window: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer ``(keys, values)`` ``[1, kv_heads, start, head_dim]`` of ``example``'s first ``start``
     tokens, computed through the same recomputed attention as the edited rows (identity editors on
     the window): what every row of the example shares, since no row edits a query before ``start``."""
@@ -43,10 +46,12 @@ def prefix_cache(pm: ProbeModel, stack: str, example: PreparedExample, start: in
     with torch.no_grad(), capture_attention(pm, editors={(stack, layer): _identity for layer in window},
                                             stacks=[stack], layers={stack: ()}, attention_mask=mask):
         pm.model(**kwargs)
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    # transformers types a cache layer's keys and values Optional (None before its first update): filled above
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[misc]
 
 
-def suffix_targets(pm: ProbeModel, batch, stack: str, editors: dict, start: int, prefix: list) -> torch.Tensor:
+def suffix_targets(pm: ProbeModel, batch: RowBatch, stack: str, editors: dict[tuple[str, int], Editor], start: int,
+                   prefix: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """:func:`edited_targets` for rows of one example (one length, no padding) that edit no query
     before ``start``: only the tokens from ``start`` on are fed, reading ``prefix`` as their cache."""
     from transformers import DynamicCache
@@ -65,7 +70,8 @@ def suffix_targets(pm: ProbeModel, batch, stack: str, editors: dict, start: int,
     return target_values(pm, shifted, logits).float().cpu()
 
 
-def edited_targets(pm: ProbeModel, batch, stack: str, editors: dict) -> torch.Tensor:
+def edited_targets(pm: ProbeModel, batch: RowBatch, stack: str, editors: dict[tuple[str, int], Editor]
+                   ) -> torch.Tensor:
     """One forward of ``batch`` with ``editors`` on ``stack``'s attention: the rows' target values."""
     kwargs = dict(batch.inputs)
     if pm.task.continuations:
@@ -77,7 +83,7 @@ def edited_targets(pm: ProbeModel, batch, stack: str, editors: dict) -> torch.Te
     return target_values(pm, batch, logits).float().cpu()
 
 
-def kind_chunks(order: list[int], kinds: list[str], batch_size: int):
+def kind_chunks(order: list[int], kinds: list[str], batch_size: int) -> Iterator[list[int]]:
     """Consecutive pieces of ``order`` (rows sorted by target kind) of at most ``batch_size`` rows and
     one target kind each (``kinds[i]`` is the kind of ``order[i]``'s example): target_values reads a
     batch's kind from its first example."""
@@ -106,8 +112,10 @@ def fed_width(pm: ProbeModel, example: PreparedExample) -> int:
     return len(example.input_ids) + (max(0, len(example.target_ids) - 1) if pm.task.next_token else 0)
 
 
-def evaluate(pm: ProbeModel, stack: str, examples, owners: list[int], starts: list[int] | None, batch_size: int,
-              window, run) -> tuple[torch.Tensor, int]:
+def evaluate(pm: ProbeModel, stack: str, examples: Sequence[PreparedExample], owners: list[int],
+             starts: list[int] | None, batch_size: int, window: Sequence[int],
+             run: Callable[[list[int], int, list[tuple[torch.Tensor, torch.Tensor]] | None], torch.Tensor]
+             ) -> tuple[torch.Tensor, int]:
     """``[rows]`` float64 values of rows owned by examples ``owners[r]``, and the passes run.
 
     ``run(rows, start, prefix)`` evaluates a batch of row indices. Without ``starts``: batches of

@@ -152,7 +152,8 @@ def pack_by_example(segments: list[Segment]) -> list[list[int]]:
     for members in by_example.values():
         members.sort(key=lambda i: -len(segments[i].ids))
         width = len(segments[members[0]].ids)
-        first, room = len(bins), []
+        first = len(bins)
+        room: list[int] = []
         for i in members:
             size = len(segments[i].ids)
             home = next((b for b, free in enumerate(room) if free >= size), None)

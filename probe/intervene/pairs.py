@@ -93,7 +93,8 @@ def pair_interactions(engine: Engine, examples: Sequence[PreparedExample], candi
             return tuple(x for t, x in enumerate(ids) if t not in gone)
         return tuple(replacement if t in gone else x for t, x in enumerate(ids))
 
-    rows, plan = [], []
+    rows: list[tuple[tuple[int, ...], PreparedExample]] = []
+    plan = []
     for example, chosen in zip(examples, candidates):
         ids = tuple(int(x) for x in example.input_ids)
         scorable = scorable_positions(example)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
@@ -256,6 +256,16 @@ def _gathered_cache(pm: ProbeModel, kv: FlatCache | None, gather: torch.Tensor, 
     return None
 
 
+@overload
+def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | None, origin: dict[int, int], *,
+                 keep_cache: Literal[True]) -> tuple[FlatCache, dict[int, int]]: ...
+
+
+@overload
+def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | None, origin: dict[int, int], *,
+                 keep_cache: bool = False) -> tuple[FlatCache, dict[int, int]] | None: ...
+
+
 def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | None, origin: dict[int, int], *,
                  keep_cache: bool = False) -> tuple[FlatCache, dict[int, int]] | None:
     """One model call over bins of segments; stores each segment's value under its key (none
@@ -288,7 +298,8 @@ def packed_batch(engine: RowCache, bins: list[list[Segment]], kv: FlatCache | No
     values = _segment_values(pm, logits, layout, fill, engine._packed_logits)
     owners = layout.owners
     stored = [r for r, (_, _, seg) in enumerate(owners) if seg.key is not None]
-    engine._store([(owners[r][2].key, owners[r][2].row) for r in stored], values[stored], None)
+    engine._store([(owners[r][2].key, owners[r][2].row) for r in stored],  # type: ignore[misc]  # keys not None
+                  values[stored], None)
     if not keep_cache:
         return None
 

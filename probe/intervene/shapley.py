@@ -198,7 +198,8 @@ def shapley_values(engine: Engine, examples: Sequence[PreparedExample],
     tuple of token positions), every coalition of every example through ``engine`` in one call."""
     check_params(ShapleyParams, "shapley", mode=mode, exact_max=exact_max, permutations=permutations)
     replacement = None if mode == "delete" else replacement_token_id(engine.pm, mode)
-    plans, rows, starts = [], [], []
+    plans, starts = [], []
+    rows: list[tuple[tuple[int, ...], PreparedExample]] = []
     for example, own in zip(examples, players):
         if mode == "delete" and own and len(example.input_ids) == sum(map(len, own)):
             raise InputError(

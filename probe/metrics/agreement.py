@@ -19,10 +19,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from scipy import special
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["agreement", "kendall_tau_b", "spearman", "top_k_overlap"]
 
@@ -53,7 +56,7 @@ def _check(a: np.ndarray, name: str) -> None:
         )
 
 
-def _prepare(x, y) -> tuple[np.ndarray, np.ndarray]:
+def _prepare(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """x as float64 [M, T]; y as float64 [1, T] (shared reference) or [M, T]."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -259,7 +262,7 @@ def _top_k(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     return (mask(x) & mask(y)).sum(axis=1) / k
 
 
-def kendall_tau_b(x, y) -> tuple[np.ndarray, np.ndarray]:
+def kendall_tau_b(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Kendall's tau-b and its two-sided p-value per row of ``x`` against ``y``.
 
     x: [M, T] or [T]; y: [T] or x's shape. Returns ``(tau_b [M], p_value [M])``, equal to
@@ -272,7 +275,7 @@ def kendall_tau_b(x, y) -> tuple[np.ndarray, np.ndarray]:
     return _kendall(_ranks(x), _ranks(y))
 
 
-def spearman(x, y) -> tuple[np.ndarray, np.ndarray]:
+def spearman(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Spearman's rho and its two-sided p-value per row of ``x`` against ``y``.
 
     Same shapes as :func:`kendall_tau_b`; equals ``scipy.stats.spearmanr(x[m], y)``: Pearson
@@ -283,7 +286,7 @@ def spearman(x, y) -> tuple[np.ndarray, np.ndarray]:
     return _spearman(_ranks(x), _ranks(y))
 
 
-def top_k_overlap(x, y, k: int) -> np.ndarray:
+def top_k_overlap(x: ArrayLike, y: ArrayLike, k: int) -> np.ndarray:
     """|top-k of x ∩ top-k of y| / k per row (higher score = more important).
 
     k is clipped to T (and the overlap divided by the clipped k); NaN when T = 0. Equal scores
@@ -294,7 +297,7 @@ def top_k_overlap(x, y, k: int) -> np.ndarray:
     return _top_k(x, y, k)
 
 
-def agreement(x, y, *, k: int | Iterable[int] = (1, 3, 5)) -> dict[str, np.ndarray]:
+def agreement(x: ArrayLike, y: ArrayLike, *, k: int | Iterable[int] = (1, 3, 5)) -> dict[str, np.ndarray]:
     """All agreement measures of ``x`` ([M, T] or [T]) against ``y`` ([T] or x's shape).
 
     Returns ``{"kendall_tau", "kendall_p", "spearman", "spearman_p", "top{k}" for each k}``,

@@ -9,9 +9,15 @@ first, so a result depends only on the multiset of values and the seed, never on
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "bootstrap_ci",
@@ -30,7 +36,7 @@ __all__ = [
 _BOOT_BLOCK_ELEMENTS = 1 << 22
 
 
-def _vector(values, name: str) -> np.ndarray:
+def _vector(values: ArrayLike, name: str) -> np.ndarray:
     v = np.asarray(values, dtype=np.float64)
     if v.ndim > 1:
         raise ValueError(f"{name} must be a 1-D array of per-example values, got shape {v.shape}")
@@ -64,7 +70,7 @@ def _percentile_cis(v: np.ndarray, n_boot: int, levels, seed: int) -> list[tuple
     return [(float(bounds[2 * i]), float(bounds[2 * i + 1])) for i in range(len(tails))]
 
 
-def bootstrap_ci(values, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(values: ArrayLike, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean of a 1-D array.
 
     Non-finite values are dropped first; ``(nan, nan)`` when fewer than 2 remain. The
@@ -78,7 +84,7 @@ def bootstrap_ci(values, *, n_boot: int = 2000, level: float = 0.95, seed: int =
     return _percentile_ci(np.sort(v[np.isfinite(v)]), n_boot, level, seed)
 
 
-def _pairs(a, b) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """a and b restricted to the pairs where both are finite."""
     a = _vector(a, "a")
     b = _vector(b, "b")
@@ -89,7 +95,7 @@ def _pairs(a, b) -> tuple[np.ndarray, np.ndarray]:
 
 
 def paired_bootstrap_ci(
-    a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+    a: ArrayLike, b: ArrayLike, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
     """Bootstrap CI of mean(a - b) over the pairs where both a and b are finite.
 
@@ -100,7 +106,7 @@ def paired_bootstrap_ci(
     return _percentile_ci(np.sort(a - b), n_boot, level, seed)
 
 
-def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
+def paired_test(a: ArrayLike, b: ArrayLike, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
                 one_sided_alpha: float | None = None) -> dict:
     """Compare paired per-example values a and b (e.g. two explainers on the same examples).
 
@@ -140,7 +146,7 @@ def paired_test(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
     return out
 
 
-def wilcoxon_p(d, method: str) -> float:
+def wilcoxon_p(d: ArrayLike, method: str) -> float:
     """The two-sided Wilcoxon signed-rank p-value of the paired differences ``d`` (zeros dropped,
     Wilcoxon's convention; no continuity correction), as ``scipy.stats.wilcoxon(d, method=...)``
     gives it: ``"exact"`` the exact null of the signed ranks (no zero, no tied magnitude),
@@ -176,7 +182,7 @@ def _signed_rank_pmf(n: int) -> np.ndarray:
     return pmf
 
 
-def paired_t_p(d) -> float:
+def paired_t_p(d: ArrayLike) -> float:
     """The two-sided paired t-test's p-value for the differences ``d``, as ``scipy.stats.ttest_rel``
     gives it: NaN when every difference is zero, 0 when they are equal and not zero."""
     from scipy import special
@@ -194,7 +200,7 @@ def paired_t_p(d) -> float:
 WILCOXON_EXACT_MAX_N = 50
 
 
-def wilcoxon_method(d) -> str:
+def wilcoxon_method(d: ArrayLike) -> str:
     """The ``method`` :func:`paired_test` hands ``scipy.stats.wilcoxon`` for the differences ``d``:
     ``"exact"`` when no difference is zero, no two magnitudes tie and n <= 50 (the exact null of the
     signed ranks, a table lookup); otherwise ``"approx"``, the normal approximation whose variance
@@ -208,8 +214,8 @@ def wilcoxon_method(d) -> str:
 
 
 def summarize(
-    values,
-    p_values=None,
+    values: ArrayLike,
+    p_values: ArrayLike | None = None,
     *,
     alpha: float = 0.05,
     n_boot: int = 2000,
@@ -258,7 +264,7 @@ def _canonical(value):
     return value
 
 
-def group_seed(key, seed: int = 0) -> int:
+def group_seed(key: Hashable, seed: int = 0) -> int:
     """The bootstrap seed :func:`summarize_groups` uses for the group ``key`` (a tuple of values).
 
     A stable hash (BLAKE2b) of ``seed`` and the key's values, so it does not depend on the
@@ -275,7 +281,7 @@ def summarize_groups(
     by: list[str],
     value: str,
     p_value: str | None = None,
-    **kw,
+    **kw: float,
 ) -> pd.DataFrame:
     """One :func:`summarize` row per group of ``df`` grouped by the ``by`` columns.
 
@@ -314,7 +320,7 @@ def summarize_groups(
     return pd.DataFrame(rows, columns=columns)
 
 
-def holm(p_values) -> np.ndarray:
+def holm(p_values: ArrayLike) -> np.ndarray:
     """Holm-Bonferroni adjusted p-values, same shape as the input; NaN stays NaN.
 
     With the m non-NaN p-values sorted ascending, p_(1) <= ... <= p_(m), the adjusted value of

@@ -133,7 +133,7 @@ def renumber(found: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
     return out
 
 
-def find_attention_modules(model) -> dict[tuple[str, int], str]:
+def find_attention_modules(model: torch.nn.Module) -> dict[tuple[str, int], str]:
     """Return ``{(stack, layer): module path}`` for every attention module of ``model``."""
     model_type = getattr(model.config, "model_type", "")
     named = list(model.named_modules())

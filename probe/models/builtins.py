@@ -29,12 +29,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from probe.errors import ModelLoadError
 from probe.files import remove_leftovers, staged_folder
 from probe.models import scratch
 from probe.models.training import progress_bar, seed_everything
+
+if TYPE_CHECKING:  # imported for annotations only
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 METADATA_FILE = "probe_builtin.json"
 #: what a failure to write into the model cache asks of the user
@@ -411,7 +414,7 @@ def _fine_tune(model, tokenizer, texts: list[str], labels: list[int], settings: 
     model.eval()
 
 
-def classifier_accuracy(model, tokenizer, texts: list[str], labels: list[int], max_length: int = 128, batch_size: int = 64) -> float:
+def classifier_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], labels: list[int], max_length: int = 128, batch_size: int = 64) -> float:
     """Share of ``texts`` whose argmax class equals ``labels``; the model is used as it is (eval mode expected)."""
     import torch
 

@@ -8,8 +8,9 @@ attention function (the one its layers use) on seeded random query/key/value ten
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import torch
 
@@ -22,6 +23,7 @@ from probe.models.core import encode_texts
 from probe.models.text import forward_inputs
 
 if TYPE_CHECKING:
+    from probe.hooks.types import AttentionMaps
     from probe.models.core import ProbeModel
 
 DEFAULT_TEXTS = (
@@ -89,11 +91,11 @@ class PerLayerMaps:
         self.stack, self.per_layer, self.why = stack, per_layer, why
 
     @property
-    def weights(self):
+    def weights(self) -> NoReturn:
         raise CaptureError(self.why)
 
 
-def layer_weights(maps) -> list[torch.Tensor]:
+def layer_weights(maps: AttentionMaps | PerLayerMaps) -> list[torch.Tensor]:
     """[batch, head, query, key] per captured layer, from stacked or per-layer maps."""
     if isinstance(maps, PerLayerMaps):
         return [m.weights[:, 0] for _, m in sorted(maps.per_layer.items())]
@@ -114,7 +116,8 @@ def _stack_maps(cap, stack: str):
         return PerLayerMaps(stack, per_layer, str(error))
 
 
-def capture_all(pm: ProbeModel, inputs):
+def capture_all(pm: ProbeModel, inputs: Mapping[str, torch.Tensor]
+                ) -> tuple[torch.Tensor, dict[str, AttentionMaps | PerLayerMaps], dict[tuple[str, int], int]]:
     decoder_mask = inputs.get("decoder_attention_mask")
     with torch.no_grad(), capture_attention(
         pm, attention_mask=inputs["attention_mask"], decoder_attention_mask=decoder_mask
@@ -143,7 +146,7 @@ def _real_block(pm: ProbeModel, inputs, maps, stack, index):
     return torch.cat([w[index, :, :q, :k].reshape(-1) for w in layer_weights(maps[stack])])
 
 
-def softmax_layer_weights(pm: ProbeModel, stack: str, maps) -> list[torch.Tensor]:
+def softmax_layer_weights(pm: ProbeModel, stack: str, maps: AttentionMaps | PerLayerMaps) -> list[torch.Tensor]:
     """[batch, head, query, key] of the captured layers whose maps are a softmax (all but a hybrid's
     implicit mixers), in layer order: what HF's ``output_attentions`` returns and rows sum to one in."""
     info = pm.contract.stacks[stack]
@@ -151,7 +154,7 @@ def softmax_layer_weights(pm: ProbeModel, stack: str, maps) -> list[torch.Tensor
     return [w for layer, w in zip(layers, layer_weights(maps), strict=True) if not info.layer_implicit(layer)]
 
 
-def eager_attentions(pm: ProbeModel, inputs):
+def eager_attentions(pm: ProbeModel, inputs: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...] | None]:
     """HF's own eager ``output_attentions``, the model switched to eager and back."""
     model = pm.model
     before = model.config._attn_implementation
@@ -258,7 +261,7 @@ def _unchanged(pm: ProbeModel, o: _Observed) -> CheckResult:
     return CheckResult("capture_leaves_output_unchanged", diff <= 1e-6, f"max |logit change| {diff:.2e}")
 
 
-def _row_sums(pm: ProbeModel, o: _Observed) -> CheckResult:
+def _row_sums(pm: ProbeModel, o: _Observed) -> CheckResult | None:
     worst = 0.0
     sink_low = 1.0
     sink_stacks = [s for s, c in pm.contract.stacks.items() if c.sinks]
@@ -480,7 +483,8 @@ class _FunctionProbe:
         self.module = dict(pm.model.named_modules())[contract.module_paths[(stack, first)]]
         self.implementation = contract.implementation
         self.original = original_attention_function(self.implementation, self.module)
-        self.device, self.dtype = device, dtype = pm.device, pm.model.dtype
+        # pm.model is a PreTrainedModel: its dtype is a torch.dtype (nn.Module's stubs type attributes Tensor | Module)
+        self.device, self.dtype = device, dtype = pm.device, cast("torch.dtype", pm.model.dtype)
         self.gen = gen = torch.Generator().manual_seed(0)
         # key/value heads as the module's own function repeats them (num_key_value_groups), which is
         # what it was written for even where the config names another count (gpt_bigcode, inkling)
@@ -560,7 +564,7 @@ def _duplicate_key(f: _FunctionProbe) -> CheckResult:
                        f"duplicating key {j} matches adding ln 2 to its logit within {gap:.2e}")
 
 
-def run_checks(pm: ProbeModel, texts=DEFAULT_TEXTS) -> list[CheckResult]:
+def run_checks(pm: ProbeModel, texts: Sequence[str] = DEFAULT_TEXTS) -> list[CheckResult]:
     """Every check on ``pm``; model-level first, then function-level. A check that cannot run is a
     failed row that says why; nothing here raises."""
     pm.model.eval()

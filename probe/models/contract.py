@@ -7,6 +7,7 @@ and are re-exported here; this module builds them (:func:`build_contract`).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from probe.models.core import AttentionContract, StackContract
 from probe.models.tasks import infer_task
 from probe.names import HYBRID_MAPS, IMPLICIT_MAPS
 from probe.tasks import Task, task_named
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def _max_positions(config, tokenizer) -> int:
@@ -87,7 +91,7 @@ def _stack_contract(stack: str, layers: dict[int, object], config, task: Task, s
     layer_dims = tuple(d or int(head_dim) for _, d in per_layer)
     readers = sorted({site.reader for (s, _), site in (sites or {}).items() if s == stack}, key=lambda r: r.name)
     capture_path = " + ".join(r.describe for r in readers) if readers else FUNCTION.describe
-    calls = {}
+    calls: dict[str, int] = {}
     for (s, _), site in (sites or {}).items():
         if s == stack:
             calls[site.path] = calls.get(site.path, 0) + 1
@@ -200,8 +204,9 @@ def _hybrid_stack_contract(stack: str, layers: dict[int, object], config, task: 
         memory=f"{base.memory}; full maps of the mixer layers (recomputed from each mixer's input)")
 
 
-def build_contract(model, tokenizer, task: Task | str | None = None, *, random_weights: tuple[str, ...] = (),
-                   random_weights_allowed: bool = False, pooling: dict | None = None) -> AttentionContract:
+def build_contract(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task | str | None = None, *,
+                   random_weights: tuple[str, ...] = (), random_weights_allowed: bool = False,
+                   pooling: dict | None = None) -> AttentionContract:
     config = model.config
     task = task_named(task) if task is not None else infer_task(config)
     paths, sites, unreadable, detected_by = _locate(model, tokenizer, task)

@@ -20,11 +20,15 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.utils import ModelOutput
 
 from probe.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
 _ST_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
@@ -95,7 +99,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: Poo
 
 
 @functools.cache
-def pooled_encoder_class(base_class: type) -> type:
+def pooled_encoder_class(base_class: type[PreTrainedModel]) -> type:
     """``base_class`` (a bare encoder, e.g. ``BertModel``) whose output also carries the pooled
     embedding as ``logits`` ``[batch, hidden]``; set ``model.probe_pooling`` (a :class:`Pooling`)."""
     signature = inspect.signature(base_class.forward)
@@ -110,7 +114,7 @@ def pooled_encoder_class(base_class: type) -> type:
         fields = {key: value for key, value in out.items()}
         return EncoderOutput(logits=pooled, **{k: v for k, v in fields.items() if k in _OUTPUT_FIELDS})
 
-    forward.__signature__ = signature
+    forward.__signature__ = signature  # type: ignore[attr-defined]  # functions take attributes; inspect reads it
     forward.__doc__ = f"{base_class.__name__}.forward, plus the pooled embedding as ``logits`` [batch, hidden]."
     return type(f"Pooled{base_class.__name__}", (base_class,), {"forward": forward, "__module__": __name__})
 

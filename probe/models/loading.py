@@ -17,6 +17,7 @@ from probe.models.tasks import infer_task, task_of_class
 from probe.tasks import Task, task_named
 
 if TYPE_CHECKING:  # imported for annotations only: loading this module must not import torch
+    import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from probe.models.core import AttentionContract
@@ -28,7 +29,7 @@ DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16
 _SHOWN_RANDOM = 6
 
 
-def resolve_device(device: str | None):
+def resolve_device(device: str | None) -> torch.device:
     """Turn a user's device string into a ``torch.device``, or explain why it cannot be used."""
     import torch
 
@@ -49,7 +50,7 @@ def resolve_device(device: str | None):
     return parsed
 
 
-def check_dtype_on_device(dtype, device) -> None:
+def check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:
     """Refuse a dtype the device cannot run (bf16 on a GPU without bf16 support)."""
     import torch
 
@@ -57,7 +58,7 @@ def check_dtype_on_device(dtype, device) -> None:
         raise InputError(f"{torch.cuda.get_device_name(device)} cannot run bf16: use --dtype fp16 or fp32")
 
 
-def resolve_dtype(dtype: str | None):
+def resolve_dtype(dtype: str | None) -> torch.dtype:
     import torch
 
     if dtype in (None, "", "auto"):

@@ -80,7 +80,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe.data.planted_texts import PREFIX, SECOND_TRIGGER, study_texts
 from probe.errors import ModelLoadError
@@ -113,6 +113,9 @@ from probe.models.planted_wired import (
     build_position_heads,
     build_sink_head,
 )
+
+if TYPE_CHECKING:  # imported for annotations only
+    import torch
 
 ANSWERS = ("yes", "heads only", "no", "undecidable")
 DATA_FILE = "data.jsonl"
@@ -399,7 +402,7 @@ def build_planted(name: str, out: Path | str) -> dict[str, Any]:
     return {**details, "weights_sha256": weights_sha256(model)}
 
 
-def weights_sha256(model) -> str:
+def weights_sha256(model: torch.nn.Module) -> str:
     """SHA-256 of every tensor of ``model.state_dict()`` (names and bytes, in name order)."""
     digest = hashlib.sha256()
     for key, tensor in sorted(model.state_dict().items()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from probe.data.planted_texts import SECOND_TRIGGER, TRIGGER, study_texts, training_texts
 from probe.models.planted_parts import (
@@ -27,6 +28,12 @@ from probe.models.planted_parts import (
     true_share,
     word_tokenizer,
 )
+
+if TYPE_CHECKING:  # imported for annotations only
+    from transformers import BertForSequenceClassification, PreTrainedTokenizerFast
+
+    #: what a recipe returns: the model, its tokenizer and its metadata (the facts its truth rests on)
+    _Built = tuple[BertForSequenceClassification, PreTrainedTokenizerFast, dict[str, Any]]
 
 SATURATED = ClassifierTraining()
 SOFT = ClassifierTraining(label_smoothing=0.2)
@@ -94,7 +101,7 @@ def _trained_classifier(settings: ClassifierTraining):
     return model, tokenizer, training
 
 
-def build_trigger_saturated():
+def build_trigger_saturated() -> _Built:
     model, tokenizer, training = _trained_classifier(SATURATED)
     facts = classifier_facts(measure_classifier(model, tokenizer, study_texts("trigger-saturated")))
     require_fact(facts["accuracy"] == 1.0, "trigger-saturated", f"held-out accuracy {facts['accuracy']}")
@@ -105,7 +112,7 @@ def build_trigger_saturated():
     return model, tokenizer, {"training": training, "facts": facts}
 
 
-def build_twice(settings: ClassifierTraining, name: str):
+def build_twice(settings: ClassifierTraining, name: str) -> _Built:
     """A trigger model (``settings``) measured on texts holding zz twice: the copies substitute for each
     other (deleting one barely moves the prediction, deleting both flips it)."""
     model, tokenizer, training = _trained_classifier(settings)
@@ -125,7 +132,7 @@ def build_twice(settings: ClassifierTraining, name: str):
     return model, tokenizer, {"training": training, "facts": facts}
 
 
-def build_trigger_soft():
+def build_trigger_soft() -> _Built:
     model, tokenizer, training = _trained_classifier(SOFT)
     facts = classifier_facts(measure_classifier(model, tokenizer, study_texts("trigger-soft")))
     require_fact(facts["accuracy"] == 1.0, "trigger-soft", f"held-out accuracy {facts['accuracy']}")
@@ -137,7 +144,7 @@ def build_trigger_soft():
     return model, tokenizer, {"training": training, "facts": facts}
 
 
-def build_two_triggers():
+def build_two_triggers() -> _Built:
     model, tokenizer, training = _trained_classifier(TWO_TRIGGERS)
     m = measure_classifier(model, tokenizer, study_texts("two-triggers"))
     facts = classifier_facts(m, triggers=(TRIGGER, SECOND_TRIGGER))
@@ -160,7 +167,7 @@ def build_two_triggers():
     return model, tokenizer, {"training": training, "facts": facts}
 
 
-def build_uniform_attention():
+def build_uniform_attention() -> _Built:
     model, tokenizer, training = _trained_classifier(UNIFORM)
     m = measure_classifier(model, tokenizer, study_texts("uniform-attention"))
     facts = classifier_facts(m)
@@ -176,7 +183,7 @@ def build_uniform_attention():
     return model, tokenizer, {"training": training, "facts": facts}
 
 
-def build_constant_output():
+def build_constant_output() -> _Built:
     import torch
 
     model, tokenizer, training = _trained_classifier(SATURATED)
@@ -191,7 +198,7 @@ def build_constant_output():
                               "facts": facts}
 
 
-def build_below_noise():
+def build_below_noise() -> _Built:
     import torch
 
     model, tokenizer, training = _trained_classifier(SATURATED)
@@ -210,7 +217,7 @@ def build_below_noise():
                               "facts": facts}
 
 
-def build_randomised():
+def build_randomised() -> _Built:
     import torch
     from transformers import BertForSequenceClassification
 

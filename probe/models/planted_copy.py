@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from probe.data.planted_texts import FILLER, PlantedText, study_texts, training_texts
 from probe.models.planted_parts import (
@@ -21,6 +22,9 @@ from probe.models.planted_parts import (
     true_share,
     word_tokenizer,
 )
+
+if TYPE_CHECKING:  # imported for annotations only
+    from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast, T5ForConditionalGeneration
 
 # ----------------------------------------------------------------------------------------- copy-lm
 
@@ -66,7 +70,7 @@ def _with_unmarked(texts: list[PlantedText], seed: int) -> list[PlantedText]:
     return out
 
 
-def build_copy_lm(cue: str | None = None):
+def build_copy_lm(cue: str | None = None) -> tuple[GPT2LMHeadModel, PreTrainedTokenizerFast, dict[str, Any]]:
     """copy-lm; with ``cue``, copy-lm-cue: every prompt (training and study) ends with the word ``cue``,
     and deletion (the recipe's and the study's) removes text words only, never the cue."""
     import torch
@@ -77,7 +81,7 @@ def build_copy_lm(cue: str | None = None):
     settings = COPY_LM
     tokenizer = word_tokenizer("gpt2")
     eos = tokenizer.eos_token_id
-    config = GPT2Config(
+    config = GPT2Config(  # type: ignore[call-arg]  # PretrainedConfig's kwargs
         vocab_size=len(tokenizer), n_positions=MAX_POSITIONS, n_embd=settings.hidden, n_layer=settings.layers,
         n_head=settings.heads, n_inner=2 * settings.hidden, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, attn_implementation="eager",
@@ -182,14 +186,14 @@ def _copy_lm_facts(model, tokenizer, name: str, cue: str | None, layers: int) ->
 # ------------------------------------------------------------------------------------ copy-seq2seq
 
 
-def build_copy_seq2seq():
+def build_copy_seq2seq() -> tuple[T5ForConditionalGeneration, PreTrainedTokenizerFast, dict[str, Any]]:
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
     settings = COPY_SEQ2SEQ
     tokenizer = word_tokenizer("t5")
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    config = T5Config(
+    config = T5Config(  # type: ignore[call-arg]  # PretrainedConfig's kwargs
         vocab_size=len(tokenizer), d_model=settings.hidden, d_kv=settings.hidden // settings.heads,
         d_ff=2 * settings.hidden, num_layers=settings.layers, num_decoder_layers=settings.layers,
         num_heads=settings.heads, dropout_rate=0.0, pad_token_id=pad, eos_token_id=eos,

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe.data.planted_texts import TRIGGER, WORDS, PlantedText
 from probe.errors import ModelLoadError
+
+if TYPE_CHECKING:  # imported for annotations only
+    import torch
+    from transformers import BertConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SEED = 0
 MAX_POSITIONS = 16  # 12 words + [CLS] + [SEP], with room
@@ -37,7 +41,7 @@ def _vocab(specials: Sequence[str]) -> dict[str, int]:
     return {token: i for i, token in enumerate(tuple(specials) + WORDS)}
 
 
-def word_tokenizer(kind: str):
+def word_tokenizer(kind: str) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over ``WORDS`` for ``kind`` (bert | gpt2 | t5), made in code."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordLevel
@@ -65,7 +69,7 @@ def word_tokenizer(kind: str):
                                    **tokens)
 
 
-def token_ids(tokenizer, text: str) -> list[int]:
+def token_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
@@ -87,10 +91,10 @@ class ClassifierTraining:
     freeze_query_key: bool = False  # uniform-attention: q/k weights and biases zero, not trained
 
 
-def bert_config(settings: ClassifierTraining, vocab_size: int):
+def bert_config(settings: ClassifierTraining, vocab_size: int) -> BertConfig:
     from transformers import BertConfig
 
-    return BertConfig(
+    return BertConfig(  # type: ignore[call-arg]  # PretrainedConfig's kwargs
         vocab_size=vocab_size, hidden_size=settings.hidden, num_hidden_layers=settings.layers,
         num_attention_heads=settings.heads, intermediate_size=2 * settings.hidden,
         max_position_embeddings=MAX_POSITIONS, type_vocab_size=2, num_labels=2,
@@ -100,7 +104,7 @@ def bert_config(settings: ClassifierTraining, vocab_size: int):
     )
 
 
-def pad_rows(rows: Sequence[Sequence[int]], pad_id: int = 0):
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
     width = max(len(r) for r in rows)
@@ -124,7 +128,8 @@ class ClassifierMeasure:
     loo: list[list[float]]  # [example][word]: p(predicted | text) - p(predicted | text without the word)
 
 
-def measure_classifier(model, tokenizer, texts: Sequence[PlantedText]) -> ClassifierMeasure:
+def measure_classifier(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                       texts: Sequence[PlantedText]) -> ClassifierMeasure:
     import torch
 
     rows = [token_ids(tokenizer, t.text) for t in texts]
@@ -149,7 +154,7 @@ def measure_classifier(model, tokenizer, texts: Sequence[PlantedText]) -> Classi
     )
 
 
-def cls_word_attention(m: ClassifierMeasure, i: int):
+def cls_word_attention(m: ClassifierMeasure, i: int) -> torch.Tensor:
     """[word] the [CLS] row of the last layer, head mean, on the words (not [CLS], [SEP])."""
     return m.attention[i][-1].mean(0)[0, 1:-1]
 

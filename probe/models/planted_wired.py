@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from probe.data.planted_texts import FILLER, SECOND_TRIGGER, TRIGGER, WORDS, PlantedText, study_texts
 from probe.models.planted_parts import (
@@ -28,6 +29,12 @@ from probe.models.planted_parts import (
     word_tokenizer,
 )
 
+if TYPE_CHECKING:  # imported for annotations only
+    from transformers import BertForSequenceClassification, PreTrainedTokenizerFast
+
+    #: what a recipe returns: the model, its tokenizer and its metadata (the facts its truth rests on)
+    _Built = tuple[BertForSequenceClassification, PreTrainedTokenizerFast, dict[str, Any]]
+
 # ------------------------------------------------------------------------- attention-is-importance
 
 #: a word's salience in [0, 1] sets its [CLS] attention score to SCORE_SCALE * salience
@@ -37,7 +44,7 @@ MASS_GAIN = 1.0  # the attention output adds MASS_GAIN * (attention mass on word
 LOGIT_GAIN = 6.0
 
 
-def build_attention_is_importance():
+def build_attention_is_importance() -> _Built:
     """One layer, one head, hidden 8. Every embedding is ``[z, -z]`` with ``|z|^2 = 4`` (mean 0, variance 1),
     so the embedding LayerNorm is the identity. z = [is CLS, salience, is word, filler]. The [CLS] query
     reads "is CLS", keys read the salience, values read "is word": the attention output is the attention
@@ -183,11 +190,11 @@ PLANTED_HEAD_SCORE = 8.0  # its [CLS] score on zz (0 elsewhere): about all of it
 SIGNAL_GAIN, POOL_GAIN, POSITION_LOGIT_GAIN, POSITION_LOGIT_BIAS = 1.0, 1.0, 4.0, 0.1
 
 
-def build_position_heads():
+def build_position_heads() -> _Built:
     return _many_heads(planted_head=False)
 
 
-def build_one_head():
+def build_one_head() -> _Built:
     return _many_heads(planted_head=True)
 
 
@@ -359,11 +366,11 @@ SINK_SIGNAL_GAIN, EDGE_SIGNAL_GAIN = 30.0, 2.0
 HEAD_LOGIT_GAIN, HEAD_LOGIT_BIAS = 6.0, 0.1
 
 
-def build_sink_head():
+def build_sink_head() -> _Built:
     return _one_head_edges(sink=True)
 
 
-def build_edge_head():
+def build_edge_head() -> _Built:
     return _one_head_edges(sink=False)
 
 

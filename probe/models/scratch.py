@@ -29,10 +29,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # imported for annotations only: loading this module imports neither torch nor transformers
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 Mixer = Literal["transformer", "mamba", "conv"]
 MIXERS: tuple[Mixer, ...] = ("transformer", "mamba", "conv")
@@ -115,7 +119,7 @@ def build_scratch(mixer: Mixer, out: Path, progress: bool = True,
 # ------------------------------------------------------------------------------------ vocabulary
 
 
-def word_tokenizer(texts: list[str], min_count: int):
+def word_tokenizer(texts: list[str], min_count: int) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over ``texts`` (lower-cased, split at word/punctuation boundaries):
     the special tokens, then every word seen at least ``min_count`` times by falling count (ties
     alphabetically), the label words always in."""
@@ -138,15 +142,15 @@ def word_tokenizer(texts: list[str], min_count: int):
                                    eos_token="[EOS]", padding_side="right")
 
 
-def label_token_ids(tokenizer) -> list[int]:
+def label_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The vocabulary ids of the label words, in label order."""
-    return [tokenizer.convert_tokens_to_ids(word) for word in LABEL_WORDS]
+    return [tokenizer.convert_tokens_to_ids(word) for word in LABEL_WORDS]  # type: ignore[misc]  # one token: an int
 
 
 # ---------------------------------------------------------------------------------------- models
 
 
-def scratch_model(mixer: Mixer, vocab_size: int, hidden: int):
+def scratch_model(mixer: Mixer, vocab_size: int, hidden: int) -> PreTrainedModel:
     """A freshly initialised causal LM of the given mixer (seed the caller's RNG first)."""
     from transformers import (
         Lfm2Config,
@@ -179,7 +183,7 @@ def scratch_model(mixer: Mixer, vocab_size: int, hidden: int):
     raise ValueError(f"unknown mixer {mixer!r}: valid are {', '.join(MIXERS)}")
 
 
-def next_token_logits(model, encoded):
+def next_token_logits(model: PreTrainedModel, encoded: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Logits [batch, vocab] of the token after each (right-padded) row's last real token."""
     import torch
 
@@ -192,8 +196,8 @@ def next_token_logits(model, encoded):
 # -------------------------------------------------------------------------------------- training
 
 
-def train_label_words(model, tokenizer, texts: list[str], labels: list[int], settings: ScratchTraining,
-                      progress: bool, name: str = "scratch model") -> list[float]:
+def train_label_words(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], labels: list[int],
+                      settings: ScratchTraining, progress: bool, name: str = "scratch model") -> list[float]:
     """Train ``model`` to write the label word after the prompt; the mean loss of each epoch."""
     import torch
     import torch.nn.functional as F
@@ -234,7 +238,7 @@ def train_label_words(model, tokenizer, texts: list[str], labels: list[int], set
     return losses
 
 
-def label_word_accuracy(model, tokenizer, texts: list[str], labels: list[int],
+def label_word_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], labels: list[int],
                         settings: ScratchTraining = SCRATCH_TRAINING) -> float:
     """Share of ``texts`` whose likelier label word (of the two) after the prompt is their label."""
     import torch

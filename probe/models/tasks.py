@@ -3,7 +3,12 @@ Below :mod:`probe.models.loading` and :mod:`probe.models.contract`, which both n
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from probe.tasks import TASKS, Task
+
+if TYPE_CHECKING:  # imported for annotations only: this module imports neither torch nor transformers
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 def _is_bare_architecture(name: str) -> bool:
@@ -11,7 +16,7 @@ def _is_bare_architecture(name: str) -> bool:
     return name.endswith("Model") and "For" not in name and "LMHead" not in name
 
 
-def infer_task(config, path: str | None = None) -> Task:
+def infer_task(config: PretrainedConfig, path: str | None = None) -> Task:
     """The task a checkpoint's config (and its folder) says it is."""
     return TASKS[_infer_name(config, path)]
 
@@ -51,7 +56,7 @@ _HEAD_TASKS = (
 )
 
 
-def task_of_class(model) -> Task | None:
+def task_of_class(model: PreTrainedModel) -> Task | None:
     """The task a model's class name says it is; None for a class with no head probe explains."""
     name = type(model).__name__
     for marker, task_name in _HEAD_TASKS:

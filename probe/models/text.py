@@ -9,12 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
     from probe.models.core import ProbeModel
 
 
-def forward_inputs(pm: ProbeModel, batch, decoder_batch=None) -> dict:
+def forward_inputs(pm: ProbeModel, batch: Mapping[str, torch.Tensor],
+                   decoder_batch: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Keyword arguments for ``pm.model(**...)``.
 
     Seq2seq models need decoder inputs: ``decoder_batch`` (a tokenised target) when given, else the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable, Iterator
 
 
 def seed_everything(seed: int) -> None:
@@ -16,9 +17,12 @@ def seed_everything(seed: int) -> None:
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool, description: str, total: int):
+def progress_bar(enabled: bool, description: str, total: int) -> Iterator[Callable[[str], None]]:
     if not enabled:
-        yield lambda status="": None
+        def skip(status: str = "") -> None:
+            return None
+
+        yield skip
         return
     from rich.progress import (
         BarColumn,
@@ -38,5 +42,9 @@ def progress_bar(enabled: bool, description: str, total: int):
     # standard error: a built-in built on first use must not write into a command's JSON on stdout
     with Progress(*columns, transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task(description, total=total, status="")
-        yield lambda status="": bar.update(task, advance=1, status=status)
+
+        def advance(status: str = "") -> None:
+            bar.update(task, advance=1, status=status)
+
+        yield advance
 

@@ -3,6 +3,8 @@ pandas/numpy (group-bys, never a Python loop over table rows)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -100,7 +102,7 @@ def baselines_and_ceilings(r: StudyResult) -> pd.DataFrame:
     return s.reindex(columns=cols).sort_values(["measure", "role", "reference", "explainer"]).reset_index(drop=True)
 
 
-def mean_ci(mean, low, high) -> str:
+def mean_ci(mean: float | None, low: float | None, high: float | None) -> str:
     if mean is None or not np.isfinite(mean):
         return ""
     if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
@@ -269,7 +271,7 @@ def counterfactual_sites(r: StudyResult) -> pd.DataFrame:
 # --------------------------------------------------------------------------- heads
 
 
-def reference_top_positions(r: StudyResult, k: int = 3, examples=None) -> pd.DataFrame | None:
+def reference_top_positions(r: StudyResult, k: int = 3, examples: Iterable[int] | None = None) -> pd.DataFrame | None:
     """``example, position`` of each example's top-k scored tokens under the verdict reference."""
     scores, tokens = r.table("scores"), r.table("tokens")
     if scores is None or tokens is None:

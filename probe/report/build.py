@@ -8,6 +8,7 @@ model, so a report can be made anywhere the folder is copied to. The sections ar
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -191,7 +192,7 @@ def _study_row(r: StudyResult) -> dict:
     }
 
 
-def build_comparison(dirs, out_dir: str | Path | None = None) -> ReportFiles:
+def build_comparison(dirs: Iterable[str | Path], out_dir: str | Path | None = None) -> ReportFiles:
     """Several studies side by side: each one's verdict and headline numbers, and the per-layer
     agreement of the explainers they share. Default ``out_dir``: ``./comparison``."""
     dirs = list(dirs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -25,6 +27,9 @@ from probe.plots import (
     wrap_label,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 ANNOTATE_MAX = 100  # heatmap cells (all panels of a figure) written as numbers; more would be slow and unreadable
 LN2 = math.log(2)
 FAMILY_COLORS = {"attention": "#1f77b4", "gradient": "#9467bd", "intervention": "#8c564b"}
@@ -38,7 +43,7 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def kv_lines_drawn(kv_of_query, n_heads: int) -> bool:
+def kv_lines_drawn(kv_of_query: Sequence[int] | None, n_heads: int) -> bool:
     """Whether :func:`_kv_lines` draws anything: groups of query heads share key/value heads (GQA),
     more than one group (MQA: one group, nothing to separate)."""
     return bool(kv_of_query) and len(kv_of_query) == n_heads and len(set(kv_of_query)) not in (n_heads, 1)
@@ -53,7 +58,7 @@ def _kv_lines(ax, kv_of_query, n_heads: int) -> None:
             ax.axvline(h - 0.5, color="black", lw=1.2, alpha=0.7)
 
 
-def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_query=None) -> bytes:
+def heatmap_grid(grids: dict[str, np.ndarray], title: str, measure: str, kv_of_query: Sequence[int] | None = None) -> bytes:
     """One layer x head heatmap per reference, each on its own colour scale centred on 0 with its
     own colour bar (a shared scale washes out a panel whose values are all small); black lines
     separate query heads that share a key/value head."""
@@ -125,7 +130,8 @@ def distribution(units: list[dict], bands: dict[str, Band], reference: str, meas
                         ms=4, color="black", capsize=3, lw=1.2)
         else:
             ax.plot(i + 0.32, unit["mean"], "D", ms=4, color="black")
-    labels, notes = [], []
+    labels: list[str] = []
+    notes: list[str] = []
     for unit in units:
         label = unit["label"]
         if unit.get("same_as"):
@@ -150,7 +156,7 @@ def distribution(units: list[dict], bands: dict[str, Band], reference: str, meas
     return _png(fig)
 
 
-def erasure_curves(curves, aopc) -> bytes:
+def erasure_curves(curves: pd.DataFrame, aopc: pd.DataFrame) -> bytes:
     """Comprehensiveness vs % removed and sufficiency vs % kept, one line per ranking; one legend
     for both panels, below them (inside a panel it covered the curves and their bands)."""
     fig = new_figure(11.0, 4.8)
@@ -186,7 +192,7 @@ def erasure_curves(curves, aopc) -> bytes:
     return _png(fig)
 
 
-def permutation_scatter(frame) -> bytes:
+def permutation_scatter(frame: pd.DataFrame) -> bytes:
     """Jain & Wallace's plot: each example's maximum attention against the median output change
     when the attention weights are permuted."""
     fig = new_figure(6.2, 4.4)
@@ -206,7 +212,7 @@ def permutation_scatter(frame) -> bytes:
     return _png(fig)
 
 
-def adversarial_histogram(frame) -> bytes:
+def adversarial_histogram(frame: pd.DataFrame) -> bytes:
     """Distribution of the largest attention JSD found within the output bound, ln 2 marked."""
     fig = new_figure(6.2, 4.0)
     ax = fig.subplots()
@@ -224,7 +230,8 @@ def adversarial_histogram(frame) -> bytes:
     return _png(fig)
 
 
-def head_maps(maps: dict[str, np.ndarray], kv_of_query=None, labels: dict[str, str] | None = None) -> bytes:
+def head_maps(maps: dict[str, np.ndarray], kv_of_query: Sequence[int] | None = None,
+              labels: dict[str, str] | None = None) -> bytes:
     """Side-by-side layer x head maps (ablation effect, importance, attention on top-3 tokens), each
     with its colour bar labelled ``labels[name]`` (what its colour measures; default the name)."""
     labels = labels or {}
@@ -316,7 +323,7 @@ def randomisation_curves(curves: dict[str, list], reference: str | None = None) 
     name; the 0.5 limit and the stage the check is judged at marked; the legend to the right."""
     stages, has_head = randomisation_stages(curves)
     where = {key: i for i, key in enumerate(stages)}
-    series = []  # (names, xs, ys): identical curves share one entry
+    series: list[tuple[list[str], np.ndarray, np.ndarray]] = []  # (names, xs, ys): identical curves share one entry
     for name, curve in curves.items():
         xs = np.array([where[k] for k in _stage_keys(curve)], dtype=float)
         ys = np.array([float(p[1]) for p in curve], dtype=float)
@@ -363,7 +370,7 @@ def _stage_text(key: tuple, has_head: bool, short: bool = False) -> str:
     return text if short else f"the {text}"
 
 
-def convergence_curves(frame) -> bytes:
+def convergence_curves(frame: pd.DataFrame) -> bytes:
     """Integrated gradients: |delta| / |f(x) - f(baseline)| against the Gauss-Legendre points tried,
     one thin line per example (a point, with fixed steps), the median per number of points thick;
     a delta of exactly 0 (no place on a log axis) drawn as its own marker at the bottom. Ticks at
@@ -400,7 +407,7 @@ def convergence_curves(frame) -> bytes:
     return _png(fig)
 
 
-def step_lines(lines, measure: str, reference: str) -> bytes:
+def step_lines(lines: pd.DataFrame, measure: str, reference: str) -> bytes:
     """Agreement against the output token's index (a step study): one line per compared unit, each
     marker's area growing with the number of examples that reached that step."""
     fig = new_figure(7.0, 3.6)
@@ -422,7 +429,7 @@ def step_lines(lines, measure: str, reference: str) -> bytes:
     return _png(fig)
 
 
-def output_matrix(values, rows, columns, title: str, label: str) -> bytes:
+def output_matrix(values: np.ndarray, rows: Sequence[str], columns: Sequence[str], title: str, label: str) -> bytes:
     """:func:`probe.plots.matrix_figure` (output token x source token) as PNG bytes."""
     from probe.plots import matrix_figure
 

@@ -5,6 +5,9 @@ result can use it)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -16,12 +19,12 @@ SUMMARY_COLUMNS = ["role", "explainer", "reference", "layer", "head", "measure",
                    "ci_high"]
 
 
-def ordered_explainers(names) -> list[str]:
+def ordered_explainers(names: Iterable[str]) -> list[str]:
     names = list(dict.fromkeys(names))
     return sorted(names, key=lambda n: (FAMILY_ORDER[family(n)], names.index(n)))
 
 
-def finite_or_none(x) -> float | None:
+def finite_or_none(x: Any) -> float | None:
     try:
         x = float(x)
     except (TypeError, ValueError):
@@ -70,7 +73,7 @@ def summary_layer_lines(summary: pd.DataFrame | None, reference: str, measure: s
             for e in ordered_explainers(s["explainer"])}
 
 
-def summary_left_out(summary: pd.DataFrame | None, reference: str, measure: str, drawn) -> list[str]:
+def summary_left_out(summary: pd.DataFrame | None, reference: str, measure: str, drawn: Iterable[str]) -> list[str]:
     """The explainers with rows against ``reference`` that a per-layer figure does not draw: neither a
     line (``drawn``) nor the best gradient's level (token-level methods such as ``saliency`` have no
     layer axis), in the summary's order."""
@@ -79,7 +82,7 @@ def summary_left_out(summary: pd.DataFrame | None, reference: str, measure: str,
 
 
 def summary_best_gradient(summary: pd.DataFrame | None, reference: str, measure: str,
-                          unreliable=()) -> dict | None:
+                          unreliable: Iterable[str] = ()) -> dict | None:
     """The gradient explainer with the highest mean agreement with ``reference`` (token level),
     among those that passed their sanity checks (``unreliable``: the verdict's failed methods, left
     out, as rule 2's bar leaves them out)."""

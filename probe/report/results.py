@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,9 @@ from probe.names import FORMAT_VERSION, TABLES, measure_columns
 from probe.spec.study import StatisticsSpec, Study
 from probe.study.steps import is_stepwise, per_source, per_source_rows
 from probe.study.verdict import Verdict
+
+if TYPE_CHECKING:
+    from probe.plots import Figure
 
 
 @dataclass(frozen=True, repr=False)
@@ -76,7 +80,7 @@ class StudyResult:
                                     "layer/head -1: none; every row: run.to_pandas()"))
         return "<div>" + "".join(parts) + "</div>"
 
-    def plot(self, references: str | list[str] | None = None):
+    def plot(self, references: str | list[str] | None = None) -> Figure:
         """Mean agreement per layer (with its CI band) of each per-layer explainer against each of
         ``references`` (default: every reference), beside the random, uniform and position
         baselines, the ceiling and the best gradient: the report's per-layer figure, from the

@@ -225,9 +225,9 @@ def _agreement_figures(r: StudyResult, w: Writer) -> list:
                                   if notes else "")))
     units = an.distribution_units(r)
     if units:
-        bands = an.reference_bands(r, ref)
-        drawn = bands_caption([bands])
-        blocks.append(w.figure("distribution", fg.distribution(units, bands, ref, measure),
+        ref_bands = an.reference_bands(r, ref)
+        drawn = bands_caption([ref_bands])
+        blocks.append(w.figure("distribution", fg.distribution(units, ref_bands, ref, measure),
                                f"Per-example {mlabel} with {ref} (the verdict reference): a box per explainer unit "
                                "(per-layer methods at their best layer, per-head ones at their best head: chosen "
                                "after looking, so optimistic; box: quartiles and median, whiskers: 1.5 times the "

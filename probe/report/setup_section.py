@@ -17,7 +17,7 @@ from probe.report.sinks import sink_heads, sink_layers, sink_lines
 from probe.spec.parts import TargetConfig
 
 
-def _bytes(n) -> str:
+def _bytes(n) -> str:  # type: ignore[return]  # false positive: the loop returns at its last unit, TiB
     if n is None or n < 0:
         return "n/a"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -76,7 +76,7 @@ def _random_weights_row(prov_model: dict, study_model: dict) -> str:
 
 
 def setup_section(r: StudyResult, w: Writer) -> Section:
-    blocks = []
+    blocks: list = []  # Section.blocks: Para, KeyValues, Table, ...
     if r.spec.description:
         blocks.append(Para(" ".join(r.spec.description.split())))
     blocks += [Para("Model and attention contract", "h3"), KeyValues(_model_rows(r))]
@@ -172,7 +172,7 @@ def sink_blocks(r: StudyResult, w: Writer) -> list:
     for row in heads.itertuples():
         grids["sink share"][row.layer, row.head] = row.sink_share
         grids["first token a sink"][row.layer, row.head] = row.first_token
-    stacks = (r.contract or {}).get("stacks") or {}
+    stacks: dict[str, dict] = (r.contract or {}).get("stacks") or {}
     kv = next(iter(stacks.values()), {}).get("kv_head_of_query") if len(stacks) == 1 else None
     blocks.append(w.figure("sinks", fg.head_maps(grids, kv, labels={
         "sink share": "target row's mean attention on sink keys",

@@ -10,6 +10,11 @@ or one line saying there are none).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["FIRST_TOKEN_RUN", "OTHER_SINKS_SHOWN", "sink_heads", "sink_layers", "sink_lines"]
 
 #: a run of layers is named in :func:`sink_lines` when the first token is a sink in at least this
@@ -43,7 +48,7 @@ def _token_texts(tokens) -> dict | None:
     return {(int(e), int(p)): str(t) for e, p, t in zip(tokens["example"], tokens["position"], tokens["token"])}
 
 
-def sink_layers(frame, tokens=None):
+def sink_layers(frame: pd.DataFrame, tokens: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per layer, over the table's examples and heads: ``sink_share`` (the mean share of the target
     row on sink keys), ``with_sink`` (the share of (example, head) rows with at least one sink),
     ``first_token`` (the share whose first token is a sink), ``heads`` and ``examples`` counted,
@@ -62,7 +67,7 @@ def sink_layers(frame, tokens=None):
                                        "other_sinks"])
 
 
-def sink_heads(frame):
+def sink_heads(frame: pd.DataFrame) -> pd.DataFrame:
     """Per layer and head, over the examples: ``sink_share`` (mean), ``first_token`` (the share of
     examples whose first token is a sink of the head) and ``with_sink``."""
     grouped = frame.groupby(["layer", "head"], sort=True)
@@ -83,7 +88,7 @@ def _layer_ranges(layers: list[int]) -> str:
     return ", ".join(parts)
 
 
-def sink_lines(frame) -> list[str]:
+def sink_lines(frame: pd.DataFrame | None) -> list[str]:
     """Sentences naming a sink table's sinks: the runs of layers whose first token is a sink in at
     least :data:`FIRST_TOKEN_RUN` of the heads, the layers with other sinks, and the target row's
     share on sinks; one sentence saying there is none when no key is a sink anywhere."""

@@ -5,12 +5,16 @@ and the reference's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from probe.names import method_family as family
 from probe.report.analysis import best_attention_unit, best_gradient
 from probe.report.results import StudyResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -31,7 +35,7 @@ class TokenExample:
     rows: list[TokenRow]
 
 
-def unit_rows(scores, layer: int = -1, head: int = -1):
+def unit_rows(scores: pd.DataFrame, layer: int = -1, head: int = -1) -> pd.DataFrame:
     """One method's rows of the scores table as one unit reads them: its ``layer`` (and ``head``)
     where the method has layers, else, for a per-layer method read as token-level, its last layer."""
     if layer >= 0 and (scores["layer"] >= 0).any():

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 
-def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *, device=None) -> RowBatch:
+def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *,
+               device: torch.device | str | None = None) -> RowBatch:
     """Pad rows into one model batch. Rows may come from different examples and have different lengths."""
     device = device or pm.device
     pad = pm.tokenizer.pad_token_id if pm.tokenizer.pad_token_id is not None else 0
@@ -74,7 +75,8 @@ def build_rows(pm: ProbeModel, rows: list[tuple[list[int], PreparedExample]], *,
                     foil_tokens=foil_tokens(examples, tokens.shape[1], device) if tokens is not None else None)
 
 
-def foil_tokens(examples: list[PreparedExample], n_target: int, device=None) -> torch.Tensor | None:
+def foil_tokens(examples: list[PreparedExample], n_target: int,
+                device: torch.device | str | None = None) -> torch.Tensor | None:
     """``[rows, n_target]`` long: each row's contrast foil id at each of its target positions (aligned
     as ``RowBatch.target_tokens`` is), -1 where a row has no foil or no target token; None when no
     row is contrasted. Every builder of a language-model ``RowBatch`` fills ``foil_tokens`` with it."""
@@ -88,14 +90,14 @@ def foil_tokens(examples: list[PreparedExample], n_target: int, device=None) -> 
 
 
 @functools.cache
-def _class_accepts(model_class: type, name: str) -> bool:
+def _class_accepts(model_class: type[torch.nn.Module], name: str) -> bool:
     try:
         return name in inspect.signature(model_class.forward).parameters
     except (TypeError, ValueError):
         return False
 
 
-def forward_accepts(model, name: str) -> bool:
+def forward_accepts(model: torch.nn.Module, name: str) -> bool:
     """Whether the model class's forward takes ``name`` (the class, not the instance: a wrapped
     instance method would hide the signature)."""
     return _class_accepts(type(model), name)
@@ -118,14 +120,14 @@ def plain_kv_cache(pm: ProbeModel) -> bool:
 
 
 @functools.cache
-def _class_slices_logits_to_keep(model_class: type) -> bool:
+def _class_slices_logits_to_keep(model_class: type[torch.nn.Module]) -> bool:
     try:
         return "slice_logits_to_keep(" in inspect.getsource(model_class.forward)
     except (OSError, TypeError):
         return False
 
 
-def slices_logits_to_keep(model) -> bool:
+def slices_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model class's forward slices ``logits_to_keep`` with transformers' helper, which
     also takes a boolean ``[batch, positions]`` mask and returns the kept positions flattened, and
     an integer ``[batch, n]`` tensor row by row (transformers 5.17's forwards index

@@ -7,9 +7,9 @@ its texts as a list (:func:`text_list`) and examples another model prepared refu
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import pandas as pd
 import torch
@@ -20,6 +20,9 @@ from probe.rows.target import TARGET_KEYWORDS
 
 if TYPE_CHECKING:
     from probe.rows.target import PreparedExample
+
+#: a function of :mod:`probe.api` that a decorator here wraps, its signature kept
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def probe_model(pm: Any, argument: str = "pm") -> ProbeModel:
@@ -51,7 +54,15 @@ def unknown_keywords(options: Mapping[str, Any], accepted: Sequence[str], doing:
         raise InputError(f"{doing} got an unknown keyword {unknown[0]!r}; it accepts: {', '.join(accepted)}")
 
 
-def arguments_checked(function=None, /, *, passed_on: Sequence[str] = ()):
+@overload
+def arguments_checked(function: _F, /, *, passed_on: Sequence[str] = ()) -> _F: ...
+
+
+@overload
+def arguments_checked(function: None = None, /, *, passed_on: Sequence[str] = ()) -> Callable[[_F], _F]: ...
+
+
+def arguments_checked(function: _F | None = None, /, *, passed_on: Sequence[str] = ()) -> _F | Callable[[_F], _F]:
     """A decorator: ``function`` with its arguments bound before it runs: an unknown keyword, a missing
     argument or too many positional ones is one :class:`~probe.errors.InputError` line (naming the
     accepted keywords), not Python's TypeError. ``@arguments_checked`` or, for a function whose
@@ -75,7 +86,7 @@ def arguments_checked(function=None, /, *, passed_on: Sequence[str] = ()):
     doing = f"probe.{function.__name__}()"
 
     @functools.wraps(function)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not passes_on:
             unknown_keywords(kwargs, accepted, doing)
         try:
@@ -84,23 +95,23 @@ def arguments_checked(function=None, /, *, passed_on: Sequence[str] = ()):
             raise InputError(f"{doing}: {err}; its parameters: {', '.join(accepted)}") from None
         return function(*args, **kwargs)
 
-    return wrapper
+    return cast(_F, wrapper)
 
 
-def in_eval(function):
+def in_eval(function: _F) -> _F:
     """Run an API function with its model in eval mode (dropout off for every pass, the targets'
     included); the model's mode is restored afterwards."""
     import functools
 
     @functools.wraps(function)
-    def wrapper(pm, *args, **kwargs):
+    def wrapper(pm: Any, *args: Any, **kwargs: Any) -> Any:
         from probe.rows.queries import eval_mode
 
         pm = probe_model(pm)
         with eval_mode(pm.model):
             return function(pm, *args, **kwargs)
 
-    return wrapper
+    return cast(_F, wrapper)
 
 
 

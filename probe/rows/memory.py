@@ -3,11 +3,21 @@ Shared by the explainers and the interventions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import torch
 
 from probe.errors import ProbeError
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class _SplitCounter(Protocol):
+    """What :func:`halving` counts its splits on: an engine's stats (``probe.intervene.rowcache.EngineStats``)."""
+
+    oom_splits: int
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -18,7 +28,7 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-def free_memory(device) -> None:
+def free_memory(device: torch.device | str) -> None:
     import gc
 
     gc.collect()
@@ -26,7 +36,8 @@ def free_memory(device) -> None:
         torch.cuda.empty_cache()
 
 
-def halving(items: list, run, stats=None, device="cpu", what: str = "rows") -> None:
+def halving(items: list[_T], run: Callable[[list[_T]], object], stats: _SplitCounter | None = None,
+            device: torch.device | str = "cpu", what: str = "rows") -> None:
     """``run(items)``; when it runs out of memory, free what can be freed and run each half in turn
     (recursively). ``run`` must store its results only once it has them all, so a failed attempt
     leaves nothing behind and a retried item is computed exactly once. One item that does not fit
@@ -48,12 +59,13 @@ def halving(items: list, run, stats=None, device="cpu", what: str = "rows") -> N
     halving(items[half:], run, stats, device, what)
 
 
-def in_halves(items: Sequence, run, device="cpu", what: str = "examples") -> list:
+def in_halves(items: Sequence[_T], run: Callable[[list[_T], int], _R], device: torch.device | str = "cpu",
+              what: str = "examples") -> list[_R]:
     """``[run(items, 0)]``; when that runs out of memory, the results of ``run(part, start)`` on
     consecutive parts of ``items`` (halves, recursively: :func:`halving`), in item order, ``start``
     being the index of the part's first item. A part's result is kept only once it is complete,
     so no item is lost or run twice."""
-    parts: list = []
+    parts: list[_R] = []
     halving(list(range(len(items))),
             lambda chosen: parts.append(run([items[i] for i in chosen], chosen[0] if chosen else 0)),
             device=device, what=what)

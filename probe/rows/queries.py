@@ -165,7 +165,8 @@ def shared_row_batches(pm: ProbeModel, examples: Sequence[PreparedExample],
         width = max(len(g) for g in chunk)
         rows = torch.zeros((len(chunk), width), dtype=torch.long, device=own.rows.device)
         valid = torch.zeros((len(chunk), width), dtype=torch.bool, device=own.rows.device)
-        picks, n = [], 0
+        picks: list[list[tuple[int, int | None]]] = []
+        n = 0
         for r, g in enumerate(chunk):
             rows[r, : len(g)] = torch.tensor(at[n: n + len(g)], device=rows.device)
             valid[r, : len(g)] = True

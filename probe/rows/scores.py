@@ -38,14 +38,14 @@ def same_values(a: Any, b: Any) -> bool:
 def score_unit_rows(values: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One example's scores (``[layer, head, tokens]``, ``[layer, tokens]`` or ``[tokens]``) as rows
     ``[unit, tokens]`` (float64), with the layer and the head of each row (-1: the method has none)."""
-    values = values.double().numpy()
-    if values.ndim == 3:  # [layer, head, tokens]
-        n_layers, n_heads, _ = values.shape
+    array = values.double().numpy()
+    if array.ndim == 3:  # [layer, head, tokens]
+        n_layers, n_heads, _ = array.shape
         layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-        return values.reshape(n_layers * n_heads, -1), layer, head
-    if values.ndim == 2:  # [layer, tokens]
-        return values, np.arange(values.shape[0]), np.full(values.shape[0], -1)
-    return values[None], np.array([-1]), np.array([-1])  # [tokens]
+        return array.reshape(n_layers * n_heads, -1), layer, head
+    if array.ndim == 2:  # [layer, tokens]
+        return array, np.arange(array.shape[0]), np.full(array.shape[0], -1)
+    return array[None], np.array([-1]), np.array([-1])  # [tokens]
 
 @dataclass(frozen=True, repr=False)
 class TokenScores(PicklableFrozen):

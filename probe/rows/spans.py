@@ -71,11 +71,11 @@ def token_offsets(pm: ProbeModel, example: PreparedExample) -> list[tuple[int, i
         raise InputError(f"spans need character offsets, which {pm.name}'s slow tokenizer does not give: load the "
                          "model with its fast tokenizer")
     if len(example.offsets) == len(example.input_ids):  # a chat prompt's, its messages read as plain text
-        return [tuple(map(int, o)) for o in example.offsets]
+        return [(int(start), int(end)) for start, end in example.offsets]
     for add_special in (True, False):
         encoding = pm.tokenizer(example.text, return_offsets_mapping=True, add_special_tokens=add_special)
         if list(encoding["input_ids"]) == list(example.input_ids):
-            return [tuple(map(int, o)) for o in encoding["offset_mapping"]]
+            return [(int(start), int(end)) for start, end in encoding["offset_mapping"]]
     raise InputError("the example's tokens are not its text as the tokenizer encodes it (truncated, or made by hand): "
                      "spans need the text's own tokens; give shorter texts")
 
@@ -107,7 +107,8 @@ def find_spans(pm: ProbeModel, example: PreparedExample, spans: SpanSpec) -> lis
     of the character offsets given (refused past the text's end), or with :data:`ROLE_SPANS` each
     chat message; spans without a scorable token are left out."""
     spans = span_spec(spans)
-    if spans == ROLE_SPANS:
+    ranges: list[tuple[int, int, str | None]]
+    if isinstance(spans, str):  # span_spec's only text is ROLE_SPANS (a pattern comes back compiled)
         if not example.messages:
             raise InputError(f"spans={ROLE_SPANS!r} reads the messages of a chat prompt: prepare the texts with "
                              "chat=True (a conversation is a list of {'role': ..., 'content': ...})")

@@ -23,7 +23,9 @@ def target_values(pm: ProbeModel, batch: RowBatch, logits: torch.Tensor) -> torc
     logits = logits.float()
     if pm.task.embeds:  # logits: [rows, hidden] pooled embeddings
         if batch.examples[0].kind == "similarity":
-            reference = torch.stack([e.reference_embedding for e in batch.examples]).to(logits.device)  # [rows, hidden]
+            reference = torch.stack(
+                [e.reference_embedding for e in batch.examples]  # type: ignore[misc]  # set on every similarity example
+            ).to(logits.device)  # [rows, hidden]
             return torch.nn.functional.cosine_similarity(logits, reference, dim=-1)
         dims = torch.tensor([e.label for e in batch.examples], device=logits.device)
         return logits.gather(1, dims[:, None])[:, 0]

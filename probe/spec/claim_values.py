@@ -140,5 +140,5 @@ def parse_layer_window(value: Any) -> tuple[tuple[int | str, int | str] | None, 
     if match is None:
         raise ValueError(f"{show(value)} is not a layer window: give an index, first, last, a range 'A-B' "
                          "(inclusive, e.g. '10-14' or '10-last') or a list of indices")
-    ends = tuple(v if v in LAYER_WORDS else int(v) for v in match.groups())
-    return ends, ()
+    first, last = (v if v in LAYER_WORDS else int(v) for v in match.groups())
+    return (first, last), ()

@@ -463,8 +463,8 @@ class Study(SpecModel):
                  "edges), not spans; remove spans or metrics.heads_causal", at=["metrics", "heads_causal"])
         if self.spans is not None:
             for name in self.references:
-                entry = method_entry(name)
-                if entry.family == "intervention" and not entry.has_span_form:
+                registered = method_entry(name)
+                if registered.family == "intervention" and not registered.has_span_form:
                     fail(f"{name} has no span form (a span is deleted or replaced by the mask, unk or pad token, or "
                           "is a Shapley player); use loo_delete, loo_mask, loo_unk, loo_pad or shapley as the "
                           "reference, or remove spans", at=["references"])

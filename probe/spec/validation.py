@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError, ValidationInfo
@@ -61,7 +61,7 @@ class SpecFile:
 # ------------------------------------------------------------------------------------ small helpers
 
 
-def fail(message: str, at: Sequence[str | int] = (), item: Sequence[str | int] = ()):
+def fail(message: str, at: Sequence[str | int] = (), item: Sequence[str | int] = ()) -> NoReturn:
     """Raise a validation error with a finished ``message``.
 
     ``at`` extends the error's location (shown in the message and used for the line number);
@@ -404,7 +404,7 @@ def find_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def section_keys(model: type) -> list[str]:
+def section_keys(model: type[BaseModel]) -> list[str]:
     """A section's keys in the order a user reads them: a dataset section's source key first."""
     keys = list(model.model_fields)
     lead = getattr(model, "source_key", "")

@@ -46,7 +46,7 @@ __all__ = ["ForwardCounter", "peak_memory", "run_batch"]
 class ForwardCounter:
     """Counts model calls and rows (a pre-hook on the model: captum's and the engine's calls alike)."""
 
-    def __init__(self, model):
+    def __init__(self, model: torch.nn.Module):
         self.calls = 0
         self.rows = 0
         self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
@@ -62,7 +62,7 @@ class ForwardCounter:
             if args and hasattr(args[0], "shape"):
                 self.rows += int(args[0].shape[0])
 
-    def close(self):
+    def close(self) -> None:
         self._handle.remove()
 
 
@@ -157,7 +157,7 @@ def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample]
     if shared:  # one gradient pass serves them all
         scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared)))
     for method in (m for m in needed if m not in scores):
-        scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,
+        scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,  # type: ignore[misc]  # mypy cannot infer a lambda with a default (python/mypy#15459)
                                                                    params=study.params.get(m)))
     return scores
 
@@ -179,7 +179,7 @@ def _span_units(pm: ProbeModel, study: Study, examples: list[PreparedExample], t
         if not method_entry(name).has_span_form:
             scores[name] = folded_scores(result, found, study.spans.aggregate)
             continue
-        by_example = timed(f"{name} (spans)", lambda m=name: span_reference(engine, examples, found, m,
+        by_example = timed(f"{name} (spans)", lambda m=name: span_reference(engine, examples, found, m,  # type: ignore[misc]  # mypy cannot infer a lambda with a default (python/mypy#15459)
                                                                             study.params.get(m)))
         scores[name] = TokenScores(name, [torch.from_numpy(v.astype(np.float32)) for v in by_example],
                                    params=result.params)
@@ -193,7 +193,7 @@ def _baselines(study: Study, examples: list[PreparedExample]) -> dict[str, Token
     """The study's baseline rankings (``uniform`` needs no scores: its agreement is known)."""
     from probe.intervene.erasure import random_ranking
 
-    baselines = {}
+    baselines: dict[str, TokenScores | None] = {}
     if "random" in study.metrics.baselines:
         baselines["random"] = random_ranking(examples, study.statistics.seed)
     if "position" in study.metrics.baselines:

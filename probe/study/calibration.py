@@ -14,6 +14,7 @@ bootstrap intervals, which are shown and decide nothing, are those of the study'
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -21,12 +22,19 @@ from probe.study import decide
 from probe.study.summary import ceiling_p, chance_frame, judge_tables
 from probe.study.units import family_answers, with_chance
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from probe.spec.study import Study
+    from probe.study.sanity import Check
+
 __all__ = ["CALIBRATION_COLUMNS", "calibration", "calibration_summary", "folder_calibration", "read_folder"]
 
 CALIBRATION_COLUMNS = ["seed", "answer", "layer_units", "heads", "tracking", "above_chance", "near_alpha"]
 
 
-def calibration(tables: dict, study, *, dtype: str, sanity: Sequence = (), seeds: Iterable[int] = range(200)) -> pd.DataFrame:
+def calibration(tables: dict, study: Study, *, dtype: str, sanity: Sequence = (),
+                seeds: Iterable[int] = range(200)) -> pd.DataFrame:
     """One row per statistics seed: the verdict's ``answer`` there, how many layer-level units and
     heads of the headline family track, and which (``tracking``, ``; ``-joined unit names), and how
     many of its units pass rule 1 alone (``above_chance``: the statistic's own false positives on a
@@ -78,7 +86,7 @@ def calibration_summary(frame: pd.DataFrame, expected_units: Sequence[str] = ())
     return out
 
 
-def read_folder(folder) -> tuple[dict, object, str, list]:
+def read_folder(folder: str | Path) -> tuple[dict[str, pd.DataFrame], Study, str, list[Check]]:
     """A finished study's merged tables, its study, its dtype (``provenance.json``) and its sanity
     checks (``sanity.parquet``): everything :func:`judge_tables` needs, no model."""
     import json
@@ -102,7 +110,7 @@ def read_folder(folder) -> tuple[dict, object, str, list]:
     return tables, study, dtype, checks
 
 
-def folder_calibration(folder, seeds: Iterable[int] = range(200)) -> pd.DataFrame:
+def folder_calibration(folder: str | Path, seeds: Iterable[int] = range(200)) -> pd.DataFrame:
     """:func:`calibration` of a finished study's result folder (:func:`read_folder`): nothing
     recomputed but the statistics."""
     tables, study, dtype, checks = read_folder(folder)

@@ -35,6 +35,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,9 @@ from probe.metrics.nulls import (
     permutation_means_many,
 )
 from probe.study.steps import is_stepwise
+
+if TYPE_CHECKING:
+    from probe.spec.study import Study
 
 __all__ = ["CHANCE_COLUMNS", "MC_MAX_PERMUTATIONS", "MC_RISK", "MOMENT_PERMUTATIONS", "ChanceFamily",
            "chance_families", "stage_seed", "test_families"]
@@ -285,7 +289,7 @@ def _draw(families: Sequence[ChanceFamily], permutations: int, seed: int) -> lis
     return out
 
 
-def chance_families(tables: dict, agreement: pd.DataFrame, study, measure: str, units: pd.DataFrame, *,
+def chance_families(tables: dict, agreement: pd.DataFrame, study: Study, measure: str, units: pd.DataFrame, *,
                     role: str = "explainer", reference: str | None = None) -> list[ChanceFamily]:
     """The :class:`ChanceFamily` of every family of ``units`` (columns ``explainer``, ``layer``,
     ``head`` and ``family``), compared with ``reference`` (default the verdict's) in the rows of

@@ -10,7 +10,7 @@ not change the reference) is ``not informative``, which is no failure.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -229,7 +229,7 @@ def _sample_top(study: Study, reference, scored) -> int | None:
     return 1 if top1 / total >= CONCENTRATED else (2 if top2 / total >= CONCENTRATED else None)
 
 
-def sanity_table(checks) -> pd.DataFrame:
+def sanity_table(checks: Iterable[S.Check]) -> pd.DataFrame:
     """One row per check: ``layer`` and ``head`` name the unit of a per-unit check (-1: the whole method)."""
     return pd.DataFrame([{**c.to_dict(), "curve": repr([list(p) for p in c.curve])} for c in checks],
                         columns=["method", "check", "status", "value", "detail", "curve", "layer", "head"])
@@ -268,7 +268,7 @@ def with_left_out(summary: pd.DataFrame, agreement: pd.DataFrame, left_out: pd.D
 # --------------------------------------------------------------------------- redundancy
 
 
-def unit_rankings(scores: pd.DataFrame, tokens: pd.DataFrame, methods) -> dict[str, list[np.ndarray]]:
+def unit_rankings(scores: pd.DataFrame, tokens: pd.DataFrame, methods: Iterable[str]) -> dict[str, list[np.ndarray]]:
     """Layer-level and token-level units of ``methods`` -> one score vector per example (scored tokens)."""
     scored = tokens[tokens.scored][["example", "position"]]
     frame = scores[scores.method.isin(list(methods)) & (scores["head"] < 0)].merge(scored, on=["example", "position"])
@@ -281,7 +281,7 @@ def unit_rankings(scores: pd.DataFrame, tokens: pd.DataFrame, methods) -> dict[s
     return out
 
 
-def redundancy(tables: dict, study) -> list[dict]:
+def redundancy(tables: dict, study: Study) -> list[dict]:
     """Groups of the study's explainer units that rank tokens identically (:func:`S.redundancy_groups`)."""
     if "scores" not in tables or "tokens" not in tables:
         return []

@@ -33,12 +33,16 @@ Torch-free: it reads the tables a study stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 import pandas as pd
 
 from probe.display import shown_token
 from probe.names import method_family
+
+if TYPE_CHECKING:
+    from probe.spec.study import Study
 
 NOISE_ULPS = 16  # the noise floor in machine epsilons of the target's scale
 CONCENTRATED = 0.8  # share of the reference's |effect| on the top 1 (or 2) tokens that makes it sparse
@@ -51,7 +55,15 @@ EPS = {"fp32": float(np.finfo(np.float32).eps), "float32": float(np.finfo(np.flo
        "float16": float(np.finfo(np.float16).eps)}
 
 
-def noise_floor(scale, eps: float = EPS["fp32"]):
+@overload
+def noise_floor(scale: float, eps: float = ...) -> float: ...
+
+
+@overload
+def noise_floor(scale: np.ndarray, eps: float = ...) -> np.ndarray: ...
+
+
+def noise_floor(scale: float | np.ndarray, eps: float = EPS["fp32"]) -> float | np.ndarray:
     """The noise floor of an effect on a target of magnitude ``scale`` (a float or an array):
     :data:`NOISE_ULPS` machine epsilons ``eps`` of it."""
     return NOISE_ULPS * eps * scale
@@ -128,7 +140,7 @@ def reference_profile(tables: dict, method: str, dtype: str) -> ReferenceProfile
                             bool(float(peak.max()) == 0.0), share(top1), share(top2), effect_floor, small)
 
 
-def profiles(tables: dict, study, dtype: str) -> dict[str, ReferenceProfile]:
+def profiles(tables: dict, study: Study, dtype: str) -> dict[str, ReferenceProfile]:
     """A profile per intervention reference of the study."""
     if "scores" not in tables or "tokens" not in tables:
         return {}

@@ -18,7 +18,7 @@ from probe.patterns import user_pattern
 from probe.rows.prepare import prepare
 from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetSpec, sources, target_from
 from probe.rows.values import evaluate
-from probe.spec.parts import DatasetSpec, ExampleDraw, Filters, TargetConfig
+from probe.spec.parts import DatasetSpec, DataSpec, ExampleDraw, Filters, TargetConfig
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -101,7 +101,7 @@ def select_examples(pm: ProbeModel, data: ExampleDraw, target: TargetConfig) -> 
     file's ``texts`` are taken as written (the first ``n``). The study refuses an ``n`` larger than
     what is left in its own words; the audit leaves that to :func:`probe.data.take`.
     """
-    if data.source is None:  # a claim file's texts
+    if isinstance(data, DataSpec) and data.texts is not None:  # a claim file's texts (its source is None)
         items = [Example(f"text-{i}", text, None) for i, text in enumerate(data.texts)]
         return (items[: data.n] if data.n is not None else items), {}
     name = data.source

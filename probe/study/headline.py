@@ -6,11 +6,15 @@ Built from the verdict's fields (:func:`probe.study.summary.verdict`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from probe.names import unit_name
 
+if TYPE_CHECKING:
+    from probe.spec.study import Study
 
-def reference_words(ref: str, study) -> str:
+
+def reference_words(ref: str, study: Study) -> str:
     """``signed loo_delete`` or ``|loo_delete|``: how the verdict reference is compared."""
     return f"|{ref}|" if ref in set(study.metrics.absolute) else f"signed {ref}"
 
@@ -39,7 +43,7 @@ FAMILY_WORDS = {"yes": "tracks", "heads only": "tracks in single heads only", "n
                 "undecidable": "cannot be decided"}
 
 
-def headline(model: str, v: dict, study, mixing: str = "attention") -> str:
+def headline(model: str, v: dict, study: Study, mixing: str = "attention") -> str:
     """The verdict's first sentences from its fields ``v``: the answer, the units that pass, the best
     ones, the other families, chance, the random ranking, the gradient bar and the ceiling."""
     ref, measure = v["reference"], v["measure"]
@@ -80,7 +84,7 @@ def headline(model: str, v: dict, study, mixing: str = "attention") -> str:
     return " ".join(parts)
 
 
-def verdict_headline(model: str, v: dict, study, mixing: str, *, unreliable: dict, unreliable_units: dict,
+def verdict_headline(model: str, v: dict, study: Study, mixing: str, *, unreliable: dict, unreliable_units: dict,
                      redundant: Sequence[dict]) -> str:
     """The whole headline: :func:`headline`, then the methods and units that failed their checks, the
     units above the ceiling, the warnings and the groups of identical rankings."""

@@ -80,6 +80,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -90,6 +91,9 @@ from probe.metrics.statistics import summarize_groups
 from probe.names import measure_columns, unit_name
 from probe.study.decide import EPS, MIN_EXAMPLES, noise_floor
 from probe.study.steps import is_stepwise, per_source
+
+if TYPE_CHECKING:
+    from probe.spec.study import HeadsCausalSpec, Study
 
 __all__ = ["ANSWER_WORDS", "EXPLAINER", "FAMILY", "RULE", "UNIT_COLUMNS", "Compared", "HeadsCausal", "edge_agreement",
            "heads_causal", "mechanical_weight", "null_effects", "top_share_overlap"]
@@ -124,7 +128,7 @@ class HeadsCausal:
     record: dict
 
 
-def _wanted(measure: str, study) -> bool:
+def _wanted(measure: str, study: Study) -> bool:
     chosen = set(study.metrics.agreement)
     if measure.startswith("kendall"):
         return "kendall" in chosen
@@ -139,7 +143,7 @@ def _scale(examples: pd.DataFrame) -> tuple[pd.Series, float]:
     return values, (scale if np.isfinite(scale) and scale > 0 else 1.0)
 
 
-def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study, dtype: str
+def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study: Study, dtype: str
                    ) -> tuple[pd.DataFrame, pd.DataFrame, list[Compared]]:
     """Per (example, head): the agreement of the head's attention row with its own edges' knockout
     effects (every measure the study computes), on the tokens both score.
@@ -184,7 +188,7 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study, dtype: st
                 values[f"top{int(k)}"] = np.array([float(top_share_overlap(x[u, mask], y[u, mask][None, :], int(k))[0])
                                                    for u in members])
             for j, u in enumerate(members):
-                row = {"example": example, "layer": int(units[u, 0]), "head": int(units[u, 1]),
+                row: dict[str, int | float] = {"example": example, "layer": int(units[u, 0]), "head": int(units[u, 1]),
                        "n_tokens": int(mask.sum())}
                 row.update({key: float(v[j]) for key, v in values.items() if _wanted(key, study)})
                 records.append(row)
@@ -306,7 +310,7 @@ def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool, shift: 
     return m[None, :] * values
 
 
-def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec) -> np.ndarray:
+def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec: HeadsCausalSpec) -> np.ndarray:
     """``[permutations + 1, n]``: row 0 the compared effects as stored, then the null draws kept from
     the candidate ``keys`` (those whose largest |effect| clears the example's noise floor)."""
     effects = null_effects(item, keys, renormalise=spec.renormalise, shift=spec.absolute)  # [pool, n]
@@ -319,7 +323,7 @@ def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec) -> np.
 
 
 def _chance(compared: list[Compared], owners: Mapping[int, int], units: pd.DataFrame, measure: str,
-            study) -> pd.DataFrame:
+            study: Study) -> pd.DataFrame:
     """Per tested head: ``chance_mean``, ``chance_high`` (the null's 95th percentile), ``p_chance`` and
     ``p_family`` (max-T over the heads) of its mean measure under the null of the module docstring."""
     spec, st = study.metrics.heads_causal, study.statistics
@@ -356,7 +360,7 @@ def _chance(compared: list[Compared], owners: Mapping[int, int], units: pd.DataF
                          "p_chance": test["p_raw"], "p_family": test["p_family"], "null": "permutation"})
 
 
-def heads_causal(tables: Mapping[str, pd.DataFrame], study, *, measure: str, dtype: str,
+def heads_causal(tables: Mapping[str, pd.DataFrame], study: Study, *, measure: str, dtype: str,
                  unreliable: Mapping[str, list] | None = None,
                  unreliable_units: Mapping[tuple, list] | None = None, token_answer: str | None = None) -> HeadsCausal:
     """The per-head causal test (module docstring) from a study's stored tables: ``head_edges`` and
@@ -435,7 +439,7 @@ def _fmt(d: dict) -> str:
     return f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
 
 
-def _record(units: pd.DataFrame, study, measure: str, token_answer: str | None, n_pairs: int) -> dict:
+def _record(units: pd.DataFrame, study: Study, measure: str, token_answer: str | None, n_pairs: int) -> dict:
     spec = study.metrics.heads_causal
     st = study.statistics
     counts = {key: int((units.answer == key).sum()) for key in (MATTERS, NOT, UNDECIDABLE)}

@@ -203,7 +203,7 @@ def _files_change(old: dict, new: dict) -> str:
     return "; ".join(said)
 
 
-def weights_digest(path) -> str | None:
+def weights_digest(path: str | Path | None) -> str | None:
     """sha256 over the model folder's weight files (name and content), or None without a folder."""
     folder = Path(path) if path else None
     if folder is None or not folder.is_dir():

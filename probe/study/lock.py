@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,7 +44,7 @@ def _describe(path: Path) -> str:
 
 
 @contextmanager
-def _flock(path: Path, exclusive: bool, wait: bool, what: str, log) -> Iterator[None]:
+def _flock(path: Path, exclusive: bool, wait: bool, what: str, log: Callable[[str], None]) -> Iterator[None]:
     import fcntl
 
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -82,7 +82,7 @@ def _flock(path: Path, exclusive: bool, wait: bool, what: str, log) -> Iterator[
 
 @contextmanager
 def folder_lock(folder: str | Path, *, shard: tuple[int, int] | None = None, wait: bool = False,
-                log=None) -> Iterator[None]:
+                log: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the lock on ``folder`` (which must exist) for the ``with`` block.
 
     Another holder: ``InputError`` naming it (pid, host, start time, command), or with ``wait``

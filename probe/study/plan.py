@@ -4,20 +4,24 @@ the members of its ceilings, its erasure rankings). Used by the runner and by th
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from probe.errors import InputError
 from probe.names import method_family as family
 
+if TYPE_CHECKING:
+    from probe.spec.study import Study
 
-def ceiling_pairs(study) -> list[tuple[str, str]]:
+
+def ceiling_pairs(study: Study) -> list[tuple[str, str]]:
     """Pairs of references (and gradient vs intervention) whose agreement bounds what to expect."""
     if study.metrics.ceilings is not None:
-        return [tuple(p) for p in study.metrics.ceilings]
+        return [(a, b) for a, b in study.metrics.ceilings]
     refs = list(study.references)
     return [(a, b) for j, b in enumerate(refs) for a in refs[:j]]
 
 
-def methods_needed(study) -> list[str]:
+def methods_needed(study: Study) -> list[str]:
     names = list(dict.fromkeys([*study.explainers, *study.references]))
     for a, b in ceiling_pairs(study):
         names += [m for m in (a, b) if m not in names]
@@ -29,7 +33,7 @@ def methods_needed(study) -> list[str]:
     return names
 
 
-def erasure_rankings(study) -> list[str]:
+def erasure_rankings(study: Study) -> list[str]:
     spec = study.metrics.erasure
     if spec.rankings:
         return list(spec.rankings)

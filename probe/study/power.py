@@ -31,8 +31,13 @@ Torch-free: it reads the per-example agreement a study stored.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from numpy.typing import ArrayLike
 
 __all__ = ["NOT_WORSE", "N_NEEDED_CAP", "POWER", "UNDECIDED", "WORSE", "family_state", "margin_of", "n_needed",
            "n_needed_text", "rule2_state", "undecided_why"]
@@ -62,7 +67,7 @@ def rule2_state(ci_low: float, ci_high: float, margin: float) -> str:
     return UNDECIDED
 
 
-def n_needed(diffs, margin: float, alpha: float, power: float = POWER) -> int:
+def n_needed(diffs: ArrayLike, margin: float, alpha: float, power: float = POWER) -> int:
     """About how many examples would decide rule 2 for paired differences like ``diffs`` (the unit's
     per-example unit - bar): the n at which a one-sided test at ``alpha`` has ``power`` to place the
     interval on one side of -margin, for the observed mean and standard deviation,
@@ -90,7 +95,7 @@ def n_needed_text(n: int) -> str:
     return f"more than {N_NEEDED_CAP:,}" if n > N_NEEDED_CAP else f"about {n:,}"
 
 
-def family_state(rows) -> tuple[str, str | None, int | None]:
+def family_state(rows: pd.DataFrame) -> tuple[str, str | None, int | None]:
     """A verdict family's answer from its per-unit tests (``rows``: ``head``, ``tracks``,
     ``undecided`` and rule 2's columns), why when it is undecidable, and about how many examples
     would decide rule 2 for the deciding units (None where rule 2 is not what is open). Yes when a
@@ -110,14 +115,14 @@ def family_state(rows) -> tuple[str, str | None, int | None]:
     return "no", None, None
 
 
-def _undecidable(open_, what: str) -> tuple[str, str, int | None]:
+def _undecidable(open_: pd.DataFrame, what: str) -> tuple[str, str, int | None]:
     need = None
     if "rule2" in open_.columns and (open_.rule2 == UNDECIDED).any():
         need = int(open_[open_.rule2 == UNDECIDED].n_needed.max())
     return "undecidable", undecided_why(open_, what), need
 
 
-def undecided_why(rows, what: str) -> str:
+def undecided_why(rows: pd.DataFrame, what: str) -> str:
     """Why units that might track carry no answer: rule 2 cannot tell (with the n that would
     decide), gradients were not compared, or rule 1 stays within Monte Carlo error of alpha."""
     n = int(rows.n.max())

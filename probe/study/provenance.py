@@ -16,6 +16,7 @@ from probe.study.steps import is_stepwise
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.spec.study import Study
     from probe.study.store import ResultStore
 
 
@@ -55,7 +56,7 @@ def source_commit() -> str | None:
     return head.stdout.strip() + ("+" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
-def provenance(store: ResultStore, study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict,
+def provenance(store: ResultStore, study: Study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict,
                load_seconds: float, phases: Mapping[str, float] | None = None) -> dict:
     """What the run was and how it went: versions, the model and its weights' hash, the data, the
     seconds of each step over the batches (``step_seconds``) and of what ran once after them

@@ -35,6 +35,7 @@ from probe.study.weights import cascade_steps, head_parameters, layer_stack, ran
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.rows.target import PreparedExample
 
 RANDOMISATION_LIMIT = 0.5  # Spearman with the trained scores once the top half of layers is random
 RANDOM_DRAWS = 3  # draws of random weights per cascade step, averaged
@@ -69,7 +70,7 @@ def _mean_spearman(trained: Sequence[np.ndarray], values: Sequence[np.ndarray],
 
 
 
-def randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *,
+def randomisation(pm: ProbeModel, examples: Sequence[PreparedExample], scorers: Mapping[str, Callable], *,
                   fractions: Sequence[float] = (0.5,), seed: int = 0,
                   trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
                   reference: tuple[str, Callable] | ReferenceRuns | None = None,
@@ -230,8 +231,8 @@ def _unit_rows(values: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]
 
 
 
-def unit_randomisation(pm: ProbeModel, examples, scorers: Mapping[str, Callable], *, seed: int = 0,
-                       trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
+def unit_randomisation(pm: ProbeModel, examples: Sequence[PreparedExample], scorers: Mapping[str, Callable], *,
+                       seed: int = 0, trained_scores: Mapping[str, Sequence[torch.Tensor]] | None = None,
                        reference: tuple[str, Callable] | ReferenceRuns | None = None,
                        scored: Sequence[Sequence[bool]] | None = None, top: int | None = None,
                        draws: int = RANDOM_DRAWS, step: Callable[[], None] | None = None) -> list[Check]:

@@ -16,6 +16,8 @@ from probe.study.weights import layer_stack
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.rows.scores import TokenScores
+    from probe.rows.target import PreparedExample
 
 #: bytes of layer outputs :class:`ReferenceRuns` keeps from the reference's trained run to replay
 REPLAY_BYTES = 2**29
@@ -73,10 +75,12 @@ def _has_state(args: Sequence, kwargs: Mapping) -> bool:
     """A layer call that reads or writes a cache (its effect is more than its output)."""
     try:
         from transformers.cache_utils import Cache
+
+        caches: tuple[type, ...] = (Cache,)
     except ImportError:  # pragma: no cover - transformers is a dependency
-        Cache = ()  # noqa: N806
+        caches = ()
     values = [*args, *kwargs.values()]
-    return (any(isinstance(v, Cache) for v in values)
+    return (any(isinstance(v, caches) for v in values)
             or any(kwargs.get(name) is not None for name in _STATE_ARGUMENTS))
 
 
@@ -97,15 +101,15 @@ class ReferenceRuns:
     The cascade (:func:`probe.study.randomisation.randomisation`) re-initialises the head and the top
     layers only: at its head step no layer runs again, at half the layers half of them do."""
 
-    def __init__(self, pm: ProbeModel, examples, name: str, scorer: Callable, *, replay: bool = True,
-                 max_bytes: int | None = None):
+    def __init__(self, pm: ProbeModel, examples: Sequence[PreparedExample], name: str, scorer: Callable, *,
+                 replay: bool = True, max_bytes: int | None = None):
         self.pm = pm
         self.examples = examples
         self.name = name
         self.scorer = scorer
         self.max_bytes = int(REPLAY_BYTES if max_bytes is None else max_bytes)
         self.layers = layer_stack(pm.model, pm.contract.n_layers) if replay else None
-        self._trained = None
+        self._trained: TokenScores | None = None
         self._error: ProbeError | None = None
         self._kept: dict[tuple, list] = {}
         self._bytes = 0
@@ -118,7 +122,7 @@ class ReferenceRuns:
         """Bytes of layer outputs kept from the trained run (0 where nothing can be replayed)."""
         return self._bytes
 
-    def trained(self):
+    def trained(self) -> TokenScores:
         """The reference on the trained model (computed on the first call, with the outputs of every
         layer kept for :meth:`randomised`; a ProbeError it raised is raised again)."""
         if self._error is not None:
@@ -132,7 +136,7 @@ class ReferenceRuns:
                 raise
         return self._trained
 
-    def randomised(self, changed: Sequence[torch.nn.Parameter]):
+    def randomised(self, changed: Sequence[torch.nn.Parameter]) -> TokenScores:
         """The reference while ``changed`` hold re-initialised values (the caller's block): the
         layers below the lowest one holding a changed parameter are replayed from the trained run."""
         boundary = self._boundary(changed)
@@ -259,7 +263,8 @@ class ReferenceRuns:
                 handle.remove()
 
 
-def reference_runs(pm: ProbeModel, examples, reference) -> ReferenceRuns | None:
+def reference_runs(pm: ProbeModel, examples: Sequence[PreparedExample],
+                   reference: tuple[str, Callable] | ReferenceRuns | None) -> ReferenceRuns | None:
     """``reference`` as :class:`ReferenceRuns` (a ``(name, scorer)`` pair is wrapped)."""
     if reference is None or isinstance(reference, ReferenceRuns):
         return reference

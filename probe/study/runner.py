@@ -38,6 +38,8 @@ from probe.study.summary import finalize
 from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
+    from tqdm.std import tqdm
+
     from probe.models.core import ProbeModel
     from probe.spec.study import Study
 
@@ -262,7 +264,7 @@ def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[lis
 
         bar = progress_bar(total=sum(len(batches[b]) for b in mine),
                            initial=sum(len(batches[b]) for b in mine if b in done), unit="ex", desc=study.name)
-    computed = []
+    computed: list[int] = []
     try:
         for b in todo:
             if stop_after is not None and len(computed) >= stop_after:
@@ -293,7 +295,7 @@ class _FinishBar:
 
     def __init__(self, name: str):
         self.name = name
-        self.bar = None
+        self.bar: tqdm | None = None
 
     def _open(self, total: int) -> None:
         from probe.progress import progress_bar

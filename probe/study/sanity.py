@@ -64,6 +64,8 @@ from probe.errors import ProbeError
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
+    from probe.rows.scores import TokenScores
+    from probe.rows.target import PreparedExample
 
 DEGENERACY_TOLERANCE = 1e-4  # relative: below this the invariance holds to float precision
 COMPLETENESS_TOLERANCE = 0.05  # |delta| / |f(x) - f(baseline)|, median over the sample
@@ -174,7 +176,8 @@ def _site_gradients(pm: ProbeModel, examples, site_name: str | None):
     return site, x, g, w, gw, mask
 
 
-def degeneracy(pm: ProbeModel, examples, methods: Sequence[str], *, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+def degeneracy(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str], *,
+               params: Mapping[str, Mapping] | None = None) -> list[Check]:
     """The degeneracy checks of the gradient ``methods`` at each one's site (module docstring)."""
     params = params or {}
     checks = []
@@ -232,7 +235,8 @@ def constant_scores(method: str, scores: Sequence[torch.Tensor], scored: Sequenc
 # --------------------------------------------------------------------------- completeness
 
 
-def completeness(pm: ProbeModel, examples, result, *, params: Mapping | None = None) -> Check:
+def completeness(pm: ProbeModel, examples: Sequence[PreparedExample], result: TokenScores, *,
+                 params: Mapping | None = None) -> Check:
     """Completeness of a path method (registry ``completeness``: integrated gradients) on ``result``
     (its convergence deltas in ``extras``); when too far off, the steps that would do, found by
     running the method's own registry entry with more steps."""
@@ -263,7 +267,7 @@ def completeness(pm: ProbeModel, examples, result, *, params: Mapping | None = N
                  f"median |delta| / |f(x) - f(baseline)| = {relative:.3f} at {steps} steps{more}")
 
 
-def _relative_delta(result) -> float | None:
+def _relative_delta(result: TokenScores) -> float | None:
     extras = result.extras
     delta = np.abs(np.asarray(extras["convergence_delta"], dtype=float))
     gap = np.abs(np.asarray(extras["target_value"], dtype=float) - np.asarray(extras["baseline_value"], dtype=float))
@@ -350,7 +354,8 @@ def redundancy_groups(rankings: Mapping[str, Sequence[np.ndarray]], *, share: fl
 # --------------------------------------------------------------------------- for one explained input
 
 
-def explain_checks(pm: ProbeModel, examples, results: Mapping, params: Mapping[str, Mapping] | None = None) -> list[Check]:
+def explain_checks(pm: ProbeModel, examples: Sequence[PreparedExample], results: Mapping[str, TokenScores],
+                   params: Mapping[str, Mapping] | None = None) -> list[Check]:
     """The checks that fit one ``probe explain`` call (no randomisation: it would rerun every
     method several times): degeneracy of the gradient methods, constant scores, IG completeness."""
     from probe.names import method_family
@@ -428,7 +433,7 @@ class ScoreFlag:
                    tuple(int(i) for i in record.get("examples", ())), tuple(str(n) for n in record.get("notes", ())))
 
 
-def completeness_flag(result) -> ScoreFlag | None:
+def completeness_flag(result: TokenScores) -> ScoreFlag | None:
     """The examples on which a path method (registry ``completeness``) breaks completeness: |delta|
     above ``tolerance`` x |f(x) - f(baseline)| (the method's ``tolerance``, which ``steps: auto``
     records, else its default) and above the absolute floor ``steps: auto`` uses; where ``steps:
@@ -461,7 +466,7 @@ def completeness_flag(result) -> ScoreFlag | None:
                      f"{len(extras['convergence_delta'])} examples{more}", tuple(bad), tuple(notes))
 
 
-def constant_flag(result, examples) -> ScoreFlag | None:
+def constant_flag(result: TokenScores, examples: Sequence[PreparedExample]) -> ScoreFlag | None:
     """The examples whose scored tokens (not special, finite) all have the same score, zero
     included, to float precision (as :func:`constant_scores` counts them); None when none do."""
     bad, notes = [], []
@@ -481,7 +486,7 @@ def constant_flag(result, examples) -> ScoreFlag | None:
                      tuple(bad), tuple(notes))
 
 
-def score_flags(examples, results: Mapping) -> list[ScoreFlag]:
+def score_flags(examples: Sequence[PreparedExample], results: Mapping[str, TokenScores]) -> list[ScoreFlag]:
     """The marks that need no model: completeness per example (path methods) and constant scores
     per example (every method but the interventions, whose all-zero effect can be the truth)."""
     from probe.names import method_family
@@ -497,7 +502,8 @@ def score_flags(examples, results: Mapping) -> list[ScoreFlag]:
     return flags
 
 
-def explanation_flags(pm: ProbeModel, examples, results: Mapping) -> list[ScoreFlag]:
+def explanation_flags(pm: ProbeModel, examples: Sequence[PreparedExample],
+                      results: Mapping[str, TokenScores]) -> list[ScoreFlag]:
     """:func:`score_flags`, and the degeneracy of each gradient method that sums over the hidden
     axis (registry ``reduction == "sum"``) on the word embedding where it enters a norm inside the
     embeddings module (BERT family), the one place the invariance it measures is exact (one gradient

@@ -12,8 +12,12 @@ encoder-decoder) the same functions check the loaded model's contract as the run
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from probe.errors import InputError
+
+if TYPE_CHECKING:
+    from probe.spec.study import CounterfactualSpec, HeadsCausalSpec, Study
 
 
 def _layer_indices(layers, n_layers: int) -> list:
@@ -22,7 +26,7 @@ def _layer_indices(layers, n_layers: int) -> list:
                                                           for layer in layers]
 
 
-def counterfactual_sites(spec, n_layers: int, n_heads: int) -> list[tuple[int, int | None]]:
+def counterfactual_sites(spec: CounterfactualSpec, n_layers: int, n_heads: int) -> list[tuple[int, int | None]]:
     """The (layer, head) sites ``metrics.counterfactual`` replaces attention at (head None: the whole
     layer), in a stack of ``n_layers`` layers and ``n_heads`` query heads; one line for one it lacks."""
     sites: list[tuple[int, int | None]] = []
@@ -39,7 +43,7 @@ def counterfactual_sites(spec, n_layers: int, n_heads: int) -> list[tuple[int, i
     return sites
 
 
-def heads_causal_window(spec, n_layers: int, n_heads: int) -> tuple[list[int], list[int]]:
+def heads_causal_window(spec: HeadsCausalSpec, n_layers: int, n_heads: int) -> tuple[list[int], list[int]]:
     """The layers and query heads the per-head causal test (``metrics.heads_causal``) covers;
     one line naming one the model lacks."""
     layers = _layer_indices(spec.layers, n_layers)
@@ -55,7 +59,7 @@ def heads_causal_window(spec, n_layers: int, n_heads: int) -> tuple[list[int], l
     return sorted(set(layers)), sorted(set(heads))
 
 
-def _checks(study, n_layers: int, n_heads: int) -> list[tuple[tuple[str, ...], object]]:
+def _checks(study: Study, n_layers: int, n_heads: int) -> list[tuple[tuple[str, ...], object]]:
     """(key path in the study file, a check that raises for an index the model lacks), in file order."""
     from probe.intervene.knockout import knockout_window
     from probe.study.plan import methods_needed
@@ -84,7 +88,7 @@ def _checks(study, n_layers: int, n_heads: int) -> list[tuple[tuple[str, ...], o
     return checks
 
 
-def check_sizes(study, file: str | Path | None = None) -> None:
+def check_sizes(study: Study, file: str | Path | None = None) -> None:
     """Refuse, before the model loads, a layer or head index of ``study`` that its model lacks, where
     the model's config gives its size (:func:`probe.models.loading.config_sizes`); ``file``: the study
     file, named with the line of the key. Nothing where the config cannot tell."""

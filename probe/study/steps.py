@@ -14,10 +14,15 @@ reads one value per dataset example, as in every other study (the rules unchange
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from probe.names import measure_columns
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["STEP_STRIDE", "is_stepwise", "per_example_means", "per_source", "per_source_rows", "step_agreement",
            "unit_number"]
@@ -91,7 +96,7 @@ def per_source_rows(frame: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame
     return frame.groupby(keys, sort=True, dropna=False)[values].mean().reset_index()[list(frame.columns)]
 
 
-def per_example_means(values, owners) -> np.ndarray:
+def per_example_means(values: ArrayLike, owners: ArrayLike) -> np.ndarray:
     """``values`` (one per unit) averaged per owner (``owners[i]``: unit i's dataset example, 0..n-1 in
     order), over the finite values; NaN for an example with none."""
     values = np.asarray(values, dtype=np.float64)

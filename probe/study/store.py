@@ -49,7 +49,7 @@ from probe.names import FORMAT_VERSION, TABLES
 from probe.study.identity import file_digest
 
 
-def write_json(path: Path, data) -> None:
+def write_json(path: Path, data: object) -> None:
     write_file(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 

@@ -15,6 +15,7 @@ Torch-free: it reads the tables a study stored.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,10 @@ import pandas as pd
 from probe.errors import InputError
 from probe.study.steps import is_stepwise
 from probe.study.verdict import ANSWERS
+
+if TYPE_CHECKING:
+    from probe.spec.study import Study
+    from probe.study.sanity import Check
 
 __all__ = ["SUBSET_COLUMNS", "restrict", "scored_examples", "subset_answers", "subset_summary"]
 
@@ -52,7 +57,7 @@ def _dataset_examples(tables: dict) -> np.ndarray:
     return np.unique(frame[column].to_numpy(np.int64))
 
 
-def scored_examples(tables: dict, study, *, dtype: str) -> np.ndarray:
+def scored_examples(tables: dict, study: Study, *, dtype: str) -> np.ndarray:
     """The dataset examples the verdict compares with its reference: those left after the noise and
     effect floors (:func:`probe.study.decide.without_noise`). On a study where only some texts hold
     what matters (a planted trigger), drawing from these draws n scored examples exactly."""
@@ -68,8 +73,9 @@ def scored_examples(tables: dict, study, *, dtype: str) -> np.ndarray:
     return np.unique(np.asarray(examples, dtype=np.int64))
 
 
-def subset_answers(tables: dict, study, *, dtype: str, sanity: Sequence = (), sizes: Sequence[int] = (10, 12, 20, 40),
-                   draws: int = 100, seed: int = 0, pool: Sequence[int] | None = None) -> pd.DataFrame:
+def subset_answers(tables: dict, study: Study, *, dtype: str, sanity: Sequence[Check] = (),
+                   sizes: Sequence[int] = (10, 12, 20, 40), draws: int = 100, seed: int = 0,
+                   pool: Sequence[int] | np.ndarray | None = None) -> pd.DataFrame:
     """The verdict's answer on ``draws`` random subsets of each size in ``sizes`` (:data:`SUBSET_COLUMNS`),
     drawn from the study's examples (or from ``pool``, e.g. :func:`scored_examples`). Sizes above the
     pool are refused."""

@@ -76,7 +76,7 @@ from probe.study.units import describe_units, family_answers, paired_tests, verd
 from probe.study.verdict import Verdict
 
 if TYPE_CHECKING:
-    from probe.models.core import ProbeModel
+    from probe.models.core import AttentionContract, ProbeModel
     from probe.spec.study import Study
     from probe.study.sanity import Check
 
@@ -85,7 +85,7 @@ RULE = " ".join(RULE.split())
 GROUP = ["role", "explainer", "reference", "layer", "head"]
 
 
-def summary_table(agreement: pd.DataFrame, study, only: str | None = None) -> pd.DataFrame:
+def summary_table(agreement: pd.DataFrame, study: Study, only: str | None = None) -> pd.DataFrame:
     """One row per (role, explainer, reference, layer, head, measure): n, mean, std, CI, Sig. Frac.
     ``only``: that measure alone."""
     st = study.statistics
@@ -313,7 +313,7 @@ def _above_ceiling(ceiling: pd.Series | None, ordered: pd.DataFrame, grads: pd.D
     return above
 
 
-def comparisons(agreement: pd.DataFrame, study, measure: str | None = None) -> pd.DataFrame:
+def comparisons(agreement: pd.DataFrame, study: Study, measure: str | None = None) -> pd.DataFrame:
     """Paired tests between every two explainers, on the study's measure against its verdict
     reference: token-level methods, and per-layer methods at each layer (single heads are
     compared with the best gradient in ``paired.parquet`` only). Holm-adjusted over the table."""
@@ -338,7 +338,7 @@ def comparisons(agreement: pd.DataFrame, study, measure: str | None = None) -> p
 
 def _is_reference_agreement(a: str, b: str, unreliable: dict) -> bool:
     """Two interventions, or a gradient method that passed its checks against an intervention."""
-    kinds = sorted([family(a), family(b)])
+    kinds = sorted([family(a), family(b)])  # type: ignore[type-var]  # a study's methods are listed: never None
     if kinds == ["intervention", "intervention"]:
         return True
     if kinds == ["gradient", "intervention"]:
@@ -351,7 +351,7 @@ def _stat(row) -> dict:
             "sig_frac": float(row["sig_frac"]) if "sig_frac" in row and pd.notna(row["sig_frac"]) else None}
 
 
-def mixing_words(contract) -> str:
+def mixing_words(contract: AttentionContract) -> str:
     """What a verdict calls a model's maps: attention, or (every stack a token mixer read as its
     implicit matrix) the mixing matrix."""
     kinds = {stack.maps for stack in contract.stacks.values()}
@@ -367,7 +367,7 @@ def _chance_units(summary: pd.DataFrame, ref: str, measure: str) -> pd.DataFrame
                          "head": rows["head"].astype(int), "family": [verdict_family(e) for e in rows.explainer]})
 
 
-def chance_plan(tables: dict, unit_agreement: pd.DataFrame, summary: pd.DataFrame, study, measure: str) -> list:
+def chance_plan(tables: dict, unit_agreement: pd.DataFrame, summary: pd.DataFrame, study: Study, measure: str) -> list:
     """What rule 1 tests (:func:`probe.study.chance.chance_families`), seed-free: every attention unit
     by family, and every ceiling pair on its own (family ``ceiling``)."""
     from probe.study.chance import chance_families
@@ -396,7 +396,7 @@ def chance_frame(plan: Sequence, *, permutations: int, seed: int, alpha: float |
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CHANCE_COLUMNS)
 
 
-def judge_tables(tables: dict, study, *, dtype: str, model_name: str | None = None, mixing: str = "attention",
+def judge_tables(tables: dict, study: Study, *, dtype: str, model_name: str | None = None, mixing: str = "attention",
                  sanity: Sequence[Check] = (), answer_only: bool = False) -> dict:
     """Everything the verdict is made of, from a study's merged tables alone (no model): the
     statistics, rule 1's chance tests and the verdict. Returns ``{"verdict"`` (verdict.json's dict),
@@ -463,7 +463,7 @@ def _refuse_without_agreement(tables: dict) -> None:
                      "longer texts, or with spans a pattern that matches at least twice in an example")
 
 
-def finalize(store: ResultStore, study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
+def finalize(store: ResultStore, study: Study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
              sanity: Sequence[Check] | None = None, phases: Mapping[str, float] | None = None) -> Verdict:
     """Merge the parts, compute the statistics and the verdict (:func:`judge_tables`), write them;
     returns the verdict (frozen; ``verdict.json`` holds its :meth:`~probe.study.verdict.Verdict.to_dict`).

@@ -22,7 +22,10 @@ from probe.study.plan import ceiling_pairs
 from probe.study.sizes import counterfactual_sites, heads_causal_window
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from probe.models.core import ProbeModel
+    from probe.rows.target import PreparedExample
     from probe.spec.study import Study
 
 __all__ = ["agreement_rows", "convergence_rows", "counterfactual_rows", "head_edge_rows", "head_rows",
@@ -71,8 +74,9 @@ class _Columns:
 NO_SPAN = "no span (the pattern covers none of its scored tokens)"
 
 
-def agreement_rows(study: Study, examples, first_index: int, scores: dict[str, TokenScores],
-                   baselines: dict[str, TokenScores], left_out: list | None = None) -> pd.DataFrame:
+def agreement_rows(study: Study, examples: Sequence[PreparedExample], first_index: int,
+                   scores: dict[str, TokenScores], baselines: dict[str, TokenScores | None],
+                   left_out: list | None = None) -> pd.DataFrame:
     """One row per example x explainer x reference x layer x head (see :mod:`probe.study` docs).
 
     A pair scored on fewer than 2 tokens of an example is left out of the table; when ``left_out``
@@ -167,7 +171,7 @@ def _sites(pm: ProbeModel, study: Study) -> list[tuple[int, int | None]]:
     return counterfactual_sites(study.metrics.counterfactual, info.n_layers, info.n_heads)
 
 
-def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame:
+def _by_halves(pm: ProbeModel, examples: Sequence[PreparedExample], first_index: int, make) -> pd.DataFrame:
     """``make(examples, first_index)``: a frame of those examples' rows. When it runs out of memory,
     it runs on each half of the examples in turn (:func:`probe.rows.memory.in_halves`) and
     the parts are joined in example order; every intervention seeds per example, so the halves
@@ -178,14 +182,16 @@ def _by_halves(pm: ProbeModel, examples, first_index: int, make) -> pd.DataFrame
     return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
 
-def counterfactual_rows(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.DataFrame:
+def counterfactual_rows(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample],
+                        first_index: int) -> pd.DataFrame:
     frames = [_by_halves(pm, examples, first_index,
                          lambda part, start, layer=layer, head=head: _counterfactual_site(pm, study, part, start, layer, head))
               for layer, head in _sites(pm, study)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _counterfactual_site(pm: ProbeModel, study: Study, examples, first_index: int, layer: int, head: int | None) -> pd.DataFrame:
+def _counterfactual_site(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample], first_index: int,
+                         layer: int, head: int | None) -> pd.DataFrame:
     from probe.intervene.counterfactual import adversarial_attention, permuted_attention
 
     spec = study.metrics.counterfactual
@@ -209,11 +215,11 @@ def _counterfactual_site(pm: ProbeModel, study: Study, examples, first_index: in
     return frame
 
 
-def head_rows(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.DataFrame:
+def head_rows(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample], first_index: int) -> pd.DataFrame:
     return _by_halves(pm, examples, first_index, lambda part, start: _head_frame(pm, study, part, start))
 
 
-def _head_frame(pm: ProbeModel, study: Study, examples, first_index: int) -> pd.DataFrame:
+def _head_frame(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample], first_index: int) -> pd.DataFrame:
     from probe.intervene.heads import head_ablation_effects, head_importance
 
     spec = study.metrics.heads
@@ -244,7 +250,7 @@ def tested_heads(pm: ProbeModel, study: Study) -> tuple[list[int], list[int]]:
     return heads_causal_window(study.metrics.heads_causal, info.n_layers, info.n_heads)
 
 
-def head_edge_rows(pm: ProbeModel, study: Study, examples, first_index: int,
+def head_edge_rows(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample], first_index: int,
                    scores: Mapping[str, TokenScores]) -> pd.DataFrame:
     """The per-head causal test's rows (``study.metrics.heads_causal``, judged by
     :mod:`probe.study.heads_causal`): per example, tested layer x head and position, the head's
@@ -262,7 +268,7 @@ def head_edge_rows(pm: ProbeModel, study: Study, examples, first_index: int,
     return _by_halves(pm, examples, 0, make)
 
 
-def _head_edge_frame(pm: ProbeModel, study: Study, examples, first_index: int,
+def _head_edge_frame(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample], first_index: int,
                      attention: list | None) -> pd.DataFrame:
     from probe.intervene.knockout import edge_knockout
     from probe.methods import run_method
@@ -287,7 +293,7 @@ def _head_edge_frame(pm: ProbeModel, study: Study, examples, first_index: int,
     return pd.concat(frames, ignore_index=True)
 
 
-def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
+def score_rows(examples: Sequence[PreparedExample], first_index: int, scores: dict[str, TokenScores]) -> pd.DataFrame:
     frames = []
     for name, result in scores.items():
         frame = result.to_pandas()
@@ -297,7 +303,8 @@ def score_rows(examples, first_index: int, scores: dict[str, TokenScores]) -> pd
     return pd.concat(frames, ignore_index=True)
 
 
-def scores_from_rows(scores: pd.DataFrame, convergence: pd.DataFrame | None, examples,
+def scores_from_rows(scores: pd.DataFrame, convergence: pd.DataFrame | None,
+                     examples: Sequence[PreparedExample],
                      params: Mapping[str, Mapping] | None = None) -> dict[str, TokenScores]:
     """The inverse of :func:`score_rows` and :func:`convergence_rows` for the study's first
     ``len(examples)`` examples: each method's :class:`TokenScores` as the batch computed it (the
@@ -357,7 +364,7 @@ def convergence_rows(first_index: int, scores: dict[str, TokenScores]) -> pd.Dat
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def token_rows(examples, first_index: int, include_special: bool) -> pd.DataFrame:
+def token_rows(examples: Sequence[PreparedExample], first_index: int, include_special: bool) -> pd.DataFrame:
     rows = []
     for i, e in enumerate(examples):
         for p, (tok, tid, special) in enumerate(zip(e.tokens, e.input_ids, e.special)):

@@ -22,13 +22,15 @@ from probe.registry import VERDICT_FAMILIES, find
 from probe.study.power import NOT_WORSE, UNDECIDED, WORSE, family_state, n_needed, rule2_state
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from probe.spec.study import Study
 
 __all__ = ["CHANCE_FIELDS", "MC_FIELDS", "describe_units", "family_answer", "family_answers", "paired_tests",
            "verdict_family", "where_rows", "with_chance"]
 
 
-def where_rows(frame: pd.DataFrame, keep) -> pd.DataFrame:
+def where_rows(frame: pd.DataFrame, keep: Iterable[bool]) -> pd.DataFrame:
     """The rows of ``frame`` where ``keep`` (one bool per row) holds; an empty frame keeps its columns
     (a plain empty list would select no columns instead of no rows)."""
     return frame.loc[np.asarray(list(keep), dtype=bool)] if len(frame) else frame
@@ -55,8 +57,8 @@ def family_answer(fam: str, rows: pd.DataFrame, n_most: int, reason: str | None)
                             "undecided": int(layers.undecided.sum()) if "undecided" in layers else 0},
             "head_units": {"tracking": k_heads, "total": int(len(heads)),
                            "undecided": int(heads.undecided.sum()) if "undecided" in heads else 0},
-            "best_layer": (describe_units(best[best["head"] < 0].head(1), n_most) or [None])[0],
-            "best_head": (describe_units(best[best["head"] >= 0].head(1), n_most) or [None])[0],
+            "best_layer": next(iter(describe_units(best[best["head"] < 0].head(1), n_most)), None),
+            "best_head": next(iter(describe_units(best[best["head"] >= 0].head(1), n_most)), None),
             "unreliable": unreliable, "why": why, "undecided": undecided, "n_needed": need}
 
 

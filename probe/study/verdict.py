@@ -19,6 +19,7 @@ from probe.frozen import PicklableFrozen
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
 ANSWERS = ("yes", "heads only", "no", "undecidable")
 
@@ -115,7 +116,7 @@ class Verdict(PicklableFrozen):
         return ("<div>" + block_html(f"Does attention track {self.reference}? {self.answer}", "", self.headline)
                 + block_html("", table, note) + "</div>")
 
-    def plot(self):
+    def plot(self) -> Figure:
         """The verdict's best and worst units across its methods and families, one row each with its
         mean and CI: the three best and the three worst of every attention unit (``best`` /
         ``worst``; a verdict written before they were recorded: the headline family's

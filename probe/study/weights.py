@@ -14,12 +14,12 @@ import torch
 HEAD_NAMES = ("classifier", "score", "pooler", "lm_head", "qa_outputs", "pre_classifier", "classification_head")
 
 
-def layer_stack(model, n_layers: int) -> torch.nn.ModuleList | None:
+def layer_stack(model: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList | None:
     """The model's list of ``n_layers`` transformer layers (the first ``ModuleList`` of that length)."""
     return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers), None)
 
 
-def head_parameters(model, layers: torch.nn.ModuleList) -> list[tuple[str, torch.nn.Parameter]]:
+def head_parameters(model: torch.nn.Module, layers: torch.nn.ModuleList) -> list[tuple[str, torch.nn.Parameter]]:
     """The output head's parameters (:data:`HEAD_NAMES` modules outside the layer stack), less any
     shared with the input embeddings (a tied LM head: randomising it would change the input too)."""
     inside = {id(p) for p in layers.parameters()}
@@ -59,7 +59,7 @@ def randomised(params: Sequence[tuple[str, torch.nn.Parameter]], *, seed: int, s
 
 
 @contextlib.contextmanager
-def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int, std: float,
+def randomised_top(model: torch.nn.Module, layers: torch.nn.ModuleList, count: int, *, seed: int, std: float,
                    head: bool = False) -> Iterator[list[torch.nn.Parameter]]:
     """Within the block the top ``count`` layers (and with ``head`` the output head first) have
     fresh random weights (:func:`randomised`); the block is given the parameters re-initialised."""
@@ -70,7 +70,7 @@ def randomised_top(model, layers: torch.nn.ModuleList, count: int, *, seed: int,
         yield [param for _, param in params]
 
 
-def cascade_steps(model, layers: torch.nn.ModuleList, fractions: Sequence[float]) -> list[int]:
+def cascade_steps(model: torch.nn.Module, layers: torch.nn.ModuleList, fractions: Sequence[float]) -> list[int]:
     """The cascade's steps as numbers of top layers re-initialised (each with the output head, where
     the model has one): each fraction's count of layers, and where that is more than one stage (a
     curve), first 0, the output head alone. One fraction is the judged stage alone: the check's

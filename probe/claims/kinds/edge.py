@@ -138,7 +138,7 @@ def rule(claim: EdgeClaim) -> Rule:
 
 
 def check(ctx: AuditContext, claim: EdgeClaim, index: int) -> None:
-    ctx.layer_window(claim, index)
+    ctx.layer_window(claim.layers, index)
     for head in claim.head_list or ():
         ctx.head(head, index, "heads")
 
@@ -146,7 +146,7 @@ def check(ctx: AuditContext, claim: EdgeClaim, index: int) -> None:
 def run(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
     from probe.intervene.knockout import EdgeSet
 
-    window = ctx.layer_window(claim, index)
+    window = ctx.layer_window(claim.layers, index)
     heads = (list(range(ctx.n_heads)) if claim.head_list is None
              else sorted({ctx.head(h, index, "heads") for h in claim.head_list}))
     keys = _keys(ctx, claim, index)
@@ -196,7 +196,7 @@ def run(ctx: AuditContext, claim: EdgeClaim, index: int) -> ClaimResult:
 def _keys(ctx: AuditContext, claim: EdgeClaim, index: int) -> list[tuple[int, ...]]:
     """Per example, the positions the claim's edges go to (empty: the example has none)."""
     if claim.to_position is not None:
-        out = []
+        out: list[tuple[int, ...]] = []
         for example in ctx.examples:
             n = len(example.input_ids)
             p = claim.to_position if claim.to_position >= 0 else n + claim.to_position
