@@ -45,7 +45,7 @@ class SeenCalls(Protocol):
 
 class WatchedPass(Protocol):
     """What a read path's :meth:`~ReadPath.detect` reads of the watched forward pass
-    (:func:`probe.hooks.sites.discover_sites`): module id -> what was seen of it."""
+    (``probe.hooks.sites.discover_sites``): module id -> what was seen of it."""
 
     watch: SeenCalls
     seen_probabilities: Mapping[int, set[str]]

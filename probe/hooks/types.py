@@ -264,7 +264,7 @@ class Probed(Protocol):
 
 
 class ReaderSession(Protocol):
-    """What a read path (a row of :data:`probe.hooks.readers.READERS`) may use of the capture session
+    """What a read path (a row of ``probe.hooks.readers.READERS``) may use of the capture session
     it serves (:class:`probe.hooks.capture._Session` is the one that exists): the model and its
     modules, the sites and the contract, and the session's bookkeeping of each layer's calls, what
     it wants recorded and where editors and observers apply. A reader hooks the modules of its
