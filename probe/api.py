@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from probe import registry
-from probe.errors import InputError, positive_int
+from probe.errors import InputError, check_flag, positive_int
 from probe.explanation import Explanation, ScoresWarning, TopTokens, load_explanation
 from probe.models.core import ProbeModel
 from probe.rows.inputs import (
@@ -44,7 +44,7 @@ from probe.rows.inputs import (
     unknown_keywords,
 )
 from probe.rows.scores import TokenScores
-from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetKeywords, TargetSpec, check_flag, target_from
+from probe.rows.target import TARGET_KEYWORDS, PreparedExample, TargetKeywords, TargetSpec, target_from
 
 if TYPE_CHECKING:
     from transformers import Pipeline, PreTrainedModel, PreTrainedTokenizerBase

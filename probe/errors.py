@@ -51,6 +51,13 @@ def storage_error(err: OSError, path: "str | os.PathLike[str]", doing: str = "wr
     return StorageError(f"cannot {doing} {path}: {cause}; {fix}")
 
 
+def check_flag(value: object, argument: str) -> bool:
+    """``value`` if it is True or False, else a one-line :class:`InputError` naming ``argument``."""
+    if not isinstance(value, bool):
+        raise InputError(f"{argument}={value!r}: give True or False")
+    return value
+
+
 def positive_int(value: object, argument: str) -> int:
     """``value`` when it is a whole number of at least 1 (not a bool), else an :class:`InputError` naming
     ``argument`` and an example."""

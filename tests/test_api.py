@@ -797,7 +797,9 @@ def test_the_target_s_four_declarations_are_the_one_table_s():
     # a checked field is checked alike as a keyword and as a TargetSpec field, by the table's check
     for declared in (f for f in TARGET_FIELDS if f.check is not None and f.keyword):
         bad = "yes" if not declared.nullable else -1 if declared.name in ("dimension", "generate") else 3
-        expected = declared.problem(bad)
+        with pytest.raises(InputError) as as_declared:
+            declared.check_value(bad)
+        expected = str(as_declared.value)
         with pytest.raises(InputError) as as_keyword:
             target_from(**{declared.name: bad})
         assert str(as_keyword.value) == expected

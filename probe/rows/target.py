@@ -77,9 +77,8 @@ class TargetSpec:
         # made directly (probe.TargetSpec(...)), its fields get the checks the target keywords get (the
         # target's one table, probe.spec.target)
         for declared in TARGET_FIELDS:
-            problem = declared.problem(getattr(self, declared.name)) if declared.spec_field else None
-            if problem is not None:
-                raise InputError(problem)
+            if declared.spec_field:
+                declared.check_value(getattr(self, declared.name))
 
 
 _TARGET_SPEC_INIT = TargetSpec.__init__
@@ -158,9 +157,7 @@ def _keyword_fields(keywords: dict[str, Any]) -> dict[str, dict[str, Any]]:
     flags = {f.name for f in TARGET_FIELDS if f.keyword and not f.nullable}  # True or False, never None
     for declared in TARGET_FIELDS:
         if declared.keyword:
-            problem = declared.problem(keywords.get(declared.name, False if declared.name in flags else None))
-            if problem is not None:
-                raise InputError(problem)
+            declared.check_value(keywords.get(declared.name, False if declared.name in flags else None))
     fields = {}
     for name, value in keywords.items():
         if value is None or (name in flags and value is False):  # a keyword left at its default
@@ -179,13 +176,6 @@ def one_or_each(value: Any) -> Any:
 
     if isinstance(value, (list, tuple, np.ndarray, pd.Series, pd.Index)):
         return tuple(value.tolist() if hasattr(value, "tolist") else value)
-    return value
-
-
-def check_flag(value: Any, argument: str) -> bool:
-    """``value`` if it is True or False, else a one-line error naming ``argument``."""
-    if not isinstance(value, bool):
-        raise InputError(f"{argument}={value!r}: give True or False")
     return value
 
 

@@ -19,33 +19,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from probe.errors import InputError, check_flag, positive_int
+
 __all__ = ["TARGET_FIELDS", "TARGET_KINDS", "TargetField", "field_named"]
 
 #: every target kind; which a model takes is its task's (:attr:`probe.tasks.Task.kinds`)
 TARGET_KINDS = ("prob", "logit", "logprob", "similarity", "dimension")
 
 
-def _flag(name: str, value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"{name}={value!r}: give True or False"
-
-
-def _text(what: str) -> Callable[[str, Any], str | None]:
-    def check(name: str, value: Any) -> str | None:
-        return None if isinstance(value, str) else f"{name}={value!r} is not text; give {what}"
+def _text(what: str) -> Callable[[Any, str], object]:
+    def check(value: Any, name: str) -> str:
+        if not isinstance(value, str):
+            raise InputError(f"{name}={value!r} is not text; give {what}")
+        return value
 
     return check
 
 
-def _count(name: str, value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return f"{name}={value!r} is not a positive whole number; give e.g. {name}=8"
-    return None
-
-
-def _component(name: str, value: Any) -> str | None:
+def _component(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return f"{name}={value!r}: give a component index >= 0 of the pooled embedding"
-    return None
+        raise InputError(f"{name}={value!r}: give a component index >= 0 of the pooled embedding")
+    return value
 
 
 @dataclass(frozen=True)
@@ -58,8 +52,8 @@ class TargetField:
     ``per_text``: a keyword that takes one value for every text or a list with one per text.
     ``option``: ``probe explain``'s flag (None: no option), with its parameter name
     (``option_param``, default the field's), Python type, help and place in ``--help``
-    (``option_rank``). ``check(name, value)``: the one-line problem with a given value, None when
-    it is fine (a field whose default is None is not checked when None)."""
+    (``option_rank``). ``check(value, name)``: raises the one-line :class:`~probe.errors.InputError`
+    of a wrong value (a field whose default is None is not checked when None)."""
 
     name: str
     keyword: bool = True
@@ -71,7 +65,7 @@ class TargetField:
     option_type: Any = None
     help: str = ""
     option_rank: int = 0
-    check: Callable[[str, Any], str | None] | None = None
+    check: Callable[[Any, str], object] | None = None
     nullable: bool = True
 
     @property
@@ -79,11 +73,10 @@ class TargetField:
         """Whether :class:`~probe.rows.target.TargetSpec` has a field of this name."""
         return self.spec or (self.keyword and self.name != "generate")
 
-    def problem(self, value: Any) -> str | None:
-        """What is wrong with ``value`` for this field, in one line, or None."""
-        if self.check is None or (value is None and self.nullable):
-            return None
-        return self.check(self.name, value)
+    def check_value(self, value: Any) -> None:
+        """Refuse a wrong ``value`` for this field in one line (:class:`~probe.errors.InputError`)."""
+        if self.check is not None and not (value is None and self.nullable):
+            self.check(value, self.name)
 
 
 #: every field of the target, the Python keywords first in the order the functions list them
@@ -99,12 +92,12 @@ TARGET_FIELDS: tuple[TargetField, ...] = (
     TargetField("generate", option="--generate", option_type=int | None, option_rank=2,
                 help="for a language model, explain each token of its greedy output of up to N tokens (or of "
                      "--continuation) on its own: a \\[prompt token x output token] table per method",  # \\[: rich
-                check=_count),
-    TargetField("steps", check=_flag, nullable=False),
+                check=positive_int),
+    TargetField("steps", check=check_flag, nullable=False),
     TargetField("chat", study=False, option="--chat", option_type=bool, option_rank=4,
                 help="a chat model: TEXT is the user's message in the tokenizer's chat template (the template's "
                      "tokens are not scored; control-token text in TEXT is read as plain text)",
-                check=_flag, nullable=False),
+                check=check_flag, nullable=False),
     TargetField("contrast", per_text=True, option="--contrast", option_type=str | None, option_rank=5,
                 help="for a language model, a foil text: explain the log-prob of the continuation minus the foil's "
                      "at the same positions (as many tokens, or one)"),
@@ -113,13 +106,13 @@ TARGET_FIELDS: tuple[TargetField, ...] = (
     TargetField("target_side", option="--target-side", option_type=bool, option_rank=3,
                 help="with --generate (causal LMs): score the output written before each output token too, as "
                      "part of its input",
-                check=_flag, nullable=False),
+                check=check_flag, nullable=False),
     TargetField("reference", option="--reference", option_type=str | None, option_rank=8,
                 help="--target similarity: the text whose pooled embedding the input's is compared with (cosine)",
                 check=_text("the text whose pooled embedding is compared")),
     TargetField("dimension", option="--dimension", option_type=int | None, option_rank=9,
                 help="--target dimension: which component of the pooled embedding", check=_component),
-    TargetField("max_new_tokens", keyword=False, spec=True, study=False, check=_count),
+    TargetField("max_new_tokens", keyword=False, spec=True, study=False, check=positive_int),
     TargetField("prompt", keyword=False),
     TargetField("choices", keyword=False),
 )
