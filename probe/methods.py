@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from probe import registry
 from probe.errors import InputError
@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.models.core import ProbeModel
     from probe.rows.target import PreparedExample
+
+_R = TypeVar("_R")
 
 __all__ = [
     "family", "parse_methods", "applicable_methods", "refuse_gradients_under_inference_mode", "run_method",
@@ -67,7 +69,9 @@ def refuse_gradients_under_inference_mode(methods: Sequence[str], doing: str = "
 def run_method(pm: ProbeModel, examples: Sequence[PreparedExample], method: str, *, engine: Engine | None = None,
                params: Mapping | None = None) -> TokenScores:
     """One method on every example, through its registry entry's scorer; interventions share
-    ``engine`` (and so its cache), the others halve the examples when memory runs out."""
+    ``engine`` (and so its cache), the others halve the examples when memory runs out, and from
+    then on (in this call, and in later calls given the same ``engine``) run at most as many
+    examples per call as fitted (``engine.stats.examples_per_call_used``)."""
     params = dict(params or {})
     entry = registry.method(method)
     refuse_gradients_under_inference_mode([method], "it")
@@ -83,8 +87,8 @@ def run_method(pm: ProbeModel, examples: Sequence[PreparedExample], method: str,
             from probe.intervene.engine import Engine
 
             return score(engine or Engine(pm), examples, **{**dict(entry.preset), **params})
-        return _with_target_queries(pm, examples, _halving_examples(pm, examples, lambda part: score(pm, part, method,
-                                                                                                      **params)))
+        parts = _settled_halves(pm, examples, lambda part: score(pm, part, method, **params), engine, method)
+        return _with_target_queries(pm, examples, _join_parts(parts))
 
 
 def _with_target_queries(pm: ProbeModel, examples, result: TokenScores) -> TokenScores:
@@ -96,17 +100,27 @@ def _with_target_queries(pm: ProbeModel, examples, result: TokenScores) -> Token
     return dataclasses.replace(result, params={**result.params, **pm.task.target_query_params(examples)})
 
 
-def _halving_examples(pm: ProbeModel, examples, compute) -> TokenScores:
-    """``compute(examples)``; when it runs out of memory, on each half of the examples in turn
-    (:func:`probe.rows.memory.in_halves`), the parts joined in order: per-example ``extras``
-    lists are joined, other extras and params are the first part's (they do not depend on the
-    examples)."""
-    from probe.rows.memory import in_halves
+def _settled_halves(pm: ProbeModel, examples: Sequence[PreparedExample], compute: Callable[[list], _R],
+                    engine: Engine | None, key: str) -> list[_R]:
+    """``[compute(examples)]``; when it runs out of memory, ``compute`` of each half of the examples in
+    turn (:func:`probe.rows.memory.in_halves`), and the examples after that in parts of the most
+    that ran. That size is kept in ``engine.stats.examples_per_call_used[key]`` (where an engine is
+    given), and a later call with the same engine and key starts from it."""
+    from probe.rows.memory import SettledSize, in_halves
 
-    return _join_parts(in_halves(examples, lambda part, _: compute(part), device=pm.device))
+    record = engine.stats.examples_per_call_used if engine is not None else {}
+    settled = SettledSize(record.get(key))
+    parts = in_halves(examples, lambda part, _: compute(part), device=pm.device, settled=settled,
+                      stats=engine.stats if engine is not None else None)
+    if settled.size is not None:
+        record[key] = settled.size
+    return parts
 
 
 def _join_parts(parts: Sequence[TokenScores]) -> TokenScores:
+    """Parts of one method's scores on consecutive examples, joined in order: per-example ``extras``
+    lists are joined, other extras and params are the first part's (they do not depend on the
+    examples)."""
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
@@ -128,15 +142,17 @@ def one_pass_gradients(methods: Sequence[str], params: Mapping[str, Mapping | No
     return shared if len(shared) > 1 else []
 
 
-def run_shared_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str]
-                         ) -> dict[str, TokenScores]:
+def run_shared_gradients(pm: ProbeModel, examples: Sequence[PreparedExample], methods: Sequence[str], *,
+                         engine: Engine | None = None) -> dict[str, TokenScores]:
     """Saliency, saliency_sum and input x gradient (any of them, default parameters) from one
-    gradient pass (:func:`probe.explainers.gradients.shared_gradient_scores`), halving on OOM."""
+    gradient pass (:func:`probe.explainers.gradients.shared_gradient_scores`), halving on OOM (the
+    examples per call that fitted kept as :func:`run_method` keeps them, under the methods' names
+    joined by ``+``)."""
     from probe.explainers.gradients import shared_gradient_scores
-    from probe.rows.memory import in_halves
 
     refuse_gradients_under_inference_mode(methods, "it")
-    parts = in_halves(examples, lambda part, _: shared_gradient_scores(pm, part, methods), device=pm.device)
+    parts = _settled_halves(pm, examples, lambda part: shared_gradient_scores(pm, part, methods), engine,
+                            "+".join(methods))
     return {m: _join_parts([part[m] for part in parts]) for m in methods}
 
 

@@ -3,6 +3,7 @@ recomputation, across batch sizes; de-duplication; erasure curves; errors."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -573,6 +574,115 @@ def test_out_of_memory_halves_the_batch_and_loses_nothing(loaded, kind, reuse, m
     assert calls["failed"] > 0 and engine.stats.oom_splits > 0
     assert_fp_close(got, expected, depth=model_depth(pm))  # target values in halved batches: one forward each
     assert engine.stats.rows_evaluated == len({(tuple(ids), id(e)) for ids, e in rows})
+
+
+OOM_TEXTS = ["the movie was good and fun", "bad film , not fun at all", "i loved the acting",
+             "a great story with wonderful acting", "i hated this film , it was boring and too long", "slow plot",
+             "the cast sparkles", "too long and too slow"]
+
+
+@contextlib.contextmanager
+def _out_of_memory_above(pm, limit: int):
+    """Within the block, a model call over more than ``limit`` tokens in the engine's measure (rows x
+    (cached prefix + fed width)) raises CUDA's out-of-memory error. Yields ``{"ran": [tokens of each
+    call that ran], "failed": calls that raised}``."""
+    model = pm.model
+    original = model.forward
+    counts: dict = {"ran": [], "failed": 0}
+
+    def forward(*args, **kwargs):
+        ids = kwargs["input_ids"]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        tokens = ids.shape[0] * (ids.shape[1] + (cache.get_seq_length() if cache is not None else 0))
+        if tokens > limit:
+            counts["failed"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        counts["ran"].append(tokens)
+        return original(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        yield counts
+    finally:
+        del model.forward
+
+
+@pytest.mark.parametrize("kind,reuse", [("bert", False), ("llama_gqa", False), ("llama_gqa", True)])
+def test_out_of_memory_settles_the_token_budget_of_later_batches(loaded, kind, reuse, monkeypatch):
+    """Calls over more than X tokens run out of memory: the batch that first does is halved and
+    continued, every later batch is planned at the tokens of the largest part that ran (<= X, recorded
+    in the stats), so a handful of errors are raised in all, not some for every batch; the values are
+    an uninterrupted run's and each row is run once."""
+    from probe.intervene import packing
+
+    monkeypatch.setattr(packing, "PACK_WIDTHS", (16,))  # prefix reuse: many narrow bins
+    pm = loaded(kind)
+    examples = prepare(pm, OOM_TEXTS)
+    rows = [(e.input_ids[:t] + e.input_ids[t + 1:], e) for e in examples for t in range(1, len(e.input_ids) - 1)]
+    rows += [(list(e.input_ids), e) for e in examples]
+    # a call costs much more than its tokens: every batch is planned as full as the budget allows
+    budget, limit, overhead = 64, 32, 1024
+    uninterrupted = Engine(pm, token_budget=budget, call_overhead_tokens=overhead)
+    expected = uninterrupted.values(rows, reuse_prefix=reuse)
+    unique = len({(tuple(ids), id(e)) for ids, e in rows})
+    planned = uninterrupted.stats.forward_passes
+    assert planned >= 4  # the budget plans several batches, each over the limit
+
+    with _out_of_memory_above(pm, limit) as calls:
+        engine = Engine(pm, token_budget=budget, call_overhead_tokens=overhead)
+        assert engine.stats.token_budget_used is None
+        got = engine.values(rows, reuse_prefix=reuse)
+    assert_fp_close(got, expected, depth=model_depth(pm))  # the same rows in smaller batches
+    assert engine.stats.rows_evaluated == unique  # every row computed exactly once
+    settled = engine.stats.token_budget_used
+    assert settled is not None and settled <= limit and engine.token_budget == settled
+    assert max(calls["ran"]) <= limit and engine.stats.oom_splits == calls["failed"]
+    # the first batch over the limit fails at 64, then none does (measured: 1 error against 5-9 when
+    # each batch is only halved, one per batch planned at the start)
+    assert 0 < calls["failed"] <= 2
+
+    with _out_of_memory_above(pm, limit) as later:  # a later call is planned at the settled budget at once
+        engine.values([(ids[:-1], e) for ids, e in rows if len(ids) > 3], reuse_prefix=reuse)
+    assert later["failed"] == 0 and later["ran"] and engine.token_budget == settled
+
+
+def test_settled_budget_is_never_raised(loaded):
+    """settle_budget only lowers the budget; start_from takes an earlier engine's settled sizes."""
+    pm = loaded("bert")
+    engine = Engine(pm, token_budget=100)
+    assert not engine.settle_budget(None) and engine.stats.token_budget_used is None
+    assert engine.settle_budget(40) and engine.token_budget == 40 == engine.stats.token_budget_used
+    assert not engine.settle_budget(70) and engine.token_budget == 40
+    later = Engine(pm, token_budget=100)
+    later.start_from(engine.stats.as_dict() | {"examples_per_call_used": {"rollout": 3}})
+    assert later.token_budget == 40 and later.stats.examples_per_call_used == {"rollout": 3}
+    later.start_from(None)
+    assert later.token_budget == 40
+
+
+def test_in_halves_settles_on_the_largest_part_that_ran():
+    """Parts over 3 items run out of memory: every item once, in order; a part as big as one that
+    failed is split untried (3 errors, where retrying every half raises 7), the largest part that
+    ran (3) is recorded, and a later call is cut at it from the start (no error)."""
+    from probe.rows.memory import SettledSize, in_halves
+
+    failed = []
+
+    def run(part: list[int], start: int) -> list[int]:
+        if len(part) > 3:
+            failed.append(len(part))
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        assert part == list(range(start, start + len(part)))
+        return part
+
+    settled = SettledSize()
+    parts = in_halves(list(range(20)), run, settled=settled)
+    assert [i for part in parts for i in part] == list(range(20))
+    assert failed == [20, 10, 5] and settled.size == 3 and max(len(p) for p in parts) == 3
+    failed.clear()
+    assert [i for part in in_halves(list(range(7)), run, settled=settled) for i in part] == list(range(7))
+    assert failed == [] and settled.size == 3
+    assert in_halves([], run) == [[]]  # no items: one call on none, as before
 
 
 def test_a_single_row_that_does_not_fit_is_a_clear_error(loaded):

@@ -508,3 +508,35 @@ def test_out_of_memory_in_an_explainer_halves_the_examples(loaded, method, simul
                 scale = float(expected.scores[i].abs().sum()) + abs(expected.extras["target_value"][i]) + \
                     abs(expected.extras["baseline_value"][i])
                 assert fp_close(x, y, depth=depth, scale=scale), (key, i, x, y)
+
+
+OOM_TEXTS = ["the movie was good and fun", "bad film , not fun at all", "i loved the acting", "slow plot",
+             "a great story with wonderful acting", "i hated this film , it was boring", "the cast sparkles",
+             "too long and too slow", "an utterly compelling film", "dull", "a masterpiece", "it is fun",
+             "the plot is a mess", "witty and warm", "not worth it", "a gorgeous movie"]
+
+
+def test_out_of_memory_settles_the_examples_per_call_of_a_method(loaded, simulated_oom):
+    """A method whose calls run out of memory over X examples: the first call that does is halved,
+    the examples after it are cut at the most that ran (<= X, recorded in the engine's stats), and a
+    later run with the same engine starts there: the same scores as an uninterrupted run, each
+    example once, in order, and 3 errors in all (retrying every half would raise 7, and 7 again)."""
+    from probe.intervene.engine import Engine
+    from probe.methods import run_method
+
+    pm = loaded("llama_gqa")
+    examples = prepare(pm, OOM_TEXTS)
+    expected = run_method(pm, examples, "rollout")
+    engine = Engine(pm)
+    limit = 2
+    with simulated_oom(pm, lambda _, ids: ids is not None and ids.shape[0] > limit) as calls:
+        got = run_method(pm, examples, "rollout", engine=engine)
+    assert len(got.scores) == len(examples) and calls["calls"] - calls["failed"] == len(examples) // limit
+    for a, b in zip(got.scores, expected.scores):  # rows of attention distributions: their own scale (<= 1)
+        assert_fp_close(a, b, depth=model_depth(pm))
+    assert engine.stats.examples_per_call_used == {"rollout": limit}
+    assert calls["failed"] == 3 == engine.stats.oom_splits  # 16, 8 and 4 examples; then 2 at a time
+    with simulated_oom(pm, lambda _, ids: ids is not None and ids.shape[0] > limit) as later:
+        again = run_method(pm, examples, "rollout", engine=engine)
+    assert later["failed"] == 0 and later["calls"] == len(examples) // limit
+    assert all(torch.equal(a, b) for a, b in zip(again.scores, got.scores))

@@ -336,6 +336,35 @@ def test_shards_merge_into_the_single_process_result(full_run, tiny_dirs, tiny_d
     assert_same_tables(reference, out)
 
 
+def test_shards_give_one_process_tables_for_shapley_and_knockout(tiny_dirs, tiny_data, tmp_path):
+    """Shapley values (sampled: more players than exact_max, seeded) and edge knockout as references:
+    a study run as two shards gives, table by table, exactly what one process gives. Exact, not
+    within rounding: a batch always holds the same examples and its own engine, and every draw is
+    seeded by the example's content, so a shard computes each batch with the same calls."""
+    def study(out: Path):
+        return study_from_dict(tiny_study(
+            tiny_dirs["bert"], tiny_data, out, explainers=["attention_mean", "rollout"],
+            references=["loo_delete", "shapley", "knockout"],
+            params={"shapley": {"exact_max": 3, "permutations": 4, "seed": 7}, "knockout": {"layers": -1}},
+            metrics={"top_k": [1, 3], "erasure": None, "counterfactual": None, "heads": None,
+                     "sanity": {"randomisation": False}}))
+
+    whole = run_study(study(tmp_path / "one"), progress=False, log=lambda _: None)
+    first = run_study(study(tmp_path / "two"), shard=(1, 2), progress=False, log=lambda _: None)
+    second = run_study(study(tmp_path / "two"), shard=(0, 2), progress=False, log=lambda _: None)
+    assert whole.complete and whole.computed == [0, 1, 2]
+    assert first.computed == [1] and second.computed == [0, 2] and second.complete
+    one, two = read_tables(tmp_path / "one"), read_tables(tmp_path / "two")
+    assert set(one) == set(two) and {"examples", "agreement", "scores"} <= set(one)
+    assert {"shapley", "knockout"} <= set(one["scores"]["method"]) <= set(two["scores"]["method"])
+    assert {"shapley", "knockout"} <= set(one["agreement"]["reference"])
+    for name in one:
+        pd.testing.assert_frame_equal(one[name], two[name], check_exact=True, obj=name)
+    for name in ("summary", "comparisons"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "one" / f"{name}.parquet"),
+                                      pd.read_parquet(tmp_path / "two" / f"{name}.parquet"), check_exact=True, obj=name)
+
+
 @pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane
 def test_torchrun_with_two_gloo_processes_matches_one_process(full_run, tiny_dirs, tiny_data, tmp_path):
     import yaml
@@ -535,6 +564,41 @@ def test_out_of_memory_in_an_intervention_step_halves_the_examples(loaded, tiny_
     assert list(got["example"]) == list(expected["example"])
     # TVD, JSD, probability changes, normalised importances: bounded by 1 (TABLE_ATOL's reasoning)
     pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-4, atol=1e-5)
+
+
+def test_out_of_memory_in_a_study_settles_the_sizes_and_records_them(loaded, tiny_data, tmp_path, simulated_oom):
+    """Model calls over X tokens run out of memory: the study's tables are an uninterrupted run's (within
+    rounding: the rows run in smaller batches), the first batch finds the sizes that fit, the batches
+    after it start from them (no error there), and provenance.json records what the run settled on."""
+    import probe
+
+    pm = loaded("bert")
+    # tokens: a batch's 5 examples fit one call (preparing them does not halve), the engine's default budget
+    # (8192) does not
+    limit = 60
+
+    def study(out: Path) -> dict:
+        return tiny_study(Path(pm.path), tiny_data, out, explainers=["attention_mean", "rollout", "saliency"],
+                          references=["loo_delete"], metrics={"top_k": [1, 3], "erasure": None, "counterfactual": None,
+                                                              "heads": None, "sanity": {"randomisation": False}})
+
+    probe.run_study(study(tmp_path / "plain"), model=pm, report=False)
+    with simulated_oom(pm, lambda _, ids: ids is not None and ids.numel() > limit) as calls:
+        probe.run_study(study(tmp_path / "oom"), model=pm, report=False)
+    assert calls["failed"] > 0
+    plain, oom = read_tables(tmp_path / "plain"), read_tables(tmp_path / "oom")
+    assert set(plain) == set(oom)
+    for name in plain:
+        pd.testing.assert_frame_equal(oom[name], plain[name], check_exact=False, rtol=0, atol=TABLE_ATOL, obj=name)
+    engines = [json.loads(p.read_text())["engine"] for p in sorted((tmp_path / "oom" / "done").glob("b*.json"))]
+    assert len(engines) == 3 and engines[0]["oom_splits"] > 0 and [e["oom_splits"] for e in engines[1:]] == [0, 0]
+    assert all(e["token_budget_used"] is not None and e["token_budget_used"] <= limit for e in engines)
+    sizes = json.loads((tmp_path / "oom" / "provenance.json").read_text())["batch_sizes"]
+    assert sizes["token_budget"] == 8192 and sizes["token_budget_used"] <= limit
+    assert sizes["oom_splits"] == engines[0]["oom_splits"]
+    plain_sizes = json.loads((tmp_path / "plain" / "provenance.json").read_text())["batch_sizes"]
+    assert plain_sizes == {"token_budget": 8192, "oom_splits": 0, "token_budget_used": None,
+                           "examples_per_call_used": {}}
 
 
 def test_a_study_runs_a_model_already_loaded(tiny_dirs, tiny_data, tmp_path, loaded):

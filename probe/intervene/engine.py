@@ -26,8 +26,12 @@ What it does, and why:
   so rows of every width and first-change position share a handful of large, nearly unpadded
   passes (see :mod:`probe.intervene.prefix`): every unchanged token is reused, and the
   saving is not drowned in per-call overhead or padding.
-* **Provenance.** :attr:`Engine.stats` counts rows asked for, rows run, cache hits, forward passes
-  and padded tokens.
+* **Running out of memory.** A batch that runs out of memory is halved and continued where it
+  stopped (:func:`~probe.rows.memory.halving`); the token budget then settles on the tokens of the
+  largest part that ran, and every later batch is planned at it (never raised again in the
+  engine's life), so one out-of-memory error is not repeated batch after batch.
+* **Provenance.** :attr:`Engine.stats` counts rows asked for, rows run, cache hits, forward passes,
+  padded tokens and out-of-memory splits, and records the token budget settled on.
 
 Every pass runs with ``torch.no_grad()`` and the model in eval mode (dropout off; the model's
 previous mode is restored afterwards). Padding is always on the right and masked, so a row's value
@@ -56,7 +60,6 @@ from probe.intervene.prefix import evaluate_prefix_reuse, supports_prefix_reuse
 # re-exported: the names callers import from probe.intervene.engine
 from probe.intervene.rowcache import Row, RowCache
 from probe.rows.forward import build_rows, keep_target_logits
-from probe.rows.memory import halving
 from probe.rows.queries import eval_mode
 from probe.rows.target import PreparedExample
 from probe.rows.values import position_values, target_values
@@ -70,7 +73,8 @@ class Engine(RowCache):
 
     ``token_budget``: upper bound on ``rows x padded width`` of one forward pass (a single row
     longer than the budget still runs, alone). For prefix reuse the budget counts
-    ``rows x (cached prefix slots + suffix width)``, since the cache is copied per row.
+    ``rows x (cached prefix slots + suffix width)``, since the cache is copied per row. After a
+    batch runs out of memory the budget is lowered to what fitted (:meth:`settle_budget`).
     ``progress``: show a progress bar over batches. ``call_overhead_tokens``: what one model call
     costs beyond its tokens, in token-equivalents, when deciding how finely to split rows of
     different widths into batches (default by device: :data:`CALL_OVERHEAD_TOKENS`). It changes
@@ -141,18 +145,20 @@ class Engine(RowCache):
         by_kind: dict[str, list[tuple[tuple, Row]]] = {}
         for item in missing:
             by_kind.setdefault(item[1][1].kind, []).append(item)
-        plans = []
-        for items in by_kind.values():
-            widths = [self._padded_length(row) for _, row in items]
-            for batch in pack_rows(widths, self.token_budget, self.call_overhead_tokens):
-                plans.append([items[i] for i in batch])
 
-        def run(keyed):
+        def plan(items: list[tuple[tuple, Row]], budget: int) -> list[list[tuple[tuple, Row]]]:
+            widths = [self._padded_length(row) for _, row in items]
+            return [[items[i] for i in batch] for batch in pack_rows(widths, budget, self.call_overhead_tokens)]
+
+        def run(keyed: list[tuple[tuple, Row]]) -> None:
             values, labels = self._forward([row for _, row in keyed])
             self._store(keyed, values, labels)
 
-        for keyed in self._iterate(plans, "rows"):
-            halving(keyed, run, self.stats, self.pm.device)
+        def tokens(keyed: list[tuple[tuple, Row]]) -> int:  # rows x padded width, the budget's measure
+            return len(keyed) * max(self._padded_length(row) for _, row in keyed)
+
+        for items in by_kind.values():
+            self.run_planned(items, plan, run, tokens, items_of=list, what="rows", unit="rows")
 
     def _forward(self, rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One model call on ``rows``: ``([rows] values, [rows] argmax class or None)``."""

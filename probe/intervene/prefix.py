@@ -26,7 +26,7 @@ they read its settings and store into it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -37,7 +37,6 @@ from probe.hooks.readers import FUNCTION
 from probe.intervene.packing import Segment, bin_depth, plan_bins
 from probe.intervene.rowcache import Row, RowCache, common_prefix, row_key
 from probe.rows.forward import foil_tokens, plain_kv_cache
-from probe.rows.memory import halving
 from probe.rows.queries import eval_mode
 from probe.rows.target import PreparedExample, RowBatch
 from probe.rows.values import position_values
@@ -92,8 +91,11 @@ def evaluate_prefix_reuse(engine: RowCache, rows: Sequence[Row]) -> None:
             _suffix_passes(engine, segments, kv, origin)
         del kv
 
-    for chunk in engine._iterate(_example_chunks(examples, engine.token_budget), "example chunks"):
-        halving(chunk, run, engine.stats, engine.pm.device, "examples")
+    def chunks(ids: list[int], budget: int) -> list[list[int]]:
+        return _example_chunks({e: examples[e] for e in ids}, budget)
+
+    engine.run_planned(list(examples), chunks, run, lambda chunk: sum(_example_size(examples[e]) for e in chunk),
+                       items_of=list, what="examples", unit="example chunks")
 
 
 def _perturbed_rows(missing: Sequence[tuple[tuple, Row]]
@@ -120,13 +122,37 @@ def _example_chunks(examples: dict[int, PreparedExample], token_budget: int) -> 
     chunks: list[list[int]] = [[]]
     used = 0
     for e in order:
-        size = len(examples[e].input_ids) + len(examples[e].target_ids) - 1
+        size = _example_size(examples[e])
         if chunks[-1] and used + size > token_budget:
             chunks.append([])
             used = 0
         chunks[-1].append(e)
         used += size
     return chunks
+
+
+def _example_size(example: PreparedExample) -> int:
+    """The tokens of an example's original segment (input and continuation but its last token)."""
+    return len(example.input_ids) + len(example.target_ids) - 1
+
+
+def _planned_bins(engine: RowCache) -> Callable[[list[Segment], int], list[list[list[Segment]]]]:
+    """``plan(segments, budget)``: :func:`~probe.intervene.packing.plan_bins` at ``budget``, as batches
+    of bins of segments (what :meth:`~probe.intervene.rowcache.RowCache.run_planned` runs)."""
+    def plan(segments: list[Segment], budget: int) -> list[list[list[Segment]]]:
+        return [[[segments[i] for i in b] for b in batch]
+                for batch in plan_bins(segments, budget, engine.call_overhead_tokens)]
+
+    return plan
+
+
+def _bins_tokens(bins: list[list[Segment]]) -> int:
+    """A batch of bins in the token budget's measure: bins x (deepest cache + widest fill)."""
+    return len(bins) * (max(bin_depth(b) for b in bins) + max(sum(len(s.ids) for s in b) for b in bins))
+
+
+def _segments_of(bins: list[list[Segment]]) -> list[Segment]:
+    return [segment for b in bins for segment in b]
 
 
 def _prefix_passes(engine: RowCache, chunk: list[PreparedExample], wanted: set) -> tuple[FlatCache, dict[int, int]]:
@@ -150,18 +176,16 @@ def _prefix_passes(engine: RowCache, chunk: list[PreparedExample], wanted: set) 
         origin.update({slot: size + start for slot, start in starts.items()})
         size += kv[0][0].shape[0]
 
-    for batch in plan_bins(segments, engine.token_budget, engine.call_overhead_tokens):
-        halving([[segments[i] for i in b] for b in batch], run, engine.stats, engine.pm.device, "bins")
+    engine.run_planned(segments, _planned_bins(engine), run, _bins_tokens, items_of=_segments_of, what="bins")
     kv = [(torch.cat([piece[layer][0] for piece in pieces]), torch.cat([piece[layer][1] for piece in pieces]))
           for layer in range(len(pieces[0]))] if len(pieces) > 1 else pieces[0]
     return kv, origin
 
 
 def _suffix_passes(engine: RowCache, segments: list[Segment], kv: FlatCache, origin: dict[int, int]) -> None:
-    for batch in plan_bins(segments, engine.token_budget, engine.call_overhead_tokens):
-        halving([[segments[i] for i in b] for b in batch], lambda bins: packed_batch(engine, bins, kv, origin),
-                engine.stats, engine.pm.device, "bins")
-        engine.stats.prefix_rows += sum(len(b) for b in batch)
+    engine.run_planned(segments, _planned_bins(engine), lambda bins: packed_batch(engine, bins, kv, origin),
+                       _bins_tokens, items_of=_segments_of, what="bins")
+    engine.stats.prefix_rows += len(segments)
 
 
 # ---------------------------------------------------------------------- one packed model call

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from probe.errors import InputError
 from probe.rows.forward import forward_accepts, slices_logits_to_keep
+from probe.rows.memory import halving
 from probe.rows.target import PreparedExample
 from probe.rows.values import reduce_positions
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from probe.models.core import ProbeModel
 
 Row = tuple[tuple[int, ...], PreparedExample]
+_Item = TypeVar("_Item")
+_Unit = TypeVar("_Unit")
 
 #: Cost of one model call beyond its tokens, in token-equivalents, used only to decide how finely
 #: rows of different widths are split into batches. Measured on a shared 2-core CPU with SmolLM2-135M
@@ -47,7 +50,13 @@ class EngineStats:
     prefix_passes: int = 0  # calls over original inputs that produced prefix caches
     prefix_rows: int = 0  # rows evaluated as a suffix on top of a cached prefix
     seconds: float = 0.0  # wall time spent in model calls
-    oom_splits: int = 0  # batches that ran out of memory and were halved and retried
+    oom_splits: int = 0  # batches (or a method's examples, probe.methods) that ran out of memory, halved and retried
+    # after running out of memory: the tokens of the largest batch that then ran, which later batches
+    # are planned with (RowCache.settle_budget); None where nothing ran out of memory
+    token_budget_used: int | None = None
+    # per method run on parts of the examples (probe.methods): the most examples of one call that
+    # ran after running out of memory, which later calls are cut at; only methods that ran out
+    examples_per_call_used: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -106,6 +115,57 @@ class RowCache:
         """Forget cached values (counters are kept)."""
         self._cache.clear()
 
+    def settle_budget(self, fitted_tokens: int | None) -> bool:
+        """After a batch ran out of memory and was halved: plan every later batch with the tokens of
+        the largest part that then ran (``fitted_tokens``, :func:`~probe.rows.memory.halving`'s answer;
+        None: nothing ran out). The budget is only ever lowered, and recorded in
+        ``stats.token_budget_used``. True where it was lowered (the batches not yet run are planned again)."""
+        if fitted_tokens is None:
+            return False
+        lowered = max(1, int(fitted_tokens)) < self.token_budget
+        self.token_budget = min(self.token_budget, max(1, int(fitted_tokens)))
+        self.stats.token_budget_used = self.token_budget
+        return lowered
+
+    def start_from(self, earlier: Mapping[str, Any] | None) -> None:
+        """Plan from the start with the sizes an earlier engine settled on after running out of memory
+        (``earlier``: its :meth:`EngineStats.as_dict`, e.g. a study's earlier batch): its token budget
+        where lower, and its examples per call."""
+        if not earlier:
+            return
+        self.settle_budget(earlier.get("token_budget_used"))
+        for method, size in (earlier.get("examples_per_call_used") or {}).items():
+            known = self.stats.examples_per_call_used.get(method)
+            self.stats.examples_per_call_used[method] = size if known is None else min(known, size)
+
+    def run_planned(self, items: list[_Item], plan: Callable[[list[_Item], int], list[list[_Unit]]],
+                    run: Callable[[list[_Unit]], object], size: Callable[[list[_Unit]], int], *,
+                    items_of: Callable[[list[_Unit]], list[_Item]], what: str, unit: str | None = None) -> None:
+        """Run ``items`` in the batches ``plan(items, token_budget)`` cuts them into (batches of units
+        that :func:`~probe.rows.memory.halving` may halve; ``size``: a batch's tokens in the budget's
+        measure), with a progress bar over them where the engine shows one and ``unit`` names them.
+        A batch that runs out of memory is halved and continued where it stopped; the budget then
+        settles on what fitted (:meth:`settle_budget`) and the items of the batches not yet run
+        (``items_of``) are planned again at it, so they do not each run out of memory first."""
+        batches = plan(items, self.token_budget)
+        bar = None
+        if self.progress and unit is not None:
+            from probe.progress import progress_bar
+
+            bar = progress_bar(total=len(batches), desc=f"engine ({unit})", unit="batch")
+        try:
+            while batches:
+                batch = batches.pop(0)
+                if self.settle_budget(halving(batch, run, self.stats, self.pm.device, what, size)) and batches:
+                    batches = plan([item for rest in batches for item in items_of(rest)], self.token_budget)
+                    if bar is not None:
+                        bar.total = bar.n + 1 + len(batches)
+                if bar is not None:
+                    bar.update()
+        finally:
+            if bar is not None:
+                bar.close()
+
     def _lookup(self, rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         values = torch.empty(len(rows), dtype=torch.float32)  # [rows]
         labels = torch.empty(len(rows), dtype=torch.long)  # [rows]
@@ -145,10 +205,3 @@ class RowCache:
         self.stats.seconds += time.perf_counter() - started
         self.stats.forward_passes += 1
         self.stats.padded_tokens += int(padded_tokens)
-
-    def _iterate(self, plans, unit: str):
-        if not self.progress:
-            return plans
-        from probe.progress import progress_bar
-
-        return progress_bar(plans, desc=f"engine ({unit})", unit="batch")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,54 +44,73 @@ __all__ = ["ForwardCounter", "peak_memory", "run_batch"]
 
 
 class ForwardCounter:
-    """Counts model calls and rows (a pre-hook on the model: captum's and the engine's calls alike)."""
+    """Counts model calls and rows (a pre-hook on the model: captum's and the engine's calls alike);
+    ``backward_rows``: the rows of calls made with gradients on (each a forward and a backward)."""
 
     def __init__(self, model: torch.nn.Module):
         self.calls = 0
         self.rows = 0
+        self.backward_rows = 0
         self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module, args, kwargs):
         self.calls += 1
+        rows = 0
         for key in ("input_ids", "inputs_embeds"):
             value = kwargs.get(key)
             if value is not None:
-                self.rows += int(value.shape[0])
+                rows = int(value.shape[0])
                 break
         else:
             if args and hasattr(args[0], "shape"):
-                self.rows += int(args[0].shape[0])
+                rows = int(args[0].shape[0])
+        self.rows += rows
+        if torch.is_grad_enabled():
+            self.backward_rows += rows
 
     def close(self) -> None:
         self._handle.remove()
 
 
 class _Timings:
-    """``timed(name, fn)``: runs ``fn`` and adds its seconds to ``seconds[name]`` (in first-call order);
-    ``on_step(name)`` is told each step as it starts (progress)."""
+    """``timed(name, fn)``: runs ``fn`` and adds its seconds to ``seconds[name]`` (in first-call order)
+    and the model rows it ran to ``rows[name]`` (``[forwards, backwards]``: rows run without and with
+    gradients, from ``counter``); ``on_step(name)`` is told each step as it starts (progress)."""
 
-    def __init__(self, on_step: Callable[[str], None] | None = None):
+    def __init__(self, on_step: Callable[[str], None] | None = None, counter: ForwardCounter | None = None):
         self.seconds: dict[str, float] = {}
+        self.rows: dict[str, list[int]] = {}
         self.on_step = on_step
+        self.counter = counter
 
     def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
         if self.on_step is not None:
             self.on_step(name)
+        counter = self.counter
+        rows, backward = (counter.rows, counter.backward_rows) if counter is not None else (0, 0)
         t0 = time.perf_counter()
         result = fn()
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        if counter is not None:
+            done = self.rows.setdefault(name, [0, 0])
+            done[0] += (counter.rows - rows) - (counter.backward_rows - backward)
+            done[1] += counter.backward_rows - backward
         return result
 
 
 def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
-              first_index: int, *, on_step: Callable[[str], None] | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Every table for one batch of dataset examples, and the batch's timings; ``on_step(name)``
-    is told each step (a method, the agreement, ...) as it starts."""
+              first_index: int, *, on_step: Callable[[str], None] | None = None,
+              settled: Mapping[str, Any] | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Every table for one batch of dataset examples, and the batch's timings and engine counters
+    (``info["engine"]``: :class:`~probe.intervene.rowcache.EngineStats`, with the sizes settled on
+    after running out of memory); ``on_step(name)`` is told each step (a method, the agreement, ...)
+    as it starts. ``settled``: an earlier batch's ``info["engine"]``, whose settled sizes this batch
+    starts from (:meth:`~probe.intervene.rowcache.RowCache.start_from`)."""
     from probe.intervene.engine import Engine
 
     started = time.perf_counter()
     counter = ForwardCounter(pm.model)
-    timed = _Timings(on_step)
+    timed = _Timings(on_step, counter)
     try:
         examples = timed("prepare", lambda: prepare_examples(pm, study.target, [e.text for e in data_examples],
                                                              [e.label for e in data_examples]))
@@ -102,6 +121,7 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
                 raise InputError(f"an output of more than {STEP_STRIDE} tokens cannot be explained token by token; "
                                  "give a shorter continuation")
         engine = Engine(pm, token_budget=study.engine.token_budget)
+        engine.start_from(settled)
         token_scores = _method_scores(pm, study, examples, engine, timed)
         units, scores = examples, token_scores
         if study.spans is not None:  # the units compared are spans: scores folded, references perturb whole spans
@@ -131,8 +151,8 @@ def run_batch(pm: ProbeModel, study: Study, data_examples: list[Example],
     wall = time.perf_counter() - started
     info = {"examples": len(examples), "first_example": first_index, "wall_s": wall,
             "forward_calls": counter.calls, "forward_rows": counter.rows, "peak_memory_bytes": peak_memory(pm),
-            "load_average": _load_average()}
-    return tables, {**info, "timings": timed.seconds}
+            "load_average": _load_average(), "engine": engine.stats.as_dict()}
+    return tables, {**info, "timings": timed.seconds, "step_rows": timed.rows}
 
 
 def _load_average() -> float | None:
@@ -155,7 +175,7 @@ def _method_scores(pm: ProbeModel, study: Study, examples: list[PreparedExample]
     needed = methods_needed(study)
     shared = one_pass_gradients(needed, study.params)
     if shared:  # one gradient pass serves them all
-        scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared)))
+        scores.update(timed("+".join(shared), lambda: run_shared_gradients(pm, examples, shared, engine=engine)))
     for method in (m for m in needed if m not in scores):
         scores[method] = timed(method, lambda m=method: run_method(pm, examples, m, engine=engine,  # type: ignore[misc]  # mypy cannot infer a lambda with a default (python/mypy#15459)
                                                                    params=study.params.get(m)))

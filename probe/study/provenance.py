@@ -59,7 +59,8 @@ def source_commit() -> str | None:
 def provenance(store: ResultStore, study: Study, pm: ProbeModel, n_batches: int, tables: dict, dropped: dict,
                load_seconds: float, phases: Mapping[str, float] | None = None) -> dict:
     """What the run was and how it went: versions, the model and its weights' hash, the data, the
-    seconds of each step over the batches (``step_seconds``) and of what ran once after them
+    seconds of each step over the batches (``step_seconds``) and the model rows it ran
+    (``step_rows``: forwards without gradients, and backwards: rows run with them), and of what ran once after them
     (``phase_seconds``: the sanity checks, the randomisation check among them, the statistics)."""
     import torch
 
@@ -67,9 +68,13 @@ def provenance(store: ResultStore, study: Study, pm: ProbeModel, n_batches: int,
     examples = tables["examples"]
     n = len(examples)
     steps: dict[str, float] = {}
+    rows: dict[str, list[int]] = {}
     for info in infos:
         for step, seconds in info.get("timings", {}).items():
             steps[step] = steps.get(step, 0.0) + seconds
+        for step, (forwards, backwards) in info.get("step_rows", {}).items():
+            done = rows.setdefault(step, [0, 0])
+            done[0], done[1] = done[0] + int(forwards), done[1] + int(backwards)
     lengths = examples["n_tokens"]
     return {
         "versions": _versions(), "source_commit": source_commit(),
@@ -87,14 +92,32 @@ def provenance(store: ResultStore, study: Study, pm: ProbeModel, n_batches: int,
                             "min": int(lengths.min()), "max": int(lengths.max())},
         "wall_seconds": float(sum(i["wall_s"] for i in infos)), "model_load_seconds": load_seconds,
         "step_seconds": {k: float(v) for k, v in steps.items()},
+        "step_rows": {k: {"forwards": f, "backwards": b} for k, (f, b) in rows.items()},
         "phase_seconds": {k: float(v) for k, v in (phases or {}).items()},
         "peak_memory_bytes": int(max(i.get("peak_memory_bytes", -1) for i in infos)),
         "forward_passes_per_example": float(sum(i["forward_calls"] for i in infos) / max(n, 1)),
         "forward_rows_per_example": float(sum(i["forward_rows"] for i in infos) / max(n, 1)),
+        "batch_sizes": batch_sizes(infos, study.engine.token_budget),
         "devices_used": sorted({str(i.get("device")) for i in infos}),
         "torch_threads": torch.get_num_threads(), "host": platform.platform(), "machine": machine_load(infos),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def batch_sizes(infos: list[dict], token_budget: int) -> dict:
+    """The sizes the batches ran at: the study's ``token_budget``, the splits made on running out of
+    memory (``oom_splits``), and what the run settled on after them (the smallest over the batches):
+    ``token_budget_used``, the tokens of one intervention pass (None where nothing ran out of memory),
+    and ``examples_per_call_used``, per method run on parts of the examples, the most examples of
+    one call. Batches stored before these were recorded count as none."""
+    stats = [i["engine"] for i in infos if isinstance(i.get("engine"), dict)]
+    budgets = [int(s["token_budget_used"]) for s in stats if s.get("token_budget_used") is not None]
+    per_call: dict[str, int] = {}
+    for s in stats:
+        for method, size in (s.get("examples_per_call_used") or {}).items():
+            per_call[method] = min(per_call.get(method, int(size)), int(size))
+    return {"token_budget": int(token_budget), "oom_splits": sum(int(s.get("oom_splits", 0)) for s in stats),
+            "token_budget_used": min(budgets) if budgets else None, "examples_per_call_used": per_call}
 
 
 def machine_load(infos: list[dict]) -> dict:

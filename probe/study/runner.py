@@ -256,7 +256,9 @@ def _load(study: Study, dist_info: tuple[int, int] | None) -> tuple[ProbeModel, 
 def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[list], mine: list[int], done: set[int],
              todo: list[int], *, shard: tuple[int, int] | None, progress: bool, stop_after: int | None) -> list[int]:
     """Run and store the batches ``todo`` (at most ``stop_after``) with a progress bar over ``mine``
-    that names the step of the batch under way (a method, the agreement, ...)."""
+    that names the step of the batch under way (a method, the agreement, ...). A batch starts from
+    the sizes the one before it settled on after running out of memory, so the sizes that fit are
+    found once per process, not once per batch."""
     size = study.engine.batch_size
     bar = None
     if progress and todo:
@@ -265,12 +267,14 @@ def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[lis
         bar = progress_bar(total=sum(len(batches[b]) for b in mine),
                            initial=sum(len(batches[b]) for b in mine if b in done), unit="ex", desc=study.name)
     computed: list[int] = []
+    settled = None
     try:
         for b in todo:
             if stop_after is not None and len(computed) >= stop_after:
                 break
             step = (lambda name, b=b: bar.set_postfix_str(f"batch {b}: {name}")) if bar is not None else None
-            tables, info = run_batch(pm, study, batches[b], b * size, on_step=step)
+            tables, info = run_batch(pm, study, batches[b], b * size, on_step=step, settled=settled)
+            settled = info["engine"]
             store.write_batch(b, tables, {**info, "device": str(pm.device), "shard": list(shard) if shard else None})
             computed.append(b)
             if bar is not None:
