@@ -1,5 +1,9 @@
 """The ``probe`` command line. Imports of torch and transformers happen inside commands, so
-``probe --help`` stays fast."""
+``probe --help`` stays fast.
+
+Size: one function per command with its options, which typer reads from the signature (and the docs'
+CLI page from typer); the work of each command lives elsewhere, and what is left is the options' text.
+"""
 
 from __future__ import annotations
 
@@ -352,6 +356,8 @@ def run(
     force_new: bool = typer.Option(False, "--force-new", help="start over in a result folder that holds another "
                                                               "study's "
                                    "results (or this study's on other data, weights or code), removing them"),
+    plan: bool = typer.Option(False, "--plan", help="first predict the study's cost (probe plan) and print it; "
+                                                    "refuse the run if its peak does not fit the device's memory"),
 ) -> None:
     """Run a study (or continue an interrupted one): tables, statistics and a verdict in the result folder."""
     from probe.spec.study import load_study
@@ -370,11 +376,82 @@ def run(
     _set_threads(torch, threads)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_one_line
+        model = _planned_model(spec) if plan else None
         result = run_study(spec, shard=shard_of, progress=progress, wait=wait, force_new=force_new,
-                           log=_log)
+                           log=_log, model=model)
     if result.verdict is not None:
         _say(f"{result.verdict.answer.upper()}: {result.verdict.headline}")
         _say(f"results: {result.root}")
+
+
+def _planned_model(spec):
+    """``probe run --plan``: the study's plan printed, a one-line refusal where its peak does not fit the
+    device's memory, else the model the plan loaded (the run uses it)."""
+    from probe.models.loading import load_model
+    from probe.study.cost import plan_study
+
+    pm = load_model(spec.model.id, device=spec.model.device, dtype=spec.model.dtype,
+                    attn_implementation=spec.model.attn_implementation, task=spec.model.task,
+                    allow_random_weights=spec.model.allow_random_weights)
+    found = plan_study(spec, pm=pm, log=_log)
+    for line in found.lines():
+        _say(line)
+    if not found.fits:
+        raise InputError(f"the study's predicted peak memory ({found.peak_bytes / 2**30:.1f} GiB) exceeds the "
+                         f"{found.available_bytes / 2**30:.1f} GiB available on {found.device}: see `probe plan "
+                         "--memory` for settings that fit")
+    return pm
+
+
+@app.command()
+def plan(
+    study: str = typer.Argument(..., help="a study file (YAML), e.g. studies/quickstart.yaml"),
+    n: int = typer.Option(None, "--n", help="plan for the study cut to its first N examples"),
+    dataset: str = typer.Option(None, "--dataset", help="plan on this CSV/JSONL file (text and label columns) instead"),
+    device: str = typer.Option(None, "--device", help="override the study's device: cpu, cuda, cuda:N"),
+    dtype: str = typer.Option(None, "--dtype", help="override the study's dtype: fp32, bf16, fp16"),
+    budget: str = typer.Option(None, "--budget", help="a time budget (2h, 90m, 600s): say which settings fit it"),
+    memory: str = typer.Option(None, "--memory", help="a memory budget (40GiB, 16GB): say which settings fit it "
+                                                      "(default: the device's available memory)"),
+    json_out: str = typer.Option(None, "--json", help="also write the plan as JSON to this file"),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default), as the run "
+                                                            "will use them"),
+) -> None:
+    """Predict what a study will cost before running it: per step the model rows (forwards, backwards),
+    the seconds and the peak memory on its device, from a short calibration on the real model."""
+    from probe.spec.study import load_study
+    from probe.study.budget import fit_budget
+    from probe.study.cost import parse_budget, parse_memory
+
+    seconds = parse_budget(budget) if budget is not None else None
+    limit = parse_memory(memory) if memory is not None else None
+    spec = load_study(study, n=n, dataset=dataset, device=device, dtype=dtype)
+    from probe.study.sizes import check_sizes
+
+    check_sizes(spec, file=study)
+    quiet_libraries()
+    import torch
+
+    from probe.study.cost import plan_study
+
+    _set_threads(torch, threads)
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_one_line
+        found = plan_study(spec, log=_log)
+    for line in found.lines():
+        _say(line)
+    fixes = fit_budget(found, spec, seconds=seconds, memory=limit)
+    if fixes:
+        _say("to fit " + " and ".join(w for w in (budget, memory) if w) + ":" if (budget or memory)
+             else "to fit the device's memory:")
+        for fix in fixes:
+            _say(f"  {fix}")
+    elif budget or memory:
+        _say("fits " + " and ".join(w for w in (budget, memory) if w))
+    if json_out:
+        from pathlib import Path
+
+        Path(json_out).write_text(json.dumps({**found.to_dict(), "fits_budget": fixes}, indent=2) + "\n")
 
 
 @app.command()
