@@ -82,7 +82,7 @@ def target_rows(pm: ProbeModel, batch: RowBatch, tq: TargetQueries, *, layers: S
                            "attention methods cannot score them; use leave-one-out or gradient methods")
     heads = max(w.shape[1] for w in per_layer)
     if all(w.shape[1] == heads for w in per_layer):
-        return torch.stack(per_layer, dim=1)
+        return capture.maps(tq.stack).weights  # the capture's own stacked tensor: no second copy
     padded = per_layer[0].new_full((per_layer[0].shape[0], len(per_layer), heads, *per_layer[0].shape[2:]), torch.nan)
     for i, w in enumerate(per_layer):
         padded[:, i, : w.shape[1]] = w

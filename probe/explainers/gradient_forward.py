@@ -455,6 +455,26 @@ def per_example(values: torch.Tensor, problem: EmbeddingForward) -> list[torch.T
     return [values[r, : int(n)] for r, n in enumerate(problem.batch.input_lengths.tolist())]
 
 
+#: attention implementations whose kernel keeps no [T, T] map for the backward pass
+FUSED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def attention_kernel_note(pm: ProbeModel) -> str:
+    """The attention a gradient runs through and what its backward pass holds (``params["attention_kernel"]``).
+
+    The gradient methods run the model's own kernel, never a switch to eager: under a fused kernel
+    (sdpa, flash) no [T, T] map is kept, so their memory grows as T; a model whose attention
+    is eager or computed inline keeps every layer's weights for the backward pass, T x T per head."""
+    implementation = pm.contract.implementation
+    through_function = all(s.capture_path == "attention function" for s in pm.contract.stacks.values())
+    if implementation in FUSED_ATTENTION and through_function:
+        return (f"{implementation}: fused, no [T, T] map kept for the backward pass (memory linear in T; a padded "
+                "batch still carries its [batch, 1, T, T] mask)")
+    advice = "; load the model with attn_implementation='sdpa' for memory linear in T" if through_function else ""
+    return (f"{implementation}: every layer's [head, T, T] weights kept for the backward pass (memory quadratic in "
+            f"T){advice}")
+
+
 def common_params(pm: ProbeModel, problem: EmbeddingForward) -> dict:
     examples = problem.batch.examples
     space, note = SITE_SPACES[problem.site.name]
@@ -469,6 +489,7 @@ def common_params(pm: ProbeModel, problem: EmbeddingForward) -> dict:
         "attributed": pm.task.attributed,
         "gradient_dtype": "float32",
         "model_dtype": str(_model_dtype(pm)).replace("torch.", ""),
+        "attention_kernel": attention_kernel_note(pm),
     }
 
 

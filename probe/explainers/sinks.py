@@ -135,6 +135,8 @@ def _full_maps(pm: ProbeModel, batch, stack: str) -> torch.Tensor:
         raise CaptureError(f"the {stack} layers attend over {sorted(keys)} positions (downsampled keys): sinks "
                            "are found over the input's tokens, which every layer must attend")
     heads = max(w.shape[1] for w in per_layer)
+    if all(w.shape[1] == heads for w in per_layer):
+        return capture.maps(stack).weights  # the capture's own stacked tensor: no second copy
     out = per_layer[0].new_full((per_layer[0].shape[0], len(per_layer), heads, *per_layer[0].shape[2:]), float("nan"))
     for i, w in enumerate(per_layer):
         out[:, i, : w.shape[1]] = w

@@ -37,6 +37,7 @@ from probe.hooks.attention_functions import (
     sink_logits,
 )
 from probe.hooks.readers import FUNCTION, ReadPath
+from probe.hooks.stacked import LayerStacks, stack_slots
 from probe.hooks.types import (
     AttentionInputs,
     AttentionMaps,
@@ -116,6 +117,8 @@ class _Session:
         for reader, places in self._read_places.items():
             reader.refuse(places, self.modules, (self.editors, self.readers))
         self.records: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # each stack's maps written into one [batch, layer, head, rows, key] as its layers run: no second copy
+        self.layer_stacks = LayerStacks(stack_slots(contract, self.stacks, self.wants))
         self.calls: dict[tuple[str, int], int] = {}
         # where the model's inputs live (its first parameter): records and editors work there, so a
         # model spread over devices (device_map="auto") gives maps on one device and editors whose
@@ -416,7 +419,8 @@ class _Session:
         has_keys = has_keys.expand(batch, *has_keys.shape[1:]).any(dim=1)  # [batch, rows]
         if rows is None:
             rows = torch.arange(q_len, device=picked.device).expand(batch, q_len)
-        self.records[place] = (picked.to(self.home), rows.to(self.home), has_keys.to(self.home))
+        self.records[place] = (self.layer_stacks.put(place[0], place[1], picked, self.home), rows.to(self.home),
+                               has_keys.to(self.home))
 
 
 class Capture:
@@ -432,6 +436,7 @@ class Capture:
 
     def clear(self) -> None:
         self._session.records.clear()
+        self._session.layer_stacks.clear()
         self._session.calls.clear()
         self._session._module_calls.clear()
 
@@ -452,7 +457,9 @@ class Capture:
                 f"({', '.join(map(str, sorted(shapes)))}), "
                 "so their maps cannot stack: read them one layer at a time with Capture.layer_maps"
             )
-        weights = torch.stack([session.records[(stack, layer)][0] for layer in layers], dim=1)
+        weights = session.layer_stacks.stacked(stack, tuple(layers))  # [batch, layer, head, rows, key]: no copy
+        if weights is None:
+            weights = torch.stack([session.records[(stack, layer)][0] for layer in layers], dim=1)
         has_keys = torch.stack([session.records[(stack, layer)][2] for layer in layers], dim=1)
         rows = session.records[(stack, layers[0])][1]
         heads = for_stack(session.heads, stack)
@@ -468,6 +475,7 @@ class Capture:
         layers differ in heads or key length."""
         session = self._session
         stack = stack or session.contract.primary_stack
+        session.layer_stacks.lend(stack)  # its layers' maps are views of the stacked tensor: never written again
         out = {}
         for (s, layer), (weights, rows, has_keys) in sorted(session.records.items()):
             if s != stack:
