@@ -27,7 +27,7 @@ The checks after the steps: the randomisation check from the same rates (each me
 examples on :data:`~probe.study.randomisation.RANDOM_DRAWS` random weight draws per cascade stage,
 integrated gradients at 16 points, the reference on them and on the trained model); the statistics
 timed on the calibration batch's tables, alone and repeated (a fixed part and a part per example);
-the report at :data:`AFTER_STEPS_SECONDS`.
+the report from the figures it draws (:func:`_report_seconds`, not calibrated).
 :func:`probe.study.budget.fit_budget` says which settings would bring the plan under a time or memory
 budget."""
 
@@ -60,9 +60,13 @@ PLAN_MEMORY_VARIABLE = "PROBE_PLAN_MEMORY"
 SAMPLE = 2
 #: examples prepared to read the study's length distribution (more are scaled from them)
 LENGTH_SAMPLE = 64
-#: seconds the report took after the bench study's steps (docs/performance.md): one fixed phase;
-#: the statistics where they could not be timed on the calibration batch add as many
-AFTER_STEPS_SECONDS = 1.0
+#: the report's fixed seconds; the statistics where they could not be timed on the calibration batch
+#: add as many
+AFTER_STEPS_SECONDS = 0.5
+#: the report's seconds per method drawn per layer x head, and per section beyond the agreement: fitted
+#: to the reports of the quickstart, context-mixing and bench studies on a 2-core CPU (6.9, 1.7, 0.9 s)
+REPORT_SECONDS_PER_HEAD_METHOD = 1.3
+REPORT_SECONDS_PER_SECTION = 0.6
 #: times the calibration batch's tables are repeated to time the statistics' growth with the examples
 STATISTICS_COPIES = 4
 
@@ -500,8 +504,7 @@ def _run_peak(pm: ProbeModel, study: Study, step: str, measured: _Measured, prep
     sampled = max(len(e.input_ids) for e in measured.examples)
     per_batch = min(study.engine.batch_size, len(prepared)) / max(len(measured.examples), 1)
     entry = find(step.split("+")[0])
-    quadratic = entry is not None and entry.family == "attention"  # the maps: [layer, head, T, T] per example
-    grow = per_batch * (longest / sampled) ** (2 if quadratic else 1)
+    grow = per_batch * longest / sampled  # linear in T: where maps of [T, T] dominate, an underestimate
     if measured.rows.get(step, [0, 0])[1]:
         cap = GRADIENT_TOKEN_BUDGET
     elif entry is None or entry.engine or entry.family == "intervention":
@@ -510,6 +513,22 @@ def _run_peak(pm: ProbeModel, study: Study, step: str, measured: _Measured, prep
         cap = None
     run_tokens = tokens * grow if cap is None else min(tokens * grow, max(cap, tokens))
     return int(peak * run_tokens / tokens)
+
+
+def _report_seconds(study: Study) -> float:
+    """The report's seconds, not calibrated: :data:`AFTER_STEPS_SECONDS` plus
+    :data:`REPORT_SECONDS_PER_HEAD_METHOD` per method drawn per layer x head (its heatmaps) and
+    :data:`REPORT_SECONDS_PER_SECTION` per section beyond the agreement (erasure, counterfactual,
+    heads, the per-head causal test), as the shipped studies' reports took on a 2-core CPU."""
+    from probe.registry import find
+    from probe.study.plan import methods_needed
+
+    per_head = sum(1 for m in methods_needed(study) if (entry := find(m)) is not None and entry.per_head)
+    metrics = study.metrics
+    heads = metrics.heads is not None and (metrics.heads.ablation or metrics.heads.importance)
+    sections = sum(1 for spec in (metrics.erasure, metrics.counterfactual, metrics.heads_causal) if spec is not None)
+    sections += int(bool(heads))
+    return AFTER_STEPS_SECONDS + REPORT_SECONDS_PER_HEAD_METHOD * per_head + REPORT_SECONDS_PER_SECTION * sections
 
 
 def _phases(pm: ProbeModel, study: Study, steps: list[StepCost], measured: _Measured, n: int) -> dict[str, float]:
@@ -523,7 +542,7 @@ def _phases(pm: ProbeModel, study: Study, steps: list[StepCost], measured: _Meas
     sanity = study.metrics.sanity
     per_example = {s.step: s.seconds / max(n, 1) for s in steps}
     fixed, rate = measured.statistics or (AFTER_STEPS_SECONDS, 0.0)
-    phases = {"statistics": fixed + rate * n, "report": AFTER_STEPS_SECONDS}
+    phases = {"statistics": fixed + rate * n, "report": _report_seconds(study)}
     if not sanity.randomisation:
         return phases
     stages = len(sanity.fractions)
