@@ -387,12 +387,10 @@ def run(
 def _planned_model(spec):
     """``probe run --plan``: the study's plan printed, a one-line refusal where its peak does not fit the
     device's memory, else the model the plan loaded (the run uses it)."""
-    from probe.models.loading import load_model
     from probe.study.cost import plan_study
+    from probe.study.runner import load_study_model
 
-    pm = load_model(spec.model.id, device=spec.model.device, dtype=spec.model.dtype,
-                    attn_implementation=spec.model.attn_implementation, task=spec.model.task,
-                    allow_random_weights=spec.model.allow_random_weights)
+    pm = load_study_model(spec)
     found = plan_study(spec, pm=pm, log=_log)
     for line in found.lines():
         _say(line)

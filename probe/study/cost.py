@@ -69,6 +69,8 @@ REPORT_SECONDS_PER_HEAD_METHOD = 1.3
 REPORT_SECONDS_PER_SECTION = 0.6
 #: times the calibration batch's tables are repeated to time the statistics' growth with the examples
 STATISTICS_COPIES = 4
+#: what each copy adds to the example numbers (past every real one)
+COPY_STRIDE = 10**6
 
 
 @dataclasses.dataclass
@@ -233,11 +235,9 @@ def _sample_examples(examples: Sequence[Any], lengths: Sequence[int], k: int) ->
 
 
 def _calibration_study(study: Study) -> Study:
-    return study.model_copy(update={"params": {name: calibration_params(name, study.params.get(name))
-                                               for name in {*study.params, "shapley", "knockout",
-                                                            "integrated_gradients", "gradient_shap", "loo_random",
-                                                            "loo_lm"}
-                                               if calibration_params(name, study.params.get(name)) is not None}})
+    names = {*study.params, "shapley", "knockout", "integrated_gradients", "gradient_shap", "loo_random", "loo_lm"}
+    params = {name: calibration_params(name, study.params.get(name)) for name in names}
+    return study.model_copy(update={"params": {name: p for name, p in params.items() if p is not None}})
 
 
 # --------------------------------------------------------------------------- the plan
@@ -269,16 +269,14 @@ def plan_study(study: Study, *, pm: ProbeModel | None = None, log: Callable[[str
     study's model loaded already, whose ``load_seconds`` count), prepares up to :data:`LENGTH_SAMPLE`
     examples for their lengths and runs one calibration batch of :data:`SAMPLE` (after one of a
     single example, unmeasured: the first call of each kind pays one-time costs the run pays once)."""
-    from probe.models.loading import load_model
     from probe.rows.memory import available_memory
     from probe.study.examples import prepare_examples, select_examples
+    from probe.study.runner import load_study_model
 
     say = log or (lambda text: None)
     started = time.perf_counter()
     if pm is None:
-        pm = load_model(study.model.id, device=study.model.device, dtype=study.model.dtype,
-                        attn_implementation=study.model.attn_implementation, task=study.model.task,
-                        allow_random_weights=study.model.allow_random_weights)
+        pm = load_study_model(study)
     load_seconds = float(getattr(pm, "load_seconds", 0.0) or 0.0)
     data, _ = select_examples(pm, study.dataset, study.target)
     if not data:
@@ -350,14 +348,13 @@ def _statistics_rate(pm: ProbeModel, study: Study, tables: Mapping[str, Any]) ->
     from probe.study.summary import judge_tables, mixing_words
 
     def judged(copies: int) -> float:
-        grown = {name: pd.concat([t.assign(example=t["example"] + k * STRIDE) if "example" in t.columns else t
+        grown = {name: pd.concat([t.assign(example=t["example"] + k * COPY_STRIDE) if "example" in t.columns else t
                                   for k in range(copies)], ignore_index=True)
                  for name, t in tables.items() if isinstance(t, pd.DataFrame)}
         started = time.perf_counter()
         judge_tables(grown, study, dtype=pm.contract.dtype, mixing=mixing_words(pm.contract))
         return time.perf_counter() - started
 
-    STRIDE = 10**6  # noqa: N806 - example numbers of a copy: past every real one
     try:
         judged(1)  # first use: imports and caches, as the run pays them in its steps
         small, large = judged(1), judged(STATISTICS_COPIES)

@@ -241,16 +241,21 @@ def _run_batches(pm: ProbeModel, study: Study, store: ResultStore, data: list, d
 
 def _load(study: Study, dist_info: tuple[int, int] | None) -> tuple[ProbeModel, float]:
     """The study's model (under torchrun on this process's GPU) and the seconds its loading took."""
-    from probe.models.loading import load_model
-
     device = study.model.device
     if dist_info is not None and device.startswith("cuda") and ":" not in device:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', dist_info[0]))}"
     t_load = time.perf_counter()
-    pm = load_model(study.model.id, device=device, dtype=study.model.dtype,
-                    attn_implementation=study.model.attn_implementation, task=study.model.task,
-                    allow_random_weights=study.model.allow_random_weights)
+    pm = load_study_model(study, device=device)
     return pm, time.perf_counter() - t_load
+
+
+def load_study_model(study: Study, *, device: str | None = None) -> ProbeModel:
+    """The study's model as its ``model`` section says (on ``device`` where given)."""
+    from probe.models.loading import load_model
+
+    return load_model(study.model.id, device=device or study.model.device, dtype=study.model.dtype,
+                      attn_implementation=study.model.attn_implementation, task=study.model.task,
+                      allow_random_weights=study.model.allow_random_weights)
 
 
 def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[list], mine: list[int], done: set[int],
@@ -525,4 +530,4 @@ def _check_methods(pm: ProbeModel, study: Study) -> None:
     check_contrast(pm, study.target)
 
 
-__all__ = ["run_study", "prepare_study_examples", "output_folder"]
+__all__ = ["load_study_model", "run_study", "prepare_study_examples", "output_folder"]
