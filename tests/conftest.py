@@ -94,21 +94,25 @@ def loaded(tiny_dirs):
 
 
 @contextlib.contextmanager
-def _simulated_oom(pm, fails):
+def _simulated_oom(pm, fails, *, size=None):
     """Within the block, a call of ``pm.model`` for which ``fails(call_number, input_ids)`` is true
     raises CUDA's out-of-memory error instead of running (``input_ids`` is None for embeddings).
-    Yields counts: ``{"calls": ..., "failed": ...}``."""
+    ``size``: ``fails`` gets ``size(kwargs)`` (the call's keyword arguments) instead of the ids, and
+    the sizes of the calls that ran are kept. Yields counts: ``{"calls", "failed", "ran"}``."""
     import torch
 
     model = pm.model
     original = model.forward
-    counts = {"calls": 0, "failed": 0}
+    counts: dict = {"calls": 0, "failed": 0, "ran": []}
 
     def forward(*args, **kwargs):
         counts["calls"] += 1
-        if fails(counts["calls"], kwargs.get("input_ids", args[0] if args else None)):
+        seen = size(kwargs) if size is not None else kwargs.get("input_ids", args[0] if args else None)
+        if fails(counts["calls"], seen):
             counts["failed"] += 1
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        if size is not None:
+            counts["ran"].append(seen)
         return original(*args, **kwargs)
 
     model.forward = forward

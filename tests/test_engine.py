@@ -3,7 +3,6 @@ recomputation, across batch sizes; de-duplication; erasure curves; errors."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -581,34 +580,15 @@ OOM_TEXTS = ["the movie was good and fun", "bad film , not fun at all", "i loved
              "the cast sparkles", "too long and too slow"]
 
 
-@contextlib.contextmanager
-def _out_of_memory_above(pm, limit: int):
-    """Within the block, a model call over more than ``limit`` tokens in the engine's measure (rows x
-    (cached prefix + fed width)) raises CUDA's out-of-memory error. Yields ``{"ran": [tokens of each
-    call that ran], "failed": calls that raised}``."""
-    model = pm.model
-    original = model.forward
-    counts: dict = {"ran": [], "failed": 0}
-
-    def forward(*args, **kwargs):
-        ids = kwargs["input_ids"]
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        tokens = ids.shape[0] * (ids.shape[1] + (cache.get_seq_length() if cache is not None else 0))
-        if tokens > limit:
-            counts["failed"] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        counts["ran"].append(tokens)
-        return original(*args, **kwargs)
-
-    model.forward = forward
-    try:
-        yield counts
-    finally:
-        del model.forward
+def _engine_tokens(kwargs) -> int:
+    """A model call's tokens in the engine's measure: rows x (cached prefix + fed width)."""
+    ids = kwargs["input_ids"]
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return ids.shape[0] * (ids.shape[1] + (cache.get_seq_length() if cache is not None else 0))
 
 
 @pytest.mark.parametrize("kind,reuse", [("bert", False), ("llama_gqa", False), ("llama_gqa", True)])
-def test_out_of_memory_settles_the_token_budget_of_later_batches(loaded, kind, reuse, monkeypatch):
+def test_out_of_memory_settles_the_token_budget_of_later_batches(loaded, kind, reuse, monkeypatch, simulated_oom):
     """Calls over more than X tokens run out of memory: the batch that first does is halved and
     continued, every later batch is planned at the tokens of the largest part that ran (<= X, recorded
     in the stats), so a handful of errors are raised in all, not some for every batch; the values are
@@ -628,7 +608,7 @@ def test_out_of_memory_settles_the_token_budget_of_later_batches(loaded, kind, r
     planned = uninterrupted.stats.forward_passes
     assert planned >= 4  # the budget plans several batches, each over the limit
 
-    with _out_of_memory_above(pm, limit) as calls:
+    with simulated_oom(pm, lambda _, tokens: tokens > limit, size=_engine_tokens) as calls:
         engine = Engine(pm, token_budget=budget, call_overhead_tokens=overhead)
         assert engine.stats.token_budget_used is None
         got = engine.values(rows, reuse_prefix=reuse)
@@ -641,7 +621,8 @@ def test_out_of_memory_settles_the_token_budget_of_later_batches(loaded, kind, r
     # each batch is only halved, one per batch planned at the start)
     assert 0 < calls["failed"] <= 2
 
-    with _out_of_memory_above(pm, limit) as later:  # a later call is planned at the settled budget at once
+    # a later call is planned at the settled budget at once
+    with simulated_oom(pm, lambda _, tokens: tokens > limit, size=_engine_tokens) as later:
         engine.values([(ids[:-1], e) for ids, e in rows if len(ids) > 3], reuse_prefix=reuse)
     assert later["failed"] == 0 and later["ran"] and engine.token_budget == settled
 

@@ -19,11 +19,13 @@ import pytest
 from probe.errors import InputError
 from probe.names import FORMAT_VERSION
 from probe.report.build import build_comparison, build_report
+from probe.study.verdict import Verdict
 
 from browser import headless_chromium
 from figure_checks import legend_overlaps_axes, overlapping_texts, texts_outside_canvas
 
-ALL_SECTIONS = ["verdict", "setup", "agreement", "erasure", "counterfactual", "heads", "tokens", "limitations"]
+ALL_SECTIONS = ["verdict", "setup", "agreement", "frontier", "erasure", "counterfactual", "heads", "tokens",
+                "limitations"]
 INJECTED = "<script>alert(1)</script>"
 WORDS = ["good", "bad", "great", "terrible", "movie", "film", "story", "boring", "fun", "the", "plot", "acting",
          "not", "very", "really", "awful", "excellent", "slow", "funny", "ending"]
@@ -95,8 +97,8 @@ def test_finished_study_has_every_section_in_order(report, result):
     # one heatmap figure per per-head explainer, the layer lines, the distribution, erasure, both
     # counterfactual figures, the head maps, the sanity checks' randomisation curves, the attention sinks
     names = {p.stem for p in report.figures}
-    assert names == {"heads_attention", "layers", "distribution", "erasure", "permutation", "adversarial", "heads",
-                     "randomisation", "sinks"}
+    assert names == {"heads_attention", "layers", "distribution", "frontier", "erasure", "permutation", "adversarial",
+                     "heads", "randomisation", "sinks"}
     for phrase in ("not part of this study",):
         assert phrase not in html
 
@@ -125,7 +127,7 @@ def test_markdown_and_figures_next_to_it(report):
         assert path.read_bytes()[:4] == b"\x89PNG"
     headings = [line[3:] for line in md.splitlines() if line.startswith("## ")]
     assert headings[1:] == ["Verdict", "Model, set-up and provenance", "Agreement with the references",
-                            "Erasure curves", "Counterfactual attention", "Heads", "Example token views",
+                            "Cost against agreement", "Erasure curves", "Counterfactual attention", "Heads", "Example token views",
                             "Limitations"]
     assert "**Answer:" in md and "| vs loo\\_delete (verdict) |" in md
 
@@ -133,8 +135,8 @@ def test_markdown_and_figures_next_to_it(report):
 def test_csv_tables_are_readable_with_the_right_columns(report, result):
     tables = {p.stem: pd.read_csv(p) for p in report.tables}
     assert set(tables) == {"agreement_by_layer", "baselines_and_ceiling", "erasure_aopc", "erasure_curves",
-                           "counterfactual", "heads", "sanity", "sanity_units", "verdict_units", "sinks_layers",
-                           "sinks_heads"}
+                           "counterfactual", "frontier", "heads", "sanity", "sanity_units", "verdict_units",
+                           "sinks_layers", "sinks_heads"}
     # rule 1's p-values per unit, as paired.parquet holds them; each bottom-up unit's own randomisation check
     units = tables["verdict_units"]
     paired = pd.read_parquet(result / "paired.parquet")
@@ -169,6 +171,42 @@ def test_csv_tables_are_readable_with_the_right_columns(report, result):
     heads = tables["heads"]
     assert len(heads) == 2 * 4 and {"layer", "head", "mean_abs_ablation_change", "mean_importance",
                                     "top3_attention"} <= set(heads)
+
+
+def test_the_frontier_equals_a_direct_computation(report, result):
+    """verdict.json's frontier, recomputed by hand from summary.parquet and provenance.json: each
+    explainer's best unit against the verdict reference, the other reference's ceiling row, seconds
+    per example from the step seconds (a shared step counted whole for each of its methods)."""
+    verdict = json.loads((result / "verdict.json").read_text())
+    prov = json.loads((result / "provenance.json").read_text())
+    summary = pd.read_parquet(result / "summary.parquet")
+    frontier = verdict["frontier"]
+    assert frontier["reference"] == verdict["reference"] == "loo_delete"
+    assert dict(Verdict.read(result).frontier) == frontier
+    points = {p["method"]: p for p in frontier["points"]}
+    assert set(points) == {"attention", "attention_mean", "rollout", "saliency", "input_x_gradient", "loo_mask"}
+    mine = summary[(summary.role == "explainer") & (summary.reference == "loo_delete")
+                   & (summary.measure == verdict["measure"])]
+    steps, n = prov["step_seconds"], prov["examples"]
+    for method, point in points.items():
+        seconds = sum(v for k, v in steps.items() if method in k.split("+"))
+        assert point["seconds_per_example"] == pytest.approx(seconds / n)
+        if method == "loo_mask":  # the ceiling pair's other member: its agreement is the ceiling itself
+            assert point["mean"] == pytest.approx(verdict["ceiling"]["mean"]) and point["defines_ceiling"]
+            assert not point["within_ceiling"]
+            continue
+        assert point["mean"] == pytest.approx(mine[mine.explainer == method]["mean"].max())
+        assert point["within_ceiling"] == (point["mean"] >= verdict["ceiling"]["ci"][0]
+                                           and method not in verdict["unreliable"])
+    within = [p for p in points.values() if p["within_ceiling"]]
+    cheapest = frontier["cheapest"]
+    if within:
+        assert cheapest["seconds_per_example"] == min(p["seconds_per_example"] for p in within)
+    else:
+        assert cheapest is None and "no method reaches" in frontier["why"]
+    table = pd.read_csv(report.out_dir / "tables" / "frontier.csv")
+    assert list(table.method) == [p["method"] for p in frontier["points"]]
+    assert "Cost against agreement" in report.html.read_text(encoding="utf-8")
 
 
 def test_top3_attention_equals_a_direct_computation(report, result):
@@ -260,11 +298,11 @@ def test_sections_without_their_tables_say_so(result, tmp_path):
         assert f"{what} not part of this study." in body and "<img" not in body
     heads = html.split('<section id="heads">')[1].split("</section>")[0]
     assert "Head ablation is not part of this study." in heads
-    assert {p.stem for p in files.tables} == {"agreement_by_layer", "baselines_and_ceiling", "heads", "sanity",
-                                              "sanity_units", "verdict_units", "sinks_layers", "sinks_heads"}
+    assert {p.stem for p in files.tables} == {"agreement_by_layer", "baselines_and_ceiling", "frontier", "heads",
+                                              "sanity", "sanity_units", "verdict_units", "sinks_layers", "sinks_heads"}
     assert "mean_abs_ablation_change" not in pd.read_csv(folder / "report" / "tables" / "heads.csv").columns
-    assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "heads", "randomisation",
-                                               "sinks"}
+    assert {p.stem for p in files.figures} == {"heads_attention", "layers", "distribution", "frontier", "heads",
+                                               "randomisation", "sinks"}
 
 
 def test_the_randomisation_figure_needs_a_curve(result, tmp_path):
@@ -291,7 +329,8 @@ def test_a_half_finished_run_gets_a_partial_report(result, tmp_path):
     files = build_report(folder, tmp_path / "out")
     html = files.html.read_text(encoding="utf-8")
     md = files.markdown.read_text(encoding="utf-8")
-    assert files.partial and "verdict" not in files.sections and files.sections == ALL_SECTIONS[1:]
+    # no verdict, and no frontier (it is judged against the verdict's ceiling)
+    assert files.partial and files.sections == [s for s in ALL_SECTIONS if s not in ("verdict", "frontier")]
     assert "PARTIAL: 2 of 3 batches done (8 examples)" in html and "PARTIAL: 2 of 3 batches done" in md
     assert "the verdict comes when the run completes" in html.lower()
     assert "Answer:" not in html and "The rule" not in html

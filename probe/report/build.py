@@ -18,6 +18,7 @@ from probe.errors import InputError
 from probe.names import COMPLETE_FILE
 from probe.report import analysis as an
 from probe.report import figures as fg
+from probe.report.frontier import frontier_of, frontier_section
 from probe.report.output import (
     RECORDED_FILES,
     SOURCE_FILE,
@@ -155,7 +156,7 @@ def build_report(result_dir: str | Path, out_dir: str | Path | None = None) -> R
             sections.append(verdict_section(r, w))
             sections += [s for s in [heads_causal_section(r, w)] if s is not None]  # only where asked for
         sections += [setup_section(r, w), agreement_section(r, w)]
-        sections += [s for s in [steps_section(r, w)] if s is not None]
+        sections += [s for s in [frontier_section(r, w) if r.complete else None, steps_section(r, w)] if s is not None]
         sections += [_erasure_section(r, w), counterfactual_section(r, w), heads_section(r, w), tokens_section(r),
                      limitations_section(r)]
     except BaseException:
@@ -189,7 +190,18 @@ def _study_row(r: StudyResult) -> dict:
         "best gradient": (f"{v['best_gradient']['explainer']} {stat_text(v['best_gradient'])}" if v.get("best_gradient")
                           else ""),
         "ceiling": (f"{' vs '.join(v['ceiling']['pair'])} {stat_text(v['ceiling'])}" if v.get("ceiling") else ""),
+        "cheapest within the ceiling": _cheapest_text(r),
     }
+
+
+def _cheapest_text(r: StudyResult) -> str:
+    """The frontier's choice in a few words: the unit, its seconds per example and speed-up."""
+    frontier = frontier_of(r) if r.complete else None
+    chosen = (frontier or {}).get("cheapest")
+    if not chosen:
+        return "none" if frontier else ""
+    speed = f", {chosen['speedup']:.3g}x cheaper than {frontier['reference']}" if chosen.get("speedup") else ""
+    return f"{chosen['unit']} {chosen['seconds_per_example']:.3g} s/example{speed}"
 
 
 def build_comparison(dirs: Iterable[str | Path], out_dir: str | Path | None = None) -> ReportFiles:

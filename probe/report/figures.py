@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator, NullLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
 from probe.plots import (
     BAND_STYLES,
     COLORS,
     DPI,
     Band,
+    draw_band,
     draw_bands,
     explainer_style,
     layer_lines_figure,
@@ -434,3 +435,47 @@ def output_matrix(values: np.ndarray, rows: Sequence[str], columns: Sequence[str
     from probe.plots import matrix_figure
 
     return _png(matrix_figure(values, rows, columns, title=title, label=wrap_label(label, 24)))
+
+
+def frontier_figure(frontier: Mapping[str, Any]) -> bytes:
+    """Agreement with the reference (mean and CI) against seconds per example, log scale; the
+    ceiling as a band, the reference's own cost as a vertical line, the cheapest method ringed."""
+    points = [p for p in frontier["points"] if p.get("seconds_per_example")]
+    fig = new_figure(7.0, 4.8)
+    ax = fig.subplots()
+    ceiling = frontier.get("ceiling")
+    if ceiling and ceiling.get("mean") is not None:
+        ci = list(ceiling.get("ci") or []) + [None, None]
+        label = f"ceiling ({' vs '.join(ceiling.get('pair') or [])})"
+        style = BAND_STYLES["ceiling"]
+        draw_band(ax, Band(label, float(ceiling["mean"]), ci[0], ci[1]), style.color, label, alpha=style.alpha,
+                  style=style.style)
+    handles, _ = ax.get_legend_handles_labels()
+    cheapest = (frontier.get("cheapest") or {}).get("method")
+    for j, p in enumerate(points):
+        look = explainer_style(j)
+        x, (low, high) = p["seconds_per_example"], p["ci"]
+        ax.errorbar([x], [p["mean"]], yerr=[[p["mean"] - low], [high - p["mean"]]], fmt=look["marker"],
+                    color=look["color"], ms=6, capsize=3, lw=1.2)
+        if p["method"] == cheapest:
+            ax.plot([x], [p["mean"]], "o", ms=15, mfc="none", mec="black", mew=1.5)
+        handles.append(Line2D([], [], color=look["color"], marker=look["marker"], lw=0,
+                              label=p["unit"] + (" (reference)" if p["kind"] == "reference" else "")
+                              + (" (failed a check)" if p.get("failed_checks") else "")))
+    own = frontier.get("reference_seconds_per_example")
+    if own:
+        ax.axvline(own, color="black", ls=":", lw=1.2)
+        handles.append(Line2D([], [], color="black", ls=":", label=f"{frontier['reference']}'s own cost"))
+    if points or own:
+        ax.set_xscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("seconds per example (log scale)")
+    ax.set_ylabel(wrap_label(f"{measure_label(frontier['measure'])} with {frontier['reference']}", 40))
+    ax.grid(alpha=0.3)
+    if cheapest:
+        handles.append(Line2D([], [], marker="o", ms=12, mfc="none", mec="black", lw=0,
+                              label="cheapest within the ceiling"))
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=2, frameon=False)
+    return _png(fig)

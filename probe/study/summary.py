@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -463,6 +463,19 @@ def _refuse_without_agreement(tables: dict) -> None:
                      "longer texts, or with spans a pattern that matches at least twice in an example")
 
 
+def with_frontier(verdict_dict: dict, summary: pd.DataFrame, record: Mapping[str, Any]) -> dict:
+    """``verdict_dict`` with its ``frontier`` (:func:`probe.study.frontier.cost_frontier`) from the
+    summary and the run's step seconds (``record``: provenance.json's dict)."""
+    from probe.study.frontier import cost_frontier
+
+    n = record.get("examples") or verdict_dict.get("n") or 0  # the examples the steps ran on
+    frontier = cost_frontier(summary, reference=str(verdict_dict.get("reference")),
+                             measure=str(verdict_dict.get("measure")), ceiling=verdict_dict.get("ceiling"),
+                             step_seconds=record.get("step_seconds") or {}, n_examples=int(n),
+                             unreliable=verdict_dict.get("unreliable") or {})
+    return {**verdict_dict, "frontier": frontier}
+
+
 def finalize(store: ResultStore, study: Study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
              sanity: Sequence[Check] | None = None, phases: Mapping[str, float] | None = None) -> Verdict:
     """Merge the parts, compute the statistics and the verdict (:func:`judge_tables`), write them;
@@ -480,7 +493,8 @@ def finalize(store: ResultStore, study: Study, pm: ProbeModel, *, n_batches: int
     if judged["left_out"] is not None:
         tables["left_out"] = judged["left_out"]
         write_table(store.root / "left_out.parquet", judged["left_out"])
-    decided = Verdict.from_dict(judged["verdict"])
+    record = provenance(store, study, pm, n_batches, tables, dropped, load_seconds, phases=phases)
+    decided = Verdict.from_dict(with_frontier(judged["verdict"], judged["summary"], record))
     write_table(store.root / "summary.parquet", judged["summary"])
     write_table(store.root / "sanity.parquet", sanity_table(checks))
     write_table(store.root / "chance.parquet", judged["chance"])
@@ -488,7 +502,6 @@ def finalize(store: ResultStore, study: Study, pm: ProbeModel, *, n_batches: int
     write_table(store.root / "comparisons.parquet", judged["comparisons"])
     if judged["heads_causal"] is not None:
         write_table(store.root / "heads_causal.parquet", judged["heads_causal"])
-    write_json(store.root / "provenance.json", provenance(store, study, pm, n_batches, tables, dropped, load_seconds,
-                                                          phases=phases))
+    write_json(store.root / "provenance.json", record)
     write_json(store.root / "verdict.json", decided.to_dict())
     return decided

@@ -196,6 +196,14 @@ class Verdict(PicklableFrozen):
         return MappingProxyType(dict(value)) if isinstance(value, Mapping) else None
 
     @property
+    def frontier(self) -> Mapping[str, Any] | None:
+        """The cost frontier (``probe.study.frontier``): each method's agreement with the reference
+        against its seconds per example, and ``cheapest``, the cheapest method within the ceiling (or
+        None, ``why`` says why); None for a verdict written before frontiers or without step seconds."""
+        value = self.data.get("frontier")
+        return MappingProxyType(dict(value)) if isinstance(value, Mapping) else None
+
+    @property
     def tracks(self) -> bool:
         """True when the answer is yes or heads only."""
         return self.answer in ("yes", "heads only")
