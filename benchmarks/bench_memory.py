@@ -27,7 +27,7 @@ tokens. Modes, each measured in a fresh process:
 * ``knockout_spans`` the edges from the target row to one span blocked in every head of the last
                      layer (``block_edges``), the prefix reused; the edited layer is recomputed whole
 
-Modes quadratic in T (``stream``, ``full``, ``knockout_spans``) run only up to ``--quadratic-max``
+Modes quadratic in T (``stream``, ``full``) run only up to ``--quadratic-max``
 tokens (4096), so ``--lengths 2048 4096 8192 16384`` shows the linear modes past it.
 
 Peak memory is what the operation adds above the loaded model: CUDA's peak allocated memory on a
@@ -55,7 +55,7 @@ import time
 MODES = ("forward", "row", "rollout", "stream", "full")
 METHODS = ("forward", "row", "rollout", "full", "saliency", "input_x_gradient", "integrated_gradients", "loo_spans",
            "shapley_spans", "knockout_spans")
-QUADRATIC = ("stream", "full", "knockout_spans")
+QUADRATIC = ("stream", "full")
 #: a doubling of T that multiplies the memory by at most this counts as linear growth
 LINEAR_RATIO = 2.2
 VOCAB = 512

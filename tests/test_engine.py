@@ -321,6 +321,37 @@ def test_prefix_reuse_with_packed_segments(models, kind, logits):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
+def test_long_segments_are_fed_in_query_blocks_with_the_same_values(models, kind, monkeypatch):
+    """A segment longer than QUERY_BLOCK (here 3 tokens) is fed a block at a time, each block reading
+    the prefix and the blocks before it as its cache: no call's mask is wider than a block in its
+    queries, and every value (originals from the prefix pass, perturbed rows from the suffix passes)
+    equals full recomputation."""
+    import probe.intervene.prefix as prefix
+
+    monkeypatch.setattr(prefix, "QUERY_BLOCK", 3)
+    pm = models[kind]
+    examples = _examples(pm)
+    rows = [(r, e) for e in examples for r in _perturbations(e, replacement=9, min_position=1)]
+    rows += [(list(e.input_ids), e) for e in examples]
+    fed = []
+    packed = prefix.packed_batch
+
+    def spy(engine, bins, *args, **kwargs):
+        fed.extend((len(seg.ids), seg.key is None, seg.shared) for b in bins for seg in b)
+        return packed(engine, bins, *args, **kwargs)
+
+    monkeypatch.setattr(prefix, "packed_batch", spy)
+    engine = Engine(pm, token_budget=64)
+    reused = engine.values(rows, reuse_prefix=True)
+    n_target = max(len(e.target_ids) for e in examples)
+    assert max(len(e.input_ids) + len(e.target_ids) - 1 for e in examples) > 3 * 2
+    assert max(n for n, _, _ in fed) <= 3 + n_target - 1  # no segment fed whole past a block
+    assert any(unstored and shared > 0 for _, unstored, shared in fed)  # blocks reading the blocks before
+    assert engine.stats.prefix_rows > 0
+    assert_fp_close(reused, evaluate(pm, rows), depth=model_depth(pm))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
 def test_prefix_reuse_with_one_example_per_bin(models, kind, monkeypatch):
     """The per-example packing (no fixed bin width offered): every bin holds one example's
     segments, as wide as its longest, and the values still equal full recomputation."""

@@ -286,12 +286,19 @@ def test_a_batch_of_one_equals_a_batch_of_several(folders, kind):
         assert_fp_close(alone.per_head.scores[0], together.per_head.scores[i], depth=model_depth(pm), scale=scale)
 
 
+@pytest.mark.parametrize("block", [None, 2])
 @pytest.mark.parametrize("kind", ["gpt2", "llama_gqa"])
-def test_prefix_reuse_feeds_each_row_from_its_first_edited_query_and_gives_the_same_scores(folders, kind):
+def test_prefix_reuse_feeds_each_row_from_its_first_edited_query_and_gives_the_same_scores(folders, kind, block,
+                                                                                           monkeypatch):
     """A causal LM's knockout rows share every position before their first edited query row: run
     once as a cache, each row then feeds only its suffix (one token for a one-token target). The
     scores equal the rows run whole, for the target row, a continuation, the rows from a position on,
-    per generated step and with a contrast foil; the oracle tests above already run the reused path."""
+    per generated step and with a contrast foil; the oracle tests above already run the reused path.
+    ``block``: the shared prefix fed 2 tokens at a time (its query blocks), the same scores."""
+    import probe.intervene.prefix as prefix
+
+    if block is not None:
+        monkeypatch.setattr(prefix, "QUERY_BLOCK", block)
     pm = _pm(folders, kind, "sdpa")
     cases = [(TargetSpec(), "target", None), (TargetSpec(continuation=" very good"), "target", None),
              (TargetSpec(continuation=" very good"), "from", -2), (TargetSpec(), "from", 1),

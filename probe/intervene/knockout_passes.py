@@ -33,19 +33,26 @@ def prefix_cache(pm: ProbeModel, stack: str, example: PreparedExample, start: in
                  window: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer ``(keys, values)`` ``[1, kv_heads, start, head_dim]`` of ``example``'s first ``start``
     tokens, computed through the same recomputed attention as the edited rows (identity editors on
-    the window): what every row of the example shares, since no row edits a query before ``start``."""
+    the window): what every row of the example shares, since no row edits a query before ``start``.
+    Fed :data:`~probe.intervene.prefix.QUERY_BLOCK` tokens at a time, each block reading the ones
+    before it as its cache, so the recomputed attention holds ``[block, start]`` weights, never
+    ``[start, start]``: the prefix costs memory linear in its length."""
     from transformers import DynamicCache
+
+    from probe.intervene import prefix as blocks  # read at call time: a test may narrow the block
 
     batch = build_rows(pm, [(example.input_ids, example)])
     cache = DynamicCache(config=pm.model.config)
     mask = batch.inputs["attention_mask"][:, :start]
-    kwargs = {"input_ids": batch.inputs["input_ids"][:, :start], "attention_mask": mask, "cache": cache,
-              "use_cache": True}
-    if forward_accepts(pm.model, "logits_to_keep"):
-        kwargs["logits_to_keep"] = 1  # the prefix's logits are never read
-    with torch.no_grad(), capture_attention(pm, editors={(stack, layer): _identity for layer in window},
-                                            stacks=[stack], layers={stack: ()}, attention_mask=mask):
-        pm.model(**kwargs)
+    for low in range(0, start, blocks.QUERY_BLOCK):
+        high = min(low + blocks.QUERY_BLOCK, start)
+        kwargs = {"input_ids": batch.inputs["input_ids"][:, low:high], "attention_mask": mask[:, :high],
+                  "position_ids": torch.arange(low, high, device=pm.device)[None], "cache": cache, "use_cache": True}
+        if forward_accepts(pm.model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = 1  # the prefix's logits are never read
+        with torch.no_grad(), capture_attention(pm, editors={(stack, layer): _identity for layer in window},
+                                                stacks=[stack], layers={stack: ()}, attention_mask=mask[:, :high]):
+            pm.model(**kwargs)
     # transformers types a cache layer's keys and values Optional (None before its first update): filled above
     return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[misc]
 

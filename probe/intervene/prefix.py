@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, overload
 
 import torch
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 #: per layer ``(keys, values)``, each flattened to ``[slots, kv_heads, head_dim]``
 FlatCache = list[tuple[torch.Tensor, torch.Tensor]]
+#: a segment longer than this (tokens fed) is fed in query blocks of this many, each reading the cache of
+#: those before it: its mask and attention scores then grow as the input, not its square
+QUERY_BLOCK = 1024
 
 
 def supports_prefix_reuse(engine: RowCache) -> bool:
@@ -171,10 +174,17 @@ def _prefix_passes(engine: RowCache, chunk: list[PreparedExample], wanted: set) 
 
     def run(bins: list[list[Segment]]) -> None:
         nonlocal size
-        kv, starts = packed_batch(engine, bins, None, {}, keep_cache=True)
-        pieces.append(kv)
-        origin.update({slot: size + start for slot, start in starts.items()})
-        size += kv[0][0].shape[0]
+        short, long = _split_long(bins)
+        if short:
+            kv, starts = packed_batch(engine, short, None, {}, keep_cache=True)
+            pieces.append(kv)
+            origin.update({slot: size + start for slot, start in starts.items()})
+            size += kv[0][0].shape[0]
+        for seg in long:  # fed a query block at a time: its whole cache, token 0 first
+            kv = blocked_segment(engine, seg, None, {}, keep_cache=True)
+            pieces.append(kv)
+            origin[seg.slot] = size
+            size += kv[0][0].shape[0]
 
     engine.run_planned(segments, _planned_bins(engine), run, _bins_tokens, items_of=_segments_of, what="bins")
     kv = [(torch.cat([piece[layer][0] for piece in pieces]), torch.cat([piece[layer][1] for piece in pieces]))
@@ -183,9 +193,56 @@ def _prefix_passes(engine: RowCache, chunk: list[PreparedExample], wanted: set) 
 
 
 def _suffix_passes(engine: RowCache, segments: list[Segment], kv: FlatCache, origin: dict[int, int]) -> None:
-    engine.run_planned(segments, _planned_bins(engine), lambda bins: packed_batch(engine, bins, kv, origin),
-                       _bins_tokens, items_of=_segments_of, what="bins")
+    def run(bins: list[list[Segment]]) -> None:
+        short, long = _split_long(bins)
+        if short:
+            packed_batch(engine, short, kv, origin)
+        for seg in long:
+            blocked_segment(engine, seg, kv, origin)
+
+    engine.run_planned(segments, _planned_bins(engine), run, _bins_tokens, items_of=_segments_of, what="bins")
     engine.stats.prefix_rows += len(segments)
+
+
+# ---------------------------------------------------------------------- long segments, a block at a time
+
+
+def _split_long(bins: list[list[Segment]]) -> tuple[list[list[Segment]], list[Segment]]:
+    """The bins without their segments longer than :data:`QUERY_BLOCK`, and those segments."""
+    long = [seg for b in bins for seg in b if len(seg.ids) > QUERY_BLOCK]
+    short = [[seg for seg in b if len(seg.ids) <= QUERY_BLOCK] for b in bins]
+    return [b for b in short if b], long
+
+
+def _block_cuts(seg: Segment, block: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each query block of ``seg``: ``block`` tokens each, the last one holding
+    at least the positions whose logits are read (the row's target)."""
+    n, n_target = len(seg.ids), len(seg.row[1].target_ids)
+    cuts = [*range(0, n, max(block, n_target)), n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] < n_target:
+        del cuts[-2]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def blocked_segment(engine: RowCache, seg: Segment, kv: FlatCache | None, origin: dict[int, int], *,
+                    keep_cache: bool = False) -> FlatCache | None:
+    """Feed one long segment a query block at a time (:data:`QUERY_BLOCK` tokens): each block reads
+    the example's cached prefix and the blocks before it as its cache, so no call holds a
+    ``[T, T]`` mask or score matrix, only ``[block, T]``; the causal model's keys and values are the
+    ones a single call computes. The value is stored from the last block. ``keep_cache``: returns
+    the row's whole cache (prefix, then every block), token 0 at slot 0."""
+    running: FlatCache | None = None
+    if seg.shared:
+        at = origin[seg.slot]
+        running = [(keys[at:at + seg.shared], values[at:at + seg.shared]) for keys, values in kv or []]
+    cuts = _block_cuts(seg, QUERY_BLOCK)
+    for i, (a, b) in enumerate(cuts):
+        last = i == len(cuts) - 1
+        piece = replace(seg, key=seg.key if last else None, shared=seg.shared + a, ids=seg.ids[a:b])
+        out = packed_batch(engine, [[piece]], running, {seg.slot: 0}, keep_cache=keep_cache or not last)
+        if out is not None:
+            running = out[0]
+    return running if keep_cache else None
 
 
 # ---------------------------------------------------------------------- one packed model call
