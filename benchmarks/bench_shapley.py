@@ -14,6 +14,12 @@ Prints figures measured in this one run (no asserts; the machine's load shows in
 
 Usage:  python benchmarks/bench_shapley.py [--n 8] [--permutations 50] [--n-long 2] [--threads 1]
             [--device cpu|cuda]
+        python benchmarks/bench_shapley.py --accuracy [--n 4] [--seeds 3] [--n-long 1] [--long-tokens 40]
+            [--threads 1]
+
+``--accuracy`` measures time at equal accuracy instead (:mod:`bench_shapley_accuracy`): the CPU
+seconds each estimator needs to bring the mean error down to 5% of the value range, on texts of at
+most 12 tokens against their exact values, and on long texts against a high-budget estimate.
 
 ``--device cuda`` runs both sides on the GPU (the model there; captum's coalitions still built on
 the CPU and handed to the same forward function, as a captum user's would be), each timing closed
@@ -87,8 +93,17 @@ def main() -> None:
     parser.add_argument("--n-long", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--accuracy", action="store_true", help="time to a target error (bench_shapley_accuracy)")
+    parser.add_argument("--seeds", type=int, default=3, help="--accuracy: seeds per budget")
+    parser.add_argument("--long-tokens", type=int, default=40, help="--accuracy: players of a long text")
+    parser.add_argument("--target", type=float, default=0.05, help="--accuracy: mean error / value range")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.accuracy:
+        from bench_shapley_accuracy import run_accuracy
+
+        run_accuracy(args, load_texts, captum_sampling)
+        return
 
     pm = load_model("builtin:minilm-rt", device=args.device)
     clock = _clock(args.device)

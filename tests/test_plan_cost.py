@@ -29,7 +29,7 @@ COUNTED = [
     ("gradient_shap", {"n_samples": 3}, True), ("loo_mask", None, True), ("loo_pad", None, True),
     ("loo_random", {"k": 2}, False), ("knockout", None, True), ("knockout", {"per_head": True}, True),
     ("knockout", {"per_head": True, "layers": [0]}, True), ("shapley", {"exact_max": 10}, False),
-    ("shapley", {"exact_max": 0, "permutations": 4}, False), ("loo_delete", None, False),
+    ("shapley", {"exact_max": 0, "permutations": 4}, False), ("loo_delete", None, False), ("atp", None, True),
 ]
 
 

@@ -104,11 +104,11 @@ def test_skipped_reasons_come_in_check_order():
     checks = registry.CHECKS[:-1]  # the layout check (support) needs a real model: test_context_mixing runs it
     reasons = registry.skipped(_Model("classification"), longest=65, checks=checks)
     assert list(reasons) == ["loo_lm", "loo_mask", "loo_unk", "flow", "attention_nosink", "saliency_l1", "saliency_sum",
-                             "shapley", "knockout"]
+                             "shapley", "knockout", "atp"]
     assert reasons["flow"] == "attention flow is limited to 64 tokens (longest input has 65)"
     assert reasons["loo_mask"] == "the tokenizer has no mask token"
     assert list(registry.skipped(_Model("causal_lm", mask=1, unk=2), longest=64, checks=checks)) == \
-        ["attention_nosink", "saliency_l1", "saliency_sum", "shapley", "knockout"]
+        ["attention_nosink", "saliency_l1", "saliency_sum", "shapley", "knockout", "atp"]
 
 
 def test_importing_the_registry_loads_no_torch():
@@ -162,9 +162,10 @@ def test_gradient_capability_fields_agree_with_the_parameter_classes():
 
 def test_the_capability_fields_say_what_each_method_needs():
     needs = {m.name for m in registry.methods(listed=False) if m.needs_gradients}
-    assert needs == set(registry.names(family="gradient")) | {"attn_grad"}
+    assert needs == set(registry.names(family="gradient")) | {"attn_grad", "atp"}
     assert {m.name for m in registry.methods() if m.reads_attention} == set(names.ATTENTION_METHODS)
-    assert all(not m.needs_gradients for m in registry.methods(family="intervention"))
+    # the one intervention that runs a backward pass estimates knockout to first order (attribution patching)
+    assert [m.name for m in registry.methods(family="intervention") if m.needs_gradients] == ["atp"]
 
 
 def test_labels_name_the_settings_where_numbers_differ_from_captum_and_inseq():

@@ -17,6 +17,7 @@ from typing import Any
 from probe.errors import InputError
 from probe.registry.params import (
     AdversarialParams,
+    AtpParams,
     AttentionParams,
     AttnGradParams,
     AttnNormParams,
@@ -346,6 +347,12 @@ REGISTRY: tuple[Method, ...] = (
            applies=Applies(by_name="edge knockout edits the attention weights (one row per token, or per layer x "
                                    "head x token with per_head); ask for knockout by name"),
            needs_softmax="blocks edges of softmax attention rows and renormalises them"),
+    Method("atp", "intervention", "intervention", "probe.intervene.atp:atp", AtpParams,
+           "probe.intervene.atp:atp_scores", signed=True, needs_gradients=True,
+           note="first-order estimate of knockout",
+           applies=Applies(by_name="atp estimates knockout to first order (one backward per batch), a screen for "
+                                   "which edges and heads to run exactly; ask for atp by name"),
+           needs_softmax="linearises the target in the weights of softmax attention rows and renormalises them"),
     # attn_norm summed over heads: a variant, run by name only (probe.explainers.attention.attention_scores)
     Method("attn_norm_sum", "attention", "attention", f"{_ATT}:attn_norm", AttnNormParams, f"{_ATT}:attention_scores",
            preset=(("per_head", False),), listed=False, verdict_family="context mixing",
@@ -378,7 +385,9 @@ GROUPS: tuple[Group, ...] = (
     Group("intervention", "leave-one-out references: f(x) - f(x with the token deleted or replaced), on token ids, "
           "never re-tokenised text; `shapley`: each token's (or word's) Shapley value with absent tokens deleted or "
           "replaced as leave-one-out's, exact up to `exact_max` players, else sampled orders in antithetic pairs "
-          "with a standard error; it sees tokens that stand in for each other, which single deletion cannot"),
+          "with a standard error; it sees tokens that stand in for each other, which single deletion cannot; `atp` "
+          "(attribution patching): the first-order estimate of `knockout` per edge and of head ablation per head, "
+          "from one backward"),
 )
 
 COUNTERFACTUALS: tuple[Counterfactual, ...] = (

@@ -19,11 +19,12 @@ from typing import Any
 from probe.errors import InputError
 
 __all__ = [
-    "AdversarialParams", "AttentionParams", "AttnGradParams", "AttnNormParams", "DecompositionParams", "FlowParams",
-    "GradientParams", "GradientShapParams", "IntegratedGradientsParams", "KnockoutParams", "LeaveOneOutParams",
-    "NoSinkParams", "PermutedParams", "ShapleyParams", "UniformParams", "ValueZeroingParams",
+    "AdversarialParams", "AtpParams", "AttentionParams", "AttnGradParams", "AttnNormParams", "DecompositionParams",
+    "FlowParams", "GradientParams", "GradientShapParams", "IntegratedGradientsParams", "KnockoutParams",
+    "LeaveOneOutParams", "NoSinkParams", "PermutedParams", "ShapleyParams", "UniformParams", "ValueZeroingParams",
     "ADVERSARIAL_CONSTRAINTS", "IG_BASELINES", "IG_RULES", "KNOCKOUT_QUERIES", "MAX_BATCH_SIZE", "MAX_PARAM_INT",
-    "SHAPLEY_EXACT_LIMIT", "SHAPLEY_MODES", "SHAPLEY_PERMUTATIONS_LIMIT", "SHAPLEY_ROW_LIMIT", "SHAPLEY_UNITS",
+    "SHAPLEY_ESTIMATORS", "SHAPLEY_EXACT_LIMIT", "SHAPLEY_MODES", "SHAPLEY_PERMUTATIONS_LIMIT", "SHAPLEY_ROW_LIMIT",
+    "SHAPLEY_UNITS",
     "bounded", "check_params", "declared_limits", "limit_problem", "one_of",
 ]
 
@@ -90,6 +91,9 @@ SHAPLEY_UNITS = ("token", "word")
 SHAPLEY_EXACT_LIMIT = 16
 #: the most sampled orders per example: each is up to players + 1 rows of the engine
 SHAPLEY_PERMUTATIONS_LIMIT = 1024
+#: how sampled Shapley values are estimated: antithetic orders, KernelSHAP-style regression over
+#: complementary coalition pairs, or whichever a pilot shows reaching a standard error in fewer rows
+SHAPLEY_ESTIMATORS = ("permutation", "kernel", "auto")
 #: the most rows (coalitions) one example's sampled Shapley values take, as many as the exact cap's:
 #: an example of n players runs at most ``SHAPLEY_ROW_LIMIT // (n + 1)`` orders (at least one pair)
 SHAPLEY_ROW_LIMIT = 2 ** SHAPLEY_EXACT_LIMIT
@@ -176,7 +180,12 @@ class LeaveOneOutParams:
 class ShapleyParams:
     """Shapley values (probe.intervene.shapley): an absent player's tokens deleted or replaced
     (``mode``); players are tokens or words (``units``); exact up to ``exact_max`` players, else
-    ``permutations`` sampled orders in antithetic pairs, seeded per example."""
+    sampled, seeded per example, by ``estimator``: ``permutation`` (``permutations`` orders in
+    antithetic pairs), ``kernel`` (KernelSHAP regression over complementary coalition pairs with the
+    efficiency constraint, ``permutations x (players + 1)`` coalitions: the rows as many orders ask
+    for) or ``auto`` (a pilot of both, then the one whose standard error per row is smaller).
+    ``target_se`` > 0: stop where the root-mean-square standard error reaches that share of the
+    value range (projected from the pilot; ``permutations`` the cap); 0 runs the whole budget."""
     mode: str = one_of("delete", SHAPLEY_MODES)
     units: str = one_of("token", SHAPLEY_UNITS)
     exact_max: int = bounded(10, 0, SHAPLEY_EXACT_LIMIT, "exact values cost 2^exact_max rows per example; above "
@@ -184,6 +193,8 @@ class ShapleyParams:
     permutations: int = bounded(64, 2, SHAPLEY_PERMUTATIONS_LIMIT, "sampled orders: up to orders x (players + 1) "
                                 f"rows per example, at most {SHAPLEY_ROW_LIMIT}")
     seed: int = 0
+    estimator: str = one_of("permutation", SHAPLEY_ESTIMATORS)
+    target_se: float = bounded(0.0, 0.0, 1.0, "a share of the value range; 0 runs the whole budget")
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,22 @@ class KnockoutParams:
     per_head: bool = False
     keep_special: bool = False
     batch_size: int = bounded(32, 1, MAX_BATCH_SIZE, "rows in one forward")
+
+
+@dataclass(frozen=True)
+class AtpParams:
+    """Attribution patching (probe.intervene.atp.atp): the first-order estimate of ``knockout`` with
+    its options (``layers``, ``heads``, ``query``, ``query_from``, ``renormalise``, ``per_head``,
+    ``keep_special``), from one forward and one backward per ``batch_size`` examples; the head-ablation
+    estimates come with it in ``extras["heads"]``."""
+    layers: int | str | tuple[int, ...] | None = dataclasses.field(default=None, metadata={"from_end": True})
+    heads: int | str | tuple[int, ...] | None = None
+    query: str = one_of("target", KNOCKOUT_QUERIES)
+    query_from: int | None = None
+    renormalise: bool = True
+    per_head: bool = False
+    keep_special: bool = False
+    batch_size: int = bounded(8, 1, MAX_BATCH_SIZE, "examples in one forward and backward")
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from probe.spec.study import Study
 
 __all__ = ["PLAN_MEMORY_VARIABLE", "SAMPLE", "StepCost", "StudyPlan", "calibration_params", "duration_words",
-           "method_rows", "parse_budget", "parse_memory", "plan_study", "size_words"]
+           "method_rows", "parse_budget", "parse_memory", "plan_study", "row_weight", "size_words"]
 
 #: the environment variable that sets the memory a study may use (an amount: ``40GiB``)
 PLAN_MEMORY_VARIABLE = "PROBE_PLAN_MEMORY"
@@ -157,6 +157,13 @@ class StudyPlan:
 # --------------------------------------------------------------------------- rows, counted
 
 
+def row_weight(tokens: int, width: int) -> float:
+    """A model row's cost in the plan's units, the forward's FLOPs up to a constant: ``T (6 d + T)`` for
+    ``T`` tokens and width ``d`` (projections and MLP linear in ``T``, attention quadratic). A measured
+    row's seconds scale to another length by the ratio of these."""
+    return tokens * (6 * width + tokens)
+
+
 def _scored(example: PreparedExample) -> int:
     return sum(1 for s in example.special if not s)
 
@@ -174,6 +181,8 @@ def method_rows(pm: ProbeModel, name: str, params: Mapping[str, Any] | None,
     scored = _scored(example)
     if entry.family == "attention":
         return (0, 1) if entry.needs_gradients else (1, 0)
+    if entry.family == "intervention" and entry.needs_gradients:  # atp: one forward and backward per example
+        return 0, 1
     if entry.family == "gradient":
         points = getattr(p, entry.points, 1) if entry.points else 1
         if not isinstance(points, int) or isinstance(points, bool):
@@ -188,13 +197,16 @@ def method_rows(pm: ProbeModel, name: str, params: Mapping[str, Any] | None,
 
 
 def _shapley_rows(pm: ProbeModel, p: Any, example: PreparedExample) -> int:
-    from probe.intervene.shapley import shapley_players
+    from probe.intervene.shapley import PILOT_ORDERS, shapley_players
     from probe.registry.params import SHAPLEY_ROW_LIMIT
 
     players = len(shapley_players(pm, example, p.units))
     if players <= p.exact_max:
         return 2 ** players
-    return min(p.permutations * (players + 1), SHAPLEY_ROW_LIMIT) + 1
+    # the kernel estimator asks for as many coalitions as the orders; auto's pilot of the estimator it
+    # does not choose adds its rows (the chosen one's are the final run's first)
+    pilot = PILOT_ORDERS * (players + 1) if getattr(p, "estimator", "permutation") == "auto" else 0
+    return min(p.permutations * (players + 1), SHAPLEY_ROW_LIMIT) + pilot + 1
 
 
 def _knockout_rows(pm: ProbeModel, p: Any, scored: int) -> int:
@@ -371,8 +383,7 @@ def _step_costs(pm: ProbeModel, study: Study, prepared: list[PreparedExample], m
     width = _width(pm)
 
     def weight(example: PreparedExample) -> float:
-        t = len(example.input_ids)
-        return t * (6 * width + t)
+        return row_weight(len(example.input_ids), width)
 
     calibration = _calibration_study(study)
     out = []
