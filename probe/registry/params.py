@@ -20,6 +20,7 @@ from probe.errors import InputError
 
 __all__ = [
     "AdversarialParams", "AtpParams", "AttentionParams", "AttnGradParams", "AttnNormParams", "DecompositionParams",
+    "EdgeWindow",
     "FlowParams", "GradientParams", "GradientShapParams", "IntegratedGradientsParams", "KnockoutParams",
     "LeaveOneOutParams", "NoSinkParams", "PermutedParams", "ShapleyParams", "UniformParams", "ValueZeroingParams",
     "ADVERSARIAL_CONSTRAINTS", "IG_BASELINES", "IG_RULES", "KNOCKOUT_QUERIES", "MAX_BATCH_SIZE", "MAX_PARAM_INT",
@@ -198,36 +199,39 @@ class ShapleyParams:
 
 
 @dataclass(frozen=True)
-class KnockoutParams:
+class EdgeWindow:
+    """The attention edges an edge knockout blocks (and attribution patching estimates its blocking
+    of): from the target rows (``query`` target) or from every row from ``query_from`` on (``query``
+    from) to a key, in the heads ``heads`` of the layers ``layers`` (None: all; an int; ``"0,2"``;
+    ``"a:b"`` a slice), the row renormalised or not; ``per_head`` adds ``extras["per_head"]``
+    ``[layer, head, tokens]``. A study or claim file may also give a list of ints (``layers: [0,
+    2]``); a layer may count from the end (``-1``, the last)."""
+    layers: int | str | tuple[int, ...] | None = dataclasses.field(default=None, metadata={"from_end": True})
+    heads: int | str | tuple[int, ...] | None = None
+    query: str = one_of("target", KNOCKOUT_QUERIES)
+    query_from: int | None = None
+    renormalise: bool = True
+    per_head: bool = False
+    keep_special: bool = False
+
+
+@dataclass(frozen=True)
+class KnockoutParams(EdgeWindow):
     """Edge knockout (probe.intervene.knockout.knockout): the edges from the target rows (``query``
     target) or from every row from ``query_from`` on (``query`` from) to a key blocked in the heads
     ``heads`` of the layers ``layers`` (None: all; an int; ``"0,2"``; ``"a:b"`` a slice), the row
     renormalised or not; ``per_head`` adds ``extras["per_head"]`` ``[layer, head, tokens]``. A study
     or claim file may also give a list of ints (``layers: [0, 2]``); a layer may count from the end
     (``-1``, the last)."""
-    layers: int | str | tuple[int, ...] | None = dataclasses.field(default=None, metadata={"from_end": True})
-    heads: int | str | tuple[int, ...] | None = None
-    query: str = one_of("target", KNOCKOUT_QUERIES)
-    query_from: int | None = None
-    renormalise: bool = True
-    per_head: bool = False
-    keep_special: bool = False
     batch_size: int = bounded(32, 1, MAX_BATCH_SIZE, "rows in one forward")
 
 
 @dataclass(frozen=True)
-class AtpParams:
+class AtpParams(EdgeWindow):
     """Attribution patching (probe.intervene.atp.atp): the first-order estimate of ``knockout`` with
     its options (``layers``, ``heads``, ``query``, ``query_from``, ``renormalise``, ``per_head``,
     ``keep_special``), from one forward and one backward per ``batch_size`` examples; the head-ablation
     estimates come with it in ``extras["heads"]``."""
-    layers: int | str | tuple[int, ...] | None = dataclasses.field(default=None, metadata={"from_end": True})
-    heads: int | str | tuple[int, ...] | None = None
-    query: str = one_of("target", KNOCKOUT_QUERIES)
-    query_from: int | None = None
-    renormalise: bool = True
-    per_head: bool = False
-    keep_special: bool = False
     batch_size: int = bounded(8, 1, MAX_BATCH_SIZE, "examples in one forward and backward")
 
 
