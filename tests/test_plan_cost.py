@@ -144,3 +144,25 @@ def test_run_with_plan_refuses_a_study_that_does_not_fit_in_one_line(tiny_dirs, 
     error = [line for line in done.stderr.strip().splitlines() if line.strip()]
     assert error[-1].startswith("error: the study's predicted peak memory") and "probe plan" in error[-1]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_malformed_plan_memory_is_refused_before_the_model_loads(tiny_dirs, tmp_path, monkeypatch):
+    """PROBE_PLAN_MEMORY=lots: one line naming the variable, before any model is loaded (plan_study
+    and `probe run --plan`)."""
+    import os
+
+    import probe.study.runner as runner
+    from probe.study.cost import granted_memory, plan_study
+
+    monkeypatch.setenv("PROBE_PLAN_MEMORY", "lots")
+    loads = []
+    monkeypatch.setattr(runner, "load_study_model", lambda *a, **k: loads.append(a) or None)
+    data = write_dataset(tmp_path / "reviews.csv")
+    spec = study_from_dict(tiny_study(tiny_dirs["bert"], data, tmp_path / "out"))
+    with pytest.raises(InputError, match=r"^PROBE_PLAN_MEMORY 'lots' is not an amount"):
+        plan_study(spec)
+    assert loads == []
+    monkeypatch.setenv("PROBE_PLAN_MEMORY", "2GiB")
+    assert granted_memory() == 2 * 2**30
+    monkeypatch.delenv("PROBE_PLAN_MEMORY")
+    assert granted_memory() is None and "PROBE_PLAN_MEMORY" not in os.environ

@@ -387,9 +387,10 @@ def run(
 def _planned_model(spec):
     """``probe run --plan``: the study's plan printed, a one-line refusal where its peak does not fit the
     device's memory, else the model the plan loaded (the run uses it)."""
-    from probe.study.cost import plan_study
+    from probe.study.cost import granted_memory, plan_study
     from probe.study.runner import load_study_model
 
+    granted_memory()  # a malformed PROBE_PLAN_MEMORY is refused before the model loads
     pm = load_study_model(spec)
     found = plan_study(spec, pm=pm, log=_log)
     for line in found.lines():

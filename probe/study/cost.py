@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from probe.spec.study import Study
 
 __all__ = ["PLAN_MEMORY_VARIABLE", "SAMPLE", "StepCost", "StudyPlan", "calibration_params", "duration_words",
-           "method_rows", "parse_budget", "parse_memory", "plan_study", "row_weight", "size_words"]
+           "granted_memory", "method_rows", "parse_budget", "parse_memory", "plan_study", "row_weight", "size_words"]
 
 #: the environment variable that sets the memory a study may use (an amount: ``40GiB``)
 PLAN_MEMORY_VARIABLE = "PROBE_PLAN_MEMORY"
@@ -287,6 +287,7 @@ def plan_study(study: Study, *, pm: ProbeModel | None = None, log: Callable[[str
 
     say = log or (lambda text: None)
     started = time.perf_counter()
+    granted = granted_memory()
     if pm is None:
         pm = load_study_model(study)
     load_seconds = float(getattr(pm, "load_seconds", 0.0) or 0.0)
@@ -305,7 +306,7 @@ def plan_study(study: Study, *, pm: ProbeModel | None = None, log: Callable[[str
     scale = len(data) / len(chosen)  # each prepared example stands for this many of the study's
     steps = _step_costs(pm, study, prepared, measured, scale)
     lengths = [len(e.input_ids) for e in prepared]
-    available = _available(pm, available_memory)
+    available = _available(pm, available_memory, granted)
     return StudyPlan(study=study.name, model=study.model.id, device=str(pm.device), examples=len(data),
                      lengths={"mean": float(statistics.fmean(lengths)), "median": float(statistics.median(lengths)),
                               "max": float(max(lengths))},
@@ -314,13 +315,19 @@ def plan_study(study: Study, *, pm: ProbeModel | None = None, log: Callable[[str
                      calibration_seconds=time.perf_counter() - started)
 
 
-def _available(pm: ProbeModel, system: Callable[[], int | None]) -> int | None:
-    """The memory the study may use: :envvar:`PROBE_PLAN_MEMORY` where set (an amount, ``40GiB``: a
-    device shared with other work), else the device's (CUDA: free plus what this process holds; CPU:
-    the system's available memory)."""
+def granted_memory() -> int | None:
+    """The bytes :envvar:`PROBE_PLAN_MEMORY` grants a study (an amount, ``40GiB``: a device shared with
+    other work), None where it is unset; a malformed amount is refused in one line naming the variable.
+    Read before the model loads, so a typo costs no load."""
     given = os.environ.get(PLAN_MEMORY_VARIABLE)
-    if given:
-        return parse_memory(given)
+    return int(_amount(given, _BYTES, PLAN_MEMORY_VARIABLE, "40GiB, 16GB or 512MiB")) if given else None
+
+
+def _available(pm: ProbeModel, system: Callable[[], int | None], granted: int | None) -> int | None:
+    """The memory the study may use: ``granted`` (:func:`granted_memory`) where given, else the
+    device's (CUDA: free plus what this process holds; CPU: the system's available memory)."""
+    if granted is not None:
+        return granted
     return system() if torch.device(pm.device).type == "cpu" else _cuda_free(pm)
 
 
