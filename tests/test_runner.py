@@ -146,7 +146,8 @@ def test_finalize_returns_the_frozen_verdict_it_wrote(full_run, tmp_path):
         verdict.answer = "no"
     # the verdict was complete before it was made: sanity, unreliable and redundant are in it, last
     data = verdict.to_dict()
-    assert list(data)[-5:] == ["headline", "sanity", "unreliable", "unreliable_units", "redundant"] and data["sanity"]
+    assert list(data)[-6:] == ["headline", "sanity", "unreliable", "unreliable_units", "redundant", "frontier"]
+    assert data["sanity"]
     write_json(tmp_path / "again.json", data)
     assert (tmp_path / "again.json").read_bytes() == (out / "verdict.json").read_bytes()
     data["answer"], data["families"] = "changed", {}
