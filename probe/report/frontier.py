@@ -14,7 +14,7 @@ from probe.document import Para, Section, Table
 from probe.report.figures import frontier_figure
 from probe.report.output import Writer
 from probe.report.results import StudyResult
-from probe.study.frontier import cost_frontier
+from probe.study.frontier import verdict_frontier
 
 __all__ = ["frontier_of", "frontier_section"]
 
@@ -29,10 +29,7 @@ def frontier_of(r: StudyResult) -> dict[str, Any] | None:
     v = r.verdict.data
     if "frontier" in v:
         return v["frontier"]
-    p = r.provenance or {}
-    return cost_frontier(r.summary, reference=r.reference, measure=r.measure, ceiling=v.get("ceiling"),
-                         step_seconds=p.get("step_seconds") or {}, n_examples=int(p.get("examples") or r.n_examples),
-                         unreliable=v.get("unreliable") or {})
+    return verdict_frontier(v, r.summary, r.provenance or {})
 
 
 def _table(frontier: dict[str, Any]) -> pd.DataFrame:

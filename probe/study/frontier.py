@@ -38,7 +38,7 @@ import pandas as pd
 
 from probe.names import unit_name
 
-__all__ = ["cost_frontier", "frontier_points", "method_seconds"]
+__all__ = ["cost_frontier", "frontier_points", "method_seconds", "verdict_frontier"]
 
 
 def method_seconds(step_seconds: Mapping[str, float], method: str) -> float | None:
@@ -138,3 +138,14 @@ def _why(cheapest: Mapping[str, Any] | None, low: float | None, reference: str, 
         cost += f" against {reference}'s {own_per:.3g} s"
     return (f"{cheapest['unit']} is the cheapest method whose agreement with {reference} "
             f"({cheapest['mean']:+.3f}) reaches the ceiling's lower bound {low:+.3f}: {cost}")
+
+
+def verdict_frontier(verdict: Mapping[str, Any], summary: pd.DataFrame,
+                     record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """:func:`cost_frontier` for a verdict as ``verdict.json`` holds it (its reference, measure, ceiling
+    and failed methods), its summary table and ``record``, provenance.json's dict (the step seconds and
+    the examples the steps ran on)."""
+    n = record.get("examples") or verdict.get("n") or 0
+    return cost_frontier(summary, reference=str(verdict.get("reference")), measure=str(verdict.get("measure")),
+                         ceiling=verdict.get("ceiling"), step_seconds=record.get("step_seconds") or {},
+                         n_examples=int(n), unreliable=verdict.get("unreliable") or {})

@@ -464,16 +464,11 @@ def _refuse_without_agreement(tables: dict) -> None:
 
 
 def with_frontier(verdict_dict: dict, summary: pd.DataFrame, record: Mapping[str, Any]) -> dict:
-    """``verdict_dict`` with its ``frontier`` (:func:`probe.study.frontier.cost_frontier`) from the
+    """``verdict_dict`` with its ``frontier`` (:func:`probe.study.frontier.verdict_frontier`) from the
     summary and the run's step seconds (``record``: provenance.json's dict)."""
-    from probe.study.frontier import cost_frontier
+    from probe.study.frontier import verdict_frontier
 
-    n = record.get("examples") or verdict_dict.get("n") or 0  # the examples the steps ran on
-    frontier = cost_frontier(summary, reference=str(verdict_dict.get("reference")),
-                             measure=str(verdict_dict.get("measure")), ceiling=verdict_dict.get("ceiling"),
-                             step_seconds=record.get("step_seconds") or {}, n_examples=int(n),
-                             unreliable=verdict_dict.get("unreliable") or {})
-    return {**verdict_dict, "frontier": frontier}
+    return {**verdict_dict, "frontier": verdict_frontier(verdict_dict, summary, record)}
 
 
 def finalize(store: ResultStore, study: Study, pm: ProbeModel, *, n_batches: int, dropped: dict, load_seconds: float,
