@@ -200,3 +200,68 @@ def test_chat_role_spans_refusals_are_one_line(chat_gpt2):
         probe.prepare(pm, [{"role": "user", "content": ""}], chat=True)
     with pytest.raises(InputError, match="needs chat=True"):
         probe.explain(pm, [CONVERSATION], ["saliency"])
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_span_knockout_of_one_token_spans_is_the_token_knockout_and_blocks_a_span_at_once(loaded, kind):
+    """knockout's span form: a span of one token scores what knockout gives that token; a longer span
+    is the edges to all its tokens blocked together (block_edges' oracle on one edge set)."""
+    from probe.intervene.engine import Engine
+    from probe.intervene.knockout import EdgeSet, block_edges, knockout
+    from probe.intervene.spans import span_knockout
+    from probe.rows.prepare import prepare
+    from probe.rows.spans import Span
+    from probe.rows.target import TargetSpec
+
+    pm = loaded(kind)
+    examples = prepare(pm, TEXTS, TargetSpec() if kind == "bert" else TargetSpec(continuation=" good"))
+    tokens = knockout(pm, examples, layers="-2:", renormalise=True)
+    found = [[Span(text=e.tokens[p], start=0, end=1, positions=(p,)) for p in range(len(e.input_ids))
+              if not e.special[p]] for e in examples]
+    got = span_knockout(Engine(pm), examples, found, layers="-2:")
+    for i, spans in enumerate(found):
+        want = tokens.scores[i].double().numpy()[[s.positions[0] for s in spans]]
+        assert got[i] == pytest.approx(want, abs=1e-6)
+    pair = [[Span(text="two", start=0, end=1, positions=(found[0][0].positions[0], found[0][2].positions[0]))], []]
+    joint = span_knockout(Engine(pm), examples, pair, layers="-2:")
+    n_layers = pm.contract.stacks[pm.task.target_stack(pm.contract)].n_layers
+    sites = tuple((layer, head) for layer in (n_layers - 2, n_layers - 1)
+                  for head in range(pm.contract.stacks[pm.task.target_stack(pm.contract)].n_heads))
+    original, blocked = block_edges(pm, examples, [EdgeSet(0, pair[0][0].positions, sites)])
+    assert joint[0] == pytest.approx([float(original[0] - blocked[0])], abs=1e-9) and len(joint[1]) == 0
+    with pytest.raises(InputError, match="query: from has no span form"):
+        span_knockout(Engine(pm), examples, found, query="from")
+
+
+def test_a_study_takes_knockout_as_its_reference_over_spans(tiny_dirs, tmp_path):
+    """``spans:`` with knockout as the reference (refused before: no span form): the study's reference
+    scores are the span form's, each span's edges blocked at once."""
+    import pandas as pd
+
+    from probe.intervene.engine import Engine
+    from probe.intervene.spans import span_knockout
+    from probe.rows.prepare import prepare
+    from probe.rows.target import TargetSpec
+    from probe.spec.study import study_from_dict
+    from probe.study.runner import run_study
+
+    texts = ["the movie was good and the plot was bad", "the film is fun but the story is boring",
+             "the acting was great , the ending was not"]
+    pd.DataFrame({"text": texts, "label": [1, 1, 0]}).to_csv(tmp_path / "data.csv", index=False)
+    pattern = r"the \w+|bad|boring|fun|great|not"
+    spec = {"name": "spans-knockout", "model": {"id": str(tiny_dirs["gpt2"])},
+            "dataset": {"name": str(tmp_path / "data.csv"), "n": 3, "seed": 0}, "target": {"continuation": " good"},
+            "explainers": ["attention_mean"], "references": ["knockout"], "spans": {"pattern": pattern},
+            "params": {"knockout": {"layers": "-1:"}},
+            "metrics": {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
+                        "sanity": {"randomisation": False, "examples": 2}},
+            "statistics": {"bootstrap": 100}, "engine": {"batch_size": 4}, "output": str(tmp_path / "out")}
+    assert run_study(study_from_dict(spec), progress=False, log=lambda _: None).complete
+    scores = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    examples = pd.read_parquet(tmp_path / "out" / "examples.parquet")
+    pm = probe.load_model(str(tiny_dirs["gpt2"]))
+    for number, text in zip(examples["example"], examples["text"]):
+        example = prepare(pm, [text], TargetSpec(continuation=" good"))[0]
+        want = span_knockout(Engine(pm), [example], [probe.find_spans(pm, example, pattern)], layers="-1:")[0]
+        got = scores[(scores.example == number) & (scores.method == "knockout")].sort_values("position")["score"]
+        assert got.to_numpy() == pytest.approx(want, abs=1e-5)

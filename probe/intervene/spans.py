@@ -1,5 +1,7 @@
-"""Leave-one-out of whole spans (:mod:`probe.rows.spans`): f(x) - f(x with every token of the span
-deleted, or each replaced by the mask, unk or pad token), each perturbed row once through the engine."""
+"""Interventions on whole spans (:mod:`probe.rows.spans`): leave-one-out, f(x) - f(x with every token
+of the span deleted, or each replaced by the mask, unk or pad token), each perturbed row once through
+the engine; and edge knockout, f(x) - f(x with the edges from the target rows to every token of the
+span blocked at once in the window's heads)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from probe.intervene.engine import Engine
     from probe.rows.target import PreparedExample
 
-__all__ = ["span_loo", "span_reference", "span_vectors"]
+__all__ = ["span_knockout", "span_loo", "span_reference", "span_vectors"]
 
 
 def span_loo(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]],
@@ -72,3 +74,33 @@ def span_reference(engine: Engine, examples: Sequence[PreparedExample], found: S
     if entry.span_scorer is not None:
         return entry.load_span_scorer()(engine, examples, found, **{**dict(entry.preset), **(params or {})})
     return None
+
+
+def span_knockout(engine: Engine, examples: Sequence[PreparedExample], found: Sequence[Sequence[Span]], *,
+                  layers: int | str | Sequence[int] | None = None, heads: int | str | Sequence[int] | None = None,
+                  query: str = "target", query_from: int | None = None, renormalise: bool = True,
+                  per_head: bool = False, keep_special: bool = False, batch_size: int = 32) -> list[np.ndarray]:
+    """``knockout`` with each example's spans as its units (the registry's span form of ``knockout``): per
+    span, f(x) - f(x with the edges from the target query rows to every token of the span blocked at
+    once in every chosen head of the layer window), one float64 vector per example in span order. A
+    span of one token scores what ``knockout`` gives that token. The causal prefix before the target
+    rows runs once per example (:func:`probe.intervene.knockout.block_edges`). ``per_head`` and
+    ``keep_special`` are the token-level run's and are not read here; ``query: from`` has no span form."""
+    from probe.intervene.knockout import EdgeSet, block_edges, knockout_window
+
+    if query != "target" or query_from is not None:
+        raise InputError("knockout with spans blocks the edges from the target query rows: query: from has no span "
+                         "form; use query: target, or token units")
+    pm = engine.pm
+    info = pm.contract.stacks[pm.task.target_stack(pm.contract)]
+    window, chosen = knockout_window(layers, heads, info.n_layers, info.n_heads)
+    sites = tuple((layer, head) for layer in window for head in chosen)
+    sets = [EdgeSet(i, tuple(span.positions), sites) for i, spans in enumerate(found) for span in spans]
+    if not sets:
+        return [np.zeros(0) for _ in examples]
+    original, blocked = block_edges(pm, examples, sets, renormalise=renormalise, batch_size=batch_size)
+    out, at = [], 0
+    for i, spans in enumerate(found):
+        out.append((original[i] - blocked[at:at + len(spans)]).double().numpy())
+        at += len(spans)
+    return out

@@ -344,6 +344,7 @@ REGISTRY: tuple[Method, ...] = (
                                    "example; ask for shapley by name")),
     Method("knockout", "intervention", "intervention", "probe.intervene.knockout:knockout", KnockoutParams,
            "probe.intervene.knockout:knockout_scores", signed=True, note="attention edges to the token blocked",
+           span_scorer="probe.intervene.spans:span_knockout",
            applies=Applies(by_name="edge knockout edits the attention weights (one row per token, or per layer x "
                                    "head x token with per_head); ask for knockout by name"),
            needs_softmax="blocks edges of softmax attention rows and renormalises them"),

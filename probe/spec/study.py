@@ -465,9 +465,9 @@ class Study(SpecModel):
             for name in self.references:
                 registered = method_entry(name)
                 if registered.family == "intervention" and not registered.has_span_form:
-                    fail(f"{name} has no span form (a span is deleted or replaced by the mask, unk or pad token, or "
-                          "is a Shapley player); use loo_delete, loo_mask, loo_unk, loo_pad or shapley as the "
-                          "reference, or remove spans", at=["references"])
+                    fail(f"{name} has no span form (a span is deleted or replaced by the mask, unk or pad token, "
+                          "is a Shapley player, or has its edges knocked out); use loo_delete, loo_mask, loo_unk, "
+                          "loo_pad, shapley or knockout as the reference, or remove spans", at=["references"])
         for i, pair in enumerate(self.metrics.ceilings or []):
             for j, method in enumerate(pair):
                 if method not in used:
