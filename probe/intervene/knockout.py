@@ -74,7 +74,7 @@ Special tokens ([CLS], [SEP], <s>) are not scored by default (NaN, as leave-one-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -240,8 +240,9 @@ def _is_noop(pm: ProbeModel, stack: str, example: PreparedExample, key: int, que
 
 
 def _plan(pm: ProbeModel, stack: str, examples: Sequence[PreparedExample], window, heads, query, query_from,
-          per_head: bool, keep_special: bool):
-    """The unique rows to run, and for every score where its row is (None: a no-op, exactly 0).
+          per_head: bool, keep_special: bool, units: Sequence[Collection[tuple[int, int]]] | None = None):
+    """The unique rows to run, and for every score where its row is (None: a no-op, exactly 0); with
+    ``units``, example i's per-head rows only for the pairs in ``units[i]``.
 
     Returns (rows, token_at, head_at): ``token_at[i][t]`` and ``head_at[i][(layer, head, t)]`` map
     to a row index or None; ``rows[originals[i]]`` is example i's unedited row."""
@@ -260,13 +261,13 @@ def _plan(pm: ProbeModel, stack: str, examples: Sequence[PreparedExample], windo
         originals.append(add((i, -1, frozenset())))
         target_rows = _query_rows(pm, example, query)
         tokens, singles = {}, {}
+        pairs = [(layer, head) for layer in window for head in heads
+                 if units is None or (layer, head) in units[i]] if per_head else []
         for t in _scored_keys(example, keep_special):
             noop = _is_noop(pm, stack, example, t, query, query_from, target_rows)
             tokens[t] = None if noop else add((i, t, everything))
-            if per_head:
-                for layer in window:
-                    for head in heads:
-                        singles[(layer, head, t)] = None if noop else add((i, t, frozenset({(layer, head)})))
+            for layer, head in pairs:
+                singles[(layer, head, t)] = None if noop else add((i, t, frozenset({(layer, head)})))
         token_at.append(tokens)
         head_at.append(singles)
     return rows, originals, token_at, head_at
@@ -322,7 +323,8 @@ def _reuse_starts(pm: ProbeModel, stack: str, examples, rows: Sequence[tuple[int
 def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers: int | Sequence[int] | None = None,
                   heads: int | Sequence[int] | None = None, query: str = "target", query_from: int | None = None,
                   renormalise: bool = True, per_head: bool = True, keep_special: bool = False,
-                  batch_size: int = 32, reuse_prefix: bool = True) -> KnockoutResult:
+                  batch_size: int = 32, reuse_prefix: bool = True,
+                  units: Sequence[Collection[tuple[int, int]]] | None = None) -> KnockoutResult:
     """Edge-knockout scores of every scored token of every example (see the module docstring).
 
     ``layers``: the window (None = every layer of the target stack); ``heads``: query heads (None =
@@ -331,10 +333,15 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
     softmax) or not (the blocked weight zeroed); ``per_head``: also the ``[layer, head, tokens]``
     scores; ``batch_size``: model rows per pass; ``reuse_prefix``: in a causal LM, run each example's
     tokens before its first edited query row once and feed every row from there on (the same values;
-    False: every row whole, as for any other model).
+    False: every row whole, as for any other model). ``units``: per example, the ``(layer, head)`` pairs
+    of the window whose per-head rows run (the others' per-head scores NaN; None: every pair), as the
+    per-head causal test's screen picks them (:mod:`probe.study.head_screen`).
     """
     if not examples:
         raise InputError("no examples to knock out: give at least one prepared example")
+    if units is not None and len(units) != len(examples):
+        raise InputError(f"units: {len(units)} lists of (layer, head) pairs for {len(examples)} examples; give one "
+                         "per example")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(renormalise, bool):
@@ -348,7 +355,7 @@ def edge_knockout(pm: ProbeModel, examples: Sequence[PreparedExample], *, layers
     _refuse_uneditable(pm, stack, info, window)
     examples = list(examples)
     rows, originals, token_at, head_at = _plan(pm, stack, examples, window, chosen_heads, query, query_from,
-                                               per_head, keep_special)
+                                               per_head, keep_special, units)
 
     starts = _reuse_starts(pm, stack, examples, rows, query, query_from, reuse_prefix)
     values, passes = evaluate(

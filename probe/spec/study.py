@@ -49,8 +49,8 @@ from probe.spec.validation import (
 )
 
 __all__ = [
-    "CounterfactualSpec", "EngineSpec", "ErasureSpec", "HeadsCausalSpec", "HeadsSpec", "MetricsSpec", "PublishedNumber",
-    "SanitySpec", "StatisticsSpec", "Study", "load_study", "parse_ranking", "study_from_dict",
+    "CounterfactualSpec", "EngineSpec", "ErasureSpec", "HeadsCausalSpec", "HeadsScreenSpec", "HeadsSpec", "MetricsSpec",
+    "PublishedNumber", "SanitySpec", "StatisticsSpec", "Study", "load_study", "parse_ranking", "study_from_dict",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -193,6 +193,19 @@ class HeadsSpec(SpecModel):
     importance: Bool = True
 
 
+class HeadsScreenSpec(SpecModel):
+    """The per-head causal test's screen (probe.study.head_screen): per example, only the heads whose
+    AtP estimates could show the largest effects, and a few drawn at random, run the exact knockout."""
+
+    #: the first-order estimate that ranks the heads: attribution patching (probe.intervene.atp)
+    by: Literal["atp"] = "atp"
+    #: heads run exactly per example: the tested heads with the largest AtP bound on an edge effect
+    heads: Annotated[Int, Field(ge=1, le=65_536)] = 16
+    #: further heads per example drawn at random from the rest and run exactly: they measure what the
+    #: screen misses (the bound in verdict.json) and enter the test like the kept ones
+    audit: Annotated[Int, Field(ge=0, le=65_536)] = 4
+
+
 class HeadsCausalSpec(SpecModel):
     """The per-head causal test (probe.study.heads_causal): each head's attention row (the target
     query's, as the ``attention`` explainer reads it) against the knockout effect of that head's own
@@ -211,6 +224,16 @@ class HeadsCausalSpec(SpecModel):
     absolute: Bool = False
     #: model rows per knockout pass
     batch_size: Annotated[Int, Field(ge=1, le=65_536)] = 32
+    #: run the exact knockout only for the heads an AtP screen picks per example (null: every tested head)
+    screen: HeadsScreenSpec | None = None
+
+    @field_validator("screen", mode="before")
+    @classmethod
+    def _screen_on(cls, value: Any) -> Any:
+        """``true`` or ``atp`` asks for the screen with its defaults; ``false`` is none."""
+        if value is True or value == "atp":
+            return {}
+        return None if value is False else value
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -511,6 +534,8 @@ class Study(SpecModel):
             payload.pop("spans", None)
         if payload["metrics"].get("heads_causal") is None:
             payload["metrics"].pop("heads_causal", None)
+        elif payload["metrics"]["heads_causal"].get("screen") is None:
+            payload["metrics"]["heads_causal"].pop("screen", None)
         for key in ("interactions", "sinks"):
             if payload["metrics"].get(key) is True:
                 payload["metrics"].pop(key)

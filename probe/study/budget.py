@@ -47,7 +47,13 @@ def _time_fits(plan: StudyPlan, study: Study, budget: float) -> list[str]:
             over -= step.seconds * (1 - keep)
         elif step.step == "knockout" and params.get("per_head"):
             out.append("params.knockout.layers: the layers to test (per-head rows grow with layers x heads), or "
-                       "metrics.heads_causal with sampled heads")
+                       "metrics.heads_causal with an AtP screen (screen: {heads: 16}): exact rows for the heads "
+                       "AtP picks per example")
+        elif step.step == "heads_causal" and study.metrics.heads_causal is not None \
+                and study.metrics.heads_causal.screen is None:
+            out.append("metrics.heads_causal.screen: {heads: 16, audit: 4} (per example AtP picks the heads that run "
+                       "the exact knockout: 20 heads' rows per example instead of every tested head's; the audit "
+                       "bounds what it misses)")
         elif step.step.startswith("loo_") and plan.lengths["median"] > 256 and study.spans is None:
             out.append("spans: {pattern: sentence} (sentences as the units: one row per sentence, not per token)")
     if over > 0:

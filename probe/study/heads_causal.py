@@ -69,6 +69,10 @@ planted:one-head, L5.H7 matters and its layer's positional heads do not, under e
 is conservative where its first-order rebuild errs: there the positional heads' chance mean sits
 0.1-0.2 above their mean.
 
+With ``screen`` (:mod:`probe.study.head_screen`) only the heads an AtP screen picks per example, and a
+few drawn at random, run the exact knockout; the other (example, head) pairs are left out like pairs
+at the noise floor, and the audit's misses and their bound are in the record (:func:`screen_record`).
+
 There is no gradient bar (rule 2 of the token-level verdict): no gradient method scores a head's own
 edges. The test is reported beside the token-level verdict and never changes it.
 
@@ -95,8 +99,9 @@ from probe.study.steps import is_stepwise, per_source
 if TYPE_CHECKING:
     from probe.spec.study import HeadsCausalSpec, Study
 
-__all__ = ["ANSWER_WORDS", "EXPLAINER", "FAMILY", "RULE", "UNIT_COLUMNS", "Compared", "HeadsCausal", "edge_agreement",
-           "heads_causal", "mechanical_weight", "null_effects", "top_share_overlap"]
+__all__ = ["ANSWER_WORDS", "AUDIT", "EXPLAINER", "FAMILY", "KEPT", "RULE", "SCREENED", "SCREEN_RISK", "UNIT_COLUMNS",
+           "Compared", "HeadsCausal", "edge_agreement", "heads_causal", "mechanical_weight", "null_effects",
+           "screen_record", "screen_words", "top_share_overlap", "upper_bound"]
 
 RULE = " ".join(__doc__.split("The rule (stored in ``verdict.json`` under ``heads_causal``):")[1]
                 .split("The null keeps the knockout's mechanism.")[0].split())
@@ -114,6 +119,11 @@ UNIT_COLUMNS = ["unit", "layer", "head", "n", "mean", "std", "ci_low", "ci_high"
 #: why an example is left out of a head's mean
 AT_FLOOR = "knockout effects through the head at the noise floor"
 TOO_FEW = "fewer than 2 tokens scored by both"
+SCREENED_OUT = "screened out by AtP (not run exactly)"
+#: the AtP screen's labels of an (example, head) pair (probe.study.head_screen), stored in ``head_edges.screen``
+KEPT, AUDIT, SCREENED = "kept", "audit", "screened"
+#: the risk of the one-sided bound on what the screen misses
+SCREEN_RISK = 0.05
 
 
 @dataclass(frozen=True)
@@ -172,10 +182,14 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study: Study, dt
         if spec.absolute:
             y = np.abs(y)
         keep = np.isfinite(x) & np.isfinite(y)  # [unit, tokens]
+        screened = (part["screen"].to_numpy().reshape(len(units), n)[:, 0] == SCREENED if "screen" in part
+                    else np.zeros(len(units), dtype=bool))  # [unit] not run by the AtP screen
         groups: dict[bytes, list[int]] = {}
         for u in range(len(units)):
             layer, head = int(units[u, 0]), int(units[u, 1])
-            if keep[u].sum() < 2:
+            if screened[u]:
+                left.append((example, layer, head, SCREENED_OUT))
+            elif keep[u].sum() < 2:
                 left.append((example, layer, head, TOO_FEW))
             elif float(np.abs(y[u, keep[u]]).max()) <= floor:
                 left.append((example, layer, head, AT_FLOOR))
@@ -392,20 +406,92 @@ def heads_causal(tables: Mapping[str, pd.DataFrame], study: Study, *, measure: s
     units = units.merge(chance, on=["layer", "head"], how="left")
     p = units.p_family.to_numpy(np.float64)
     units["above_chance"] = np.isfinite(p) & (p <= st.alpha)
+    screened = (left_out[left_out["reason"] == SCREENED_OUT].groupby(["layer", "head"]).size().to_dict()
+                if len(left_out) else {})
     units["reliable"], units["answer"], units["why"] = _answers(units, dict(unreliable or {}),
-                                                                dict(unreliable_units or {}), st.alpha)
+                                                                dict(unreliable_units or {}), st.alpha, screened)
     units.insert(0, "unit", [unit_name(EXPLAINER, int(layer), int(head)) for layer, head in zip(units.layer,
                                                                                                  units["head"])])
     units = units[UNIT_COLUMNS]
     record = _record(units, study, measure, token_answer, len(compared))
+    screen = screen_record(edges, study)
+    if screen is not None:
+        record["screen"] = screen
+        record["headline"] += " " + screen["words"]
     return HeadsCausal(units=units, agreement=per_example, left_out=left_out, record=record)
 
 
+def _largest(part: pd.DataFrame) -> pd.DataFrame:
+    """Per (example, layer, head) of ``head_edges`` rows: the label and the largest exact |effect|."""
+    grouped = part.assign(size=part["knockout"].abs()).groupby(["example", "layer", "head"], sort=True)
+    return grouped.agg(screen=("screen", "first"), largest=("size", "max")).reset_index()
+
+
+def upper_bound(misses: int, audited: int, risk: float = SCREEN_RISK) -> float:
+    """The one-sided ``1 - risk`` Clopper-Pearson upper bound on a rate seen ``misses`` times in
+    ``audited`` draws (1 where nothing was audited)."""
+    from scipy.special import betaincinv  # the beta quantile, without importing scipy.stats
+
+    if audited <= 0 or misses >= audited:
+        return 1.0
+    return float(betaincinv(misses + 1, audited - misses, 1 - risk))
+
+
+def screen_record(edges: pd.DataFrame, study: Study) -> dict | None:
+    """What ``verdict.json`` says of the AtP screen (:mod:`probe.study.head_screen`): pairs run and
+    screened, the audit's misses (an audited pair whose largest exact |effect| reaches the smallest of
+    its example's kept heads') and the one-sided bound on the miss rate, and AtP's rank agreement with
+    the exact effects; None where the study ran without a screen."""
+    spec = study.metrics.heads_causal
+    if spec is None or spec.screen is None or "screen" not in edges.columns or not len(edges):
+        return None
+    pairs = _largest(edges)
+    counts = pairs["screen"].value_counts()
+    misses = audited = 0
+    for _, part in pairs.groupby("example", sort=True):
+        kept = part.loc[part["screen"] == KEPT, "largest"].to_numpy(np.float64)
+        checked = part.loc[part["screen"] == AUDIT, "largest"].to_numpy(np.float64)
+        kept, checked = kept[np.isfinite(kept)], checked[np.isfinite(checked)]
+        if len(kept) and len(checked):
+            audited += len(checked)
+            misses += int((checked >= kept.min()).sum())
+    bound = upper_bound(misses, audited)
+    screened = int(counts.get(SCREENED, 0))
+    run = edges[edges["screen"] != SCREENED]
+    ok = np.isfinite(run["knockout"].to_numpy(np.float64)) & np.isfinite(run["atp"].to_numpy(np.float64))
+    rho = (float(pd.Series(run["atp"].to_numpy()[ok]).corr(pd.Series(run["knockout"].to_numpy()[ok]),
+                                                          method="spearman")) if ok.sum() >= 3 else float("nan"))
+    return {"by": spec.screen.by, "heads": spec.screen.heads, "audit": spec.screen.audit,
+            "pairs_kept": int(counts.get(KEPT, 0)), "pairs_audited": int(counts.get(AUDIT, 0)),
+            "pairs_screened": screened, "audit_compared": audited, "audit_missed": misses, "risk": SCREEN_RISK,
+            "miss_rate_bound": bound, "missed_bound": bound * screened,
+            "atp_spearman": None if not np.isfinite(rho) else rho,
+            "words": screen_words(spec.screen.heads, spec.screen.audit, screened, misses, audited, bound, rho)}
+
+
+def screen_words(heads: int, audit: int, screened: int, misses: int, audited: int, bound: float,
+                 rho: float) -> str:
+    """One sentence for the report and the headline: the screen, its audit and the bound."""
+    text = (f"AtP screen: per example the {heads} heads with the largest AtP bound ran the exact knockout, and "
+            f"{audit} more drawn at random (the audit); {screened:,} (example, head) pairs were not run. ")
+    if audited:
+        text += (f"Of {audited} audited pairs, {misses} had exact effects that would have kept them: at most "
+                 f"{bound:.0%} of the screened pairs (one-sided {1 - SCREEN_RISK:.0%} bound, about "
+                 f"{bound * screened:,.0f} pairs) may be missed.")
+    else:
+        text += "No pair was audited: what the screen missed is not bounded."
+    if np.isfinite(rho):
+        text += f" AtP's estimates against the exact effects on the edges run: Spearman {rho:+.2f}."
+    return text
+
+
 def _answers(units: pd.DataFrame, unreliable: Mapping[str, list], unreliable_units: Mapping[tuple, list],
-             alpha: float) -> tuple[list[bool], list[str], list[str]]:
+             alpha: float, screened: Mapping[tuple, int] | None = None) -> tuple[list[bool], list[str], list[str]]:
     """Per head (row of ``units``): (reliable, its answer, why): undecidable where its attention failed a
-    sanity check or too few examples show an effect through its edges, else it matters where its
-    agreement is above chance (family-wise), and not otherwise."""
+    sanity check or too few examples show an effect through its edges (``screened``: per (layer, head)
+    the examples an AtP screen did not run it on, named in why), else it matters where its agreement is
+    above chance (family-wise), and not otherwise."""
+    screened = screened or {}
     answers, whys, reliable = [], [], []
     for r in units.itertuples():
         failed = list(unreliable.get(EXPLAINER, [])) + list(unreliable_units.get((EXPLAINER, int(r.layer),
@@ -414,6 +500,10 @@ def _answers(units: pd.DataFrame, unreliable: Mapping[str, list], unreliable_uni
         if failed:
             answers.append(UNDECIDABLE)
             whys.append(f"its attention failed a sanity check ({', '.join(dict.fromkeys(failed))})")
+        elif r.n < MIN_EXAMPLES and screened.get((int(r.layer), int(r.head))):
+            answers.append(UNDECIDABLE)
+            whys.append(f"the AtP screen ran it exactly on too few examples ({r.n} compared, "
+                        f"{screened[(int(r.layer), int(r.head))]} screened out; at least {MIN_EXAMPLES} needed)")
         elif r.n < MIN_EXAMPLES:
             answers.append(UNDECIDABLE)
             whys.append(("knocking out its edges moves the target by no more than the noise floor on every example: "

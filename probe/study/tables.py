@@ -18,6 +18,8 @@ from probe import registry
 from probe.errors import InputError
 from probe.metrics.agreement import agreement
 from probe.rows.scores import TokenScores
+from probe.study.head_screen import screen_units
+from probe.study.heads_causal import SCREENED
 from probe.study.plan import ceiling_pairs
 from probe.study.sizes import counterfactual_sites, heads_causal_window
 
@@ -277,19 +279,29 @@ def _head_edge_frame(pm: ProbeModel, study: Study, examples: Sequence[PreparedEx
     layers, heads = tested_heads(pm, study)
     if attention is None:  # the study does not run the attention explainer: read it here
         attention = run_method(pm, examples, "attention", params=study.params.get("attention")).scores
-    knocked = edge_knockout(pm, examples, layers=layers, heads=heads, per_head=True, renormalise=spec.renormalise,
-                            keep_special=study.statistics.include_special, batch_size=spec.batch_size).per_head
-    frames = []
     grid = np.array([(layer, head) for layer in layers for head in heads], dtype=np.int64)  # [unit, 2]
+    weights = [attention[i].double().numpy()[grid[:, 0], grid[:, 1], :len(e.input_ids)]  # [unit, tokens]
+               for i, e in enumerate(examples)]
+    estimates = labels = units = None
+    if spec.screen is not None:  # AtP picks, per example, the heads that run exactly (probe.study.head_screen)
+        estimates, labels = screen_units(pm, study, examples, first_index, weights, grid)
+        units = [{(int(grid[u, 0]), int(grid[u, 1])) for u in np.flatnonzero(lab != SCREENED)} for lab in labels]
+    knocked = edge_knockout(pm, examples, layers=layers, heads=heads, per_head=True, renormalise=spec.renormalise,
+                            keep_special=study.statistics.include_special, batch_size=spec.batch_size,
+                            units=units).per_head
+    frames = []
     for i, example in enumerate(examples):
         n = len(example.input_ids)
-        weights = attention[i].double().numpy()[grid[:, 0], grid[:, 1], :n]  # [unit, tokens]
         effects = knocked.scores[i].double().numpy()[grid[:, 0], grid[:, 1], :n]  # [unit, tokens]
-        frames.append(pd.DataFrame({
+        frame = pd.DataFrame({
             "example": np.full(grid.shape[0] * n, first_index + i, dtype=np.int64),
             "layer": np.repeat(grid[:, 0], n).astype(np.int16), "head": np.repeat(grid[:, 1], n).astype(np.int16),
             "position": np.tile(np.arange(n), grid.shape[0]).astype(np.int32),
-            "attention": weights.ravel(), "knockout": effects.ravel()}))
+            "attention": weights[i].ravel(), "knockout": effects.ravel()})
+        if estimates is not None and labels is not None:
+            frame["atp"] = estimates[i].ravel()
+            frame["screen"] = np.repeat(labels[i], n).astype(str)
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
