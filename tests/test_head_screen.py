@@ -164,6 +164,11 @@ def test_a_screened_head_is_left_out_and_says_why(tiny_dirs, tmp_path):
     assert "AtP screen" in verdict["headline"]
     whys = [u.get("why", "") for u in verdict["units"] if u["answer"] == "undecidable"]
     assert any("AtP screen" in why for why in whys)
+    from probe.report.build import build_report
+
+    build_report(tmp_path / "out")
+    text = (tmp_path / "out" / "report" / "report.md").read_text()
+    assert "AtP screen" in text and "audited pairs" in text
 
 
 @pytest.mark.slow

@@ -376,6 +376,7 @@ def heads_causal_section(r: StudyResult, w: Writer) -> Section | None:
                   f"through it; {counts.get('does_not_matter', 0)}: it is not; {counts.get('undecidable', 0)}: "
                   "cannot be decided"),
         ("token-level verdict", str(record.get("token_level_answer") or v.get("answer", "?"))),
+        *([("AtP screen", str(record["screen"].get("words", "")))] if record.get("screen") else []),
     ]))
     table = r.heads_causal
     if table is not None and len(table):
