@@ -337,18 +337,20 @@ def test_shards_merge_into_the_single_process_result(full_run, tiny_dirs, tiny_d
     assert_same_tables(reference, out)
 
 
-def test_shards_give_one_process_tables_for_shapley_and_knockout(tiny_dirs, tiny_data, tmp_path):
+def test_shards_give_one_process_tables_for_shapley_and_knockout(tiny_dirs, tiny_data, tmp_path, monkeypatch):
     """Shapley values (sampled: more players than exact_max, seeded) and edge knockout as references:
     a study run as two shards gives, table by table, exactly what one process gives. Exact, not
     within rounding: a batch always holds the same examples and its own engine, and every draw is
-    seeded by the example's content, so a shard computes each batch with the same calls."""
-    def study(out: Path):
-        return study_from_dict(tiny_study(
+    seeded by the example's content, so a shard computes each batch with the same calls. The same with the
+    model handed to accelerate's device map (``model.device_map: auto``; all on the CPU here)."""
+    def study(out: Path, **model):
+        spec = tiny_study(
             tiny_dirs["bert"], tiny_data, out, explainers=["attention_mean", "rollout"],
             references=["loo_delete", "shapley", "knockout"],
             params={"shapley": {"exact_max": 3, "permutations": 4, "seed": 7}, "knockout": {"layers": -1}},
             metrics={"top_k": [1, 3], "erasure": None, "counterfactual": None, "heads": None,
-                     "sanity": {"randomisation": False}}))
+                     "sanity": {"randomisation": False}})
+        return study_from_dict({**spec, "model": {**spec["model"], **model}})
 
     whole = run_study(study(tmp_path / "one"), progress=False, log=lambda _: None)
     first = run_study(study(tmp_path / "two"), shard=(1, 2), progress=False, log=lambda _: None)
@@ -364,6 +366,20 @@ def test_shards_give_one_process_tables_for_shapley_and_knockout(tiny_dirs, tiny
     for name in ("summary", "comparisons"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "one" / f"{name}.parquet"),
                                       pd.read_parquet(tmp_path / "two" / f"{name}.parquet"), check_exact=True, obj=name)
+    # the model handed to accelerate's device map (all on the CPU here), as two shards: the same tables
+    mapped = study(tmp_path / "mapped", device_map="auto")
+    assert mapped.fingerprint() != study(tmp_path / "one").fingerprint()
+    import probe.models.loading as loading
+
+    asked = []
+    original = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: asked.append(k.get("device_map")) or original(*a, **k))
+    run_study(mapped, shard=(1, 2), progress=False, log=lambda _: None)
+    assert run_study(mapped, shard=(0, 2), progress=False, log=lambda _: None).complete
+    assert asked == ["auto", "auto"]  # each shard loaded it through accelerate's device map
+    three = read_tables(tmp_path / "mapped")
+    for name in one:
+        pd.testing.assert_frame_equal(one[name], three[name], check_exact=True, obj=name)
 
 
 @pytest.mark.slow  # over 15 s on 2 cores: out of the fast lane

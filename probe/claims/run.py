@@ -147,7 +147,7 @@ def run_audit(claim_file: ClaimFile, out_dir: str | Path | None = None, progress
         log(f"loading {spec.id} ...")
         model = load_model(spec.id, device=spec.device, dtype=spec.dtype,
                            attn_implementation=spec.attn_implementation, task=spec.task,
-                           allow_random_weights=spec.allow_random_weights)
+                           allow_random_weights=spec.allow_random_weights, device_map=spec.device_map)
     pm = model
     _check_target(pm, claim_file)
     items, _ = select_examples(pm, claim_file.data, claim_file.target)

@@ -32,6 +32,9 @@ class ModelSpec(SpecModel):
     task: str | None = None
     #: explain a model whose checkpoint leaves weights random (e.g. a missing head); shown in every report
     allow_random_weights: bool = False
+    #: spread the model over the devices with accelerate (auto, balanced, sequential; transformers'
+    #: from_pretrained(device_map=...)) instead of moving it to ``device``
+    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | None = None
 
     @field_validator("id", "device")
     @classmethod

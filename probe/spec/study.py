@@ -527,6 +527,8 @@ class Study(SpecModel):
         # keys added later count only when set, so studies written before them keep their fingerprint
         if not payload["model"].get("allow_random_weights"):
             payload["model"].pop("allow_random_weights", None)
+        if payload["model"].get("device_map") is None:
+            payload["model"].pop("device_map", None)
         for key in ("reference", "dimension", "contrast", "contrast_label", "generate"):
             if payload["target"].get(key) is None:
                 payload["target"].pop(key, None)

@@ -255,7 +255,7 @@ def load_study_model(study: Study, *, device: str | None = None) -> ProbeModel:
 
     return load_model(study.model.id, device=device or study.model.device, dtype=study.model.dtype,
                       attn_implementation=study.model.attn_implementation, task=study.model.task,
-                      allow_random_weights=study.model.allow_random_weights)
+                      allow_random_weights=study.model.allow_random_weights, device_map=study.model.device_map)
 
 
 def _compute(pm: ProbeModel, study: Study, store: ResultStore, batches: list[list], mine: list[int], done: set[int],
