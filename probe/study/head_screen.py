@@ -6,22 +6,26 @@ patching (:mod:`probe.intervene.atp`) estimates every one of those edge effects 
 one backward. The screen uses the estimates to choose, per example, which heads run exactly (AtP*'s
 recipe, Kramar et al. 2024: a first-order pass to rank, exact runs to verify):
 
-* per example and tested head H, AtP's edge estimates e_t give what each token carries to first order,
-  ``c_t = e_t / m_t`` (``m_t`` the mechanical weight,
-  :func:`~probe.study.heads_causal.mechanical_weight`), and the head's *bound*
-  ``B_H = max_t m_t x max_t |c_t|``: the largest edge effect any arrangement of those carried values
-  over H's tokens could show;
-* the ``heads`` heads with the largest bounds run exactly (``kept``), and ``audit`` more drawn at
+* per example, each tested head's *score* is AtP's largest estimated |edge effect|;
+* the ``heads`` heads with the largest scores run exactly (``kept``), and ``audit`` more drawn at
   random from the rest (``audit``, seeded by the study's seed and the example); the rest are
   ``screened``: their pairs (example, head) are left out of the test, as pairs at the noise floor are.
 
-Why the bound and not the estimated effects: the test's null deals a head's carried values over its
-tokens and keeps its weights, and ``B_H`` is the same under every deal (the largest weight and the
-largest carried value do not move). Choosing heads by it does not favour a head whose observed
-arrangement is unusual, so the chance test stays valid for the pairs chosen, its family (max-T) being
-the heads tested. Choosing by the estimated effects would pick exactly the arrangements the test asks
-about: a head whose heavy weight happens to sit on the carrying token. The audited pairs are drawn at
-random, so they enter the test like the kept ones.
+Choosing by the estimated effects picks the arrangements the test asks about: a head is kept where
+its heavy weights happen to sit on tokens that carry much, which is what "matters" means. Left as
+it is, that selection would bias the test towards "matters". So the test's null is conditioned on
+it, as it is already conditioned on clearing the noise floor: a deal of what the head's tokens carry
+counts only where the screen would have kept the head under it (AtP's estimates dealt as the effects
+are, their largest |value| at least the example's threshold, the smallest score it kept;
+in :mod:`probe.study.heads_causal`). The audited pairs, drawn at random, enter the test
+with no condition. The condition costs power where the selection all but fixes the arrangement: with
+the blocked weight zeroed (``renormalise: false``) and one token carrying everything, only the deals
+that leave it under the head's weight keep the head, and the conditioned null is the observation
+itself (tests/test_head_causal.py: such a head is found on 8 of 30 hand-made data sets, on all 30 with
+the row renormalised; positional heads matter on at most 5 under every option, and on 9-30 without
+the condition). (A first version ranked by a score the deals leave unchanged, the largest weight
+times the largest carried value; on SmolLM2 it was dominated by the sink's weight and kept heads no
+better than chance: 94 of 128 audited pairs had larger exact effects than a kept one.)
 
 What the screen may miss, and the bound on it: a screened pair is *missed* when its largest exact
 |edge effect| reaches the smallest of the example's kept heads' (the exact effects would have kept it).
@@ -42,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from probe.study.heads_causal import AUDIT, KEPT, SCREENED, mechanical_weight
+from probe.study.heads_causal import AUDIT, KEPT, SCREENED
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -50,25 +54,19 @@ if TYPE_CHECKING:
     from probe.spec.study import Study
 
 
-
-def head_bounds(attention: np.ndarray, estimates: np.ndarray, renormalise: bool) -> np.ndarray:
-    """``[unit]``: each head's bound ``max_t m_t x max_t |c_t|`` (module docstring) from its attention
-    weights and AtP edge estimates ``[unit, tokens]`` (NaN where a token is not scored)."""
-    scored = np.isfinite(attention) & np.isfinite(estimates)  # [unit, tokens]
-    m = np.where(scored, mechanical_weight(np.nan_to_num(attention, nan=0.0), renormalise), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        carried = np.where(scored & (m > 0), np.abs(np.nan_to_num(estimates, nan=0.0)) / m, 0.0)
-    if not m.shape[1]:
-        return np.zeros(m.shape[0])
-    return m.max(axis=1) * carried.max(axis=1)
+def head_scores(estimates: np.ndarray) -> np.ndarray:
+    """``[unit]``: each head's largest |AtP estimate| over its tokens, from ``estimates [unit, tokens]``
+    (NaN where a token is not scored; 0 where none is)."""
+    sizes = np.where(np.isfinite(estimates), np.abs(estimates), 0.0)
+    return sizes.max(axis=1) if sizes.shape[1] else np.zeros(sizes.shape[0])
 
 
-def choose_heads(bounds: np.ndarray, keep: int, audit: int, rng: np.random.Generator) -> np.ndarray:
-    """``[unit]`` labels: the ``keep`` largest bounds :data:`KEPT` (ties to the earlier unit), ``audit``
+def choose_heads(scores: np.ndarray, keep: int, audit: int, rng: np.random.Generator) -> np.ndarray:
+    """``[unit]`` labels: the ``keep`` largest scores :data:`KEPT` (ties to the earlier unit), ``audit``
     of the rest drawn by ``rng`` :data:`AUDIT`, the others :data:`SCREENED`."""
-    bounds = np.nan_to_num(np.asarray(bounds, dtype=np.float64), nan=0.0)
-    order = np.lexsort((np.arange(len(bounds)), -bounds))
-    labels = np.full(len(bounds), SCREENED, dtype=object)
+    scores = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0)
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    labels = np.full(len(scores), SCREENED, dtype=object)
     labels[order[:keep]] = KEPT
     rest = order[keep:]
     if audit and len(rest):
@@ -81,11 +79,10 @@ def _rng(seed: int, example: int) -> np.random.Generator:
 
 
 def screen_units(pm: ProbeModel, study: Study, examples: Sequence[PreparedExample], first_index: int,
-                 attention: Sequence[np.ndarray], grid: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                 grid: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The screen on a batch: per example, AtP's edge estimates ``[unit, tokens]`` for the tested heads
-    ``grid`` ``[unit, 2]`` (layer, head) and their labels ``[unit]`` (:func:`choose_heads`), from the
-    heads' attention weights ``attention`` (per example ``[unit, tokens]``). ``first_index``: the
-    study's index of the first example (the audit's seed)."""
+    ``grid`` ``[unit, 2]`` (layer, head) and their labels ``[unit]`` (:func:`choose_heads` on
+    :func:`head_scores`). ``first_index``: the study's index of the first example (the audit's seed)."""
     from probe.intervene.atp import attribution_patching
 
     spec = study.metrics.heads_causal
@@ -98,10 +95,10 @@ def screen_units(pm: ProbeModel, study: Study, examples: Sequence[PreparedExampl
     for i, example in enumerate(examples):
         n = len(example.input_ids)
         est = result.per_head.scores[i].double().numpy()[grid[:, 0], grid[:, 1], :n]  # [unit, tokens]
-        bounds = head_bounds(np.asarray(attention[i], dtype=np.float64), est, spec.renormalise)
         estimates.append(est)
-        labels.append(choose_heads(bounds, screen.heads, screen.audit, _rng(study.statistics.seed, first_index + i)))
+        rng = _rng(study.statistics.seed, first_index + i)
+        labels.append(choose_heads(head_scores(est), screen.heads, screen.audit, rng))
     return estimates, labels
 
 
-__all__ = ["choose_heads", "head_bounds", "screen_units"]
+__all__ = ["choose_heads", "head_scores", "screen_units"]

@@ -182,8 +182,7 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study: Study, dt
         if spec.absolute:
             y = np.abs(y)
         keep = np.isfinite(x) & np.isfinite(y)  # [unit, tokens]
-        screened = (part["screen"].to_numpy().reshape(len(units), n)[:, 0] == SCREENED if "screen" in part
-                    else np.zeros(len(units), dtype=bool))  # [unit] not run by the AtP screen
+        screened, estimates, select = _screen_of(part, len(units), n)
         groups: dict[bytes, list[int]] = {}
         for u in range(len(units)):
             layer, head = int(units[u, 0]), int(units[u, 1])
@@ -207,7 +206,9 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study: Study, dt
                 row.update({key: float(v[j]) for key, v in values.items() if _wanted(key, study)})
                 records.append(row)
                 compared.append(Compared(example, (row["layer"], row["head"]), x[u, mask], signed[u, mask],
-                                         np.flatnonzero(mask), floor))
+                                         np.flatnonzero(mask), floor,
+                                         *((estimates[u, mask], float(select[u])) if np.isfinite(select[u])
+                                           else (None, None))))
     table = pd.DataFrame.from_records(records)
     if len(table):
         table.insert(1, "explainer", EXPLAINER)
@@ -229,6 +230,25 @@ class Compared:
     knockout: np.ndarray  # [n] signed, as stored
     positions: np.ndarray  # [n] int
     floor: float
+    #: a pair an AtP screen kept (probe.study.head_screen): AtP's estimates [n] and the example's threshold on
+    #: their largest |value|; the null counts a deal only where the head would have been kept under it
+    atp: np.ndarray | None = None
+    select: float | None = None
+
+
+def _screen_of(part: pd.DataFrame, n_units: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An example's ``head_edges`` rows (units x tokens, in order) read for the AtP screen:
+    ``(screened [unit], estimates [unit, tokens], select [unit])``: the pairs not run, AtP's estimates,
+    and for a kept pair the example's threshold on the largest |estimate| (the smallest of its kept
+    heads'; NaN for audited pairs, chosen at random, and without a screen)."""
+    if "screen" not in part:
+        return np.zeros(n_units, dtype=bool), np.full((n_units, n), np.nan), np.full(n_units, np.nan)
+    labels = part["screen"].to_numpy().reshape(n_units, n)[:, 0]  # [unit]
+    estimates = part["atp"].to_numpy(np.float64).reshape(n_units, n)  # [unit, tokens]
+    largest = np.nanmax(np.where(np.isfinite(estimates), np.abs(estimates), -np.inf), axis=1)  # [unit]
+    kept = labels == KEPT
+    threshold = float(largest[kept].min()) if kept.any() else np.nan
+    return labels == SCREENED, estimates, np.where(kept, threshold, np.nan)
 
 
 def top_share_overlap(x: np.ndarray, ys: np.ndarray, k: int) -> np.ndarray:
@@ -310,6 +330,16 @@ def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool, shift: 
     in the order of the random ``keys [R, n]`` (over the tokens that join the deal; the others pinned),
     its attention row and the knockout's mechanism kept (module docstring). A row whose keys deal
     every token back to its place equals the stored effects."""
+    m, carried, order = _deal(item, keys, renormalise)
+    values = carried[order]  # [R, n]
+    if renormalise and shift:  # the row's mean o moves with the values dealt: shift by the change of sum_s a_s c_s
+        values = values - ((values - carried[None, :]) @ np.asarray(item.attention, dtype=np.float64))[:, None]
+    return m[None, :] * values
+
+
+def _deal(item: Compared, keys: np.ndarray, renormalise: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(m [n], carried [n], order [R, n])``: the mechanical weights, what each token carries, and per
+    row of ``keys`` the token whose carried value each place receives (the pinned ones their own)."""
     m = mechanical_weight(item.attention, renormalise)  # [n]
     e = np.asarray(item.knockout, dtype=np.float64)
     carried = np.divide(e, m, out=np.zeros_like(e), where=m > 0)  # [n] per unit of mechanical weight
@@ -318,17 +348,32 @@ def null_effects(item: Compared, keys: np.ndarray, *, renormalise: bool, shift: 
     dealt = np.flatnonzero(m * largest > DEAL_MARGIN * item.floor)  # [d]
     order = np.tile(np.arange(e.size), (keys.shape[0], 1))  # [R, n]
     order[:, dealt] = dealt[np.argsort(keys[:, dealt], axis=1, kind="stable")]
+    return m, carried, order
+
+
+def _selected(item: Compared, keys: np.ndarray, renormalise: bool, shift: bool) -> np.ndarray:
+    """``[R]``: whether the AtP screen would have kept the head under each deal of ``keys``: AtP's
+    estimates dealt as :func:`null_effects` deals the effects (what each token carries, by AtP; the same
+    shift), their largest |value| at least the example's threshold. All true for a pair the screen did
+    not choose by its estimates."""
+    if item.select is None or item.atp is None:
+        return np.ones(keys.shape[0], dtype=bool)
+    m, _, order = _deal(item, keys, renormalise)
+    estimates = np.nan_to_num(np.asarray(item.atp, dtype=np.float64), nan=0.0)
+    carried = np.divide(estimates, m, out=np.zeros_like(estimates), where=m > 0)
     values = carried[order]  # [R, n]
-    if renormalise and shift:  # the row's mean o moves with the values dealt: shift by the change of sum_s a_s c_s
+    if renormalise and shift:
         values = values - ((values - carried[None, :]) @ np.asarray(item.attention, dtype=np.float64))[:, None]
-    return m[None, :] * values
+    return np.abs(m[None, :] * values).max(axis=1) >= item.select * (1 - 1e-12)
 
 
 def _null_rows(item: Compared, keys: np.ndarray, permutations: int, spec: HeadsCausalSpec) -> np.ndarray:
     """``[permutations + 1, n]``: row 0 the compared effects as stored, then the null draws kept from
-    the candidate ``keys`` (those whose largest |effect| clears the example's noise floor)."""
+    the candidate ``keys`` (those whose largest |effect| clears the example's noise floor and, for a pair
+    an AtP screen chose, under which the screen would have chosen it: :func:`_selected`)."""
     effects = null_effects(item, keys, renormalise=spec.renormalise, shift=spec.absolute)  # [pool, n]
-    kept = effects[np.abs(effects).max(axis=1) > item.floor][:permutations]
+    counted = (np.abs(effects).max(axis=1) > item.floor) & _selected(item, keys, spec.renormalise, spec.absolute)
+    kept = effects[counted][:permutations]
     observed = np.asarray(item.knockout, dtype=np.float64)[None, :]
     if len(kept) < permutations:
         kept = np.concatenate([kept, np.repeat(observed, permutations - len(kept), axis=0)])

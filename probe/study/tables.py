@@ -284,7 +284,7 @@ def _head_edge_frame(pm: ProbeModel, study: Study, examples: Sequence[PreparedEx
                for i, e in enumerate(examples)]
     estimates = labels = units = None
     if spec.screen is not None:  # AtP picks, per example, the heads that run exactly (probe.study.head_screen)
-        estimates, labels = screen_units(pm, study, examples, first_index, weights, grid)
+        estimates, labels = screen_units(pm, study, examples, first_index, grid)
         units = [{(int(grid[u, 0]), int(grid[u, 1])) for u in np.flatnonzero(lab != SCREENED)} for lab in labels]
     knocked = edge_knockout(pm, examples, layers=layers, heads=heads, per_head=True, renormalise=spec.renormalise,
                             keep_special=study.statistics.include_special, batch_size=spec.batch_size,
