@@ -199,7 +199,7 @@ class HeadsScreenSpec(SpecModel):
 
     #: the first-order estimate that ranks the heads: attribution patching (probe.intervene.atp)
     by: Literal["atp"] = "atp"
-    #: heads run exactly per example: the tested heads with the largest AtP bound on an edge effect
+    #: heads run exactly per example: the tested heads with the largest AtP estimate of an edge effect
     heads: Annotated[Int, Field(ge=1, le=65_536)] = 16
     #: further heads per example drawn at random from the rest and run exactly: they measure what the
     #: screen misses (the bound in verdict.json) and enter the test like the kept ones

@@ -517,7 +517,7 @@ def screen_record(edges: pd.DataFrame, study: Study) -> dict | None:
 def screen_words(heads: int, audit: int, screened: int, misses: int, audited: int, bound: float,
                  rho: float) -> str:
     """One sentence for the report and the headline: the screen, its audit and the bound."""
-    text = (f"AtP screen: per example the {heads} heads with the largest AtP bound ran the exact knockout, and "
+    text = (f"AtP screen: per example the {heads} heads with the largest AtP estimate ran the exact knockout, and "
             f"{audit} more drawn at random (the audit); {screened:,} (example, head) pairs were not run. ")
     if audited:
         text += (f"Of {audited} audited pairs, {misses} had exact effects that would have kept them: at most "
