@@ -60,8 +60,9 @@ def _ratio(predicted: float, measured: float) -> str:
 def show(name: str, n: int, m: dict) -> None:
     plan, prov = m["plan"], m["provenance"]
     measured_phases = dict(prov.get("phase_seconds", {}))
-    if "sanity checks" in measured_phases:  # the randomisation check runs inside the sanity checks' seconds
+    if "sanity checks" in measured_phases:  # the randomisation and completeness checks run inside its seconds
         measured_phases.pop("randomisation check", None)
+        measured_phases.pop("completeness check", None)
     phases = sum(measured_phases.values()) + m["report_seconds"]
     measured = prov["model_load_seconds"] + prov["wall_seconds"] + phases
     steps_predicted = sum(s["seconds"] for s in plan["steps"])

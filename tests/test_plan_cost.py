@@ -166,3 +166,28 @@ def test_a_malformed_plan_memory_is_refused_before_the_model_loads(tiny_dirs, tm
     assert granted_memory() == 2 * 2**30
     monkeypatch.delenv("PROBE_PLAN_MEMORY")
     assert granted_memory() is None and "PROBE_PLAN_MEMORY" not in os.environ
+
+
+def test_the_plan_prices_the_completeness_search_where_the_sample_fails_completeness(tiny_dirs, tmp_path):
+    """Issue 64: the sanity checks of a study whose integrated gradients fail completeness ran past the
+    plan by the completeness check's search for the points that would do (SmolLM2: 32 to 256 points on
+    each sampled example). The plan prices it where the calibration batch's IG fails completeness: every
+    try up to MAX_STEPS, on the examples that decide each (here 2 of the 4: riemann_left at 2 points is
+    far off), at the seconds per point and example IG took; a phase of its own."""
+    from probe.study.sanity import MAX_STEPS
+
+    data = write_dataset(tmp_path / "reviews.csv")
+    spec = tiny_study(tiny_dirs["bert"], data, tmp_path / "out", explainers=["integrated_gradients"],
+                      references=["loo_mask"], params={"integrated_gradients": {"steps": 2, "rule": "riemann_left"}})
+    spec["metrics"] = {"top_k": [1], "erasure": None, "counterfactual": None, "heads": None,
+                       "sanity": {"examples": 4, "randomisation": False}}
+    spec["dataset"]["n"] = 8
+    spec["statistics"] = {"bootstrap": 200, "reference": "loo_mask"}
+    plan = plan_study(study_from_dict(spec))
+    ig = next(s for s in plan.steps if s.step == "integrated_gradients")
+    tries = [2 ** k for k in range(2, MAX_STEPS.bit_length())]  # 4, 8, ..., MAX_STEPS points
+    rows = sum(points + 4 for points in tries) * 2  # each try on 2 examples: its points and 4 forwards each
+    per_row = ig.seconds / (ig.forwards + ig.backwards)  # the study's examples; the search runs at the sample's
+    assert 0.5 < plan.phases["completeness check"] / (per_row * rows) < 2
+    assert "randomisation check" not in plan.phases
+    assert any(line.startswith("completeness check") for line in plan.lines())

@@ -72,6 +72,75 @@ def test_completeness_reports_steps_needed(loaded):
     assert S.completeness(pm, examples, fine).status == "pass"
 
 
+def _whole_sample_search(pm, examples, steps: int, **kwargs) -> int | None:
+    """The completeness search as it ran before issue 64: every example of the sample at every try."""
+    trial = steps
+    while trial * 2 <= S.MAX_STEPS:
+        trial *= 2
+        again = S._relative_delta(IG.integrated_gradients(pm, examples, steps=trial, **kwargs))
+        if again is not None and again <= S.COMPLETENESS_TOLERANCE:
+            return trial
+    return None
+
+
+def test_completeness_search_gives_the_whole_samples_answer_on_fewer_examples(loaded, monkeypatch):
+    """Issue 64: the search for the points that would do reran IG on every sampled example at every try
+    (SmolLM2: 32 + 64 + 128 + 256 points on each, minutes). A try's median is decided by a few
+    examples; the rest are not run. The answer is the one the whole sample gives, and where every try
+    fails far off, each try runs 2 of the 4 examples: the rows with gradients count it."""
+    from probe.study.batch import ForwardCounter
+
+    pm = loaded("bert")
+    examples = prepare(pm, [*TEXTS, "an utterly forgettable film"], TargetSpec())
+    coarse = IG.integrated_gradients(pm, examples, steps=2, rule="riemann_left")
+    check = S.completeness(pm, examples, coarse, params={"rule": "riemann_left"})
+    needed = _whole_sample_search(pm, examples, 2, rule="riemann_left")
+    assert needed is not None and check.status == "fail" and f"; {needed} steps bring it under" in check.detail
+    monkeypatch.setattr(S, "COMPLETENESS_TOLERANCE", 1e-12)  # no try passes
+    monkeypatch.setattr(S, "MAX_STEPS", 32)
+    counter = ForwardCounter(pm.model)
+    try:
+        never = S.completeness(pm, examples, coarse, params={"rule": "riemann_left"})
+    finally:
+        counter.close()
+    assert never.status == "fail" and "still above 1e-12 at 32 steps" in never.detail
+    assert counter.backward_rows == 2 * (4 + 8 + 16 + 32)  # the whole sample: 4 * (4 + 8 + 16 + 32)
+
+
+def test_a_tries_median_decided_early_is_the_whole_samples_median():
+    """The rule of probe.study.completeness on many random samples (values about the tolerance, some
+    undefined gaps, NaN): the points it finds are the whole sample's, and it never runs an example twice
+    in one try."""
+    from types import SimpleNamespace
+
+    from probe.study.completeness import decided, decisive_count, examples_to_decide, search_steps
+
+    assert decided([], 4, 0.05) is None and decided([1.0, 1.0], 2, 0.05) is False
+    assert decided([0.01] * 3, 1, 0.05) is None and decided([0.01] * 3, 0, 0.05) is True  # an unknown may be NaN
+    assert decided([float("nan")], 3, 0.05) is False
+    assert [decisive_count([], n, 0.05) for n in (1, 2, 3, 4, 5)] == [1, 1, 2, 2, 3]
+    assert examples_to_decide([27.0, 30.0, 1.0, 0.01], 0.05) == 2 and examples_to_decide([0.01] * 4, 0.05) == 4
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 8))
+        table = {steps: rng.choice([0.01, 0.04, 0.05, 0.06, 0.2, 3.0, float("nan")], size=n,
+                                   p=[0.2, 0.2, 0.1, 0.15, 0.15, 0.15, 0.05]) for steps in (2, 4, 8, 16, 32)}
+        gaps = np.where(rng.random(n) < 0.15, 0.0, 1.0)
+        ran: list[int] = []
+
+        def scores(indices, steps, table=table, gaps=gaps, ran=ran):
+            ran.append(len(indices))
+            return SimpleNamespace(extras={"convergence_delta": [table[steps][i] * gaps[i] for i in indices],
+                                           "target_value": [gaps[i] for i in indices],
+                                           "baseline_value": [0.0] * len(indices)})
+
+        found, _ = search_steps(scores, scores(list(range(n)), 2), 2, tolerance=0.05, max_steps=32)
+        ok = gaps > 0
+        whole = next((s for s in (4, 8, 16, 32) if ok.any() and np.median(table[s][ok]) <= 0.05), None)
+        assert found == whole
+        assert sum(ran[1:]) <= 4 * int(ok.sum())
+
+
 def test_randomisation_falls_for_gradients_and_stays_flat_for_position(loaded):
     pm = loaded("bert")
     examples = prepare(pm, TEXTS, TargetSpec())
@@ -336,6 +405,7 @@ def test_the_replayed_reference_is_the_computed_one(loaded, kind):
         assert replayed.layers_replayed == 0 and replayed.kept_bytes == 0
     else:  # the head step replays every layer, the half step half of them
         assert replayed.layers_replayed > 0 and replayed.kept_bytes > 0
+    assert P.replays_layers(pm) == (replayed.layers_replayed > 0)  # what the plan prices the cascade's runs by
     tight = P.ReferenceRuns(pm, examples, "loo_delete", loo, max_bytes=replayed.kept_bytes // 2)
     assert _bitwise_equal(tight.trained().scores, computed.trained().scores)
     assert tight.kept_bytes <= replayed.kept_bytes // 2  # what does not fit is computed

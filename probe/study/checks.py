@@ -44,7 +44,8 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
     (:func:`probe.study.tables.scores_from_rows`), used instead of computing them again; the
     randomised models' scores are always computed. ``progress(done, total, what)``: called as the
     checks go, ``total`` being the randomised models (draws) plus one for the checks before them.
-    ``timings``: given, it gets the randomisation check's seconds (``"randomisation check"``).
+    ``timings``: given, it gets the randomisation check's seconds (``"randomisation check"``) and,
+    where a method has a completeness check, that check's (``"completeness check"``).
 
     The reference's trained-model run on the sample is made once for every check that reads it
     (the randomisation checks compare with that run, not with the stored scores, whose batches were
@@ -59,7 +60,7 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
     scored = [[study.statistics.include_special or not s for s in e.special] for e in examples]
     planned = [m for m in methods_needed(study) if family(m) != "intervention"]
     report(0, 1 + (_randomised_models(pm, study, planned) if spec.randomisation else 0), "sanity checks")
-    checks, results = _score_checks(pm, study, examples, stored, scored)
+    checks, results = _score_checks(pm, study, examples, stored, scored, timings)
     ref = study.verdict_reference
     reference = None
     ref_runs = ReferenceRuns(pm, examples, ref, lambda pm, ex: run_method(pm, ex, ref, params=params.get(ref)),
@@ -89,9 +90,12 @@ def study_sanity(pm: ProbeModel, study: Study, examples: list[PreparedExample],
 
 
 def _score_checks(pm: ProbeModel, study: Study, examples: list[PreparedExample], stored: Mapping[str, TokenScores],
-                  scored: list[list[bool]]) -> tuple[list[S.Check], dict[str, TokenScores]]:
+                  scored: list[list[bool]],
+                  timings: dict[str, float] | None = None) -> tuple[list[S.Check], dict[str, TokenScores]]:
     """The checks of the trained model's scores (constant scores, degeneracy, completeness), and those
-    scores (method -> its result, the stored one where the study has it) for the checks after them."""
+    scores (method -> its result, the stored one where the study has it) for the checks after them.
+    ``timings``: given, it gets the completeness check's seconds (``"completeness check"``: its search
+    for the points that would do) where a method has one."""
     from probe.methods import run_method
 
     params = study.params
@@ -109,9 +113,11 @@ def _score_checks(pm: ProbeModel, study: Study, examples: list[PreparedExample],
         checks.append(S.constant_scores(method, [S.output_unit(v) for v in results[method].scores], scored))
     gradients = [m for m in results if family(m) == "gradient"]
     checks += S.degeneracy(pm, examples, gradients, params=params)
-    for name in results:
-        if registry.method(name).completeness:
-            checks.append(S.completeness(pm, examples, results[name], params=params.get(name)))
+    started = time.perf_counter()
+    complete = [name for name in results if registry.method(name).completeness]
+    checks += [S.completeness(pm, examples, results[name], params=params.get(name)) for name in complete]
+    if complete and timings is not None:
+        timings["completeness check"] = time.perf_counter() - started
     return checks, results
 
 

@@ -25,7 +25,9 @@ the study:
 
 The checks after the steps: the randomisation check from the same rates (each method on the sanity
 examples on :data:`~probe.study.randomisation.RANDOM_DRAWS` random weight draws per cascade stage,
-integrated gradients at 16 points, the reference on them and on the trained model); the statistics
+integrated gradients at 16 points, the reference on them and on the trained model); the completeness
+check's search for the points that would do where the calibration batch's IG fails completeness
+(every try up to :data:`~probe.study.sanity.MAX_STEPS`, on the examples that decide each); the statistics
 timed on the calibration batch's tables, alone and repeated (a fixed part and a part per example);
 the report from the figures it draws (:func:`_report_seconds`, not calibrated).
 :func:`probe.study.budget.fit_budget` says which settings would bring the plan under a time or memory
@@ -265,6 +267,9 @@ class _Measured:
     peak: dict[str, int]
     examples: list[PreparedExample]
     statistics: tuple[float, float] | None = None
+    #: a path method's points in the sample (the largest where they vary) and its relative completeness
+    #: delta per sampled example (None: f(x) = f(baseline))
+    relative: dict[str, tuple[int, list[float | None]]] = dataclasses.field(default_factory=dict)
 
 
 def _width(pm: ProbeModel) -> int:
@@ -354,7 +359,16 @@ def _calibrate(pm: ProbeModel, study: Study, chosen: list, prepared: list[Prepar
                                  on_step=meter.on_step)
     return _Measured(seconds=dict(info["timings"]), rows={k: list(v) for k, v in info["step_rows"].items()},
                      call_tokens=meter.call_tokens, peak=meter.peak, examples=[prepared[i] for i in picked],
-                     statistics=_statistics_rate(pm, study, tables))
+                     statistics=_statistics_rate(pm, study, tables), relative=_relative_deltas(tables))
+
+
+def _relative_deltas(tables: Mapping[str, Any]) -> dict[str, tuple[int, list[float | None]]]:
+    """Per path method, the calibration batch's points and relative deltas per example (its
+    ``convergence`` table: :func:`probe.study.completeness.table_relatives`)."""
+    from probe.study.completeness import table_relatives
+
+    frame = tables.get("convergence")
+    return {} if frame is None or not len(frame) else table_relatives(frame)
 
 
 def _statistics_rate(pm: ProbeModel, study: Study, tables: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -471,15 +485,20 @@ def _report_seconds(study: Study) -> float:
 def _phases(pm: ProbeModel, study: Study, steps: list[StepCost], measured: _Measured, n: int) -> dict[str, float]:
     """The checks after the steps: the randomisation check from the methods' seconds per example on
     the sanity examples (RANDOM_DRAWS draws per cascade stage; the reference also on the trained model,
-    on fully random models where a bottom-up method runs, and replayed at half its cost on the
-    cascade's), and the statistics and report at :data:`AFTER_STEPS_SECONDS`."""
+    on fully random models where a bottom-up method runs, and on the cascade's replayed at half its
+    cost where :func:`~probe.study.replay.replays_layers`, else in full), the completeness check's
+    search (:func:`_completeness_seconds`), and the statistics and report at :data:`AFTER_STEPS_SECONDS`."""
     from probe.registry import find
     from probe.study.randomisation import RANDOM_DRAWS
+    from probe.study.replay import replays_layers
 
     sanity = study.metrics.sanity
     per_example = {s.step: s.seconds / max(n, 1) for s in steps}
     fixed, rate = measured.statistics or (AFTER_STEPS_SECONDS, 0.0)
     phases = {"statistics": fixed + rate * n, "report": _report_seconds(study)}
+    search = _completeness_seconds(study, measured, min(sanity.examples, n))
+    if search is not None:
+        phases["completeness check"] = search
     if not sanity.randomisation:
         return phases
     stages = len(sanity.fractions)
@@ -493,9 +512,45 @@ def _phases(pm: ProbeModel, study: Study, steps: list[StepCost], measured: _Meas
         rate = (measured.seconds[step] / max(len(measured.examples), 1) if step == "integrated_gradients"
                 else per_example[step])  # integrated gradients on a random model: 16 points, the sample's
         seconds += RANDOM_DRAWS * (1 if entry and entry.bottom_up else stages) * rate
-    seconds += ref * (1 + (RANDOM_DRAWS if bottom_up else 0) + RANDOM_DRAWS * stages * 0.5)
+    replayed = 0.5 if replays_layers(pm) else 1.0  # the layers below the re-initialised half, where they replay
+    seconds += ref * (1 + (RANDOM_DRAWS if bottom_up else 0) + RANDOM_DRAWS * stages * replayed)
     phases["randomisation check"] = seconds * min(sanity.examples, n)
     return phases
+
+
+def _completeness_seconds(study: Study, measured: _Measured, examples: int) -> float | None:
+    """The completeness check's seconds (None where no method has one): nothing where the calibration
+    sample's median relative delta passes (at the study's points: where the sample ran fewer, its
+    deltas shrunk as a quadrature's error at least does); else its search for the points that would do
+    (:mod:`probe.study.completeness`), every try from twice the study's points up to
+    :data:`~probe.study.sanity.MAX_STEPS` (the search where the method does not converge; an upper
+    bound where it does on the way), each on the examples its rule runs given the sample's relative
+    deltas (repeated to the check's ``examples``), at the sample's seconds per row."""
+    from probe.registry import find
+    from probe.study.completeness import search_rows
+    from probe.study.sanity import COMPLETENESS_TOLERANCE, MAX_STEPS
+
+    total = None
+    for step, seconds in measured.seconds.items():
+        entry = find(step.split("+")[0])
+        if entry is None or not entry.completeness:
+            continue
+        total = total or 0.0
+        params = {**dataclasses.asdict(entry.defaults()), **(study.params.get(entry.name) or {})}
+        steps = params["steps"] if isinstance(params["steps"], int) and not isinstance(params["steps"], bool) \
+            else entry.defaults().steps
+        sampled, found = measured.relative.get(entry.name, (steps, []))
+        # the sample ran at fewer points than the study where they are costly: its deltas shrunk as a
+        # quadrature's error at least does (1/n for a left or right Riemann sum, 1/n^2 else)
+        power = 1 if str(params.get("rule", "")).endswith(("_left", "_right")) else 2
+        shrink = (sampled / steps) ** power if isinstance(params["steps"], int) and steps > sampled else 1.0
+        relatives = [r * shrink for r in found if r is not None]
+        forwards, backwards = measured.rows.get(step, [0, 0])
+        per_row = seconds / max(forwards + backwards, 1)  # forwards and backwards alike, as a step's are scaled
+        total += per_row * search_rows([relatives[i % len(relatives)] for i in range(examples)] if relatives else [],
+                                       steps, tolerance=COMPLETENESS_TOLERANCE, max_steps=MAX_STEPS,
+                                       forwards=round(forwards / max(len(measured.examples), 1)))
+    return total
 
 
 def duration_words(seconds: float) -> str:

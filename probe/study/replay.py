@@ -1,7 +1,9 @@
 """The study's reference on the trained model and on the randomisation checks' re-initialised models
 (:class:`ReferenceRuns`): run once on the trained model however many checks read it, and on a model
 whose top layers were re-initialised, the layers below them replayed from the trained run instead of
-computed (the same numbers, bit for bit, for about half the work)."""
+computed (the same numbers, bit for bit, for about half the work). A causal LM whose engine reuses
+prefixes runs every call with a key/value cache, which has state: nothing is replayed there
+(:func:`replays_layers`), and the cascade's reference costs what the trained run does."""
 
 from __future__ import annotations
 
@@ -261,6 +263,16 @@ class ReferenceRuns:
                     layer.forward = own
             for handle in handles:
                 handle.remove()
+
+
+def replays_layers(pm: ProbeModel) -> bool:
+    """Whether :class:`ReferenceRuns` can replay an engine reference's layers on ``pm``: not on a causal
+    LM whose engine reuses prefixes (:func:`probe.intervene.prefix.model_supports_reuse`), where every
+    model call carries a key/value cache, so has state and is never kept (there the cascade's reference
+    runs in full, as on the trained model)."""
+    from probe.intervene.prefix import model_supports_reuse
+
+    return not (pm.task.next_token and model_supports_reuse(pm))
 
 
 def reference_runs(pm: ProbeModel, examples: Sequence[PreparedExample],

@@ -19,7 +19,9 @@ they failed on, per example where the check is (:class:`ScoreFlag`, :func:`expla
                    :data:`COMPLETENESS_TOLERANCE` when the study's do not (doubling, up to
                    :data:`MAX_STEPS`: the search reruns IG on the sample at every try, which on a
                    30-layer model took minutes at 1024; past it, ``steps: auto`` finds the steps
-                   per example).
+                   per example). A try runs only as many of the sample's examples as decide its
+                   median (:mod:`probe.study.completeness`: the whole sample's answer, about half
+                   the points where IG is far from converging).
     randomisation  Adebayo et al. 2018 (:mod:`probe.study.randomisation`), cascading from the logits down: first the output head (the
                    classifier, score or pooler modules that are not tied to the input embeddings),
                    then the layers from the top, each re-initialised (matrices N(0, init std),
@@ -61,6 +63,7 @@ import torch
 
 from probe import registry
 from probe.errors import ProbeError
+from probe.study.completeness import search_steps
 
 if TYPE_CHECKING:
     from probe.models.core import ProbeModel
@@ -239,7 +242,8 @@ def completeness(pm: ProbeModel, examples: Sequence[PreparedExample], result: To
                  params: Mapping | None = None) -> Check:
     """Completeness of a path method (registry ``completeness``: integrated gradients) on ``result``
     (its convergence deltas in ``extras``); when too far off, the steps that would do, found by
-    running the method's own registry entry with more steps."""
+    running the method's own registry entry with more steps on as few of ``examples`` as decide each
+    try (:func:`probe.study.completeness.search_steps`: the whole sample's answer)."""
     name = result.method
     entry = registry.method(name)
     relative = _relative_delta(result)
@@ -251,16 +255,11 @@ def completeness(pm: ProbeModel, examples: Sequence[PreparedExample], result: To
     if relative <= COMPLETENESS_TOLERANCE:
         return Check(name, "completeness", "pass", relative,
                      f"median |delta| / |f(x) - f(baseline)| = {relative:.3f} at {steps} steps")
-    needed = None
     kwargs = {**dict(entry.preset), **{k: v for k, v in dict(params or {}).items() if k != "steps"}}
     compute = entry.load()
-    trial = steps
-    while trial * 2 <= MAX_STEPS:
-        trial *= 2
-        again = _relative_delta(compute(pm, examples, steps=trial, **kwargs))
-        if again is not None and again <= COMPLETENESS_TOLERANCE:
-            needed = trial
-            break
+    needed, trial = search_steps(lambda chosen, points: compute(pm, [examples[i] for i in chosen], steps=points,
+                                                                **kwargs),
+                                 result, steps, tolerance=COMPLETENESS_TOLERANCE, max_steps=MAX_STEPS)
     more = f"; {needed} steps bring it under {COMPLETENESS_TOLERANCE}" if needed else \
         f"; still above {COMPLETENESS_TOLERANCE} at {trial} steps (steps: auto finds them per example)"
     return Check(name, "completeness", "fail", relative,
