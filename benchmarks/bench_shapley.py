@@ -15,7 +15,7 @@ Prints figures measured in this one run (no asserts; the machine's load shows in
 Usage:  python benchmarks/bench_shapley.py [--n 8] [--permutations 50] [--n-long 2] [--threads 1]
             [--device cpu|cuda]
         python benchmarks/bench_shapley.py --accuracy [--n 4] [--seeds 3] [--n-long 1] [--long-tokens 40]
-            [--threads 1]
+            [--long-seeds 2] [--long-truth 128] [--threads 1]
 
 ``--accuracy`` measures time at equal accuracy instead (:mod:`bench_shapley_accuracy`): the CPU
 seconds each estimator needs to bring the mean error down to 5% of the value range, on texts of at
@@ -32,11 +32,27 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+
+
+def _threads_asked(argv: list[str], default: str = "1") -> str:
+    """``--threads`` from the command line, read before numpy is imported (see below)."""
+    for k, arg in enumerate(argv):
+        if arg == "--threads" and k + 1 < len(argv):
+            return argv[k + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return default
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# numpy's BLAS (probe's regression and its size game; captum's side solves in torch) reads its thread
+# count once, at import: held to --threads as torch's is, so that both sides run on the same threads
+# and process time counts no BLAS thread spinning beside them
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_asked(sys.argv))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -86,7 +102,7 @@ def _clock(device: str):
     return now
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--permutations", type=int, default=50)
@@ -96,8 +112,15 @@ def main() -> None:
     parser.add_argument("--accuracy", action="store_true", help="time to a target error (bench_shapley_accuracy)")
     parser.add_argument("--seeds", type=int, default=3, help="--accuracy: seeds per budget")
     parser.add_argument("--long-tokens", type=int, default=40, help="--accuracy: players of a long text")
+    parser.add_argument("--long-seeds", type=int, default=2, help="--accuracy: seeds per budget on long texts")
+    parser.add_argument("--long-truth", type=int, default=128,
+                        help="--accuracy: order-equivalents of the long texts' reference (probe kernel)")
     parser.add_argument("--target", type=float, default=0.05, help="--accuracy: mean error / value range")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     torch.set_num_threads(args.threads)
     if args.accuracy:
         from bench_shapley_accuracy import run_accuracy

@@ -77,8 +77,9 @@ class Engine(RowCache):
     batch runs out of memory the budget is lowered to what fitted (:meth:`settle_budget`).
     ``progress``: show a progress bar over batches. ``call_overhead_tokens``: what one model call
     costs beyond its tokens, in token-equivalents, when deciding how finely to split rows of
-    different widths into batches (default by device: :data:`CALL_OVERHEAD_TOKENS`). It changes
-    the batching only, never the values.
+    different widths into batches (default by device: :data:`PLAIN_CALL_OVERHEAD_TOKENS` for plain
+    padded calls, :data:`CALL_OVERHEAD_TOKENS` for the packed calls of prefix reuse; given, both). It
+    changes the batching only, never the values.
     """
 
     def __init__(self, pm: ProbeModel, token_budget: int = 8192, progress: bool = False, *,
@@ -148,7 +149,7 @@ class Engine(RowCache):
 
         def plan(items: list[tuple[tuple, Row]], budget: int) -> list[list[tuple[tuple, Row]]]:
             widths = [self._padded_length(row) for _, row in items]
-            return [[items[i] for i in batch] for batch in pack_rows(widths, budget, self.call_overhead_tokens)]
+            return [[items[i] for i in batch] for batch in pack_rows(widths, budget, self.plain_call_overhead_tokens)]
 
         def run(keyed: list[tuple[tuple, Row]]) -> None:
             values, labels = self._forward([row for _, row in keyed])

@@ -34,8 +34,15 @@ _Unit = TypeVar("_Unit")
 #: Cost of one model call beyond its tokens, in token-equivalents, used only to decide how finely
 #: rows of different widths are split into batches. Measured on a shared 2-core CPU with SmolLM2-135M
 #: a call cost ~0.4 s beyond ~2 ms per token (small batches stream every weight from memory once per
-#: call), i.e. ~200 tokens; GPUs are launch bound (a call is worth about a thousand tokens).
+#: call), i.e. ~200 tokens; GPUs are launch bound (a call is worth about a thousand tokens). These are
+#: the packed calls of prefix reuse (:mod:`probe.intervene.prefix`), which also gather each bin's cache.
 CALL_OVERHEAD_TOKENS = {"cpu": 256, "cuda": 1024, "mps": 256}
+#: The same for a plain call (rows padded side by side, nothing to gather). On one CPU thread, a linear
+#: fit of process time over 16-256 rows of 14 tokens gave 9 ms a call beside 0.20 ms a token for
+#: MiniLM (22.7M parameters; 44 tokens) and 58 ms beside 1.9 ms for SmolLM2-135M (31 tokens); 64
+#: keeps a margin. At 256 the rows of a 10-token sentence were padded to the 14 tokens of three others
+#: rather than run in a call of their own, which took 13% longer (Shapley values of 4 MiniLM sentences).
+PLAIN_CALL_OVERHEAD_TOKENS = {"cpu": 64, "cuda": 1024, "mps": 256}
 
 
 @dataclass
@@ -100,8 +107,10 @@ class RowCache:
         self.token_budget = int(token_budget)
         self.progress = progress
         device_type = torch.device(pm.device).type
-        self.call_overhead_tokens = (CALL_OVERHEAD_TOKENS.get(device_type, 256) if call_overhead_tokens is None
-                                     else max(0, int(call_overhead_tokens)))
+        given = None if call_overhead_tokens is None else max(0, int(call_overhead_tokens))
+        self.call_overhead_tokens = CALL_OVERHEAD_TOKENS.get(device_type, 256) if given is None else given
+        self.plain_call_overhead_tokens = (PLAIN_CALL_OVERHEAD_TOKENS.get(device_type, 256) if given is None
+                                           else given)
         self.stats = EngineStats()
         # row key -> (target value, predicted class or -1)
         self._cache: dict[tuple, tuple[float, int]] = {}
