@@ -8,6 +8,9 @@ and says what to do::
 
 Entry points: :func:`load_study` (a file, plus command-line overrides), :func:`study_from_dict`,
 and :meth:`Study.from_record` (the study a result folder's study.json holds).
+
+Size: every section a study file may hold, with the checks across sections and the fingerprint that
+leaves out keys added later; the sections a claim file shares live in :mod:`probe.spec.parts`.
 """
 
 from __future__ import annotations

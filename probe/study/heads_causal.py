@@ -77,6 +77,10 @@ There is no gradient bar (rule 2 of the token-level verdict): no gradient method
 edges. The test is reported beside the token-level verdict and never changes it.
 
 Torch-free: it reads the tables a study stored.
+
+Size: the rule, its null (the deals, their conditions on the noise floor and on an AtP screen's
+selection) and the screen's audit are read together when the test is checked; split, each part would
+need the others' definitions to make sense.
 """
 
 from __future__ import annotations
@@ -178,20 +182,14 @@ def edge_agreement(edges: pd.DataFrame, examples: pd.DataFrame, study: Study, dt
             continue
         x = part["attention"].to_numpy(np.float64).reshape(len(units), n)  # [unit, tokens]
         y = part["knockout"].to_numpy(np.float64).reshape(len(units), n)  # [unit, tokens]
-        signed = y
-        if spec.absolute:
-            y = np.abs(y)
+        signed, y = y, (np.abs(y) if spec.absolute else y)
         keep = np.isfinite(x) & np.isfinite(y)  # [unit, tokens]
         screened, estimates, select = _screen_of(part, len(units), n)
         groups: dict[bytes, list[int]] = {}
         for u in range(len(units)):
-            layer, head = int(units[u, 0]), int(units[u, 1])
-            if screened[u]:
-                left.append((example, layer, head, SCREENED_OUT))
-            elif keep[u].sum() < 2:
-                left.append((example, layer, head, TOO_FEW))
-            elif float(np.abs(y[u, keep[u]]).max()) <= floor:
-                left.append((example, layer, head, AT_FLOOR))
+            reason = _left_reason(bool(screened[u]), keep[u], y[u], floor)
+            if reason:
+                left.append((example, int(units[u, 0]), int(units[u, 1]), reason))
             else:
                 groups.setdefault(keep[u].tobytes(), []).append(u)
         for members in groups.values():
@@ -234,6 +232,16 @@ class Compared:
     #: their largest |value|; the null counts a deal only where the head would have been kept under it
     atp: np.ndarray | None = None
     select: float | None = None
+
+
+def _left_reason(screened: bool, keep: np.ndarray, y: np.ndarray, floor: float) -> str | None:
+    """Why an (example, head) pair is left out of the test (None: it is compared): not run behind the
+    AtP screen, fewer than 2 tokens scored by both, or every effect at the noise floor."""
+    if screened:
+        return SCREENED_OUT
+    if keep.sum() < 2:
+        return TOO_FEW
+    return AT_FLOOR if float(np.abs(y[keep]).max()) <= floor else None
 
 
 def _screen_of(part: pd.DataFrame, n_units: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
